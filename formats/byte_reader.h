@@ -1,0 +1,74 @@
+// A bounds-checked little-endian cursor over untrusted bytes. Every read
+// either succeeds or returns a Status naming what was being read and the
+// absolute byte offset; nothing reads past the end.
+#pragma once
+
+#include "absl/strings/string_view.h"
+#include <cstdint>
+#include <cstring>
+
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace dpl::formats {
+
+class ByteReader {
+ public:
+  // `base_offset` is added to positions in error messages (the absolute file
+  // offset of data[0]).
+  ByteReader(const uint8_t* data, uint64_t size, uint64_t base_offset = 0)
+      : data_(data), size_(size), base_(base_offset) {}
+
+  uint64_t pos() const { return pos_; }
+  uint64_t offset() const { return base_ + pos_; }  // absolute offset
+  uint64_t remaining() const { return size_ - pos_; }
+  uint64_t size() const { return size_; }
+  const uint8_t* data() const { return data_; }
+
+  absl::Status Seek(uint64_t pos, absl::string_view what);
+  absl::Status Skip(uint64_t n, absl::string_view what);
+
+  template <typename T>
+  absl::StatusOr<T> Read(absl::string_view what) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    if (remaining() < sizeof(T)) return Truncated(what, sizeof(T));
+    T v;
+    std::memcpy(&v, data_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+
+  // Returns a view of the next n bytes and advances.
+  absl::StatusOr<absl::string_view> ReadBytes(uint64_t n, absl::string_view what);
+
+  // Error helpers that carry the current offset.
+  absl::Status Truncated(absl::string_view what, uint64_t need) const;
+  absl::Status Invalid(absl::string_view what, absl::string_view detail) const;
+  absl::Status InvalidAt(uint64_t abs_offset, absl::string_view what,
+                         absl::string_view detail) const;
+
+ private:
+  const uint8_t* data_;
+  uint64_t size_;
+  uint64_t base_;
+  uint64_t pos_ = 0;
+};
+
+// Overflow-checked arithmetic for sizes and offsets from untrusted files.
+inline bool CheckedAdd(uint64_t a, uint64_t b, uint64_t* out) {
+  return !__builtin_add_overflow(a, b, out);
+}
+inline bool CheckedMul(uint64_t a, uint64_t b, uint64_t* out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+// Rounds up to a power-of-two alignment; false on overflow.
+inline bool CheckedAlignUp(uint64_t v, uint64_t align, uint64_t* out) {
+  uint64_t t;
+  if (!CheckedAdd(v, align - 1, &t)) return false;
+  *out = t & ~(align - 1);
+  return true;
+}
+
+}  // namespace dpl::formats

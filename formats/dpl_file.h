@@ -1,0 +1,135 @@
+// The .dpl container: a GGUF model re-laid-out for the runtime. Specified in
+// docs/FORMAT.md; this header is its executable form.
+//
+//   [header: 256 bytes]
+//   [metadata: one zstd frame of the GGUF key/value encoding]
+//   [tensor table: n_tensors variable-length entries]
+//   [frame index: n_frames x {u64 stored_offset, u64 stored_bytes}] (compressed form only)
+//   [zero padding to a 4 KiB boundary]
+//   [data region: tensors at 256-byte aligned offsets; or, compressed form,
+//    the zstd frames that decompress to it]
+//
+// Why: the runtime maps the file and copies the data region into one device
+// allocation as it is; a tensor's device pointer is base + offset. Every
+// layout decision (dpl q6_K planes, alignment) was made by the converter.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "formats/ggml_types.h"
+#include "formats/metadata.h"
+#include "formats/model_file.h"
+
+namespace dpl::formats {
+
+inline constexpr char kDplMagic[8] = {'D', 'P', 'L', 'M', 'O', 'D', 'E', 'L'};
+inline constexpr uint32_t kDplVersion = 1;
+inline constexpr uint64_t kDplHeaderBytes = 256;
+inline constexpr uint64_t kDplDataAlignment = 4096;    // data region start
+inline constexpr uint64_t kDplTensorAlignment = 256;   // every tensor offset
+inline constexpr uint32_t kDplFlagCompressed = 1u << 0;
+// Limits for untrusted .dpl files.
+inline constexpr uint64_t kDplMaxMetaBytes = 1ull << 30;
+inline constexpr uint64_t kDplMinFrameBytes = 64 * 1024;
+inline constexpr uint64_t kDplMaxFrameBytes = 1ull << 30;
+
+// Header field offsets (all little-endian), see docs/FORMAT.md.
+struct DplHeader {
+  uint32_t version = kDplVersion;
+  uint32_t flags = 0;
+  uint64_t file_bytes = 0;
+  uint64_t meta_offset = 0;
+  uint64_t meta_stored_bytes = 0;
+  uint64_t meta_raw_bytes = 0;
+  uint64_t meta_count = 0;
+  uint64_t table_offset = 0;
+  uint64_t table_bytes = 0;
+  uint64_t n_tensors = 0;
+  uint64_t frames_offset = 0;  // 0 unless compressed
+  uint64_t n_frames = 0;
+  uint64_t frame_raw_bytes = 0;  // decompressed bytes per frame (last may be short)
+  uint64_t data_offset = 0;      // multiple of 4096
+  uint64_t data_bytes = 0;       // logical (decompressed) size of the data region
+  uint64_t data_stored_bytes = 0;  // bytes the data region occupies in the file
+  uint64_t index_xxh3 = 0;       // XXH3-64 of file bytes [256, data_offset)
+  uint64_t header_xxh3 = 0;      // XXH3-64 of header bytes [0, 248)
+
+  bool compressed() const { return (flags & kDplFlagCompressed) != 0; }
+};
+
+struct DplTensorEntry {
+  std::string name;
+  GgmlType type = GgmlType::kF32;
+  TensorLayout layout = TensorLayout::kRaw;
+  uint32_t n_dims = 0;
+  std::array<uint64_t, 4> ne = {1, 1, 1, 1};
+  uint64_t n_rows = 0;
+  uint64_t row_stride = 0;
+  uint64_t offset = 0;   // inside the data region, multiple of 256
+  uint64_t n_bytes = 0;  // n_rows * row_stride
+  uint64_t xxh3 = 0;     // XXH3-64 of the tensor's n_bytes bytes
+};
+
+// Bytes of one row of `ne0` elements of `type` in `layout`; error when the
+// combination is not allowed (dpl_q6k needs q6_K) or the row is not whole blocks.
+absl::StatusOr<uint64_t> RowStrideFor(GgmlType type, TensorLayout layout, uint64_t ne0);
+
+class DplFile {
+ public:
+  static absl::StatusOr<DplFile> Parse(const uint8_t* data, uint64_t size,
+                                       std::shared_ptr<const void> owner = nullptr);
+  static absl::StatusOr<DplFile> Open(const std::string& path);
+
+  const DplHeader& header() const { return header_; }
+  bool compressed() const { return header_.compressed(); }
+  const Metadata& metadata() const { return metadata_; }
+  const std::vector<DplTensorEntry>& tensors() const { return tensors_; }
+  const DplTensorEntry* FindTensor(absl::string_view name) const;
+
+  // Uncompressed form: the data region inside the image (nullptr if compressed).
+  const uint8_t* data_region() const;
+  const uint8_t* image() const { return data_; }
+
+  // Compressed form: frame i decompresses to data region bytes
+  // [i * frame_raw_bytes, min((i + 1) * frame_raw_bytes, data_bytes)).
+  struct Frame {
+    uint64_t stored_offset;  // absolute file offset
+    uint64_t stored_bytes;
+    uint64_t raw_offset;     // offset in the data region
+    uint64_t raw_bytes;
+  };
+  const std::vector<Frame>& frames() const { return frames_; }
+  // Decompresses frame i into dst (frame.raw_bytes bytes).
+  absl::Status DecompressFrame(size_t i, uint8_t* dst) const;
+  // Decompresses the whole data region into dst (data_bytes bytes) with
+  // `threads` workers.
+  absl::Status DecompressAll(uint8_t* dst, int threads) const;
+
+  // Checks a tensor's XXH3 against its table entry; `region` is the logical
+  // data region (the image's for the uncompressed form, or a decompressed copy).
+  absl::Status VerifyChecksum(const DplTensorEntry& t, const uint8_t* region) const;
+
+ private:
+  std::shared_ptr<const void> owner_;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  DplHeader header_;
+  Metadata metadata_;
+  std::vector<DplTensorEntry> tensors_;
+  std::vector<Frame> frames_;
+};
+
+// Serialization helpers for the writer (converter). The writer lays the file
+// out as: header, metadata, table, frame index, padding, data.
+std::string EncodeDplHeader(const DplHeader& h);  // 256 bytes, header_xxh3 filled in
+void EncodeDplTensorEntry(const DplTensorEntry& t, std::string& out);
+// Size of one encoded entry (depends only on the name length).
+uint64_t DplTensorEntryBytes(const DplTensorEntry& t);
+
+}  // namespace dpl::formats

@@ -1,0 +1,35 @@
+// Read-only memory mapping of a whole file (POSIX mmap). Movable, not copyable.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace dpl::formats {
+
+class MappedFile {
+ public:
+  // Maps `path` read-only. An empty file maps to size 0 with a null data().
+  static absl::StatusOr<std::shared_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+  // Hints the kernel that the mapping will be read sequentially.
+  void AdviseSequential() const;
+
+ private:
+  MappedFile(std::string path, const uint8_t* data, uint64_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+  std::string path_;
+  const uint8_t* data_;
+  uint64_t size_;
+};
+
+}  // namespace dpl::formats
