@@ -1,0 +1,550 @@
+#include "tools/synth.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace dpl::synth {
+
+using formats::GgmlType;
+using formats::MetaValue;
+
+// ---------------------------------------------------------------- f16 ----
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u);
+  if (ax >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
+  if (ax < 0x38800000u) {
+    // Below 2^-14: a half subnormal is m * 2^-24; scaling by 2^24 is exact and
+    // nearbyint rounds to nearest even (m == 1024 is the smallest normal).
+    float af;
+    std::memcpy(&af, &ax, 4);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(af * 16777216.0f)));
+  }
+  // Normal: rebias the exponent (127 -> 15), round the 13 dropped bits to
+  // nearest even (a carry into the exponent is the correct result).
+  const uint32_t e = ax - 0x38000000u;
+  return static_cast<uint16_t>(sign | ((e + 0xfffu + ((e >> 13) & 1u)) >> 13));
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  const uint32_t man = h & 0x3ff;
+  float out;
+  if (exp == 0) {
+    out = std::ldexp(static_cast<float>(man), -24);
+    if (sign) out = -out;
+    return out;
+  }
+  uint32_t bits = exp == 31 ? (sign | 0x7f800000u | (man << 13))
+                            : (sign | ((exp + 112) << 23) | (man << 13));
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+// ------------------------------------------------------------ presets ----
+
+absl::StatusOr<Ftype> ParseFtype(std::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(std::string(name));
+  if (lower == "q4_k_m") return Ftype::kQ4_K_M;
+  if (lower == "f16") return Ftype::kF16;
+  if (lower == "f32") return Ftype::kF32;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown ftype '", std::string(name), "' (known: q4_k_m, f16, f32)"));
+}
+
+std::string_view FtypeName(Ftype ftype) {
+  switch (ftype) {
+    case Ftype::kQ4_K_M: return "q4_k_m";
+    case Ftype::kF16: return "f16";
+    case Ftype::kF32: return "f32";
+  }
+  return "?";
+}
+
+bool UseMoreBits(uint32_t layer, uint32_t n_layer) {
+  const int64_t i = layer, n = n_layer;
+  return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+GgmlType Q4KMType(std::string_view base_name, uint32_t layer, uint32_t n_layer,
+                  uint64_t row_len, bool tied) {
+  GgmlType t = GgmlType::kQ4_K;
+  if (base_name == "output.weight" || (tied && base_name == "token_embd.weight")) {
+    t = GgmlType::kQ6_K;
+  } else if ((base_name == "attn_v.weight" || base_name == "ffn_down.weight") &&
+             UseMoreBits(layer, n_layer)) {
+    t = GgmlType::kQ6_K;
+  }
+  // k-quants need whole 256-weight super-blocks per row; llama.cpp then
+  // picks a 32-block type of similar size.
+  if (row_len % 256 != 0) t = t == GgmlType::kQ6_K ? GgmlType::kQ8_0 : GgmlType::kQ5_0;
+  return t;
+}
+
+absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ftype) {
+  if (p.n_embd == 0 || p.n_layer == 0 || p.n_head == 0 || p.n_head_kv == 0 ||
+      p.head_dim == 0 || p.n_ff == 0 || p.n_vocab == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("preset ", p.name, ": every dimension must be positive"));
+  }
+  if (p.n_head % p.n_head_kv != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("preset ", p.name, ": n_head ", p.n_head,
+                                                   " not a multiple of n_head_kv ", p.n_head_kv));
+  }
+  const uint64_t E = p.n_embd, F = p.n_ff, V = p.n_vocab;
+  const uint64_t Q = uint64_t{p.n_head} * p.head_dim, KV = uint64_t{p.n_head_kv} * p.head_dim;
+
+  std::vector<PlannedTensor> plan;
+  absl::Status status;
+  auto matrix = [&](std::string name, std::string_view base, uint32_t layer, uint64_t ne0,
+                    uint64_t ne1) {
+    GgmlType type = ftype == Ftype::kF32   ? GgmlType::kF32
+                    : ftype == Ftype::kF16 ? GgmlType::kF16
+                                           : Q4KMType(base, layer, p.n_layer, ne0, p.tied);
+    const uint32_t block = formats::TraitsOf(type).block_elems;
+    if (ne0 % block != 0 && status.ok()) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "preset ", p.name, ": tensor ", name, " has rows of ", ne0,
+          " weights, not a whole number of ", std::string(formats::TraitsOf(type).name),
+          " blocks"));
+    }
+    plan.push_back({{std::move(name), {ne0, ne1}, type}, TensorRole::kMatrix});
+  };
+  auto vec = [&](std::string name, uint64_t n, TensorRole role) {
+    plan.push_back({{std::move(name), {n}, GgmlType::kF32}, role});
+  };
+
+  matrix("token_embd.weight", "token_embd.weight", 0, E, V);
+  for (uint32_t i = 0; i < p.n_layer; ++i) {
+    const std::string b = absl::StrCat("blk.", i, ".");
+    vec(b + "attn_norm.weight", E, TensorRole::kNorm);
+    matrix(b + "attn_q.weight", "attn_q.weight", i, E, Q);
+    matrix(b + "attn_k.weight", "attn_k.weight", i, E, KV);
+    matrix(b + "attn_v.weight", "attn_v.weight", i, E, KV);
+    matrix(b + "attn_output.weight", "attn_output.weight", i, Q, E);
+    vec(b + "ffn_norm.weight", E, TensorRole::kNorm);
+    matrix(b + "ffn_gate.weight", "ffn_gate.weight", i, E, F);
+    matrix(b + "ffn_up.weight", "ffn_up.weight", i, E, F);
+    matrix(b + "ffn_down.weight", "ffn_down.weight", i, F, E);
+    if (p.qkv_bias) {
+      vec(b + "attn_q.bias", Q, TensorRole::kBias);
+      vec(b + "attn_k.bias", KV, TensorRole::kBias);
+      vec(b + "attn_v.bias", KV, TensorRole::kBias);
+    }
+  }
+  vec("output_norm.weight", E, TensorRole::kNorm);
+  if (!p.tied) matrix("output.weight", "output.weight", 0, E, V);
+  if (!status.ok()) return status;
+  return plan;
+}
+
+uint64_t PlanDataBytes(const std::vector<PlannedTensor>& plan, uint64_t alignment) {
+  uint64_t total = 0;
+  for (const PlannedTensor& t : plan) {
+    const formats::GgmlTypeTraits tr = formats::TraitsOf(t.spec.type);
+    uint64_t bytes = t.spec.ne[0] / tr.block_elems * tr.block_bytes;
+    for (size_t d = 1; d < t.spec.ne.size(); ++d) bytes *= t.spec.ne[d];
+    total += (bytes + alignment - 1) / alignment * alignment;
+  }
+  return total;
+}
+
+// ----------------------------------------------------------- metadata ----
+
+absl::StatusOr<Vocab> LoadVocab(const std::string& path) {
+  absl::StatusOr<formats::GgufFile> file = formats::GgufFile::Open(path);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(),
+                        absl::StrCat("cannot read vocab file: ", file.status().message()));
+  }
+  Vocab vocab;
+  for (const formats::MetaKV& kv : file->metadata().entries()) {
+    if (absl::StartsWith(kv.key, "tokenizer.")) vocab.tokenizer.Set(kv.key, kv.value);
+  }
+  const MetaValue* tokens = file->metadata().Find("tokenizer.ggml.tokens");
+  if (tokens == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocab file ", path, " has no tokenizer.ggml.tokens"));
+  }
+  if (tokens->type != formats::GgufValueType::kArray ||
+      tokens->elem_type != formats::GgufValueType::kString || tokens->count == 0 ||
+      tokens->count > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "vocab file ", path, ": tokenizer.ggml.tokens is not a non-empty string array (",
+        tokens->DebugString(2), ")"));
+  }
+  vocab.n_vocab = static_cast<uint32_t>(tokens->count);
+  return vocab;
+}
+
+formats::Metadata BuildMetadata(const Preset& p, Ftype ftype, const Vocab* vocab) {
+  formats::Metadata m;
+  const std::string a = p.arch + ".";
+  m.Set("general.architecture", MetaValue::String(p.arch));
+  if (vocab != nullptr) {
+    for (const formats::MetaKV& kv : vocab->tokenizer.entries()) m.Set(kv.key, kv.value);
+  } else {
+    m.Set("tokenizer.ggml.model", MetaValue::String("none"));
+    m.Set(a + "vocab_size", MetaValue::U32(p.n_vocab));
+  }
+  m.Set("general.name", MetaValue::String("synthetic-" + p.name));
+  m.Set(a + "block_count", MetaValue::U32(p.n_layer));
+  m.Set(a + "context_length", MetaValue::U32(p.n_ctx));
+  m.Set(a + "embedding_length", MetaValue::U32(p.n_embd));
+  m.Set(a + "feed_forward_length", MetaValue::U32(p.n_ff));
+  m.Set(a + "attention.head_count", MetaValue::U32(p.n_head));
+  m.Set(a + "attention.head_count_kv", MetaValue::U32(p.n_head_kv));
+  if (uint64_t{p.head_dim} * p.n_head != p.n_embd) {
+    // llama.cpp assumes n_embd / n_head unless told otherwise.
+    m.Set(a + "attention.key_length", MetaValue::U32(p.head_dim));
+    m.Set(a + "attention.value_length", MetaValue::U32(p.head_dim));
+  }
+  m.Set(a + "rope.freq_base", MetaValue::F32(p.rope_base));
+  m.Set(a + "attention.layer_norm_rms_epsilon", MetaValue::F32(p.rms_eps));
+  m.Set("general.file_type", MetaValue::U32(static_cast<uint32_t>(ftype)));
+  return m;
+}
+
+// --------------------------------------------------------- generation ----
+
+namespace {
+
+// splitmix64 (Steele, Lea, Flood 2014): one add and three xor-shift-multiply
+// steps per 64 random bits; good enough for weights, and trivially seekable.
+inline uint64_t Mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed) {}
+  uint64_t Next() { return Mix64(s_ += 0x9E3779B97F4A7C15ull); }
+  void Fill(uint8_t* out, size_t n) {  // n random bytes
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const uint64_t r = Next();
+      std::memcpy(out + i, &r, 8);
+    }
+    if (i < n) {
+      const uint64_t r = Next();
+      std::memcpy(out + i, &r, n - i);
+    }
+  }
+  // Uniform in [0, 1).
+  float Uniform() { return static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f); }
+  // Approximately standard normal: a sum of four uniform 16-bit values
+  // (Irwin-Hall; variance 4/12, rescaled to 1). One draw per value.
+  float Normal() {
+    const uint64_t r = Next();
+    const float s = static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) +
+                                       ((r >> 32) & 0xffff) + (r >> 48) + 2);
+    return (s * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
+  }
+
+ private:
+  uint64_t s_;
+};
+
+uint64_t NameHash(std::string_view name) {  // FNV-1a 64
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+// Mean of k^2 for k uniform in [lo, hi].
+constexpr double MeanSquare(int lo, int hi) {
+  double s = 0;
+  for (int k = lo; k <= hi; ++k) s += double(k) * k;
+  return s / (hi - lo + 1);
+}
+
+// Every block scale is the tensor's base scale times a factor uniform in
+// [0.75, 1.25] (so blocks differ, as in real files); E[f^2] = 1 + 0.5^2/12.
+constexpr double kBlockJitterMs = 1.0 + 0.25 / 12.0;
+inline float BlockJitter(Rng& rng) { return 0.75f + 0.5f * rng.Uniform(); }
+
+// Value ranges of the sub-block scales drawn below.
+constexpr int kQ4KScLo = 32, kQ4KScHi = 63;    // 6-bit, top bit set
+constexpr int kQ6KScLo = 64, kQ6KScHi = 127;   // |int8|, random sign
+
+inline void PutHalf(uint8_t* p, float v) {
+  const uint16_t h = FloatToHalf(v);
+  std::memcpy(p, &h, 2);
+}
+
+// q4_K: w = d * sc_j * q - dmin * m_j with q uniform in 0..15 (random
+// nibbles). With m_j = sc_j and dmin = 7.5 d, w = d * sc_j * (q - 7.5):
+// zero mean, E[w^2] = d^2 E[sc^2] (16^2 - 1)/12.
+void FillQ4K(Rng& rng, float d_base, uint8_t* blk) {  // 144 bytes
+  const float d = d_base * BlockJitter(rng);
+  PutHalf(blk, d);
+  PutHalf(blk + 2, 7.5f * HalfToFloat(FloatToHalf(d)));
+  uint8_t sc[8];
+  const uint64_t r = rng.Next();
+  for (int j = 0; j < 8; ++j) sc[j] = static_cast<uint8_t>(kQ4KScLo + ((r >> (5 * j)) & 31));
+  uint8_t* s = blk + 4;  // scales[12]; the packing quant-blocks.md documents
+  for (int k = 0; k < 4; ++k) {
+    const uint8_t hi = sc[k + 4];
+    s[k] = static_cast<uint8_t>(sc[k] | ((hi >> 4) << 6));      // sc_k, top of sc_{k+4}
+    s[k + 4] = static_cast<uint8_t>(sc[k] | ((hi >> 4) << 6));  // m_k = sc_k, top of m_{k+4}
+    s[k + 8] = static_cast<uint8_t>((hi & 0xF) | ((hi & 0xF) << 4));  // low sc/m_{k+4}
+  }
+  rng.Fill(blk + 16, 128);
+}
+
+// q6_K: w = d * sc * (q - 32), q uniform in 0..63 (random bytes); random
+// sign of each sub-block scale makes the mean zero. E[(q-32)^2] = 341.5.
+void FillQ6K(Rng& rng, float d_base, uint8_t* blk) {  // 210 bytes
+  rng.Fill(blk, 128 + 64 + 16);  // ql, qh, and one random byte per scale
+  for (int j = 0; j < 16; ++j) {
+    const uint8_t b = blk[192 + j];
+    const int mag = kQ6KScLo + (b & 63);  // 6 random bits: 64..127
+    blk[192 + j] = static_cast<uint8_t>(static_cast<int8_t>((b & 64) ? -mag : mag));
+  }
+  PutHalf(blk + 208, d_base * BlockJitter(rng));
+}
+
+// q5_0 / q8_0: random quants, random sign of d. E[(q-16)^2] = 85.5 for
+// q5_0 (q in 0..31), E[q^2] = 5461.5 for q8_0 (q in -128..127).
+void FillQ5_0(Rng& rng, float d_base, uint8_t* blk) {  // 22 bytes
+  const uint64_t r = rng.Next();
+  const float d = d_base * (0.75f + 0.5f * static_cast<float>(r >> 40) / 16777216.0f);
+  PutHalf(blk, (r & 1) ? -d : d);
+  rng.Fill(blk + 2, 20);
+}
+void FillQ8_0(Rng& rng, float d_base, uint8_t* blk) {  // 34 bytes
+  const uint64_t r = rng.Next();
+  const float d = d_base * (0.75f + 0.5f * static_cast<float>(r >> 40) / 16777216.0f);
+  PutHalf(blk, (r & 1) ? -d : d);
+  rng.Fill(blk + 2, 32);
+}
+
+// Base block scale giving a dequantized std of `sigma`.
+float BaseScale(GgmlType type, double sigma) {
+  switch (type) {
+    case GgmlType::kQ4_K:
+      return static_cast<float>(
+          sigma / std::sqrt(21.25 * MeanSquare(kQ4KScLo, kQ4KScHi) * kBlockJitterMs));
+    case GgmlType::kQ6_K: {
+      // Magnitudes are kQ6KScLo + (6 random bits), i.e. 64..127.
+      return static_cast<float>(
+          sigma / std::sqrt(341.5 * MeanSquare(kQ6KScLo, kQ6KScHi) * kBlockJitterMs));
+    }
+    case GgmlType::kQ5_0: return static_cast<float>(sigma / std::sqrt(85.5 * kBlockJitterMs));
+    case GgmlType::kQ8_0: return static_cast<float>(sigma / std::sqrt(5461.5 * kBlockJitterMs));
+    default: return static_cast<float>(sigma);
+  }
+}
+
+}  // namespace
+
+void FillRows(const PlannedTensor& t, uint64_t seed, uint64_t row_begin, uint64_t n_rows,
+              uint8_t* out) {
+  const GgmlType type = t.spec.type;
+  const formats::GgmlTypeTraits tr = formats::TraitsOf(type);
+  const uint64_t ne0 = t.spec.ne[0];
+  const uint64_t n_blocks = ne0 / tr.block_elems;
+  const uint64_t row_bytes = n_blocks * tr.block_bytes;
+  // Matrices: std 0.5/sqrt(fan-in) (activations keep their scale through
+  // a layer). Norm weights: 1 + 0.1 N(0,1). Biases: 0.02 N(0,1).
+  const double sigma = t.role == TensorRole::kMatrix ? 0.5 / std::sqrt(double(ne0))
+                       : t.role == TensorRole::kNorm ? 0.1
+                                                     : 0.02;
+  const float center = t.role == TensorRole::kNorm ? 1.0f : 0.0f;
+  const float base = BaseScale(type, sigma);
+  const uint64_t tensor_key = Mix64(seed ^ Mix64(NameHash(t.spec.name)));
+
+  for (uint64_t r = 0; r < n_rows; ++r) {
+    // One generator per row, so any split of the rows gives the same bytes.
+    Rng rng(Mix64(tensor_key + (row_begin + r) * 0xD1B54A32D192ED03ull));
+    uint8_t* row = out + r * row_bytes;  // (n_blocks, block_bytes)
+    switch (type) {
+      case GgmlType::kQ4_K:
+        for (uint64_t b = 0; b < n_blocks; ++b) FillQ4K(rng, base, row + b * 144);
+        break;
+      case GgmlType::kQ6_K:
+        for (uint64_t b = 0; b < n_blocks; ++b) FillQ6K(rng, base, row + b * 210);
+        break;
+      case GgmlType::kQ5_0:
+        for (uint64_t b = 0; b < n_blocks; ++b) FillQ5_0(rng, base, row + b * 22);
+        break;
+      case GgmlType::kQ8_0:
+        for (uint64_t b = 0; b < n_blocks; ++b) FillQ8_0(rng, base, row + b * 34);
+        break;
+      case GgmlType::kF16:
+        for (uint64_t i = 0; i < ne0; ++i) {
+          const uint16_t h = FloatToHalf(center + base * rng.Normal());
+          std::memcpy(row + 2 * i, &h, 2);
+        }
+        break;
+      default:  // kF32 (PlanTensors makes no other type)
+        for (uint64_t i = 0; i < ne0; ++i) {
+          const float v = center + base * rng.Normal();
+          std::memcpy(row + 4 * i, &v, 4);
+        }
+        break;
+    }
+  }
+}
+
+// ------------------------------------------------------------- writer ----
+
+namespace {
+
+absl::Status PWriteAll(int fd, const uint8_t* data, uint64_t n, uint64_t offset,
+                       const std::string& path) {
+  while (n > 0) {
+    const ssize_t w =
+        ::pwrite(fd, data, std::min<uint64_t>(n, 1ull << 30), static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(absl::StrCat("write ", path, " at offset ", offset, ": ",
+                                              std::strerror(errno)));
+    }
+    data += w;
+    n -= static_cast<uint64_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+struct WorkItem {
+  size_t tensor;
+  uint64_t row_begin;
+  uint64_t n_rows;
+};
+
+}  // namespace
+
+absl::StatusOr<SynthResult> WriteSyntheticModel(const SynthOptions& opts,
+                                                const std::string& out_path) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Preset preset = opts.preset;
+  std::optional<Vocab> vocab;
+  if (opts.vocab_path) {
+    absl::StatusOr<Vocab> v = LoadVocab(*opts.vocab_path);
+    if (!v.ok()) return v.status();
+    vocab = std::move(*v);
+    preset.n_vocab = vocab->n_vocab;
+  }
+  absl::StatusOr<std::vector<PlannedTensor>> plan = PlanTensors(preset, opts.ftype);
+  if (!plan.ok()) return plan.status();
+  const formats::Metadata meta = BuildMetadata(preset, opts.ftype, vocab ? &*vocab : nullptr);
+  std::vector<formats::GgufTensorSpec> specs;
+  specs.reserve(plan->size());
+  for (const PlannedTensor& t : *plan) specs.push_back(t.spec);
+  absl::StatusOr<formats::GgufHeader> header = formats::BuildGgufHeader(meta, specs);
+  if (!header.ok()) return header.status();
+  const uint64_t data_start = header->bytes.size();
+  const uint64_t file_bytes = data_start + header->data_bytes;
+
+  // Work items of about kChunkBytes each.
+  std::vector<WorkItem> items;
+  uint64_t max_chunk = 0;
+  for (size_t i = 0; i < plan->size(); ++i) {
+    const formats::GgufTensorSpec& s = (*plan)[i].spec;
+    const formats::GgmlTypeTraits tr = formats::TraitsOf(s.type);
+    const uint64_t row_bytes = s.ne[0] / tr.block_elems * tr.block_bytes;
+    uint64_t n_rows = 1;
+    for (size_t d = 1; d < s.ne.size(); ++d) n_rows *= s.ne[d];
+    const uint64_t per = std::max<uint64_t>(1, kChunkBytes / row_bytes);
+    for (uint64_t r = 0; r < n_rows; r += per) {
+      items.push_back({i, r, std::min(per, n_rows - r)});
+      max_chunk = std::max(max_chunk, items.back().n_rows * row_bytes);
+    }
+  }
+
+  const std::string tmp = out_path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("create ", tmp, ": ", std::strerror(errno)));
+  }
+  auto fail = [&](absl::Status s) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  };
+  // Sizing the file first leaves the alignment padding as zeros (holes).
+  if (::ftruncate(fd, static_cast<off_t>(file_bytes)) != 0) {
+    return fail(absl::InternalError(
+        absl::StrCat("resize ", tmp, " to ", file_bytes, " bytes: ", std::strerror(errno))));
+  }
+  if (absl::Status s = PWriteAll(fd, reinterpret_cast<const uint8_t*>(header->bytes.data()),
+                                 data_start, 0, tmp);
+      !s.ok()) {
+    return fail(s);
+  }
+
+  unsigned n_threads = opts.threads ? opts.threads : std::thread::hardware_concurrency();
+  n_threads = std::max(1u, std::min<unsigned>(n_threads, static_cast<unsigned>(items.size())));
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex err_mu;
+  absl::Status err;
+  auto worker = [&] {
+    std::vector<uint8_t> buf(max_chunk);
+    while (!failed.load(std::memory_order_relaxed)) {
+      const size_t k = next.fetch_add(1);
+      if (k >= items.size()) break;
+      const WorkItem& it = items[k];
+      const PlannedTensor& t = (*plan)[it.tensor];
+      const formats::GgmlTypeTraits tr = formats::TraitsOf(t.spec.type);
+      const uint64_t row_bytes = t.spec.ne[0] / tr.block_elems * tr.block_bytes;
+      FillRows(t, opts.seed, it.row_begin, it.n_rows, buf.data());
+      const uint64_t off = data_start + header->offsets[it.tensor] + it.row_begin * row_bytes;
+      absl::Status s = PWriteAll(fd, buf.data(), it.n_rows * row_bytes, off, tmp);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(err_mu);
+        if (err.ok()) err = s;
+        failed = true;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned i = 1; i < n_threads; ++i) threads.emplace_back(worker);
+  worker();
+  for (std::thread& th : threads) th.join();
+  if (!err.ok()) return fail(err);
+
+  if (::fsync(fd) != 0) {
+    return fail(absl::InternalError(absl::StrCat("fsync ", tmp, ": ", std::strerror(errno))));
+  }
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat("close ", tmp, ": ", std::strerror(errno)));
+  }
+  if (::rename(tmp.c_str(), out_path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    return absl::InternalError(
+        absl::StrCat("rename ", tmp, " -> ", out_path, ": ", std::strerror(e)));
+  }
+  SynthResult res;
+  res.n_tensors = plan->size();
+  res.file_bytes = file_bytes;
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace dpl::synth

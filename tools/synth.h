@@ -1,0 +1,133 @@
+// dpl-synth: random-weight GGUF models with the tensor set, shapes, metadata
+// and Q4_K_M type mix that llama.cpp gives real checkpoints, so that file
+// sizes, bytes per token and kernel shapes match the real thing without any
+// download. Quantized blocks are generated directly (random quants, scales
+// chosen for a dequantized std of about 0.5/sqrt(row length)); the output is
+// a pure function of (preset, options, seed), whatever the thread count.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "formats/ggml_types.h"
+#include "formats/gguf.h"
+#include "formats/metadata.h"
+
+namespace dpl::synth {
+
+// A model shape. Names and key names follow llama.cpp (`{arch}.*`).
+struct Preset {
+  std::string name;         // "qwen2.5-7b", "tiny-llama", ...
+  std::string arch;         // "llama" or "qwen2"
+  uint32_t n_embd = 0;
+  uint32_t n_layer = 0;
+  uint32_t n_head = 0;
+  uint32_t n_head_kv = 0;
+  uint32_t head_dim = 0;    // usually n_embd / n_head
+  uint32_t n_ff = 0;
+  uint32_t n_vocab = 0;     // used when no vocab file is given
+  uint32_t n_ctx = 0;
+  float rope_base = 0;
+  float rms_eps = 0;
+  bool tied = false;        // no output.weight; the lm head is token_embd
+  bool qkv_bias = false;    // qwen2: attn_{q,k,v}.bias
+  std::string note;         // one line for --list
+};
+
+// Every preset, in --list order.
+const std::vector<Preset>& Presets();
+// The preset of that name, or NotFound listing the known names.
+absl::StatusOr<Preset> FindPreset(std::string_view name);
+
+// What the matrices become (general.file_type ids of llama.cpp).
+enum class Ftype : uint32_t { kF32 = 0, kF16 = 1, kQ4_K_M = 15 };
+// "q4_k_m" (also "Q4_K_M"), "f16", "f32".
+absl::StatusOr<Ftype> ParseFtype(std::string_view name);
+std::string_view FtypeName(Ftype ftype);
+
+// What a tensor holds; decides how its values are drawn.
+enum class TensorRole { kMatrix, kNorm, kBias };
+
+struct PlannedTensor {
+  formats::GgufTensorSpec spec;  // name, ne (ne[0] = row length), type
+  TensorRole role = TensorRole::kMatrix;
+};
+
+// llama.cpp's Q4_K_M choice for one weight matrix (llama_tensor_get_type):
+// attn_v and ffn_down of layer `layer` (of `n_layer`) get q6_K where
+// use_more_bits(layer, n_layer) holds, output.weight (or token_embd when
+// tied) gets q6_K, everything else q4_K; then rows whose length is not a
+// multiple of 256 fall back q4_K -> q5_0, q6_K -> q8_0.
+// `base_name` is the GGUF name without "blk.N." ("attn_v.weight", ...).
+formats::GgmlType Q4KMType(std::string_view base_name, uint32_t layer, uint32_t n_layer,
+                           uint64_t row_len, bool tied);
+
+// True for the layers llama.cpp gives more bits:
+// i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2.
+bool UseMoreBits(uint32_t layer, uint32_t n_layer);
+
+// The tensor list in llama.cpp's order (token_embd, per layer: attn_norm,
+// attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down,
+// then the QKV biases; output_norm, output). Errors on shapes that the
+// chosen types cannot hold (row length not a whole number of blocks).
+absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ftype);
+
+// Data section bytes of a plan: every tensor padded to `alignment`.
+uint64_t PlanDataBytes(const std::vector<PlannedTensor>& plan,
+                       uint64_t alignment = formats::kGgufDefaultAlignment);
+
+// The tokenizer of a vocab-only GGUF: every `tokenizer.*` key in file order,
+// and n_vocab = length of tokenizer.ggml.tokens.
+struct Vocab {
+  formats::Metadata tokenizer;
+  uint32_t n_vocab = 0;
+};
+absl::StatusOr<Vocab> LoadVocab(const std::string& path);
+
+// The metadata of a synthetic model, keys in the order of llama.cpp's files
+// (general.architecture, tokenizer.*, [{arch}.vocab_size], general.name,
+// hyper-parameters, general.file_type). Without a vocab:
+// tokenizer.ggml.model = "none" and {arch}.vocab_size = p.n_vocab.
+formats::Metadata BuildMetadata(const Preset& p, Ftype ftype, const Vocab* vocab);
+
+// Fills `n_rows` rows of a tensor, starting at row `row_begin`, into `out`
+// (n_rows * row_bytes bytes). Deterministic in (seed, tensor name, rows):
+// every chunk of rows seeds its own generator, so any split gives the same
+// bytes as long as the chunk grid is the same (see kRowsChunkBytes).
+void FillRows(const PlannedTensor& t, uint64_t seed, uint64_t row_begin, uint64_t n_rows,
+              uint8_t* out);
+
+// Target size of one generation chunk; chunk boundaries are a function of the
+// tensor shape only, so the output does not depend on the thread count.
+inline constexpr uint64_t kChunkBytes = 4ull << 20;
+
+struct SynthOptions {
+  Preset preset;                      // after --tied / --no-vocab overrides
+  Ftype ftype = Ftype::kQ4_K_M;
+  std::optional<std::string> vocab_path;
+  uint64_t seed = 0;
+  unsigned threads = 0;               // 0: hardware concurrency
+};
+
+struct SynthResult {
+  uint64_t n_tensors = 0;
+  uint64_t file_bytes = 0;
+  double seconds = 0;
+};
+
+// Writes the model to `out_path`: builds the header, generates the tensors
+// in parallel and pwrite()s them into `out_path`.tmp, then fsync + rename.
+// On error the temporary file is removed and `out_path` is left untouched.
+absl::StatusOr<SynthResult> WriteSyntheticModel(const SynthOptions& opts,
+                                                const std::string& out_path);
+
+// Small IEEE half helpers (round to nearest even; used for block scales).
+uint16_t FloatToHalf(float f);
+float HalfToFloat(uint16_t h);
+
+}  // namespace dpl::synth

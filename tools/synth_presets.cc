@@ -1,0 +1,100 @@
+// The model shapes dpl-synth knows. Real shapes follow the published configs
+// (config.json of Qwen2.5 and Meta-Llama-3); the small ones are those of the
+// llama.cpp oracle files in shared/oracle (see its README table).
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tools/synth.h"
+
+namespace dpl::synth {
+namespace {
+
+Preset Qwen2(std::string name, uint32_t n_embd, uint32_t n_layer, uint32_t n_head,
+             uint32_t n_head_kv, uint32_t head_dim, uint32_t n_ff, uint32_t n_vocab,
+             uint32_t n_ctx, bool tied, std::string note) {
+  Preset p;
+  p.name = std::move(name);
+  p.arch = "qwen2";
+  p.n_embd = n_embd;
+  p.n_layer = n_layer;
+  p.n_head = n_head;
+  p.n_head_kv = n_head_kv;
+  p.head_dim = head_dim;
+  p.n_ff = n_ff;
+  p.n_vocab = n_vocab;
+  p.n_ctx = n_ctx;
+  p.rope_base = 1000000.0f;
+  p.rms_eps = 1e-6f;
+  p.tied = tied;
+  p.qkv_bias = true;
+  p.note = std::move(note);
+  return p;
+}
+
+Preset Llama(std::string name, uint32_t n_embd, uint32_t n_layer, uint32_t n_head,
+             uint32_t n_head_kv, uint32_t n_ff, uint32_t n_vocab, uint32_t n_ctx,
+             std::string note) {
+  Preset p;
+  p.name = std::move(name);
+  p.arch = "llama";
+  p.n_embd = n_embd;
+  p.n_layer = n_layer;
+  p.n_head = n_head;
+  p.n_head_kv = n_head_kv;
+  p.head_dim = n_embd / n_head;
+  p.n_ff = n_ff;
+  p.n_vocab = n_vocab;
+  p.n_ctx = n_ctx;
+  p.rope_base = 500000.0f;
+  p.rms_eps = 1e-5f;
+  p.tied = false;
+  p.qkv_bias = false;
+  p.note = std::move(note);
+  return p;
+}
+
+std::vector<Preset> MakePresets() {
+  return {
+      Qwen2("qwen2.5-0.5b", 896, 24, 14, 2, 64, 4864, 151936, 32768, /*tied=*/true,
+            "Qwen2.5-0.5B shapes (tied; 896-wide rows fall back to q5_0/q8_0)"),
+      Qwen2("qwen2.5-7b", 3584, 28, 28, 4, 128, 18944, 152064, 32768, /*tied=*/false,
+            "Qwen2.5-7B shapes (llama.cpp Q4_K_M: 4.36 GiB)"),
+      Qwen2("qwen2.5-14b", 5120, 48, 40, 8, 128, 13824, 152064, 32768, /*tied=*/false,
+            "Qwen2.5-14B shapes (llama.cpp Q4_K_M: 8.36 GiB)"),
+      Llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, "Meta-Llama-3-8B shapes"),
+      Llama("tiny-llama", 256, 2, 4, 2, 512, 2048, 4096,
+            "test shape: 256 / 2 layers / 4 (2) heads / ffn 512"),
+      Qwen2("tiny-qwen2", 256, 2, 4, 2, 64, 512, 2048, 4096, /*tied=*/true,
+            "test shape of oracle tiny-qwen2-vocab-q4km (use --vocab for its tokenizer)"),
+      Qwen2("small-qwen2", 512, 3, 4, 2, 128, 1536, 2048, 4096, /*tied=*/true,
+            "test shape of oracle small-qwen2-q4km"),
+      Llama("small-llama", 512, 4, 8, 2, 1792, 2048, 4096, "test shape of oracle small-llama-q4km"),
+      Llama("ora-llama", 256, 2, 4, 2, 768, 2048, 4096,
+            "test shape of oracle ora-llama-f32 (--ftype f32)"),
+      Qwen2("ora-qwen2", 256, 2, 2, 1, 128, 768, 2048, 4096, /*tied=*/true,
+            "test shape of oracle ora-qwen2-f32 (--ftype f32)"),
+  };
+}
+
+}  // namespace
+
+const std::vector<Preset>& Presets() {
+  static const std::vector<Preset>* presets = new std::vector<Preset>(MakePresets());
+  return *presets;
+}
+
+absl::StatusOr<Preset> FindPreset(std::string_view name) {
+  std::vector<std::string> names;
+  for (const Preset& p : Presets()) {
+    if (p.name == name) return p;
+    names.push_back(p.name);
+  }
+  return absl::NotFoundError(absl::StrCat("unknown preset '", std::string(name),
+                                          "' (known: ", absl::StrJoin(names, ", "), ")"));
+}
+
+}  // namespace dpl::synth

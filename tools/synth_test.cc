@@ -1,0 +1,598 @@
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "formats/gguf.h"
+#include "tests/shared_dir.h"
+#include "tools/synth.h"
+
+namespace dpl::synth {
+namespace {
+
+using formats::GgmlType;
+using formats::GgufFile;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE_MESSAGE(f.good(), "cannot open ", path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
+
+std::string Oracle(const std::string& name) {
+  return testing::SharedDir() + "/oracle/" + name;
+}
+
+std::string TypeName(GgmlType t) { return std::string(formats::TraitsOf(t).name); }
+
+std::string ShapeString(const std::vector<uint64_t>& ne) {
+  std::string s;
+  for (uint64_t n : ne) s += (s.empty() ? "" : ",") + std::to_string(n);
+  return "(" + s + ")";
+}
+
+// Two metadata values are the same when every field GGUF encodes is.
+bool SameValue(const formats::MetaValue& a, const formats::MetaValue& b) {
+  return a.type == b.type && a.scalar_bits == b.scalar_bits && a.bytes == b.bytes &&
+         a.elem_type == b.elem_type && a.count == b.count && a.string_ends == b.string_ends;
+}
+
+// Checks that a plan matches a parsed file tensor by tensor, in order.
+void CheckPlanMatchesFile(const std::vector<PlannedTensor>& plan, const GgufFile& file) {
+  REQUIRE(plan.size() == file.tensors().size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const formats::GgufTensorSpec& want = plan[i].spec;
+    const formats::GgufTensorInfo& got = file.tensors()[i];
+    CAPTURE(got.name);
+    CHECK(want.name == got.name);
+    std::vector<uint64_t> got_ne(got.ne.begin(), got.ne.begin() + got.n_dims);
+    CHECK(ShapeString(want.ne) == ShapeString(got_ne));
+    CHECK(TypeName(want.type) == TypeName(got.type));
+  }
+}
+
+void CheckSameMetadata(const formats::Metadata& want, const formats::Metadata& got) {
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const formats::MetaKV& w = want.entries()[i];
+    const formats::MetaKV& g = got.entries()[i];
+    CAPTURE(w.key);
+    CHECK(w.key == g.key);
+    CHECK_MESSAGE(SameValue(w.value, g.value), w.value.DebugString(), " vs ",
+                  g.value.DebugString());
+  }
+}
+
+Preset MustPreset(const std::string& name) {
+  absl::StatusOr<Preset> p = FindPreset(name);
+  REQUIRE_MESSAGE(p.ok(), p.status().ToString());
+  return *p;
+}
+
+std::vector<PlannedTensor> MustPlan(const Preset& p, Ftype ftype) {
+  absl::StatusOr<std::vector<PlannedTensor>> plan = PlanTensors(p, ftype);
+  REQUIRE_MESSAGE(plan.ok(), plan.status().ToString());
+  return *plan;
+}
+
+// ---- a small dequantizer of the block formats (quant-blocks.md), checked
+// below against llama.cpp's own dequantized vectors.
+
+float F16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return HalfToFloat(h);
+}
+
+void DequantBlock(GgmlType type, const uint8_t* b, float* w) {
+  switch (type) {
+    case GgmlType::kF32:
+      std::memcpy(w, b, 4);
+      return;
+    case GgmlType::kF16:
+      w[0] = F16(b);
+      return;
+    case GgmlType::kQ8_0: {
+      const float d = F16(b);
+      for (int i = 0; i < 32; ++i) w[i] = d * static_cast<int8_t>(b[2 + i]);
+      return;
+    }
+    case GgmlType::kQ5_0: {
+      const float d = F16(b);
+      uint32_t qh;
+      std::memcpy(&qh, b + 2, 4);
+      const uint8_t* qs = b + 6;
+      for (int j = 0; j < 16; ++j) {
+        const int lo = (qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+        const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        w[j] = d * (lo - 16);
+        w[j + 16] = d * (hi - 16);
+      }
+      return;
+    }
+    case GgmlType::kQ4_K: {
+      const float d = F16(b), dmin = F16(b + 2);
+      const uint8_t* s = b + 4;
+      const uint8_t* qs = b + 16;
+      for (int j = 0; j < 8; ++j) {
+        int sc, m;
+        if (j < 4) {
+          sc = s[j] & 63;
+          m = s[j + 4] & 63;
+        } else {
+          sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+          m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+        const int c = j / 2;
+        for (int l = 0; l < 32; ++l) {
+          const int q = (j % 2 == 0) ? (qs[32 * c + l] & 0xF) : (qs[32 * c + l] >> 4);
+          w[32 * j + l] = d * sc * q - dmin * m;
+        }
+      }
+      return;
+    }
+    case GgmlType::kQ6_K: {
+      const float d = F16(b + 208);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = b + 64 * h;
+        const uint8_t* qh = b + 128 + 32 * h;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h);
+        float* o = w + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+          const int q1 = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
+          const int q2 = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+          const int q3 = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+          const int q4 = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+          const int s = l / 16;
+          o[l] = d * sc[s + 0] * (q1 - 32);
+          o[l + 32] = d * sc[s + 2] * (q2 - 32);
+          o[l + 64] = d * sc[s + 4] * (q3 - 32);
+          o[l + 96] = d * sc[s + 6] * (q4 - 32);
+        }
+      }
+      return;
+    }
+    default:
+      FAIL("no test dequantizer for ", TypeName(type));
+  }
+}
+
+std::vector<float> DequantRows(GgmlType type, const uint8_t* data, uint64_t n_elems) {
+  const formats::GgmlTypeTraits tr = formats::TraitsOf(type);
+  std::vector<float> out(n_elems);
+  for (uint64_t b = 0; b < n_elems / tr.block_elems; ++b) {
+    DequantBlock(type, data + b * tr.block_bytes, out.data() + b * tr.block_elems);
+  }
+  return out;
+}
+
+struct Stats {
+  double mean = 0, std = 0;
+  bool finite = true;
+};
+Stats StatsOf(const std::vector<float>& v) {
+  Stats s;
+  double sum = 0, sq = 0;
+  for (float x : v) {
+    if (!std::isfinite(x)) s.finite = false;
+    sum += x;
+  }
+  s.mean = sum / v.size();
+  for (float x : v) sq += (x - s.mean) * (x - s.mean);
+  s.std = std::sqrt(sq / v.size());
+  return s;
+}
+
+// ------------------------------------------------------------------------
+
+TEST_CASE("the test dequantizer reproduces llama.cpp's vectors") {
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ5_0, GgmlType::kQ8_0,
+                     GgmlType::kF16}) {
+    CAPTURE(TypeName(t));
+    const std::string dir = testing::SharedDir() + "/oracle/dequant/";
+    const std::string blocks = ReadFile(dir + TypeName(t) + ".blocks");
+    const std::string want_bytes = ReadFile(dir + TypeName(t) + ".f32");
+    const formats::GgmlTypeTraits tr = formats::TraitsOf(t);
+    const uint64_t n = blocks.size() / tr.block_bytes * tr.block_elems;
+    REQUIRE(want_bytes.size() == n * 4);
+    const std::vector<float> got =
+        DequantRows(t, reinterpret_cast<const uint8_t*>(blocks.data()), n);
+    REQUIRE(std::memcmp(got.data(), want_bytes.data(), n * 4) == 0);
+  }
+}
+
+TEST_CASE("half conversion rounds to nearest and keeps subnormals") {
+  CHECK(FloatToHalf(1.0f) == 0x3c00);
+  CHECK(FloatToHalf(-2.0f) == 0xc000);
+  CHECK(FloatToHalf(65504.0f) == 0x7bff);
+  CHECK(FloatToHalf(65520.0f) == 0x7c00);
+  CHECK(FloatToHalf(std::ldexp(1.0f, -24)) == 0x0001);
+  CHECK(FloatToHalf(std::ldexp(1.0f, -14)) == 0x0400);
+  CHECK(FloatToHalf(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);  // tie -> even
+  CHECK(FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);
+  for (uint32_t h = 0; h < 0x7c00; ++h) {  // every finite positive half round-trips
+    REQUIRE(FloatToHalf(HalfToFloat(static_cast<uint16_t>(h))) == h);
+  }
+}
+
+TEST_CASE("llama.cpp's use_more_bits and Q4_K_M choices") {
+  // n = 28 (Qwen2.5-7B): layers 0-2, 24-27 and i = 5, 8, ..., 23.
+  std::vector<uint32_t> more;
+  for (uint32_t i = 0; i < 28; ++i) {
+    if (UseMoreBits(i, 28)) more.push_back(i);
+  }
+  CHECK(more == std::vector<uint32_t>{0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27});
+  CHECK(!UseMoreBits(0, 2));
+  CHECK(UseMoreBits(1, 2));
+  CHECK(Q4KMType("attn_v.weight", 0, 28, 3584, false) == GgmlType::kQ6_K);
+  CHECK(Q4KMType("attn_v.weight", 3, 28, 3584, false) == GgmlType::kQ4_K);
+  CHECK(Q4KMType("ffn_down.weight", 5, 28, 18944, false) == GgmlType::kQ6_K);
+  CHECK(Q4KMType("attn_k.weight", 0, 28, 3584, false) == GgmlType::kQ4_K);
+  CHECK(Q4KMType("token_embd.weight", 0, 28, 3584, false) == GgmlType::kQ4_K);
+  CHECK(Q4KMType("token_embd.weight", 0, 28, 3584, true) == GgmlType::kQ6_K);
+  CHECK(Q4KMType("output.weight", 0, 28, 3584, false) == GgmlType::kQ6_K);
+  // 896-wide rows (Qwen2.5-0.5B) are no whole number of 256-blocks.
+  CHECK(Q4KMType("attn_q.weight", 3, 24, 896, true) == GgmlType::kQ5_0);
+  CHECK(Q4KMType("token_embd.weight", 0, 24, 896, true) == GgmlType::kQ8_0);
+  CHECK(Q4KMType("ffn_down.weight", 0, 24, 4864, true) == GgmlType::kQ6_K);
+}
+
+// The oracle files were written by llama.cpp's own tooling: the presets must
+// give the same tensor names, order, shapes, types and metadata.
+TEST_CASE("presets reproduce the oracle files' headers") {
+  struct Case {
+    const char* preset;
+    Ftype ftype;
+    const char* oracle;
+    bool vocab;
+  };
+  const Case cases[] = {
+      {"small-qwen2", Ftype::kQ4_K_M, "small-qwen2-q4km.gguf", false},
+      {"small-llama", Ftype::kQ4_K_M, "small-llama-q4km.gguf", false},
+      {"tiny-qwen2", Ftype::kQ4_K_M, "tiny-qwen2-vocab-q4km.gguf", true},
+      {"ora-llama", Ftype::kF32, "ora-llama-f32.gguf", false},
+      {"ora-qwen2", Ftype::kF32, "ora-qwen2-f32.gguf", false},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.preset);
+    absl::StatusOr<GgufFile> oracle = GgufFile::Open(Oracle(c.oracle));
+    REQUIRE_MESSAGE(oracle.ok(), oracle.status().ToString());
+    Preset p = MustPreset(c.preset);
+    std::optional<Vocab> vocab;
+    if (c.vocab) {
+      absl::StatusOr<Vocab> v = LoadVocab(testing::SharedDir() + "/vocab/ggml-vocab-qwen2.gguf");
+      REQUIRE_MESSAGE(v.ok(), v.status().ToString());
+      CHECK(v->n_vocab == 151936);
+      vocab = *v;
+      p.n_vocab = v->n_vocab;
+    }
+    const std::vector<PlannedTensor> plan = MustPlan(p, c.ftype);
+    CheckPlanMatchesFile(plan, *oracle);
+    CheckSameMetadata(oracle->metadata(), BuildMetadata(p, c.ftype, vocab ? &*vocab : nullptr));
+    // Same header, same data layout: same file size.
+    std::vector<formats::GgufTensorSpec> specs;
+    for (const PlannedTensor& t : plan) specs.push_back(t.spec);
+    absl::StatusOr<formats::GgufHeader> h =
+        formats::BuildGgufHeader(BuildMetadata(p, c.ftype, vocab ? &*vocab : nullptr), specs);
+    REQUIRE(h.ok());
+    CHECK(h->bytes.size() + PlanDataBytes(plan) == oracle->file_size());
+  }
+}
+
+TEST_CASE("real presets: Q4_K_M sizes match llama.cpp's files") {
+  // anchors.md: llama.cpp reports 4.36 GiB (7B) and 8.36 GiB (14B).
+  const double gib = double(1ull << 30);
+  const double b7 = PlanDataBytes(MustPlan(MustPreset("qwen2.5-7b"), Ftype::kQ4_K_M)) / gib;
+  const double b14 = PlanDataBytes(MustPlan(MustPreset("qwen2.5-14b"), Ftype::kQ4_K_M)) / gib;
+  // With the real checkpoints' 152064 rows: 4.356 and 8.365 GiB.
+  CHECK(b7 == doctest::Approx(4.356).epsilon(0.001));
+  CHECK(b14 == doctest::Approx(8.365).epsilon(0.001));
+  // The benchmark models carry the ggml-vocab-qwen2 tokenizer (--vocab), so
+  // 151936 rows: llama-bench prints exactly these sizes (%.2f GiB).
+  for (auto [name, want] : {std::pair<const char*, int>{"qwen2.5-7b", 436}, {"qwen2.5-14b", 836}}) {
+    CAPTURE(name);
+    Preset p = MustPreset(name);
+    p.n_vocab = 151936;
+    CHECK(std::lround(PlanDataBytes(MustPlan(p, Ftype::kQ4_K_M)) / gib * 100) == want);
+  }
+
+  const std::vector<PlannedTensor> p7 = MustPlan(MustPreset("qwen2.5-7b"), Ftype::kQ4_K_M);
+  CHECK(p7.size() == 1 + 28 * 12 + 2);
+  int q6 = 0;
+  for (const PlannedTensor& t : p7) q6 += t.spec.type == GgmlType::kQ6_K;
+  CHECK(q6 == 2 * 14 + 1);  // attn_v and ffn_down on 14 layers, output
+  CHECK(p7.front().spec.ne == std::vector<uint64_t>{3584, 152064});
+  CHECK(p7.back().spec.name == "output.weight");
+
+  const std::vector<PlannedTensor> p05 = MustPlan(MustPreset("qwen2.5-0.5b"), Ftype::kQ4_K_M);
+  CHECK(p05.front().spec.type == GgmlType::kQ8_0);  // tied, 896-wide
+  std::set<std::string> types;
+  for (const PlannedTensor& t : p05) types.insert(TypeName(t.spec.type));
+  CHECK(types == std::set<std::string>{"f32", "q4_K", "q5_0", "q6_K", "q8_0"});
+
+  Preset tied = MustPreset("llama3-8b");
+  tied.tied = true;
+  const std::vector<PlannedTensor> pt = MustPlan(tied, Ftype::kQ4_K_M);
+  CHECK(pt.front().spec.type == GgmlType::kQ6_K);
+  CHECK(pt.back().spec.name == "output_norm.weight");
+
+  for (const PlannedTensor& t : MustPlan(MustPreset("qwen2.5-7b"), Ftype::kF16)) {
+    CHECK(TypeName(t.spec.type) == (t.role == TensorRole::kMatrix ? "f16" : "f32"));
+  }
+}
+
+// Dequantized statistics of every type the generator makes.
+TEST_CASE("weights are zero-mean with std 0.5/sqrt(row length)") {
+  struct Case {
+    std::string name;
+    GgmlType type;
+    uint64_t ne0;
+    TensorRole role;
+  };
+  const Case cases[] = {
+      {"blk.0.attn_q.weight", GgmlType::kQ4_K, 3584, TensorRole::kMatrix},
+      {"blk.0.ffn_down.weight", GgmlType::kQ4_K, 18944, TensorRole::kMatrix},
+      {"blk.0.ffn_down.weight", GgmlType::kQ6_K, 18944, TensorRole::kMatrix},
+      {"output.weight", GgmlType::kQ6_K, 5120, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kQ5_0, 896, TensorRole::kMatrix},
+      {"token_embd.weight", GgmlType::kQ8_0, 896, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kF16, 1024, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kF32, 1024, TensorRole::kMatrix},
+      {"blk.0.attn_norm.weight", GgmlType::kF32, 3584, TensorRole::kNorm},
+      {"blk.0.attn_q.bias", GgmlType::kF32, 3584, TensorRole::kBias},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    CAPTURE(TypeName(c.type));
+    CAPTURE(c.ne0);
+    const uint64_t n_rows = 8;
+    PlannedTensor t{{c.name, {c.ne0, n_rows}, c.type}, c.role};
+    const formats::GgmlTypeTraits tr = formats::TraitsOf(c.type);
+    const uint64_t row_bytes = c.ne0 / tr.block_elems * tr.block_bytes;
+    std::vector<uint8_t> buf(n_rows * row_bytes);
+    FillRows(t, 7, 0, n_rows, buf.data());
+    const Stats s = StatsOf(DequantRows(c.type, buf.data(), c.ne0 * n_rows));
+    CHECK(s.finite);
+    if (c.role == TensorRole::kMatrix) {
+      const double want = 0.5 / std::sqrt(double(c.ne0));
+      CHECK(std::fabs(s.mean) < 0.1 * want);
+      CHECK(s.std > 0.7 * want);
+      CHECK(s.std < 1.3 * want);
+      CHECK(s.std == doctest::Approx(want).epsilon(0.1));  // the design target
+    } else if (c.role == TensorRole::kNorm) {
+      CHECK(s.mean == doctest::Approx(1.0).epsilon(0.02));
+      CHECK(s.std == doctest::Approx(0.1).epsilon(0.2));
+    } else {
+      CHECK(std::fabs(s.mean) < 0.005);
+      CHECK(s.std == doctest::Approx(0.02).epsilon(0.2));
+    }
+    // Every half scale is finite (no NaN/Inf bit patterns anywhere).
+    for (uint64_t b = 0; b < buf.size() / tr.block_bytes; ++b) {
+      const uint8_t* blk = buf.data() + b * tr.block_bytes;
+      if (c.type == GgmlType::kQ4_K) {
+        REQUIRE(std::isfinite(F16(blk)));
+        REQUIRE(std::isfinite(F16(blk + 2)));
+      } else if (c.type == GgmlType::kQ6_K) {
+        REQUIRE(std::isfinite(F16(blk + 208)));
+      }
+    }
+  }
+}
+
+TEST_CASE("FillRows gives the same bytes for any split of the rows") {
+  PlannedTensor t{{"blk.1.ffn_up.weight", {512, 40}, GgmlType::kQ4_K}, TensorRole::kMatrix};
+  const uint64_t row_bytes = 2 * 144;
+  std::vector<uint8_t> whole(40 * row_bytes), parts(40 * row_bytes);
+  FillRows(t, 11, 0, 40, whole.data());
+  FillRows(t, 11, 0, 13, parts.data());
+  FillRows(t, 11, 13, 27, parts.data() + 13 * row_bytes);
+  CHECK(whole == parts);
+  std::vector<uint8_t> other(40 * row_bytes);
+  FillRows(t, 12, 0, 40, other.data());
+  CHECK(whole != other);
+  t.spec.name = "blk.1.ffn_gate.weight";  // another tensor, other data
+  FillRows(t, 11, 0, 40, other.data());
+  CHECK(whole != other);
+}
+
+absl::StatusOr<SynthResult> Synth(const std::string& preset, const std::string& out,
+                                  uint64_t seed, unsigned threads,
+                                  Ftype ftype = Ftype::kQ4_K_M) {
+  SynthOptions o;
+  o.preset = MustPreset(preset);
+  o.ftype = ftype;
+  o.seed = seed;
+  o.threads = threads;
+  return WriteSyntheticModel(o, out);
+}
+
+TEST_CASE("written models parse back with the planned tensors and metadata") {
+  for (const char* name : {"tiny-llama", "tiny-qwen2", "small-qwen2", "small-llama"}) {
+    for (Ftype ftype : {Ftype::kQ4_K_M, Ftype::kF16, Ftype::kF32}) {
+      CAPTURE(name);
+      CAPTURE(FtypeName(ftype));
+      const std::string path =
+          testing::TempDir() + "/" + name + "-" + std::string(FtypeName(ftype)) + ".gguf";
+      absl::StatusOr<SynthResult> r = Synth(name, path, 5, 3, ftype);
+      REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+      CHECK(!FileExists(path + ".tmp"));
+      absl::StatusOr<GgufFile> f = GgufFile::Open(path);
+      REQUIRE_MESSAGE(f.ok(), f.status().ToString());
+      const Preset p = MustPreset(name);
+      const std::vector<PlannedTensor> plan = MustPlan(p, ftype);
+      CheckPlanMatchesFile(plan, *f);
+      CheckSameMetadata(BuildMetadata(p, ftype, nullptr), f->metadata());
+      CHECK(f->version() == 3);
+      CHECK(r->n_tensors == plan.size());
+      CHECK(r->file_bytes == f->file_size());
+      CHECK(f->metadata().GetUint("general.file_type").value() == static_cast<uint32_t>(ftype));
+      CHECK(f->metadata().GetString("tokenizer.ggml.model").value() == "none");
+      CHECK(f->metadata().GetUint(p.arch + ".vocab_size").value() == 2048);
+
+      // The data in the file is what FillRows makes, and dequantizes sanely.
+      const formats::GgufTensorInfo* q = f->FindTensor("blk.1.attn_q.weight");
+      REQUIRE(q != nullptr);
+      std::vector<uint8_t> want(q->n_bytes);
+      const auto planned = std::find_if(plan.begin(), plan.end(), [](const PlannedTensor& t) {
+        return t.spec.name == "blk.1.attn_q.weight";
+      });
+      REQUIRE(planned != plan.end());
+      FillRows(*planned, 5, 0, q->n_rows, want.data());
+      CHECK(std::memcmp(f->TensorData(*q), want.data(), want.size()) == 0);
+      const Stats s = StatsOf(DequantRows(q->type, f->TensorData(*q), q->n_elements));
+      CHECK(s.finite);
+      CHECK(s.std == doctest::Approx(0.5 / std::sqrt(double(q->ne[0]))).epsilon(0.3));
+      const formats::GgufTensorInfo* norm = f->FindTensor("output_norm.weight");
+      REQUIRE(norm != nullptr);
+      CHECK(StatsOf(DequantRows(GgmlType::kF32, f->TensorData(*norm), norm->n_elements)).mean ==
+            doctest::Approx(1.0).epsilon(0.05));
+    }
+  }
+}
+
+TEST_CASE("the vocab is copied from a vocab GGUF") {
+  SynthOptions o;
+  o.preset = MustPreset("tiny-qwen2");
+  o.vocab_path = testing::SharedDir() + "/vocab/ggml-vocab-qwen2.gguf";
+  o.seed = 1;
+  const std::string path = testing::TempDir() + "/tiny-qwen2-vocab.gguf";
+  absl::StatusOr<SynthResult> r = WriteSyntheticModel(o, path);
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  absl::StatusOr<GgufFile> f = GgufFile::Open(path);
+  REQUIRE(f.ok());
+  absl::StatusOr<GgufFile> v = GgufFile::Open(*o.vocab_path);
+  REQUIRE(v.ok());
+  int copied = 0;
+  for (const formats::MetaKV& kv : v->metadata().entries()) {
+    if (kv.key.rfind("tokenizer.", 0) != 0) continue;
+    const formats::MetaValue* got = f->metadata().Find(kv.key);
+    REQUIRE_MESSAGE(got != nullptr, kv.key);
+    CHECK(SameValue(kv.value, *got));
+    ++copied;
+  }
+  CHECK(copied == 9);
+  CHECK(f->metadata().Find("qwen2.vocab_size") == nullptr);
+  CHECK(f->FindTensor("token_embd.weight")->ne[1] == 151936);
+}
+
+TEST_CASE("bad vocab files are refused and leave no output") {
+  SynthOptions o;
+  o.preset = MustPreset("tiny-llama");
+  const std::string path = testing::TempDir() + "/refused.gguf";
+  o.vocab_path = testing::TempDir() + "/does-not-exist.gguf";
+  absl::StatusOr<SynthResult> r = WriteSyntheticModel(o, path);
+  CHECK(!r.ok());
+  o.vocab_path = Oracle("small-llama-q4km.gguf");  // a model without a tokenizer
+  r = WriteSyntheticModel(o, path);
+  REQUIRE(!r.ok());
+  CHECK(r.status().message().find("tokenizer.ggml.tokens") != std::string::npos);
+  CHECK(!FileExists(path));
+  CHECK(!FileExists(path + ".tmp"));
+  CHECK(!FindPreset("qwen9").ok());
+  CHECK(!ParseFtype("q8_0").ok());
+  CHECK(ParseFtype("Q4_K_M").value() == Ftype::kQ4_K_M);
+}
+
+TEST_CASE("output is a function of the seed only, not of the thread count") {
+  const std::string dir = testing::TempDir();
+  REQUIRE(Synth("small-qwen2", dir + "/a.gguf", 42, 1).ok());
+  REQUIRE(Synth("small-qwen2", dir + "/b.gguf", 42, 1).ok());
+  REQUIRE(Synth("small-qwen2", dir + "/c.gguf", 42, 5).ok());
+  REQUIRE(Synth("small-qwen2", dir + "/d.gguf", 43, 5).ok());
+  const std::string a = ReadFile(dir + "/a.gguf");
+  CHECK(a == ReadFile(dir + "/b.gguf"));
+  CHECK(a == ReadFile(dir + "/c.gguf"));
+  const std::string d = ReadFile(dir + "/d.gguf");
+  CHECK(a.size() == d.size());
+  CHECK(a != d);
+}
+
+// ---- the command line
+
+std::string Binary() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* ws = std::getenv("TEST_WORKSPACE");
+  REQUIRE_MESSAGE(srcdir != nullptr, "run under bazel test");
+  return std::string(srcdir) + "/" + (ws ? ws : "dpl") + "/tools/dpl-synth";
+}
+
+struct RunResult {
+  int status;
+  std::string out, err;
+};
+RunResult Run(const std::string& args) {
+  const std::string dir = testing::TempDir();
+  const std::string cmd =
+      Binary() + " " + args + " >" + dir + "/cli.out 2>" + dir + "/cli.err";
+  const int rc = std::system(cmd.c_str());
+  REQUIRE(rc != -1);
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ReadFile(dir + "/cli.out"),
+          ReadFile(dir + "/cli.err")};
+}
+
+TEST_CASE("dpl-synth command line") {
+  const std::string dir = testing::TempDir();
+  RunResult r = Run("--list");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("qwen2.5-14b") != std::string::npos);
+  CHECK(r.out.find("tiny-llama") != std::string::npos);
+
+  r = Run("tiny-llama " + dir + "/cli1.gguf --seed 9 --threads 1");
+  CHECK(r.status == 0);
+  CHECK(r.out.find("21 tensors") != std::string::npos);
+  r = Run("tiny-llama " + dir + "/cli2.gguf --seed 9 --threads 4");
+  CHECK(r.status == 0);
+  CHECK(ReadFile(dir + "/cli1.gguf") == ReadFile(dir + "/cli2.gguf"));
+
+  r = Run("tiny-qwen2 " + dir + "/cli3.gguf --untied --no-vocab 4096 --ftype f16");
+  REQUIRE(r.status == 0);
+  absl::StatusOr<GgufFile> f = GgufFile::Open(dir + "/cli3.gguf");
+  REQUIRE(f.ok());
+  REQUIRE(f->FindTensor("output.weight") != nullptr);
+  CHECK(f->FindTensor("output.weight")->ne[1] == 4096);
+  CHECK(TypeName(f->FindTensor("output.weight")->type) == "f16");
+  CHECK(f->metadata().GetUint("general.file_type").value() == 1);
+
+  r = Run("tiny-llama " + dir + "/cli4.gguf --tied");
+  REQUIRE(r.status == 0);
+  f = GgufFile::Open(dir + "/cli4.gguf");
+  REQUIRE(f.ok());
+  CHECK(f->FindTensor("output.weight") == nullptr);
+  CHECK(TypeName(f->FindTensor("token_embd.weight")->type) == "q6_K");
+
+  struct Bad {
+    std::string args, message;
+  };
+  const Bad bads[] = {
+      {"nope " + dir + "/x.gguf", "unknown preset 'nope'"},
+      {"tiny-llama " + dir + "/x.gguf --ftype q3_k", "unknown ftype 'q3_k'"},
+      {"tiny-llama " + dir + "/x.gguf --vocab " + dir + "/missing.gguf", "missing.gguf"},
+      {"tiny-llama " + dir + "/x.gguf --vocab " + Oracle("small-llama-q4km.gguf"),
+       "no tokenizer.ggml.tokens"},
+      {"tiny-llama", "expected PRESET OUT.gguf"},
+      {"tiny-llama " + dir + "/x.gguf --vocab a --no-vocab 5", "exclude"},
+  };
+  for (const Bad& b : bads) {
+    CAPTURE(b.args);
+    r = Run(b.args);
+    CHECK(r.status == 1);
+    CHECK_MESSAGE(r.err.find(b.message) != std::string::npos, r.err);
+    CHECK(!FileExists(dir + "/x.gguf"));
+  }
+}
+
+}  // namespace
+}  // namespace dpl::synth
