@@ -1,0 +1,197 @@
+// dpl-convert end to end on llama.cpp's own files: conversion, --verify,
+// the compressed form, atomic output, and dpl-inspect's report.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "converter/convert.h"
+#include "converter/inspect.h"
+#include "formats/model_file.h"
+#include "formats/q6k_dpl.h"
+#include "tests/shared_dir.h"
+
+namespace dpl::converter {
+namespace {
+namespace fs = std::filesystem;
+
+std::string Oracle(const std::string& name) { return testing::SharedDir() + "/oracle/" + name; }
+std::string Tmp(const std::string& name) { return testing::TempDir() + "/" + name; }
+
+void Verify(const std::string& gguf_path, const std::string& dpl_path) {
+  auto gguf = formats::GgufFile::Open(gguf_path);
+  REQUIRE(gguf.ok());
+  auto dpl = formats::DplFile::Open(dpl_path);
+  REQUIRE_MESSAGE(dpl.ok(), dpl.status().ToString());
+  auto vs = VerifyConversion(*gguf, *dpl);
+  REQUIRE_MESSAGE(vs.ok(), vs.status().ToString());
+  CHECK(vs->n_tensors == gguf->tensors().size());
+}
+
+bool NoTempLeft(const std::string& out) {
+  const fs::path dir = fs::path(out).parent_path();
+  const std::string stem = fs::path(out).filename().string() + ".tmp-";
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind(stem, 0) == 0) return false;
+  }
+  return true;
+}
+
+TEST_CASE("every oracle and vocab GGUF converts and verifies bit for bit, both forms") {
+  int n = 0;
+  for (const char* sub : {"oracle", "vocab"}) {
+    for (const auto& e : fs::directory_iterator(fs::path(testing::SharedDir()) / sub)) {
+      if (e.path().extension() != ".gguf") continue;
+      const std::string in = e.path().string();
+      CAPTURE(in);
+      for (bool compress : {false, true}) {
+        ConvertOptions opt;
+        opt.compress = compress;
+        opt.frame_bytes = 1 << 20;
+        opt.threads = 2;
+        const std::string out = Tmp(e.path().stem().string() + (compress ? ".z.dpl" : ".dpl"));
+        auto stats = ConvertGgufToDpl(in, out, opt);
+        REQUIRE_MESSAGE(stats.ok(), stats.status().ToString());
+        CHECK(stats->output_bytes == fs::file_size(out));
+        Verify(in, out);
+        CHECK(NoTempLeft(out));
+      }
+      ++n;
+    }
+  }
+  CHECK(n == 7);
+}
+
+TEST_CASE("q6_K tensors get the dpl layout with 16-byte rows; the rest stay raw and aligned") {
+  const std::string in = Oracle("small-llama-q4km.gguf");
+  const std::string out = Tmp("layout.dpl");
+  REQUIRE(ConvertGgufToDpl(in, out, {}).ok());
+  auto gguf = formats::ModelFile::Open(in);
+  auto dpl = formats::ModelFile::Open(out);
+  REQUIRE(gguf.ok());
+  REQUIRE(dpl.ok());
+  CHECK((*dpl)->container() == "dpl");
+  int n_dpl = 0;
+  for (const formats::TensorView& t : (*gguf)->tensors()) {
+    const formats::TensorView* d = (*dpl)->Find(t.name);
+    REQUIRE(d != nullptr);
+    CHECK(d->data_offset % 256 == 0);
+    if (t.type == formats::GgmlType::kQ6_K) {
+      ++n_dpl;
+      CHECK(d->layout == formats::TensorLayout::kDplQ6K);
+      CHECK(d->row_stride % 16 == 0);
+      CHECK(d->row_stride == formats::DplQ6KRowStride(t.ne[0] / 256));
+    } else {
+      CHECK(d->layout == formats::TensorLayout::kRaw);
+      CHECK(d->n_bytes == t.n_bytes);
+    }
+  }
+  CHECK(n_dpl > 0);
+}
+
+TEST_CASE("a failed conversion leaves no output and keeps an existing file") {
+  // A truncated copy of a real model.
+  const std::string src = Oracle("small-qwen2-q4km.gguf");
+  const std::string bad = Tmp("truncated.gguf");
+  {
+    std::ifstream in(src, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    bytes.resize(bytes.size() / 2);
+    std::ofstream(bad, std::ios::binary) << bytes;
+  }
+  const std::string out = Tmp("never.dpl");
+  auto stats = ConvertGgufToDpl(bad, out, {});
+  REQUIRE(!stats.ok());
+  CHECK(std::string(stats.status().message()).find("truncated.gguf") != std::string::npos);
+  CHECK(!fs::exists(out));
+
+  const std::string keep = Tmp("keep.dpl");
+  std::ofstream(keep) << "previous contents";
+  CHECK(!ConvertGgufToDpl(bad, keep, {}).ok());
+  std::ifstream kept(keep);
+  std::string contents((std::istreambuf_iterator<char>(kept)), {});
+  CHECK(contents == "previous contents");
+  CHECK(NoTempLeft(keep));
+
+  CHECK(!ConvertGgufToDpl(src, Tmp("no/such/dir/out.dpl"), {}).ok());
+  CHECK(!ConvertGgufToDpl(Tmp("missing.gguf"), out, {}).ok());
+}
+
+TEST_CASE("cancellation stops the conversion and leaves nothing behind") {
+  std::atomic<bool> cancel{true};
+  ConvertOptions opt;
+  opt.cancel = &cancel;
+  const std::string out = Tmp("cancelled.dpl");
+  auto stats = ConvertGgufToDpl(Oracle("tiny-qwen2-vocab-q4km.gguf"), out, opt);
+  REQUIRE(!stats.ok());
+  CHECK(stats.status().code() == absl::StatusCode::kCancelled);
+  CHECK(!fs::exists(out));
+  CHECK(NoTempLeft(out));
+}
+
+TEST_CASE("verify catches a tampered or mismatched file") {
+  const std::string in = Oracle("small-llama-q4km.gguf");
+  const std::string out = Tmp("tamper.dpl");
+  REQUIRE(ConvertGgufToDpl(in, out, {}).ok());
+  auto gguf = formats::GgufFile::Open(in);
+  REQUIRE(gguf.ok());
+  {
+    auto dpl = formats::DplFile::Open(out);
+    REQUIRE(dpl.ok());
+    const formats::DplTensorEntry* q6 = nullptr;
+    for (const auto& t : dpl->tensors()) {
+      if (t.layout == formats::TensorLayout::kDplQ6K) q6 = &t;
+    }
+    REQUIRE(q6 != nullptr);
+    const uint64_t at = dpl->header().data_offset + q6->offset + 100;
+    std::fstream f(out, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    char c;
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 1));
+  }
+  auto dpl = formats::DplFile::Open(out);
+  REQUIRE(dpl.ok());  // data bytes are not in the index checksum
+  auto vs = VerifyConversion(*gguf, *dpl);
+  REQUIRE(!vs.ok());
+  CHECK(std::string(vs.status().message()).find("checksum mismatch") != std::string::npos);
+
+  auto other = formats::GgufFile::Open(Oracle("small-qwen2-q4km.gguf"));
+  REQUIRE(other.ok());
+  CHECK(!VerifyConversion(*other, *dpl).ok());
+}
+
+TEST_CASE("dpl-inspect reports metadata, tensors and totals; checksums on demand") {
+  const std::string out = Tmp("inspect.dpl");
+  REQUIRE(ConvertGgufToDpl(Oracle("tiny-qwen2-vocab-q4km.gguf"), out, {}).ok());
+  std::ostringstream text;
+  InspectOptions opt;
+  opt.verify_checksums = true;
+  REQUIRE(Inspect(out, opt, text).ok());
+  const std::string s = text.str();
+  CHECK(s.find(".dpl v1") != std::string::npos);
+  CHECK(s.find("tokenizer.ggml.tokens") != std::string::npos);
+  CHECK(s.find("[string x 151936]") != std::string::npos);  // summarized, not dumped
+  CHECK(s.find("dpl_q6k") != std::string::npos);
+  CHECK(s.find("checksums: all 26 tensors OK") != std::string::npos);
+  CHECK(s.size() < 40000);
+
+  std::ostringstream json;
+  opt.json = true;
+  REQUIRE(Inspect(out, opt, json).ok());
+  CHECK(json.str().find("\"container\": \"dpl\"") != std::string::npos);
+  CHECK(json.str().find("\"layout\": \"dpl_q6k\"") != std::string::npos);
+
+  std::ostringstream ignored;
+  InspectOptions gguf_opt;
+  gguf_opt.verify_checksums = true;
+  CHECK(!Inspect(Oracle("tiny-qwen2-vocab-q4km.gguf"), gguf_opt, ignored).ok());
+  CHECK(!Inspect(Tmp("missing.dpl"), {}, ignored).ok());
+}
+
+}  // namespace
+}  // namespace dpl::converter

@@ -1,0 +1,624 @@
+#include "runtime/tokenizer/tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "runtime/tokenizer/unicode.h"
+
+namespace dpl::tokenizer {
+
+struct Vocab {
+  std::vector<std::string> texts;  // as stored: byte-level encoded for normal tokens
+  std::vector<TokenType> types;
+  // Views into `texts` (built after `texts` is final; Vocab never moves).
+  absl::flat_hash_map<absl::string_view, int32_t> text_to_id;
+  std::array<int32_t, 256> byte_token;  // id of the one-byte symbol of each byte
+  // (left id << 32 | right id) -> (rank, merged id).
+  absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> merges;
+  // Control, user-defined and unknown tokens, longest text first.
+  std::vector<int32_t> specials;
+  PreTokenizer pre = PreTokenizer::kNone;
+  bool ignore_merges = false;  // try the whole pre-token as one token first
+};
+
+namespace {
+
+// Pre-tokenizer names (tokenizer.ggml.pre) and what llama.cpp maps them to.
+struct PreName {
+  absl::string_view name;
+  PreTokenizer pre;
+};
+constexpr PreName kPreNames[] = {
+    {"llama-bpe", PreTokenizer::kLlama3},
+    {"llama3", PreTokenizer::kLlama3},
+    {"llama-v3", PreTokenizer::kLlama3},
+    {"qwen2", PreTokenizer::kQwen2},
+    {"deepseek-r1-qwen", PreTokenizer::kQwen2},
+};
+
+std::string SupportedPreNames() {
+  std::vector<std::string> names;
+  for (const PreName& p : kPreNames) names.push_back(absl::StrCat("\"", p.name, "\""));
+  return absl::StrJoin(names, ", ");
+}
+
+// Texts that end a turn in the model families we know.
+constexpr absl::string_view kEndOfTurnTexts[] = {
+    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>",
+};
+
+uint64_t PairKey(int32_t left, int32_t right) {
+  return (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
+}
+
+bool IsCrOrLf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
+
+uint32_t AsciiLower(uint32_t cp) { return (cp >= 'A' && cp <= 'Z') ? cp + 32 : cp; }
+
+// Splits code points [0, n) into pre-tokens, calling emit(begin, end) for each.
+// One scanner serves both regexes, which differ only in digit runs:
+//   (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
+//   | [^\r\n\p{L}\p{N}]?\p{L}+
+//   | \p{N}{1,max_digits}
+//   | ' '?[^\s\p{L}\p{N}]+[\r\n]*
+//   | \s*[\r\n]+ | \s+(?!\S) | \s+
+// Alternatives are tried in order at each position, as a regex engine would.
+template <typename Emit>
+void ScanPreTokens(const std::vector<uint32_t>& cpts, const std::vector<uint8_t>& cls,
+                   size_t max_digits, Emit&& emit) {
+  const size_t n = cpts.size();
+  auto cls_at = [&](size_t p) -> uint8_t { return p < n ? cls[p] : 0; };
+  constexpr uint8_t kLwn = kClassLetter | kClassWhitespace | kClassNumber;
+  size_t pos = 0;
+  while (pos < n) {
+    const uint32_t cp = cpts[pos];
+    const uint8_t c = cls[pos];
+
+    // Contractions: 's 't 'm 'd 're 've 'll, any case.
+    if (cp == '\'' && pos + 1 < n) {
+      const uint32_t c1 = AsciiLower(cpts[pos + 1]);
+      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
+        emit(pos, pos + 2);
+        pos += 2;
+        continue;
+      }
+      if (pos + 2 < n) {
+        const uint32_t c2 = AsciiLower(cpts[pos + 2]);
+        if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) {
+          emit(pos, pos + 3);
+          pos += 3;
+          continue;
+        }
+      }
+    }
+
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    if (!IsCrOrLf(cp) && !(c & kClassNumber) &&
+        ((c & kClassLetter) || (cls_at(pos + 1) & kClassLetter))) {
+      size_t end = pos + 1;
+      while (cls_at(end) & kClassLetter) ++end;
+      emit(pos, end);
+      pos = end;
+      continue;
+    }
+
+    // \p{N}{1,max_digits}
+    if (c & kClassNumber) {
+      size_t end = pos + 1;
+      while (end - pos < max_digits && (cls_at(end) & kClassNumber)) ++end;
+      emit(pos, end);
+      pos = end;
+      continue;
+    }
+
+    // ' '?[^\s\p{L}\p{N}]+[\r\n]*
+    {
+      const size_t first = pos + (cp == ' ' ? 1 : 0);
+      if (first < n && !(cls[first] & kLwn)) {
+        size_t end = first + 1;
+        while (end < n && !(cls[end] & kLwn)) ++end;
+        while (end < n && IsCrOrLf(cpts[end])) ++end;
+        emit(pos, end);
+        pos = end;
+        continue;
+      }
+    }
+
+    // Whitespace: \s*[\r\n]+ | \s+(?!\S) | \s+
+    size_t run = 0;
+    size_t after_last_newline = 0;  // 0: no \r or \n in the run
+    while (cls_at(pos + run) & kClassWhitespace) {
+      if (IsCrOrLf(cpts[pos + run])) after_last_newline = pos + run + 1;
+      ++run;
+    }
+    if (after_last_newline > 0) {
+      emit(pos, after_last_newline);
+      pos = after_last_newline;
+    } else if (run > 1 && pos + run < n) {
+      // Leave the last space to prefix the word that follows.
+      emit(pos, pos + run - 1);
+      pos += run - 1;
+    } else if (run > 0) {
+      emit(pos, pos + run);
+      pos += run;
+    } else {
+      emit(pos, pos + 1);  // unreachable for valid classes; never loop forever
+      pos += 1;
+    }
+  }
+}
+
+// Scratch buffers reused across the pre-tokens of one Encode call.
+struct Workspace {
+  std::vector<uint32_t> cpts;
+  std::vector<uint8_t> cls;
+  std::string piece;
+  std::string byte_level;
+  struct Symbol {
+    int32_t id;
+    int32_t prev;
+    int32_t next;
+  };
+  std::vector<Symbol> symbols;
+  struct Candidate {
+    int32_t rank;
+    int32_t left;  // symbol index of the left half
+    int32_t left_id;
+    int32_t right_id;
+    int32_t merged_id;
+  };
+  std::vector<Candidate> heap;
+};
+
+// Heap order: lowest rank first, then leftmost.
+bool LaterCandidate(const Workspace::Candidate& a, const Workspace::Candidate& b) {
+  return a.rank != b.rank ? a.rank > b.rank : a.left > b.left;
+}
+
+// BPE of one pre-token's bytes, appending ids to `out`.
+void BpeWord(const Vocab& v, absl::string_view bytes, Workspace& ws, std::vector<int32_t>& out) {
+  if (bytes.empty()) return;
+  if (bytes.size() == 1) {
+    out.push_back(v.byte_token[uint8_t(bytes[0])]);
+    return;
+  }
+  if (v.ignore_merges) {
+    ws.byte_level.clear();
+    for (char ch : bytes) AppendUtf8(ByteToCodepoint(uint8_t(ch)), ws.byte_level);
+    auto it = v.text_to_id.find(absl::string_view(ws.byte_level));
+    if (it != v.text_to_id.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+
+  const int32_t n = static_cast<int32_t>(bytes.size());
+  auto& sym = ws.symbols;
+  sym.resize(n);
+  for (int32_t i = 0; i < n; ++i) {
+    sym[i] = {v.byte_token[uint8_t(bytes[i])], i - 1, i + 1 < n ? i + 1 : -1};
+  }
+  auto& heap = ws.heap;
+  heap.clear();
+  auto consider = [&](int32_t left) {
+    if (left < 0) return;
+    const int32_t right = sym[left].next;
+    if (right < 0) return;
+    auto it = v.merges.find(PairKey(sym[left].id, sym[right].id));
+    if (it == v.merges.end()) return;
+    heap.push_back({it->second.first, left, sym[left].id, sym[right].id, it->second.second});
+    std::push_heap(heap.begin(), heap.end(), LaterCandidate);
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) consider(i);
+
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), LaterCandidate);
+    const Workspace::Candidate c = heap.back();
+    heap.pop_back();
+    // Stale if either half has merged since: symbol ids only ever grow into
+    // longer texts starting at the same byte, so equal ids mean the same pair.
+    Workspace::Symbol& l = sym[c.left];
+    if (l.id != c.left_id || l.next < 0) continue;
+    Workspace::Symbol& r = sym[l.next];
+    if (r.id != c.right_id) continue;
+    l.id = c.merged_id;
+    r.id = kNoToken;  // dead
+    l.next = r.next;
+    if (l.next >= 0) sym[l.next].prev = c.left;
+    consider(l.prev);
+    consider(c.left);
+  }
+  for (int32_t i = 0; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
+}
+
+// UTF-8 decode, pre-tokenize and BPE one fragment of raw text.
+void EncodeRaw(const Vocab& v, absl::string_view text, Workspace& ws, std::vector<int32_t>& out) {
+  ws.cpts.clear();
+  DecodeUtf8(text, ws.cpts);
+  ws.cls.resize(ws.cpts.size());
+  for (size_t i = 0; i < ws.cpts.size(); ++i) ws.cls[i] = ClassOf(ws.cpts[i]);
+  const size_t max_digits = v.pre == PreTokenizer::kLlama3 ? 3 : 1;
+  ScanPreTokens(ws.cpts, ws.cls, max_digits, [&](size_t begin, size_t end) {
+    // Re-encoded from code points, so bad input bytes tokenize as U+FFFD.
+    ws.piece.clear();
+    for (size_t i = begin; i < end; ++i) AppendUtf8(ws.cpts[i], ws.piece);
+    BpeWord(v, ws.piece, ws, out);
+  });
+}
+
+absl::StatusOr<int32_t> ReadOptionalId(const formats::Metadata& meta, absl::string_view key,
+                                       int64_t n_vocab) {
+  if (meta.Find(key) == nullptr) return kNoToken;
+  absl::StatusOr<uint64_t> id = meta.GetUint(key);
+  if (!id.ok()) return id.status();
+  if (*id >= uint64_t(n_vocab)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, " = ", *id, " is outside the vocabulary of ", n_vocab, " tokens"));
+  }
+  return static_cast<int32_t>(*id);
+}
+
+absl::StatusOr<const formats::MetaValue*> GetStringArray(const formats::Metadata& meta,
+                                                         absl::string_view key) {
+  absl::StatusOr<const formats::MetaValue*> arr = meta.GetArray(key);
+  if (!arr.ok()) return arr.status();
+  if ((*arr)->elem_type != formats::GgufValueType::kString) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, " must be an array of strings, found an array of ",
+                     formats::GgufValueTypeName((*arr)->elem_type)));
+  }
+  return *arr;
+}
+
+}  // namespace
+
+absl::StatusOr<Tokenizer> Tokenizer::FromMetadata(const formats::Metadata& meta) {
+  constexpr absl::string_view kModelKey = "tokenizer.ggml.model";
+  std::string model = "none";
+  if (meta.Find(kModelKey) != nullptr) {
+    absl::StatusOr<absl::string_view> m = meta.GetString(kModelKey);
+    if (!m.ok()) return m.status();
+    model = std::string(*m);
+  }
+  Tokenizer t;
+
+  if (model == "none") {
+    absl::StatusOr<absl::string_view> arch = meta.GetString("general.architecture");
+    if (!arch.ok()) return arch.status();
+    const std::string key = absl::StrCat(*arch, ".vocab_size");
+    if (meta.Find(key) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model has no vocabulary (tokenizer.ggml.model ",
+          meta.Find(kModelKey) ? "= \"none\"" : "is missing", ") and no ", key));
+    }
+    absl::StatusOr<uint64_t> n = meta.GetUint(key);
+    if (!n.ok()) return n.status();
+    if (*n == 0 || *n > uint64_t(std::numeric_limits<int32_t>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat(key, " = ", *n, " is not a usable size"));
+    }
+    t.n_vocab_ = static_cast<int32_t>(*n);
+  } else if (model == "gpt2") {
+    auto vocab = std::make_shared<Vocab>();
+    Vocab& v = *vocab;
+
+    absl::StatusOr<absl::string_view> pre_name = meta.GetString("tokenizer.ggml.pre");
+    if (!pre_name.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "byte-level BPE model without a usable tokenizer.ggml.pre (",
+          pre_name.status().message(), "); supported: ", SupportedPreNames()));
+    }
+    for (const PreName& p : kPreNames) {
+      if (p.name == *pre_name) v.pre = p.pre;
+    }
+    if (v.pre == PreTokenizer::kNone) {
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer.ggml.pre = \"", *pre_name,
+                                                     "\" is not supported; supported: ",
+                                                     SupportedPreNames()));
+    }
+    // llama.cpp's per-type defaults (llama-vocab.cpp).
+    v.ignore_merges = v.pre == PreTokenizer::kLlama3;
+    t.add_bos_ = v.pre == PreTokenizer::kLlama3;
+
+    absl::StatusOr<const formats::MetaValue*> tokens =
+        GetStringArray(meta, "tokenizer.ggml.tokens");
+    if (!tokens.ok()) return tokens.status();
+    const uint64_t n = (*tokens)->count;
+    if (n == 0 || n > uint64_t(std::numeric_limits<int32_t>::max())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer.ggml.tokens has ", n, " entries"));
+    }
+    v.texts.reserve(n);
+    for (uint64_t i = 0; i < n; ++i) v.texts.emplace_back((*tokens)->StringAt(i));
+
+    v.types.assign(n, TokenType::kNormal);
+    if (const formats::MetaValue* tt = meta.Find("tokenizer.ggml.token_type")) {
+      if (tt->type != formats::GgufValueType::kArray ||
+          tt->elem_type == formats::GgufValueType::kString ||
+          tt->elem_type == formats::GgufValueType::kF32 ||
+          tt->elem_type == formats::GgufValueType::kF64 || tt->count != n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tokenizer.ggml.token_type must be an integer array of ", n,
+            " entries (one per token), found ", tt->DebugString(4)));
+      }
+      for (uint64_t i = 0; i < n; ++i) {
+        const int64_t x = tt->IntAt(i);
+        if (x < 0 || x > 6) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("tokenizer.ggml.token_type[", i, "] = ", x, " is not a token type"));
+        }
+        v.types[i] = static_cast<TokenType>(x);
+      }
+    }
+
+    // Later duplicates win, as in llama.cpp's token_to_id.
+    v.text_to_id.reserve(n);
+    for (uint64_t i = 0; i < n; ++i) v.text_to_id[v.texts[i]] = static_cast<int32_t>(i);
+
+    std::string one;
+    for (int b = 0; b < 256; ++b) {
+      one.clear();
+      AppendUtf8(ByteToCodepoint(uint8_t(b)), one);
+      auto it = v.text_to_id.find(absl::string_view(one));
+      if (it == v.text_to_id.end()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "byte-level vocabulary lacks the token for byte 0x%02x (text \"%s\")", b, one));
+      }
+      v.byte_token[b] = it->second;
+    }
+
+    absl::StatusOr<const formats::MetaValue*> merges =
+        GetStringArray(meta, "tokenizer.ggml.merges");
+    if (!merges.ok()) return merges.status();
+    v.merges.reserve((*merges)->count);
+    std::string joined;
+    for (uint64_t i = 0; i < (*merges)->count; ++i) {
+      const absl::string_view m = (*merges)->StringAt(i);
+      const size_t sp = m.find(' ', 1);
+      if (sp == absl::string_view::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tokenizer.ggml.merges[", i, "] = \"", m, "\" is not \"left right\""));
+      }
+      const absl::string_view a = m.substr(0, sp), b = m.substr(sp + 1);
+      joined.assign(a.data(), a.size());
+      joined.append(b.data(), b.size());
+      auto ia = v.text_to_id.find(a), ib = v.text_to_id.find(b);
+      auto ij = v.text_to_id.find(absl::string_view(joined));
+      // A merge whose halves or result are not tokens could only matter
+      // through further merges of non-tokens; real vocabularies have none.
+      if (ia == v.text_to_id.end() || ib == v.text_to_id.end() || ij == v.text_to_id.end()) {
+        continue;
+      }
+      // First (lowest-rank) occurrence of a pair wins.
+      v.merges.try_emplace(PairKey(ia->second, ib->second), static_cast<int32_t>(i), ij->second);
+    }
+
+    for (uint64_t i = 0; i < n; ++i) {
+      const TokenType ty = v.types[i];
+      if ((ty == TokenType::kControl || ty == TokenType::kUserDefined ||
+           ty == TokenType::kUnknown) &&
+          !v.texts[i].empty()) {
+        v.specials.push_back(static_cast<int32_t>(i));
+      }
+    }
+    std::stable_sort(v.specials.begin(), v.specials.end(), [&](int32_t a, int32_t b) {
+      return v.texts[a].size() > v.texts[b].size();
+    });
+
+    t.n_vocab_ = static_cast<int32_t>(n);
+    t.pre_ = v.pre;
+    t.vocab_ = std::move(vocab);
+  } else {
+    absl::string_view what = model == "llama"  ? " (SentencePiece)"
+                            : model == "bert" ? " (WordPiece)"
+                            : model == "t5"   ? " (Unigram)"
+                                              : "";
+    return absl::UnimplementedError(absl::StrCat(
+        "tokenizer.ggml.model = \"", model, "\"", what,
+        " is not supported; dpl supports \"gpt2\" (byte-level BPE) and \"none\" (ids only)"));
+  }
+
+  auto bos = ReadOptionalId(meta, "tokenizer.ggml.bos_token_id", t.n_vocab_);
+  if (!bos.ok()) return bos.status();
+  auto eos = ReadOptionalId(meta, "tokenizer.ggml.eos_token_id", t.n_vocab_);
+  if (!eos.ok()) return eos.status();
+  auto eot = ReadOptionalId(meta, "tokenizer.ggml.eot_token_id", t.n_vocab_);
+  if (!eot.ok()) return eot.status();
+  auto eom = ReadOptionalId(meta, "tokenizer.ggml.eom_token_id", t.n_vocab_);
+  if (!eom.ok()) return eom.status();
+  t.bos_id_ = *bos;
+  t.eos_id_ = *eos;
+  t.eot_id_ = *eot;
+  t.eom_id_ = *eom;
+
+  absl::StatusOr<bool> add_bos = meta.GetBoolOr("tokenizer.ggml.add_bos_token", t.add_bos_);
+  if (!add_bos.ok()) return add_bos.status();
+  absl::StatusOr<bool> add_eos = meta.GetBoolOr("tokenizer.ggml.add_eos_token", false);
+  if (!add_eos.ok()) return add_eos.status();
+  t.add_bos_ = *add_bos && t.bos_id_ != kNoToken;
+  t.add_eos_ = *add_eos && t.eos_id_ != kNoToken;
+
+  for (int32_t id : {t.eos_id_, t.eot_id_, t.eom_id_}) {
+    if (id != kNoToken) t.eog_ids_.push_back(id);
+  }
+  for (absl::string_view text : kEndOfTurnTexts) {
+    const int32_t id = t.FindToken(text);
+    if (id == kNoToken) continue;
+    const TokenType ty = t.token_type(id);
+    if (ty == TokenType::kControl || ty == TokenType::kUserDefined) t.eog_ids_.push_back(id);
+  }
+  std::sort(t.eog_ids_.begin(), t.eog_ids_.end());
+  t.eog_ids_.erase(std::unique(t.eog_ids_.begin(), t.eog_ids_.end()), t.eog_ids_.end());
+  return t;
+}
+
+std::vector<int32_t> Tokenizer::Encode(absl::string_view text, bool add_bos,
+                                       bool parse_special) const {
+  std::vector<int32_t> out;
+  if (vocab_ == nullptr) return out;
+  const Vocab& v = *vocab_;
+  if (add_bos && bos_id_ != kNoToken) out.push_back(bos_id_);
+
+  // Partition into raw text and special tokens (llama.cpp's
+  // tokenizer_st_partition): each special, longest first, splits every raw
+  // fragment at all its occurrences.
+  struct Fragment {
+    int32_t token;  // kNoToken: raw text [begin, end)
+    size_t begin;
+    size_t end;
+  };
+  std::vector<Fragment> frags = {{kNoToken, 0, text.size()}};
+  std::vector<Fragment> next;
+  std::array<bool, 256> present{};  // bytes that occur in `text`
+  for (char ch : text) present[uint8_t(ch)] = true;
+  for (int32_t id : v.specials) {
+    const TokenType ty = v.types[id];
+    if (!parse_special && ty != TokenType::kUserDefined) continue;
+    const absl::string_view s = v.texts[id];
+    if (!present[uint8_t(s[0])]) continue;
+    bool found = false;
+    next.clear();
+    for (const Fragment& f : frags) {
+      if (f.token != kNoToken) {
+        next.push_back(f);
+        continue;
+      }
+      size_t at = f.begin;
+      while (at < f.end) {
+        const size_t hit = text.substr(0, f.end).find(s, at);
+        if (hit == absl::string_view::npos) break;
+        found = true;
+        if (hit > at) next.push_back({kNoToken, at, hit});
+        next.push_back({id, hit, hit + s.size()});
+        at = hit + s.size();
+      }
+      if (at < f.end) next.push_back({kNoToken, at, f.end});
+    }
+    if (found) frags.swap(next);
+  }
+
+  Workspace ws;
+  for (const Fragment& f : frags) {
+    if (f.token != kNoToken) {
+      out.push_back(f.token);
+    } else {
+      EncodeRaw(v, text.substr(f.begin, f.end - f.begin), ws, out);
+    }
+  }
+  return out;
+}
+
+std::string Tokenizer::TokenToPiece(int32_t id) const {
+  if (vocab_ == nullptr || id < 0 || id >= n_vocab_) return absl::StrCat("<", id, ">");
+  const std::string& text = vocab_->texts[id];
+  switch (vocab_->types[id]) {
+    case TokenType::kControl:
+    case TokenType::kUserDefined:
+    case TokenType::kUnknown:
+      return text;
+    default:
+      break;
+  }
+  // Byte-level text -> bytes. A code point outside the byte map (never in a
+  // well-formed vocabulary) is passed through as UTF-8.
+  std::vector<uint32_t> cpts;
+  DecodeUtf8(text, cpts);
+  std::string out;
+  out.reserve(cpts.size());
+  for (uint32_t cp : cpts) {
+    const int b = CodepointToByte(cp);
+    if (b >= 0) {
+      out.push_back(static_cast<char>(b));
+    } else {
+      AppendUtf8(cp, out);
+    }
+  }
+  return out;
+}
+
+std::string Tokenizer::Decode(absl::Span<const int32_t> ids) const {
+  std::string out;
+  for (int32_t id : ids) out += TokenToPiece(id);
+  return out;
+}
+
+bool Tokenizer::IsEndOfGeneration(int32_t id) const {
+  return std::binary_search(eog_ids_.begin(), eog_ids_.end(), id);
+}
+
+int32_t Tokenizer::FindToken(absl::string_view text) const {
+  if (vocab_ == nullptr) return kNoToken;
+  auto it = vocab_->text_to_id.find(text);
+  return it == vocab_->text_to_id.end() ? kNoToken : it->second;
+}
+
+absl::string_view Tokenizer::TokenText(int32_t id) const {
+  if (vocab_ == nullptr || id < 0 || id >= n_vocab_) return {};
+  return vocab_->texts[id];
+}
+
+TokenType Tokenizer::token_type(int32_t id) const {
+  if (vocab_ == nullptr || id < 0 || id >= n_vocab_) return TokenType::kUndefined;
+  return vocab_->types[id];
+}
+
+absl::StatusOr<std::vector<int32_t>> Tokenizer::ParseIdList(absl::string_view text,
+                                                            int32_t n_vocab) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    const char ch = text[i];
+    if (ch == ',' || ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r') {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
+    int64_t id = 0;
+    if (j == i || j - i > 10 || !absl::SimpleAtoi(text.substr(i, j - i), &id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id list: expected a number at offset ", i, " of \"", text, "\""));
+    }
+    if (id >= n_vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", id,
+                                                     " is outside the vocabulary of ", n_vocab,
+                                                     " tokens"));
+    }
+    ids.push_back(static_cast<int32_t>(id));
+    i = j;
+  }
+  return ids;
+}
+
+std::string TokenStreamDecoder::Push(int32_t id) {
+  pending_ += tokenizer_->TokenToPiece(id);
+  // Hold back a trailing sequence whose lead byte announces more bytes than
+  // have arrived. Only the last 3 bytes can belong to such a sequence.
+  size_t keep = 0;
+  const size_t n = pending_.size();
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    const uint8_t b = static_cast<uint8_t>(pending_[n - back]);
+    if ((b & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    const int len = Utf8SequenceLength(b);
+    if (len > int(back)) keep = back;
+    break;
+  }
+  std::string out = pending_.substr(0, n - keep);
+  pending_.erase(0, n - keep);
+  return out;
+}
+
+std::string TokenStreamDecoder::Flush() {
+  std::string out;
+  out.swap(pending_);
+  return out;
+}
+
+}  // namespace dpl::tokenizer
