@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The main job on an embedded default: install what is missing, build, then
+# synthesize a small random-weight model, convert it to .dpl (verified bit for
+# bit) and inspect the result. Files go to out/demo/.
+#
+#   tools/demo.sh [PRESET]     (default tiny-qwen2; `dpl-synth --list` shows presets)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+preset=${1:-tiny-qwen2}
+tools/setup.sh
+bazel build //converter:dpl-convert //converter:dpl-inspect //tools:dpl-synth 2>&1 |
+  grep -E "ERROR|error:" && exit 1
+bin=$(bazel info bazel-bin 2>/dev/null)
+out=out/demo
+mkdir -p "$out"
+
+vocab=()
+shared=${DPL_SHARED_DIR:-../shared}
+if [[ -f $shared/vocab/ggml-vocab-qwen2.gguf && $preset == *qwen2* ]]; then
+  vocab=(--vocab "$shared/vocab/ggml-vocab-qwen2.gguf")
+fi
+
+echo "== dpl-synth $preset"
+"$bin/tools/dpl-synth" "$preset" "$out/$preset.gguf" "${vocab[@]}"
+echo "== dpl-convert --verify"
+"$bin/converter/dpl-convert" "$out/$preset.gguf" "$out/$preset.dpl" --verify
+echo "== dpl-inspect"
+"$bin/converter/dpl-inspect" "$out/$preset.dpl" --verify-checksums
