@@ -1,0 +1,185 @@
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "formats/dequant.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "formats/ggml_types.h"
+#include "formats/q6k_dpl.h"
+#include "tests/shared_dir.h"
+
+namespace dpl::formats {
+namespace {
+
+std::vector<uint8_t> ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE_MESSAGE(in.good(), "cannot open ", path);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string DequantDir() { return dpl::testing::SharedDir() + "/oracle/dequant"; }
+
+uint32_t Bits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  return x;
+}
+
+TEST_CASE("every oracle TYPE.blocks dequantizes bit for bit to TYPE.f32") {
+  int n_types = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(DequantDir())) {
+    if (entry.path().extension() != ".blocks") continue;
+    const std::string name = entry.path().stem().string();
+    CAPTURE(name);
+    const std::optional<GgmlType> type = GgmlTypeFromName(name);
+    REQUIRE_MESSAGE(type.has_value(), "oracle type ", name, " unknown to ggml_types");
+    REQUIRE(IsDequantSupported(*type));
+    const GgmlTypeTraits tr = TraitsOf(*type);
+    const std::vector<uint8_t> blocks = ReadAll(entry.path().string());
+    const std::vector<uint8_t> want_bytes = ReadAll(DequantDir() + "/" + name + ".f32");
+    REQUIRE(blocks.size() % tr.block_bytes == 0);
+    const uint64_t n = blocks.size() / tr.block_bytes * tr.block_elems;
+    REQUIRE(want_bytes.size() == n * 4);
+    std::vector<float> got(n);
+    REQUIRE(DequantizeBlocks(*type, blocks.data(), n, got.data()).ok());
+    // Report the first mismatch precisely, then require byte equality.
+    for (uint64_t i = 0; i < n; ++i) {
+      float want;
+      std::memcpy(&want, want_bytes.data() + 4 * i, 4);
+      if (Bits(got[i]) != Bits(want)) {
+        FAIL_CHECK(name, " element ", i, ": got ", got[i], " want ", want);
+        break;
+      }
+    }
+    CHECK(std::memcmp(got.data(), want_bytes.data(), n * 4) == 0);
+    // Row-wise entry point on the raw layout gives the same values.
+    std::vector<float> row(n);
+    REQUIRE(DequantizeRow(*type, TensorLayout::kRaw, blocks.data(), n, row.data()).ok());
+    CHECK(std::memcmp(row.data(), want_bytes.data(), n * 4) == 0);
+    ++n_types;
+  }
+  // f16, q4_K, q5_0, q6_K and q8_0 are shipped; fewer means the data is gone.
+  CHECK(n_types >= 5);
+}
+
+TEST_CASE("q6_K through the dpl layout gives identical floats") {
+  const std::vector<uint8_t> blocks = ReadAll(DequantDir() + "/q6_K.blocks");
+  const uint64_t n_blocks = blocks.size() / kQ6KBlockBytes;
+  REQUIRE(n_blocks >= 4);
+  // Rows of several block counts, including ones whose stride needs padding.
+  for (uint64_t nbe : {uint64_t{1}, uint64_t{3}, uint64_t{4}, n_blocks}) {
+    CAPTURE(nbe);
+    const uint64_t stride = DplQ6KRowStride(nbe);
+    CHECK(stride % 16 == 0);
+    CHECK(stride >= nbe * 210);
+    CHECK(stride < nbe * 210 + 16);
+    for (uint64_t first = 0; first + nbe <= n_blocks; first += nbe) {
+      const uint8_t* raw = blocks.data() + first * kQ6KBlockBytes;
+      std::vector<uint8_t> dpl(stride, 0xAB);
+      Q6KRowToDpl(raw, nbe, dpl.data());
+      for (uint64_t b = nbe * 210; b < stride; ++b) REQUIRE(dpl[b] == 0);
+      // Block i's fields sit at ql+128i, qh+64i, sc+16i, d+2i.
+      const uint64_t last = nbe - 1;
+      CHECK(std::memcmp(dpl.data() + 128 * last, raw + 210 * last, 128) == 0);
+      CHECK(std::memcmp(dpl.data() + 128 * nbe + 64 * last, raw + 210 * last + 128, 64) == 0);
+      CHECK(std::memcmp(dpl.data() + 192 * nbe + 16 * last, raw + 210 * last + 192, 16) == 0);
+      CHECK(std::memcmp(dpl.data() + 208 * nbe + 2 * last, raw + 210 * last + 208, 2) == 0);
+
+      std::vector<float> want(nbe * 256), got(nbe * 256);
+      REQUIRE(DequantizeRow(GgmlType::kQ6_K, TensorLayout::kRaw, raw, nbe * 256, want.data()).ok());
+      REQUIRE(DequantizeRow(GgmlType::kQ6_K, TensorLayout::kDplQ6K, dpl.data(), nbe * 256,
+                            got.data()).ok());
+      REQUIRE(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
+
+      std::vector<uint8_t> back(nbe * 210);
+      DplRowToQ6K(dpl.data(), nbe, back.data());
+      REQUIRE(std::memcmp(back.data(), raw, back.size()) == 0);
+    }
+  }
+}
+
+TEST_CASE("F16 conversions: exact widening, round-to-nearest-even narrowing") {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = F16ToF32(static_cast<uint16_t>(h));
+    const bool is_nan = (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0;
+    if (is_nan) {
+      REQUIRE(std::isnan(f));
+      REQUIRE(std::isnan(F16ToF32(F32ToF16(f))));
+      continue;
+    }
+    REQUIRE(F32ToF16(f) == h);  // every half survives the round trip
+  }
+  CHECK(F16ToF32(0x3C00) == 1.0f);
+  CHECK(F16ToF32(0xC000) == -2.0f);
+  CHECK(F16ToF32(0x0001) == std::ldexp(1.0f, -24));
+  CHECK(F16ToF32(0x7BFF) == 65504.0f);
+  // Midpoints between neighbours go to the even one; a hair above goes up.
+  for (uint16_t h : {uint16_t{0x0000}, uint16_t{0x0001}, uint16_t{0x03FF}, uint16_t{0x3C00},
+                     uint16_t{0x3C01}, uint16_t{0x7BFE}, uint16_t{0x8400}}) {
+    CAPTURE(h);
+    const double a = F16ToF32(h), b = F16ToF32(static_cast<uint16_t>(h + 1));
+    const float mid = static_cast<float>((a + b) / 2);  // exact in float
+    REQUIRE(static_cast<double>(mid) == (a + b) / 2);
+    const uint16_t even = (h & 1) ? static_cast<uint16_t>(h + 1) : h;
+    CHECK(F32ToF16(mid) == even);
+    CHECK(F32ToF16(std::nextafter(mid, mid > 0 ? 1e9f : -1e9f)) == h + 1);
+    CHECK(F32ToF16(std::nextafter(mid, 0.0f)) == h);
+  }
+  CHECK(F32ToF16(65519.0f) == 0x7BFF);
+  CHECK(F32ToF16(65520.0f) == 0x7C00);  // tie with an odd mantissa: to inf
+  CHECK(F32ToF16(1e10f) == 0x7C00);
+  CHECK(F32ToF16(-1e10f) == 0xFC00);
+  CHECK(F32ToF16(std::ldexp(1.0f, -25)) == 0x0000);   // tie to even (zero)
+  CHECK(F32ToF16(std::ldexp(1.5f, -25)) == 0x0001);
+  CHECK(F32ToF16(-0.0f) == 0x8000);
+  CHECK(F32ToF16(std::ldexp(1.0f, -30)) == 0x0000);
+}
+
+TEST_CASE("bf16 conversions") {
+  CHECK(Bf16ToF32(0x3F80) == 1.0f);
+  CHECK(Bf16ToF32(0xC040) == -3.0f);
+  CHECK(F32ToBf16(1.0f) == 0x3F80);
+  // 1 + 2^-8 is halfway between bf16 1.0 and 1 + 2^-7: ties to even (1.0).
+  CHECK(F32ToBf16(1.0f + std::ldexp(1.0f, -8)) == 0x3F80);
+  CHECK(F32ToBf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3F82);  // odd tie rounds up
+  CHECK(F32ToBf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)) == 0x3F81);
+  CHECK(std::isnan(Bf16ToF32(F32ToBf16(std::nanf("")))));
+  CHECK(F32ToBf16(INFINITY) == 0x7F80);
+  const uint8_t raw[4] = {0x80, 0x3F, 0x40, 0xC0};  // LE 0x3F80, 0xC040
+  float out[2];
+  REQUIRE(DequantizeBlocks(GgmlType::kBF16, raw, 2, out).ok());
+  CHECK(out[0] == 1.0f);
+  CHECK(out[1] == -3.0f);
+}
+
+TEST_CASE("f32 rows copy through") {
+  const float in[3] = {1.5f, -0.0f, 3e-40f};
+  float out[3];
+  REQUIRE(DequantizeBlocks(GgmlType::kF32, reinterpret_cast<const uint8_t*>(in), 3, out).ok());
+  CHECK(std::memcmp(in, out, sizeof in) == 0);
+}
+
+TEST_CASE("errors name the type") {
+  uint8_t blocks[256] = {};
+  float out[256];
+  absl::Status s = DequantizeBlocks(GgmlType::kIQ2_XXS, blocks, 256, out);
+  CHECK(s.code() == absl::StatusCode::kUnimplemented);
+  CHECK(s.message().find("iq2_xxs") != absl::string_view::npos);
+  CHECK(!IsDequantSupported(GgmlType::kQ4_0));
+  s = DequantizeBlocks(GgmlType::kQ8_0, blocks, 33, out);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("q8_0") != absl::string_view::npos);
+  s = DequantizeRow(GgmlType::kQ4_K, TensorLayout::kDplQ6K, blocks, 256, out);
+  CHECK(!s.ok());
+  CHECK(s.message().find("q4_K") != absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace dpl::formats

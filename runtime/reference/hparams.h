@@ -1,0 +1,45 @@
+// Hyperparameters of a llama / qwen2 decoder, read from GGUF-style metadata
+// (identical keys in GGUF and .dpl files) and checked against the tensors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "formats/model_file.h"
+
+namespace dpl::reference {
+
+enum class RopeStyle {
+  kAdjacent,  // llama: rotates pairs (x[2i], x[2i+1])
+  kNeox,      // qwen2: rotates pairs (x[i], x[i + n_rot/2])
+};
+
+struct Hparams {
+  std::string arch;         // "llama" or "qwen2"
+  int64_t n_embd = 0;       // {arch}.embedding_length
+  int64_t n_layer = 0;      // {arch}.block_count
+  int64_t n_ff = 0;         // {arch}.feed_forward_length
+  int64_t n_head = 0;       // {arch}.attention.head_count
+  int64_t n_head_kv = 0;    // {arch}.attention.head_count_kv (default n_head)
+  int64_t head_dim = 0;     // {arch}.attention.key_length (default n_embd / n_head)
+  int64_t n_rot = 0;        // {arch}.rope.dimension_count (default head_dim)
+  int64_t n_vocab = 0;      // token_embd.weight ne[1]
+  int64_t n_ctx_train = 0;  // {arch}.context_length (0 when absent)
+  double rope_freq_base = 10000.0;  // {arch}.rope.freq_base
+  double rope_freq_scale = 1.0;     // 1 / {arch}.rope.scaling.factor for "linear"
+  double rms_eps = 1e-5;            // {arch}.attention.layer_norm_rms_epsilon
+  RopeStyle rope_style = RopeStyle::kAdjacent;
+
+  int64_t q_dim() const { return n_head * head_dim; }
+  int64_t kv_dim() const { return n_head_kv * head_dim; }
+};
+
+// Reads and validates the hyperparameters. Errors name the key or tensor and
+// the offending value: unsupported architecture, missing keys, n_head not
+// divisible by n_head_kv, odd head size, unsupported RoPE scaling, MoE, ...
+absl::StatusOr<Hparams> ReadHparams(const formats::ModelFile& model);
+
+std::string HparamsDebugString(const Hparams& hp);
+
+}  // namespace dpl::reference

@@ -1,0 +1,340 @@
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "runtime/reference/reference_model.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "converter/convert.h"
+#include "formats/gguf.h"
+#include "formats/model_file.h"
+#include "tests/shared_dir.h"
+
+namespace dpl::reference {
+namespace {
+
+std::string OraclePath(const std::string& file) {
+  return dpl::testing::SharedDir() + "/oracle/" + file;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE_MESSAGE(in.good(), "cannot open ", path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::vector<int32_t> ReadTokens(const std::string& name) {
+  std::vector<int32_t> ids;
+  const std::string text = ReadAll(OraclePath(name + ".tokens"));
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int32_t id = 0;
+    REQUIRE_MESSAGE(absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id), "bad token ", part);
+    ids.push_back(id);
+  }
+  REQUIRE(!ids.empty());
+  return ids;
+}
+
+std::vector<float> ReadLogits(const std::string& name) {
+  const std::string bytes = ReadAll(OraclePath(name + ".logits.f32"));
+  REQUIRE(bytes.size() % 4 == 0);
+  std::vector<float> out(bytes.size() / 4);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+std::unique_ptr<ReferenceModel> LoadOrDie(const std::string& path, ReferenceOptions opts = {}) {
+  absl::StatusOr<std::shared_ptr<formats::ModelFile>> file = formats::ModelFile::Open(path);
+  REQUIRE_MESSAGE(file.ok(), file.status().ToString());
+  absl::StatusOr<std::unique_ptr<ReferenceModel>> m = ReferenceModel::Load(*file, opts);
+  REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+  return std::move(*m);
+}
+
+// Feeds every token from position 0 and compares the logits at positions
+// [first_compared, n_tokens) with the oracle rows, in order. Returns the RMS of
+// the difference over the RMS of the reference, across all compared positions.
+double RunAgainstOracle(const std::string& name, int64_t first_compared, double* worst_pos,
+                        double* tokens_per_s) {
+  std::unique_ptr<ReferenceModel> m = LoadOrDie(OraclePath(name + ".gguf"));
+  MESSAGE(name, ": ", HparamsDebugString(m->hparams()), " threads=", m->threads(),
+          " resident=", m->weights_resident());
+  const std::vector<int32_t> tokens = ReadTokens(name);
+  const std::vector<float> ref = ReadLogits(name);
+  const int64_t n_vocab = m->n_vocab();
+  const int64_t n_rows = static_cast<int64_t>(tokens.size()) - first_compared;
+  REQUIRE(n_rows > 0);
+  REQUIRE(ref.size() == static_cast<size_t>(n_rows * n_vocab));
+  double diff2 = 0, ref2 = 0;
+  *worst_pos = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t pos = 0; pos < static_cast<int64_t>(tokens.size()); ++pos) {
+    absl::StatusOr<std::vector<double>> logits = m->ForwardF64(tokens[pos], pos);
+    REQUIRE_MESSAGE(logits.ok(), logits.status().ToString());
+    REQUIRE(logits->size() == static_cast<size_t>(n_vocab));
+    if (pos < first_compared) continue;
+    const float* r = ref.data() + (pos - first_compared) * n_vocab;
+    double d2 = 0, r2 = 0;
+    for (int64_t i = 0; i < n_vocab; ++i) {
+      const double d = (*logits)[i] - r[i];
+      d2 += d * d;
+      r2 += static_cast<double>(r[i]) * r[i];
+    }
+    REQUIRE(r2 > 0);
+    *worst_pos = std::max(*worst_pos, std::sqrt(d2 / r2));
+    diff2 += d2;
+    ref2 += r2;
+  }
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *tokens_per_s = tokens.size() / secs;
+  return std::sqrt(diff2 / ref2);
+}
+
+void CheckOracle(const std::string& name, int64_t first_compared, double limit) {
+  double worst = 0, tps = 0;
+  const double rel = RunAgainstOracle(name, first_compared, &worst, &tps);
+  MESSAGE(name, ": RMS(logits - llama.cpp) / RMS(llama.cpp) = ", rel * 100,
+          "% (worst position ", worst * 100, "%), ", tps, " tokens/s");
+  CHECK(rel < limit);
+  CHECK(worst < 2 * limit);
+}
+
+TEST_CASE("ora-llama-f32 matches llama.cpp") { CheckOracle("ora-llama-f32", 0, 0.002); }
+TEST_CASE("ora-qwen2-f32 matches llama.cpp") { CheckOracle("ora-qwen2-f32", 0, 0.002); }
+TEST_CASE("small-llama-q4km matches llama.cpp") { CheckOracle("small-llama-q4km", 0, 0.03); }
+TEST_CASE("small-qwen2-q4km matches llama.cpp") { CheckOracle("small-qwen2-q4km", 0, 0.03); }
+
+TEST_CASE("tiny-qwen2-vocab-q4km: prompt and 3 continuation tokens match llama.cpp") {
+  const std::vector<int32_t> tokens = ReadTokens("tiny-qwen2-vocab-q4km");
+  REQUIRE(tokens.size() > 4);
+  // 4 logit rows: after the prompt (position n_prompt - 1) and after each of
+  // the 3 continuation tokens.
+  CheckOracle("tiny-qwen2-vocab-q4km", static_cast<int64_t>(tokens.size()) - 4, 0.03);
+}
+
+// Per-row dequantization inside the matvec (the path a 7B model takes) must
+// give the very same float64 logits as weights dequantized at load, whatever
+// the thread count.
+TEST_CASE("per-row and resident weights, 1 or 2 threads: identical logits") {
+  const std::string path = OraclePath("small-qwen2-q4km.gguf");
+  ReferenceOptions resident;
+  resident.threads = 1;
+  ReferenceOptions streamed;
+  streamed.threads = 2;
+  streamed.max_resident_bytes = 0;
+  std::unique_ptr<ReferenceModel> a = LoadOrDie(path, resident);
+  std::unique_ptr<ReferenceModel> b = LoadOrDie(path, streamed);
+  CHECK(a->weights_resident());
+  CHECK(!b->weights_resident());
+  const std::vector<int32_t> tokens = ReadTokens("small-qwen2-q4km");
+  for (int64_t pos = 0; pos < 5; ++pos) {
+    absl::StatusOr<std::vector<double>> la = a->ForwardF64(tokens[pos], pos);
+    absl::StatusOr<std::vector<double>> lb = b->ForwardF64(tokens[pos], pos);
+    REQUIRE(la.ok());
+    REQUIRE(lb.ok());
+    REQUIRE(std::memcmp(la->data(), lb->data(), la->size() * sizeof(double)) == 0);
+  }
+}
+
+// The same model as .dpl (q6_K rows in the dense split-plane layout, plain
+// and zstd-compressed) gives bit-identical logits through the same API.
+TEST_CASE(".dpl conversions of a Q4_K_M model give identical logits") {
+  const std::string gguf_path = OraclePath("small-qwen2-q4km.gguf");
+  std::unique_ptr<ReferenceModel> ref = LoadOrDie(gguf_path);
+  const std::vector<int32_t> tokens = ReadTokens("small-qwen2-q4km");
+  std::vector<std::vector<double>> want;
+  for (int64_t pos = 0; pos < 4; ++pos) {
+    absl::StatusOr<std::vector<double>> l = ref->ForwardF64(tokens[pos], pos);
+    REQUIRE(l.ok());
+    want.push_back(*l);
+  }
+  for (bool compress : {false, true}) {
+    CAPTURE(compress);
+    const std::string dpl_path = dpl::testing::TempDir() +
+                                 (compress ? "/small-qwen2-z.dpl" : "/small-qwen2.dpl");
+    converter::ConvertOptions copts;
+    copts.compress = compress;
+    copts.frame_bytes = 1 << 20;
+    absl::StatusOr<converter::ConvertStats> st =
+        converter::ConvertGgufToDpl(gguf_path, dpl_path, copts);
+    REQUIRE_MESSAGE(st.ok(), st.status().ToString());
+    absl::StatusOr<std::shared_ptr<formats::ModelFile>> file = formats::ModelFile::Open(dpl_path);
+    REQUIRE_MESSAGE(file.ok(), file.status().ToString());
+    CHECK((*file)->container() == "dpl");
+    int n_dpl = 0;
+    for (const formats::TensorView& t : (*file)->tensors()) {
+      n_dpl += t.layout == formats::TensorLayout::kDplQ6K;
+    }
+    CHECK(n_dpl > 0);  // token_embd (the tied lm head) is q6_K at least
+    for (uint64_t resident : {uint64_t{2} << 30, uint64_t{0}}) {
+      ReferenceOptions opts;
+      opts.max_resident_bytes = resident;
+      absl::StatusOr<std::unique_ptr<ReferenceModel>> m = ReferenceModel::Load(*file, opts);
+      REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+      for (int64_t pos = 0; pos < 4; ++pos) {
+        absl::StatusOr<std::vector<double>> l = (*m)->ForwardF64(tokens[pos], pos);
+        REQUIRE(l.ok());
+        REQUIRE(std::memcmp(l->data(), want[pos].data(), l->size() * sizeof(double)) == 0);
+      }
+    }
+    std::remove(dpl_path.c_str());
+  }
+}
+
+TEST_CASE("KV cache: rewind, reset, bounds") {
+  ReferenceOptions opts;
+  opts.n_ctx = 4;
+  std::unique_ptr<ReferenceModel> m = LoadOrDie(OraclePath("ora-llama-f32.gguf"), opts);
+  CHECK(m->n_ctx() == 4);
+  std::vector<std::vector<float>> first;
+  for (int64_t pos = 0; pos < 4; ++pos) {
+    absl::StatusOr<std::vector<float>> l = m->Forward(static_cast<int32_t>(7 + pos), pos);
+    REQUIRE(l.ok());
+    first.push_back(*l);
+  }
+  CHECK(m->n_past() == 4);
+  CHECK(first[0] != first[1]);
+
+  absl::StatusOr<std::vector<float>> beyond = m->Forward(1, 4);
+  CHECK(beyond.status().code() == absl::StatusCode::kOutOfRange);
+  CHECK(beyond.status().message().find("position 4") != absl::string_view::npos);
+
+  // Re-running position 2 after a rewind reproduces it exactly.
+  absl::StatusOr<std::vector<float>> again = m->Forward(9, 2);
+  REQUIRE(again.ok());
+  CHECK(*again == first[2]);
+  CHECK(m->n_past() == 3);
+  // A different token at position 1 changes what position 2 sees.
+  REQUIRE(m->Forward(100, 1).ok());
+  absl::StatusOr<std::vector<float>> changed = m->Forward(9, 2);
+  REQUIRE(changed.ok());
+  CHECK(*changed != first[2]);
+
+  absl::StatusOr<std::vector<float>> gap = m->Forward(1, 3 + 1);  // n_past is 3: 4 skips ahead
+  CHECK(!gap.ok());
+  m->Reset();
+  CHECK(m->n_past() == 0);
+  absl::StatusOr<std::vector<float>> skip = m->Forward(1, 1);
+  CHECK(skip.status().code() == absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::vector<float>> restart = m->Forward(7, 0);
+  REQUIRE(restart.ok());
+  CHECK(*restart == first[0]);
+
+  absl::StatusOr<std::vector<float>> bad_token = m->Forward(m->n_vocab(), 1);
+  CHECK(bad_token.status().code() == absl::StatusCode::kOutOfRange);
+  CHECK(bad_token.status().message().find("2048") != absl::string_view::npos);
+  CHECK(!m->Forward(-1, 1).ok());
+}
+
+// Writes a copy of ora-llama-f32.gguf with edited metadata and tensors, and
+// returns the error ReferenceModel::Load gives for it.
+struct TensorEdit {
+  formats::GgufTensorSpec spec;
+  std::string source;  // tensor whose bytes are copied ("" = zeros)
+};
+absl::Status LoadVariant(
+    const std::string& tag,
+    const std::function<void(formats::Metadata&, std::vector<TensorEdit>&)>& edit) {
+  absl::StatusOr<formats::GgufFile> src = formats::GgufFile::Open(OraclePath("ora-llama-f32.gguf"));
+  REQUIRE(src.ok());
+  formats::Metadata meta = src->metadata();
+  std::vector<TensorEdit> tensors;
+  for (const formats::GgufTensorInfo& t : src->tensors()) {
+    tensors.push_back({{t.name, std::vector<uint64_t>(t.ne.begin(), t.ne.begin() + t.n_dims), t.type},
+                       t.name});
+  }
+  edit(meta, tensors);
+  std::vector<formats::GgufTensorSpec> specs;
+  for (const TensorEdit& t : tensors) specs.push_back(t.spec);
+  absl::StatusOr<formats::GgufHeader> header = formats::BuildGgufHeader(meta, specs);
+  REQUIRE_MESSAGE(header.ok(), header.status().ToString());
+  std::string data(header->data_bytes, '\0');
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const formats::GgufTensorInfo* s = src->FindTensor(tensors[i].source);
+    if (s == nullptr) continue;
+    std::memcpy(&data[header->offsets[i]], src->TensorData(*s),
+                std::min<uint64_t>(s->n_bytes, header->sizes[i]));
+  }
+  const std::string path = dpl::testing::TempDir() + "/variant-" + tag + ".gguf";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << header->bytes << data;
+    REQUIRE(out.good());
+  }
+  absl::StatusOr<std::shared_ptr<formats::ModelFile>> file = formats::ModelFile::Open(path);
+  REQUIRE_MESSAGE(file.ok(), file.status().ToString());
+  ReferenceOptions opts;
+  opts.threads = 1;
+  opts.n_ctx = 8;
+  absl::StatusOr<std::unique_ptr<ReferenceModel>> m = ReferenceModel::Load(*file, opts);
+  std::remove(path.c_str());
+  return m.status();
+}
+
+void CheckError(const absl::Status& s, absl::string_view needle) {
+  CAPTURE(s.ToString());
+  CHECK(!s.ok());
+  CHECK(s.message().find(needle) != absl::string_view::npos);
+}
+
+TEST_CASE("unsupported models are rejected with an error naming the problem") {
+  // The unmodified copy loads: the edits below are what breaks it.
+  CHECK(LoadVariant("same", [](formats::Metadata&, std::vector<TensorEdit>&) {}).ok());
+  CheckError(LoadVariant("arch",
+                         [](formats::Metadata& m, std::vector<TensorEdit>&) {
+                           m.Set("general.architecture", formats::MetaValue::String("gpt2"));
+                         }),
+             "gpt2");
+  CheckError(LoadVariant("gqa",
+                         [](formats::Metadata& m, std::vector<TensorEdit>&) {
+                           m.Set("llama.attention.head_count_kv", formats::MetaValue::U32(3));
+                         }),
+             "not divisible");
+  CheckError(LoadVariant("yarn",
+                         [](formats::Metadata& m, std::vector<TensorEdit>&) {
+                           m.Set("llama.rope.scaling.type", formats::MetaValue::String("yarn"));
+                         }),
+             "yarn");
+  CheckError(LoadVariant("missing",
+                         [](formats::Metadata&, std::vector<TensorEdit>& t) {
+                           for (size_t i = 0; i < t.size(); ++i) {
+                             if (t[i].spec.name == "blk.1.ffn_up.weight") t.erase(t.begin() + i);
+                           }
+                         }),
+             "blk.1.ffn_up.weight");
+  CheckError(LoadVariant("extra",
+                         [](formats::Metadata&, std::vector<TensorEdit>& t) {
+                           t.push_back({{"blk.0.attn_q_norm.weight", {256}, formats::GgmlType::kF32}, ""});
+                         }),
+             "blk.0.attn_q_norm.weight");
+  CheckError(LoadVariant("type",
+                         [](formats::Metadata&, std::vector<TensorEdit>& t) {
+                           for (TensorEdit& e : t) {
+                             if (e.spec.name == "blk.0.attn_k.weight") {
+                               e.spec.type = formats::GgmlType::kQ4_0;
+                               e.source = "";
+                             }
+                           }
+                         }),
+             "q4_0");
+  CheckError(LoadVariant("shape",
+                         [](formats::Metadata& m, std::vector<TensorEdit>&) {
+                           m.Set("llama.feed_forward_length", formats::MetaValue::U32(512));
+                         }),
+             "ffn_gate.weight");
+}
+
+}  // namespace
+}  // namespace dpl::reference
