@@ -1,0 +1,75 @@
+#include "runtime/generate/decoder.h"
+
+#include "absl/strings/str_cat.h"
+#include "runtime/reference/reference_model.h"
+
+namespace dpl::generate {
+namespace {
+
+// The CPU device: one reference forward pass per token.
+class CpuDecoder : public Decoder {
+ public:
+  explicit CpuDecoder(std::unique_ptr<reference::ReferenceModel> model)
+      : model_(std::move(model)) {}
+
+  int32_t n_vocab() const override { return model_->n_vocab(); }
+  int64_t n_ctx() const override { return model_->n_ctx(); }
+  int64_t n_past() const override { return n_past_; }
+
+  absl::Status Eval(absl::Span<const int32_t> tokens, std::vector<float>* last,
+                    std::vector<float>* all) override {
+    if (n_past_ + static_cast<int64_t>(tokens.size()) > model_->n_ctx()) {
+      return absl::OutOfRangeError(absl::StrCat(
+          n_past_ + tokens.size(), " tokens do not fit in the context of ",
+          model_->n_ctx(), " (use -c to enlarge it)"));
+    }
+    if (all != nullptr) all->clear();
+    for (int32_t token : tokens) {
+      if (token < 0 || token >= model_->n_vocab()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", token, " is outside the vocabulary [0, ", model_->n_vocab(), ")"));
+      }
+      auto logits = model_->Forward(token, n_past_);
+      if (!logits.ok()) return logits.status();
+      ++n_past_;
+      if (all != nullptr) all->insert(all->end(), logits->begin(), logits->end());
+      if (last != nullptr) *last = std::move(*logits);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Rewind(int64_t n) override {
+    if (n > n_past_ || n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot rewind to ", n, " of ", n_past_));
+    }
+    // The reference drops cached positions >= pos when it next runs pos.
+    n_past_ = n;
+    return absl::OkStatus();
+  }
+
+ private:
+  std::unique_ptr<reference::ReferenceModel> model_;
+  int64_t n_past_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Decoder>> CreateDecoder(std::shared_ptr<formats::ModelFile> model,
+                                                       const DecoderOptions& options) {
+  if (options.device == "cpu") {
+    reference::ReferenceOptions ro;
+    ro.threads = options.threads;
+    ro.n_ctx = options.n_ctx;
+    auto ref = reference::ReferenceModel::Load(std::move(model), ro);
+    if (!ref.ok()) return ref.status();
+    return std::unique_ptr<Decoder>(new CpuDecoder(std::move(*ref)));
+  }
+  if (options.device == "cuda") {
+    return absl::UnimplementedError(
+        "--device cuda: the CUDA runtime is not part of this build yet; use --device cpu");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown device '", options.device, "' (expected cpu or cuda)"));
+}
+
+}  // namespace dpl::generate

@@ -1,0 +1,45 @@
+// A model instance on one device, as the generation loop sees it: feed tokens
+// at positions, get logits. The CPU device wraps the reference forward pass;
+// the CUDA device (issue 4) replays a captured graph.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "formats/model_file.h"
+
+namespace dpl::generate {
+
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  virtual int32_t n_vocab() const = 0;
+  virtual int64_t n_ctx() const = 0;
+  // Positions already in the KV cache.
+  virtual int64_t n_past() const = 0;
+
+  // Runs `tokens` at positions n_past() .. n_past() + size - 1 and appends
+  // them to the cache. Writes the logits of the last token into `last`
+  // (n_vocab), and when `all` is non-null every token's row into `all`
+  // ((tokens.size(), n_vocab), row-major).
+  virtual absl::Status Eval(absl::Span<const int32_t> tokens, std::vector<float>* last,
+                            std::vector<float>* all) = 0;
+  // Drops cached positions >= n (n <= n_past()).
+  virtual absl::Status Rewind(int64_t n) = 0;
+};
+
+struct DecoderOptions {
+  std::string device = "cpu";  // "cpu" (the float64 reference)
+  int threads = 0;             // cpu: 0 = all cores
+  int64_t n_ctx = 0;           // 0: the model's context length, capped at 4096
+};
+
+// Creates the decoder for options.device; errors name an unknown device.
+absl::StatusOr<std::unique_ptr<Decoder>> CreateDecoder(std::shared_ptr<formats::ModelFile> model,
+                                                       const DecoderOptions& options);
+
+}  // namespace dpl::generate

@@ -1,0 +1,49 @@
+#include "runtime/generate/generate.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace dpl::generate {
+
+absl::StatusOr<std::vector<int32_t>> Generate(Decoder& decoder, const tokenizer::Tokenizer& tok,
+                                              Sampler& sampler, const GenerateRequest& req,
+                                              const std::function<void(absl::string_view)>& on_text,
+                                              Timings* timings) {
+  using Clock = std::chrono::steady_clock;
+  if (req.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (decoder.n_past() + static_cast<int64_t>(req.prompt.size()) > decoder.n_ctx()) {
+    return absl::OutOfRangeError(absl::StrCat("the prompt (", req.prompt.size(),
+                                              " tokens) is longer than the context left (",
+                                              decoder.n_ctx() - decoder.n_past(),
+                                              " of ", decoder.n_ctx(), "); use -c"));
+  }
+  std::vector<float> logits;
+  const auto t0 = Clock::now();
+  absl::Status s = decoder.Eval(req.prompt, &logits, nullptr);
+  if (!s.ok()) return s;
+  for (int32_t t : req.prompt) sampler.Accept(t);
+  const auto t1 = Clock::now();
+  timings->n_prompt += req.prompt.size();
+  timings->prompt_seconds += std::chrono::duration<double>(t1 - t0).count();
+
+  tokenizer::TokenStreamDecoder text(tok);
+  std::vector<int32_t> out;
+  while (req.n_predict < 0 || static_cast<int32_t>(out.size()) < req.n_predict) {
+    const int32_t next = sampler.Sample(logits);
+    if (req.stop.contains(next)) break;
+    out.push_back(next);
+    sampler.Accept(next);
+    on_text(text.Push(next));
+    if (decoder.n_past() >= decoder.n_ctx()) break;  // context full
+    const int32_t one[1] = {next};
+    s = decoder.Eval(one, &logits, nullptr);
+    if (!s.ok()) return s;
+  }
+  on_text(text.Flush());
+  timings->n_generated += out.size();
+  timings->generate_seconds += std::chrono::duration<double>(Clock::now() - t1).count();
+  return out;
+}
+
+}  // namespace dpl::generate

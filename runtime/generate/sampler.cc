@@ -1,0 +1,102 @@
+#include "runtime/generate/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace dpl::generate {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+double Sampler::NextUniform() {
+  const uint64_t bits = SplitMix64(p_.seed ^ SplitMix64(draws_++));
+  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+}
+
+void Sampler::Accept(int32_t token) {
+  if (p_.repeat_last_n <= 0) return;
+  recent_.push_back(token);
+  while (static_cast<int32_t>(recent_.size()) > p_.repeat_last_n) recent_.pop_front();
+}
+
+int32_t Sampler::Sample(absl::Span<const float> logits) {
+  const int32_t n = static_cast<int32_t>(logits.size());
+  candidates_.resize(n);
+  for (int32_t i = 0; i < n; ++i) candidates_[i] = {logits[i], i};
+
+  // Repetition penalty (llama.cpp): each distinct recent token once.
+  if (p_.repeat_penalty != 1.0f && !recent_.empty()) {
+    std::vector<int32_t> seen(recent_.begin(), recent_.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t t : seen) {
+      if (t < 0 || t >= n) continue;
+      float& l = candidates_[t].first;
+      l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+    }
+  }
+
+  auto by_logit = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
+  if (p_.temperature <= 0.0f) {
+    return std::min_element(candidates_.begin(), candidates_.end(), by_logit)->second;
+  }
+
+  // top-k: keep the k largest (sorted, descending).
+  int32_t keep = n;
+  if (p_.top_k > 0 && p_.top_k < n) keep = p_.top_k;
+  std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
+  candidates_.resize(keep);
+
+  // top-p on softmax(logits): the smallest prefix with cumulative mass >= p.
+  if (p_.top_p < 1.0f) {
+    const double max_l = candidates_[0].first;
+    double total = 0;
+    for (const auto& c : candidates_) total += std::exp(c.first - max_l);
+    double cum = 0;
+    size_t cut = candidates_.size();
+    for (size_t i = 0; i < candidates_.size(); ++i) {
+      cum += std::exp(candidates_[i].first - max_l) / total;
+      if (cum >= p_.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    candidates_.resize(std::max<size_t>(cut, 1));
+  }
+
+  // min-p: keep p_i >= min_p * p_max, i.e. logit >= max_logit + log(min_p).
+  if (p_.min_p > 0.0f) {
+    const float threshold = candidates_[0].first + std::log(p_.min_p);
+    size_t cut = 1;
+    while (cut < candidates_.size() && candidates_[cut].first >= threshold) ++cut;
+    candidates_.resize(cut);
+  }
+
+  // Temperature, softmax, draw.
+  const double max_l = candidates_[0].first / p_.temperature;
+  std::vector<double> probs(candidates_.size());
+  double total = 0;
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    probs[i] = std::exp(candidates_[i].first / p_.temperature - max_l);
+    total += probs[i];
+  }
+  const double u = NextUniform() * total;
+  double cum = 0;
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    cum += probs[i];
+    if (u < cum) return candidates_[i].second;
+  }
+  return candidates_.back().second;
+}
+
+}  // namespace dpl::generate

@@ -1,0 +1,45 @@
+// Host-side token sampling with llama.cpp's default chain and flag semantics:
+//   repetition penalty -> top-k -> top-p -> min-p -> temperature -> draw
+// Used by the CPU device; the CUDA device samples on the GPU with the same
+// chain (kernels/sampling).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "absl/types/span.h"
+
+namespace dpl::generate {
+
+struct SamplerParams {
+  float temperature = 0.8f;   // <= 0: greedy
+  int32_t top_k = 40;         // <= 0: off
+  float top_p = 0.95f;        // >= 1: off
+  float min_p = 0.05f;        // <= 0: off
+  float repeat_penalty = 1.0f;  // 1: off
+  int32_t repeat_last_n = 64;   // tokens the penalty looks back over
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplerParams& params) : p_(params) {}
+
+  // Chooses the next token from `logits` (n_vocab). Ties in greedy mode go
+  // to the lowest id. Deterministic for a given seed and call sequence.
+  int32_t Sample(absl::Span<const float> logits);
+  // Remembers a token for the repetition penalty (prompt and generated).
+  void Accept(int32_t token);
+
+ private:
+  // Uniform in [0, 1) from (seed, draw counter): splitmix64 of both.
+  double NextUniform();
+
+  SamplerParams p_;
+  uint64_t draws_ = 0;
+  std::deque<int32_t> recent_;
+  std::vector<std::pair<float, int32_t>> candidates_;  // reused buffer
+};
+
+}  // namespace dpl::generate

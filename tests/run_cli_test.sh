@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# dpl-run --device cpu and dpl-tokenize end to end: every oracle model through
+# dpl-convert and dpl-run --tokens --all-logits --dump-logits, compared with
+# llama.cpp's logits; the oracle prompt through dpl-tokenize; error cases.
+set -u
+shared=${DPL_SHARED_DIR:-$(cd "$(dirname "$(readlink -f tests/shared_anchor.txt)")/../.." && pwd)/shared}
+run=runtime/dpl-run
+tokenize=runtime/dpl-tokenize
+convert=converter/dpl-convert
+compare=tests/compare_logits
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+
+for spec in ora-llama-f32:0.002 ora-qwen2-f32:0.002 small-llama-q4km:0.03 small-qwen2-q4km:0.03; do
+  name=${spec%%:*} limit=${spec#*:}
+  "$convert" -q "$shared/oracle/$name.gguf" "$tmp/$name.dpl" >/dev/null || { bad "convert $name"; continue; }
+  tokens=$(tr -d ' \n' <"$shared/oracle/$name.tokens")
+  if "$run" -m "$tmp/$name.dpl" --device cpu --tokens "$tokens" --all-logits \
+      --dump-logits "$tmp/$name.f32" >/dev/null 2>&1 &&
+     "$compare" "$tmp/$name.f32" "$shared/oracle/$name.logits.f32" "$limit"; then
+    ok "dpl-run --device cpu $name within $limit of llama.cpp"
+  else
+    bad "dpl-run --device cpu $name"
+  fi
+done
+
+# The oracle prompt tokenizes to the ids llama.cpp gave (they start .tokens).
+ids=$("$tokenize" -m "$shared/oracle/tiny-qwen2-vocab-q4km.gguf" -p "$(cat "$shared/oracle/tiny-qwen2-vocab-q4km.prompt")" | tr -d '[] ')
+want=$(tr -d ' \n' <"$shared/oracle/tiny-qwen2-vocab-q4km.tokens")
+if [[ -n $ids && $want == "$ids",* ]]; then ok "dpl-tokenize oracle prompt"; else bad "dpl-tokenize oracle prompt: $ids"; fi
+
+expect_error() {  # NAME PATTERN CMD...
+  local name=$1 pattern=$2; shift 2
+  "$@" >"$tmp/out.txt" 2>"$tmp/err.txt"
+  local rc=$?
+  if [[ $rc -eq 1 ]] && grep -q -- "$pattern" "$tmp/err.txt"; then ok "$name"; else
+    bad "$name (rc=$rc)"; cat "$tmp/err.txt"; fi
+}
+m="$tmp/ora-llama-f32.dpl"
+expect_error "dpl-run: missing model file" "cannot open" "$run" -m "$tmp/none.dpl" -p hi
+expect_error "dpl-run: no -m" "no model" "$run" -p hi
+expect_error "dpl-run: text prompt on a vocabulary-less model" "no vocabulary" "$run" -m "$m" -p hi
+expect_error "dpl-run: token id out of range" "outside" "$run" -m "$m" --tokens 1,99999
+expect_error "dpl-run: prompt longer than the context" "context" "$run" -m "$m" -c 2 --tokens 1,2,3
+expect_error "dpl-run: unknown device" "unknown device" "$run" -m "$m" --device tpu --tokens 1
+expect_error "dpl-run: corrupt model" "not a model file" "$run" -m "$tmp/out.txt" --tokens 1
+expect_error "dpl-tokenize: vocabulary-less model" "no vocabulary" "$tokenize" -m "$m" -p hi
+
+echo "run_cli_test: $fails failure(s)"
+[[ $fails -eq 0 ]]
