@@ -1,5 +1,7 @@
 #include "tools/synth.h"
 
+#include "formats/dequant.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,44 +23,6 @@ namespace dpl::synth {
 
 using formats::GgmlType;
 using formats::MetaValue;
-
-// ---------------------------------------------------------------- f16 ----
-
-uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) return sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u);
-  if (ax >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
-  if (ax < 0x38800000u) {
-    // Below 2^-14: a half subnormal is m * 2^-24; scaling by 2^24 is exact and
-    // nearbyint rounds to nearest even (m == 1024 is the smallest normal).
-    float af;
-    std::memcpy(&af, &ax, 4);
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(af * 16777216.0f)));
-  }
-  // Normal: rebias the exponent (127 -> 15), round the 13 dropped bits to
-  // nearest even (a carry into the exponent is the correct result).
-  const uint32_t e = ax - 0x38000000u;
-  return static_cast<uint16_t>(sign | ((e + 0xfffu + ((e >> 13) & 1u)) >> 13));
-}
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1f;
-  const uint32_t man = h & 0x3ff;
-  float out;
-  if (exp == 0) {
-    out = std::ldexp(static_cast<float>(man), -24);
-    if (sign) out = -out;
-    return out;
-  }
-  uint32_t bits = exp == 31 ? (sign | 0x7f800000u | (man << 13))
-                            : (sign | ((exp + 112) << 23) | (man << 13));
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
 
 // ------------------------------------------------------------ presets ----
 
@@ -289,7 +253,7 @@ constexpr int kQ4KScLo = 32, kQ4KScHi = 63;    // 6-bit, top bit set
 constexpr int kQ6KScLo = 64, kQ6KScHi = 127;   // |int8|, random sign
 
 inline void PutHalf(uint8_t* p, float v) {
-  const uint16_t h = FloatToHalf(v);
+  const uint16_t h = formats::F32ToF16(v);
   std::memcpy(p, &h, 2);
 }
 
@@ -299,7 +263,7 @@ inline void PutHalf(uint8_t* p, float v) {
 void FillQ4K(Rng& rng, float d_base, uint8_t* blk) {  // 144 bytes
   const float d = d_base * BlockJitter(rng);
   PutHalf(blk, d);
-  PutHalf(blk + 2, 7.5f * HalfToFloat(FloatToHalf(d)));
+  PutHalf(blk + 2, 7.5f * formats::F16ToF32(formats::F32ToF16(d)));
   uint8_t sc[8];
   const uint64_t r = rng.Next();
   for (int j = 0; j < 8; ++j) sc[j] = static_cast<uint8_t>(kQ4KScLo + ((r >> (5 * j)) & 31));
@@ -394,7 +358,7 @@ void FillRows(const PlannedTensor& t, uint64_t seed, uint64_t row_begin, uint64_
         break;
       case GgmlType::kF16:
         for (uint64_t i = 0; i < ne0; ++i) {
-          const uint16_t h = FloatToHalf(center + base * rng.Normal());
+          const uint16_t h = formats::F32ToF16(center + base * rng.Normal());
           std::memcpy(row + 2 * i, &h, 2);
         }
         break;

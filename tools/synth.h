@@ -126,8 +126,4 @@ struct SynthResult {
 absl::StatusOr<SynthResult> WriteSyntheticModel(const SynthOptions& opts,
                                                 const std::string& out_path);
 
-// Small IEEE half helpers (round to nearest even; used for block scales).
-uint16_t FloatToHalf(float f);
-float HalfToFloat(uint16_t h);
-
 }  // namespace dpl::synth

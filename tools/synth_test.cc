@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/dequant.h"
 #include "formats/gguf.h"
 #include "tests/shared_dir.h"
 #include "tools/synth.h"
@@ -88,94 +89,18 @@ std::vector<PlannedTensor> MustPlan(const Preset& p, Ftype ftype) {
   return *plan;
 }
 
-// ---- a small dequantizer of the block formats (quant-blocks.md), checked
-// below against llama.cpp's own dequantized vectors.
-
-float F16(const uint8_t* p) {
+// Dequantizes with the project's bit-exact dequantizer (formats/dequant.h,
+// itself checked against llama.cpp's vectors in //formats:dequant_test).
+float F16At(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return HalfToFloat(h);
-}
-
-void DequantBlock(GgmlType type, const uint8_t* b, float* w) {
-  switch (type) {
-    case GgmlType::kF32:
-      std::memcpy(w, b, 4);
-      return;
-    case GgmlType::kF16:
-      w[0] = F16(b);
-      return;
-    case GgmlType::kQ8_0: {
-      const float d = F16(b);
-      for (int i = 0; i < 32; ++i) w[i] = d * static_cast<int8_t>(b[2 + i]);
-      return;
-    }
-    case GgmlType::kQ5_0: {
-      const float d = F16(b);
-      uint32_t qh;
-      std::memcpy(&qh, b + 2, 4);
-      const uint8_t* qs = b + 6;
-      for (int j = 0; j < 16; ++j) {
-        const int lo = (qs[j] & 0xF) | (((qh >> j) & 1) << 4);
-        const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-        w[j] = d * (lo - 16);
-        w[j + 16] = d * (hi - 16);
-      }
-      return;
-    }
-    case GgmlType::kQ4_K: {
-      const float d = F16(b), dmin = F16(b + 2);
-      const uint8_t* s = b + 4;
-      const uint8_t* qs = b + 16;
-      for (int j = 0; j < 8; ++j) {
-        int sc, m;
-        if (j < 4) {
-          sc = s[j] & 63;
-          m = s[j + 4] & 63;
-        } else {
-          sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-          m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-        const int c = j / 2;
-        for (int l = 0; l < 32; ++l) {
-          const int q = (j % 2 == 0) ? (qs[32 * c + l] & 0xF) : (qs[32 * c + l] >> 4);
-          w[32 * j + l] = d * sc * q - dmin * m;
-        }
-      }
-      return;
-    }
-    case GgmlType::kQ6_K: {
-      const float d = F16(b + 208);
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* ql = b + 64 * h;
-        const uint8_t* qh = b + 128 + 32 * h;
-        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h);
-        float* o = w + 128 * h;
-        for (int l = 0; l < 32; ++l) {
-          const int q1 = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
-          const int q2 = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-          const int q3 = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-          const int q4 = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-          const int s = l / 16;
-          o[l] = d * sc[s + 0] * (q1 - 32);
-          o[l + 32] = d * sc[s + 2] * (q2 - 32);
-          o[l + 64] = d * sc[s + 4] * (q3 - 32);
-          o[l + 96] = d * sc[s + 6] * (q4 - 32);
-        }
-      }
-      return;
-    }
-    default:
-      FAIL("no test dequantizer for ", TypeName(type));
-  }
+  return formats::F16ToF32(h);
 }
 
 std::vector<float> DequantRows(GgmlType type, const uint8_t* data, uint64_t n_elems) {
-  const formats::GgmlTypeTraits tr = formats::TraitsOf(type);
   std::vector<float> out(n_elems);
-  for (uint64_t b = 0; b < n_elems / tr.block_elems; ++b) {
-    DequantBlock(type, data + b * tr.block_bytes, out.data() + b * tr.block_elems);
-  }
+  const absl::Status s = formats::DequantizeBlocks(type, data, n_elems, out.data());
+  REQUIRE_MESSAGE(s.ok(), s.ToString());
   return out;
 }
 
@@ -198,33 +123,17 @@ Stats StatsOf(const std::vector<float>& v) {
 
 // ------------------------------------------------------------------------
 
-TEST_CASE("the test dequantizer reproduces llama.cpp's vectors") {
-  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ5_0, GgmlType::kQ8_0,
-                     GgmlType::kF16}) {
-    CAPTURE(TypeName(t));
-    const std::string dir = testing::SharedDir() + "/oracle/dequant/";
-    const std::string blocks = ReadFile(dir + TypeName(t) + ".blocks");
-    const std::string want_bytes = ReadFile(dir + TypeName(t) + ".f32");
-    const formats::GgmlTypeTraits tr = formats::TraitsOf(t);
-    const uint64_t n = blocks.size() / tr.block_bytes * tr.block_elems;
-    REQUIRE(want_bytes.size() == n * 4);
-    const std::vector<float> got =
-        DequantRows(t, reinterpret_cast<const uint8_t*>(blocks.data()), n);
-    REQUIRE(std::memcmp(got.data(), want_bytes.data(), n * 4) == 0);
-  }
-}
-
 TEST_CASE("half conversion rounds to nearest and keeps subnormals") {
-  CHECK(FloatToHalf(1.0f) == 0x3c00);
-  CHECK(FloatToHalf(-2.0f) == 0xc000);
-  CHECK(FloatToHalf(65504.0f) == 0x7bff);
-  CHECK(FloatToHalf(65520.0f) == 0x7c00);
-  CHECK(FloatToHalf(std::ldexp(1.0f, -24)) == 0x0001);
-  CHECK(FloatToHalf(std::ldexp(1.0f, -14)) == 0x0400);
-  CHECK(FloatToHalf(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);  // tie -> even
-  CHECK(FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);
+  CHECK(formats::F32ToF16(1.0f) == 0x3c00);
+  CHECK(formats::F32ToF16(-2.0f) == 0xc000);
+  CHECK(formats::F32ToF16(65504.0f) == 0x7bff);
+  CHECK(formats::F32ToF16(65520.0f) == 0x7c00);
+  CHECK(formats::F32ToF16(std::ldexp(1.0f, -24)) == 0x0001);
+  CHECK(formats::F32ToF16(std::ldexp(1.0f, -14)) == 0x0400);
+  CHECK(formats::F32ToF16(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);  // tie -> even
+  CHECK(formats::F32ToF16(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);
   for (uint32_t h = 0; h < 0x7c00; ++h) {  // every finite positive half round-trips
-    REQUIRE(FloatToHalf(HalfToFloat(static_cast<uint16_t>(h))) == h);
+    REQUIRE(formats::F32ToF16(formats::F16ToF32(static_cast<uint16_t>(h))) == h);
   }
 }
 
@@ -383,10 +292,10 @@ TEST_CASE("weights are zero-mean with std 0.5/sqrt(row length)") {
     for (uint64_t b = 0; b < buf.size() / tr.block_bytes; ++b) {
       const uint8_t* blk = buf.data() + b * tr.block_bytes;
       if (c.type == GgmlType::kQ4_K) {
-        REQUIRE(std::isfinite(F16(blk)));
-        REQUIRE(std::isfinite(F16(blk + 2)));
+        REQUIRE(std::isfinite(F16At(blk)));
+        REQUIRE(std::isfinite(F16At(blk + 2)));
       } else if (c.type == GgmlType::kQ6_K) {
-        REQUIRE(std::isfinite(F16(blk + 208)));
+        REQUIRE(std::isfinite(F16At(blk + 208)));
       }
     }
   }
