@@ -66,14 +66,14 @@ class ModelFileBuilder {
   }
 
   static absl::StatusOr<std::shared_ptr<ModelFile>> FromDpl(std::shared_ptr<DplFile> dpl,
-                                                            const std::string& path) {
+                                                            const std::string& path, bool inflate) {
     auto m = std::make_shared<ModelFile>();
     m->container_ = "dpl";
     m->path_ = path;
     m->metadata_ = dpl->metadata();
     const uint8_t* region = dpl->data_region();
     std::shared_ptr<std::vector<uint8_t>> decompressed;
-    if (region == nullptr) {
+    if (region == nullptr && inflate) {
       // Compressed shipping form: inflate the data region once, in parallel.
       decompressed = std::make_shared<std::vector<uint8_t>>(dpl->header().data_bytes);
       const int threads = std::max(1u, std::thread::hardware_concurrency());
@@ -92,7 +92,7 @@ class ModelFileBuilder {
       v.row_stride = t.row_stride;
       v.n_bytes = t.n_bytes;
       v.data_offset = t.offset;
-      v.data = region + t.offset;
+      v.data = region == nullptr ? nullptr : region + t.offset;
       m->tensors_.push_back(std::move(v));
     }
     struct Owner {
@@ -104,7 +104,9 @@ class ModelFileBuilder {
   }
 };
 
-absl::StatusOr<std::shared_ptr<ModelFile>> ModelFile::Open(const std::string& path) {
+namespace {
+
+absl::StatusOr<std::shared_ptr<ModelFile>> OpenModel(const std::string& path, bool inflate) {
   auto mapped = MappedFile::Open(path);
   if (!mapped.ok()) return mapped.status();
   const std::shared_ptr<MappedFile> m = *mapped;
@@ -120,10 +122,20 @@ absl::StatusOr<std::shared_ptr<ModelFile>> ModelFile::Open(const std::string& pa
     if (!dpl.ok()) {
       return absl::Status(dpl.status().code(), absl::StrCat(path, ": ", dpl.status().message()));
     }
-    return ModelFileBuilder::FromDpl(std::make_shared<DplFile>(std::move(*dpl)), path);
+    return ModelFileBuilder::FromDpl(std::make_shared<DplFile>(std::move(*dpl)), path, inflate);
   }
   return absl::InvalidArgumentError(
       absl::StrCat(path, ": not a model file (neither GGUF nor .dpl magic at offset 0)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ModelFile>> ModelFile::Open(const std::string& path) {
+  return OpenModel(path, /*inflate=*/true);
+}
+
+absl::StatusOr<std::shared_ptr<ModelFile>> ModelFile::OpenIndex(const std::string& path) {
+  return OpenModel(path, /*inflate=*/false);
 }
 
 }  // namespace dpl::formats

@@ -41,7 +41,7 @@ struct TensorView {
   uint64_t row_stride = 0;   // bytes from one row to the next
   uint64_t n_bytes = 0;      // n_rows * row_stride
   uint64_t data_offset = 0;  // offset inside the file's data region
-  const uint8_t* data = nullptr;  // (n_rows, row_stride) bytes
+  const uint8_t* data = nullptr;  // (n_rows, row_stride) bytes; null: see OpenIndex
 };
 
 class ModelFile {
@@ -49,7 +49,12 @@ class ModelFile {
 
  public:
   // Opens a GGUF or .dpl file (detected by magic) and validates it fully.
+  // A compressed .dpl is inflated into host memory so every view has data.
   static absl::StatusOr<std::shared_ptr<ModelFile>> Open(const std::string& path);
+  // Same validation, but the tensor views of a compressed .dpl have
+  // data == nullptr (nothing is inflated): for callers that need only the
+  // metadata and the tensor table, such as the CUDA loader.
+  static absl::StatusOr<std::shared_ptr<ModelFile>> OpenIndex(const std::string& path);
 
   absl::string_view container() const { return container_; }  // "gguf" or "dpl"
   const std::string& path() const { return path_; }

@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_format.h"
 #include "formats/model_file.h"
-#include "runtime/generate/decoder.h"
+#include "runtime/device.h"
 #include "runtime/generate/generate.h"
 #include "runtime/generate/sampler.h"
 #include "runtime/tokenizer/chat_template.h"
@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
       ("all-logits", "with --tokens: keep the logits of every position")
       ("dump-logits", "write float32 logits [positions][n_vocab] to this file",
        cxxopts::value<std::string>())
-      ("device", "cpu (the float64 reference) or cuda", cxxopts::value<std::string>()->default_value("cpu"))
+      ("device", "cuda (the GPU runtime) or cpu (the float64 reference)",
+       cxxopts::value<std::string>()->default_value("cuda"))
       ("t,threads", "CPU threads (0: all)", cxxopts::value<int>()->default_value("0"))
       ("h,help", "show this help");
   cxxopts::ParseResult args;
@@ -108,19 +109,23 @@ int main(int argc, char** argv) {
   if (!args.count("model")) return Fail("no model: use -m MODEL");
 
   const auto t_load = std::chrono::steady_clock::now();
-  auto model = dpl::formats::ModelFile::Open(args["model"].as<std::string>());
+  const std::string model_path = args["model"].as<std::string>();
+  auto model = dpl::formats::ModelFile::OpenIndex(model_path);  // metadata only
   if (!model.ok()) return Fail(model.status().message());
   auto tok = dpl::tokenizer::Tokenizer::FromMetadata((*model)->metadata());
   if (!tok.ok()) return Fail(tok.status().message());
-  dpl::generate::DecoderOptions dopt;
+  dpl::runtime::DeviceOptions dopt;
   dopt.device = args["device"].as<std::string>();
   dopt.threads = args["threads"].as<int>();
   dopt.n_ctx = args["ctx-size"].as<int64_t>();
-  auto decoder = dpl::generate::CreateDecoder(*model, dopt);
+  auto decoder = dpl::runtime::CreateDecoder(model_path, dopt);
   if (!decoder.ok()) return Fail(decoder.status().message());
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   dpl::generate::Decoder& dec = **decoder;
+  if (const std::string report = dec.LoadReport(); !report.empty()) {
+    std::fprintf(stderr, "%s\n", report.c_str());
+  }
 
   // --tokens: evaluate ids, optionally dump logits.
   if (args.count("tokens")) {

@@ -1,6 +1,7 @@
-// compare_logits A.f32 B.f32 MAX_REL: RMS(A - B) / RMS(B) over two float32
-// files of the same size; exit 0 when below MAX_REL, 1 otherwise (or on bad
-// input, or a non-finite value in A).
+// compare_logits A.f32 B.f32 MAX_REL [ROWS]: RMS(A - B) / RMS(B) over two
+// float32 files; exit 0 when below MAX_REL, 1 otherwise (or on bad input, or
+// a non-finite value in A). With ROWS, B holds ROWS rows and A is compared by
+// its last ROWS rows of the same width (A may hold more rows before them).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,14 +21,22 @@ static bool ReadF32(const char* path, std::vector<float>* out) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: compare_logits A.f32 B.f32 MAX_REL\n");
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: compare_logits A.f32 B.f32 MAX_REL [ROWS]\n");
     return 1;
   }
   std::vector<float> a, b;
   if (!ReadF32(argv[1], &a) || !ReadF32(argv[2], &b)) {
     std::fprintf(stderr, "compare_logits: cannot read %s or %s\n", argv[1], argv[2]);
     return 1;
+  }
+  if (argc == 5) {
+    const long rows = std::atol(argv[4]);
+    if (rows <= 0 || b.size() % rows != 0 || a.size() < b.size() || a.size() % (b.size() / rows) != 0) {
+      std::fprintf(stderr, "compare_logits: %s cannot hold the last %ld rows of %s\n", argv[1], rows, argv[2]);
+      return 1;
+    }
+    a.erase(a.begin(), a.end() - b.size());
   }
   if (a.size() != b.size() || a.empty()) {
     std::fprintf(stderr, "compare_logits: sizes differ (%zu vs %zu floats)\n", a.size(), b.size());

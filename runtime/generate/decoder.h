@@ -10,7 +10,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "formats/model_file.h"
 
 namespace dpl::generate {
 
@@ -30,16 +29,8 @@ class Decoder {
                             std::vector<float>* all) = 0;
   // Drops cached positions >= n (n <= n_past()).
   virtual absl::Status Rewind(int64_t n) = 0;
+  // One line for the user about what loading took (sizes, speed); may be empty.
+  virtual std::string LoadReport() const { return ""; }
 };
-
-struct DecoderOptions {
-  std::string device = "cpu";  // "cpu" (the float64 reference)
-  int threads = 0;             // cpu: 0 = all cores
-  int64_t n_ctx = 0;           // 0: the model's context length, capped at 4096
-};
-
-// Creates the decoder for options.device; errors name an unknown device.
-absl::StatusOr<std::unique_ptr<Decoder>> CreateDecoder(std::shared_ptr<formats::ModelFile> model,
-                                                       const DecoderOptions& options);
 
 }  // namespace dpl::generate

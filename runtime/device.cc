@@ -1,13 +1,15 @@
-#include "runtime/generate/decoder.h"
+#include "runtime/device.h"
 
 #include "absl/strings/str_cat.h"
+#include "formats/model_file.h"
+#include "runtime/cuda/cuda_decoder.h"
 #include "runtime/reference/reference_model.h"
 
-namespace dpl::generate {
+namespace dpl::runtime {
 namespace {
 
 // The CPU device: one reference forward pass per token.
-class CpuDecoder : public Decoder {
+class CpuDecoder : public generate::Decoder {
  public:
   explicit CpuDecoder(std::unique_ptr<reference::ReferenceModel> model)
       : model_(std::move(model)) {}
@@ -54,22 +56,28 @@ class CpuDecoder : public Decoder {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Decoder>> CreateDecoder(std::shared_ptr<formats::ModelFile> model,
-                                                       const DecoderOptions& options) {
+absl::StatusOr<std::unique_ptr<generate::Decoder>> CreateDecoder(const std::string& path,
+                                                                 const DeviceOptions& options) {
   if (options.device == "cpu") {
+    auto model = formats::ModelFile::Open(path);
+    if (!model.ok()) return model.status();
     reference::ReferenceOptions ro;
     ro.threads = options.threads;
     ro.n_ctx = options.n_ctx;
-    auto ref = reference::ReferenceModel::Load(std::move(model), ro);
+    auto ref = reference::ReferenceModel::Load(std::move(*model), ro);
     if (!ref.ok()) return ref.status();
-    return std::unique_ptr<Decoder>(new CpuDecoder(std::move(*ref)));
+    return std::unique_ptr<generate::Decoder>(new CpuDecoder(std::move(*ref)));
   }
   if (options.device == "cuda") {
-    return absl::UnimplementedError(
-        "--device cuda: the CUDA runtime is not part of this build yet; use --device cpu");
+    CudaDecoderOptions co;
+    co.n_ctx = options.n_ctx;
+    co.max_batch = options.max_batch;
+    auto cuda = CudaDecoder::Create(path, co);
+    if (!cuda.ok()) return cuda.status();
+    return std::unique_ptr<generate::Decoder>(std::move(*cuda));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown device '", options.device, "' (expected cpu or cuda)"));
+      absl::StrCat("unknown device '", options.device, "' (expected cuda or cpu)"));
 }
 
-}  // namespace dpl::generate
+}  // namespace dpl::runtime

@@ -1,0 +1,378 @@
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/attention_split.h"
+#include "kernels/cuda_check.h"
+
+namespace dpl::kernels {
+namespace {
+
+constexpr int kThreads = 128;  // 4 warps per (kv head, split) block
+constexpr int kTile = 128;     // positions scored before one softmax update
+constexpr int kUnroll = 4;     // 16-byte K (or V) loads in flight per thread
+
+__device__ __forceinline__ void HalfsToFloats(const uint4& raw, float* f) {
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __half22float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
+// Rows t0 + base + grp + u * NGRP (u < kUnroll) of one head's cache, this
+// lane's 16 bytes of each; rows at or past n_t read as zeros (not loaded).
+template <int NGRP>
+__device__ __forceinline__ void LoadRows(const __half* base_ptr, int t0, int base, int grp, int n_t,
+                                         uint4* raw) {
+  constexpr int HD = kThreads / NGRP * 8;
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int p = base + grp + u * NGRP;
+    raw[u] = p < n_t ? __ldg(reinterpret_cast<const uint4*>(base_ptr + (size_t)(t0 + p) * HD))
+                     : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Split kernel, block (s, kvh): for the G query heads h = kvh * G + g and the
+// positions t in split s's chunk [t_begin, t_end):
+//   x_t = (q_h . k_t) * log2(e) / sqrt(HD)          (scores in the log2 domain)
+//   m = max_t x_t,  l = sum_t 2^(x_t - m),  acc = sum_t 2^(x_t - m) v_t
+// written to the workspace unnormalized; the combine kernel merges splits.
+// Thread mapping (both passes): a row of HD halves is read by LPR = HD/8 lanes,
+// 16 bytes (8 dims) each, so one warp instruction loads 512 B of whole rows
+// and NGRP = 128/LPR rows are in flight per block per unrolled step.
+// Pass 1 scores a tile of up to kTile positions into shared memory (dot
+// partials summed by an xor butterfly inside the LPR lanes), one softmax
+// update per tile rescales the running state, pass 2 reads V for the tile.
+template <int HD, int G>
+__global__ void __launch_bounds__(kThreads) AttnSplitKernel(
+    const float* __restrict__ q,         // (n_head, HD)
+    const __half* __restrict__ k_cache,  // (n_head_kv, n_ctx, HD)
+    const __half* __restrict__ v_cache,  // (n_head_kv, n_ctx, HD)
+    const int* __restrict__ d_pos, int n_ctx, int max_splits, float scale_log2,
+    float* __restrict__ ws_acc,  // (n_head, max_splits, HD)
+    float* __restrict__ ws_ml) {  // (n_head, max_splits, 2): (m, l)
+  constexpr int LPR = HD / 8;
+  constexpr int NGRP = kThreads / LPR;
+  constexpr int kStep = NGRP * kUnroll;
+  static_assert(G >= 1 && G <= 8, "GQA group of 1..8 query heads");
+  // [t][g] scores, then probabilities; rows of 8 so pass 2 reads two float4.
+  __shared__ __align__(16) float s_p[kTile][8];
+  __shared__ float s_scale[8];
+  __shared__ __align__(16) float s_red[NGRP][G][HD];
+
+  int kv_len = *d_pos + 1;
+  kv_len = kv_len < n_ctx ? kv_len : n_ctx;
+  kv_len = kv_len > 1 ? kv_len : 1;
+  const int n_act = AttnActiveSplits(kv_len, max_splits);
+  const int s = blockIdx.x, kvh = blockIdx.y;
+  if (s >= n_act) return;  // the combine kernel reads only the active splits
+  const int chunk = AttnChunk(kv_len, n_act);
+  const int t_begin = s * chunk;
+  const int t_end = min(kv_len, t_begin + chunk);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int row_lane = tid % LPR, grp = tid / LPR;
+
+  float qr[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float4* qp = reinterpret_cast<const float4*>(q + (size_t)(kvh * G + g) * HD + row_lane * 8);
+    const float4 a = qp[0], b = qp[1];
+    qr[g][0] = a.x * scale_log2; qr[g][1] = a.y * scale_log2;
+    qr[g][2] = a.z * scale_log2; qr[g][3] = a.w * scale_log2;
+    qr[g][4] = b.x * scale_log2; qr[g][5] = b.y * scale_log2;
+    qr[g][6] = b.z * scale_log2; qr[g][7] = b.w * scale_log2;
+  }
+  float acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+  // Warp w keeps the running (m, l) of heads w and w + 4 (all lanes alike).
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  const size_t head_base = (size_t)kvh * n_ctx * HD + row_lane * 8;
+  const __half* kb = k_cache + head_base;
+  const __half* vb = v_cache + head_base;
+
+  for (int t0 = t_begin; t0 < t_end; t0 += kTile) {
+    const int n_t = min(kTile, t_end - t0);
+    // Pass 1: scores. Loop bounds are warp-uniform (the butterfly needs all lanes).
+    // Software pipelined: the next batch's loads are issued before this
+    // batch's math, so 2 * kUnroll 16-byte loads per thread are in flight.
+    uint4 raw[kUnroll];
+    LoadRows<NGRP>(kb, t0, 0, grp, n_t, raw);
+    for (int base = 0; base < n_t; base += kStep) {
+      uint4 nxt[kUnroll];
+      LoadRows<NGRP>(kb, t0, base + kStep, grp, n_t, nxt);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        float kf[8];
+        HalfsToFloats(raw[u], kf);
+        float dot[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          float a = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) a = fmaf(qr[g][e], kf[e], a);
+          dot[g] = a;
+        }
+#pragma unroll
+        for (int o = LPR / 2; o > 0; o >>= 1)
+#pragma unroll
+          for (int g = 0; g < G; ++g) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
+        // Lane g of the row stores head g's score (constant-index select keeps
+        // dot[] in registers).
+        float mine = dot[0];
+#pragma unroll
+        for (int g = 1; g < G; ++g) mine = row_lane == g ? dot[g] : mine;
+        const int p = base + grp + u * NGRP;
+        if (p < n_t && row_lane < G) s_p[p][row_lane] = mine;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) raw[u] = nxt[u];
+    }
+    // V's first batch flies during the softmax update.
+    LoadRows<NGRP>(vb, t0, 0, grp, n_t, raw);
+    __syncthreads();
+    // Softmax update, one warp per head (heads warp and warp + 4).
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int g = warp + 4 * j;
+      if (g < G) {
+        float mx = -INFINITY;
+        for (int p = lane; p < n_t; p += 32) mx = fmaxf(mx, s_p[p][g]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_new = fmaxf(m_run[j], mx);
+        float sum = 0.0f;
+        for (int p = lane; p < n_t; p += 32) {
+          const float e = exp2f(s_p[p][g] - m_new);
+          s_p[p][g] = e;
+          sum += e;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const float sc = exp2f(m_run[j] - m_new);  // 0 on the first tile
+        l_run[j] = l_run[j] * sc + sum;
+        m_run[j] = m_new;
+        if (lane == 0) s_scale[g] = sc;
+      }
+    }
+    __syncthreads();
+    // Pass 2: acc = acc * scale + sum_t p_t v_t.
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float sc = s_scale[g];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= sc;
+    }
+    for (int base = 0; base < n_t; base += kStep) {
+      uint4 nxt[kUnroll];
+      LoadRows<NGRP>(vb, t0, base + kStep, grp, n_t, nxt);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int p = base + grp + u * NGRP;
+        if (p < n_t) {
+          float vf[8];
+          HalfsToFloats(raw[u], vf);
+          const float4 pa = *reinterpret_cast<const float4*>(&s_p[p][0]);
+          const float4 pb = *reinterpret_cast<const float4*>(&s_p[p][4]);
+          const float pr[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+          for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pr[g], vf[e], acc[g][e]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) raw[u] = nxt[u];
+    }
+    __syncthreads();  // s_p is rewritten by the next tile
+  }
+
+  // Sum the NGRP row groups' accumulators, write the split's partials.
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float4* dst = reinterpret_cast<float4*>(&s_red[grp][g][row_lane * 8]);
+    dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+    dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+  }
+  __syncthreads();
+  for (int o = tid; o < G * HD; o += kThreads) {
+    const int g = o / HD, d = o % HD;
+    float a = 0.0f;
+#pragma unroll
+    for (int r = 0; r < NGRP; ++r) a += s_red[r][g][d];
+    ws_acc[((size_t)(kvh * G + g) * max_splits + s) * HD + d] = a;
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int g = warp + 4 * j;
+    if (g < G && lane == 0) {
+      float* ml = ws_ml + ((size_t)(kvh * G + g) * max_splits + s) * 2;
+      ml[0] = m_run[j];
+      ml[1] = l_run[j];
+    }
+  }
+}
+
+// Combine, block h (query head), kCombineParts * HD threads:
+//   M = max_s m_s,  out[h][d] = sum_s 2^(m_s - M) acc_s[d] / sum_s 2^(m_s - M) l_s
+// The split weights are computed once into shared memory; thread (part, d)
+// sums the splits s = part (mod kCombineParts), 4 loads in flight, then the
+// parts are added. (A serial loop over splits costs one L2 latency per split.)
+constexpr int kCombineParts = 4;
+template <int HD>
+__global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
+    const float* __restrict__ ws_acc,  // (n_head, max_splits, HD)
+    const float* __restrict__ ws_ml,   // (n_head, max_splits, 2)
+    const int* __restrict__ d_pos, int n_ctx, int max_splits,
+    float* __restrict__ out) {  // (n_head, HD)
+  __shared__ float s_w[1024];   // max_splits <= 1024 (checked by the planner)
+  __shared__ float s_red[kCombineParts][HD];
+  __shared__ float s_scalar[2];
+  int kv_len = *d_pos + 1;
+  kv_len = kv_len < n_ctx ? kv_len : n_ctx;
+  kv_len = kv_len > 1 ? kv_len : 1;
+  const int n_act = AttnActiveSplits(kv_len, max_splits);
+  const int h = blockIdx.x, tid = threadIdx.x;
+  const float* ml = ws_ml + (size_t)h * max_splits * 2;
+  if (tid < 32) {
+    float m = -INFINITY;
+    for (int s = tid; s < n_act; s += 32) m = fmaxf(m, ml[2 * s]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.0f;
+    for (int s = tid; s < n_act; s += 32) {
+      const float w = exp2f(ml[2 * s] - m);  // 0 for an empty split (m_s = -inf)
+      s_w[s] = w;
+      l = fmaf(w, ml[2 * s + 1], l);
+    }
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (tid == 0) s_scalar[0] = l;
+  }
+  __syncthreads();
+  const int d = tid % HD, part = tid / HD;
+  const float* a = ws_acc + (size_t)h * max_splits * HD + d;
+  float acc = 0.0f;
+  int s = part;
+  for (; s + 3 * kCombineParts < n_act; s += 4 * kCombineParts) {
+    const float a0 = a[(size_t)s * HD], a1 = a[(size_t)(s + kCombineParts) * HD];
+    const float a2 = a[(size_t)(s + 2 * kCombineParts) * HD];
+    const float a3 = a[(size_t)(s + 3 * kCombineParts) * HD];
+    acc = fmaf(s_w[s], a0, acc);
+    acc = fmaf(s_w[s + kCombineParts], a1, acc);
+    acc = fmaf(s_w[s + 2 * kCombineParts], a2, acc);
+    acc = fmaf(s_w[s + 3 * kCombineParts], a3, acc);
+  }
+  for (; s < n_act; s += kCombineParts) acc = fmaf(s_w[s], a[(size_t)s * HD], acc);
+  s_red[part][d] = acc;
+  __syncthreads();
+  if (part == 0) {
+    float t = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kCombineParts; ++p) t += s_red[p][d];
+    out[(size_t)h * HD + d] = t / s_scalar[0];
+  }
+}
+
+using SplitFn = void (*)(const float*, const __half*, const __half*, const int*, int, int, float,
+                         float*, float*);
+
+template <int HD>
+SplitFn PickSplit(int group) {
+  switch (group) {
+    case 1: return AttnSplitKernel<HD, 1>;
+    case 2: return AttnSplitKernel<HD, 2>;
+    case 3: return AttnSplitKernel<HD, 3>;
+    case 4: return AttnSplitKernel<HD, 4>;
+    case 5: return AttnSplitKernel<HD, 5>;
+    case 6: return AttnSplitKernel<HD, 6>;
+    case 7: return AttnSplitKernel<HD, 7>;
+    case 8: return AttnSplitKernel<HD, 8>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_kv, int head_dim,
+                                                        int n_ctx, int num_sms) {
+  if (n_head <= 0 || n_head_kv <= 0 || n_ctx <= 0 || num_sms <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode attention: sizes must be positive (n_head=", n_head, ", n_head_kv=", n_head_kv,
+        ", n_ctx=", n_ctx, ", num_sms=", num_sms, ")"));
+  }
+  if (head_dim != 64 && head_dim != 128) {
+    return absl::UnimplementedError(
+        absl::StrCat("decode attention: head_dim ", head_dim, " (kernels exist for 64 and 128)"));
+  }
+  if (n_head % n_head_kv != 0 || n_head / n_head_kv > 8) {
+    return absl::UnimplementedError(absl::StrCat(
+        "decode attention: n_head ", n_head, " / n_head_kv ", n_head_kv,
+        " must be a whole group of 1..8 query heads per kv head"));
+  }
+  DecodeAttentionPlan plan;
+  plan.n_head = n_head;
+  plan.n_head_kv = n_head_kv;
+  plan.head_dim = head_dim;
+  plan.n_ctx = n_ctx;
+  // One full wave: as many split blocks as fit on the GPU at once.
+  const int group = n_head / n_head_kv;
+  SplitFn split = head_dim == 64 ? PickSplit<64>(group) : PickSplit<128>(group);
+  int per_sm = 0;
+  const cudaError_t occ =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split, kThreads, 0);
+  if (occ != cudaSuccess || per_sm <= 0) per_sm = 2;  // no device: a safe guess
+  int want = (per_sm * num_sms + n_head_kv - 1) / n_head_kv;
+  if (want > 1024) want = 1024;  // the combine kernel's weight table
+  const int by_ctx = (n_ctx + kAttnMinChunk - 1) / kAttnMinChunk;
+  plan.max_splits = want < by_ctx ? want : by_ctx;
+  if (plan.max_splits < 1) plan.max_splits = 1;
+  plan.workspace_floats = static_cast<uint64_t>(n_head) * plan.max_splits * (head_dim + 2);
+  return plan;
+}
+
+absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
+                             const uint16_t* k_cache, const uint16_t* v_cache, const int* d_pos,
+                             float* workspace, float* out, cudaStream_t stream) {
+  if (!q || !k_cache || !v_cache || !d_pos || !workspace || !out) {
+    return absl::InvalidArgumentError("decode attention: null pointer");
+  }
+  if (plan.max_splits <= 0 || plan.n_head_kv <= 0 || plan.n_head % plan.n_head_kv != 0) {
+    return absl::InvalidArgumentError("decode attention: plan not from PlanDecodeAttention");
+  }
+  const int group = plan.n_head / plan.n_head_kv;
+  SplitFn split = plan.head_dim == 64 ? PickSplit<64>(group)
+                  : plan.head_dim == 128 ? PickSplit<128>(group) : nullptr;
+  if (!split) {
+    return absl::UnimplementedError(absl::StrCat("decode attention: head_dim ", plan.head_dim,
+                                                 " group ", group));
+  }
+  float* ws_acc = workspace;
+  float* ws_ml = workspace + static_cast<uint64_t>(plan.n_head) * plan.max_splits * plan.head_dim;
+  const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(plan.head_dim)));
+  const auto* kc = reinterpret_cast<const __half*>(k_cache);
+  const auto* vc = reinterpret_cast<const __half*>(v_cache);
+  split<<<dim3(plan.max_splits, plan.n_head_kv), kThreads, 0, stream>>>(
+      q, kc, vc, d_pos, plan.n_ctx, plan.max_splits, scale_log2, ws_acc, ws_ml);
+  DPL_CUDA_CHECK_LAUNCH();
+  if (plan.head_dim == 64) {
+    AttnCombineKernel<64><<<plan.n_head, 64 * kCombineParts, 0, stream>>>(ws_acc, ws_ml, d_pos, plan.n_ctx,
+                                                          plan.max_splits, out);
+  } else {
+    AttnCombineKernel<128><<<plan.n_head, 128 * kCombineParts, 0, stream>>>(ws_acc, ws_ml, d_pos, plan.n_ctx,
+                                                            plan.max_splits, out);
+  }
+  DPL_CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+}  // namespace dpl::kernels

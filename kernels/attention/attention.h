@@ -1,0 +1,48 @@
+// Decode attention: one new query token against an f16 KV cache, grouped-query
+// (query head h reads kv head h / (n_head / n_head_kv)), causal over keys
+// 0..pos with pos = *d_pos, scale 1/sqrt(head_dim). Flash-decoding: a split
+// kernel (grid max_splits x n_head_kv; each block takes one chunk of positions
+// for one kv head and all its query heads, so K/V bytes are loaded once per
+// GQA group) writes partial (max, sum, acc) per query head, then a combine
+// kernel merges them. See attention_split.h for how the fixed grid adapts to
+// the current length.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+
+namespace dpl::kernels {
+
+struct DecodeAttentionPlan {
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;    // 64 or 128
+  int n_ctx = 0;       // cache rows per kv head
+  int max_splits = 0;  // split-kernel blocks per kv head (grid.x)
+  // Floats of the caller-allocated workspace: per query head and split,
+  // head_dim accumulators plus (max, sum).
+  uint64_t workspace_floats = 0;
+};
+
+// Chooses max_splits so that n_head_kv * max_splits split blocks fill one
+// wave (the kernel's occupancy per SM times num_sms, at most 1024 splits)
+// (num_sms from cudaGetDeviceProperties), but never more splits than
+// ceil(n_ctx / kAttnMinChunk). Errors: head_dim not 64/128, n_head not a
+// multiple of n_head_kv, group (n_head / n_head_kv) above 8, sizes <= 0.
+absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_kv, int head_dim,
+                                                        int n_ctx, int num_sms);
+
+// out = softmax(q k^T / sqrt(head_dim)) v over keys 0..min(*d_pos, n_ctx-1).
+//   q:         (n_head, head_dim) floats (already rotated)
+//   k_cache:   (n_head_kv, n_ctx, head_dim) f16 bits, rows 0..pos valid
+//   v_cache:   (n_head_kv, n_ctx, head_dim) f16 bits
+//   workspace: (plan.workspace_floats) floats, scratch
+//   out:       (n_head, head_dim) floats
+absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
+                             const uint16_t* k_cache, const uint16_t* v_cache, const int* d_pos,
+                             float* workspace, float* out, cudaStream_t stream);
+
+}  // namespace dpl::kernels

@@ -1,0 +1,207 @@
+// Decode attention vs a float64 CPU reference over the same f16 K/V values
+// (tags gpu, manual).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "formats/dequant.h"
+#include "kernels/attention/attention.h"
+
+namespace dpl::kernels {
+namespace {
+
+#define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
+#define STATUS_OK(x)              \
+  do {                            \
+    const absl::Status st_ = (x); \
+    INFO(st_.ToString());         \
+    REQUIRE(st_.ok());            \
+  } while (0)
+
+constexpr float kSentinel = -12345.5f;
+
+struct Setup {
+  int n_head, n_head_kv, hd, n_ctx;
+  std::vector<uint16_t> k, v;  // (n_head_kv, n_ctx, hd)
+  uint16_t* dk = nullptr;
+  uint16_t* dv = nullptr;
+};
+
+void MakeCache(Setup& s, int len) {
+  std::mt19937 rng(len * 31 + s.hd);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const size_t n = size_t(s.n_head_kv) * s.n_ctx * s.hd;
+  s.k.resize(n);
+  s.v.resize(n);
+  for (int h = 0; h < s.n_head_kv; ++h) {
+    for (int p = 0; p < s.n_ctx; ++p) {
+      for (int e = 0; e < s.hd; ++e) {
+        const size_t i = (size_t(h) * s.n_ctx + p) * s.hd + e;
+        // Rows past the current length hold huge values: reading them would show.
+        const bool live = p < len;
+        s.k[i] = formats::F32ToF16(live ? u(rng) : 60000.0f);
+        s.v[i] = formats::F32ToF16(live ? u(rng) : 60000.0f);
+      }
+    }
+  }
+  CUDA_OK(cudaMalloc(&s.dk, n * 2));
+  CUDA_OK(cudaMalloc(&s.dv, n * 2));
+  CUDA_OK(cudaMemcpy(s.dk, s.k.data(), n * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(s.dv, s.v.data(), n * 2, cudaMemcpyHostToDevice));
+}
+
+std::vector<double> Reference(const Setup& s, const std::vector<float>& q, int len) {
+  const int g = s.n_head / s.n_head_kv;
+  std::vector<double> out(size_t(s.n_head) * s.hd, 0.0);
+  std::vector<double> sc(len);
+  for (int h = 0; h < s.n_head; ++h) {
+    const int kvh = h / g;
+    double mx = -1e300;
+    for (int p = 0; p < len; ++p) {
+      double d = 0;
+      const uint16_t* kr = &s.k[(size_t(kvh) * s.n_ctx + p) * s.hd];
+      for (int e = 0; e < s.hd; ++e) d += double(q[h * s.hd + e]) * formats::F16ToF32(kr[e]);
+      sc[p] = d / std::sqrt(double(s.hd));
+      mx = std::max(mx, sc[p]);
+    }
+    double l = 0;
+    for (int p = 0; p < len; ++p) l += (sc[p] = std::exp(sc[p] - mx));
+    for (int p = 0; p < len; ++p) {
+      const uint16_t* vr = &s.v[(size_t(kvh) * s.n_ctx + p) * s.hd];
+      for (int e = 0; e < s.hd; ++e) out[h * s.hd + e] += sc[p] / l * formats::F16ToF32(vr[e]);
+    }
+  }
+  return out;
+}
+
+double NormErr(const std::vector<float>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+void RunCase(int n_head, int n_head_kv, int hd, int n_ctx, int len, float q_scale) {
+  CAPTURE(n_head);
+  CAPTURE(n_head_kv);
+  CAPTURE(hd);
+  CAPTURE(len);
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto plan = PlanDecodeAttention(n_head, n_head_kv, hd, n_ctx, sms);
+  REQUIRE(plan.ok());
+  Setup s{n_head, n_head_kv, hd, n_ctx, {}, {}};
+  MakeCache(s, len);
+  std::mt19937 rng(len + 7);
+  std::normal_distribution<float> nd(0.0f, q_scale);
+  std::vector<float> q(size_t(n_head) * hd);
+  for (auto& x : q) x = nd(rng);
+  float *dq, *dws, *dout;
+  int* dpos;
+  const size_t n_out = q.size();
+  CUDA_OK(cudaMalloc(&dq, n_out * 4));
+  CUDA_OK(cudaMalloc(&dout, (n_out + 16) * 4));
+  CUDA_OK(cudaMalloc(&dws, plan->workspace_floats * 4));
+  CUDA_OK(cudaMalloc(&dpos, 4));
+  CUDA_OK(cudaMemcpy(dq, q.data(), n_out * 4, cudaMemcpyHostToDevice));
+  std::vector<float> init(n_out + 16, kSentinel);
+  CUDA_OK(cudaMemcpy(dout, init.data(), init.size() * 4, cudaMemcpyHostToDevice));
+  const int pos = len - 1;
+  CUDA_OK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
+  STATUS_OK(DecodeAttention(*plan, dq, s.dk, s.dv, dpos, dws, dout, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> got(n_out + 16);
+  CUDA_OK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 16; ++i) REQUIRE(got[n_out + i] == kSentinel);
+  got.resize(n_out);
+  const double err = NormErr(got, Reference(s, q, len));
+  MESSAGE("attention heads " << n_head << "/" << n_head_kv << " hd " << hd << " len " << len
+                             << " q_scale " << q_scale << " (max_splits " << plan->max_splits
+                             << "): normalized error " << err);
+  CHECK(err < 2e-4);
+  cudaFree(dq), cudaFree(dout), cudaFree(dws), cudaFree(dpos), cudaFree(s.dk), cudaFree(s.dv);
+}
+
+TEST_CASE("decode attention, GQA 7:1 (Qwen2.5-7B)") {
+  for (int len : {1, 7, 33, 3254, 32768}) RunCase(28, 4, 128, 32768, len, 1.0f);
+  RunCase(28, 4, 128, 32768, 3254, 6.0f);  // peaky softmax
+}
+
+TEST_CASE("decode attention, GQA 5:1 (Qwen2.5-14B)") {
+  for (int len : {1, 7, 3254, 32768}) RunCase(40, 8, 128, 32768, len, 1.0f);
+}
+
+TEST_CASE("decode attention, head_dim 64 and other groups") {
+  RunCase(14, 2, 64, 4096, 1000, 2.0f);  // Qwen2.5-0.5B shape
+  RunCase(32, 8, 128, 8192, 5000, 2.0f);  // group 4
+  RunCase(8, 8, 64, 2048, 2048, 2.0f);    // no grouping, full cache
+}
+
+TEST_CASE("decode attention in a CUDA graph follows d_pos across replays") {
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int n_ctx = 4096;
+  auto plan = PlanDecodeAttention(28, 4, 128, n_ctx, sms);
+  REQUIRE(plan.ok());
+  Setup s{28, 4, 128, n_ctx, {}, {}};
+  MakeCache(s, n_ctx);
+  std::vector<float> q(28 * 128);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (auto& x : q) x = nd(rng);
+  float *dq, *dws, *dout;
+  int* dpos;
+  CUDA_OK(cudaMalloc(&dq, q.size() * 4));
+  CUDA_OK(cudaMalloc(&dout, q.size() * 4));
+  CUDA_OK(cudaMalloc(&dws, plan->workspace_floats * 4));
+  CUDA_OK(cudaMalloc(&dpos, 4));
+  CUDA_OK(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreate(&st));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  STATUS_OK(DecodeAttention(*plan, dq, s.dk, s.dv, dpos, dws, dout, st));
+  CUDA_OK(cudaStreamEndCapture(st, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int len : {5, 300, 4096, 17}) {
+    const int pos = len - 1;
+    CUDA_OK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    std::vector<float> got(q.size());
+    CUDA_OK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+    const double err = NormErr(got, Reference(s, q, len));
+    MESSAGE("graph replay len " << len << ": normalized error " << err);
+    CHECK(err < 2e-4);
+  }
+  cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaStreamDestroy(st);
+  cudaFree(dq), cudaFree(dout), cudaFree(dws), cudaFree(dpos), cudaFree(s.dk), cudaFree(s.dv);
+}
+
+TEST_CASE("PlanDecodeAttention rejects unsupported shapes") {
+  CHECK(!PlanDecodeAttention(28, 4, 96, 4096, 132).ok());
+  CHECK(!PlanDecodeAttention(28, 3, 128, 4096, 132).ok());
+  CHECK(!PlanDecodeAttention(64, 4, 128, 4096, 132).ok());  // group 16
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto p = PlanDecodeAttention(28, 4, 128, 32768, sms);
+  REQUIRE(p.ok());
+  // One wave of split blocks: at least one per SM, never past n_ctx / 32.
+  CHECK(p->n_head_kv * p->max_splits >= sms);
+  CHECK(p->max_splits <= 32768 / 32);
+  auto small = PlanDecodeAttention(28, 4, 128, 100, sms);
+  REQUIRE(small.ok());
+  CHECK(small->max_splits == 4);  // ceil(100 / 32)
+  CHECK(small->workspace_floats == 28ull * 4 * 130);
+}
+
+}  // namespace
+}  // namespace dpl::kernels

@@ -1,0 +1,137 @@
+#include "kernels/matvec/matvec.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda_check.h"
+#include "kernels/matvec/matvec_kernels.h"
+
+namespace dpl::kernels {
+
+absl::Status AllocateMatVecScratch(int64_t max_cols, int64_t max_tokens, MatVecScratch* scratch) {
+  if (max_cols <= 0 || max_cols % kActBlock != 0 || max_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec scratch: max_cols ", max_cols,
+                                                   " (multiple of 32 needed), max_tokens ",
+                                                   max_tokens));
+  }
+  FreeMatVecScratch(scratch);
+  const int64_t n = max_cols * max_tokens;
+  DPL_CUDA_CHECK(cudaMalloc(&scratch->q, static_cast<size_t>(n)));
+  DPL_CUDA_CHECK(cudaMalloc(&scratch->d, static_cast<size_t>(n / kActBlock) * sizeof(float)));
+  DPL_CUDA_CHECK(cudaMalloc(&scratch->s, static_cast<size_t>(n / kActBlock) * sizeof(float)));
+  scratch->max_cols = max_cols;
+  scratch->max_tokens = max_tokens;
+  scratch->n_cols = 0;
+  scratch->n_tokens = 0;
+  return absl::OkStatus();
+}
+
+void FreeMatVecScratch(MatVecScratch* scratch) {
+  cudaFree(scratch->q);
+  cudaFree(scratch->d);
+  cudaFree(scratch->s);
+  *scratch = MatVecScratch{};
+}
+
+absl::Status QuantizeActivations(const float* x, int64_t n_cols, int64_t n_tokens,
+                                 MatVecScratch* scratch, cudaStream_t stream) {
+  if (scratch == nullptr || scratch->q == nullptr) {
+    return absl::FailedPreconditionError("quantize activations: scratch not allocated");
+  }
+  if (x == nullptr || n_cols <= 0 || n_tokens <= 0 || n_cols % kActBlock != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantize activations: bad input (n_cols ", n_cols, " must be a positive multiple of 32, ",
+        "n_tokens ", n_tokens, ")"));
+  }
+  if (n_cols * n_tokens > scratch->max_cols * scratch->max_tokens || n_tokens > scratch->max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantize activations: ", n_tokens, " x ", n_cols, " exceeds the scratch's ",
+        scratch->max_tokens, " x ", scratch->max_cols));
+  }
+  absl::Status st = LaunchQuantizeActivations(x, n_cols * n_tokens / kActBlock, scratch->q,
+                                              scratch->d, scratch->s, stream);
+  if (!st.ok()) return st;
+  scratch->n_cols = n_cols;
+  scratch->n_tokens = n_tokens;
+  return absl::OkStatus();
+}
+
+absl::Status RunMatVec(const WeightMatrix& w, MatVecKernel kernel, const MatVecIo& io,
+                       cudaStream_t stream) {
+  const std::string what = absl::StrCat("matvec ", MatVecKernelName(kernel), " ", w.n_rows, "x",
+                                        w.n_cols);
+  if (io.y == nullptr || io.n_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": null y or no tokens"));
+  }
+  MatVecArgs a;
+  a.w = static_cast<const uint8_t*>(w.data);
+  a.row_stride = w.row_stride;
+  a.n_rows = static_cast<int>(w.n_rows);
+  a.n_cols = static_cast<int>(w.n_cols);
+  a.n_tokens = static_cast<int>(io.n_tokens);
+  a.y = io.y;
+  a.bias = io.bias;
+  a.residual = io.residual;
+  if (UsesQuantizedActivations(kernel)) {
+    if (io.qx == nullptr || io.qx->q == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": needs quantized activations"));
+    }
+    if (io.qx->n_cols != w.n_cols || io.qx->n_tokens < io.n_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": scratch holds ", io.qx->n_tokens, " x ", io.qx->n_cols,
+          " quantized activations, need ", io.n_tokens, " x ", w.n_cols));
+    }
+    a.xq = io.qx->q;
+    a.xd = io.qx->d;
+    a.xs = io.qx->s;
+  } else {
+    if (io.x == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null x"));
+    a.x = io.x;
+    // The vector kernels load x with 16-byte loads: fall back when x is not
+    // 16-byte aligned.
+    if (reinterpret_cast<uintptr_t>(io.x) % 16 != 0) {
+      if (kernel == MatVecKernel::kF32) kernel = MatVecKernel::kF32Scalar;
+      if (kernel == MatVecKernel::kF16) kernel = MatVecKernel::kF16Scalar;
+    }
+  }
+  // Defaults measured on the H200 (matvec_geometry.h). The tiled kernel
+  // never splits k, so for short matrices it sums in a different order than
+  // the single-token kernel (agreement ~1e-7, not bitwise).
+  const int tile = io.n_tokens == 1 ? 1 : kTokenTile;
+  const int ksplit = io.force_ksplit != 0 ? io.force_ksplit
+                                          : (tile == 1 ? KSplitFor(w.n_rows) : 1);
+  MatVecGrid grid;
+  absl::Status st = MatVecGridFor(w.n_rows, io.n_tokens, tile, ksplit, &grid);
+  if (!st.ok()) return st;
+  const int depth = io.force_depth != 0 ? io.force_depth : DecodeDepthFor(w.n_rows);
+  return LaunchMatVec(kernel, a, tile, ksplit, depth, grid.x, grid.y, stream);
+}
+
+absl::Status MatMulTokens(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
+                          const float* bias, const float* residual, MatVecScratch* scratch,
+                          cudaStream_t stream) {
+  MatVecKernel kernel;
+  absl::Status st = PlanMatVec(w, &kernel);
+  if (!st.ok()) return st;
+  MatVecIo io;
+  io.x = x;
+  io.n_tokens = n_tokens;
+  io.y = y;
+  io.bias = bias;
+  io.residual = residual;
+  if (UsesQuantizedActivations(kernel)) {
+    if (scratch == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("matvec ", MatVecKernelName(kernel),
+                                                     ": quantized type needs a scratch"));
+    }
+    st = QuantizeActivations(x, w.n_cols, n_tokens, scratch, stream);
+    if (!st.ok()) return st;
+    io.qx = scratch;
+  }
+  return RunMatVec(w, kernel, io, stream);
+}
+
+absl::Status MatVec(const WeightMatrix& w, const float* x, float* y, const float* bias,
+                    const float* residual, MatVecScratch* scratch, cudaStream_t stream) {
+  return MatMulTokens(w, x, 1, y, bias, residual, scratch, stream);
+}
+
+}  // namespace dpl::kernels

@@ -1,0 +1,81 @@
+// Quantized matrix-times-vector for the decode step (and a token-tiled
+// variant for prompt processing):
+//   y[t] = W x[t] (+ bias) (+ residual[t])      for t < n_tokens
+// W is a device WeightMatrix of type f32, f16, q8_0, q5_0, q4_K (raw GGUF
+// blocks) or q6_K (raw or dpl layout). Quantized types read an int8 copy of x
+// (QuantizeActivations: per 32 values d = max|x|/127, q = rint(x/d)), so
+// their result is W x~ with x~ = d q: ~0.5% relative error vs exact x, see
+// matvec_kernels.cu for why. f32/f16 weights use x exactly.
+//
+// No launcher allocates, synchronizes or copies from the host: everything is
+// preallocated (AllocateMatVecScratch at init) and launched on `stream`, so
+// the calls can be captured into a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/matvec/matvec_plan.h"
+
+namespace dpl::kernels {
+
+// Device buffers for the int8 copy of up to max_tokens activation vectors of
+// up to max_cols values (max_cols a multiple of 32).
+struct MatVecScratch {
+  int8_t* q = nullptr;  // (max_tokens, max_cols) int8
+  float* d = nullptr;   // (max_tokens, max_cols / 32) block scales
+  float* s = nullptr;   // (max_tokens, max_cols / 32) d * sum(q) per block
+  int64_t max_cols = 0;
+  int64_t max_tokens = 0;
+  // Shape of the activations last quantized into this scratch (host-side
+  // record, set when QuantizeActivations enqueues; checked by RunMatVec).
+  int64_t n_cols = 0;
+  int64_t n_tokens = 0;
+};
+
+// cudaMalloc's the buffers (init time only, never inside a step).
+absl::Status AllocateMatVecScratch(int64_t max_cols, int64_t max_tokens, MatVecScratch* scratch);
+void FreeMatVecScratch(MatVecScratch* scratch);
+
+// Quantizes x: (n_tokens, n_cols) f32 on the device into `scratch`, where
+// every quantized matvec reading x then finds it (quantize once, use for Q, K
+// and V). n_cols must be a multiple of 32.
+absl::Status QuantizeActivations(const float* x, int64_t n_cols, int64_t n_tokens,
+                                 MatVecScratch* scratch, cudaStream_t stream);
+
+struct MatVecIo {
+  const float* x = nullptr;             // (n_tokens, n_cols) f32 activations
+  const MatVecScratch* qx = nullptr;    // x quantized (quantized kernels only)
+  int64_t n_tokens = 1;
+  float* y = nullptr;                   // (n_tokens, n_rows)
+  const float* bias = nullptr;          // (n_rows) or null, added for every token
+  const float* residual = nullptr;      // (n_tokens, n_rows) or null; may equal y
+  // 0: KSplitFor(n_rows) for one token, 1 for the tiled kernel
+  // (matvec_geometry.h); 1 or kKSplit forces one (tests and tuning).
+  int force_ksplit = 0;
+  // 0: DecodeDepthFor(n_rows); 2 or 4 forces the single-token kernel's load
+  // depth (the tiled kernel always uses 2).
+  int force_depth = 0;
+};
+
+// The matvec proper for a matrix planned by PlanMatVec (matvec_plan.h). For
+// a quantized kernel, io.qx must hold io.x quantized (same n_cols, n_tokens).
+// n_tokens == 1 runs the decode kernel; more tokens run the tiled kernel
+// (kTokenTile tokens share each weight load).
+absl::Status RunMatVec(const WeightMatrix& w, MatVecKernel kernel, const MatVecIo& io,
+                       cudaStream_t stream);
+
+// Convenience: plan + quantize x (when the type needs it) + RunMatVec, for
+// one token. y: (n_rows); x: (n_cols); bias: (n_rows) or null; residual:
+// (n_rows) or null (may equal y).
+absl::Status MatVec(const WeightMatrix& w, const float* x, float* y, const float* bias,
+                    const float* residual, MatVecScratch* scratch, cudaStream_t stream);
+
+// Same for n_tokens tokens: x (n_tokens, n_cols), y and residual (n_tokens, n_rows).
+absl::Status MatMulTokens(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
+                          const float* bias, const float* residual, MatVecScratch* scratch,
+                          cudaStream_t stream);
+
+}  // namespace dpl::kernels

@@ -1,0 +1,201 @@
+// Times the matvec kernels on Qwen2.5-7B/14B decode shapes (tags manual, needs
+// a GPU). Each shape's weights are replicated into copies totalling > 3x the
+// L2 size and the launches rotate over them, so the timing is of HBM, not L2.
+// Prints per shape: microseconds per call, GB/s of weight bytes, and the
+// fraction of 4.4 TB/s (the H200's measured read bandwidth).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/matvec/matvec.h"
+#include "kernels/matvec/matvec_test_util.h"
+
+namespace dpl::kernels {
+namespace {
+
+using formats::GgmlType;
+using formats::TensorLayout;
+
+constexpr double kPeakGBs = 4400.0;
+
+#define BENCH_CUDA(call)                                                              \
+  do {                                                                                \
+    const cudaError_t e_ = (call);                                                    \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));         \
+      return 1;                                                                       \
+    }                                                                                 \
+  } while (0)
+#define BENCH_OK(expr)                                                                \
+  do {                                                                                \
+    const absl::Status st_ = (expr);                                                  \
+    if (!st_.ok()) {                                                                  \
+      std::fprintf(stderr, "%s\n", st_.ToString().c_str());                           \
+      return 1;                                                                       \
+    }                                                                                 \
+  } while (0)
+
+struct Shape {
+  const char* name;
+  GgmlType type;
+  TensorLayout layout;
+  int64_t n_rows, n_cols;
+  int64_t n_tokens;  // 1: decode; > 1: token-tiled prompt kernel
+};
+
+int BenchShape(const Shape& s, MatVecScratch* scratch, int64_t l2_bytes) {
+  // A few distinct random rows, tiled over the matrix (values don't change
+  // the timing; sane f16 scales keep the math finite).
+  const int64_t distinct = std::min<int64_t>(s.n_rows, 64);
+  const testutil::HostMatrix proto =
+      testutil::RandomMatrix(s.type, s.layout, distinct, s.n_cols, 0, 7);
+  const int64_t stride = proto.row_stride;
+  const int64_t bytes = s.n_rows * stride;
+  const int64_t slot = (bytes + 255) / 256 * 256;
+  int64_t copies = std::max<int64_t>(1, (3 * l2_bytes + bytes - 1) / bytes);
+  copies = std::min<int64_t>(copies, 64);
+  std::vector<uint8_t> host(static_cast<size_t>(bytes));
+  for (int64_t r = 0; r < s.n_rows; ++r) {
+    std::memcpy(host.data() + r * stride, proto.bytes.data() + (r % distinct) * stride,
+                static_cast<size_t>(stride));
+  }
+  uint8_t* dw = nullptr;
+  BENCH_CUDA(cudaMalloc(&dw, static_cast<size_t>(slot * copies)));
+  BENCH_CUDA(cudaMemcpy(dw, host.data(), host.size(), cudaMemcpyHostToDevice));
+  for (int64_t c = 1; c < copies; ++c) {
+    BENCH_CUDA(cudaMemcpy(dw + c * slot, dw, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
+  }
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(s.n_cols * s.n_tokens));
+  for (auto& v : x) v = normal(rng);
+  float *dx = nullptr, *dy = nullptr;
+  BENCH_CUDA(cudaMalloc(&dx, x.size() * 4));
+  BENCH_CUDA(cudaMalloc(&dy, static_cast<size_t>(s.n_rows * s.n_tokens) * 4));
+  BENCH_CUDA(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+
+  WeightMatrix w;
+  w.type = s.type;
+  w.layout = s.layout;
+  w.n_rows = s.n_rows;
+  w.n_cols = s.n_cols;
+  w.row_stride = stride;
+  w.data = dw;
+  MatVecKernel kernel;
+  BENCH_OK(PlanMatVec(w, &kernel));
+  const bool quant = UsesQuantizedActivations(kernel);
+  if (quant) BENCH_OK(QuantizeActivations(dx, s.n_cols, s.n_tokens, scratch, nullptr));
+  MatVecIo io;
+  io.x = dx;
+  io.qx = quant ? scratch : nullptr;
+  io.n_tokens = s.n_tokens;
+  io.y = dy;
+
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  const int iters = s.n_tokens > 1 ? 20 : 200;
+  auto time_loop = [&](bool with_quantize, float* ms) -> absl::Status {
+    for (int warm = 0; warm < 2; ++warm) {
+      if (cudaEventRecord(e0) != cudaSuccess) return absl::InternalError("event");
+      for (int i = 0; i < iters; ++i) {
+        w.data = dw + (i % copies) * slot;
+        if (with_quantize && quant) {
+          absl::Status st = QuantizeActivations(dx, s.n_cols, s.n_tokens, scratch, nullptr);
+          if (!st.ok()) return st;
+        }
+        absl::Status st = RunMatVec(w, kernel, io, nullptr);
+        if (!st.ok()) return st;
+      }
+      if (cudaEventRecord(e1) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess) {
+        return absl::InternalError(absl::StrCat("timing loop: ", cudaGetErrorString(cudaGetLastError())));
+      }
+      if (cudaEventElapsedTime(ms, e0, e1) != cudaSuccess) return absl::InternalError("elapsed");
+    }
+    return absl::OkStatus();
+  };
+  float ms_mv = 0, ms_all = 0;
+  BENCH_OK(time_loop(false, &ms_mv));
+  BENCH_OK(time_loop(true, &ms_all));
+  const double us = ms_mv * 1e3 / iters;
+  const double us_all = ms_all * 1e3 / iters;
+  const double gbs = bytes / (us * 1e-6) / 1e9;
+  std::printf("%-26s %-9s %7ldx%-6ld tok %3ld %7.1f MB x%-2ld ks%d | %8.2f us %7.1f GB/s %5.1f%% | "
+              "+quantize %8.2f us %5.1f%% |",
+              s.name, MatVecKernelName(kernel), static_cast<long>(s.n_rows),
+              static_cast<long>(s.n_cols), static_cast<long>(s.n_tokens), bytes / 1e6,
+              static_cast<long>(copies), KSplitFor(s.n_rows), us, gbs, 100.0 * gbs / kPeakGBs,
+              us_all, 100.0 * bytes / (us_all * 1e-6) / 1e9 / kPeakGBs);
+  // Every k-split / depth variant, for tuning the defaults.
+  const int configs[][2] = {{1, 2}, {1, 4}, {kKSplit, 2}, {kKSplit, 4}};
+  for (const auto& cfg : configs) {
+    if (s.n_tokens > 1 && cfg[1] == 4) continue;
+    io.force_ksplit = cfg[0];
+    io.force_depth = cfg[1];
+    BENCH_OK(time_loop(false, &ms_mv));
+    const double u = ms_mv * 1e3 / iters;
+    std::printf(" ks%d/d%d %.2f us %.1f%%", cfg[0], cfg[1], u,
+                100.0 * bytes / (u * 1e-6) / 1e9 / kPeakGBs);
+  }
+  io.force_ksplit = 0;
+  io.force_depth = 0;
+  std::printf("\n");
+  std::fflush(stdout);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(dx);
+  cudaFree(dy);
+  cudaFree(dw);
+  return 0;
+}
+
+int Main() {
+  cudaDeviceProp prop;
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs, L2 %d MB; peak used for %%: %.0f GB/s\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, kPeakGBs);
+  MatVecScratch scratch;
+  BENCH_OK(AllocateMatVecScratch(18944, 512, &scratch));
+  const Shape shapes[] = {
+      // Qwen2.5-7B (hidden 3584, ffn 18944, kv 512, vocab 152064)
+      {"7B ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584, 1},
+      {"7B ffn_down q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 18944, 1},
+      {"7B ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584, 18944, 1},
+      {"7B ffn_down q6_K raw", GgmlType::kQ6_K, TensorLayout::kRaw, 3584, 18944, 1},
+      {"7B lm_head q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 152064, 3584, 1},
+      {"7B attn_q/o q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 3584, 1},
+      {"7B attn_k q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584, 1},
+      {"7B attn_v q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 512, 3584, 1},
+      // Qwen2.5-14B (hidden 5120, ffn 13824, kv 1024)
+      {"14B ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 13824, 5120, 1},
+      {"14B ffn_down q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 5120, 13824, 1},
+      {"14B ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 5120, 13824, 1},
+      {"14B lm_head q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 152064, 5120, 1},
+      {"14B attn_q/o q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 5120, 5120, 1},
+      // Other types, same big shape.
+      {"q8_0 18944x3584", GgmlType::kQ8_0, TensorLayout::kRaw, 18944, 3584, 1},
+      {"q5_0 18944x3584", GgmlType::kQ5_0, TensorLayout::kRaw, 18944, 3584, 1},
+      {"f16 18944x3584", GgmlType::kF16, TensorLayout::kRaw, 18944, 3584, 1},
+      {"f32 3584x3584", GgmlType::kF32, TensorLayout::kRaw, 3584, 3584, 1},
+      // Prompt processing: 512 tokens through the tiled kernel.
+      {"7B ffn_gate q4_K x512tok", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584, 512},
+      {"7B ffn_down q6_K x512tok", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584, 18944, 512},
+  };
+  for (const Shape& s : shapes) {
+    if (BenchShape(s, &scratch, prop.l2CacheSize) != 0) return 1;
+  }
+  FreeMatVecScratch(&scratch);
+  return 0;
+}
+
+}  // namespace
+}  // namespace dpl::kernels
+
+int main() { return dpl::kernels::Main(); }

@@ -1,0 +1,148 @@
+#include "kernels/matvec/matvec_plan.h"
+
+#include "absl/strings/str_cat.h"
+#include "formats/q6k_dpl.h"
+
+namespace dpl::kernels {
+
+using formats::GgmlType;
+using formats::TensorLayout;
+
+const char* MatVecKernelName(MatVecKernel k) {
+  switch (k) {
+    case MatVecKernel::kF32: return "f32";
+    case MatVecKernel::kF32Scalar: return "f32_scalar";
+    case MatVecKernel::kF16: return "f16";
+    case MatVecKernel::kF16Scalar: return "f16_scalar";
+    case MatVecKernel::kQ8_0: return "q8_0";
+    case MatVecKernel::kQ5_0: return "q5_0";
+    case MatVecKernel::kQ4K: return "q4_K";
+    case MatVecKernel::kQ6KRaw: return "q6_K_raw";
+    case MatVecKernel::kQ6KDpl: return "q6_K_dpl";
+  }
+  return "?";
+}
+
+bool UsesQuantizedActivations(MatVecKernel k) {
+  switch (k) {
+    case MatVecKernel::kQ8_0:
+    case MatVecKernel::kQ5_0:
+    case MatVecKernel::kQ4K:
+    case MatVecKernel::kQ6KRaw:
+    case MatVecKernel::kQ6KDpl:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int64_t MinRowStride(GgmlType type, TensorLayout layout, int64_t n_cols) {
+  if (n_cols <= 0) return 0;
+  if (layout == TensorLayout::kDplQ6K) {
+    if (type != GgmlType::kQ6_K || n_cols % 256 != 0) return 0;
+    return static_cast<int64_t>(formats::DplQ6KRowStride(static_cast<uint64_t>(n_cols / 256)));
+  }
+  const formats::GgmlTypeTraits tr = formats::TraitsOf(type);
+  if (n_cols % tr.block_elems != 0) return 0;
+  return n_cols / tr.block_elems * tr.block_bytes;
+}
+
+namespace {
+
+bool Aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+}  // namespace
+
+absl::Status PlanMatVec(const WeightMatrix& w, MatVecKernel* kernel) {
+  const absl::string_view tname = formats::TraitsOf(w.type).name;
+  const absl::string_view lname = formats::TensorLayoutName(w.layout);
+  const std::string what = absl::StrCat("matvec: ", tname, "/", lname, " matrix ", w.n_rows, "x",
+                                        w.n_cols, " (row_stride ", w.row_stride, ")");
+  if (w.data == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null data"));
+  if (w.n_rows <= 0 || w.n_cols <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": empty shape"));
+  }
+  if (w.n_cols > (int64_t{1} << 30) || w.n_rows > (int64_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shape too large"));
+  }
+  if (w.layout == TensorLayout::kDplQ6K && w.type != GgmlType::kQ6_K) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": layout dpl_q6k is only defined for q6_K"));
+  }
+  if (w.layout != TensorLayout::kRaw && w.layout != TensorLayout::kDplQ6K) {
+    return absl::UnimplementedError(absl::StrCat(what, ": unsupported layout"));
+  }
+  MatVecKernel k;
+  // Alignment each kernel's loads need: of the base and of every row.
+  uintptr_t align = 2;
+  switch (w.type) {
+    case GgmlType::kF32: {
+      const bool vec = w.n_cols % 4 == 0 && w.row_stride % 16 == 0 && Aligned(w.data, 16);
+      k = vec ? MatVecKernel::kF32 : MatVecKernel::kF32Scalar;
+      align = vec ? 16 : 4;
+      break;
+    }
+    case GgmlType::kF16: {
+      const bool vec = w.n_cols % 8 == 0 && w.row_stride % 16 == 0 && Aligned(w.data, 16);
+      k = vec ? MatVecKernel::kF16 : MatVecKernel::kF16Scalar;
+      align = vec ? 16 : 2;
+      break;
+    }
+    case GgmlType::kQ8_0: k = MatVecKernel::kQ8_0; break;
+    case GgmlType::kQ5_0: k = MatVecKernel::kQ5_0; break;
+    case GgmlType::kQ4_K: k = MatVecKernel::kQ4K; align = 16; break;
+    case GgmlType::kQ6_K:
+      if (w.layout == TensorLayout::kDplQ6K) {
+        k = MatVecKernel::kQ6KDpl;
+        align = 16;
+      } else {
+        k = MatVecKernel::kQ6KRaw;
+      }
+      break;
+    default:
+      return absl::UnimplementedError(absl::StrCat(what, ": no matvec kernel for type ", tname));
+  }
+  const int64_t min_stride = MinRowStride(w.type, w.layout, w.n_cols);
+  if (min_stride == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": n_cols is not a whole number of ", tname, " blocks"));
+  }
+  if (UsesQuantizedActivations(k) && w.n_cols % 32 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": n_cols must be a multiple of 32 (activation quantization)"));
+  }
+  if (w.row_stride < min_stride) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": row_stride below the ", min_stride, " bytes a row needs"));
+  }
+  if (w.row_stride % static_cast<int64_t>(align) != 0 || !Aligned(w.data, align)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": data and row_stride must be ", align, "-byte aligned for kernel ",
+        MatVecKernelName(k)));
+  }
+  *kernel = k;
+  return absl::OkStatus();
+}
+
+absl::Status MatVecGridFor(int64_t n_rows, int64_t n_tokens, int token_tile, int ksplit,
+                           MatVecGrid* grid) {
+  if (n_rows <= 0 || n_tokens <= 0 || token_tile <= 0 || (ksplit != 1 && ksplit != kKSplit)) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec grid: bad sizes n_rows ", n_rows,
+                                                   " n_tokens ", n_tokens));
+  }
+  const int64_t rows = RowsPerCta(ksplit);
+  const int64_t y = (n_rows + rows - 1) / rows;
+  const int64_t x = (n_tokens + token_tile - 1) / token_tile;
+  if (y > kMaxGridY) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec grid: ", n_rows, " rows need ", y,
+                                                   " row blocks, more than ", kMaxGridY));
+  }
+  if (x > (int64_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec grid: too many tokens ", n_tokens));
+  }
+  grid->x = x;
+  grid->y = y;
+  return absl::OkStatus();
+}
+
+}  // namespace dpl::kernels

@@ -1,0 +1,37 @@
+#include "kernels/ops/kv_cache.h"
+
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace dpl::kernels {
+
+absl::StatusOr<KvCacheLayout> MakeKvCacheLayout(int n_layer, int n_kv_head, int n_ctx,
+                                                int head_dim) {
+  if (n_layer <= 0 || n_kv_head <= 0 || n_ctx <= 0 || head_dim <= 0 || head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache layout: need positive n_layer, n_kv_head, n_ctx and an even "
+                     "head_dim; got n_layer=",
+                     n_layer, " n_kv_head=", n_kv_head, " n_ctx=", n_ctx, " head_dim=", head_dim));
+  }
+  return KvCacheLayout{n_layer, n_kv_head, n_ctx, head_dim};
+}
+
+absl::StatusOr<std::vector<double>> RopeInvFreq(double base, int n_rot, double freq_scale) {
+  if (n_rot <= 0 || n_rot % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RoPE table: n_rot must be positive and even, got ", n_rot));
+  }
+  if (!(base > 0) || !(freq_scale > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RoPE table: freq_base and freq_scale must be positive, got ", base, ", ", freq_scale));
+  }
+  std::vector<double> inv(n_rot / 2);
+  for (int i = 0; i < n_rot / 2; ++i) {
+    inv[i] = freq_scale * std::pow(base, -2.0 * i / n_rot);
+  }
+  return inv;
+}
+
+}  // namespace dpl::kernels

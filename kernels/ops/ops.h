@@ -1,0 +1,85 @@
+// Element-wise and per-row kernels of the decode step: RMSNorm (plain and
+// fused with the residual add), residual add, SwiGLU, RoPE fused with the KV
+// cache write, and the token-embedding row gather. All float32 activations.
+//
+// CUDA-graph rules: nothing here allocates, syncs or copies from the host;
+// the position and the token id are read from device memory (d_pos,
+// d_token), so one captured graph serves every decode step.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "formats/ggml_types.h"
+#include "formats/model_file.h"
+
+namespace dpl::kernels {
+
+// y = x * w / sqrt(mean(x^2) + eps), one block per row.
+//   x, y: (n_rows, n) floats (y may alias x); w: (n) floats.
+absl::Status RmsNorm(const float* x, const float* w, float* y, int n_rows, int n, float eps,
+                     cudaStream_t stream);
+
+// Fused residual add + RMSNorm: x += delta; y = x * w / sqrt(mean(x^2) + eps).
+//   x: (n_rows, n) floats, updated in place; delta: (n_rows, n); w: (n);
+//   y: (n_rows, n), must not alias x or delta.
+absl::Status AddRmsNorm(float* x, const float* delta, const float* w, float* y, int n_rows,
+                        int n, float eps, cudaStream_t stream);
+
+// x += delta. x, delta: (n) floats.
+absl::Status Add(float* x, const float* delta, int64_t n, cudaStream_t stream);
+
+// out = silu(gate) * up, silu(g) = g / (1 + exp(-g)) (full-precision expf).
+//   gate, up, out: (n) floats; out may alias gate or up.
+absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n,
+                    cudaStream_t stream);
+
+enum class RopeStyle {
+  kAdjacent,  // llama: pairs (x[2i], x[2i+1])
+  kNeox,      // qwen2 / NEOX: pairs (x[i], x[i + n_rot/2])
+};
+
+// RoPE at position p = *d_pos on q and k, fused with the KV cache write:
+//   (x0, x1) <- (x0 cos t - x1 sin t, x0 sin t + x1 cos t), t = p * inv_freq[i]
+// for pair i < n_rot/2; elements past n_rot pass through unchanged.
+// Precision: inv_freq is a float64 table (RopeInvFreq), the angle, its sin/cos
+// and the rotation are computed in float64 and rounded once to float32 (q) or
+// f16 (k). A float32 angle would be off by up to 2e-3 rad at p = 32768.
+//   q:        (n_head, head_dim) floats, rotated in place
+//   k, v:     (n_head_kv, head_dim) floats, read only
+//   inv_freq: (n_rot / 2) doubles, device memory
+//   k_cache, v_cache: this layer's (n_head_kv, n_ctx, head_dim) f16 bits;
+//             row p of each kv head is written (rotated k, plain v).
+// A position outside [0, n_ctx) rotates q but writes no cache row (a graph
+// kernel cannot report an error; the caller must never step past n_ctx).
+struct RopeKvShape {
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;  // even, <= 256
+  int n_rot = 0;     // even, <= head_dim (usually == head_dim)
+  int n_ctx = 0;     // cache rows per kv head
+};
+absl::Status RopeWriteKv(const RopeKvShape& shape, RopeStyle style, const int* d_pos,
+                         const double* inv_freq, float* q, const float* k, const float* v,
+                         uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
+
+// out = dequantized row *d_token of the embedding table, float32.
+//   table: (n_rows, row_stride) bytes in `layout` (raw GGUF blocks, or dpl
+//          q6_K planes); out: (n_cols) floats.
+// Types: f32, f16, bf16, q8_0, q5_0, q4_K, q6_K (raw or dpl). Values are
+// bit-identical to formats::DequantizeRow (same float32 operation order, no
+// FMA contraction). A token id outside [0, n_rows) writes NaN to every output.
+struct EmbedTable {
+  formats::GgmlType type = formats::GgmlType::kF32;
+  formats::TensorLayout layout = formats::TensorLayout::kRaw;
+  const uint8_t* data = nullptr;  // (n_rows, row_stride) bytes, device memory
+  uint64_t row_stride = 0;
+  int64_t n_rows = 0;
+  int64_t n_cols = 0;
+};
+absl::Status EmbedRow(const EmbedTable& table, const int* d_token, float* out,
+                      cudaStream_t stream);
+
+}  // namespace dpl::kernels

@@ -1,0 +1,303 @@
+// GPU tests of kernels/ops against float64 CPU references (tags gpu, manual).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "formats/dequant.h"
+#include "formats/q6k_dpl.h"
+#include "kernels/ops/kv_cache.h"
+#include "kernels/ops/ops.h"
+
+namespace dpl::kernels {
+namespace {
+
+using formats::F16ToF32;
+using formats::F32ToF16;
+using formats::GgmlType;
+using formats::TensorLayout;
+
+#define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
+#define STATUS_OK(x)                         \
+  do {                                       \
+    const absl::Status st_ = (x);            \
+    INFO(st_.ToString());                    \
+    REQUIRE(st_.ok());                       \
+  } while (0)
+
+constexpr int kGuard = 64;  // sentinel bytes after every output
+
+// Device copy of `bytes` plus kGuard sentinel bytes (0xA5) behind it.
+template <typename T>
+T* Upload(const std::vector<T>& host) {
+  void* p = nullptr;
+  const size_t bytes = host.size() * sizeof(T);
+  REQUIRE(cudaMalloc(&p, bytes + kGuard) == cudaSuccess);
+  REQUIRE(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemset(static_cast<char*>(p) + bytes, 0xA5, kGuard) == cudaSuccess);
+  return static_cast<T*>(p);
+}
+template <typename T>
+std::vector<T> Download(const T* d, size_t n) {
+  std::vector<T> h(n);
+  REQUIRE(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+  return h;
+}
+template <typename T>
+void CheckSentinel(const T* d, size_t n) {
+  std::vector<unsigned char> g(kGuard);
+  REQUIRE(cudaMemcpy(g.data(), reinterpret_cast<const char*>(d) + n * sizeof(T), kGuard,
+                     cudaMemcpyDeviceToHost) == cudaSuccess);
+  for (unsigned char c : g) REQUIRE(c == 0xA5);
+}
+
+double NormErr(const std::vector<float>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / den);
+}
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float mean = 0.0f, float sd = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(mean, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+TEST_CASE("RmsNorm and AddRmsNorm match float64") {
+  for (int n : {896, 3584, 5120, 8192}) {
+    const int rows = 3;
+    const float eps = 1e-6f;
+    auto x = RandomFloats(size_t(rows) * n, n, 0.3f, 2.0f);
+    auto delta = RandomFloats(size_t(rows) * n, n + 1);
+    auto w = RandomFloats(n, n + 2, 1.0f, 0.2f);
+    float* dx = Upload(x);
+    float* dd = Upload(delta);
+    float* dw = Upload(w);
+    float* dy = Upload(std::vector<float>(size_t(rows) * n, 0.0f));
+    STATUS_OK(RmsNorm(dx, dw, dy, rows, n, eps, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<double> ref(size_t(rows) * n);
+    auto ref_norm = [&](const std::vector<float>& xs) {
+      for (int r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int i = 0; i < n; ++i) ss += double(xs[r * n + i]) * xs[r * n + i];
+        const double sc = 1.0 / std::sqrt(ss / n + eps);
+        for (int i = 0; i < n; ++i) ref[r * n + i] = xs[r * n + i] * sc * w[i];
+      }
+    };
+    ref_norm(x);
+    const double e1 = NormErr(Download(dy, ref.size()), ref);
+    MESSAGE("rmsnorm n=" << n << " normalized error " << e1);
+    CHECK(e1 < 2e-6);
+    CheckSentinel(dy, ref.size());
+
+    STATUS_OK(AddRmsNorm(dx, dd, dw, dy, rows, n, eps, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> xsum(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xsum[i] = x[i] + delta[i];
+    CHECK(Download(dx, x.size()) == xsum);  // float add is exact-rounded on both
+    ref_norm(xsum);
+    const double e2 = NormErr(Download(dy, ref.size()), ref);
+    MESSAGE("add+rmsnorm n=" << n << " normalized error " << e2);
+    CHECK(e2 < 2e-6);
+    CheckSentinel(dy, ref.size());
+    CheckSentinel(dx, x.size());
+    cudaFree(dx), cudaFree(dd), cudaFree(dw), cudaFree(dy);
+  }
+}
+
+TEST_CASE("SwiGlu and Add match float64") {
+  const int n = 18944;
+  auto g = RandomFloats(n, 1, 0.0f, 4.0f);
+  auto u = RandomFloats(n, 2);
+  float* dg = Upload(g);
+  float* du = Upload(u);
+  float* dout = Upload(std::vector<float>(n, 0.0f));
+  STATUS_OK(SwiGlu(dg, du, dout, n, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<double> ref(n);
+  for (int i = 0; i < n; ++i) ref[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+  const double e = NormErr(Download(dout, n), ref);
+  MESSAGE("swiglu normalized error " << e);
+  CHECK(e < 2e-6);
+  CheckSentinel(dout, n);
+
+  STATUS_OK(Add(dg, du, n, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  auto sum = Download(dg, n);
+  for (int i = 0; i < n; ++i) REQUIRE(sum[i] == g[i] + u[i]);
+  CheckSentinel(dg, n);
+  cudaFree(dg), cudaFree(du), cudaFree(dout);
+}
+
+void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot, int pos, int n_ctx) {
+  CAPTURE(pos);
+  CAPTURE(n_rot);
+  auto q = RandomFloats(size_t(n_head) * hd, 11 + pos);
+  auto k = RandomFloats(size_t(n_head_kv) * hd, 12 + pos);
+  auto v = RandomFloats(size_t(n_head_kv) * hd, 13 + pos);
+  auto inv = RopeInvFreq(1000000.0, n_rot);
+  REQUIRE(inv.ok());
+  const size_t cache_elems = size_t(n_head_kv) * n_ctx * hd;
+  std::vector<uint16_t> cache_init(cache_elems, 0x3C00);  // 1.0
+  float* dq = Upload(q);
+  float* dk = Upload(k);
+  float* dv = Upload(v);
+  double* dinv = Upload(*inv);
+  uint16_t* dkc = Upload(cache_init);
+  uint16_t* dvc = Upload(cache_init);
+  int* dpos = Upload(std::vector<int>{pos});
+  RopeKvShape sh{n_head, n_head_kv, hd, n_rot, n_ctx};
+  STATUS_OK(RopeWriteKv(sh, style, dpos, dinv, dq, dk, dv, dkc, dvc, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  auto rope_ref = [&](const std::vector<float>& x, int heads) {
+    std::vector<double> r(x.begin(), x.end());
+    for (int h = 0; h < heads; ++h) {
+      for (int i = 0; i < n_rot / 2; ++i) {
+        const int i0 = style == RopeStyle::kNeox ? i : 2 * i;
+        const int i1 = style == RopeStyle::kNeox ? i + n_rot / 2 : 2 * i + 1;
+        const double t = double(pos) * (*inv)[i];
+        const double x0 = x[h * hd + i0], x1 = x[h * hd + i1];
+        r[h * hd + i0] = x0 * std::cos(t) - x1 * std::sin(t);
+        r[h * hd + i1] = x0 * std::sin(t) + x1 * std::cos(t);
+      }
+    }
+    return r;
+  };
+  const double eq = NormErr(Download(dq, q.size()), rope_ref(q, n_head));
+  auto kref = rope_ref(k, n_head_kv);
+  auto kc = Download(dkc, cache_elems);
+  auto vc = Download(dvc, cache_elems);
+  std::vector<float> kgot(k.size());
+  for (int h = 0; h < n_head_kv; ++h) {
+    for (int e = 0; e < hd; ++e) {
+      kgot[h * hd + e] = F16ToF32(kc[(size_t(h) * n_ctx + pos) * hd + e]);
+      REQUIRE(vc[(size_t(h) * n_ctx + pos) * hd + e] == F32ToF16(v[h * hd + e]));
+      // Neighbouring rows untouched.
+      if (pos > 0) REQUIRE(kc[(size_t(h) * n_ctx + pos - 1) * hd + e] == 0x3C00);
+      if (pos + 1 < n_ctx) REQUIRE(vc[(size_t(h) * n_ctx + pos + 1) * hd + e] == 0x3C00);
+    }
+  }
+  const double ek = NormErr(kgot, kref);
+  MESSAGE("rope " << std::string(style == RopeStyle::kNeox ? "neox" : "adjacent") << " pos=" << pos
+                  << " n_rot=" << n_rot << ": q error " << eq << ", k (f16 cache) error " << ek);
+  CHECK(eq < 1e-6);
+  CHECK(ek < 5e-4);
+  CheckSentinel(dq, q.size());
+  CheckSentinel(dkc, cache_elems);
+  CheckSentinel(dvc, cache_elems);
+  cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dinv), cudaFree(dkc), cudaFree(dvc),
+      cudaFree(dpos);
+}
+
+TEST_CASE("RopeWriteKv: both styles, precise angles at long positions, cache rows") {
+  for (RopeStyle st : {RopeStyle::kNeox, RopeStyle::kAdjacent}) {
+    for (int pos : {0, 7, 3253, 32767}) RunRope(st, 28, 4, 128, 128, pos, 32768);
+    RunRope(st, 14, 2, 64, 64, 100, 4096);
+    RunRope(st, 8, 2, 128, 64, 5000, 8192);  // partial rotation: tail passes through
+  }
+}
+
+// Random bytes for a quantized row with sane f16 scales at the given offsets.
+void FillBlocks(std::vector<uint8_t>& bytes, size_t block_bytes, std::vector<size_t> f16_offsets,
+                std::mt19937& rng) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+  for (auto& b : bytes) b = byte(rng);
+  for (size_t blk = 0; blk + block_bytes <= bytes.size(); blk += block_bytes) {
+    for (size_t off : f16_offsets) {
+      const uint16_t h = F32ToF16(scale(rng));
+      bytes[blk + off] = h & 0xFF;
+      bytes[blk + off + 1] = h >> 8;
+    }
+  }
+}
+
+TEST_CASE("EmbedRow is bit-identical to formats::DequantizeRow") {
+  std::mt19937 rng(5);
+  struct Case {
+    GgmlType type;
+    TensorLayout layout;
+    int n_cols;
+  };
+  const Case cases[] = {
+      {GgmlType::kF32, TensorLayout::kRaw, 896},   {GgmlType::kF16, TensorLayout::kRaw, 896},
+      {GgmlType::kBF16, TensorLayout::kRaw, 896},  {GgmlType::kQ8_0, TensorLayout::kRaw, 896},
+      {GgmlType::kQ5_0, TensorLayout::kRaw, 896},  {GgmlType::kQ4_K, TensorLayout::kRaw, 3584},
+      {GgmlType::kQ6_K, TensorLayout::kRaw, 3584}, {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584},
+  };
+  const int n_rows = 6, token = 4;
+  for (const Case& c : cases) {
+    const auto tr = formats::TraitsOf(c.type);
+    CAPTURE(std::string(tr.name));
+    CAPTURE(int(c.layout));
+    const size_t raw_row = size_t(c.n_cols) / tr.block_elems * tr.block_bytes;
+    std::vector<uint8_t> raw(raw_row * n_rows);
+    switch (c.type) {
+      case GgmlType::kF32: {
+        auto f = RandomFloats(size_t(c.n_cols) * n_rows, 3);
+        std::memcpy(raw.data(), f.data(), raw.size());
+        break;
+      }
+      case GgmlType::kF16:
+      case GgmlType::kBF16: {
+        auto f = RandomFloats(size_t(c.n_cols) * n_rows, 4);
+        for (size_t i = 0; i < f.size(); ++i) {
+          const uint16_t h = c.type == GgmlType::kF16 ? F32ToF16(f[i]) : formats::F32ToBf16(f[i]);
+          raw[2 * i] = h & 0xFF;
+          raw[2 * i + 1] = h >> 8;
+        }
+        break;
+      }
+      case GgmlType::kQ8_0: FillBlocks(raw, 34, {0}, rng); break;
+      case GgmlType::kQ5_0: FillBlocks(raw, 22, {0}, rng); break;
+      case GgmlType::kQ4_K: FillBlocks(raw, 144, {0, 2}, rng); break;
+      default: FillBlocks(raw, 210, {208}, rng); break;
+    }
+    std::vector<uint8_t> table = raw;
+    uint64_t stride = raw_row;
+    if (c.layout == TensorLayout::kDplQ6K) {
+      const uint64_t nbe = c.n_cols / 256;
+      stride = formats::DplQ6KRowStride(nbe);
+      table.assign(stride * n_rows, 0);
+      for (int r = 0; r < n_rows; ++r) formats::Q6KRowToDpl(&raw[r * raw_row], nbe, &table[r * stride]);
+    }
+    std::vector<float> ref(c.n_cols);
+    REQUIRE(formats::DequantizeRow(c.type, c.layout, &table[token * stride], c.n_cols, ref.data()).ok());
+    uint8_t* dtable = Upload(table);
+    int* dtok = Upload(std::vector<int>{token});
+    float* dout = Upload(std::vector<float>(c.n_cols, 0.0f));
+    EmbedTable t{c.type, c.layout, dtable, stride, n_rows, c.n_cols};
+    STATUS_OK(EmbedRow(t, dtok, dout, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    auto got = Download(dout, c.n_cols);
+    int mismatches = 0;
+    for (int j = 0; j < c.n_cols; ++j) mismatches += std::memcmp(&got[j], &ref[j], 4) != 0;
+    CHECK(mismatches == 0);
+    CheckSentinel(dout, c.n_cols);
+    // Out-of-range token: NaN row, sentinel intact.
+    CUDA_OK(cudaMemcpy(dtok, &n_rows, sizeof(int), cudaMemcpyHostToDevice));
+    STATUS_OK(EmbedRow(t, dtok, dout, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    got = Download(dout, c.n_cols);
+    CHECK(std::isnan(got[0]));
+    CHECK(std::isnan(got[c.n_cols - 1]));
+    CheckSentinel(dout, c.n_cols);
+    cudaFree(dtable), cudaFree(dtok), cudaFree(dout);
+  }
+  EmbedTable bad{GgmlType::kQ4_K, TensorLayout::kDplQ6K, reinterpret_cast<uint8_t*>(256), 144 * 14, 4, 3584};
+  CHECK(!EmbedRow(bad, reinterpret_cast<int*>(256), reinterpret_cast<float*>(256), 0).ok());
+}
+
+}  // namespace
+}  // namespace dpl::kernels

@@ -1,0 +1,64 @@
+// Host/device helpers of the sampler: the order-preserving float key, the
+// counter-based random numbers and the repetition-penalty ring buffer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
+
+#if defined(__CUDACC__)
+#define DPL_SAMPLING_HD __host__ __device__ __forceinline__
+#else
+#define DPL_SAMPLING_HD inline
+#endif
+
+namespace dpl::kernels {
+
+// Unsigned key with a < b  <=>  OrderedKey(a) < OrderedKey(b) for non-NaN
+// floats (-0 sorts just below +0): flip all bits of negatives, the sign of
+// positives.
+DPL_SAMPLING_HD uint32_t OrderedKey(uint32_t float_bits) {
+  return (float_bits & 0x80000000u) ? ~float_bits : (float_bits | 0x80000000u);
+}
+DPL_SAMPLING_HD uint32_t KeyToFloatBits(uint32_t key) {
+  return (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+}
+
+// 64-bit candidate key: larger logit first, then lower id (so a descending
+// sort or a max gives llama.cpp's "ties go to the lowest id").
+DPL_SAMPLING_HD uint64_t CandidateKey(uint32_t float_bits, uint32_t id) {
+  return (static_cast<uint64_t>(OrderedKey(float_bits)) << 32) | (0xffffffffu - id);
+}
+DPL_SAMPLING_HD uint32_t CandidateId(uint64_t key) {
+  return 0xffffffffu - static_cast<uint32_t>(key);
+}
+
+DPL_SAMPLING_HD uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [0, 1) with 53 random bits from (seed, step): the same formula as
+// the CPU sampler (runtime/generate/sampler.cc), so both draw the same numbers.
+DPL_SAMPLING_HD double UniformFromCounter(uint64_t seed, uint64_t step) {
+  const uint64_t bits = SplitMix64(seed ^ SplitMix64(step));
+  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);
+}
+
+// The repetition-penalty window as the device keeps it: `tokens` has
+// repeat_last_n slots; the newest token goes to slots[head], then head
+// advances modulo repeat_last_n; count saturates at repeat_last_n.
+struct RecentRing {
+  std::vector<int32_t> tokens;  // (repeat_last_n) slots, -1 when unused
+  int32_t head = 0;
+  int32_t count = 0;
+};
+
+// The ring after pushing `history` (oldest first) into an empty ring: what
+// the caller uploads after the prompt. repeat_last_n <= 0 gives an empty ring.
+RecentRing MakeRecentRing(absl::Span<const int32_t> history, int32_t repeat_last_n);
+
+}  // namespace dpl::kernels

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds everything the GPU suite needs and packs it into .gpu/suite/ (git-
+# ignored), ready to be carried to the GPU machine (suite.sh unpacks it):
+#   tools/gpu/stage.sh && (device) tools/gpu/suite.sh .gpu/suite all
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+targets=(
+  //kernels/matvec:matvec_gpu_test //kernels/matvec:matvec_bench
+  //kernels/ops:ops_gpu_test //kernels/attention:attention_gpu_test //kernels/attention:attention_bench
+  //kernels/sampling:sampling_gpu_test
+  //runtime/cuda:device_weights_gpu_test //runtime/cuda:cuda_decoder_gpu_test
+  //runtime:dpl-run //runtime:dpl-bench //runtime:dpl-tokenize //tools:dpl-synth
+  //converter:dpl-convert //tests:compare_logits
+)
+if ! log=$(bazel build "${targets[@]}" 2>&1); then
+  echo "$log" | grep -E "ERROR|error:" >&2
+  exit 1
+fi
+out=.gpu/suite
+rm -rf "$out" && mkdir -p "$out/shared/oracle"
+bin=$(bazel info bazel-bin 2>/dev/null)
+mkdir -p "$out/bin"
+for t in "${targets[@]}"; do
+  p=${t#//}; cp "$bin/${p%%:*}/${p##*:}" "$out/bin/"
+done
+# Statically linked binaries with kernels for sm_90a: gzip packs them to a
+# third, which keeps a call under the 64 MiB it may carry.
+tar -C "$out/bin" -czf "$out/bin.tar.gz" . && rm -rf "$out/bin"
+shared=${DPL_SHARED_DIR:-../shared}
+# Under the 64 MiB a call may carry: the four small oracle models, and the
+# vocabulary model only when asked (it is 39 MB).
+for m in ora-llama-f32 ora-qwen2-f32 small-llama-q4km small-qwen2-q4km ${WITH_VOCAB_MODEL:+tiny-qwen2-vocab-q4km}; do
+  cp "$shared/oracle/$m".* "$out/shared/oracle/"
+done
+du -sh "$out"
