@@ -14,7 +14,7 @@ passed=0 failed=0
 check() {  # NAME CMD...: runs CMD, output to the log
   local name=$1; shift
   echo "---- $name: $*"
-  if "$@"; then echo "ok   $name"; passed=$((passed + 1)); else echo "FAIL $name"; failed=$((failed + 1)); fi
+  if timeout 150 "$@"; then echo "ok   $name"; passed=$((passed + 1)); else echo "FAIL $name"; failed=$((failed + 1)); fi
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 
