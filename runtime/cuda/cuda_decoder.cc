@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cuda_check.h"
+#include "kernels/sampling/sampling_util.h"
 #include "kernels/step/step.h"
 
 namespace dpl::runtime {
@@ -43,6 +44,12 @@ absl::StatusOr<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const std::stri
 CudaDecoder::~CudaDecoder() {
   if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
   if (graph_) cudaGraphDestroy(graph_);
+  if (gen_graph_exec_) cudaGraphExecDestroy(gen_graph_exec_);
+  if (gen_graph_) cudaGraphDestroy(gen_graph_);
+  for (cudaEvent_t e : token_ready_) {
+    if (e) cudaEventDestroy(e);
+  }
+  if (h_tokens_) cudaFreeHost(h_tokens_);
   kernels::FreeMatVecScratch(&scratch_);
   for (void* p : allocations_) cudaFree(p);
   if (stream_) cudaStreamDestroy(stream_);
@@ -207,6 +214,15 @@ absl::Status CudaDecoder::Allocate(const CudaDecoderOptions& options) {
   DPL_RETURN_IF_ERROR(alloc(attn_plan_.workspace_floats * 4, &d_attn_ws_));
   DPL_RETURN_IF_ERROR(alloc(kv_layout_.TotalBytes(), &d_kv_));
   DPL_RETURN_IF_ERROR(kernels::AllocateMatVecScratch(std::max({E, F, Q}), T, &scratch_));
+  DPL_RETURN_IF_ERROR(alloc(sizeof(kernels::SamplerState), &d_sampler_state_));
+  DPL_CUDA_CHECK(cudaMemset(d_sampler_state_, 0, sizeof(kernels::SamplerState)));
+  void* ws = nullptr;
+  DPL_RETURN_IF_ERROR(alloc(kernels::SamplingWorkspaceBytes(), &ws));
+  d_sampling_ws_ = ws;
+  DPL_CUDA_CHECK(cudaHostAlloc(&h_tokens_, 2 * sizeof(int), cudaHostAllocDefault));
+  for (cudaEvent_t& e : token_ready_) {
+    DPL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
 
   // RoPE frequencies (float64), with llama 3's per-frequency factors if present.
   auto inv = kernels::RopeInvFreq(hp_.rope_freq_base, static_cast<int>(hp_.n_rot), hp_.rope_freq_scale);
@@ -376,6 +392,110 @@ absl::StatusOr<double> CudaDecoder::TimeDecodeSteps(int n) {
   DPL_CUDA_CHECK(cudaEventDestroy(stop));
   n_past_ += n;
   return ms / 1e3;
+}
+
+absl::Status CudaDecoder::PrepareGenerationGraph(const kernels::SamplingParams& p) {
+  const bool same = gen_params_valid_ && p.temperature == gen_params_.temperature &&
+                    p.top_k == gen_params_.top_k && p.top_p == gen_params_.top_p &&
+                    p.min_p == gen_params_.min_p && p.repeat_penalty == gen_params_.repeat_penalty &&
+                    p.repeat_last_n == gen_params_.repeat_last_n && p.seed == gen_params_.seed;
+  if (same) return absl::OkStatus();
+  if (p.repeat_last_n > ring_capacity_) {
+    void* ring = nullptr;
+    DPL_CUDA_CHECK(cudaMalloc(&ring, p.repeat_last_n * sizeof(int)));
+    allocations_.push_back(ring);
+    d_ring_ = static_cast<int*>(ring);
+    ring_capacity_ = p.repeat_last_n;
+  }
+  if (gen_graph_exec_) cudaGraphExecDestroy(gen_graph_exec_);
+  if (gen_graph_) cudaGraphDestroy(gen_graph_);
+  gen_graph_exec_ = nullptr;
+  gen_graph_ = nullptr;
+  gen_params_valid_ = false;
+  if (!eager_) {
+    DPL_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    absl::Status st = EnqueueForward(1, false);
+    if (st.ok()) {
+      st = kernels::SampleToken(p, d_logits_, static_cast<int>(hp_.n_vocab), d_ring_, d_sampler_state_,
+                                d_sampling_ws_, d_tokens_, stream_);
+    }
+    if (st.ok()) st = kernels::AdvancePosition(d_positions_, stream_);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    if (!st.ok()) {
+      if (graph) cudaGraphDestroy(graph);
+      return st;
+    }
+    DPL_CUDA_CHECK(end);
+    gen_graph_ = graph;
+    DPL_CUDA_CHECK(cudaGraphInstantiate(&gen_graph_exec_, gen_graph_, 0));
+  }
+  gen_params_ = p;
+  gen_params_valid_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::SampleLoop(const generate::SamplerParams& params,
+                                     absl::Span<const int32_t> history, int32_t max_tokens,
+                                     const std::function<bool(int32_t)>& on_token) {
+  if (n_past_ == 0) return absl::FailedPreconditionError("SampleLoop needs a prompt first");
+  kernels::SamplingParams p;
+  p.temperature = params.temperature;
+  p.top_k = params.top_k;
+  p.top_p = params.top_p;
+  p.min_p = params.min_p;
+  p.repeat_penalty = params.repeat_penalty;
+  p.repeat_last_n = params.repeat_penalty != 1.0f ? std::max(0, params.repeat_last_n) : 0;
+  p.seed = params.seed;
+  DPL_RETURN_IF_ERROR(PrepareGenerationGraph(p));
+  // The penalty ring from the history; the RNG counter carries on.
+  if (p.repeat_last_n > 0) {
+    const kernels::RecentRing ring = kernels::MakeRecentRing(history, p.repeat_last_n);
+    DPL_CUDA_CHECK(cudaMemcpyAsync(d_ring_, ring.tokens.data(), ring.tokens.size() * sizeof(int),
+                                   cudaMemcpyHostToDevice, stream_));
+    const int32_t head_count[2] = {ring.head, ring.count};
+    DPL_CUDA_CHECK(cudaMemcpyAsync(&d_sampler_state_->ring_head, head_count, sizeof(head_count),
+                                   cudaMemcpyHostToDevice, stream_));
+  }
+  const int pos = static_cast<int>(n_past_);
+  DPL_CUDA_CHECK(cudaMemcpyAsync(d_positions_, &pos, sizeof(int), cudaMemcpyHostToDevice, stream_));
+  // The first token comes from the prompt's logits, still in d_logits_.
+  DPL_RETURN_IF_ERROR(kernels::SampleToken(p, d_logits_, static_cast<int>(hp_.n_vocab), d_ring_,
+                                           d_sampler_state_, d_sampling_ws_, d_tokens_, stream_));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_[0], d_tokens_, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+  DPL_CUDA_CHECK(cudaEventRecord(token_ready_[0], stream_));
+  // Pipeline: the GPU runs step i (feeding token i, sampling token i + 1)
+  // while the host waits for token i and streams it: one wait per token.
+  for (int32_t i = 0; max_tokens < 0 || i < max_tokens; ++i) {
+    const bool more = (max_tokens < 0 || i + 1 < max_tokens) && n_past_ < n_ctx_;
+    if (more) {
+      if (gen_graph_exec_ != nullptr) {
+        DPL_CUDA_CHECK(cudaGraphLaunch(gen_graph_exec_, stream_));
+      } else {  // eager (DPL_EAGER): the same kernels, launched one by one
+        DPL_RETURN_IF_ERROR(EnqueueForward(1, false));
+        DPL_RETURN_IF_ERROR(kernels::SampleToken(p, d_logits_, static_cast<int>(hp_.n_vocab), d_ring_,
+                                                 d_sampler_state_, d_sampling_ws_, d_tokens_, stream_));
+        DPL_RETURN_IF_ERROR(kernels::AdvancePosition(d_positions_, stream_));
+      }
+      const int slot = (i + 1) & 1;
+      DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_[slot], d_tokens_, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+      DPL_CUDA_CHECK(cudaEventRecord(token_ready_[slot], stream_));
+    }
+    DPL_CUDA_CHECK(cudaEventSynchronize(token_ready_[i & 1]));
+    const int32_t token = h_tokens_[i & 1];
+    if (!on_token(token)) {
+      DPL_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step already queued finishes
+      if (more) ++n_past_;  // its KV row holds the refused token; callers rewind past it
+      return absl::OkStatus();
+    }
+    if (!more) {
+      DPL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      return absl::OkStatus();
+    }
+    ++n_past_;  // token i is now in the cache (step i ran)
+  }
+  DPL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
 }
 
 std::string CudaDecoder::LoadReport() const {

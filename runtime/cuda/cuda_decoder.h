@@ -30,6 +30,7 @@
 #include "kernels/matvec/matvec.h"
 #include "kernels/ops/kv_cache.h"
 #include "kernels/ops/ops.h"
+#include "kernels/sampling/sampling.h"
 #include "runtime/cuda/device_weights.h"
 #include "runtime/generate/decoder.h"
 #include "runtime/reference/hparams.h"
@@ -66,6 +67,10 @@ class CudaDecoder : public generate::Decoder {
                     std::vector<float>* all) override;
   absl::Status Rewind(int64_t n) override;
   std::string LoadReport() const override;
+  bool samples_on_device() const override { return true; }
+  absl::Status SampleLoop(const generate::SamplerParams& params, absl::Span<const int32_t> history,
+                          int32_t max_tokens,
+                          const std::function<bool(int32_t)>& on_token) override;
 
   const reference::Hparams& hparams() const { return hp_; }
   const CudaMemoryReport& memory() const { return report_; }
@@ -99,6 +104,10 @@ class CudaDecoder : public generate::Decoder {
   absl::Status EnqueueForward(int n, bool all_logits);
   absl::Status CaptureStepGraph();
   absl::Status RunChunk(absl::Span<const int32_t> tokens, bool all_logits);
+  // The generation step graph: forward of d_tokens_[0] at d_positions_[0],
+  // sample the next token into d_tokens_[0], advance the position. Sampling
+  // parameters are kernel arguments, so a change of parameters re-captures.
+  absl::Status PrepareGenerationGraph(const kernels::SamplingParams& params);
 
   std::unique_ptr<DeviceWeights> weights_;
   std::shared_ptr<formats::ModelFile> index_;  // metadata and tensor table
@@ -141,6 +150,18 @@ class CudaDecoder : public generate::Decoder {
 
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
+
+  // On-device sampling.
+  kernels::SamplerState* d_sampler_state_ = nullptr;  // (1), zeroed once: the RNG counter persists
+  void* d_sampling_ws_ = nullptr;                     // (SamplingWorkspaceBytes()) bytes
+  int* d_ring_ = nullptr;                             // (ring_capacity_) recent tokens
+  int ring_capacity_ = 0;
+  int* h_tokens_ = nullptr;                           // (2) pinned: sampled ids read by the host
+  cudaEvent_t token_ready_[2] = {nullptr, nullptr};
+  bool gen_params_valid_ = false;
+  kernels::SamplingParams gen_params_;
+  cudaGraph_t gen_graph_ = nullptr;
+  cudaGraphExec_t gen_graph_exec_ = nullptr;
 };
 
 }  // namespace dpl::runtime

@@ -7,6 +7,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,11 +23,13 @@
 namespace dpl::runtime {
 namespace {
 
-std::string MakeDpl(const std::string& preset) {
-  const std::string gguf = testing::TempDir() + "/" + preset + ".gguf";
-  const std::string dpl = testing::TempDir() + "/" + preset + ".dpl";
+std::string MakeDpl(const std::string& preset, synth::Ftype ftype = synth::Ftype::kQ4_K_M) {
+  const std::string name = preset + std::string(synth::FtypeName(ftype));
+  const std::string gguf = testing::TempDir() + "/" + name + ".gguf";
+  const std::string dpl = testing::TempDir() + "/" + name + ".dpl";
   synth::SynthOptions so;
   so.preset = *synth::FindPreset(preset);
+  so.ftype = ftype;
   so.seed = 11;
   REQUIRE(synth::WriteSyntheticModel(so, gguf).ok());
   REQUIRE(converter::ConvertGgufToDpl(gguf, dpl, {}).ok());
@@ -114,8 +117,16 @@ TEST_CASE("a big model given in DPL_TEST_BIG_MODEL follows the CPU reference") {
   CompareWithReference(big, 3, 0.04);
 }
 
-TEST_CASE("a batched prompt pass matches token-by-token decoding") {
-  const std::string path = MakeDpl("small-qwen2");
+// Batched and single-token passes sum in different orders (the token-tiled
+// matvec does not split rows across warps). With f32 weights the activations
+// stay exact, so the results agree to float rounding carried through the
+// layers (measured on the H200, 2026-11-30: 3.45e-5 for small-qwen2 f32 with
+// 3 layers; a first guess of 1e-5 was too tight). With quantized weights
+// the activations are rounded to int8 per block of 32 (matvec.h), and a
+// last-bit difference can move a value across a rounding boundary: the
+// results then agree only to the quantization step, far inside the 4% gate
+// against llama.cpp but far above rounding.
+void CompareBatchedWithSingle(const std::string& path, double limit) {
   CudaDecoderOptions o;
   o.max_batch = 16;  // 40 tokens: chunks of 16, 16, 8
   auto batched = CudaDecoder::Create(path, o);
@@ -135,8 +146,98 @@ TEST_CASE("a batched prompt pass matches token-by-token decoding") {
     std::vector<float> row(all.begin() + i * V, all.begin() + (i + 1) * V);
     worst = std::max(worst, RelRms(row, one_logits));
   }
-  std::printf("batched vs single-token: worst relative RMS difference %.2e\n", worst);
-  CHECK(worst < 1e-4);
+  std::printf("%s: batched vs single-token: worst relative RMS difference %.2e (limit %.0e)\n",
+              path.c_str(), worst, limit);
+  CHECK(worst < limit);
+}
+
+TEST_CASE("a batched prompt pass matches token-by-token decoding") {
+  CompareBatchedWithSingle(MakeDpl("small-qwen2", synth::Ftype::kF32), 2e-4);
+  CompareBatchedWithSingle(MakeDpl("small-qwen2"), 1e-2);
+}
+
+}  // namespace
+}  // namespace dpl::runtime
+
+namespace dpl::runtime {
+namespace {
+
+std::vector<int32_t> DeviceSample(CudaDecoder& d, const generate::SamplerParams& p,
+                                  const std::vector<int32_t>& prompt, int n) {
+  REQUIRE(d.Rewind(0).ok());
+  std::vector<float> last;
+  REQUIRE(d.Eval(prompt, &last, nullptr).ok());
+  std::vector<int32_t> out;
+  const absl::Status s = d.SampleLoop(p, prompt, n, [&](int32_t t) {
+    out.push_back(t);
+    return true;
+  });
+  REQUIRE_MESSAGE(s.ok(), s.ToString());
+  return out;
+}
+
+TEST_CASE("on-device greedy sampling follows the logits; seeded sampling repeats; graph == eager") {
+  const std::string path = MakeDpl("small-llama");
+  CudaDecoderOptions g, e;
+  e.eager = true;
+  auto graph = CudaDecoder::Create(path, g);
+  auto eager = CudaDecoder::Create(path, e);
+  REQUIRE(graph.ok());
+  REQUIRE(eager.ok());
+  const std::vector<int32_t> prompt = Tokens(9, (*graph)->n_vocab());
+
+  // Greedy on the device equals argmax over the logits Eval returns.
+  generate::SamplerParams greedy;
+  greedy.temperature = 0;
+  const std::vector<int32_t> dev = DeviceSample(**graph, greedy, prompt, 20);
+  REQUIRE(dev.size() == 20);
+  REQUIRE((*eager)->Rewind(0).ok());
+  std::vector<float> logits;
+  REQUIRE((*eager)->Eval(prompt, &logits, nullptr).ok());
+  for (int32_t want : dev) {
+    const int32_t argmax = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    CHECK(argmax == want);
+    const int32_t one[1] = {want};
+    REQUIRE((*eager)->Eval(one, &logits, nullptr).ok());
+  }
+
+  // Seeded temperature sampling: same seed twice, graph and eager alike.
+  generate::SamplerParams p;
+  p.temperature = 1.2f;
+  p.top_k = 50;
+  p.top_p = 0.9f;
+  p.min_p = 0.02f;
+  p.repeat_penalty = 1.1f;
+  p.seed = 1234;
+  auto fresh_graph = CudaDecoder::Create(path, g);
+  auto fresh_eager = CudaDecoder::Create(path, e);
+  REQUIRE(fresh_graph.ok());
+  REQUIRE(fresh_eager.ok());
+  const std::vector<int32_t> a = DeviceSample(**fresh_graph, p, prompt, 32);
+  const std::vector<int32_t> b = DeviceSample(**fresh_eager, p, prompt, 32);
+  CHECK(a == b);
+  auto again = CudaDecoder::Create(path, g);
+  REQUIRE(again.ok());
+  CHECK(DeviceSample(**again, p, prompt, 32) == a);
+  p.seed = 4321;
+  auto other = CudaDecoder::Create(path, g);
+  REQUIRE(other.ok());
+  CHECK(DeviceSample(**other, p, prompt, 32) != a);
+}
+
+TEST_CASE("the sampling loop stops where the caller says and keeps the cache consistent") {
+  const std::string path = MakeDpl("tiny-llama");
+  auto d = CudaDecoder::Create(path, {});
+  REQUIRE(d.ok());
+  const std::vector<int32_t> prompt = Tokens(5, (*d)->n_vocab());
+  std::vector<float> last;
+  REQUIRE((*d)->Eval(prompt, &last, nullptr).ok());
+  generate::SamplerParams greedy;
+  greedy.temperature = 0;
+  int seen = 0;
+  REQUIRE((*d)->SampleLoop(greedy, prompt, -1, [&](int32_t) { return ++seen < 7; }).ok());
+  CHECK(seen == 7);
+  CHECK((*d)->n_past() == 5 + 7);  // 6 accepted tokens + the refused one, all fed
 }
 
 }  // namespace

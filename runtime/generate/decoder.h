@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "runtime/generate/sampler.h"
 
 namespace dpl::generate {
 
@@ -31,6 +33,21 @@ class Decoder {
   virtual absl::Status Rewind(int64_t n) = 0;
   // One line for the user about what loading took (sizes, speed); may be empty.
   virtual std::string LoadReport() const { return ""; }
+
+  // Devices that sample on the device (the CUDA runtime) return true and
+  // implement SampleLoop; the others get a host Sampler over Eval's logits.
+  virtual bool samples_on_device() const { return false; }
+  // After Eval() of a prompt: samples from the last logits, feeds each token
+  // back and keeps going, calling on_token(id) for every sampled token in
+  // order until it returns false, `max_tokens` (-1: no limit) tokens were
+  // sampled or the context is full. `history` (the ids so far, oldest first)
+  // seeds the repetition penalty. Tokens handed to on_token are in the
+  // cache, except the one on which on_token returned false.
+  virtual absl::Status SampleLoop(const SamplerParams& params, absl::Span<const int32_t> history,
+                                  int32_t max_tokens,
+                                  const std::function<bool(int32_t)>& on_token) {
+    return absl::UnimplementedError("this device does not sample on the device");
+  }
 };
 
 }  // namespace dpl::generate

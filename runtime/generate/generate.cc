@@ -29,6 +29,21 @@ absl::StatusOr<std::vector<int32_t>> Generate(Decoder& decoder, const tokenizer:
 
   tokenizer::TokenStreamDecoder text(tok);
   std::vector<int32_t> out;
+  if (decoder.samples_on_device()) {
+    // The GPU samples and feeds tokens back itself; the host only streams.
+    s = decoder.SampleLoop(sampler.params(), sampler.recent(), req.n_predict, [&](int32_t next) {
+      if (req.stop.contains(next)) return false;
+      out.push_back(next);
+      sampler.Accept(next);
+      on_text(text.Push(next));
+      return true;
+    });
+    if (!s.ok()) return s;
+    on_text(text.Flush());
+    timings->n_generated += out.size();
+    timings->generate_seconds += std::chrono::duration<double>(Clock::now() - t1).count();
+    return out;
+  }
   while (req.n_predict < 0 || static_cast<int32_t>(out.size()) < req.n_predict) {
     const int32_t next = sampler.Sample(logits);
     if (req.stop.contains(next)) break;

@@ -25,6 +25,9 @@ struct SamplerParams {
 class Sampler {
  public:
   explicit Sampler(const SamplerParams& params) : p_(params) {}
+  const SamplerParams& params() const { return p_; }
+  // Tokens remembered for the repetition penalty, oldest first.
+  std::vector<int32_t> recent() const { return {recent_.begin(), recent_.end()}; }
 
   // Chooses the next token from `logits` (n_vocab). Ties in greedy mode go
   // to the lowest id. Deterministic for a given seed and call sequence.
