@@ -1,7 +1,9 @@
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/attention.h"
@@ -224,6 +226,240 @@ __global__ void __launch_bounds__(kThreads) AttnSplitKernel(
   }
 }
 
+
+// ---------------------------------------------------------------------------
+// Streaming split kernel (the default). Same math and workspace layout as
+// AttnSplitKernel, but K and V reach the block through shared memory:
+// the block first issues cp.async copies of its first kStages tiles of K and
+// V (kTileT rows each; a head's rows are contiguous, so a tile is one
+// contiguous span of kTileT * HD halves), and only then loads q. Why: at mid
+// lengths (depth ~3k) a split holds ~50-100 rows, i.e. 1-2 tiles, so its whole
+// chunk is in flight after one issue burst and the block pays one HBM latency
+// instead of one per kUnroll-row step of a register pipeline (the legacy
+// kernel's chain of ~6 dependent round trips). At long lengths the stage being
+// refilled streams while the other one is scored (double buffering), keeping
+// 2 * kStages * kTileT * HD * 2 bytes = 64 KB (HD 128) in flight per block.
+// cp.async groups are committed in a fixed order K_j, V_j (empty groups for
+// tiles past the chunk), so "wait until at most N groups are pending" waits
+// for exactly K_j (N = 2*kStages-1) or V_j (N = 2*kStages-2).
+// Thread mapping and the per-tile online softmax are the legacy kernel's.
+constexpr int kTileT = 64;
+constexpr int kStages = 2;
+
+template <int HD>
+__host__ __device__ constexpr int StreamSmemBytes() {
+  // (kStages, {K, V}, kTileT, HD) halves; reused for the final (NGRP, G, HD)
+  // float reduction, which needs at most 8 * 8 * 128 * 4 = 32 KB.
+  return kStages * 2 * kTileT * HD * 2;
+}
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Copies rows [t, t + n) of one head's cache (contiguous, HD halves per row)
+// to dst, 16 bytes per cp.async, consecutive threads on consecutive chunks.
+template <int HD>
+__device__ __forceinline__ void IssueRows(__half* dst,                // (kTileT, HD)
+                                          const __half* __restrict__ src_head,  // (n_ctx, HD)
+                                          int t, int n, int tid) {
+  const int chunks = n * (HD / 8);
+  const __half* src = src_head + (size_t)t * HD;
+  for (int c = tid; c < chunks; c += kThreads) CpAsync16(dst + c * 8, src + c * 8);
+}
+
+template <int HD, int G>
+__global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
+    const float* __restrict__ q,         // (n_head, HD)
+    const __half* __restrict__ k_cache,  // (n_head_kv, n_ctx, HD)
+    const __half* __restrict__ v_cache,  // (n_head_kv, n_ctx, HD)
+    const int* __restrict__ d_pos, int n_ctx, int max_splits, float scale_log2,
+    float* __restrict__ ws_acc,  // (n_head, max_splits, HD)
+    float* __restrict__ ws_ml) {  // (n_head, max_splits, 2): (m, l)
+  constexpr int LPR = HD / 8;
+  constexpr int NGRP = kThreads / LPR;
+  constexpr int kTileHalves = kTileT * HD;
+  static_assert(G >= 1 && G <= 8, "GQA group of 1..8 query heads");
+  static_assert(kTileT % NGRP == 0, "row groups tile a smem tile exactly");
+  static_assert(NGRP * G * HD * 4 <= StreamSmemBytes<HD>(), "reduction fits the staging buffer");
+  extern __shared__ __align__(16) unsigned char s_dyn[];
+  // Stage st: K tile at s_kv + (2*st) * kTileHalves, V tile right after it.
+  __half* s_kv = reinterpret_cast<__half*>(s_dyn);
+  __shared__ __align__(16) float s_p[kTileT][8];  // [t][g] scores, then probabilities
+  __shared__ float s_scale[8];
+
+  int kv_len = *d_pos + 1;
+  kv_len = kv_len < n_ctx ? kv_len : n_ctx;
+  kv_len = kv_len > 1 ? kv_len : 1;
+  const int n_act = AttnActiveSplits(kv_len, max_splits);
+  const int s = blockIdx.x, kvh = blockIdx.y;
+  if (s >= n_act) return;
+  const int chunk = AttnChunk(kv_len, n_act);
+  const int t_begin = s * chunk;
+  const int t_end = min(kv_len, t_begin + chunk);
+  const int n_tiles = t_end > t_begin ? (t_end - t_begin + kTileT - 1) / kTileT : 0;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int row_lane = tid % LPR, grp = tid / LPR;
+  const __half* kh = k_cache + (size_t)kvh * n_ctx * HD;
+  const __half* vh = v_cache + (size_t)kvh * n_ctx * HD;
+
+  // Prologue: the first kStages tiles' copies go out before anything else.
+#pragma unroll
+  for (int j = 0; j < kStages; ++j) {
+    const int t = t_begin + j * kTileT;
+    const int n = min(kTileT, t_end - t);
+    if (j < n_tiles) IssueRows<HD>(s_kv + (2 * j) * kTileHalves, kh, t, n, tid);
+    CpAsyncCommit();
+    if (j < n_tiles) IssueRows<HD>(s_kv + (2 * j + 1) * kTileHalves, vh, t, n, tid);
+    CpAsyncCommit();
+  }
+  // The combine kernel (launched as a programmatic dependent) may start its
+  // launch now; it waits for this grid's completion before reading partials.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  float qr[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float4* qp = reinterpret_cast<const float4*>(q + (size_t)(kvh * G + g) * HD + row_lane * 8);
+    const float4 a = qp[0], b = qp[1];
+    qr[g][0] = a.x * scale_log2; qr[g][1] = a.y * scale_log2;
+    qr[g][2] = a.z * scale_log2; qr[g][3] = a.w * scale_log2;
+    qr[g][4] = b.x * scale_log2; qr[g][5] = b.y * scale_log2;
+    qr[g][6] = b.z * scale_log2; qr[g][7] = b.w * scale_log2;
+  }
+  float acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j % kStages;
+    const __half* sk = s_kv + (2 * st) * kTileHalves + row_lane * 8;      // (kTileT, HD)
+    const __half* sv = s_kv + (2 * st + 1) * kTileHalves + row_lane * 8;  // (kTileT, HD)
+    const int t0 = t_begin + j * kTileT;
+    const int n_t = min(kTileT, t_end - t0);
+    CpAsyncWait<2 * kStages - 1>();  // K_j landed (this thread's copies)
+    __syncthreads();                 // ... and everyone's
+    // Pass 1: scores of rows p = base + grp; base is warp-uniform (butterfly).
+    // Rows p >= n_t hold stale bytes: their dots are computed, never stored,
+    // and the butterfly only mixes lanes of the same row.
+#pragma unroll 2
+    for (int base = 0; base < n_t; base += NGRP) {
+      const int p = base + grp;
+      float kf[8];
+      HalfsToFloats(*reinterpret_cast<const uint4*>(sk + p * HD), kf);
+      float dot[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float a = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a = fmaf(qr[g][e], kf[e], a);
+        dot[g] = a;
+      }
+#pragma unroll
+      for (int o = LPR / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int g = 0; g < G; ++g) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
+      float mine = dot[0];
+#pragma unroll
+      for (int g = 1; g < G; ++g) mine = row_lane == g ? dot[g] : mine;
+      if (p < n_t && row_lane < G) s_p[p][row_lane] = mine;
+    }
+    CpAsyncWait<2 * kStages - 2>();  // V_j landed
+    __syncthreads();
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const int g = warp + 4 * jj;
+      if (g < G) {
+        float mx = -INFINITY;
+        for (int p = lane; p < n_t; p += 32) mx = fmaxf(mx, s_p[p][g]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_new = fmaxf(m_run[jj], mx);
+        float sum = 0.0f;
+        for (int p = lane; p < n_t; p += 32) {
+          const float e = exp2f(s_p[p][g] - m_new);
+          s_p[p][g] = e;
+          sum += e;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const float sc = exp2f(m_run[jj] - m_new);  // 0 on the first tile
+        l_run[jj] = l_run[jj] * sc + sum;
+        m_run[jj] = m_new;
+        if (lane == 0) s_scale[g] = sc;
+      }
+    }
+    __syncthreads();
+    // Pass 2: acc = acc * scale + sum_t p_t v_t.
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float sc = s_scale[g];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= sc;
+    }
+#pragma unroll 2
+    for (int p = grp; p < n_t; p += NGRP) {
+      float vf[8];
+      HalfsToFloats(*reinterpret_cast<const uint4*>(sv + p * HD), vf);
+      const float4 pa = *reinterpret_cast<const float4*>(&s_p[p][0]);
+      const float4 pb = *reinterpret_cast<const float4*>(&s_p[p][4]);
+      const float pr[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pr[g], vf[e], acc[g][e]);
+    }
+    __syncthreads();  // stage st and s_p are free again
+    // Refill stage st with tile j + kStages (or commit empty groups, keeping
+    // the K_j, V_j group order the waits above count on).
+    const int jn = j + kStages;
+    const int tn = t_begin + jn * kTileT;
+    const int nn = min(kTileT, t_end - tn);
+    if (jn < n_tiles) IssueRows<HD>(s_kv + (2 * st) * kTileHalves, kh, tn, nn, tid);
+    CpAsyncCommit();
+    if (jn < n_tiles) IssueRows<HD>(s_kv + (2 * st + 1) * kTileHalves, vh, tn, nn, tid);
+    CpAsyncCommit();
+  }
+  CpAsyncWait<0>();  // only empty groups can be pending; drain before reuse
+  __syncthreads();
+
+  // Sum the NGRP row groups' accumulators (staging buffer reused), write the
+  // split's partials.
+  float* s_red = reinterpret_cast<float*>(s_dyn);  // (NGRP, G, HD)
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float4* dst = reinterpret_cast<float4*>(s_red + ((size_t)grp * G + g) * HD + row_lane * 8);
+    dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+    dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+  }
+  __syncthreads();
+  for (int o = tid; o < G * HD; o += kThreads) {
+    const int g = o / HD, d = o % HD;
+    float a = 0.0f;
+#pragma unroll
+    for (int r = 0; r < NGRP; ++r) a += s_red[((size_t)r * G + g) * HD + d];
+    ws_acc[((size_t)(kvh * G + g) * max_splits + s) * HD + d] = a;
+  }
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+    const int g = warp + 4 * jj;
+    if (g < G && lane == 0) {
+      float* ml = ws_ml + ((size_t)(kvh * G + g) * max_splits + s) * 2;
+      ml[0] = m_run[jj];
+      ml[1] = l_run[jj];
+    }
+  }
+}
+
 // Combine, block h (query head), kCombineParts * HD threads:
 //   M = max_s m_s,  out[h][d] = sum_s 2^(m_s - M) acc_s[d] / sum_s 2^(m_s - M) l_s
 // The split weights are computed once into shared memory; thread (part, d)
@@ -239,6 +475,10 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
   __shared__ float s_w[1024];   // max_splits <= 1024 (checked by the planner)
   __shared__ float s_red[kCombineParts][HD];
   __shared__ float s_scalar[2];
+  // Launched as a programmatic dependent of the split kernel: block here
+  // until that grid has completed and its partials are visible (a no-op
+  // when launched normally).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   int kv_len = *d_pos + 1;
   kv_len = kv_len < n_ctx ? kv_len : n_ctx;
   kv_len = kv_len > 1 ? kv_len : 1;
@@ -286,19 +526,62 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
 using SplitFn = void (*)(const float*, const __half*, const __half*, const int*, int, int, float,
                          float*, float*);
 
-template <int HD>
-SplitFn PickSplit(int group) {
+template <int HD, bool kStream>
+SplitFn PickSplitT(int group) {
+#define DPL_ATTN_CASE(G) \
+  case G: return kStream ? AttnStreamKernel<HD, G> : AttnSplitKernel<HD, G>;
   switch (group) {
-    case 1: return AttnSplitKernel<HD, 1>;
-    case 2: return AttnSplitKernel<HD, 2>;
-    case 3: return AttnSplitKernel<HD, 3>;
-    case 4: return AttnSplitKernel<HD, 4>;
-    case 5: return AttnSplitKernel<HD, 5>;
-    case 6: return AttnSplitKernel<HD, 6>;
-    case 7: return AttnSplitKernel<HD, 7>;
-    case 8: return AttnSplitKernel<HD, 8>;
+    DPL_ATTN_CASE(1) DPL_ATTN_CASE(2) DPL_ATTN_CASE(3) DPL_ATTN_CASE(4)
+    DPL_ATTN_CASE(5) DPL_ATTN_CASE(6) DPL_ATTN_CASE(7) DPL_ATTN_CASE(8)
     default: return nullptr;
   }
+#undef DPL_ATTN_CASE
+}
+
+// A/B switches for benchmarks, read once per process (unset: the defaults):
+//   DPL_ATTN_LEGACY=1        the register-pipelined split kernel
+//   DPL_ATTN_PDL=0           plain (non-programmatic) combine launch
+//   DPL_ATTN_SPLITS=N        max_splits = min(N, ceil(n_ctx / kAttnMinChunk))
+//   DPL_ATTN_SKIP_COMBINE=1  diagnosis only: no combine (output is garbage)
+int EnvInt(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e != nullptr && e[0] != '\0' ? std::atoi(e) : fallback;
+}
+bool UseLegacy() {
+  static const bool v = EnvInt("DPL_ATTN_LEGACY", 0) == 1;
+  return v;
+}
+bool UsePdl() {
+  static const bool v = EnvInt("DPL_ATTN_PDL", 1) == 1;
+  return v;
+}
+int SplitsOverride() {
+  static const int v = EnvInt("DPL_ATTN_SPLITS", 0);
+  return v;
+}
+bool SkipCombine() {
+  static const bool v = EnvInt("DPL_ATTN_SKIP_COMBINE", 0) == 1;
+  return v;
+}
+
+struct SplitChoice {
+  SplitFn fn = nullptr;
+  int smem = 0;  // dynamic shared memory bytes
+};
+
+SplitChoice PickSplit(int head_dim, int group) {
+  SplitChoice c;
+  if (UseLegacy()) {
+    c.fn = head_dim == 64 ? PickSplitT<64, false>(group)
+           : head_dim == 128 ? PickSplitT<128, false>(group) : nullptr;
+  } else if (head_dim == 64) {
+    c.fn = PickSplitT<64, true>(group);
+    c.smem = StreamSmemBytes<64>();
+  } else if (head_dim == 128) {
+    c.fn = PickSplitT<128, true>(group);
+    c.smem = StreamSmemBytes<128>();
+  }
+  return c;
 }
 
 }  // namespace
@@ -326,12 +609,26 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   plan.n_ctx = n_ctx;
   // One full wave: as many split blocks as fit on the GPU at once.
   const int group = n_head / n_head_kv;
-  SplitFn split = head_dim == 64 ? PickSplit<64>(group) : PickSplit<128>(group);
+  const SplitChoice split = PickSplit(head_dim, group);
   int per_sm = 0;
-  const cudaError_t occ =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split, kThreads, 0);
-  if (occ != cudaSuccess || per_sm <= 0) per_sm = 2;  // no device: a safe guess
+  cudaError_t occ = cudaSuccess;
+  if (split.smem > 0) {
+    occ = cudaFuncSetAttribute(split.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, split.smem);
+  }
+  if (occ == cudaSuccess) {
+    occ = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split.fn, kThreads, split.smem);
+  }
+  if (occ != cudaSuccess || per_sm <= 0) {
+    (void)cudaGetLastError();  // no device: clear the sticky-free error, use a safe guess
+    per_sm = 2;
+  }
+  // At most 2 blocks per SM: measured on the H200 (DPL_ATTN_SPLITS sweep),
+  // 14B (G=5, 3 blocks/SM fit) at depth 3254 takes 16.6 us with 50 splits and
+  // 13.9 us with 33: a split's rows are cheap next to the combine cost
+  // (partials written, read, and merged per split), so fewer, fuller splits win.
+  if (per_sm > 2) per_sm = 2;
   int want = (per_sm * num_sms + n_head_kv - 1) / n_head_kv;
+  if (SplitsOverride() > 0) want = SplitsOverride();
   if (want > 1024) want = 1024;  // the combine kernel's weight table
   const int by_ctx = (n_ctx + kAttnMinChunk - 1) / kAttnMinChunk;
   plan.max_splits = want < by_ctx ? want : by_ctx;
@@ -350,9 +647,8 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
     return absl::InvalidArgumentError("decode attention: plan not from PlanDecodeAttention");
   }
   const int group = plan.n_head / plan.n_head_kv;
-  SplitFn split = plan.head_dim == 64 ? PickSplit<64>(group)
-                  : plan.head_dim == 128 ? PickSplit<128>(group) : nullptr;
-  if (!split) {
+  const SplitChoice split = PickSplit(plan.head_dim, group);
+  if (!split.fn) {
     return absl::UnimplementedError(absl::StrCat("decode attention: head_dim ", plan.head_dim,
                                                  " group ", group));
   }
@@ -361,17 +657,42 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
   const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(plan.head_dim)));
   const auto* kc = reinterpret_cast<const __half*>(k_cache);
   const auto* vc = reinterpret_cast<const __half*>(v_cache);
-  split<<<dim3(plan.max_splits, plan.n_head_kv), kThreads, 0, stream>>>(
+  if (split.smem > 0) {
+    // Above 48 KB of dynamic shared memory needs the opt-in. PlanDecodeAttention
+    // already set it (before any graph capture); set it here only if this
+    // process never did, so captured calls normally make no extra API call.
+    static std::atomic<bool> opted_in[2][9];
+    std::atomic<bool>& done = opted_in[plan.head_dim == 128 ? 1 : 0][group];
+    if (!done.load(std::memory_order_relaxed)) {
+      DPL_CUDA_CHECK(
+          cudaFuncSetAttribute(split.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, split.smem));
+      done.store(true, std::memory_order_relaxed);
+    }
+  }
+  split.fn<<<dim3(plan.max_splits, plan.n_head_kv), kThreads, split.smem, stream>>>(
       q, kc, vc, d_pos, plan.n_ctx, plan.max_splits, scale_log2, ws_acc, ws_ml);
   DPL_CUDA_CHECK_LAUNCH();
+  // The combine kernel goes out as a programmatic dependent launch (Hopper
+  // PDL): its launch overlaps the split kernel's tail, and griddepcontrol.wait
+  // inside it orders the reads of the partials after the split grid.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(plan.n_head);
+  cfg.blockDim = dim3(plan.head_dim * kCombineParts);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = UsePdl() ? 1 : 0;
+  if (SkipCombine()) return absl::OkStatus();
   if (plan.head_dim == 64) {
-    AttnCombineKernel<64><<<plan.n_head, 64 * kCombineParts, 0, stream>>>(ws_acc, ws_ml, d_pos, plan.n_ctx,
-                                                          plan.max_splits, out);
+    DPL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, AttnCombineKernel<64>, ws_acc, ws_ml, d_pos,
+                                      plan.n_ctx, plan.max_splits, out));
   } else {
-    AttnCombineKernel<128><<<plan.n_head, 128 * kCombineParts, 0, stream>>>(ws_acc, ws_ml, d_pos, plan.n_ctx,
-                                                            plan.max_splits, out);
+    DPL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, AttnCombineKernel<128>, ws_acc, ws_ml, d_pos,
+                                      plan.n_ctx, plan.max_splits, out));
   }
-  DPL_CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }
 

@@ -1,8 +1,12 @@
 // Decode attention throughput: KV bytes read per call / time, with the KV of
 // several layers rotated (more bytes than the 60 MB L2) so HBM is measured.
+// Timed twice: plain stream launches and CUDA-graph replay (the decoder's
+// way). DPL_ATTN_LEGACY=1 selects the previous split kernel, for A/B runs of
+// one binary (see the switches listed in attention.cu).
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "kernels/attention/attention.h"
@@ -47,27 +51,48 @@ void Bench(const char* name, int n_head, int n_head_kv, int depth, int n_layers)
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
-  auto run = [&](int l) {
-    auto st = dpl::kernels::DecodeAttention(*plan, q, k[l], v[l], pos, ws, out, 0);
+  auto run = [&](int l, cudaStream_t stream) {
+    auto st = dpl::kernels::DecodeAttention(*plan, q, k[l], v[l], pos, ws, out, stream);
     if (!st.ok()) {
       std::fprintf(stderr, "%s\n", st.ToString().c_str());
       std::exit(1);
     }
   };
-  for (int i = 0; i < 3 * n_layers; ++i) run(i % n_layers);
+  for (int i = 0; i < 3 * n_layers; ++i) run(i % n_layers, 0);
+  // Stream launches: each call's host launch cost is included when the
+  // kernels are shorter than it.
   const int iters = 50 * n_layers;
   CK(cudaEventRecord(a));
-  for (int i = 0; i < iters; ++i) run(i % n_layers);
+  for (int i = 0; i < iters; ++i) run(i % n_layers, 0);
   CK(cudaEventRecord(b));
   CK(cudaEventSynchronize(b));
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, a, b));
   const double us = ms * 1000.0 / iters;
+  // Graph replay, as the decoder runs it: one graph holds all n_layers calls
+  // (back to back, like the layers of one token), replayed 50 times.
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  for (int l = 0; l < n_layers; ++l) run(l, st);
+  CK(cudaStreamEndCapture(st, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, st));
+  CK(cudaEventRecord(a, st));
+  for (int i = 0; i < 50; ++i) CK(cudaGraphLaunch(exec, st));
+  CK(cudaEventRecord(b, st));
+  CK(cudaEventSynchronize(b));
+  float gms = 0;
+  CK(cudaEventElapsedTime(&gms, a, b));
+  const double gus = gms * 1000.0 / (50.0 * n_layers);
+  cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaStreamDestroy(st);
   const double bytes = 2.0 * n_head_kv * double(depth) * hd * 2;
-  std::printf("%-4s heads %2d/%d depth %5d: %8.2f us/call, KV %6.2f MB/call, %7.1f GB/s "
-              "(max_splits %d, %d layers rotated)\n",
-              name, n_head, n_head_kv, depth, us, bytes / 1e6, bytes / (us * 1e3), plan->max_splits,
-              n_layers);
+  std::printf("%-4s heads %2d/%d depth %5d: stream %7.2f us/call %7.1f GB/s | graph %7.2f us/call "
+              "%7.1f GB/s | KV %6.2f MB/call (max_splits %d, %d layers rotated)\n",
+              name, n_head, n_head_kv, depth, us, bytes / (us * 1e3), gus, bytes / (gus * 1e3),
+              bytes / 1e6, plan->max_splits, n_layers);
   for (int l = 0; l < n_layers; ++l) cudaFree(k[l]), cudaFree(v[l]);
   cudaFree(q), cudaFree(ws), cudaFree(out), cudaFree(pos);
 }
@@ -77,8 +102,21 @@ void Bench(const char* name, int n_head, int n_head_kv, int depth, int n_layers)
 int main() {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+  std::printf("device %s, %d SMs, L2 %d MB; env:", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
+  for (const char* v : {"DPL_ATTN_LEGACY", "DPL_ATTN_PDL", "DPL_ATTN_SPLITS", "DPL_ATTN_SKIP_COMBINE"}) {
+    const char* e = std::getenv(v);
+    if (e) std::printf(" %s=%s", v, e);
+  }
+  std::printf("\n");
+  // DPL_ATTN_BENCH_QUICK=1: only the depth-3254 rows and depth 1024 (sweeps).
+  const char* quick = std::getenv("DPL_ATTN_BENCH_QUICK");
+  if (quick && quick[0] == '1') {
+    Bench("7B", 28, 4, 3254, 28);
+    Bench("14B", 40, 8, 3254, 16);
+    Bench("7B", 28, 4, 1024, 28);
+    return 0;
+  }
   // Caches of n_ctx = 32768 per layer (K+V: 7B 67 MB, 14B 134 MB). At depth
   // 3254 the live rows of 28 (7B) / 16 (14B) rotated layers are 187 / 213 MB,
   // at 32768 four layers are 268 / 537 MB: all well past the 60 MB L2.

@@ -130,7 +130,7 @@ void RunCase(int n_head, int n_head_kv, int hd, int n_ctx, int len, float q_scal
 }
 
 TEST_CASE("decode attention, GQA 7:1 (Qwen2.5-7B)") {
-  for (int len : {1, 7, 33, 3254, 32768}) RunCase(28, 4, 128, 32768, len, 1.0f);
+  for (int len : {1, 7, 33, 129, 3254, 32768}) RunCase(28, 4, 128, 32768, len, 1.0f);
   RunCase(28, 4, 128, 32768, 3254, 6.0f);  // peaky softmax
 }
 
