@@ -53,10 +53,11 @@ struct MatVecIo {
   const float* bias = nullptr;          // (n_rows) or null, added for every token
   const float* residual = nullptr;      // (n_tokens, n_rows) or null; may equal y
   // 0: KSplitFor(n_rows) for one token, 1 for the tiled kernel
-  // (matvec_geometry.h); 1 or kKSplit forces one (tests and tuning).
+  // (matvec_geometry.h); 1 or kKSplit forces one (tests and tuning; the
+  // v2 single-token kernel also takes 2 and 8).
   int force_ksplit = 0;
-  // 0: DecodeDepthFor(n_rows); 2 or 4 forces the single-token kernel's load
-  // depth (the tiled kernel always uses 2).
+  // 0: the measured default; 2 or 4 (v2 also 1) forces the single-token
+  // kernel's load depth (the tiled kernel always uses 2).
   int force_depth = 0;
 };
 

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/matvec/matvec.h"
+#include "kernels/matvec/matvec_kernels.h"
 #include "kernels/matvec/matvec_test_util.h"
 
 namespace dpl::kernels {
@@ -101,11 +102,12 @@ int BenchShape(const Shape& s, MatVecScratch* scratch, int64_t l2_bytes) {
   cudaEvent_t e0, e1;
   BENCH_CUDA(cudaEventCreate(&e0));
   BENCH_CUDA(cudaEventCreate(&e1));
-  const int iters = s.n_tokens > 1 ? 20 : 200;
+  const int iters = s.n_tokens > 1 ? 20 : 100;
   auto time_loop = [&](bool with_quantize, float* ms) -> absl::Status {
     for (int warm = 0; warm < 2; ++warm) {
+      const int n = warm == 0 ? std::max(2, iters / 8) : iters;
       if (cudaEventRecord(e0) != cudaSuccess) return absl::InternalError("event");
-      for (int i = 0; i < iters; ++i) {
+      for (int i = 0; i < n; ++i) {
         w.data = dw + (i % copies) * slot;
         if (with_quantize && quant) {
           absl::Status st = QuantizeActivations(dx, s.n_cols, s.n_tokens, scratch, nullptr);
@@ -133,20 +135,70 @@ int BenchShape(const Shape& s, MatVecScratch* scratch, int64_t l2_bytes) {
               static_cast<long>(s.n_cols), static_cast<long>(s.n_tokens), bytes / 1e6,
               static_cast<long>(copies), KSplitFor(s.n_rows), us, gbs, 100.0 * gbs / kPeakGBs,
               us_all, 100.0 * bytes / (us_all * 1e-6) / 1e9 / kPeakGBs);
-  // Every k-split / depth variant, for tuning the defaults.
+  std::printf("\n");
+  if (s.n_tokens > 1) {
+    std::fflush(stdout);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(dw);
+    return 0;
+  }
+  // A/B in one binary: the legacy kernel (its default and every k-split /
+  // depth), then every v2 geometry (matvec_geometry.h), for tuning the defaults.
+  DecodeOverride& ov = DecodeOverrideForTesting();
+  auto time_config = [&](const char* label, double* best_us, std::string* best) -> absl::Status {
+    absl::Status st = time_loop(false, &ms_mv);
+    if (!st.ok()) return st;
+    const double u = ms_mv * 1e3 / iters;
+    std::printf(" %s %.2f", label, u);
+    if (u < *best_us) {
+      *best_us = u;
+      *best = label;
+    }
+    return absl::OkStatus();
+  };
+  double best_us = 1e30;
+  std::string best;
+  std::printf("    legacy:");
+  ov = DecodeOverride{};
+  ov.variant = 0;
+  BENCH_OK(time_config("default", &best_us, &best));
+  const double legacy_us = best_us;
   const int configs[][2] = {{1, 2}, {1, 4}, {kKSplit, 2}, {kKSplit, 4}};
   for (const auto& cfg : configs) {
-    if (s.n_tokens > 1 && cfg[1] == 4) continue;
     io.force_ksplit = cfg[0];
     io.force_depth = cfg[1];
-    BENCH_OK(time_loop(false, &ms_mv));
-    const double u = ms_mv * 1e3 / iters;
-    std::printf(" ks%d/d%d %.2f us %.1f%%", cfg[0], cfg[1], u,
-                100.0 * bytes / (u * 1e-6) / 1e9 / kPeakGBs);
+    const std::string label = absl::StrCat("ks", cfg[0], "d", cfg[1]);
+    BENCH_OK(time_config(label.c_str(), &best_us, &best));
   }
   io.force_ksplit = 0;
   io.force_depth = 0;
-  std::printf("\n");
+  std::printf("\n    v2:");
+  ov.variant = 1;
+  double v2_us = 1e30;
+  std::string v2_best;
+  BENCH_OK(time_config("default", &v2_us, &v2_best));
+  const double v2_default_us = v2_us;
+  for (int ks : {1, 2, 4, 8}) {
+    for (int depth : {1, 2, 4}) {
+      for (int pipe : {0, 1}) {
+        ov.ksplit = ks;
+        ov.depth = depth;
+        ov.pipe = pipe;
+        const std::string label = absl::StrCat("ks", ks, "d", depth, pipe ? "p" : "");
+        BENCH_OK(time_config(label.c_str(), &v2_us, &v2_best));
+      }
+    }
+  }
+  ov = DecodeOverride{};
+  std::printf("\n    AB %-26s legacy default %.2f us (%.1f%%) | v2 default %.2f us (%.1f%%) | "
+              "best legacy %s %.2f | best v2 %s %.2f us (%.1f%%)\n",
+              s.name, legacy_us, 100.0 * bytes / (legacy_us * 1e-6) / 1e9 / kPeakGBs,
+              v2_default_us, 100.0 * bytes / (v2_default_us * 1e-6) / 1e9 / kPeakGBs,
+              best.c_str(), best_us, v2_best.c_str(), v2_us,
+              100.0 * bytes / (v2_us * 1e-6) / 1e9 / kPeakGBs);
   std::fflush(stdout);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);

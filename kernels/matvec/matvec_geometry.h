@@ -50,6 +50,17 @@ inline int RowsPerCta(int ksplit) { return kRowsPerCta / ksplit; }
 // many-wave lm-head shapes (152064x3584 q6_K dpl ~112-119 us vs 120), and
 // costs 5-30% on the one-wave FFN shapes (it lowers occupancy).
 inline int DecodeDepthFor(int64_t n_rows) { return n_rows >= 65536 ? 4 : 2; }
+
+// The v2 single-token kernel (matvec_kernels.cu, MatVecDecodeT) generalizes
+// the k-split to KS in {1, 2, 4, 8} warps per 4-row group, in CTAs of
+// max(4, KS) warps (KS = 8: 256 threads, so a 512-row matrix gets 8 warps per
+// SM instead of 4), and can software-pipeline: the next D steps of weights
+// are loaded into registers before the current D are dotted, so loads stay in
+// flight while the lane computes. Per lane the steps are still summed in
+// ascending order and the warps of a group added in warp order, so for KS 1
+// and 4 its results are bit-identical to the legacy kernel's.
+inline int DecodeWarpsPerCta(int ksplit) { return ksplit < 4 ? 4 : ksplit; }
+inline int DecodeRowsPerCta(int ksplit) { return kRowsPerWarp * DecodeWarpsPerCta(ksplit) / ksplit; }
 inline constexpr int64_t kMaxGridY = 65535;
 
 // Activations are quantized in blocks of this many values (int8 + f32 scale).

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "formats/dequant.h"
 #include "kernels/matvec/matvec.h"
+#include "kernels/matvec/matvec_kernels.h"
 #include "kernels/matvec/matvec_test_util.h"
 
 namespace dpl::kernels {
@@ -130,6 +131,43 @@ double NormErr(const float* got, const std::vector<double>& ref) {
 
 bool IsQuantized(GgmlType t) { return t != GgmlType::kF32 && t != GgmlType::kF16; }
 
+// One choice of single-token kernel: variant -1 default, 0 legacy, 1 v2;
+// ks 0 = the default geometry (then depth/pipe are ignored).
+struct DecodeConfig {
+  int variant;
+  int ks;
+  int depth;
+  int pipe;
+  std::string Name() const {
+    const char* v = variant < 0 ? "default" : (variant == 0 ? "legacy" : "v2");
+    if (ks == 0) return absl::StrCat(v, " geometry");
+    return absl::StrCat(v, " ks", ks, " d", depth, pipe > 0 ? " pipe" : "");
+  }
+};
+
+std::vector<DecodeConfig> AllDecodeConfigs() {
+  std::vector<DecodeConfig> c = {{-1, 0, 0, -1}, {0, 0, 0, -1}, {0, 1, 2, -1},
+                                 {0, 1, 4, -1},  {0, 4, 2, -1}, {0, 4, 4, -1}};
+  for (int ks : {1, 2, 4, 8}) {
+    for (int depth : {1, 2, 4}) {
+      for (int pipe : {0, 1}) c.push_back({1, ks, depth, pipe});
+    }
+  }
+  return c;
+}
+
+// Sets DecodeOverrideForTesting for one scope.
+struct ScopedDecode {
+  explicit ScopedDecode(const DecodeConfig& c) {
+    DecodeOverride& o = DecodeOverrideForTesting();
+    o.variant = c.variant;
+    o.ksplit = c.variant == 1 ? c.ks : 0;
+    o.depth = c.variant == 1 ? c.depth : 0;
+    o.pipe = c.pipe;
+  }
+  ~ScopedDecode() { DecodeOverrideForTesting() = DecodeOverride{}; }
+};
+
 struct Case {
   GgmlType type;
   TensorLayout layout;
@@ -152,19 +190,21 @@ void CheckCase(const Case& c, MatVecScratch* scratch) {
   const std::vector<double> ref_q = RefMatVec(w, c.n_rows, c.n_cols, xq.data());
   MatVecKernel k;
   STATUS_OK(PlanMatVec(dm.w, &k));
-  // The default path (MatVec: plan + quantize + run), then every k-split and
-  // load-depth variant on the same quantized x.
-  const int configs[][2] = {{0, 0}, {1, 2}, {1, 4}, {kKSplit, 2}, {kKSplit, 4}};
-  for (const auto& cfg : configs) {
-    if (cfg[0] == 0) {
+  // The default path (MatVec: plan + quantize + run) with the default and the
+  // legacy single-token kernel, then every k-split / load-depth variant of
+  // both kernels on the same quantized x.
+  const std::vector<DecodeConfig> configs = AllDecodeConfigs();
+  for (const DecodeConfig& cfg : configs) {
+    ScopedDecode scoped(cfg);
+    if (cfg.ks == 0) {
       STATUS_OK(MatVec(dm.w, dx.p, dy.p, nullptr, nullptr, scratch, nullptr));
     } else {
       MatVecIo io;
       io.x = dx.p;
       io.qx = scratch;
       io.y = dy.p;
-      io.force_ksplit = cfg[0];
-      io.force_depth = cfg[1];
+      io.force_ksplit = cfg.ks;
+      io.force_depth = cfg.depth;
       STATUS_OK(RunMatVec(dm.w, k, io, nullptr));
     }
     const std::vector<float> y = dy.Download();
@@ -172,7 +212,7 @@ void CheckCase(const Case& c, MatVecScratch* scratch) {
     const double err = NormErr(y.data(), ref);
     const std::string name =
         absl::StrCat(MatVecKernelName(k), " ", c.n_rows, "x", c.n_cols, " stride ", m.row_stride,
-                     cfg[0] == 0 ? " default" : absl::StrCat(" ks", cfg[0], " d", cfg[1]));
+                     " ", cfg.Name());
     if (!IsQuantized(c.type)) {
       std::printf("[matvec] %-40s err vs exact %.3e\n", name.c_str(), err);
       CHECK_MESSAGE(err < (c.type == GgmlType::kF32 ? 1e-5 : 1e-3), name << " err " << err);
@@ -248,6 +288,9 @@ TEST_CASE("matvec: q6_K dpl and raw layouts give bit-identical outputs") {
     HostMatrix raw{GgmlType::kQ6_K, TensorLayout::kRaw, s[0], s[1], s[1] / 256 * 210, dpl.raw, {}};
     DevMatrix ddpl(dpl), draw(raw);
     for (int64_t n_tokens : {int64_t{1}, int64_t{13}}) {
+     for (const DecodeConfig& cfg : AllDecodeConfigs()) {
+      if (n_tokens > 1 && cfg.variant != -1) continue;
+      ScopedDecode scoped(cfg);
       const std::vector<float> x = RandomX(s[1] * n_tokens, 5 + s[1]);
       DevFloats dx(s[1] * n_tokens), ya(s[0] * n_tokens), yb(s[0] * n_tokens);
       dx.Upload(x);
@@ -256,11 +299,12 @@ TEST_CASE("matvec: q6_K dpl and raw layouts give bit-identical outputs") {
       const std::vector<float> a = ya.Download(), b = yb.Download();
       for (float v : a) REQUIRE(std::isfinite(v));
       const bool same = std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-      std::printf("[bitwise] q6_K dpl vs raw %ldx%ld tokens %ld: %s\n", static_cast<long>(s[0]),
-                  static_cast<long>(s[1]), static_cast<long>(n_tokens),
+      std::printf("[bitwise] q6_K dpl vs raw %ldx%ld tokens %ld %s: %s\n", static_cast<long>(s[0]),
+                  static_cast<long>(s[1]), static_cast<long>(n_tokens), cfg.Name().c_str(),
                   same ? "identical" : "DIFFERENT");
       CHECK_MESSAGE(same, "dpl vs raw differ at " << s[0] << "x" << s[1] << " tokens "
-                                                  << n_tokens);
+                                                  << n_tokens << " " << cfg.Name());
+     }
     }
   }
 }
@@ -371,10 +415,30 @@ TEST_CASE("matvec: both k-split settings agree on the same matrix") {
     io.qx = &sh.s;
     io.y = ya.p;
     io.force_ksplit = 1;
-    STATUS_OK(RunMatVec(dm.w, k, io, nullptr));
+    {
+      ScopedDecode legacy({0, 0, 0, -1});
+      STATUS_OK(RunMatVec(dm.w, k, io, nullptr));
+    }
     io.y = yb.p;
     io.force_ksplit = kKSplit;
-    STATUS_OK(RunMatVec(dm.w, k, io, nullptr));
+    {
+      ScopedDecode legacy({0, 0, 0, -1});
+      STATUS_OK(RunMatVec(dm.w, k, io, nullptr));
+    }
+    for (int ks : {2, 8}) {
+      DevFloats yc(c.n_rows);
+      ScopedDecode scoped({1, ks, 2, 1});
+      io.y = yc.p;
+      io.force_ksplit = 0;
+      STATUS_OK(RunMatVec(dm.w, k, io, nullptr));
+      const std::vector<float> a = ya.Download(), cc = yc.Download();
+      std::vector<double> cd(cc.begin(), cc.end());
+      const double e = NormErr(a.data(), cd);
+      std::printf("[ksplit] %-10s %ldx%ld: k-split 1 vs v2 %d normalized diff %.3e\n",
+                  std::string(formats::TraitsOf(c.type).name).c_str(),
+                  static_cast<long>(c.n_rows), static_cast<long>(c.n_cols), ks, e);
+      CHECK(e < 1e-6);
+    }
     const std::vector<float> a = ya.Download(), b = yb.Download();
     std::vector<double> bd(b.begin(), b.end());
     const double err = NormErr(a.data(), bd);

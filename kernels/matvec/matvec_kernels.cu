@@ -17,6 +17,11 @@
 // (broadcast) instead of once per row. Each lane keeps two steps of weight
 // loads in flight before computing.
 //
+// Single-token decode runs MatVecDecodeT (v2: pipelined loads, k-split 1/2/4/8,
+// geometry per type and height chosen in matvec.cc from the H200 sweep) where
+// it measured faster, the legacy MatVecKernelT elsewhere (DPL_MATVEC_LEGACY=1
+// forces the legacy kernel everywhere).
+//
 // Accumulation order (fixed, relied on by the dpl-vs-raw bitwise test): each
 // lane sums its steps in ascending order (step it, then it+1), then the 8 lanes
 // of a row are combined by xor-shuffles over distances 4, 2, 1.
@@ -508,6 +513,90 @@ __global__ void __launch_bounds__(kThreadsPerCta) MatVecKernelT(const MatVecArgs
   }
 }
 
+// ---------------------------------------------------------------------------
+// The v2 single-token kernel:  y[r] = sum over steps of U::Dot (+ bias[r]) (+ residual[r])
+// A CTA holds max(4, KS) warps; KS consecutive warps share one group of 4
+// rows (warp w: group w / KS, part w % KS), part s takes the D consecutive
+// steps starting at D (s + KS j), and the parts are added in part order
+// through shared memory. Why: one-wave mid-size matrices (3584..18944 rows)
+// are latency-bound: every warp walks its row in a few serial round trips
+// to HBM. kPipe keeps the next D steps' loads in flight while the current D
+// are dotted (a register double buffer), and KS = 2 / 8 give the planner
+// grids between the legacy 16-row and 4-row CTAs. Summation order per row is
+// the legacy one (steps ascending per lane, lanes by xor 4/2/1, parts in
+// order), so KS 1/4 match the legacy kernel bit for bit, and the q6_K raw and
+// dpl layouts (same Dot, same mapping) stay bit-identical for every KS/D.
+template <class U, int KS, int D, bool kPipe>
+__global__ void __launch_bounds__(32 * (KS < 4 ? 4 : KS)) MatVecDecodeT(const MatVecArgs a) {
+  constexpr int kWarps = KS < 4 ? 4 : KS;
+  constexpr int kRows = kRowsPerWarp * kWarps / KS;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int p = lane & (kLanesPerRow - 1);
+  const int g = lane / kLanesPerRow;  // row within the group's 4 rows
+  const int part = warp % KS;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRows + (warp / KS) * kRowsPerWarp;
+  if (KS == 1 && row0 >= a.n_rows) return;  // the whole warp is past the last row
+  const int64_t row = row0 + g;
+  const bool row_ok = row < a.n_rows;
+  const XView xv = TokenX(a, 0);
+  float acc = 0.f;
+  if (row_ok) {
+    const uint8_t* wrow = a.w + row * a.row_stride;  // (row_stride) bytes
+    const int steps = U::Steps(a);
+    int it = D * part;
+    typename U::Regs r[D];
+    bool ok[D];
+#pragma unroll
+    for (int k = 0; k < D; ++k) ok[k] = it + k < steps && U::Load(r[k], wrow, a, it + k, p);
+    while (it < steps) {
+      const int nx = it + D * KS;
+      if constexpr (kPipe) {
+        typename U::Regs n[D];
+        bool nok[D];
+#pragma unroll
+        for (int k = 0; k < D; ++k) nok[k] = nx + k < steps && U::Load(n[k], wrow, a, nx + k, p);
+#pragma unroll
+        for (int k = 0; k < D; ++k) {
+          if (ok[k]) acc += U::Dot(r[k], xv, it + k, p);
+        }
+#pragma unroll
+        for (int k = 0; k < D; ++k) {
+          r[k] = n[k];
+          ok[k] = nok[k];
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < D; ++k) {
+          if (ok[k]) acc += U::Dot(r[k], xv, it + k, p);
+        }
+#pragma unroll
+        for (int k = 0; k < D; ++k) ok[k] = nx + k < steps && U::Load(r[k], wrow, a, nx + k, p);
+      }
+      it = nx;
+    }
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  if constexpr (KS > 1) {
+    __shared__ float parts[kWarps][kRowsPerWarp];  // (warp, row) partial sums
+    if (p == 0) parts[warp][g] = acc;
+    __syncthreads();
+    if (part != 0) return;
+    float v = parts[warp][g];
+#pragma unroll
+    for (int k = 1; k < KS; ++k) v += parts[warp + k][g];
+    acc = v;
+  }
+  if (row_ok && p == 0) {
+    float v = acc;
+    if (a.bias != nullptr) v += a.bias[row];
+    if (a.residual != nullptr) v += a.residual[row];  // may alias y: read before write
+    a.y[row] = v;
+  }
+}
+
 // Activation quantization, one warp per block of 32 values:
 //   d = max|x| / 127,  q_i = clamp(rint(x_i / d), -127, 127)  (0 when d == 0),
 //   s = d * sum_i q_i   (the q4_K min term uses it)
@@ -562,6 +651,74 @@ absl::Status Launch(const MatVecArgs& a, int token_tile, int ksplit, int depth, 
   DPL_CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }
+
+template <class U, int KS, int D>
+void LaunchDecodePipe(const MatVecArgs& a, bool pipe, dim3 grid, cudaStream_t stream) {
+  constexpr int kThreads = 32 * (KS < 4 ? 4 : KS);
+  if (pipe) {
+    MatVecDecodeT<U, KS, D, true><<<grid, kThreads, 0, stream>>>(a);
+  } else {
+    MatVecDecodeT<U, KS, D, false><<<grid, kThreads, 0, stream>>>(a);
+  }
+}
+
+template <class U, int KS>
+void LaunchDecodeDepth(const MatVecArgs& a, int depth, bool pipe, dim3 grid, cudaStream_t stream) {
+  if (depth == 1) {
+    LaunchDecodePipe<U, KS, 1>(a, pipe, grid, stream);
+  } else if (depth == 4) {
+    LaunchDecodePipe<U, KS, 4>(a, pipe, grid, stream);
+  } else {
+    LaunchDecodePipe<U, KS, 2>(a, pipe, grid, stream);
+  }
+}
+
+template <class U>
+absl::Status LaunchDecode(const MatVecArgs& a, int ksplit, int depth, bool pipe, dim3 grid,
+                          cudaStream_t stream) {
+  switch (ksplit) {
+    case 1: LaunchDecodeDepth<U, 1>(a, depth, pipe, grid, stream); break;
+    case 2: LaunchDecodeDepth<U, 2>(a, depth, pipe, grid, stream); break;
+    case 4: LaunchDecodeDepth<U, 4>(a, depth, pipe, grid, stream); break;
+    default: LaunchDecodeDepth<U, 8>(a, depth, pipe, grid, stream); break;
+  }
+  DPL_CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+DecodeOverride& DecodeOverrideForTesting() {
+  static DecodeOverride o;
+  return o;
+}
+
+absl::Status LaunchMatVecDecode(MatVecKernel kernel, const MatVecArgs& a, int ksplit, int depth,
+                                bool pipe, int64_t grid_y, cudaStream_t stream) {
+  if ((ksplit != 1 && ksplit != 2 && ksplit != 4 && ksplit != 8) ||
+      (depth != 1 && depth != 2 && depth != 4) || a.n_tokens != 1 || grid_y <= 0 ||
+      grid_y > kMaxGridY) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec v2: k-split ", ksplit, " / depth ",
+                                                   depth, " / tokens ", a.n_tokens, " / grid ",
+                                                   grid_y, " not supported"));
+  }
+  const dim3 grid(1, static_cast<unsigned>(grid_y));
+  switch (kernel) {
+    case MatVecKernel::kF32: return LaunchDecode<F32Vec>(a, ksplit, depth, pipe, grid, stream);
+    case MatVecKernel::kF32Scalar: return LaunchDecode<FloatScalar<false>>(a, ksplit, depth, pipe, grid, stream);
+    case MatVecKernel::kF16: return LaunchDecode<F16Vec>(a, ksplit, depth, pipe, grid, stream);
+    case MatVecKernel::kF16Scalar: return LaunchDecode<FloatScalar<true>>(a, ksplit, depth, pipe, grid, stream);
+    case MatVecKernel::kQ8_0: return LaunchDecode<Q8_0>(a, ksplit, depth, pipe, grid, stream);
+    case MatVecKernel::kQ5_0: return LaunchDecode<Q5_0>(a, ksplit, depth, pipe, grid, stream);
+    case MatVecKernel::kQ4K: return LaunchDecode<Q4K>(a, ksplit, depth, pipe, grid, stream);
+    case MatVecKernel::kQ6KRaw: return LaunchDecode<Q6K<false>>(a, ksplit, depth, pipe, grid, stream);
+    case MatVecKernel::kQ6KDpl: return LaunchDecode<Q6K<true>>(a, ksplit, depth, pipe, grid, stream);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("matvec v2: unknown kernel id ", static_cast<int>(kernel)));
+}
+
+namespace {
 
 }  // namespace
 

@@ -35,6 +35,25 @@ struct MatVecArgs {
 absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& args, int token_tile, int ksplit,
                           int depth, int64_t grid_x, int64_t grid_y, cudaStream_t stream);
 
+// The v2 single-token kernel (n_tokens == 1): ksplit in {1, 2, 4, 8}, depth
+// in {1, 2, 4}, pipe: prefetch the next depth steps before dotting the
+// current ones. grid_y = ceil(n_rows / DecodeRowsPerCta(ksplit)).
+absl::Status LaunchMatVecDecode(MatVecKernel kernel, const MatVecArgs& args, int ksplit, int depth,
+                                bool pipe, int64_t grid_y, cudaStream_t stream);
+
+// Overrides of the single-token kernel choice, for the GPU test and the bench
+// (A/B in one binary). variant: -1 default, 0 legacy kernel, 1 v2 kernel;
+// ksplit/depth 0 and pipe -1 keep the chosen value. Not thread-safe: set it
+// only in single-threaded test/bench code. DPL_MATVEC_LEGACY=1 in the
+// environment makes the legacy kernel the default.
+struct DecodeOverride {
+  int variant = -1;
+  int ksplit = 0;
+  int depth = 0;
+  int pipe = -1;
+};
+DecodeOverride& DecodeOverrideForTesting();
+
 // Quantizes n_blocks consecutive blocks of 32 floats (x: (n_blocks * 32)):
 // q: (n_blocks * 32) int8, d: (n_blocks) scales, s: (n_blocks) d * sum(q).
 absl::Status LaunchQuantizeActivations(const float* x, int64_t n_blocks, int8_t* q, float* d,
