@@ -542,7 +542,6 @@ SplitFn PickSplitT(int group) {
 //   DPL_ATTN_LEGACY=1        the register-pipelined split kernel
 //   DPL_ATTN_PDL=0           plain (non-programmatic) combine launch
 //   DPL_ATTN_SPLITS=N        max_splits = min(N, ceil(n_ctx / kAttnMinChunk))
-//   DPL_ATTN_SKIP_COMBINE=1  diagnosis only: no combine (output is garbage)
 int EnvInt(const char* name, int fallback) {
   const char* e = std::getenv(name);
   return e != nullptr && e[0] != '\0' ? std::atoi(e) : fallback;
@@ -557,10 +556,6 @@ bool UsePdl() {
 }
 int SplitsOverride() {
   static const int v = EnvInt("DPL_ATTN_SPLITS", 0);
-  return v;
-}
-bool SkipCombine() {
-  static const bool v = EnvInt("DPL_ATTN_SKIP_COMBINE", 0) == 1;
   return v;
 }
 
@@ -685,7 +680,6 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = UsePdl() ? 1 : 0;
-  if (SkipCombine()) return absl::OkStatus();
   if (plan.head_dim == 64) {
     DPL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, AttnCombineKernel<64>, ws_acc, ws_ml, d_pos,
                                       plan.n_ctx, plan.max_splits, out));

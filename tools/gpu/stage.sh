@@ -2,6 +2,7 @@
 # Builds everything the GPU suite needs and packs it into .gpu/suite/ (git-
 # ignored), ready to be carried to the GPU machine (suite.sh unpacks it):
 #   tools/gpu/stage.sh && (device) tools/gpu/suite.sh .gpu/suite all
+#   or (device) bash .gpu/suite/final_ab.sh   (tests, end to end, new-vs-legacy bench)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(
@@ -32,4 +33,5 @@ shared=${DPL_SHARED_DIR:-../shared}
 for m in ora-llama-f32 ora-qwen2-f32 small-llama-q4km small-qwen2-q4km ${WITH_VOCAB_MODEL:+tiny-qwen2-vocab-q4km}; do
   cp "$shared/oracle/$m".* "$out/shared/oracle/"
 done
+cp tools/gpu/suite.sh tools/gpu/final_ab.sh "$out/"
 du -sh "$out"
