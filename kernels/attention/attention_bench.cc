@@ -104,7 +104,7 @@ int main() {
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs, L2 %d MB; env:", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
-  for (const char* v : {"DPL_ATTN_LEGACY", "DPL_ATTN_PDL", "DPL_ATTN_SPLITS", "DPL_ATTN_SKIP_COMBINE"}) {
+  for (const char* v : {"DPL_ATTN_LEGACY", "DPL_ATTN_PDL", "DPL_ATTN_SPLITS"}) {
     const char* e = std::getenv(v);
     if (e) std::printf(" %s=%s", v, e);
   }
