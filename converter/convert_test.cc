@@ -195,3 +195,39 @@ TEST_CASE("dpl-inspect reports metadata, tensors and totals; checksums on demand
 
 }  // namespace
 }  // namespace dpl::converter
+
+namespace dpl::converter {
+namespace {
+
+TEST_CASE("OpenIndex reads a compressed .dpl's table and metadata without inflating it") {
+  const std::string in = Oracle("small-qwen2-q4km.gguf");
+  const std::string out = Tmp("index.z.dpl");
+  ConvertOptions opt;
+  opt.compress = true;
+  opt.frame_bytes = 1 << 20;
+  REQUIRE(ConvertGgufToDpl(in, out, opt).ok());
+  auto full = formats::ModelFile::Open(out);
+  auto index = formats::ModelFile::OpenIndex(out);
+  REQUIRE(full.ok());
+  REQUIRE(index.ok());
+  REQUIRE((*index)->tensors().size() == (*full)->tensors().size());
+  for (size_t i = 0; i < (*full)->tensors().size(); ++i) {
+    const formats::TensorView& a = (*full)->tensors()[i];
+    const formats::TensorView& b = (*index)->tensors()[i];
+    CHECK(a.name == b.name);
+    CHECK(a.data_offset == b.data_offset);
+    CHECK(a.n_bytes == b.n_bytes);
+    CHECK(a.data != nullptr);
+    CHECK(b.data == nullptr);  // nothing inflated
+  }
+  CHECK((*index)->metadata().size() == (*full)->metadata().size());
+  // An uncompressed file maps, so its index views point into the mapping.
+  const std::string plain = Tmp("index.dpl");
+  REQUIRE(ConvertGgufToDpl(in, plain, {}).ok());
+  auto plain_index = formats::ModelFile::OpenIndex(plain);
+  REQUIRE(plain_index.ok());
+  CHECK((*plain_index)->tensors()[0].data != nullptr);
+}
+
+}  // namespace
+}  // namespace dpl::converter
