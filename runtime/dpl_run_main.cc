@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
       ("f,file", "read the prompt from a file", cxxopts::value<std::string>())
       ("n,n-predict", "tokens to generate (-1: until end of generation)",
        cxxopts::value<int32_t>()->default_value("-1"))
-      ("c,ctx-size", "context size (0: the model's, capped at 4096)",
+      ("c,ctx-size", "context size (0: the model's training context; the cpu device caps it at 4096)",
        cxxopts::value<int64_t>()->default_value("4096"))
       ("s,seed", "sampling seed (-1: random)", cxxopts::value<int64_t>()->default_value("-1"))
       ("temp", "temperature (0: greedy)", cxxopts::value<float>()->default_value("0.8"))
