@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "formats/byte_reader.h"
 #include "formats/mapped_file.h"
+#include "formats/parallel_for.h"
 
 namespace dpl::formats {
 namespace {
@@ -427,27 +428,8 @@ absl::Status DplFile::DecompressFrame(size_t i, uint8_t* dst) const {
 }
 
 absl::Status DplFile::DecompressAll(uint8_t* dst, int threads) const {
-  threads = std::max(1, std::min<int>(threads, static_cast<int>(frames_.size())));
-  std::atomic<size_t> next{0};
-  std::vector<absl::Status> errors(threads);
-  auto work = [&](int w) {
-    for (size_t i = next++; i < frames_.size(); i = next++) {
-      absl::Status s = DecompressFrame(i, dst + frames_[i].raw_offset);
-      if (!s.ok()) {
-        errors[w] = s;
-        next = frames_.size();
-        return;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int w = 1; w < threads; ++w) pool.emplace_back(work, w);
-  work(0);
-  for (std::thread& t : pool) t.join();
-  for (const absl::Status& s : errors) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return ParallelFor(threads, frames_.size(),
+                     [&](size_t i) { return DecompressFrame(i, dst + frames_[i].raw_offset); });
 }
 
 absl::Status DplFile::VerifyChecksum(const DplTensorEntry& t, const uint8_t* region) const {

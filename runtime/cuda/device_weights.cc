@@ -13,35 +13,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "formats/parallel_for.h"
 #include "kernels/cuda_check.h"
 
 namespace dpl::runtime {
-namespace {
-
-// Runs fn(i) for i in [0, n) on `threads` workers; first error wins.
-absl::Status ParallelFor(int threads, size_t n, const std::function<absl::Status(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  std::vector<absl::Status> errors(threads);
-  auto work = [&](int w) {
-    for (size_t i = next++; i < n; i = next++) {
-      absl::Status s = fn(i);
-      if (!s.ok()) {
-        errors[w] = s;
-        next = n;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int w = 1; w < threads; ++w) pool.emplace_back(work, w);
-  work(0);
-  for (std::thread& t : pool) t.join();
-  for (const absl::Status& s : errors) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::pair<uint64_t, uint64_t>> DeviceMemoryInfo() {
   size_t free_bytes = 0, total_bytes = 0;
@@ -133,7 +108,7 @@ absl::Status DeviceWeights::Upload(const LoadOptions& opt) {
     if (region != nullptr) {
       constexpr uint64_t kSlice = 4ull << 20;
       const size_t slices = (n + kSlice - 1) / kSlice;
-      status = ParallelFor(threads, slices, [&](size_t i) {
+      status = formats::ParallelFor(threads, slices, [&](size_t i) {
         const uint64_t off = i * kSlice;
         std::memcpy(dst + off, region + at + off, std::min(kSlice, n - off));
         return absl::OkStatus();
@@ -142,7 +117,7 @@ absl::Status DeviceWeights::Upload(const LoadOptions& opt) {
       const uint64_t fr = f.header().frame_raw_bytes;
       const size_t first = at / fr;
       const size_t count = (n + fr - 1) / fr;
-      status = ParallelFor(threads, count, [&](size_t i) {
+      status = formats::ParallelFor(threads, count, [&](size_t i) {
         return f.DecompressFrame(first + i, dst + i * fr);
       });
     }
