@@ -34,7 +34,7 @@ done
 
 # Whole small models too: the shared files are longer than -max_len, so the
 # fuzzer sees only their heads; these fit entirely.
-for preset in tiny-llama tiny-qwen2; do
+for preset in micro-qwen2 tiny-llama tiny-qwen2; do
   "$synth" "$preset" "$work/gguf/synth-$preset.gguf" >/dev/null
   "$convert" -q "$work/gguf/synth-$preset.gguf" "$work/dpl/synth-$preset.dpl" >/dev/null
   "$convert" -q --compress --frame-mib 1 "$work/gguf/synth-$preset.gguf" "$work/dpl/synth-$preset.z.dpl" >/dev/null

@@ -77,6 +77,9 @@ std::vector<Preset> MakePresets() {
             "test shape of oracle ora-llama-f32 (--ftype f32)"),
       Qwen2("ora-qwen2", 256, 2, 2, 1, 128, 768, 2048, 4096, /*tied=*/true,
             "test shape of oracle ora-qwen2-f32 (--ftype f32)"),
+      // The smallest file with every Q4_K_M tensor kind (~0.3 MB): fuzzer seeds.
+      Qwen2("micro-qwen2", 256, 1, 4, 2, 64, 256, 256, 256, /*tied=*/false,
+            "fuzzer seed shape: 256 / 1 layer / 4 (2) heads / ffn 256 / vocab 256"),
   };
 }
 
