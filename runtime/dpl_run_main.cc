@@ -12,6 +12,8 @@
 #include <iostream>
 #include <random>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <cxxopts.hpp>
 
@@ -95,9 +97,18 @@ int main(int argc, char** argv) {
        cxxopts::value<std::string>()->default_value("cuda"))
       ("t,threads", "CPU threads (0: all)", cxxopts::value<int>()->default_value("0"))
       ("h,help", "show this help");
+  // llama.cpp spells two long options with one dash (-cnv, -sys); cxxopts
+  // would read them as -c nv and -s ys, so they are renamed before parsing.
+  std::vector<std::string> renamed(argv, argv + argc);
+  for (std::string& a : renamed) {
+    if (a == "-cnv") a = "--conversation";
+    if (a == "-sys") a = "--system-prompt";
+  }
+  std::vector<char*> args_v;
+  for (std::string& a : renamed) args_v.push_back(a.data());
   cxxopts::ParseResult args;
   try {
-    args = options.parse(argc, argv);
+    args = options.parse(static_cast<int>(args_v.size()), args_v.data());
   } catch (const std::exception& e) {
     return Fail(e.what());
   }

@@ -31,6 +31,22 @@ ids=$("$tokenize" -m "$shared/oracle/tiny-qwen2-vocab-q4km.gguf" -p "$(cat "$sha
 want=$(tr -d ' \n' <"$shared/oracle/tiny-qwen2-vocab-q4km.tokens")
 if [[ -n $ids && $want == "$ids",* ]]; then ok "dpl-tokenize oracle prompt"; else bad "dpl-tokenize oracle prompt: $ids"; fi
 
+# Chat on the CPU device: a system prompt, two user turns from standard input,
+# greedy; each turn's prompt extends the cached conversation.
+"$convert" -q "$shared/oracle/tiny-qwen2-vocab-q4km.gguf" "$tmp/chat.dpl" >/dev/null
+printf 'Hello there\nAnd again\n' |
+  "$run" -m "$tmp/chat.dpl" --device cpu -cnv -sys "Be brief." -n 6 --temp 0 >"$tmp/chat.txt" 2>"$tmp/chat.err"
+rc=$?
+# Two answers of 6 tokens each, one line each.
+if [[ $rc -eq 0 ]] && grep -q "generated: .* 12 tokens" "$tmp/chat.err" && [[ $(grep -c . "$tmp/chat.txt") -eq 2 ]]; then
+  ok "dpl-run -cnv: two turns from stdin"
+else
+  bad "dpl-run -cnv (rc=$rc)"; cat "$tmp/chat.err"
+fi
+"$run" -m "$tmp/chat.dpl" --device cpu --single-turn -p "Hi" -n 4 --temp 0 >"$tmp/single.txt" 2>"$tmp/single.err"
+if [[ $? -eq 0 ]] && grep -q "generated: .* 4 tokens" "$tmp/single.err"; then ok "dpl-run --single-turn"; else
+  bad "dpl-run --single-turn"; cat "$tmp/single.err"; fi
+
 expect_error() {  # NAME PATTERN CMD...
   local name=$1 pattern=$2; shift 2
   "$@" >"$tmp/out.txt" 2>"$tmp/err.txt"
