@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "formats/byte_reader.h"
+#include "formats/parallel_for.h"
 #include "formats/q6k_dpl.h"
 
 namespace dpl::converter {
@@ -174,29 +175,17 @@ class RegionSink {
     // Compress every frame of the batch in parallel, then write them in order.
     const size_t n_frames = (fill_.size() + chunk_bytes_ - 1) / chunk_bytes_;
     std::vector<std::string> out(n_frames);
-    std::vector<absl::Status> errors(n_frames);
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t i = next++; i < n_frames; i = next++) {
-        const uint64_t begin = i * chunk_bytes_;
-        const uint64_t len = std::min<uint64_t>(chunk_bytes_, fill_.size() - begin);
-        out[i].resize(ZSTD_compressBound(len));
-        const size_t got = ZSTD_compress(out[i].data(), out[i].size(), fill_.data() + begin, len,
-                                         opt_.compress_level);
-        if (ZSTD_isError(got)) {
-          errors[i] = absl::InternalError(absl::StrCat("zstd: ", ZSTD_getErrorName(got)));
-        } else {
-          out[i].resize(got);
-        }
-      }
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads_ && static_cast<size_t>(t) < n_frames; ++t) pool.emplace_back(work);
-    work();
-    for (std::thread& t : pool) t.join();
-    for (const absl::Status& e : errors) {
-      if (!e.ok()) return e;
-    }
+    absl::Status compressed = formats::ParallelFor(threads_, n_frames, [&](size_t i) {
+      const uint64_t begin = i * chunk_bytes_;
+      const uint64_t len = std::min<uint64_t>(chunk_bytes_, fill_.size() - begin);
+      out[i].resize(ZSTD_compressBound(len));
+      const size_t got = ZSTD_compress(out[i].data(), out[i].size(), fill_.data() + begin, len,
+                                       opt_.compress_level);
+      if (ZSTD_isError(got)) return absl::InternalError(absl::StrCat("zstd: ", ZSTD_getErrorName(got)));
+      out[i].resize(got);
+      return absl::OkStatus();
+    });
+    if (!compressed.ok()) return compressed;
     for (const std::string& f : out) {
       absl::Status w = PwriteAll(fd_, f.data(), f.size(), write_at_, path_);
       if (!w.ok()) return w;

@@ -46,8 +46,4 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-void MappedFile::AdviseSequential() const {
-  if (data_ != nullptr) ::madvise(const_cast<uint8_t*>(data_), size_, MADV_SEQUENTIAL);
-}
-
 }  // namespace dpl::formats

@@ -21,9 +21,6 @@ class MappedFile {
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
-  // Hints the kernel that the mapping will be read sequentially.
-  void AdviseSequential() const;
-
  private:
   MappedFile(std::string path, const uint8_t* data, uint64_t size)
       : path_(std::move(path)), data_(data), size_(size) {}
