@@ -47,6 +47,79 @@ void DequantQ5_0(const uint8_t* __restrict b, float* __restrict out) {
   }
 }
 
+// q4_0 block (18 bytes): d:f16, qs:u8[16]. Element j (0..15) is the low
+// nibble of qs[j], element j + 16 the high nibble; w = d * (q - 8).
+void DequantQ4_0(const uint8_t* __restrict b, float* __restrict out) {
+  const float d = LoadF16(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    out[j] = d * static_cast<float>((qs[j] & 0xF) - 8);
+    out[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
+  }
+}
+
+// q4_1 block (20 bytes): d:f16, m:f16, qs:u8[16], nibbles as in q4_0.
+// w = (d * q) + m: the product is rounded to float32 before the add.
+void DequantQ4_1(const uint8_t* __restrict b, float* __restrict out) {
+  const float d = LoadF16(b);
+  const float m = LoadF16(b + 2);
+  const uint8_t* qs = b + 4;
+  for (int j = 0; j < 16; ++j) {
+    const float lo = d * static_cast<float>(qs[j] & 0xF);
+    const float hi = d * static_cast<float>(qs[j] >> 4);
+    out[j] = lo + m;
+    out[j + 16] = hi + m;
+  }
+}
+
+// q5_1 block (24 bytes): d:f16, m:f16, qh:u8[4], qs:u8[16]. The 5-bit q is
+// built as in q5_0 (nibble of qs[j], bit j or j + 16 of the LE u32 qh) but
+// unsigned: w = (d * q) + m, product rounded to float32 first.
+void DequantQ5_1(const uint8_t* __restrict b, float* __restrict out) {
+  const float d = LoadF16(b);
+  const float m = LoadF16(b + 2);
+  const uint32_t qh = LoadU32(b + 4);
+  const uint8_t* qs = b + 8;
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+    const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+    const float lo_scaled = d * static_cast<float>(lo);
+    const float hi_scaled = d * static_cast<float>(hi);
+    out[j] = lo_scaled + m;
+    out[j + 16] = hi_scaled + m;
+  }
+}
+
+// The 16 non-linear levels of iq4_nl and iq4_xs (ggml's kvalues_iq4nl).
+constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113};
+
+// iq4_nl block (18 bytes): d:f16, qs:u8[16], nibbles as in q4_0 (element j
+// low nibble of qs[j], element j + 16 high nibble). w = d * kvalues[q].
+void DequantIQ4_NL(const uint8_t* __restrict b, float* __restrict out) {
+  const float d = LoadF16(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    out[j] = d * static_cast<float>(kIq4NlValues[qs[j] & 0xF]);
+    out[j + 16] = d * static_cast<float>(kIq4NlValues[qs[j] >> 4]);
+  }
+}
+
+// The 6-bit scale `sc` and min `m` of sub-block j (0..7) of a q4_K/q5_K
+// block, packed in 12 bytes:
+//   j < 4:  sc = scales[j] & 63,  m = scales[j + 4] & 63
+//   j >= 4: sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4),
+//           m  = (scales[j + 4] >> 4)  | ((scales[j] >> 6) << 4)
+void KScaleMin(const uint8_t* scales, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = scales[j] & 63;
+    *m = scales[j + 4] & 63;
+  } else {
+    *sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
+    *m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+  }
+}
+
 // q4_K block (144 bytes): d:f16, dmin:f16, scales:u8[12], qs:u8[128].
 // w = (d * sc_j) * q - (dmin * m_j), sub-block j = 32 weights.
 void DequantQ4_K(const uint8_t* __restrict b, float* __restrict out) {
@@ -56,13 +129,7 @@ void DequantQ4_K(const uint8_t* __restrict b, float* __restrict out) {
   const uint8_t* qs = b + 16;
   for (int j = 0; j < 8; ++j) {
     int sc, m;
-    if (j < 4) {
-      sc = scales[j] & 63;
-      m = scales[j + 4] & 63;
-    } else {
-      sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
-      m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
-    }
+    KScaleMin(scales, j, &sc, &m);
     const float dl = d * static_cast<float>(sc);
     const float ml = dmin * static_cast<float>(m);
     // Chunk c = j / 2 uses qs[32c .. 32c + 31]: low nibbles for even j,
@@ -73,6 +140,112 @@ void DequantQ4_K(const uint8_t* __restrict b, float* __restrict out) {
     for (int l = 0; l < 32; ++l) {
       const float scaled = dl * static_cast<float>((q[l] >> shift) & 0xF);
       o[l] = scaled - ml;
+    }
+  }
+}
+
+// q5_K block (176 bytes): d:f16, dmin:f16, scales:u8[12] (packed as in
+// q4_K), qh:u8[32], qs:u8[128]. Sub-block j (32 weights) takes its low 4
+// bits from qs[32 * (j / 2) + l] (low nibble for even j, high for odd) and
+// its fifth bit from bit j of qh[l]. w = (d * sc_j) * q - (dmin * m_j).
+void DequantQ5_K(const uint8_t* __restrict b, float* __restrict out) {
+  const float d = LoadF16(b);
+  const float dmin = LoadF16(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + 48;
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    KScaleMin(scales, j, &sc, &m);
+    const float dl = d * static_cast<float>(sc);
+    const float ml = dmin * static_cast<float>(m);
+    const uint8_t* q = qs + 32 * (j / 2);
+    const int shift = (j & 1) ? 4 : 0;
+    float* o = out + 32 * j;
+    for (int l = 0; l < 32; ++l) {
+      const int v = ((q[l] >> shift) & 0xF) | (((qh[l] >> j) & 1) << 4);
+      const float scaled = dl * static_cast<float>(v);
+      o[l] = scaled - ml;
+    }
+  }
+}
+
+// q3_K block (110 bytes): hmask:u8[32], qs:u8[64], scales:u8[12], d:f16.
+// 16 sub-blocks of 16 with a signed 6-bit scale:
+//   sc_k = ((scales[k % 8] >> 4 * (k / 8)) & 0xF
+//          | ((scales[8 + k % 4] >> 2 * (k / 4)) & 3) << 4) - 32.
+// Weight i = 128c + 32s + l (c 0..1, s 0..3, l 0..31): low 2 bits
+// (qs[32c + l] >> 2s) & 3, high bit (hmask[l] >> (4c + s)) & 1, and
+// q = low - (high ? 0 : 4). w = (d * sc_{i / 16}) * q.
+void DequantQ3_K(const uint8_t* __restrict b, float* __restrict out) {
+  const uint8_t* hmask = b;
+  const uint8_t* qs = b + 32;
+  const uint8_t* scales = b + 96;
+  const float d = LoadF16(b + 108);
+  float dl[16];
+  for (int k = 0; k < 16; ++k) {
+    const int lo = (scales[k % 8] >> (4 * (k / 8))) & 0xF;
+    const int hi = (scales[8 + k % 4] >> (2 * (k / 4))) & 3;
+    dl[k] = d * static_cast<float>((lo | (hi << 4)) - 32);
+  }
+  for (int c = 0; c < 2; ++c) {
+    for (int s = 0; s < 4; ++s) {
+      const int bit = 4 * c + s;
+      float* o = out + 128 * c + 32 * s;
+      const float* dls = dl + 8 * c + 2 * s;  // sub-blocks of o[0..15], o[16..31]
+      for (int l = 0; l < 32; ++l) {
+        const int low = (qs[32 * c + l] >> (2 * s)) & 3;
+        const int q = low - (((hmask[l] >> bit) & 1) ? 0 : 4);
+        o[l] = dls[l / 16] * static_cast<float>(q);
+      }
+    }
+  }
+}
+
+// q2_K block (84 bytes): scales:u8[16], qs:u8[64], d:f16, dmin:f16.
+// Sub-block k (16 weights) has scale scales[k] & 0xF and min scales[k] >> 4.
+// Weight i = 128c + 32s + l: q = (qs[32c + l] >> 2s) & 3.
+// w = (d * sc_k) * q - (dmin * m_k), k = i / 16.
+void DequantQ2_K(const uint8_t* __restrict b, float* __restrict out) {
+  const uint8_t* scales = b;
+  const uint8_t* qs = b + 16;
+  const float d = LoadF16(b + 80);
+  const float dmin = LoadF16(b + 82);
+  for (int c = 0; c < 2; ++c) {
+    for (int s = 0; s < 4; ++s) {
+      float* o = out + 128 * c + 32 * s;
+      for (int h = 0; h < 2; ++h) {
+        const int k = 8 * c + 2 * s + h;
+        const float dl = d * static_cast<float>(scales[k] & 0xF);
+        const float ml = dmin * static_cast<float>(scales[k] >> 4);
+        for (int l = 16 * h; l < 16 * h + 16; ++l) {
+          const float scaled = dl * static_cast<float>((qs[32 * c + l] >> (2 * s)) & 3);
+          o[l] = scaled - ml;
+        }
+      }
+    }
+  }
+}
+
+// iq4_xs block (136 bytes): d:f16, scales_h:u16, scales_l:u8[4], qs:u8[128].
+// Sub-block j (0..7, 32 weights) has the signed 6-bit scale
+//   ls_j = ((scales_l[j / 2] >> 4 * (j % 2)) & 0xF | ((scales_h >> 2j) & 3) << 4) - 32;
+// its weights are the low nibbles of qs[16j .. 16j + 15], then the high
+// nibbles. w = (d * ls_j) * kvalues[q].
+void DequantIQ4_XS(const uint8_t* __restrict b, float* __restrict out) {
+  const float d = LoadF16(b);
+  const uint16_t scales_h = LoadU16(b + 2);
+  const uint8_t* scales_l = b + 4;
+  const uint8_t* qs = b + 8;
+  for (int j = 0; j < 8; ++j) {
+    const int lo = (scales_l[j / 2] >> (4 * (j % 2))) & 0xF;
+    const int hi = (scales_h >> (2 * j)) & 3;
+    const float dl = d * static_cast<float>((lo | (hi << 4)) - 32);
+    const uint8_t* q = qs + 16 * j;
+    float* o = out + 32 * j;
+    for (int l = 0; l < 16; ++l) {
+      o[l] = dl * static_cast<float>(kIq4NlValues[q[l] & 0xF]);
+      o[l + 16] = dl * static_cast<float>(kIq4NlValues[q[l] >> 4]);
     }
   }
 }
@@ -110,6 +283,29 @@ void DequantQ6_KFields(const uint8_t* __restrict ql, const uint8_t* __restrict q
 void DequantQ6_K(const uint8_t* b, float* out) {
   DequantQ6_KFields(b, b + kQ6KQlBytes, b + kQ6KQlBytes + kQ6KQhBytes,
                     b + kQ6KQlBytes + kQ6KQhBytes + kQ6KScBytes, out);
+}
+
+// One block of a quantized type: `block` (block_bytes) -> `out` (block_elems).
+using BlockFn = void (*)(const uint8_t* block, float* out);
+
+// The block dequantizer of a quantized type, or nullptr when there is none.
+// Block geometry comes from TraitsOf(type).
+BlockFn BlockDequantizer(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return DequantQ4_0;
+    case GgmlType::kQ4_1: return DequantQ4_1;
+    case GgmlType::kQ5_0: return DequantQ5_0;
+    case GgmlType::kQ5_1: return DequantQ5_1;
+    case GgmlType::kQ8_0: return DequantQ8_0;
+    case GgmlType::kQ2_K: return DequantQ2_K;
+    case GgmlType::kQ3_K: return DequantQ3_K;
+    case GgmlType::kQ4_K: return DequantQ4_K;
+    case GgmlType::kQ5_K: return DequantQ5_K;
+    case GgmlType::kQ6_K: return DequantQ6_K;
+    case GgmlType::kIQ4_NL: return DequantIQ4_NL;
+    case GgmlType::kIQ4_XS: return DequantIQ4_XS;
+    default: return nullptr;
+  }
 }
 
 }  // namespace
@@ -170,13 +366,9 @@ bool IsDequantSupported(GgmlType type) {
     case GgmlType::kF32:
     case GgmlType::kF16:
     case GgmlType::kBF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ6_K:
       return true;
     default:
-      return false;
+      return BlockDequantizer(type) != nullptr;
   }
 }
 
@@ -192,34 +384,22 @@ absl::Status DequantizeBlocks(GgmlType type, const uint8_t* blocks, uint64_t n_e
                                                    " elements is not a whole number of ",
                                                    tr.block_elems, "-element blocks"));
   }
-  const uint64_t nb = n_elems / tr.block_elems;
   switch (type) {
     case GgmlType::kF32:
       std::memcpy(out, blocks, n_elems * 4);
-      break;
+      return absl::OkStatus();
     case GgmlType::kF16:
       for (uint64_t i = 0; i < n_elems; ++i) out[i] = LoadF16(blocks + 2 * i);
-      break;
+      return absl::OkStatus();
     case GgmlType::kBF16:
       for (uint64_t i = 0; i < n_elems; ++i) out[i] = Bf16ToF32(LoadU16(blocks + 2 * i));
-      break;
-    case GgmlType::kQ8_0:
-      for (uint64_t i = 0; i < nb; ++i) DequantQ8_0(blocks + i * 34, out + i * 32);
-      break;
-    case GgmlType::kQ5_0:
-      for (uint64_t i = 0; i < nb; ++i) DequantQ5_0(blocks + i * 22, out + i * 32);
-      break;
-    case GgmlType::kQ4_K:
-      for (uint64_t i = 0; i < nb; ++i) DequantQ4_K(blocks + i * 144, out + i * 256);
-      break;
-    case GgmlType::kQ6_K:
-      for (uint64_t i = 0; i < nb; ++i) {
-        DequantQ6_K(blocks + i * kQ6KBlockBytes, out + i * kQ6KBlockElems);
-      }
-      break;
+      return absl::OkStatus();
     default:
-      break;  // unreachable: IsDequantSupported checked above
+      break;
   }
+  const BlockFn fn = BlockDequantizer(type);  // non-null: IsDequantSupported checked
+  const uint64_t nb = n_elems / tr.block_elems;
+  for (uint64_t i = 0; i < nb; ++i) fn(blocks + i * tr.block_bytes, out + i * tr.block_elems);
   return absl::OkStatus();
 }
 

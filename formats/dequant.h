@@ -2,9 +2,13 @@
 // gguf-py (the oracle in shared/oracle/dequant), plus the half-precision
 // conversions the rest of the project uses. Pure CPU code, no file knowledge.
 //
-// Float order matters for bit-exactness: k-quants compute the sub-block scale
-// `d * sc` in float32 first, then multiply by the integer `q`, then (q4_K)
-// subtract `dmin * m`, each step rounded to float32.
+// Supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K,
+// q5_K, q6_K, iq4_nl, iq4_xs.
+//
+// Float order matters for bit-exactness: k-quants (and iq4_xs) compute the
+// sub-block scale `d * sc` in float32 first, then multiply by the integer `q`,
+// then (q2_K, q4_K, q5_K) subtract `dmin * m`, each step rounded to float32.
+// q4_1/q5_1 round `d * q` to float32 before adding the block min `m`.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,7 @@ uint32_t Bits(float f) {
 }
 
 TEST_CASE("every oracle TYPE.blocks dequantizes bit for bit to TYPE.f32") {
-  int n_types = 0;
+  std::set<std::string> seen;
   for (const auto& entry : std::filesystem::directory_iterator(DequantDir())) {
     if (entry.path().extension() != ".blocks") continue;
     const std::string name = entry.path().stem().string();
@@ -63,10 +64,15 @@ TEST_CASE("every oracle TYPE.blocks dequantizes bit for bit to TYPE.f32") {
     std::vector<float> row(n);
     REQUIRE(DequantizeRow(*type, TensorLayout::kRaw, blocks.data(), n, row.data()).ok());
     CHECK(std::memcmp(row.data(), want_bytes.data(), n * 4) == 0);
-    ++n_types;
+    seen.insert(name);
   }
-  // f16, q4_K, q5_0, q6_K and q8_0 are shipped; fewer means the data is gone.
-  CHECK(n_types >= 5);
+  // Every type the oracle ships must have been checked; a missing one means
+  // the data is gone.
+  for (const char* name : {"f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K",
+                           "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs"}) {
+    CAPTURE(name);
+    CHECK(seen.count(name) == 1);
+  }
 }
 
 TEST_CASE("q6_K through the dpl layout gives identical floats") {
@@ -172,7 +178,8 @@ TEST_CASE("errors name the type") {
   absl::Status s = DequantizeBlocks(GgmlType::kIQ2_XXS, blocks, 256, out);
   CHECK(s.code() == absl::StatusCode::kUnimplemented);
   CHECK(s.message().find("iq2_xxs") != absl::string_view::npos);
-  CHECK(!IsDequantSupported(GgmlType::kQ4_0));
+  CHECK(!IsDequantSupported(GgmlType::kQ8_1));
+  CHECK(!IsDequantSupported(GgmlType::kIQ2_XXS));
   s = DequantizeBlocks(GgmlType::kQ8_0, blocks, 33, out);
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   CHECK(s.message().find("q8_0") != absl::string_view::npos);

@@ -323,12 +323,12 @@ TEST_CASE("unsupported models are rejected with an error naming the problem") {
                          [](formats::Metadata&, std::vector<TensorEdit>& t) {
                            for (TensorEdit& e : t) {
                              if (e.spec.name == "blk.0.attn_k.weight") {
-                               e.spec.type = formats::GgmlType::kQ4_0;
+                               e.spec.type = formats::GgmlType::kIQ2_XXS;
                                e.source = "";
                              }
                            }
                          }),
-             "q4_0");
+             "iq2_xxs");
   CheckError(LoadVariant("shape",
                          [](formats::Metadata& m, std::vector<TensorEdit>&) {
                            m.Set("llama.feed_forward_length", formats::MetaValue::U32(512));
