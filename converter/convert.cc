@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "formats/byte_reader.h"
 #include "formats/parallel_for.h"
 #include "formats/q6k_dpl.h"
@@ -121,10 +122,7 @@ class RegionSink {
       fill_.insert(fill_.end(), p, p + take);
       p += take;
       n -= take;
-      if (fill_.size() == chunk_bytes_ * batch_frames_) {
-        absl::Status s = Flush();
-        if (!s.ok()) return s;
-      }
+      if (fill_.size() == chunk_bytes_ * batch_frames_) DPL_RETURN_IF_ERROR(Flush());
     }
     return absl::OkStatus();
   }
@@ -133,8 +131,7 @@ class RegionSink {
     static const uint8_t kZeros[4096] = {};
     while (n > 0) {
       const uint64_t take = std::min<uint64_t>(n, sizeof(kZeros));
-      absl::Status s = Append(kZeros, take);
-      if (!s.ok()) return s;
+      DPL_RETURN_IF_ERROR(Append(kZeros, take));
       n -= take;
     }
     return absl::OkStatus();
@@ -159,8 +156,7 @@ class RegionSink {
   }
 
   absl::Status Flush() {
-    absl::Status s = WaitWriter();  // the previous buffer is free again
-    if (!s.ok()) return s;
+    DPL_RETURN_IF_ERROR(WaitWriter());  // the previous buffer is free again
     if (!opt_.compress) {
       std::swap(fill_, writing_);
       fill_.clear();
@@ -185,10 +181,9 @@ class RegionSink {
       out[i].resize(got);
       return absl::OkStatus();
     });
-    if (!compressed.ok()) return compressed;
+    DPL_RETURN_IF_ERROR(compressed);
     for (const std::string& f : out) {
-      absl::Status w = PwriteAll(fd_, f.data(), f.size(), write_at_, path_);
-      if (!w.ok()) return w;
+      DPL_RETURN_IF_ERROR(PwriteAll(fd_, f.data(), f.size(), write_at_, path_));
       write_at_ += f.size();
       stored_ += f.size();
       frame_sizes_.push_back(f.size());
@@ -224,61 +219,57 @@ std::string ProgressBar(uint64_t done, uint64_t total) {
                          std::string(kWidth - filled, '.'), 100.0 * frac);
 }
 
-}  // namespace
-
-absl::StatusOr<ConvertStats> ConvertGgufToDpl(const std::string& in_path,
-                                              const std::string& out_path,
-                                              const ConvertOptions& opt) {
-  const auto t0 = std::chrono::steady_clock::now();
-  if (opt.compress && (opt.frame_bytes < formats::kDplMinFrameBytes ||
-                       opt.frame_bytes > formats::kDplMaxFrameBytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("frame size ", opt.frame_bytes, " out of range"));
+absl::Status CheckCancel(const ConvertOptions& opt) {
+  if (opt.cancel != nullptr && opt.cancel->load()) {
+    return absl::CancelledError("conversion interrupted; no output written");
   }
-  auto gguf_or = GgufFile::Open(in_path);
-  if (!gguf_or.ok()) return gguf_or.status();
-  const GgufFile& gguf = *gguf_or;
+  return absl::OkStatus();
+}
 
-  // Plan: layout, stride and offset of every tensor, in GGUF order.
+// The table of the output: every tensor's geometry from the GGUF, q6_K in the
+// dpl layout, offsets 256-aligned in GGUF order. Sets *data_bytes to the
+// region's size.
+absl::StatusOr<std::vector<DplTensorEntry>> PlanEntries(const GgufFile& gguf, uint64_t* data_bytes) {
   std::vector<DplTensorEntry> entries;
   entries.reserve(gguf.tensors().size());
   uint64_t cursor = 0;
-  ConvertStats stats;
   for (const GgufTensorInfo& t : gguf.tensors()) {
     DplTensorEntry e;
+    e.geometry() = t.geometry();
     e.name = t.name;
-    e.type = t.type;
     e.layout = t.type == GgmlType::kQ6_K ? TensorLayout::kDplQ6K : TensorLayout::kRaw;
-    e.n_dims = t.n_dims;
-    e.ne = t.ne;
-    e.n_rows = t.n_rows;
-    auto stride = formats::RowStrideFor(e.type, e.layout, e.ne[0]);
-    if (!stride.ok()) return stride.status();
-    e.row_stride = *stride;
+    DPL_ASSIGN_OR_RETURN(e.row_stride, formats::RowStrideFor(e.type, e.layout, e.ne[0]));
     e.n_bytes = e.n_rows * e.row_stride;
     e.offset = AlignUp(cursor, formats::kDplTensorAlignment);
     cursor = e.offset + e.n_bytes;
-    if (e.layout == TensorLayout::kDplQ6K) ++stats.n_dpl_tensors;
     entries.push_back(std::move(e));
   }
-  const uint64_t data_bytes = AlignUp(cursor, formats::kDplTensorAlignment);
+  *data_bytes = AlignUp(cursor, formats::kDplTensorAlignment);
+  return entries;
+}
 
-  // Index: metadata frame, table, frame index.
-  std::string meta_raw;
-  formats::SerializeGgufKv(gguf.metadata(), meta_raw);
-  std::string meta_z(ZSTD_compressBound(meta_raw.size()), '\0');
-  const size_t meta_z_bytes =
-      ZSTD_compress(meta_z.data(), meta_z.size(), meta_raw.data(), meta_raw.size(), 9);
-  if (ZSTD_isError(meta_z_bytes)) {
-    return absl::InternalError(absl::StrCat("zstd: ", ZSTD_getErrorName(meta_z_bytes)));
-  }
-  meta_z.resize(meta_z_bytes);
+// The metadata section: the GGUF key/value encoding in one zstd frame.
+absl::StatusOr<std::string> CompressMetadata(const formats::Metadata& meta, std::string* raw) {
+  formats::SerializeGgufKv(meta, *raw);
+  std::string z(ZSTD_compressBound(raw->size()), '\0');
+  const size_t n = ZSTD_compress(z.data(), z.size(), raw->data(), raw->size(), 9);
+  if (ZSTD_isError(n)) return absl::InternalError(absl::StrCat("zstd: ", ZSTD_getErrorName(n)));
+  z.resize(n);
+  return z;
+}
 
+// Where the writer puts the index (docs/FORMAT.md, "Overall layout"): the
+// metadata at 256, the table and frame index 8-aligned after it, the data
+// region at the next 4 KiB.
+DplHeader PlanHeader(const std::vector<DplTensorEntry>& entries, const std::string& meta_raw,
+                     const std::string& meta_z, uint64_t meta_count, uint64_t data_bytes,
+                     const ConvertOptions& opt) {
   DplHeader h;
   h.flags = opt.compress ? formats::kDplFlagCompressed : 0;
   h.meta_offset = formats::kDplHeaderBytes;
   h.meta_stored_bytes = meta_z.size();
   h.meta_raw_bytes = meta_raw.size();
-  h.meta_count = gguf.metadata().size();
+  h.meta_count = meta_count;
   h.table_offset = AlignUp(h.meta_offset + h.meta_stored_bytes, 8);
   h.n_tensors = entries.size();
   for (const DplTensorEntry& e : entries) h.table_bytes += formats::DplTensorEntryBytes(e);
@@ -291,104 +282,167 @@ absl::StatusOr<ConvertStats> ConvertGgufToDpl(const std::string& in_path,
   }
   h.data_offset = AlignUp(index_end, formats::kDplDataAlignment);
   h.data_bytes = data_bytes;
+  return h;
+}
 
-  TempOutput out(out_path);
-  absl::Status s = out.Create();
-  if (!s.ok()) return s;
+// Streams one tensor into the sink in its output layout and returns the
+// XXH3-64 of what was written. `src` holds (n_rows, src_stride) GGUF bytes.
+absl::StatusOr<uint64_t> StreamTensor(const DplTensorEntry& e, const uint8_t* src,
+                                      uint64_t src_stride, RegionSink& sink,
+                                      const ConvertOptions& opt) {
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> xxh(XXH3_createState(),
+                                                                &XXH3_freeState);
+  XXH3_64bits_reset(xxh.get());
+  if (e.layout == TensorLayout::kDplQ6K) {
+    const uint64_t nbe = e.ne[0] / formats::kQ6KBlockElems;
+    std::vector<uint8_t> row(e.row_stride, 0);
+    for (uint64_t r = 0; r < e.n_rows; ++r) {
+      formats::Q6KRowToDpl(src + r * src_stride, nbe, row.data());
+      XXH3_64bits_update(xxh.get(), row.data(), row.size());
+      DPL_RETURN_IF_ERROR(sink.Append(row.data(), row.size()));
+      if ((r & 1023) == 0) DPL_RETURN_IF_ERROR(CheckCancel(opt));
+    }
+  } else {
+    constexpr uint64_t kPiece = 16ull << 20;
+    for (uint64_t at = 0; at < e.n_bytes; at += kPiece) {
+      const uint64_t n = std::min(kPiece, e.n_bytes - at);
+      XXH3_64bits_update(xxh.get(), src + at, n);
+      DPL_RETURN_IF_ERROR(sink.Append(src + at, n));
+      DPL_RETURN_IF_ERROR(CheckCancel(opt));
+    }
+  }
+  return XXH3_64bits_digest(xxh.get());
+}
 
-  // Data region, streamed in GGUF order; each tensor's XXH3 as it passes.
-  RegionSink sink(out.fd(), out.path(), h.data_offset, opt);
-  XXH3_state_t* xxh = XXH3_createState();
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> xxh_owner(xxh, &XXH3_freeState);
-  std::vector<uint8_t> row_buf;
+// The data region, streamed in GGUF order with zeros between tensors; fills
+// in every entry's checksum.
+absl::Status WriteRegion(const GgufFile& gguf, std::vector<DplTensorEntry>& entries,
+                         uint64_t data_bytes, RegionSink& sink, const ConvertOptions& opt) {
   uint64_t written = 0;
-  const uint64_t total = data_bytes;
   for (size_t i = 0; i < entries.size(); ++i) {
     DplTensorEntry& e = entries[i];
     const GgufTensorInfo& src = gguf.tensors()[i];
-    const uint8_t* src_data = gguf.TensorData(src);  // (n_rows, row_bytes)
-    s = sink.AppendZeros(e.offset - written);
-    if (!s.ok()) return s;
-    written = e.offset;
-    XXH3_64bits_reset(xxh);
-    if (e.layout == TensorLayout::kDplQ6K) {
-      const uint64_t nbe = e.ne[0] / formats::kQ6KBlockElems;
-      row_buf.assign(e.row_stride, 0);  // pad bytes stay zero
-      for (uint64_t r = 0; r < e.n_rows; ++r) {
-        formats::Q6KRowToDpl(src_data + r * src.row_bytes, nbe, row_buf.data());
-        XXH3_64bits_update(xxh, row_buf.data(), row_buf.size());
-        s = sink.Append(row_buf.data(), row_buf.size());
-        if (!s.ok()) return s;
-        if (opt.cancel && (r & 1023) == 0 && opt.cancel->load()) {
-          return absl::CancelledError("conversion interrupted; no output written");
-        }
-      }
-    } else {
-      constexpr uint64_t kPiece = 16ull << 20;
-      for (uint64_t at = 0; at < e.n_bytes; at += kPiece) {
-        const uint64_t n = std::min(kPiece, e.n_bytes - at);
-        XXH3_64bits_update(xxh, src_data + at, n);
-        s = sink.Append(src_data + at, n);
-        if (!s.ok()) return s;
-        if (opt.cancel && opt.cancel->load()) {
-          return absl::CancelledError("conversion interrupted; no output written");
-        }
-      }
-    }
-    e.xxh3 = XXH3_64bits_digest(xxh);
-    written += e.n_bytes;
+    DPL_RETURN_IF_ERROR(sink.AppendZeros(e.offset - written));
+    DPL_ASSIGN_OR_RETURN(e.xxh3, StreamTensor(e, gguf.TensorData(src), src.row_stride, sink, opt));
+    written = e.offset + e.n_bytes;
     if (opt.log) {
       *opt.log << absl::StrFormat("[%4d/%d] %-32s %-5s %-22s %-7s %10.2f MB  %s\n", i + 1,
                                   entries.size(), e.name, formats::TraitsOf(e.type).name,
                                   ShapeString(e.ne, e.n_dims), TensorLayoutName(e.layout),
-                                  e.n_bytes / 1e6, ProgressBar(written, total));
+                                  e.n_bytes / 1e6, ProgressBar(written, data_bytes));
       opt.log->flush();
     }
   }
-  s = sink.AppendZeros(data_bytes - written);
-  if (!s.ok()) return s;
-  s = sink.Finish();
-  if (!s.ok()) return s;
+  DPL_RETURN_IF_ERROR(sink.AppendZeros(data_bytes - written));
+  return sink.Finish();
+}
+
+// The index region [256, data_offset): metadata frame, table, frame index
+// (from the frames the sink wrote), zero padding.
+absl::StatusOr<std::string> BuildIndex(const DplHeader& h, const std::string& meta_z,
+                                       const std::vector<DplTensorEntry>& entries,
+                                       const std::vector<uint64_t>& frame_sizes) {
+  std::string index(h.data_offset - formats::kDplHeaderBytes, '\0');
+  auto at = [&](uint64_t file_offset) { return index.data() + (file_offset - formats::kDplHeaderBytes); };
+  std::memcpy(at(h.meta_offset), meta_z.data(), meta_z.size());
+  std::string table;
+  for (const DplTensorEntry& e : entries) formats::EncodeDplTensorEntry(e, table);
+  std::memcpy(at(h.table_offset), table.data(), table.size());
+  if (!h.compressed()) return index;
+  if (frame_sizes.size() != h.n_frames) {
+    return absl::InternalError(absl::StrCat("wrote ", frame_sizes.size(), " frames, planned ",
+                                            h.n_frames));
+  }
+  uint64_t stored_at = 0;
+  for (uint64_t f = 0; f < h.n_frames; ++f) {
+    const uint64_t pair[2] = {stored_at, frame_sizes[f]};
+    std::memcpy(at(h.frames_offset) + 16 * f, pair, 16);
+    stored_at += frame_sizes[f];
+  }
+  return index;
+}
+
+}  // namespace
+
+absl::StatusOr<ConvertStats> ConvertGgufToDpl(const std::string& in_path,
+                                              const std::string& out_path,
+                                              const ConvertOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.compress && (opt.frame_bytes < formats::kDplMinFrameBytes ||
+                       opt.frame_bytes > formats::kDplMaxFrameBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("frame size ", opt.frame_bytes, " out of range"));
+  }
+  DPL_ASSIGN_OR_RETURN(const GgufFile gguf, GgufFile::Open(in_path));
+  uint64_t data_bytes = 0;
+  DPL_ASSIGN_OR_RETURN(std::vector<DplTensorEntry> entries, PlanEntries(gguf, &data_bytes));
+  std::string meta_raw;
+  DPL_ASSIGN_OR_RETURN(const std::string meta_z, CompressMetadata(gguf.metadata(), &meta_raw));
+  DplHeader h = PlanHeader(entries, meta_raw, meta_z, gguf.metadata().size(), data_bytes, opt);
+
+  TempOutput out(out_path);
+  DPL_RETURN_IF_ERROR(out.Create());
+  RegionSink sink(out.fd(), out.path(), h.data_offset, opt);
+  DPL_RETURN_IF_ERROR(WriteRegion(gguf, entries, data_bytes, sink, opt));
   h.data_stored_bytes = sink.stored_bytes();
   h.file_bytes = h.data_offset + h.data_stored_bytes;
 
-  // Index region [256, data_offset), then the header that checksums it.
-  std::string index(h.data_offset - formats::kDplHeaderBytes, '\0');
-  std::memcpy(index.data() + (h.meta_offset - formats::kDplHeaderBytes), meta_z.data(), meta_z.size());
-  std::string table;
-  for (const DplTensorEntry& e : entries) formats::EncodeDplTensorEntry(e, table);
-  std::memcpy(index.data() + (h.table_offset - formats::kDplHeaderBytes), table.data(), table.size());
-  if (opt.compress) {
-    uint64_t stored_at = 0;
-    const std::vector<uint64_t>& sizes = sink.frame_sizes();
-    if (sizes.size() != h.n_frames) {
-      return absl::InternalError(absl::StrCat("wrote ", sizes.size(), " frames, planned ", h.n_frames));
-    }
-    for (uint64_t f = 0; f < h.n_frames; ++f) {
-      const uint64_t pair[2] = {stored_at, sizes[f]};
-      std::memcpy(index.data() + (h.frames_offset - formats::kDplHeaderBytes) + 16 * f, pair, 16);
-      stored_at += sizes[f];
-    }
-  }
+  // The index, then the header that checksums it.
+  DPL_ASSIGN_OR_RETURN(const std::string index, BuildIndex(h, meta_z, entries, sink.frame_sizes()));
   h.index_xxh3 = XXH3_64bits(index.data(), index.size());
   const std::string header = formats::EncodeDplHeader(h);
-  s = PwriteAll(out.fd(), header.data(), header.size(), 0, out.path());
-  if (!s.ok()) return s;
-  s = PwriteAll(out.fd(), index.data(), index.size(), formats::kDplHeaderBytes, out.path());
-  if (!s.ok()) return s;
-  if (opt.cancel && opt.cancel->load()) {
-    return absl::CancelledError("conversion interrupted; no output written");
-  }
-  s = out.Commit(h.file_bytes);
-  if (!s.ok()) return s;
+  DPL_RETURN_IF_ERROR(PwriteAll(out.fd(), header.data(), header.size(), 0, out.path()));
+  DPL_RETURN_IF_ERROR(
+      PwriteAll(out.fd(), index.data(), index.size(), formats::kDplHeaderBytes, out.path()));
+  DPL_RETURN_IF_ERROR(CheckCancel(opt));
+  DPL_RETURN_IF_ERROR(out.Commit(h.file_bytes));
 
+  ConvertStats stats;
   stats.n_tensors = entries.size();
+  for (const DplTensorEntry& e : entries) stats.n_dpl_tensors += e.layout == TensorLayout::kDplQ6K;
   stats.input_bytes = gguf.file_size();
   stats.output_bytes = h.file_bytes;
   stats.data_bytes = data_bytes;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return stats;
 }
+
+namespace {
+
+// Proves that the tensor `e` of the .dpl (its logical region `region`) holds
+// the GGUF tensor `src` exactly. Returns the q6_K rows restored from dpl.
+absl::StatusOr<uint64_t> VerifyTensor(const GgufFile& gguf, const GgufTensorInfo& src,
+                                      const DplFile& dpl, const DplTensorEntry& e,
+                                      const uint8_t* region) {
+  const std::string tw = absl::StrCat("tensor '", src.name, "'");
+  if (e.type != src.type || e.ne != src.ne || e.n_dims != src.n_dims) {
+    return absl::DataLossError(absl::StrCat(tw, ": type or shape differs"));
+  }
+  DPL_RETURN_IF_ERROR(dpl.VerifyChecksum(e, region));
+  const uint8_t* want = gguf.TensorData(src);  // (n_rows, src.row_stride)
+  const uint8_t* have = region + e.offset;     // (n_rows, e.row_stride)
+  if (e.layout == TensorLayout::kRaw) {
+    if (e.n_bytes != src.n_bytes || std::memcmp(have, want, src.n_bytes) != 0) {
+      return absl::DataLossError(absl::StrCat(tw, ": bytes differ"));
+    }
+    return 0;
+  }
+  if (e.layout != TensorLayout::kDplQ6K) return absl::DataLossError(absl::StrCat(tw, ": unexpected layout"));
+  const uint64_t nbe = src.ne[0] / formats::kQ6KBlockElems;
+  std::vector<uint8_t> restored(src.row_stride);
+  for (uint64_t r = 0; r < src.n_rows; ++r) {
+    const uint8_t* row = have + r * e.row_stride;
+    formats::DplRowToQ6K(row, nbe, restored.data());
+    if (std::memcmp(restored.data(), want + r * src.row_stride, src.row_stride) != 0) {
+      return absl::DataLossError(absl::StrCat(tw, " row ", r, ": q6_K blocks differ after undoing dpl"));
+    }
+    for (uint64_t p = src.row_stride; p < e.row_stride; ++p) {
+      if (row[p] != 0) return absl::DataLossError(absl::StrCat(tw, " row ", r, ": nonzero row padding"));
+    }
+  }
+  return src.n_rows;
+}
+
+}  // namespace
 
 absl::StatusOr<VerifyStats> VerifyConversion(const GgufFile& gguf, const DplFile& dpl) {
   VerifyStats vs;
@@ -405,46 +459,15 @@ absl::StatusOr<VerifyStats> VerifyConversion(const GgufFile& gguf, const DplFile
   const uint8_t* region = dpl.data_region();
   if (region == nullptr) {
     inflated.resize(dpl.header().data_bytes);
-    absl::Status s = dpl.DecompressAll(inflated.data(), std::max(1u, std::thread::hardware_concurrency()));
-    if (!s.ok()) return s;
+    DPL_RETURN_IF_ERROR(
+        dpl.DecompressAll(inflated.data(), std::max(1u, std::thread::hardware_concurrency())));
     region = inflated.data();
   }
-  std::vector<uint8_t> restored;
   for (const GgufTensorInfo& src : gguf.tensors()) {
     const DplTensorEntry* e = dpl.FindTensor(src.name);
     if (e == nullptr) return absl::DataLossError(absl::StrCat("tensor '", src.name, "' is missing"));
-    if (e->type != src.type || e->ne != src.ne || e->n_dims != src.n_dims) {
-      return absl::DataLossError(absl::StrCat("tensor '", src.name, "': type or shape differs"));
-    }
-    absl::Status s = dpl.VerifyChecksum(*e, region);
-    if (!s.ok()) return s;
-    const uint8_t* want = gguf.TensorData(src);  // (n_rows, row_bytes)
-    const uint8_t* have = region + e->offset;    // (n_rows, row_stride)
-    if (e->layout == TensorLayout::kDplQ6K) {
-      const uint64_t nbe = src.ne[0] / formats::kQ6KBlockElems;
-      restored.resize(src.row_bytes);
-      for (uint64_t r = 0; r < src.n_rows; ++r) {
-        const uint8_t* row = have + r * e->row_stride;
-        formats::DplRowToQ6K(row, nbe, restored.data());
-        if (std::memcmp(restored.data(), want + r * src.row_bytes, src.row_bytes) != 0) {
-          return absl::DataLossError(absl::StrCat("tensor '", src.name, "' row ", r,
-                                                  ": q6_K blocks differ after undoing dpl"));
-        }
-        for (uint64_t p = src.row_bytes; p < e->row_stride; ++p) {
-          if (row[p] != 0) {
-            return absl::DataLossError(absl::StrCat("tensor '", src.name, "' row ", r,
-                                                    ": nonzero row padding"));
-          }
-        }
-      }
-      vs.n_dpl_rows += src.n_rows;
-    } else if (e->layout == TensorLayout::kRaw) {
-      if (e->n_bytes != src.n_bytes || std::memcmp(have, want, src.n_bytes) != 0) {
-        return absl::DataLossError(absl::StrCat("tensor '", src.name, "': bytes differ"));
-      }
-    } else {
-      return absl::DataLossError(absl::StrCat("tensor '", src.name, "': unexpected layout"));
-    }
+    DPL_ASSIGN_OR_RETURN(const uint64_t dpl_rows, VerifyTensor(gguf, src, dpl, *e, region));
+    vs.n_dpl_rows += dpl_rows;
     vs.bytes_compared += src.n_bytes;
     ++vs.n_tensors;
   }

@@ -73,7 +73,7 @@ TEST_CASE("q6_K tensors get the dpl layout with 16-byte rows; the rest stay raw 
   auto dpl = formats::ModelFile::Open(out);
   REQUIRE(gguf.ok());
   REQUIRE(dpl.ok());
-  CHECK((*dpl)->container() == "dpl");
+  CHECK((*dpl)->container() == formats::Container::kDpl);
   int n_dpl = 0;
   for (const formats::TensorView& t : (*gguf)->tensors()) {
     const formats::TensorView* d = (*dpl)->Find(t.name);

@@ -2,12 +2,14 @@
 
 #include <cmath>
 #include <map>
-#include <thread>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "formats/dpl_file.h"
 #include "formats/gguf.h"
 #include "formats/model_file.h"
@@ -70,113 +72,124 @@ std::string Shape(const formats::TensorView& t) {
   return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
 }
 
-}  // namespace
-
-absl::Status Inspect(const std::string& path, const InspectOptions& opt, std::ostream& out) {
-  auto model_or = formats::ModelFile::Open(path);
-  if (!model_or.ok()) return model_or.status();
-  const formats::ModelFile& model = **model_or;
-
-  // Container facts, read once more through the specific reader.
-  std::string container_line;
-  std::vector<std::pair<std::string, std::string>> container_json;
+// What the container-specific reader says: one human line, JSON fields, and
+// the checksum verdict when asked.
+struct ContainerFacts {
+  std::string line;
+  std::vector<std::pair<std::string, std::string>> json;
   std::string checksum_line;
-  if (model.container() == "gguf") {
-    auto g = formats::GgufFile::Open(path);
-    if (!g.ok()) return g.status();
-    container_line = absl::StrFormat("GGUF v%d, %d bytes, alignment %d, data at %d", g->version(),
-                                     g->file_size(), g->alignment(), g->data_offset());
-    container_json = {{"container", "\"gguf\""},
-                      {"version", absl::StrCat(g->version())},
-                      {"file_bytes", absl::StrCat(g->file_size())},
-                      {"alignment", absl::StrCat(g->alignment())},
-                      {"data_offset", absl::StrCat(g->data_offset())}};
-    if (opt.verify_checksums) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": GGUF files carry no checksums (--verify-checksums needs a .dpl)"));
-    }
-  } else {
-    auto d = formats::DplFile::Open(path);
-    if (!d.ok()) return d.status();
-    const formats::DplHeader& h = d->header();
-    container_line = absl::StrFormat(
-        ".dpl v%d%s, %d bytes, data region %d bytes at %d%s", h.version,
-        h.compressed() ? " (compressed)" : "", h.file_bytes, h.data_bytes, h.data_offset,
-        h.compressed() ? absl::StrFormat(", %d zstd frames of %d bytes, stored %d bytes (ratio %.3f)",
-                                         h.n_frames, h.frame_raw_bytes, h.data_stored_bytes,
-                                         static_cast<double>(h.data_bytes) / h.data_stored_bytes)
-                       : "");
-    container_json = {{"container", "\"dpl\""},
-                      {"version", absl::StrCat(h.version)},
-                      {"file_bytes", absl::StrCat(h.file_bytes)},
-                      {"compressed", h.compressed() ? "true" : "false"},
-                      {"data_offset", absl::StrCat(h.data_offset)},
-                      {"data_bytes", absl::StrCat(h.data_bytes)},
-                      {"data_stored_bytes", absl::StrCat(h.data_stored_bytes)}};
-    if (opt.verify_checksums) {
-      // ModelFile already holds the logical region (inflated if compressed).
-      const uint8_t* region = model.tensors().empty()
-                                  ? nullptr
-                                  : model.tensors()[0].data - model.tensors()[0].data_offset;
-      for (const formats::DplTensorEntry& t : d->tensors()) {
-        absl::Status s = d->VerifyChecksum(t, region);
-        if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
-      }
-      checksum_line = absl::StrCat("checksums: all ", d->tensors().size(), " tensors OK (XXH3-64)");
-      container_json.push_back({"checksums_ok", "true"});
-    }
-  }
+};
 
-  // Bytes per (type, layout).
-  struct Tally {
-    uint64_t tensors = 0, bytes = 0, elements = 0;
-  };
-  std::map<std::pair<std::string, std::string>, Tally> tally;
-  uint64_t total_bytes = 0;
+absl::StatusOr<ContainerFacts> GgufFacts(const std::string& path, const InspectOptions& opt) {
+  if (opt.verify_checksums) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": GGUF files carry no checksums (--verify-checksums needs a .dpl)"));
+  }
+  DPL_ASSIGN_OR_RETURN(const formats::GgufFile g, formats::GgufFile::Open(path));
+  ContainerFacts f;
+  f.line = absl::StrFormat("GGUF v%d, %d bytes, alignment %d, data at %d", g.version(),
+                           g.file_size(), g.alignment(), g.data_offset());
+  f.json = {{"container", "\"gguf\""},
+            {"version", absl::StrCat(g.version())},
+            {"file_bytes", absl::StrCat(g.file_size())},
+            {"alignment", absl::StrCat(g.alignment())},
+            {"data_offset", absl::StrCat(g.data_offset())}};
+  return f;
+}
+
+absl::StatusOr<ContainerFacts> DplFacts(const std::string& path, const formats::ModelFile& model,
+                                        const InspectOptions& opt) {
+  DPL_ASSIGN_OR_RETURN(const formats::DplFile d, formats::DplFile::Open(path));
+  const formats::DplHeader& h = d.header();
+  ContainerFacts f;
+  f.line = absl::StrFormat(
+      ".dpl v%d%s, %d bytes, data region %d bytes at %d%s", h.version,
+      h.compressed() ? " (compressed)" : "", h.file_bytes, h.data_bytes, h.data_offset,
+      h.compressed() ? absl::StrFormat(", %d zstd frames of %d bytes, stored %d bytes (ratio %.3f)",
+                                       h.n_frames, h.frame_raw_bytes, h.data_stored_bytes,
+                                       static_cast<double>(h.data_bytes) / h.data_stored_bytes)
+                     : "");
+  f.json = {{"container", "\"dpl\""},
+            {"version", absl::StrCat(h.version)},
+            {"file_bytes", absl::StrCat(h.file_bytes)},
+            {"compressed", h.compressed() ? "true" : "false"},
+            {"data_offset", absl::StrCat(h.data_offset)},
+            {"data_bytes", absl::StrCat(h.data_bytes)},
+            {"data_stored_bytes", absl::StrCat(h.data_stored_bytes)}};
+  if (opt.verify_checksums) {
+    // ModelFile already holds the logical region (inflated if compressed).
+    const uint8_t* region = model.tensors().empty()
+                                ? nullptr
+                                : model.tensors()[0].data - model.tensors()[0].data_offset;
+    for (const formats::DplTensorEntry& t : d.tensors()) {
+      DPL_RETURN_IF_ERROR(dpl::Annotate(d.VerifyChecksum(t, region), path));
+    }
+    f.checksum_line = absl::StrCat("checksums: all ", d.tensors().size(), " tensors OK (XXH3-64)");
+    f.json.push_back({"checksums_ok", "true"});
+  }
+  return f;
+}
+
+// Bytes per (type, layout).
+struct Tally {
+  uint64_t tensors = 0, bytes = 0, elements = 0;
+};
+using Tallies = std::map<std::pair<std::string, std::string>, Tally>;
+
+Tallies TallyOf(const formats::ModelFile& model, uint64_t* total_bytes) {
+  Tallies tally;
+  *total_bytes = 0;
   for (const formats::TensorView& t : model.tensors()) {
     Tally& y = tally[{std::string(formats::TraitsOf(t.type).name),
                       std::string(formats::TensorLayoutName(t.layout))}];
     ++y.tensors;
     y.bytes += t.n_bytes;
     y.elements += t.ne[0] * t.n_rows;
-    total_bytes += t.n_bytes;
+    *total_bytes += t.n_bytes;
   }
+  return tally;
+}
 
-  if (opt.json) {
-    out << "{\n  \"path\": " << JsonString(path) << ",\n";
-    for (const auto& [k, v] : container_json) out << "  \"" << k << "\": " << v << ",\n";
-    out << "  \"metadata\": {";
-    bool first = true;
-    for (const formats::MetaKV& kv : model.metadata().entries()) {
-      out << (first ? "\n" : ",\n") << "    " << JsonString(kv.key) << ": {\"type\": "
-          << JsonString(formats::GgufValueTypeName(kv.value.type))
-          << ", \"value\": " << JsonValue(kv.value, opt.max_array_elems) << "}";
-      first = false;
-    }
-    out << "\n  },\n  \"tensors\": [";
-    first = true;
-    for (const formats::TensorView& t : model.tensors()) {
-      std::vector<uint64_t> dims(t.ne.begin(), t.ne.begin() + t.n_dims);
-      out << (first ? "\n" : ",\n") << "    {\"name\": " << JsonString(t.name)
-          << ", \"type\": " << JsonString(formats::TraitsOf(t.type).name)
-          << ", \"layout\": " << JsonString(formats::TensorLayoutName(t.layout)) << ", \"shape\": ["
-          << absl::StrJoin(dims, ", ") << "], \"row_stride\": " << t.row_stride
-          << ", \"offset\": " << t.data_offset << ", \"bytes\": " << t.n_bytes << "}";
-      first = false;
-    }
-    out << "\n  ],\n  \"totals\": [";
-    first = true;
-    for (const auto& [key, y] : tally) {
-      out << (first ? "\n" : ",\n") << "    {\"type\": " << JsonString(key.first)
-          << ", \"layout\": " << JsonString(key.second) << ", \"tensors\": " << y.tensors
-          << ", \"bytes\": " << y.bytes << "}";
-      first = false;
-    }
-    out << "\n  ],\n  \"total_bytes\": " << total_bytes << "\n}\n";
-    return absl::OkStatus();
+void WriteJson(const std::string& path, const formats::ModelFile& model, const ContainerFacts& facts,
+               const InspectOptions& opt, std::ostream& out) {
+  uint64_t total_bytes;
+  const Tallies tally = TallyOf(model, &total_bytes);
+  out << "{\n  \"path\": " << JsonString(path) << ",\n";
+  for (const auto& [k, v] : facts.json) out << "  \"" << k << "\": " << v << ",\n";
+  out << "  \"metadata\": {";
+  const char* sep = "\n";
+  for (const formats::MetaKV& kv : model.metadata().entries()) {
+    out << sep << "    " << JsonString(kv.key) << ": {\"type\": "
+        << JsonString(formats::GgufValueTypeName(kv.value.type))
+        << ", \"value\": " << JsonValue(kv.value, opt.max_array_elems) << "}";
+    sep = ",\n";
   }
+  out << "\n  },\n  \"tensors\": [";
+  sep = "\n";
+  for (const formats::TensorView& t : model.tensors()) {
+    out << sep << "    {\"name\": " << JsonString(t.name)
+        << ", \"type\": " << JsonString(formats::TraitsOf(t.type).name)
+        << ", \"layout\": " << JsonString(formats::TensorLayoutName(t.layout))
+        << ", \"shape\": " << Shape(t) << ", \"row_stride\": " << t.row_stride
+        << ", \"offset\": " << t.data_offset << ", \"bytes\": " << t.n_bytes << "}";
+    sep = ",\n";
+  }
+  out << "\n  ],\n  \"totals\": [";
+  sep = "\n";
+  for (const auto& [key, y] : tally) {
+    out << sep << "    {\"type\": " << JsonString(key.first)
+        << ", \"layout\": " << JsonString(key.second) << ", \"tensors\": " << y.tensors
+        << ", \"bytes\": " << y.bytes << "}";
+    sep = ",\n";
+  }
+  out << "\n  ],\n  \"total_bytes\": " << total_bytes << "\n}\n";
+}
 
-  out << path << ": " << container_line << "\n\n";
+void WriteText(const std::string& path, const formats::ModelFile& model, const ContainerFacts& facts,
+               const InspectOptions& opt, std::ostream& out) {
+  uint64_t total_bytes;
+  const Tallies tally = TallyOf(model, &total_bytes);
+  out << path << ": " << facts.line << "\n\n";
   out << "metadata (" << model.metadata().size() << " keys):\n";
   for (const formats::MetaKV& kv : model.metadata().entries()) {
     out << absl::StrFormat("  %-45s %-7s %s\n", kv.key, formats::GgufValueTypeName(kv.value.type),
@@ -200,7 +213,23 @@ absl::Status Inspect(const std::string& path, const InspectOptions& opt, std::os
   }
   out << absl::StrFormat("  total  %5d tensors %14d bytes (%.2f GiB)\n", model.tensors().size(),
                          total_bytes, total_bytes / 1073741824.0);
-  if (!checksum_line.empty()) out << "\n" << checksum_line << "\n";
+  if (!facts.checksum_line.empty()) out << "\n" << facts.checksum_line << "\n";
+}
+
+}  // namespace
+
+absl::Status Inspect(const std::string& path, const InspectOptions& opt, std::ostream& out) {
+  DPL_ASSIGN_OR_RETURN(const std::shared_ptr<formats::ModelFile> model, formats::ModelFile::Open(path));
+  // Container facts, read once more through the specific reader.
+  DPL_ASSIGN_OR_RETURN(const ContainerFacts facts,
+                       model->container() == formats::Container::kGguf
+                           ? GgufFacts(path, opt)
+                           : DplFacts(path, *model, opt));
+  if (opt.json) {
+    WriteJson(path, *model, facts, opt, out);
+  } else {
+    WriteText(path, *model, facts, opt, out);
+  }
   return absl::OkStatus();
 }
 

@@ -1,16 +1,21 @@
 // A bounds-checked little-endian cursor over untrusted bytes. Every read
 // either succeeds or returns a Status naming what was being read and the
-// absolute byte offset; nothing reads past the end.
+// absolute byte offset; nothing reads past the end. Also what the GGUF and
+// .dpl readers and writers share below it: little-endian appends,
+// overflow-checked size arithmetic and the tensor-overlap check.
 #pragma once
 
-#include "absl/strings/string_view.h"
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
-
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace dpl::formats {
 
@@ -56,6 +61,14 @@ class ByteReader {
   uint64_t pos_ = 0;
 };
 
+// Appends the little-endian bytes of `v` to `out`: the writers' counterpart
+// of ByteReader::Read (the host is little-endian, as the formats are).
+template <typename T>
+void AppendLE(std::string& out, T v) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
 // Overflow-checked arithmetic for sizes and offsets from untrusted files.
 inline bool CheckedAdd(uint64_t a, uint64_t b, uint64_t* out) {
   return !__builtin_add_overflow(a, b, out);
@@ -69,6 +82,27 @@ inline bool CheckedAlignUp(uint64_t v, uint64_t align, uint64_t* out) {
   if (!CheckedAdd(v, align - 1, &t)) return false;
   *out = t & ~(align - 1);
   return true;
+}
+
+// Tensors (with `name`, `offset` and `n_bytes`, ranges already known not to
+// wrap) must not overlap: an InvalidArgument error "tensors 'a' and 'b'
+// overlap at WHERE N" (N = base + the second one's offset) for the earliest
+// overlap, OK when all ranges are disjoint.
+template <typename T>
+absl::Status CheckDisjoint(const std::vector<T>& tensors, absl::string_view where, uint64_t base) {
+  std::vector<const T*> sorted;
+  sorted.reserve(tensors.size());
+  for (const T& t : tensors) sorted.push_back(&t);
+  std::sort(sorted.begin(), sorted.end(), [](const T* a, const T* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    const T& a = *sorted[i - 1];
+    const T& b = *sorted[i];
+    if (b.offset < a.offset + a.n_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("tensors '", a.name, "' and '", b.name,
+                                                     "' overlap at ", where, " ", base + b.offset));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace dpl::formats

@@ -121,39 +121,17 @@ void KScaleMin(const uint8_t* scales, int j, int* sc, int* m) {
 }
 
 // q4_K block (144 bytes): d:f16, dmin:f16, scales:u8[12], qs:u8[128].
-// w = (d * sc_j) * q - (dmin * m_j), sub-block j = 32 weights.
-void DequantQ4_K(const uint8_t* __restrict b, float* __restrict out) {
+// q5_K block (176 bytes): the same header, then qh:u8[32], then qs:u8[128].
+// Sub-block j (32 weights) takes its low 4 bits from qs[32 * (j / 2) + l]
+// (low nibble for even j, high for odd) and, in q5_K, its fifth bit from bit
+// j of qh[l]. w = (d * sc_j) * q - (dmin * m_j).
+template <bool kQ5>
+void DequantQ4Q5_K(const uint8_t* __restrict b, float* __restrict out) {
   const float d = LoadF16(b);
   const float dmin = LoadF16(b + 2);
   const uint8_t* scales = b + 4;
-  const uint8_t* qs = b + 16;
-  for (int j = 0; j < 8; ++j) {
-    int sc, m;
-    KScaleMin(scales, j, &sc, &m);
-    const float dl = d * static_cast<float>(sc);
-    const float ml = dmin * static_cast<float>(m);
-    // Chunk c = j / 2 uses qs[32c .. 32c + 31]: low nibbles for even j,
-    // high nibbles for odd j.
-    const uint8_t* q = qs + 32 * (j / 2);
-    const int shift = (j & 1) ? 4 : 0;
-    float* o = out + 32 * j;
-    for (int l = 0; l < 32; ++l) {
-      const float scaled = dl * static_cast<float>((q[l] >> shift) & 0xF);
-      o[l] = scaled - ml;
-    }
-  }
-}
-
-// q5_K block (176 bytes): d:f16, dmin:f16, scales:u8[12] (packed as in
-// q4_K), qh:u8[32], qs:u8[128]. Sub-block j (32 weights) takes its low 4
-// bits from qs[32 * (j / 2) + l] (low nibble for even j, high for odd) and
-// its fifth bit from bit j of qh[l]. w = (d * sc_j) * q - (dmin * m_j).
-void DequantQ5_K(const uint8_t* __restrict b, float* __restrict out) {
-  const float d = LoadF16(b);
-  const float dmin = LoadF16(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
+  const uint8_t* qh = b + 16;  // q5_K only
+  const uint8_t* qs = b + (kQ5 ? 48 : 16);
   for (int j = 0; j < 8; ++j) {
     int sc, m;
     KScaleMin(scales, j, &sc, &m);
@@ -163,7 +141,8 @@ void DequantQ5_K(const uint8_t* __restrict b, float* __restrict out) {
     const int shift = (j & 1) ? 4 : 0;
     float* o = out + 32 * j;
     for (int l = 0; l < 32; ++l) {
-      const int v = ((q[l] >> shift) & 0xF) | (((qh[l] >> j) & 1) << 4);
+      int v = (q[l] >> shift) & 0xF;
+      if constexpr (kQ5) v |= ((qh[l] >> j) & 1) << 4;
       const float scaled = dl * static_cast<float>(v);
       o[l] = scaled - ml;
     }
@@ -281,8 +260,7 @@ void DequantQ6_KFields(const uint8_t* __restrict ql, const uint8_t* __restrict q
 }
 
 void DequantQ6_K(const uint8_t* b, float* out) {
-  DequantQ6_KFields(b, b + kQ6KQlBytes, b + kQ6KQlBytes + kQ6KQhBytes,
-                    b + kQ6KQlBytes + kQ6KQhBytes + kQ6KScBytes, out);
+  DequantQ6_KFields(b + kQ6KQlOffset, b + kQ6KQhOffset, b + kQ6KScOffset, b + kQ6KDOffset, out);
 }
 
 // One block of a quantized type: `block` (block_bytes) -> `out` (block_elems).
@@ -299,8 +277,8 @@ BlockFn BlockDequantizer(GgmlType type) {
     case GgmlType::kQ8_0: return DequantQ8_0;
     case GgmlType::kQ2_K: return DequantQ2_K;
     case GgmlType::kQ3_K: return DequantQ3_K;
-    case GgmlType::kQ4_K: return DequantQ4_K;
-    case GgmlType::kQ5_K: return DequantQ5_K;
+    case GgmlType::kQ4_K: return DequantQ4Q5_K<false>;
+    case GgmlType::kQ5_K: return DequantQ4Q5_K<true>;
     case GgmlType::kQ6_K: return DequantQ6_K;
     case GgmlType::kIQ4_NL: return DequantIQ4_NL;
     case GgmlType::kIQ4_XS: return DequantIQ4_XS;
@@ -418,10 +396,11 @@ absl::Status DequantizeRow(GgmlType type, TensorLayout layout, const uint8_t* ro
             "dequantize q6_K (dpl_q6k): ", n_elems, " elements is not a whole number of blocks"));
       }
       const uint64_t nbe = n_elems / kQ6KBlockElems;
-      const uint8_t* ql = row;                      // (nbe, 128)
-      const uint8_t* qh = ql + nbe * kQ6KQlBytes;   // (nbe, 64)
-      const uint8_t* sc = qh + nbe * kQ6KQhBytes;   // (nbe, 16)
-      const uint8_t* d = sc + nbe * kQ6KScBytes;    // (nbe, 2)
+      const Q6KPlanes pl = Q6KDplPlanes(nbe);
+      const uint8_t* ql = row + pl.ql;  // (nbe, 128)
+      const uint8_t* qh = row + pl.qh;  // (nbe, 64)
+      const uint8_t* sc = row + pl.sc;  // (nbe, 16)
+      const uint8_t* d = row + pl.d;    // (nbe, 2)
       for (uint64_t i = 0; i < nbe; ++i) {
         DequantQ6_KFields(ql + i * kQ6KQlBytes, qh + i * kQ6KQhBytes, sc + i * kQ6KScBytes,
                           d + i * kQ6KDBytes, out + i * kQ6KBlockElems);

@@ -4,12 +4,11 @@
 #include <zstd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <thread>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "formats/byte_reader.h"
 #include "formats/mapped_file.h"
 #include "formats/parallel_for.h"
@@ -19,6 +18,7 @@ namespace {
 
 constexpr uint64_t kHeaderChecksummedBytes = kDplHeaderBytes - 8;
 constexpr uint64_t kMinEntryBytes = 4 + 1 + 16 + 32 + 32;
+constexpr uint32_t kMaxNameBytes = 4096;
 
 // Header field offsets (docs/FORMAT.md, "Header").
 enum HeaderOffset : uint64_t {
@@ -44,6 +44,30 @@ enum HeaderOffset : uint64_t {
   kOffHeaderXxh3 = 248,
 };
 
+// The u64 header fields between flags and the reserved bytes, in file order:
+// the one list the encoder and the parser both walk.
+struct U64Field {
+  HeaderOffset at;
+  uint64_t DplHeader::*field;
+};
+constexpr U64Field kU64Fields[] = {
+    {kOffFileBytes, &DplHeader::file_bytes},
+    {kOffMetaOffset, &DplHeader::meta_offset},
+    {kOffMetaStored, &DplHeader::meta_stored_bytes},
+    {kOffMetaRaw, &DplHeader::meta_raw_bytes},
+    {kOffMetaCount, &DplHeader::meta_count},
+    {kOffTableOffset, &DplHeader::table_offset},
+    {kOffTableBytes, &DplHeader::table_bytes},
+    {kOffNTensors, &DplHeader::n_tensors},
+    {kOffFramesOffset, &DplHeader::frames_offset},
+    {kOffNFrames, &DplHeader::n_frames},
+    {kOffFrameRaw, &DplHeader::frame_raw_bytes},
+    {kOffDataOffset, &DplHeader::data_offset},
+    {kOffDataBytes, &DplHeader::data_bytes},
+    {kOffDataStored, &DplHeader::data_stored_bytes},
+    {kOffIndexXxh3, &DplHeader::index_xxh3},
+};
+
 template <typename T>
 void PutAt(std::string& out, uint64_t at, T v) {
   std::memcpy(out.data() + at, &v, sizeof(T));
@@ -65,93 +89,29 @@ bool InRange(uint64_t begin, uint64_t len, uint64_t limit) {
   return CheckedAdd(begin, len, &end) && end <= limit;
 }
 
-}  // namespace
-
-absl::StatusOr<uint64_t> RowStrideFor(GgmlType type, TensorLayout layout, uint64_t ne0) {
-  const GgmlTypeTraits tr = TraitsOf(type);
-  if (ne0 % tr.block_elems != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("row length ", ne0, " is not a whole number of ",
-                                                   tr.name, " blocks"));
-  }
-  const uint64_t blocks = ne0 / tr.block_elems;
-  uint64_t bytes;
-  if (!CheckedMul(blocks, tr.block_bytes, &bytes)) {
-    return absl::InvalidArgumentError("row size overflows");
-  }
-  switch (layout) {
-    case TensorLayout::kRaw:
-      return bytes;
-    case TensorLayout::kDplQ6K:
-      if (type != GgmlType::kQ6_K) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("layout dpl_q6k needs type q6_K, not ", tr.name));
-      }
-      // Rows padded to 16 bytes so uint4 loads inside ql/qh stay aligned.
-      if (!CheckedAlignUp(bytes, 16, &bytes)) return absl::InvalidArgumentError("row overflows");
-      return bytes;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown layout ", static_cast<uint32_t>(layout)));
+// [begin, begin + len) lies inside the index area [256, data_offset).
+bool InIndex(uint64_t begin, uint64_t len, const DplHeader& h) {
+  return begin >= kDplHeaderBytes && InRange(begin, len, h.data_offset);
 }
 
-std::string EncodeDplHeader(const DplHeader& h) {
-  std::string out(kDplHeaderBytes, '\0');
-  std::memcpy(out.data() + kOffMagic, kDplMagic, 8);
-  PutAt<uint32_t>(out, kOffVersion, h.version);
-  PutAt<uint32_t>(out, kOffFlags, h.flags);
-  PutAt<uint64_t>(out, kOffFileBytes, h.file_bytes);
-  PutAt<uint64_t>(out, kOffMetaOffset, h.meta_offset);
-  PutAt<uint64_t>(out, kOffMetaStored, h.meta_stored_bytes);
-  PutAt<uint64_t>(out, kOffMetaRaw, h.meta_raw_bytes);
-  PutAt<uint64_t>(out, kOffMetaCount, h.meta_count);
-  PutAt<uint64_t>(out, kOffTableOffset, h.table_offset);
-  PutAt<uint64_t>(out, kOffTableBytes, h.table_bytes);
-  PutAt<uint64_t>(out, kOffNTensors, h.n_tensors);
-  PutAt<uint64_t>(out, kOffFramesOffset, h.frames_offset);
-  PutAt<uint64_t>(out, kOffNFrames, h.n_frames);
-  PutAt<uint64_t>(out, kOffFrameRaw, h.frame_raw_bytes);
-  PutAt<uint64_t>(out, kOffDataOffset, h.data_offset);
-  PutAt<uint64_t>(out, kOffDataBytes, h.data_bytes);
-  PutAt<uint64_t>(out, kOffDataStored, h.data_stored_bytes);
-  PutAt<uint64_t>(out, kOffIndexXxh3, h.index_xxh3);
-  PutAt<uint64_t>(out, kOffHeaderXxh3, XXH3_64bits(out.data(), kHeaderChecksummedBytes));
-  return out;
-}
+// The fixed part of a tensor table entry, after the name.
+struct FixedEntry {
+  uint32_t type, layout, n_dims, reserved;
+  uint64_t ne[4], row_stride, offset, n_bytes, xxh3;
+};
+static_assert(sizeof(FixedEntry) == kMinEntryBytes - 5, "entry = u32 name_len, name, fixed");
 
-uint64_t DplTensorEntryBytes(const DplTensorEntry& t) { return kMinEntryBytes - 1 + t.name.size(); }
-
-void EncodeDplTensorEntry(const DplTensorEntry& t, std::string& out) {
-  auto put32 = [&](uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); };
-  auto put64 = [&](uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); };
-  put32(static_cast<uint32_t>(t.name.size()));
-  out += t.name;
-  put32(static_cast<uint32_t>(t.type));
-  put32(static_cast<uint32_t>(t.layout));
-  put32(t.n_dims);
-  put32(0);  // reserved
-  for (uint64_t ne : t.ne) put64(ne);
-  put64(t.row_stride);
-  put64(t.offset);
-  put64(t.n_bytes);
-  put64(t.xxh3);
-}
-
-absl::StatusOr<DplFile> DplFile::Parse(const uint8_t* data, uint64_t size,
-                                       std::shared_ptr<const void> owner) {
-  DplFile f;
-  f.owner_ = std::move(owner);
-  f.data_ = data;
-  f.size_ = size;
+// Reads the header fields and checks, in docs/FORMAT.md's order, everything
+// that can be checked before the index is read: magic, version, header
+// checksum, reserved bytes, flags, sizes, ranges, then the index checksum.
+absl::StatusOr<DplHeader> ParseHeader(const uint8_t* data, uint64_t size) {
+  const bool magic_ok = size >= 8 && std::memcmp(data, kDplMagic, 8) == 0;
+  if (size >= 8 && !magic_ok) return Bad("magic", 0, "not a .dpl file (expected \"DPLMODEL\")");
   if (size < kDplHeaderBytes) {
-    if (size >= 8 && std::memcmp(data, kDplMagic, 8) != 0) {
-      return Bad("magic", 0, "not a .dpl file (expected \"DPLMODEL\")");
-    }
     return absl::OutOfRangeError(absl::StrCat("truncated header: the file has ", size,
                                               " bytes, the header needs ", kDplHeaderBytes));
   }
-  if (std::memcmp(data, kDplMagic, 8) != 0) {
-    return Bad("magic", 0, "not a .dpl file (expected \"DPLMODEL\")");
-  }
-  DplHeader& h = f.header_;
+  DplHeader h;
   h.version = GetAt<uint32_t>(data, kOffVersion);
   if (h.version != kDplVersion) {
     return Bad("format version", kOffVersion,
@@ -165,22 +125,7 @@ absl::StatusOr<DplFile> DplFile::Parse(const uint8_t* data, uint64_t size,
     if (data[i] != 0) return Bad("reserved header byte", i, "must be zero");
   }
   h.flags = GetAt<uint32_t>(data, kOffFlags);
-  h.file_bytes = GetAt<uint64_t>(data, kOffFileBytes);
-  h.meta_offset = GetAt<uint64_t>(data, kOffMetaOffset);
-  h.meta_stored_bytes = GetAt<uint64_t>(data, kOffMetaStored);
-  h.meta_raw_bytes = GetAt<uint64_t>(data, kOffMetaRaw);
-  h.meta_count = GetAt<uint64_t>(data, kOffMetaCount);
-  h.table_offset = GetAt<uint64_t>(data, kOffTableOffset);
-  h.table_bytes = GetAt<uint64_t>(data, kOffTableBytes);
-  h.n_tensors = GetAt<uint64_t>(data, kOffNTensors);
-  h.frames_offset = GetAt<uint64_t>(data, kOffFramesOffset);
-  h.n_frames = GetAt<uint64_t>(data, kOffNFrames);
-  h.frame_raw_bytes = GetAt<uint64_t>(data, kOffFrameRaw);
-  h.data_offset = GetAt<uint64_t>(data, kOffDataOffset);
-  h.data_bytes = GetAt<uint64_t>(data, kOffDataBytes);
-  h.data_stored_bytes = GetAt<uint64_t>(data, kOffDataStored);
-  h.index_xxh3 = GetAt<uint64_t>(data, kOffIndexXxh3);
-
+  for (const U64Field& f : kU64Fields) h.*f.field = GetAt<uint64_t>(data, f.at);
   if ((h.flags & ~kDplFlagCompressed) != 0) {
     return Bad("flags", kOffFlags, absl::StrCat("unknown flag bits 0x", absl::Hex(h.flags)));
   }
@@ -206,155 +151,157 @@ absl::StatusOr<DplFile> DplFile::Parse(const uint8_t* data, uint64_t size,
                absl::StrCat(h.data_bytes, " differs from the stored size ", h.data_stored_bytes,
                             " of an uncompressed file"));
   }
-  // The index (metadata, table, frames) lies between the header and the data.
-  if (h.meta_offset < kDplHeaderBytes || !InRange(h.meta_offset, h.meta_stored_bytes, h.data_offset)) {
+  if (!InIndex(h.meta_offset, h.meta_stored_bytes, h)) {
     return Bad("metadata range", kOffMetaOffset, "outside the index area");
   }
-  if (h.table_offset < kDplHeaderBytes || !InRange(h.table_offset, h.table_bytes, h.data_offset)) {
+  if (!InIndex(h.table_offset, h.table_bytes, h)) {
     return Bad("tensor table range", kOffTableOffset, "outside the index area");
   }
   if (XXH3_64bits(data + kDplHeaderBytes, h.data_offset - kDplHeaderBytes) != h.index_xxh3) {
     return Bad("index checksum", kOffIndexXxh3,
                "the metadata, tensor table or frame index is corrupt");
   }
+  return h;
+}
 
-  // Metadata: one zstd frame holding the GGUF key/value encoding.
+// The metadata: one zstd frame holding exactly meta_count GGUF key/value pairs.
+absl::StatusOr<Metadata> ParseMetadata(const uint8_t* data, const DplHeader& h) {
   if (h.meta_raw_bytes > kDplMaxMetaBytes) {
     return Bad("metadata size", kOffMetaRaw,
                absl::StrCat(h.meta_raw_bytes, " exceeds the limit of ", kDplMaxMetaBytes));
   }
-  const unsigned long long content =
-      ZSTD_getFrameContentSize(data + h.meta_offset, h.meta_stored_bytes);
-  if (content != h.meta_raw_bytes) {
+  const uint8_t* frame = data + h.meta_offset;
+  if (ZSTD_getFrameContentSize(frame, h.meta_stored_bytes) != h.meta_raw_bytes) {
     return Bad("metadata frame", h.meta_offset,
                "its content size is missing or differs from the header");
   }
-  std::string meta_raw(h.meta_raw_bytes, '\0');
-  const size_t got = ZSTD_decompress(meta_raw.data(), meta_raw.size(), data + h.meta_offset,
-                                     h.meta_stored_bytes);
+  std::string raw(h.meta_raw_bytes, '\0');
+  const size_t got = ZSTD_decompress(raw.data(), raw.size(), frame, h.meta_stored_bytes);
   if (ZSTD_isError(got) || got != h.meta_raw_bytes) {
     return Bad("metadata frame", h.meta_offset,
                ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short decompression");
   }
-  {
-    ByteReader mr(reinterpret_cast<const uint8_t*>(meta_raw.data()), meta_raw.size());
-    auto meta = ParseGgufKv(mr, h.meta_count);
-    if (!meta.ok()) {
-      return absl::Status(meta.status().code(),
-                          absl::StrCat("metadata (decompressed): ", meta.status().message()));
-    }
-    if (mr.remaining() != 0) {
-      return Bad("metadata", h.meta_offset,
-                 absl::StrCat(mr.remaining(), " trailing bytes after ", h.meta_count, " pairs"));
-    }
-    f.metadata_ = std::move(*meta);
+  ByteReader r(reinterpret_cast<const uint8_t*>(raw.data()), raw.size());
+  absl::StatusOr<Metadata> meta = ParseGgufKv(r, h.meta_count);
+  DPL_RETURN_IF_ERROR(dpl::Annotate(dpl::StatusOf(meta), "metadata (decompressed)"));
+  if (r.remaining() != 0) {
+    return Bad("metadata", h.meta_offset,
+               absl::StrCat(r.remaining(), " trailing bytes after ", h.meta_count, " pairs"));
   }
+  return meta;
+}
 
-  // Tensor table.
+// The shape and geometry of one entry, checked against the layout's stride
+// and the data region; `at` is the file offset of the fixed part.
+absl::Status ReadGeometry(const FixedEntry& fx, uint64_t at, const std::string& tw,
+                          const DplHeader& h, DplTensorEntry& t) {
+  const std::optional<GgmlTypeTraits> ty = FindGgmlType(fx.type);
+  if (!ty) return Bad(absl::StrCat(tw, " type"), at, absl::StrCat("unknown ggml type id ", fx.type));
+  t.type = ty->type;
+  if (fx.layout > static_cast<uint32_t>(TensorLayout::kDplQ6K)) {
+    return Bad(absl::StrCat(tw, " layout"), at + 4, absl::StrCat("unknown layout ", fx.layout));
+  }
+  t.layout = static_cast<TensorLayout>(fx.layout);
+  if (fx.n_dims == 0 || fx.n_dims > 4) {
+    return Bad(absl::StrCat(tw, " n_dims"), at + 8, absl::StrCat(fx.n_dims, " (1..4)"));
+  }
+  if (fx.reserved != 0) return Bad(absl::StrCat(tw, " reserved field"), at + 12, "must be zero");
+  t.n_dims = fx.n_dims;
+  uint64_t n_elems = 1;
+  for (uint32_t d = 0; d < 4; ++d) {
+    t.ne[d] = fx.ne[d];
+    if (d >= t.n_dims && t.ne[d] != 1) {
+      return Bad(absl::StrCat(tw, " ne[", d, "]"), at + 16 + 8 * d, "must be 1 beyond n_dims");
+    }
+    if (!CheckedMul(n_elems, t.ne[d], &n_elems) || n_elems > INT64_MAX) {
+      return Bad(absl::StrCat(tw, " shape"), at + 16, "the element count overflows");
+    }
+  }
+  t.n_rows = t.ne[1] * t.ne[2] * t.ne[3];
+  const absl::StatusOr<uint64_t> stride = RowStrideFor(t.type, t.layout, t.ne[0]);
+  if (!stride.ok()) return Bad(absl::StrCat(tw, " shape"), at + 16, stride.status().message());
+  t.row_stride = fx.row_stride;
+  if (t.row_stride != *stride) {
+    return Bad(absl::StrCat(tw, " row stride"), at + 48,
+               absl::StrCat(t.row_stride, " but ", ty->name, "/", TensorLayoutName(t.layout),
+                            " rows of ", t.ne[0], " take ", *stride));
+  }
+  t.n_bytes = fx.n_bytes;
+  uint64_t expect_bytes;
+  if (!CheckedMul(t.n_rows, t.row_stride, &expect_bytes) || expect_bytes != t.n_bytes) {
+    return Bad(absl::StrCat(tw, " byte size"), at + 64,
+               absl::StrCat(t.n_bytes, " is not rows x stride"));
+  }
+  t.offset = fx.offset;
+  if (t.offset % kDplTensorAlignment != 0) {
+    return Bad(absl::StrCat(tw, " offset"), at + 56,
+               absl::StrCat(t.offset, " is not a multiple of ", kDplTensorAlignment));
+  }
+  if (!InRange(t.offset, t.n_bytes, h.data_bytes)) {
+    return Bad(absl::StrCat(tw, " range"), at + 56,
+               absl::StrCat("[", t.offset, ", +", t.n_bytes, ") runs past the ", h.data_bytes,
+                            "-byte data region"));
+  }
+  return absl::OkStatus();
+}
+
+// Table entry #i at the reader's cursor.
+absl::StatusOr<DplTensorEntry> ReadEntry(ByteReader& r, uint64_t i, const DplHeader& h) {
+  DplTensorEntry t;
+  const uint64_t at = r.offset();
+  const std::string what = absl::StrCat("tensor entry #", i);
+  DPL_ASSIGN_OR_RETURN(const uint32_t name_len, r.Read<uint32_t>(absl::StrCat(what, " name length")));
+  if (name_len == 0 || name_len > kMaxNameBytes) {
+    return Bad(absl::StrCat(what, " name length"), at, absl::StrCat(name_len, " (1..4096)"));
+  }
+  DPL_ASSIGN_OR_RETURN(const absl::string_view name, r.ReadBytes(name_len, absl::StrCat(what, " name")));
+  t.name = std::string(name);
+  const std::string tw = absl::StrCat("tensor '", t.name, "'");
+  const uint64_t fixed_at = r.offset();
+  DPL_ASSIGN_OR_RETURN(const FixedEntry fx, r.Read<FixedEntry>(absl::StrCat(tw, " entry")));
+  DPL_RETURN_IF_ERROR(ReadGeometry(fx, fixed_at, tw, h, t));
+  t.xxh3 = fx.xxh3;
+  return t;
+}
+
+// The tensor table: n_tensors entries filling table_bytes exactly, unique
+// names, disjoint ranges.
+absl::StatusOr<std::vector<DplTensorEntry>> ParseTable(const uint8_t* data, const DplHeader& h) {
   uint64_t min_table;
   if (!CheckedMul(h.n_tensors, kMinEntryBytes, &min_table) || min_table > h.table_bytes) {
     return Bad("tensor count", kOffNTensors,
                absl::StrCat(h.n_tensors, " entries cannot fit in a ", h.table_bytes,
                             "-byte table"));
   }
-  ByteReader tr(data + h.table_offset, h.table_bytes, h.table_offset);
-  f.tensors_.reserve(h.n_tensors);
+  ByteReader r(data + h.table_offset, h.table_bytes, h.table_offset);
+  std::vector<DplTensorEntry> tensors;
+  tensors.reserve(h.n_tensors);
   absl::flat_hash_set<std::string> names;
   for (uint64_t i = 0; i < h.n_tensors; ++i) {
-    DplTensorEntry t;
-    const uint64_t at = tr.offset();
-    const std::string what = absl::StrCat("tensor entry #", i);
-    auto name_len = tr.Read<uint32_t>(absl::StrCat(what, " name length"));
-    if (!name_len.ok()) return name_len.status();
-    if (*name_len == 0 || *name_len > 4096) {
-      return Bad(absl::StrCat(what, " name length"), at, absl::StrCat(*name_len, " (1..4096)"));
-    }
-    auto name = tr.ReadBytes(*name_len, absl::StrCat(what, " name"));
-    if (!name.ok()) return name.status();
-    t.name = std::string(*name);
+    const uint64_t at = r.offset();
+    DPL_ASSIGN_OR_RETURN(DplTensorEntry t, ReadEntry(r, i, h));
     if (!names.insert(t.name).second) {
-      return Bad(what, at, absl::StrCat("duplicate tensor name '", t.name, "'"));
+      return Bad(absl::StrCat("tensor entry #", i), at,
+                 absl::StrCat("duplicate tensor name '", t.name, "'"));
     }
-    const std::string tw = absl::StrCat("tensor '", t.name, "'");
-    struct Fixed {
-      uint32_t type, layout, n_dims, reserved;
-      uint64_t ne[4], row_stride, offset, n_bytes, xxh3;
-    };
-    const uint64_t fixed_at = tr.offset();
-    auto fx = tr.Read<Fixed>(absl::StrCat(tw, " entry"));
-    if (!fx.ok()) return fx.status();
-    const std::optional<GgmlTypeTraits> ty = FindGgmlType(fx->type);
-    if (!ty) return Bad(absl::StrCat(tw, " type"), fixed_at, absl::StrCat("unknown ggml type id ", fx->type));
-    t.type = ty->type;
-    if (fx->layout > static_cast<uint32_t>(TensorLayout::kDplQ6K)) {
-      return Bad(absl::StrCat(tw, " layout"), fixed_at + 4, absl::StrCat("unknown layout ", fx->layout));
-    }
-    t.layout = static_cast<TensorLayout>(fx->layout);
-    if (fx->n_dims == 0 || fx->n_dims > 4) {
-      return Bad(absl::StrCat(tw, " n_dims"), fixed_at + 8, absl::StrCat(fx->n_dims, " (1..4)"));
-    }
-    if (fx->reserved != 0) return Bad(absl::StrCat(tw, " reserved field"), fixed_at + 12, "must be zero");
-    t.n_dims = fx->n_dims;
-    uint64_t n_elems = 1;
-    for (uint32_t d = 0; d < 4; ++d) {
-      t.ne[d] = fx->ne[d];
-      if (d >= t.n_dims && t.ne[d] != 1) {
-        return Bad(absl::StrCat(tw, " ne[", d, "]"), fixed_at + 16 + 8 * d, "must be 1 beyond n_dims");
-      }
-      if (!CheckedMul(n_elems, t.ne[d], &n_elems) || n_elems > INT64_MAX) {
-        return Bad(absl::StrCat(tw, " shape"), fixed_at + 16, "the element count overflows");
-      }
-    }
-    t.n_rows = t.ne[1] * t.ne[2] * t.ne[3];
-    auto stride = RowStrideFor(t.type, t.layout, t.ne[0]);
-    if (!stride.ok()) return Bad(absl::StrCat(tw, " shape"), fixed_at + 16, stride.status().message());
-    t.row_stride = fx->row_stride;
-    if (t.row_stride != *stride) {
-      return Bad(absl::StrCat(tw, " row stride"), fixed_at + 48,
-                 absl::StrCat(t.row_stride, " but ", TraitsOf(t.type).name, "/",
-                              TensorLayoutName(t.layout), " rows of ", t.ne[0], " take ", *stride));
-    }
-    t.offset = fx->offset;
-    t.n_bytes = fx->n_bytes;
-    t.xxh3 = fx->xxh3;
-    uint64_t expect_bytes;
-    if (!CheckedMul(t.n_rows, t.row_stride, &expect_bytes) || expect_bytes != t.n_bytes) {
-      return Bad(absl::StrCat(tw, " byte size"), fixed_at + 64,
-                 absl::StrCat(t.n_bytes, " is not rows x stride"));
-    }
-    if (t.offset % kDplTensorAlignment != 0) {
-      return Bad(absl::StrCat(tw, " offset"), fixed_at + 56,
-                 absl::StrCat(t.offset, " is not a multiple of ", kDplTensorAlignment));
-    }
-    if (!InRange(t.offset, t.n_bytes, h.data_bytes)) {
-      return Bad(absl::StrCat(tw, " range"), fixed_at + 56,
-                 absl::StrCat("[", t.offset, ", +", t.n_bytes, ") runs past the ", h.data_bytes,
-                              "-byte data region"));
-    }
-    f.tensors_.push_back(std::move(t));
+    tensors.push_back(std::move(t));
   }
-  if (tr.remaining() != 0) {
-    return Bad("tensor table", tr.offset(), absl::StrCat(tr.remaining(), " trailing bytes"));
+  if (r.remaining() != 0) {
+    return Bad("tensor table", r.offset(), absl::StrCat(r.remaining(), " trailing bytes"));
   }
-  std::vector<const DplTensorEntry*> sorted;
-  sorted.reserve(f.tensors_.size());
-  for (const DplTensorEntry& t : f.tensors_) sorted.push_back(&t);
-  std::sort(sorted.begin(), sorted.end(),
-            [](const DplTensorEntry* a, const DplTensorEntry* b) { return a->offset < b->offset; });
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    if (sorted[i]->offset < sorted[i - 1]->offset + sorted[i - 1]->n_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("tensors '", sorted[i - 1]->name, "' and '",
-                                                     sorted[i]->name, "' overlap at data offset ",
-                                                     sorted[i]->offset));
-    }
-  }
+  DPL_RETURN_IF_ERROR(CheckDisjoint(tensors, "data offset", 0));
+  return tensors;
+}
 
-  // Frame index (compressed form).
+// The frame index of the compressed form (none in the uncompressed form):
+// n_frames frames that tile the stored data region in order.
+absl::StatusOr<std::vector<DplFile::Frame>> ParseFrames(const uint8_t* data, const DplHeader& h) {
+  std::vector<DplFile::Frame> frames;
   if (!h.compressed()) {
     if (h.n_frames != 0 || h.frames_offset != 0 || h.frame_raw_bytes != 0) {
       return Bad("frame index", kOffFramesOffset, "present in an uncompressed file");
     }
-    return f;
+    return frames;
   }
   if (h.frame_raw_bytes < kDplMinFrameBytes || h.frame_raw_bytes > kDplMaxFrameBytes) {
     return Bad("frame size", kOffFrameRaw,
@@ -366,14 +313,14 @@ absl::StatusOr<DplFile> DplFile::Parse(const uint8_t* data, uint64_t size,
                absl::StrCat(h.n_frames, " frames but ", h.data_bytes, " bytes in frames of ",
                             h.frame_raw_bytes, " need ", want_frames));
   }
-  if (h.frames_offset < kDplHeaderBytes || !InRange(h.frames_offset, h.n_frames * 16, h.data_offset)) {
+  if (!InIndex(h.frames_offset, h.n_frames * 16, h)) {
     return Bad("frame index range", kOffFramesOffset, "outside the index area");
   }
-  f.frames_.reserve(h.n_frames);
+  frames.reserve(h.n_frames);
   uint64_t expect_stored = 0;
   for (uint64_t i = 0; i < h.n_frames; ++i) {
     const uint64_t at = h.frames_offset + 16 * i;
-    Frame fr;
+    DplFile::Frame fr;
     fr.stored_offset = GetAt<uint64_t>(data, at);
     fr.stored_bytes = GetAt<uint64_t>(data, at + 8);
     if (fr.stored_offset != expect_stored || fr.stored_bytes == 0 ||
@@ -384,30 +331,75 @@ absl::StatusOr<DplFile> DplFile::Parse(const uint8_t* data, uint64_t size,
     fr.stored_offset += h.data_offset;
     fr.raw_offset = i * h.frame_raw_bytes;
     fr.raw_bytes = std::min(h.frame_raw_bytes, h.data_bytes - fr.raw_offset);
-    f.frames_.push_back(fr);
+    frames.push_back(fr);
   }
   if (expect_stored != h.data_stored_bytes) {
     return Bad("frame index", h.frames_offset, "frames do not cover the stored data region");
   }
+  return frames;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> RowStrideFor(GgmlType type, TensorLayout layout, uint64_t ne0) {
+  const GgmlTypeTraits tr = TraitsOf(type);
+  if (ne0 % tr.block_elems != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("row length ", ne0, " is not a whole number of ",
+                                                   tr.name, " blocks"));
+  }
+  if (layout != TensorLayout::kRaw && layout != TensorLayout::kDplQ6K) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown layout ", static_cast<uint32_t>(layout)));
+  }
+  if (layout == TensorLayout::kDplQ6K && type != GgmlType::kQ6_K) {
+    return absl::InvalidArgumentError(absl::StrCat("layout dpl_q6k needs type q6_K, not ", tr.name));
+  }
+  const uint64_t blocks = ne0 / tr.block_elems;
+  uint64_t bytes;
+  if (!CheckedMul(blocks, tr.block_bytes, &bytes) ||
+      (layout == TensorLayout::kDplQ6K && !CheckedAdd(bytes, 15, &bytes))) {
+    return absl::InvalidArgumentError("row size overflows");
+  }
+  return LayoutRowStride(layout, blocks, tr.block_bytes);
+}
+
+std::string EncodeDplHeader(const DplHeader& h) {
+  std::string out(kDplHeaderBytes, '\0');
+  std::memcpy(out.data() + kOffMagic, kDplMagic, 8);
+  PutAt<uint32_t>(out, kOffVersion, h.version);
+  PutAt<uint32_t>(out, kOffFlags, h.flags);
+  for (const U64Field& f : kU64Fields) PutAt<uint64_t>(out, f.at, h.*f.field);
+  PutAt<uint64_t>(out, kOffHeaderXxh3, XXH3_64bits(out.data(), kHeaderChecksummedBytes));
+  return out;
+}
+
+uint64_t DplTensorEntryBytes(const DplTensorEntry& t) { return kMinEntryBytes - 1 + t.name.size(); }
+
+void EncodeDplTensorEntry(const DplTensorEntry& t, std::string& out) {
+  AppendLE<uint32_t>(out, t.name.size());
+  out += t.name;
+  FixedEntry fx = {static_cast<uint32_t>(t.type), static_cast<uint32_t>(t.layout), t.n_dims, 0,
+                   {t.ne[0], t.ne[1], t.ne[2], t.ne[3]}, t.row_stride, t.offset, t.n_bytes, t.xxh3};
+  AppendLE(out, fx);
+}
+
+absl::StatusOr<DplFile> DplFile::Parse(const uint8_t* data, uint64_t size,
+                                       std::shared_ptr<const void> owner) {
+  DplFile f;
+  DPL_ASSIGN_OR_RETURN(f.header_, ParseHeader(data, size));
+  f.owner_ = std::move(owner);
+  f.data_ = data;
+  DPL_ASSIGN_OR_RETURN(f.metadata_, ParseMetadata(data, f.header_));
+  DPL_ASSIGN_OR_RETURN(f.tensors_, ParseTable(data, f.header_));
+  DPL_ASSIGN_OR_RETURN(f.frames_, ParseFrames(data, f.header_));
   return f;
 }
 
 absl::StatusOr<DplFile> DplFile::Open(const std::string& path) {
-  auto mapped = MappedFile::Open(path);
-  if (!mapped.ok()) return mapped.status();
-  const std::shared_ptr<MappedFile> m = *mapped;
-  auto parsed = Parse(m->data(), m->size(), m);
-  if (!parsed.ok()) {
-    return absl::Status(parsed.status().code(), absl::StrCat(path, ": ", parsed.status().message()));
-  }
-  return parsed;
+  return OpenMapped<DplFile>(path);
 }
 
 const DplTensorEntry* DplFile::FindTensor(absl::string_view name) const {
-  for (const DplTensorEntry& t : tensors_) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
+  return FindNamed(tensors_, name);
 }
 
 const uint8_t* DplFile::data_region() const {

@@ -14,7 +14,6 @@
 // layout decision (dpl q6_K planes, alignment) was made by the converter.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,7 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "formats/ggml_types.h"
 #include "formats/metadata.h"
-#include "formats/model_file.h"
+#include "formats/tensor_layout.h"
 
 namespace dpl::formats {
 
@@ -39,7 +38,7 @@ inline constexpr uint64_t kDplMaxMetaBytes = 1ull << 30;
 inline constexpr uint64_t kDplMinFrameBytes = 64 * 1024;
 inline constexpr uint64_t kDplMaxFrameBytes = 1ull << 30;
 
-// Header field offsets (all little-endian), see docs/FORMAT.md.
+// The 256-byte header's fields (docs/FORMAT.md, "Header"; all little-endian).
 struct DplHeader {
   uint32_t version = kDplVersion;
   uint32_t flags = 0;
@@ -63,21 +62,16 @@ struct DplHeader {
   bool compressed() const { return (flags & kDplFlagCompressed) != 0; }
 };
 
-struct DplTensorEntry {
+// One tensor table entry (docs/FORMAT.md, "Tensor table").
+struct DplTensorEntry : TensorGeometry {
   std::string name;
-  GgmlType type = GgmlType::kF32;
-  TensorLayout layout = TensorLayout::kRaw;
-  uint32_t n_dims = 0;
-  std::array<uint64_t, 4> ne = {1, 1, 1, 1};
-  uint64_t n_rows = 0;
-  uint64_t row_stride = 0;
-  uint64_t offset = 0;   // inside the data region, multiple of 256
-  uint64_t n_bytes = 0;  // n_rows * row_stride
-  uint64_t xxh3 = 0;     // XXH3-64 of the tensor's n_bytes bytes
+  uint64_t offset = 0;  // inside the data region, multiple of 256
+  uint64_t xxh3 = 0;    // XXH3-64 of the tensor's n_bytes bytes
 };
 
-// Bytes of one row of `ne0` elements of `type` in `layout`; error when the
-// combination is not allowed (dpl_q6k needs q6_K) or the row is not whole blocks.
+// Bytes of one row of `ne0` elements of `type` in `layout` (LayoutRowStride);
+// error when the combination is not allowed (dpl_q6k needs q6_K), the row is
+// not whole blocks or its size overflows.
 absl::StatusOr<uint64_t> RowStrideFor(GgmlType type, TensorLayout layout, uint64_t ne0);
 
 class DplFile {
@@ -117,8 +111,7 @@ class DplFile {
 
  private:
   std::shared_ptr<const void> owner_;
-  const uint8_t* data_ = nullptr;
-  uint64_t size_ = 0;
+  const uint8_t* data_ = nullptr;  // the whole file (header_.file_bytes bytes)
   DplHeader header_;
   Metadata metadata_;
   std::vector<DplTensorEntry> tensors_;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "formats/dpl_file.h"
+#include "formats/hostile_test_util.h"
 #include "formats/q6k_dpl.h"
 
 namespace dpl::formats {
@@ -138,106 +139,89 @@ void PokeAt(std::string& image, uint64_t at, T v) {
   std::memcpy(image.data() + at, &v, sizeof(T));
 }
 
-struct HostileCase {
-  const char* name;
-  std::function<void(DplSpec&)> corrupt;
-  std::function<void(DplSpec&)> twin;
-  const char* expect;
-};
+using HostileDpl = HostileCase<DplSpec>;
+using Entries = std::vector<DplTensorEntry>;
 
-const std::vector<HostileCase>& Cases() {
-  static const std::vector<HostileCase> cases = {
-      {"BAD_MAGIC", [](DplSpec& s) { s.patch_image = [](std::string& im) { im[0] = 'X'; }; },
-       [](DplSpec&) {}, "not a .dpl file"},
-      {"TRUNCATED_HEADER", [](DplSpec& s) { s.patch_image = [](std::string& im) { im.resize(100); }; },
-       [](DplSpec&) {}, "truncated header"},
-      {"BAD_VERSION", [](DplSpec& s) {
-         s.patch_image = [](std::string& im) {
-           PokeAt<uint32_t>(im, 8, 2);  // then fix the header checksum
-           PokeAt<uint64_t>(im, 248, XXH3_64bits(im.data(), 248));
-         };
-       },
-       [](DplSpec&) {}, "2 is not supported"},
-      {"HEADER_CHECKSUM", [](DplSpec& s) { s.patch_image = [](std::string& im) { im[20] ^= 1; }; },
-       [](DplSpec&) {}, "header checksum"},
-      {"INDEX_CHECKSUM", [](DplSpec& s) { s.patch_image = [](std::string& im) { im[300] ^= 1; }; },
-       [](DplSpec&) {}, "index checksum"},
-      {"TRUNCATED_DATA", [](DplSpec& s) { s.patch_image = [](std::string& im) { im.resize(im.size() - 1); }; },
-       [](DplSpec&) {}, "file size mismatch"},
-      {"EXTENDED_FILE", [](DplSpec& s) { s.patch_image = [](std::string& im) { im += "x"; }; },
-       [](DplSpec&) {}, "file size mismatch"},
-      {"UNKNOWN_FLAGS", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.flags |= 4; }; },
-       [](DplSpec&) {}, "unknown flag bits"},
-      {"RESERVED_NONZERO", [](DplSpec& s) {
-         s.patch_image = [](std::string& im) {
-           im[200] = 1;
-           PokeAt<uint64_t>(im, 248, XXH3_64bits(im.data(), 248));
-         };
-       },
-       [](DplSpec&) {}, "reserved header byte"},
-      {"DATA_OFFSET_MISALIGNED", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.data_offset += 8; }; },
-       [](DplSpec&) {}, "data offset"},
-      {"DATA_STORED_WRONG", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.data_stored_bytes -= 256; }; },
-       [](DplSpec&) {}, "data stored size"},
-      {"DATA_BYTES_WRONG", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.data_bytes += 256; }; },
-       [](DplSpec&) {}, "data size"},
-      {"META_OUTSIDE_INDEX", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.meta_offset = 1ull << 62; }; },
-       [](DplSpec&) {}, "metadata range"},
-      {"META_RAW_HUGE", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.meta_raw_bytes = 1ull << 40; }; },
-       [](DplSpec&) {}, "metadata size"},
-      {"META_RAW_MISMATCH", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.meta_raw_bytes += 1; }; },
-       [](DplSpec&) {}, "metadata frame"},
-      {"META_COUNT_TOO_SMALL", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.meta_count -= 1; }; },
-       [](DplSpec&) {}, "trailing bytes"},
-      {"META_COUNT_TOO LARGE", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.meta_count += 1; }; },
-       [](DplSpec&) {}, "metadata (decompressed)"},
+void NoTwin(DplSpec&) {}
+
+// A corruption of the finished image (checksums stay as built unless the
+// patch recomputes them).
+HostileDpl Image(const char* name, std::function<void(std::string&)> patch, const char* expect) {
+  return {name, [patch](DplSpec& s) { s.patch_image = patch; }, NoTwin, expect};
+}
+// A corruption of the header fields, checksums recomputed.
+HostileDpl Header(const char* name, std::function<void(DplHeader&)> patch, const char* expect) {
+  return {name, [patch](DplSpec& s) { s.patch_header = patch; }, NoTwin, expect};
+}
+// A corruption of the tensor table, checksums recomputed.
+HostileDpl Table(const char* name, std::function<void(Entries&)> patch, const char* expect,
+                 std::function<void(Entries&)> twin = nullptr) {
+  auto twin_fn = [twin](DplSpec& s) { if (twin) s.patch_entries = twin; };
+  return {name, [patch](DplSpec& s) { s.patch_entries = patch; }, twin_fn, expect};
+}
+// The same case on the compressed form (its twin compressed too).
+HostileDpl Compressed(HostileDpl c) {
+  auto corrupt = c.corrupt;
+  c.corrupt = [corrupt](DplSpec& s) { s.compressed = true; corrupt(s); };
+  c.twin = [](DplSpec& s) { s.compressed = true; };
+  return c;
+}
+
+// Sets header byte `at` (u32 or u64) and recomputes the header checksum.
+template <typename T>
+std::function<void(std::string&)> PokeHeader(uint64_t at, T v) {
+  return [at, v](std::string& im) {
+    PokeAt<T>(im, at, v);
+    PokeAt<uint64_t>(im, 248, XXH3_64bits(im.data(), 248));
+  };
+}
+
+// One row per corruption: a table, longer than a function should be.
+const std::vector<HostileDpl>& Cases() {
+  static const std::vector<HostileDpl> cases = {
+      Image("BAD_MAGIC", [](std::string& im) { im[0] = 'X'; }, "not a .dpl file"),
+      Image("TRUNCATED_HEADER", [](std::string& im) { im.resize(100); }, "truncated header"),
+      Image("BAD_VERSION", PokeHeader<uint32_t>(8, 2), "2 is not supported"),
+      Image("HEADER_CHECKSUM", [](std::string& im) { im[20] ^= 1; }, "header checksum"),
+      Image("INDEX_CHECKSUM", [](std::string& im) { im[300] ^= 1; }, "index checksum"),
+      Image("TRUNCATED_DATA", [](std::string& im) { im.resize(im.size() - 1); }, "file size mismatch"),
+      Image("EXTENDED_FILE", [](std::string& im) { im += "x"; }, "file size mismatch"),
+      Image("RESERVED_NONZERO", PokeHeader<uint8_t>(200, 1), "reserved header byte"),
+      Header("UNKNOWN_FLAGS", [](DplHeader& h) { h.flags |= 4; }, "unknown flag bits"),
+      Header("DATA_OFFSET_MISALIGNED", [](DplHeader& h) { h.data_offset += 8; }, "data offset"),
+      Header("DATA_STORED_WRONG", [](DplHeader& h) { h.data_stored_bytes -= 256; }, "data stored size"),
+      Header("DATA_BYTES_WRONG", [](DplHeader& h) { h.data_bytes += 256; }, "data size"),
+      Header("META_OUTSIDE_INDEX", [](DplHeader& h) { h.meta_offset = 1ull << 62; }, "metadata range"),
+      Header("META_RAW_HUGE", [](DplHeader& h) { h.meta_raw_bytes = 1ull << 40; }, "metadata size"),
+      Header("META_RAW_MISMATCH", [](DplHeader& h) { h.meta_raw_bytes += 1; }, "metadata frame"),
+      Header("META_COUNT_TOO_SMALL", [](DplHeader& h) { h.meta_count -= 1; }, "trailing bytes"),
+      Header("META_COUNT_TOO_LARGE", [](DplHeader& h) { h.meta_count += 1; }, "metadata (decompressed)"),
       {"META_DUPLICATE_KEY",
        [](DplSpec& s) {
          s.patch_meta = [](std::string& raw, uint64_t& count) { raw += raw; count *= 2; };
        },
-       [](DplSpec&) {}, "duplicate key"},
-      {"TABLE_OUTSIDE_INDEX", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.table_bytes = 1ull << 50; }; },
-       [](DplSpec&) {}, "tensor table range"},
-      {"HUGE_N_TENSORS", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.n_tensors = 1ull << 60; }; },
-       [](DplSpec&) {}, "cannot fit"},
-      {"FEWER_TENSORS_THAN_TABLE", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.n_tensors = 2; }; },
-       [](DplSpec&) {}, "trailing bytes"},
-      {"UNKNOWN_TYPE", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[0].type = static_cast<GgmlType>(5); }; },
-       [](DplSpec&) {}, "unknown ggml type id 5"},
-      {"UNKNOWN_LAYOUT", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[0].layout = static_cast<TensorLayout>(9); }; },
-       [](DplSpec&) {}, "unknown layout 9"},
-      {"LAYOUT_NEEDS_Q6K", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[2].layout = TensorLayout::kDplQ6K; }; },
-       [](DplSpec&) {}, "needs type q6_K"},
-      {"ROW_STRIDE_WRONG", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[1].row_stride = 420; es[1].n_bytes = 840; }; },
-       [](DplSpec&) {}, "row stride"},
-      {"N_BYTES_WRONG", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[1].n_bytes += 16; }; },
-       [](DplSpec&) {}, "byte size"},
-      {"N_DIMS_ZERO", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[0].n_dims = 0; }; },
-       [](DplSpec&) {}, "n_dims"},
-      {"NE_BEYOND_N_DIMS", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[0].ne[3] = 2; es[0].n_bytes *= 2; }; },
-       [](DplSpec&) {}, "must be 1 beyond n_dims"},
-      {"SHAPE_OVERFLOWS", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[0].n_dims = 2; es[0].ne[1] = 1ull << 62; }; },
-       [](DplSpec&) {}, "overflows"},
-      {"PARTIAL_BLOCK_ROW", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[2].ne[0] = 128; }; },
-       [](DplSpec&) {}, "whole number"},
-      {"OFFSET_MISALIGNED", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[2].offset += 16; }; },
-       [](DplSpec&) {}, "not a multiple of 256"},
-      {"OFFSET_OUT_OF_REGION", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[2].offset = 1ull << 40; }; },
-       [](DplSpec&) {}, "runs past"},
-      {"OFFSET_WRAPS", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[2].offset = ~uint64_t{255}; }; },
-       [](DplSpec&) {}, "runs past"},
-      {"OVERLAP", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[2].offset = 768; }; },
-       [](DplSpec&) {}, "overlap"},
-      {"DUPLICATE_NAME", [](DplSpec& s) { s.patch_entries = [](auto& es) { es[2].name = "w6.weight"; }; },
-       [](DplSpec& s) { s.patch_entries = [](auto& es) { es[2].name = "w7.weight"; }; }, "duplicate tensor name"},
-      {"FRAMES_IN_UNCOMPRESSED", [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.n_frames = 1; }; },
-       [](DplSpec&) {}, "uncompressed"},
-      {"FRAME_SIZE_TINY",
-       [](DplSpec& s) { s.compressed = true; s.patch_header = [](DplHeader& h) { h.frame_raw_bytes = 1000; }; },
-       [](DplSpec& s) { s.compressed = true; }, "frame size"},
-      {"FRAME_COUNT_WRONG",
-       [](DplSpec& s) { s.compressed = true; s.patch_header = [](DplHeader& h) { h.n_frames = 2; }; },
-       [](DplSpec& s) { s.compressed = true; }, "frame count"},
+       NoTwin, "duplicate key"},
+      Header("TABLE_OUTSIDE_INDEX", [](DplHeader& h) { h.table_bytes = 1ull << 50; }, "tensor table range"),
+      Header("HUGE_N_TENSORS", [](DplHeader& h) { h.n_tensors = 1ull << 60; }, "cannot fit"),
+      Header("FEWER_TENSORS_THAN_TABLE", [](DplHeader& h) { h.n_tensors = 2; }, "trailing bytes"),
+      Table("UNKNOWN_TYPE", [](Entries& es) { es[0].type = static_cast<GgmlType>(5); }, "unknown ggml type id 5"),
+      Table("UNKNOWN_LAYOUT", [](Entries& es) { es[0].layout = static_cast<TensorLayout>(9); }, "unknown layout 9"),
+      Table("LAYOUT_NEEDS_Q6K", [](Entries& es) { es[2].layout = TensorLayout::kDplQ6K; }, "needs type q6_K"),
+      Table("ROW_STRIDE_WRONG", [](Entries& es) { es[1].row_stride = 420; es[1].n_bytes = 840; }, "row stride"),
+      Table("N_BYTES_WRONG", [](Entries& es) { es[1].n_bytes += 16; }, "byte size"),
+      Table("N_DIMS_ZERO", [](Entries& es) { es[0].n_dims = 0; }, "n_dims"),
+      Table("NE_BEYOND_N_DIMS", [](Entries& es) { es[0].ne[3] = 2; es[0].n_bytes *= 2; }, "must be 1 beyond n_dims"),
+      Table("SHAPE_OVERFLOWS", [](Entries& es) { es[0].n_dims = 2; es[0].ne[1] = 1ull << 62; }, "overflows"),
+      Table("PARTIAL_BLOCK_ROW", [](Entries& es) { es[2].ne[0] = 128; }, "whole number"),
+      Table("OFFSET_MISALIGNED", [](Entries& es) { es[2].offset += 16; }, "not a multiple of 256"),
+      Table("OFFSET_OUT_OF_REGION", [](Entries& es) { es[2].offset = 1ull << 40; }, "runs past"),
+      Table("OFFSET_WRAPS", [](Entries& es) { es[2].offset = ~uint64_t{255}; }, "runs past"),
+      Table("OVERLAP", [](Entries& es) { es[2].offset = 768; }, "overlap"),
+      Table("DUPLICATE_NAME", [](Entries& es) { es[2].name = "w6.weight"; }, "duplicate tensor name",
+            [](Entries& es) { es[2].name = "w7.weight"; }),
+      Header("FRAMES_IN_UNCOMPRESSED", [](DplHeader& h) { h.n_frames = 1; }, "uncompressed"),
+      Compressed(Header("FRAME_SIZE_TINY", [](DplHeader& h) { h.frame_raw_bytes = 1000; }, "frame size")),
+      Compressed(Header("FRAME_COUNT_WRONG", [](DplHeader& h) { h.n_frames = 2; }, "frame count")),
   };
   return cases;
 }
@@ -265,22 +249,8 @@ TEST_CASE("the valid base .dpl parses, both forms") {
 }
 
 TEST_CASE("hostile .dpl files are rejected with a named error; their twins pass") {
-  for (const HostileCase& c : Cases()) {
-    const std::string name = c.name;
-    CAPTURE(name);
-    DplSpec bad = ValidBase();
-    c.corrupt(bad);
-    auto parsed_bad = ParseImage(bad.Build());
-    CHECK_MESSAGE(!parsed_bad.ok(), name, " was accepted");
-    if (!parsed_bad.ok()) {
-      const std::string msg(parsed_bad.status().message());
-      CHECK_MESSAGE(msg.find(c.expect) != std::string::npos, name, ": ", msg);
-    }
-    DplSpec good = ValidBase();
-    c.twin(good);
-    auto parsed_good = ParseImage(good.Build());
-    CHECK_MESSAGE(parsed_good.ok(), name, " twin: ", parsed_good.status().ToString());
-  }
+  CheckHostileCases<DplSpec>(Cases(), ValidBase,
+                             [](const DplSpec& s) { return ParseImage(s.Build()).status(); });
 }
 
 TEST_CASE("a corrupt data byte fails its tensor's checksum, not the parse") {

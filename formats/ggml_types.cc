@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include "formats/tensor_layout.h"
+
 namespace dpl::formats {
 namespace {
 
@@ -40,6 +42,10 @@ constexpr std::array<GgmlTypeTraits, 31> kTypes = {{
     {GgmlType::kTQ1_0, "tq1_0", 256, 54},
     {GgmlType::kTQ2_0, "tq2_0", 256, 66},
 }};
+
+static_assert(kTypes[12].type == GgmlType::kQ6_K && kTypes[12].block_elems == kQ6KBlockElems &&
+                  kTypes[12].block_bytes == kQ6KBlockBytes,
+              "tensor_layout.h's q6_K block fields add up to ggml's block");
 
 // MXFP4 (id 39) sits apart from the dense range above.
 constexpr GgmlTypeTraits kMxfp4 = {GgmlType::kMXFP4, "mxfp4", 32, 17};

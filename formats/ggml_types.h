@@ -1,11 +1,12 @@
 // ggml tensor types as GGUF stores them: id, name and block geometry.
-// Pure data: no file or CUDA knowledge.
+// Pure data: no file or CUDA knowledge (part of //formats:types, which CUDA
+// code may include; q6_K block fields and layouts are in tensor_layout.h).
 #pragma once
 
-#include "absl/strings/string_view.h"
 #include <cstdint>
 #include <optional>
 
+#include "absl/strings/string_view.h"
 
 namespace dpl::formats {
 
@@ -62,13 +63,5 @@ GgmlTypeTraits TraitsOf(GgmlType type);
 
 // Parses a name as printed by TraitsOf(...).name ("q4_K", "f16", ...).
 std::optional<GgmlType> GgmlTypeFromName(absl::string_view name);
-
-// q6_K geometry used by the dense split-plane (dpl) layout.
-inline constexpr uint32_t kQ6KBlockElems = 256;
-inline constexpr uint32_t kQ6KBlockBytes = 210;
-inline constexpr uint32_t kQ6KQlBytes = 128;  // low 4 bits of 256 weights
-inline constexpr uint32_t kQ6KQhBytes = 64;   // high 2 bits of 256 weights
-inline constexpr uint32_t kQ6KScBytes = 16;   // 16 int8 sub-block scales
-inline constexpr uint32_t kQ6KDBytes = 2;     // f16 super-block scale
 
 }  // namespace dpl::formats

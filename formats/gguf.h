@@ -14,18 +14,16 @@
 // keys and names. Every error names the field and the byte offset.
 #pragma once
 
-#include "absl/strings/string_view.h"
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
-
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "formats/ggml_types.h"
-#include "formats/mapped_file.h"
 #include "formats/metadata.h"
+#include "formats/tensor_layout.h"
 
 namespace dpl::formats {
 
@@ -35,16 +33,12 @@ inline constexpr uint64_t kMaxAlignment = 1 << 20;
 inline constexpr uint32_t kMaxDims = 4;
 inline constexpr uint64_t kMaxTensorNameBytes = 4096;
 
-struct GgufTensorInfo {
+// A tensor info; the layout is always kRaw (row_stride = ne[0] / block_elems
+// * block_bytes).
+struct GgufTensorInfo : TensorGeometry {
   std::string name;
-  uint32_t n_dims = 0;
-  std::array<uint64_t, kMaxDims> ne = {1, 1, 1, 1};  // ne[0] = row length
-  GgmlType type = GgmlType::kF32;
   uint64_t offset = 0;      // relative to the data section
-  uint64_t n_elements = 0;
-  uint64_t n_rows = 0;      // ne[1] * ne[2] * ne[3]
-  uint64_t row_bytes = 0;   // ne[0] / block_elems * block_bytes
-  uint64_t n_bytes = 0;     // n_rows * row_bytes
+  uint64_t n_elements = 0;  // ne[0] * n_rows
 };
 
 class GgufFile {

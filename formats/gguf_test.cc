@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "formats/gguf.h"
+#include "formats/hostile_test_util.h"
 #include "formats/model_file.h"
 #include "tests/shared_dir.h"
 
@@ -96,12 +97,7 @@ absl::StatusOr<GgufFile> ParseImage(const std::string& image) {
   return GgufFile::Parse(reinterpret_cast<const uint8_t*>(image.data()), image.size());
 }
 
-struct HostileCase {
-  const char* name;
-  std::function<void(RawGguf&)> corrupt;  // makes the file invalid
-  std::function<void(RawGguf&)> twin;     // the closest valid file
-  const char* expect;                     // substring of the error message
-};
+using HostileGguf = HostileCase<RawGguf>;
 
 std::string EncodedPair(const std::string& key, uint32_t type, const std::string& payload) {
   std::string s;
@@ -113,8 +109,9 @@ std::string EncodedPair(const std::string& key, uint32_t type, const std::string
 std::string U64(uint64_t v) { std::string s; RawGguf::Put<uint64_t>(s, v); return s; }
 std::string U32(uint32_t v) { std::string s; RawGguf::Put<uint32_t>(s, v); return s; }
 
-const std::vector<HostileCase>& Cases() {
-  static const std::vector<HostileCase> cases = {
+// One row per corruption: a table, longer than a function should be.
+const std::vector<HostileGguf>& Cases() {
+  static const std::vector<HostileGguf> cases = {
       {"BAD_MAGIC", [](RawGguf& g) { g.magic = 0x46554748; }, [](RawGguf&) {}, "not a GGUF file"},
       {"BAD_VERSION_1", [](RawGguf& g) { g.version = 1; }, [](RawGguf& g) { g.version = 2; },
        "version 1 is not supported"},
@@ -211,22 +208,8 @@ TEST_CASE("the valid base file parses") {
 }
 
 TEST_CASE("hostile GGUF files are rejected with a named error; their twins pass") {
-  for (const HostileCase& c : Cases()) {
-    const std::string name = c.name;
-    CAPTURE(name);
-    RawGguf bad = ValidBase();
-    c.corrupt(bad);
-    auto parsed_bad = ParseImage(bad.Build());
-    CHECK_MESSAGE(!parsed_bad.ok(), c.name, " was accepted");
-    if (!parsed_bad.ok()) {
-      const std::string msg(parsed_bad.status().message());
-      CHECK_MESSAGE(msg.find(c.expect) != std::string::npos, c.name, ": ", msg);
-    }
-    RawGguf good = ValidBase();
-    c.twin(good);
-    auto parsed_good = ParseImage(good.Build());
-    CHECK_MESSAGE(parsed_good.ok(), c.name, " twin: ", parsed_good.status().ToString());
-  }
+  CheckHostileCases<RawGguf>(Cases(), ValidBase,
+                             [](const RawGguf& g) { return ParseImage(g.Build()).status(); });
 }
 
 TEST_CASE("errors name the byte offset") {
@@ -325,7 +308,9 @@ TEST_CASE("every GGUF in ../shared parses") {
       auto f = GgufFile::Open(entry.path().string());
       CHECK_MESSAGE(f.ok(), f.status().ToString());
       auto m = ModelFile::Open(entry.path().string());
-      CHECK_MESSAGE(m.ok(), m.status().ToString());
+      REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+      CHECK((*m)->container() == Container::kGguf);
+      CHECK(*DetectContainer(entry.path().string()) == Container::kGguf);
       ++n;
     }
   }
@@ -341,7 +326,12 @@ TEST_CASE("ModelFile rejects a file that is neither GGUF nor .dpl") {
   auto m = ModelFile::Open(path);
   REQUIRE(!m.ok());
   CHECK(std::string(m.status().message()).find("not a model file") != std::string::npos);
+  const absl::StatusOr<Container> c = DetectContainer(path);
+  REQUIRE(!c.ok());
+  CHECK(std::string(c.status().message()).find("not_a_model.bin: not a model file") !=
+        std::string::npos);
   CHECK(!ModelFile::Open(testing::TempDir() + "/does_not_exist.gguf").ok());
+  CHECK(!DetectContainer(testing::TempDir() + "/does_not_exist.gguf").ok());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "base/status_macros.h"
 
 namespace dpl::formats {
 
@@ -28,5 +29,21 @@ class MappedFile {
   const uint8_t* data_;
   uint64_t size_;
 };
+
+// Parses a mapped file with T::Parse(data, size, owner), the result keeping
+// the mapping alive; errors are prefixed with the file's path.
+template <typename T>
+absl::StatusOr<T> ParseMapped(const std::shared_ptr<MappedFile>& m) {
+  absl::StatusOr<T> parsed = T::Parse(m->data(), m->size(), m);
+  DPL_RETURN_IF_ERROR(dpl::Annotate(dpl::StatusOf(parsed), m->path()));
+  return parsed;
+}
+
+// Maps `path` and parses it as above.
+template <typename T>
+absl::StatusOr<T> OpenMapped(const std::string& path) {
+  DPL_ASSIGN_OR_RETURN(const std::shared_ptr<MappedFile> m, MappedFile::Open(path));
+  return ParseMapped<T>(m);
+}
 
 }  // namespace dpl::formats

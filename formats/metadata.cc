@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 
 namespace dpl::formats {
 namespace {
@@ -31,6 +32,16 @@ MetaValue Scalar(GgufValueType type, T v) {
   MetaValue m;
   m.type = type;
   m.scalar_bits = BitsOf(v);
+  return m;
+}
+
+template <typename T>
+MetaValue NumericArray(GgufValueType elem_type, const std::vector<T>& v) {
+  MetaValue m;
+  m.type = GgufValueType::kArray;
+  m.elem_type = elem_type;
+  m.count = v.size();
+  m.bytes.assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
   return m;
 }
 
@@ -125,21 +136,11 @@ MetaValue MetaValue::StringArray(const std::vector<std::string>& v) {
 }
 
 MetaValue MetaValue::I32Array(const std::vector<int32_t>& v) {
-  MetaValue m;
-  m.type = GgufValueType::kArray;
-  m.elem_type = GgufValueType::kI32;
-  m.count = v.size();
-  m.bytes.assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int32_t));
-  return m;
+  return NumericArray(GgufValueType::kI32, v);
 }
 
 MetaValue MetaValue::F32Array(const std::vector<float>& v) {
-  MetaValue m;
-  m.type = GgufValueType::kArray;
-  m.elem_type = GgufValueType::kF32;
-  m.count = v.size();
-  m.bytes.assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-  return m;
+  return NumericArray(GgufValueType::kF32, v);
 }
 
 bool MetaValue::is_integer() const {
@@ -345,17 +346,56 @@ namespace {
 absl::StatusOr<absl::string_view> ReadString(ByteReader& r, absl::string_view what,
                                             uint64_t max_len) {
   const uint64_t at = r.offset();
-  auto len = r.Read<uint64_t>(absl::StrCat(what, " length"));
-  if (!len.ok()) return len.status();
-  if (*len > max_len) {
+  DPL_ASSIGN_OR_RETURN(const uint64_t len, r.Read<uint64_t>(absl::StrCat(what, " length")));
+  if (len > max_len) {
     return r.InvalidAt(at, absl::StrCat(what, " length"),
-                       absl::StrCat(*len, " exceeds the limit of ", max_len, " bytes"));
+                       absl::StrCat(len, " exceeds the limit of ", max_len, " bytes"));
   }
-  if (*len > r.remaining()) {
+  if (len > r.remaining()) {
     return r.InvalidAt(at, absl::StrCat(what, " length"),
-                       absl::StrCat(*len, " bytes but only ", r.remaining(), " left in the file"));
+                       absl::StrCat(len, " bytes but only ", r.remaining(), " left in the file"));
   }
-  return r.ReadBytes(*len, what);
+  return r.ReadBytes(len, what);
+}
+
+// An array's element type, count and elements into `v`. The element type is
+// checked before anything is read, and the count against the bytes left.
+absl::Status ReadArray(ByteReader& r, absl::string_view key, const std::string& what,
+                       MetaValue& v) {
+  const std::string elem_what = absl::StrCat("array element type of '", key, "'");
+  const uint64_t type_at = r.offset();
+  DPL_ASSIGN_OR_RETURN(const uint32_t elem, r.Read<uint32_t>(elem_what));
+  if (!IsKnownType(elem)) {
+    return r.InvalidAt(type_at, elem_what, absl::StrCat("unknown value type ", elem));
+  }
+  if (elem == static_cast<uint32_t>(GgufValueType::kArray)) {
+    return r.InvalidAt(type_at, elem_what, "nested arrays are not supported");
+  }
+  v.elem_type = static_cast<GgufValueType>(elem);
+  const std::string count_what = absl::StrCat("array count of '", key, "'");
+  const uint64_t count_at = r.offset();
+  DPL_ASSIGN_OR_RETURN(v.count, r.Read<uint64_t>(count_what));
+  const uint64_t min_elem_bytes =
+      v.elem_type == GgufValueType::kString ? 8 : GgufScalarBytes(v.elem_type);
+  uint64_t min_bytes;
+  if (!CheckedMul(v.count, min_elem_bytes, &min_bytes) || min_bytes > r.remaining()) {
+    return r.InvalidAt(count_at, count_what,
+                       absl::StrCat(v.count, " elements of ", GgufValueTypeName(v.elem_type),
+                                    " do not fit in the ", r.remaining(), " bytes left"));
+  }
+  if (v.elem_type != GgufValueType::kString) {
+    DPL_ASSIGN_OR_RETURN(const absl::string_view raw, r.ReadBytes(min_bytes, what));
+    v.bytes = std::string(raw);
+    return absl::OkStatus();
+  }
+  v.string_ends.reserve(v.count);
+  for (uint64_t i = 0; i < v.count; ++i) {
+    DPL_ASSIGN_OR_RETURN(const absl::string_view s,
+                         ReadString(r, absl::StrCat(what, "[", i, "]"), kMaxStringBytes));
+    v.bytes.append(s.data(), s.size());
+    v.string_ends.push_back(v.bytes.size());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<MetaValue> ReadValue(ByteReader& r, absl::string_view key, uint32_t type_id) {
@@ -368,65 +408,20 @@ absl::StatusOr<MetaValue> ReadValue(ByteReader& r, absl::string_view key, uint32
   MetaValue v;
   v.type = type;
   if (type == GgufValueType::kString) {
-    auto s = ReadString(r, what, kMaxStringBytes);
-    if (!s.ok()) return s.status();
-    v.bytes = std::string(*s);
-    return v;
-  }
-  if (type != GgufValueType::kArray) {
-    const uint32_t w = GgufScalarBytes(type);
-    auto raw = r.ReadBytes(w, what);
-    if (!raw.ok()) return raw.status();
-    if (type == GgufValueType::kF32 || type == GgufValueType::kF64 ||
-        type == GgufValueType::kU64 || type == GgufValueType::kU32 ||
-        type == GgufValueType::kU16 || type == GgufValueType::kU8 ||
-        type == GgufValueType::kBool) {
-      uint64_t bits = 0;
-      std::memcpy(&bits, raw->data(), w);  // little-endian host
-      v.scalar_bits = bits;
+    DPL_ASSIGN_OR_RETURN(const absl::string_view s, ReadString(r, what, kMaxStringBytes));
+    v.bytes = std::string(s);
+  } else if (type == GgufValueType::kArray) {
+    DPL_RETURN_IF_ERROR(ReadArray(r, key, what, v));
+  } else {
+    DPL_ASSIGN_OR_RETURN(const absl::string_view raw, r.ReadBytes(GgufScalarBytes(type), what));
+    // Signed integers are sign-extended; everything else keeps its raw bits.
+    const bool is_signed = type == GgufValueType::kI8 || type == GgufValueType::kI16 ||
+                           type == GgufValueType::kI32 || type == GgufValueType::kI64;
+    if (is_signed) {
+      v.scalar_bits = static_cast<uint64_t>(ReadIntElem(type, raw.data()));
     } else {
-      v.scalar_bits = static_cast<uint64_t>(ReadIntElem(type, raw->data()));
+      std::memcpy(&v.scalar_bits, raw.data(), raw.size());  // little-endian host
     }
-    return v;
-  }
-  // Array: element type, count, elements. The element type is checked before
-  // anything is read, and the count against the bytes left.
-  const uint64_t type_at = r.offset();
-  auto elem = r.Read<uint32_t>(absl::StrCat("array element type of '", key, "'"));
-  if (!elem.ok()) return elem.status();
-  if (!IsKnownType(*elem)) {
-    return r.InvalidAt(type_at, absl::StrCat("array element type of '", key, "'"),
-                       absl::StrCat("unknown value type ", *elem));
-  }
-  if (*elem == static_cast<uint32_t>(GgufValueType::kArray)) {
-    return r.InvalidAt(type_at, absl::StrCat("array element type of '", key, "'"),
-                       "nested arrays are not supported");
-  }
-  v.elem_type = static_cast<GgufValueType>(*elem);
-  const uint64_t count_at = r.offset();
-  auto count = r.Read<uint64_t>(absl::StrCat("array count of '", key, "'"));
-  if (!count.ok()) return count.status();
-  v.count = *count;
-  const uint64_t min_elem_bytes =
-      v.elem_type == GgufValueType::kString ? 8 : GgufScalarBytes(v.elem_type);
-  uint64_t min_bytes;
-  if (!CheckedMul(*count, min_elem_bytes, &min_bytes) || min_bytes > r.remaining()) {
-    return r.InvalidAt(count_at, absl::StrCat("array count of '", key, "'"),
-                       absl::StrCat(*count, " elements of ", GgufValueTypeName(v.elem_type),
-                                    " do not fit in the ", r.remaining(), " bytes left"));
-  }
-  if (v.elem_type != GgufValueType::kString) {
-    auto raw = r.ReadBytes(min_bytes, what);
-    if (!raw.ok()) return raw.status();
-    v.bytes = std::string(*raw);
-    return v;
-  }
-  v.string_ends.reserve(*count);
-  for (uint64_t i = 0; i < *count; ++i) {
-    auto s = ReadString(r, absl::StrCat(what, "[", i, "]"), kMaxStringBytes);
-    if (!s.ok()) return s.status();
-    v.bytes.append(s->data(), s->size());
-    v.string_ends.push_back(v.bytes.size());
   }
   return v;
 }
@@ -445,43 +440,38 @@ absl::StatusOr<Metadata> ParseGgufKv(ByteReader& r, uint64_t n_kv) {
   absl::flat_hash_set<std::string> seen;
   for (uint64_t i = 0; i < n_kv; ++i) {
     const uint64_t key_at = r.offset();
-    auto key = ReadString(r, absl::StrCat("key #", i), kMaxKeyBytes);
-    if (!key.ok()) return key.status();
-    if (key->empty()) return r.InvalidAt(key_at, absl::StrCat("key #", i), "empty key");
-    if (!seen.insert(std::string(*key)).second) {
-      return r.InvalidAt(key_at, absl::StrCat("key #", i),
-                         absl::StrCat("duplicate key '", *key, "'"));
+    const std::string what = absl::StrCat("key #", i);
+    DPL_ASSIGN_OR_RETURN(const absl::string_view key, ReadString(r, what, kMaxKeyBytes));
+    if (key.empty()) return r.InvalidAt(key_at, what, "empty key");
+    if (!seen.insert(std::string(key)).second) {
+      return r.InvalidAt(key_at, what, absl::StrCat("duplicate key '", key, "'"));
     }
-    auto type = r.Read<uint32_t>(absl::StrCat("type of '", *key, "'"));
-    if (!type.ok()) return type.status();
-    auto value = ReadValue(r, *key, *type);
-    if (!value.ok()) return value.status();
-    meta.Set(*key, std::move(*value));
+    DPL_ASSIGN_OR_RETURN(const uint32_t type, r.Read<uint32_t>(absl::StrCat("type of '", key, "'")));
+    DPL_ASSIGN_OR_RETURN(MetaValue value, ReadValue(r, key, type));
+    meta.Set(key, std::move(value));
   }
   return meta;
 }
 
 namespace {
-template <typename T>
-void Put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
+
 void PutString(std::string& out, absl::string_view s) {
-  Put<uint64_t>(out, s.size());
+  AppendLE<uint64_t>(out, s.size());
   out.append(s.data(), s.size());
 }
+
 }  // namespace
 
 void SerializeGgufKv(const Metadata& meta, std::string& out) {
   for (const MetaKV& kv : meta.entries()) {
     PutString(out, kv.key);
     const MetaValue& v = kv.value;
-    Put<uint32_t>(out, static_cast<uint32_t>(v.type));
+    AppendLE<uint32_t>(out, static_cast<uint32_t>(v.type));
     if (v.type == GgufValueType::kString) {
       PutString(out, v.bytes);
     } else if (v.type == GgufValueType::kArray) {
-      Put<uint32_t>(out, static_cast<uint32_t>(v.elem_type));
-      Put<uint64_t>(out, v.count);
+      AppendLE<uint32_t>(out, static_cast<uint32_t>(v.elem_type));
+      AppendLE<uint64_t>(out, v.count);
       if (v.elem_type == GgufValueType::kString) {
         for (uint64_t i = 0; i < v.count; ++i) PutString(out, v.StringAt(i));
       } else {

@@ -5,25 +5,46 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "formats/dpl_file.h"
 #include "formats/gguf.h"
 #include "formats/mapped_file.h"
 
 namespace dpl::formats {
 
-absl::string_view TensorLayoutName(TensorLayout layout) {
-  switch (layout) {
-    case TensorLayout::kRaw: return "raw";
-    case TensorLayout::kDplQ6K: return "dpl_q6k";
+absl::string_view ContainerName(Container container) {
+  switch (container) {
+    case Container::kGguf: return "gguf";
+    case Container::kDpl: return "dpl";
   }
   return "unknown";
 }
 
+absl::StatusOr<Container> ContainerOf(const uint8_t* data, uint64_t size) {
+  if (size >= 4 && std::memcmp(data, "GGUF", 4) == 0) return Container::kGguf;
+  if (size >= 8 && std::memcmp(data, kDplMagic, 8) == 0) return Container::kDpl;
+  return absl::InvalidArgumentError(
+      "not a model file (neither GGUF nor .dpl magic at offset 0)");
+}
+
+namespace {
+
+// ContainerOf a mapped file; errors are prefixed with its path.
+absl::StatusOr<Container> ContainerOfFile(const MappedFile& file) {
+  absl::StatusOr<Container> c = ContainerOf(file.data(), file.size());
+  DPL_RETURN_IF_ERROR(dpl::Annotate(dpl::StatusOf(c), file.path()));
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<Container> DetectContainer(const std::string& path) {
+  DPL_ASSIGN_OR_RETURN(const std::shared_ptr<MappedFile> m, MappedFile::Open(path));
+  return ContainerOfFile(*m);
+}
+
 const TensorView* ModelFile::Find(absl::string_view name) const {
-  for (const TensorView& t : tensors_) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
+  return FindNamed(tensors_, name);
 }
 
 absl::StatusOr<const TensorView*> ModelFile::Require(absl::string_view name) const {
@@ -34,32 +55,13 @@ absl::StatusOr<const TensorView*> ModelFile::Require(absl::string_view name) con
   return t;
 }
 
-}  // namespace dpl::formats
-
-namespace dpl::formats {
-
 // Builds ModelFile views from either container (friend of ModelFile).
 class ModelFileBuilder {
  public:
   static std::shared_ptr<ModelFile> FromGguf(std::shared_ptr<GgufFile> gguf, const std::string& path) {
-    auto m = std::make_shared<ModelFile>();
-    m->container_ = "gguf";
-    m->path_ = path;
-    m->metadata_ = gguf->metadata();
-    m->tensors_.reserve(gguf->tensors().size());
+    std::shared_ptr<ModelFile> m = Start(Container::kGguf, path, gguf->metadata());
     for (const GgufTensorInfo& t : gguf->tensors()) {
-      TensorView v;
-      v.name = t.name;
-      v.type = t.type;
-      v.layout = TensorLayout::kRaw;
-      v.n_dims = t.n_dims;
-      v.ne = t.ne;
-      v.n_rows = t.n_rows;
-      v.row_stride = t.row_bytes;
-      v.n_bytes = t.n_bytes;
-      v.data_offset = t.offset;
-      v.data = gguf->TensorData(t);
-      m->tensors_.push_back(std::move(v));
+      m->tensors_.push_back(View(t, t.name, t.offset, gguf->TensorData(t)));
     }
     m->owner_ = std::move(gguf);
     return m;
@@ -67,33 +69,18 @@ class ModelFileBuilder {
 
   static absl::StatusOr<std::shared_ptr<ModelFile>> FromDpl(std::shared_ptr<DplFile> dpl,
                                                             const std::string& path, bool inflate) {
-    auto m = std::make_shared<ModelFile>();
-    m->container_ = "dpl";
-    m->path_ = path;
-    m->metadata_ = dpl->metadata();
+    std::shared_ptr<ModelFile> m = Start(Container::kDpl, path, dpl->metadata());
     const uint8_t* region = dpl->data_region();
     std::shared_ptr<std::vector<uint8_t>> decompressed;
     if (region == nullptr && inflate) {
       // Compressed shipping form: inflate the data region once, in parallel.
       decompressed = std::make_shared<std::vector<uint8_t>>(dpl->header().data_bytes);
       const int threads = std::max(1u, std::thread::hardware_concurrency());
-      absl::Status s = dpl->DecompressAll(decompressed->data(), threads);
-      if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+      DPL_RETURN_IF_ERROR(dpl::Annotate(dpl->DecompressAll(decompressed->data(), threads), path));
       region = decompressed->data();
     }
     for (const DplTensorEntry& t : dpl->tensors()) {
-      TensorView v;
-      v.name = t.name;
-      v.type = t.type;
-      v.layout = t.layout;
-      v.n_dims = t.n_dims;
-      v.ne = t.ne;
-      v.n_rows = t.n_rows;
-      v.row_stride = t.row_stride;
-      v.n_bytes = t.n_bytes;
-      v.data_offset = t.offset;
-      v.data = region == nullptr ? nullptr : region + t.offset;
-      m->tensors_.push_back(std::move(v));
+      m->tensors_.push_back(View(t, t.name, t.offset, region == nullptr ? nullptr : region + t.offset));
     }
     struct Owner {
       std::shared_ptr<DplFile> file;
@@ -102,30 +89,44 @@ class ModelFileBuilder {
     m->owner_ = std::make_shared<Owner>(Owner{std::move(dpl), std::move(decompressed)});
     return m;
   }
+
+ private:
+  static std::shared_ptr<ModelFile> Start(Container container, const std::string& path,
+                                          const Metadata& metadata) {
+    auto m = std::make_shared<ModelFile>();
+    m->container_ = container;
+    m->path_ = path;
+    m->metadata_ = metadata;
+    return m;
+  }
+
+  static TensorView View(const TensorGeometry& geometry, const std::string& name,
+                         uint64_t data_offset, const uint8_t* data) {
+    TensorView v;
+    v.geometry() = geometry;
+    v.name = name;
+    v.data_offset = data_offset;
+    v.data = data;
+    return v;
+  }
 };
 
 namespace {
 
 absl::StatusOr<std::shared_ptr<ModelFile>> OpenModel(const std::string& path, bool inflate) {
-  auto mapped = MappedFile::Open(path);
-  if (!mapped.ok()) return mapped.status();
-  const std::shared_ptr<MappedFile> m = *mapped;
-  if (m->size() >= 4 && std::memcmp(m->data(), "GGUF", 4) == 0) {
-    auto gguf = GgufFile::Parse(m->data(), m->size(), m);
-    if (!gguf.ok()) {
-      return absl::Status(gguf.status().code(), absl::StrCat(path, ": ", gguf.status().message()));
+  DPL_ASSIGN_OR_RETURN(const std::shared_ptr<MappedFile> m, MappedFile::Open(path));
+  DPL_ASSIGN_OR_RETURN(const Container container, ContainerOfFile(*m));
+  switch (container) {
+    case Container::kGguf: {
+      DPL_ASSIGN_OR_RETURN(GgufFile gguf, ParseMapped<GgufFile>(m));
+      return ModelFileBuilder::FromGguf(std::make_shared<GgufFile>(std::move(gguf)), path);
     }
-    return ModelFileBuilder::FromGguf(std::make_shared<GgufFile>(std::move(*gguf)), path);
-  }
-  if (m->size() >= 8 && std::memcmp(m->data(), kDplMagic, 8) == 0) {
-    auto dpl = DplFile::Parse(m->data(), m->size(), m);
-    if (!dpl.ok()) {
-      return absl::Status(dpl.status().code(), absl::StrCat(path, ": ", dpl.status().message()));
+    case Container::kDpl: {
+      DPL_ASSIGN_OR_RETURN(DplFile dpl, ParseMapped<DplFile>(m));
+      return ModelFileBuilder::FromDpl(std::make_shared<DplFile>(std::move(dpl)), path, inflate);
     }
-    return ModelFileBuilder::FromDpl(std::make_shared<DplFile>(std::move(*dpl)), path, inflate);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(path, ": not a model file (neither GGUF nor .dpl magic at offset 0)"));
+  return absl::InternalError("unreachable container");
 }
 
 }  // namespace

@@ -4,43 +4,38 @@
 // which container the model came in.
 #pragma once
 
-#include "absl/strings/string_view.h"
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
-
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "formats/ggml_types.h"
 #include "formats/metadata.h"
+#include "formats/tensor_layout.h"
 
 namespace dpl::formats {
 
-// How a tensor's rows are arranged in the file.
-enum class TensorLayout : uint32_t {
-  // GGUF's own bytes: each row is ne[0]/block_elems consecutive blocks.
-  kRaw = 0,
-  // q6_K rows in the dense split-plane layout: per row
-  // [ql: nbe*128][qh: nbe*64][sc: nbe*16][d: nbe*2], stride (nbe*210+15)&~15.
-  // Why: no dead padding per block and 16-byte aligned rows, so decode
-  // kernels stream only content bytes with aligned 16-byte loads.
-  kDplQ6K = 1,
+// The two containers a model comes in, told apart by their first bytes.
+enum class Container {
+  kGguf,  // magic "GGUF"
+  kDpl,   // magic "DPLMODEL"
 };
 
-absl::string_view TensorLayoutName(TensorLayout layout);  // "raw", "dpl_q6k"
+absl::string_view ContainerName(Container container);  // "gguf", "dpl"
 
-struct TensorView {
+// The container whose magic starts `data`; InvalidArgument ("not a model
+// file ...") when it is neither.
+absl::StatusOr<Container> ContainerOf(const uint8_t* data, uint64_t size);
+// The same for the file at `path`, from its magic alone (nothing is parsed);
+// errors name the path. For callers that accept only one container and want
+// to say so before parsing.
+absl::StatusOr<Container> DetectContainer(const std::string& path);
+
+struct TensorView : TensorGeometry {
   std::string name;
-  GgmlType type = GgmlType::kF32;
-  TensorLayout layout = TensorLayout::kRaw;
-  uint32_t n_dims = 0;
-  std::array<uint64_t, 4> ne = {1, 1, 1, 1};  // ne[0] = row length (elements)
-  uint64_t n_rows = 0;       // ne[1] * ne[2] * ne[3]
-  uint64_t row_stride = 0;   // bytes from one row to the next
-  uint64_t n_bytes = 0;      // n_rows * row_stride
-  uint64_t data_offset = 0;  // offset inside the file's data region
+  uint64_t data_offset = 0;       // offset inside the file's data region
   const uint8_t* data = nullptr;  // (n_rows, row_stride) bytes; null: see OpenIndex
 };
 
@@ -56,7 +51,7 @@ class ModelFile {
   // metadata and the tensor table, such as the CUDA loader.
   static absl::StatusOr<std::shared_ptr<ModelFile>> OpenIndex(const std::string& path);
 
-  absl::string_view container() const { return container_; }  // "gguf" or "dpl"
+  Container container() const { return container_; }
   const std::string& path() const { return path_; }
   const Metadata& metadata() const { return metadata_; }
   const std::vector<TensorView>& tensors() const { return tensors_; }
@@ -67,7 +62,7 @@ class ModelFile {
  private:
   friend class ModelFileBuilder;
   std::shared_ptr<const void> owner_;
-  std::string container_;
+  Container container_ = Container::kGguf;
   std::string path_;
   Metadata metadata_;
   std::vector<TensorView> tensors_;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace dpl::generate {
 
@@ -20,8 +21,7 @@ absl::StatusOr<std::vector<int32_t>> Generate(Decoder& decoder, const tokenizer:
   }
   std::vector<float> logits;
   const auto t0 = Clock::now();
-  absl::Status s = decoder.Eval(req.prompt, &logits, nullptr);
-  if (!s.ok()) return s;
+  DPL_RETURN_IF_ERROR(decoder.Eval(req.prompt, &logits, nullptr));
   for (int32_t t : req.prompt) sampler.Accept(t);
   const auto t1 = Clock::now();
   timings->n_prompt += req.prompt.size();
@@ -29,31 +29,25 @@ absl::StatusOr<std::vector<int32_t>> Generate(Decoder& decoder, const tokenizer:
 
   tokenizer::TokenStreamDecoder text(tok);
   std::vector<int32_t> out;
-  if (decoder.samples_on_device()) {
-    // The GPU samples and feeds tokens back itself; the host only streams.
-    s = decoder.SampleLoop(sampler.params(), sampler.recent(), req.n_predict, [&](int32_t next) {
-      if (req.stop.contains(next)) return false;
-      out.push_back(next);
-      sampler.Accept(next);
-      on_text(text.Push(next));
-      return true;
-    });
-    if (!s.ok()) return s;
-    on_text(text.Flush());
-    timings->n_generated += out.size();
-    timings->generate_seconds += std::chrono::duration<double>(Clock::now() - t1).count();
-    return out;
-  }
-  while (req.n_predict < 0 || static_cast<int32_t>(out.size()) < req.n_predict) {
-    const int32_t next = sampler.Sample(logits);
-    if (req.stop.contains(next)) break;
+  // Takes one sampled token; false when it ends the generation.
+  auto take = [&](int32_t next) {
+    if (req.stop.contains(next)) return false;
     out.push_back(next);
     sampler.Accept(next);
     on_text(text.Push(next));
-    if (decoder.n_past() >= decoder.n_ctx()) break;  // context full
-    const int32_t one[1] = {next};
-    s = decoder.Eval(one, &logits, nullptr);
-    if (!s.ok()) return s;
+    return true;
+  };
+  if (decoder.samples_on_device()) {
+    // The GPU samples and feeds tokens back itself; the host only streams.
+    DPL_RETURN_IF_ERROR(
+        decoder.SampleLoop(sampler.params(), sampler.recent(), req.n_predict, take));
+  } else {
+    while (req.n_predict < 0 || static_cast<int32_t>(out.size()) < req.n_predict) {
+      if (!take(sampler.Sample(logits))) break;
+      if (decoder.n_past() >= decoder.n_ctx()) break;  // context full
+      const int32_t one[1] = {out.back()};
+      DPL_RETURN_IF_ERROR(decoder.Eval(one, &logits, nullptr));
+    }
   }
   on_text(text.Flush());
   timings->n_generated += out.size();

@@ -11,6 +11,17 @@ namespace {
 
 const std::vector<float> kLogits = {1.0f, 3.0f, 2.5f, -1.0f, 3.0f, 0.0f, 2.9f, -4.0f};
 
+// Sampling at `temperature` with top-k, top-p and min-p off; tests turn on
+// what they check.
+SamplerParams Plain(float temperature) {
+  SamplerParams p;
+  p.temperature = temperature;
+  p.top_k = 0;
+  p.top_p = 1;
+  p.min_p = 0;
+  return p;
+}
+
 TEST_CASE("greedy picks the argmax, ties to the lowest id") {
   SamplerParams p;
   p.temperature = 0;
@@ -19,21 +30,14 @@ TEST_CASE("greedy picks the argmax, ties to the lowest id") {
 }
 
 TEST_CASE("top-k 1 equals greedy at any temperature") {
-  SamplerParams p;
-  p.temperature = 5;
+  SamplerParams p = Plain(5);
   p.top_k = 1;
-  p.top_p = 1;
-  p.min_p = 0;
   Sampler s(p);
   for (int i = 0; i < 50; ++i) CHECK(s.Sample(kLogits) == 1);
 }
 
 TEST_CASE("same seed, same tokens; other seed, other tokens") {
-  SamplerParams p;
-  p.temperature = 1.5f;
-  p.top_k = 0;
-  p.top_p = 1;
-  p.min_p = 0;
+  SamplerParams p = Plain(1.5f);
   p.seed = 42;
   Sampler a(p), b(p);
   std::vector<int> ta, tb, tc;
@@ -49,12 +53,7 @@ TEST_CASE("same seed, same tokens; other seed, other tokens") {
 }
 
 TEST_CASE("temperature sampling follows softmax") {
-  SamplerParams p;
-  p.temperature = 1;
-  p.top_k = 0;
-  p.top_p = 1;
-  p.min_p = 0;
-  Sampler s(p);
+  Sampler s(Plain(1));
   std::vector<int> counts(kLogits.size());
   const int n = 40000;
   for (int i = 0; i < n; ++i) ++counts[s.Sample(kLogits)];
@@ -67,11 +66,8 @@ TEST_CASE("temperature sampling follows softmax") {
 }
 
 TEST_CASE("top-p and min-p cut the tail") {
-  SamplerParams p;
-  p.temperature = 1;
-  p.top_k = 0;
+  SamplerParams p = Plain(1);
   p.top_p = 0.5f;  // ids 1 and 4 (3.0 each) hold 0.54 of the mass
-  p.min_p = 0;
   Sampler s(p);
   for (int i = 0; i < 2000; ++i) {
     const int t = s.Sample(kLogits);

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace dpl::tokenizer {
 namespace {
@@ -99,9 +100,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromMetadata(const formats::Metadata&
     return absl::NotFoundError(absl::StrCat("the model has no ", kKey,
                                             "; choose a chat template: ", kChoices));
   }
-  absl::StatusOr<absl::string_view> jinja = meta.GetString(kKey);
-  if (!jinja.ok()) return jinja.status();
-  return Detect(*jinja);
+  DPL_ASSIGN_OR_RETURN(const absl::string_view jinja, meta.GetString(kKey));
+  return Detect(jinja);
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
@@ -163,9 +163,8 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer& tokenizer,
     return absl::FailedPreconditionError(
         "chat needs a tokenizer vocabulary; this model has ids only");
   }
-  absl::StatusOr<std::string> text = chat_template.Render(messages, add_generation_prompt);
-  if (!text.ok()) return text.status();
-  return tokenizer.Encode(*text, tokenizer.adds_bos_by_default(), /*parse_special=*/true);
+  DPL_ASSIGN_OR_RETURN(const std::string text, chat_template.Render(messages, add_generation_prompt));
+  return tokenizer.Encode(text, tokenizer.adds_bos_by_default(), /*parse_special=*/true);
 }
 
 }  // namespace dpl::tokenizer

@@ -19,6 +19,13 @@ const std::vector<ChatMessage> kTwoTurns = {
     {"user", "  Tell me a joke.\n"},
 };
 
+// kTwoTurns in ChatML, then the generation prompt.
+const std::string kTwoTurnsChatML =
+    "<|im_start|>user\nHi there!<|im_end|>\n"
+    "<|im_start|>assistant\nHello! How can I help?<|im_end|>\n"
+    "<|im_start|>user\n  Tell me a joke.\n<|im_end|>\n"
+    "<|im_start|>assistant\n";
+
 // Qwen2.5-Instruct's template (the parts that matter here), as GGUF stores it:
 // Jinja string literals spell newlines as "\n" escapes.
 constexpr char kQwen25Template[] =
@@ -63,12 +70,7 @@ TEST_CASE("the qwen2 vocab's own template: ChatML with its default system prompt
   CHECK(t->default_system_prompt() == "You are a helpful assistant");
   auto text = t->Render(kTwoTurns, /*add_generation_prompt=*/true);
   REQUIRE(text.ok());
-  CHECK(*text ==
-        "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n"
-        "<|im_start|>user\nHi there!<|im_end|>\n"
-        "<|im_start|>assistant\nHello! How can I help?<|im_end|>\n"
-        "<|im_start|>user\n  Tell me a joke.\n<|im_end|>\n"
-        "<|im_start|>assistant\n");
+  CHECK(*text == "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n" + kTwoTurnsChatML);
 }
 
 TEST_CASE("Qwen2.5 template: default system prompt only without a system turn") {
@@ -81,11 +83,7 @@ TEST_CASE("Qwen2.5 template: default system prompt only without a system turn") 
   REQUIRE(text.ok());
   CHECK(*text ==
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-        "assistant.<|im_end|>\n"
-        "<|im_start|>user\nHi there!<|im_end|>\n"
-        "<|im_start|>assistant\nHello! How can I help?<|im_end|>\n"
-        "<|im_start|>user\n  Tell me a joke.\n<|im_end|>\n"
-        "<|im_start|>assistant\n");
+        "assistant.<|im_end|>\n" + kTwoTurnsChatML);
 
   std::vector<ChatMessage> with_system = {{"system", "Be brief."}, {"user", "Hi"}};
   auto text2 = t->Render(with_system, false);
@@ -100,11 +98,7 @@ TEST_CASE("plain ChatML: no system prompt inserted; same as the override") {
   REQUIRE(t.ok());
   CHECK(t->family() == ChatFamily::kChatML);
   CHECK(t->default_system_prompt().empty());
-  const std::string expect =
-      "<|im_start|>user\nHi there!<|im_end|>\n"
-      "<|im_start|>assistant\nHello! How can I help?<|im_end|>\n"
-      "<|im_start|>user\n  Tell me a joke.\n<|im_end|>\n"
-      "<|im_start|>assistant\n";
+  const std::string& expect = kTwoTurnsChatML;
   auto text = t->Render(kTwoTurns, true);
   REQUIRE(text.ok());
   CHECK(*text == expect);

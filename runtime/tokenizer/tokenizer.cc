@@ -5,63 +5,41 @@
 #include <limits>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "runtime/tokenizer/unicode.h"
+#include "runtime/tokenizer/vocab.h"
 
 namespace dpl::tokenizer {
-
-struct Vocab {
-  std::vector<std::string> texts;  // as stored: byte-level encoded for normal tokens
-  std::vector<TokenType> types;
-  // Views into `texts` (built after `texts` is final; Vocab never moves).
-  absl::flat_hash_map<absl::string_view, int32_t> text_to_id;
-  std::array<int32_t, 256> byte_token;  // id of the one-byte symbol of each byte
-  // (left id << 32 | right id) -> (rank, merged id).
-  absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> merges;
-  // Control, user-defined and unknown tokens, longest text first.
-  std::vector<int32_t> specials;
-  PreTokenizer pre = PreTokenizer::kNone;
-  bool ignore_merges = false;  // try the whole pre-token as one token first
-};
-
 namespace {
-
-// Pre-tokenizer names (tokenizer.ggml.pre) and what llama.cpp maps them to.
-struct PreName {
-  absl::string_view name;
-  PreTokenizer pre;
-};
-constexpr PreName kPreNames[] = {
-    {"llama-bpe", PreTokenizer::kLlama3},
-    {"llama3", PreTokenizer::kLlama3},
-    {"llama-v3", PreTokenizer::kLlama3},
-    {"qwen2", PreTokenizer::kQwen2},
-    {"deepseek-r1-qwen", PreTokenizer::kQwen2},
-};
-
-std::string SupportedPreNames() {
-  std::vector<std::string> names;
-  for (const PreName& p : kPreNames) names.push_back(absl::StrCat("\"", p.name, "\""));
-  return absl::StrJoin(names, ", ");
-}
 
 // Texts that end a turn in the model families we know.
 constexpr absl::string_view kEndOfTurnTexts[] = {
     "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>",
 };
 
-uint64_t PairKey(int32_t left, int32_t right) {
-  return (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
-}
-
 bool IsCrOrLf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
 
 uint32_t AsciiLower(uint32_t cp) { return (cp >= 'A' && cp <= 'Z') ? cp + 32 : cp; }
+
+// End of the whitespace pre-token at `pos`: \s*[\r\n]+ | \s+(?!\S) | \s+.
+size_t WhitespaceEnd(const std::vector<uint32_t>& cpts, const std::vector<uint8_t>& cls,
+                     size_t pos) {
+  const size_t n = cpts.size();
+  size_t run = 0;
+  size_t after_last_newline = 0;  // 0: no \r or \n in the run
+  while (pos + run < n && (cls[pos + run] & kClassWhitespace)) {
+    if (IsCrOrLf(cpts[pos + run])) after_last_newline = pos + run + 1;
+    ++run;
+  }
+  if (after_last_newline > 0) return after_last_newline;
+  // Leave the last space to prefix the word that follows.
+  if (run > 1 && pos + run < n) return pos + run - 1;
+  if (run > 0) return pos + run;
+  return pos + 1;  // unreachable for valid classes; never loop forever
+}
 
 // Splits code points [0, n) into pre-tokens, calling emit(begin, end) for each.
 // One scanner serves both regexes, which differ only in digit runs:
@@ -132,27 +110,9 @@ void ScanPreTokens(const std::vector<uint32_t>& cpts, const std::vector<uint8_t>
       }
     }
 
-    // Whitespace: \s*[\r\n]+ | \s+(?!\S) | \s+
-    size_t run = 0;
-    size_t after_last_newline = 0;  // 0: no \r or \n in the run
-    while (cls_at(pos + run) & kClassWhitespace) {
-      if (IsCrOrLf(cpts[pos + run])) after_last_newline = pos + run + 1;
-      ++run;
-    }
-    if (after_last_newline > 0) {
-      emit(pos, after_last_newline);
-      pos = after_last_newline;
-    } else if (run > 1 && pos + run < n) {
-      // Leave the last space to prefix the word that follows.
-      emit(pos, pos + run - 1);
-      pos += run - 1;
-    } else if (run > 0) {
-      emit(pos, pos + run);
-      pos += run;
-    } else {
-      emit(pos, pos + 1);  // unreachable for valid classes; never loop forever
-      pos += 1;
-    }
+    const size_t end = WhitespaceEnd(cpts, cls, pos);
+    emit(pos, end);
+    pos = end;
   }
 }
 
@@ -257,193 +217,71 @@ void EncodeRaw(const Vocab& v, absl::string_view text, Workspace& ws, std::vecto
 absl::StatusOr<int32_t> ReadOptionalId(const formats::Metadata& meta, absl::string_view key,
                                        int64_t n_vocab) {
   if (meta.Find(key) == nullptr) return kNoToken;
-  absl::StatusOr<uint64_t> id = meta.GetUint(key);
-  if (!id.ok()) return id.status();
-  if (*id >= uint64_t(n_vocab)) {
+  DPL_ASSIGN_OR_RETURN(const uint64_t id, meta.GetUint(key));
+  if (id >= uint64_t(n_vocab)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(key, " = ", *id, " is outside the vocabulary of ", n_vocab, " tokens"));
+        absl::StrCat(key, " = ", id, " is outside the vocabulary of ", n_vocab, " tokens"));
   }
-  return static_cast<int32_t>(*id);
+  return static_cast<int32_t>(id);
 }
 
-absl::StatusOr<const formats::MetaValue*> GetStringArray(const formats::Metadata& meta,
-                                                         absl::string_view key) {
-  absl::StatusOr<const formats::MetaValue*> arr = meta.GetArray(key);
-  if (!arr.ok()) return arr.status();
-  if ((*arr)->elem_type != formats::GgufValueType::kString) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(key, " must be an array of strings, found an array of ",
-                     formats::GgufValueTypeName((*arr)->elem_type)));
+constexpr absl::string_view kModelKey = "tokenizer.ggml.model";
+
+// A vocabulary-less model ("none"): only its size, from {arch}.vocab_size.
+absl::StatusOr<int32_t> IdOnlyVocabSize(const formats::Metadata& meta) {
+  DPL_ASSIGN_OR_RETURN(const absl::string_view arch, meta.GetString("general.architecture"));
+  const std::string key = absl::StrCat(arch, ".vocab_size");
+  if (meta.Find(key) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model has no vocabulary (tokenizer.ggml.model ",
+        meta.Find(kModelKey) ? "= \"none\"" : "is missing", ") and no ", key));
   }
-  return *arr;
+  DPL_ASSIGN_OR_RETURN(const uint64_t n, meta.GetUint(key));
+  if (n == 0 || n > uint64_t(std::numeric_limits<int32_t>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat(key, " = ", n, " is not a usable size"));
+  }
+  return static_cast<int32_t>(n);
+}
+
+absl::Status UnsupportedModel(absl::string_view model) {
+  absl::string_view what = model == "llama"  ? " (SentencePiece)"
+                          : model == "bert" ? " (WordPiece)"
+                          : model == "t5"   ? " (Unigram)"
+                                            : "";
+  return absl::UnimplementedError(absl::StrCat(
+      "tokenizer.ggml.model = \"", model, "\"", what,
+      " is not supported; dpl supports \"gpt2\" (byte-level BPE) and \"none\" (ids only)"));
 }
 
 }  // namespace
 
 absl::StatusOr<Tokenizer> Tokenizer::FromMetadata(const formats::Metadata& meta) {
-  constexpr absl::string_view kModelKey = "tokenizer.ggml.model";
   std::string model = "none";
   if (meta.Find(kModelKey) != nullptr) {
-    absl::StatusOr<absl::string_view> m = meta.GetString(kModelKey);
-    if (!m.ok()) return m.status();
-    model = std::string(*m);
+    DPL_ASSIGN_OR_RETURN(const absl::string_view m, meta.GetString(kModelKey));
+    model = std::string(m);
   }
   Tokenizer t;
-
   if (model == "none") {
-    absl::StatusOr<absl::string_view> arch = meta.GetString("general.architecture");
-    if (!arch.ok()) return arch.status();
-    const std::string key = absl::StrCat(*arch, ".vocab_size");
-    if (meta.Find(key) == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model has no vocabulary (tokenizer.ggml.model ",
-          meta.Find(kModelKey) ? "= \"none\"" : "is missing", ") and no ", key));
-    }
-    absl::StatusOr<uint64_t> n = meta.GetUint(key);
-    if (!n.ok()) return n.status();
-    if (*n == 0 || *n > uint64_t(std::numeric_limits<int32_t>::max())) {
-      return absl::InvalidArgumentError(absl::StrCat(key, " = ", *n, " is not a usable size"));
-    }
-    t.n_vocab_ = static_cast<int32_t>(*n);
+    DPL_ASSIGN_OR_RETURN(t.n_vocab_, IdOnlyVocabSize(meta));
   } else if (model == "gpt2") {
-    auto vocab = std::make_shared<Vocab>();
-    Vocab& v = *vocab;
-
-    absl::StatusOr<absl::string_view> pre_name = meta.GetString("tokenizer.ggml.pre");
-    if (!pre_name.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "byte-level BPE model without a usable tokenizer.ggml.pre (",
-          pre_name.status().message(), "); supported: ", SupportedPreNames()));
-    }
-    for (const PreName& p : kPreNames) {
-      if (p.name == *pre_name) v.pre = p.pre;
-    }
-    if (v.pre == PreTokenizer::kNone) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer.ggml.pre = \"", *pre_name,
-                                                     "\" is not supported; supported: ",
-                                                     SupportedPreNames()));
-    }
-    // llama.cpp's per-type defaults (llama-vocab.cpp).
-    v.ignore_merges = v.pre == PreTokenizer::kLlama3;
-    t.add_bos_ = v.pre == PreTokenizer::kLlama3;
-
-    absl::StatusOr<const formats::MetaValue*> tokens =
-        GetStringArray(meta, "tokenizer.ggml.tokens");
-    if (!tokens.ok()) return tokens.status();
-    const uint64_t n = (*tokens)->count;
-    if (n == 0 || n > uint64_t(std::numeric_limits<int32_t>::max())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tokenizer.ggml.tokens has ", n, " entries"));
-    }
-    v.texts.reserve(n);
-    for (uint64_t i = 0; i < n; ++i) v.texts.emplace_back((*tokens)->StringAt(i));
-
-    v.types.assign(n, TokenType::kNormal);
-    if (const formats::MetaValue* tt = meta.Find("tokenizer.ggml.token_type")) {
-      if (tt->type != formats::GgufValueType::kArray ||
-          tt->elem_type == formats::GgufValueType::kString ||
-          tt->elem_type == formats::GgufValueType::kF32 ||
-          tt->elem_type == formats::GgufValueType::kF64 || tt->count != n) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tokenizer.ggml.token_type must be an integer array of ", n,
-            " entries (one per token), found ", tt->DebugString(4)));
-      }
-      for (uint64_t i = 0; i < n; ++i) {
-        const int64_t x = tt->IntAt(i);
-        if (x < 0 || x > 6) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("tokenizer.ggml.token_type[", i, "] = ", x, " is not a token type"));
-        }
-        v.types[i] = static_cast<TokenType>(x);
-      }
-    }
-
-    // Later duplicates win, as in llama.cpp's token_to_id.
-    v.text_to_id.reserve(n);
-    for (uint64_t i = 0; i < n; ++i) v.text_to_id[v.texts[i]] = static_cast<int32_t>(i);
-
-    std::string one;
-    for (int b = 0; b < 256; ++b) {
-      one.clear();
-      AppendUtf8(ByteToCodepoint(uint8_t(b)), one);
-      auto it = v.text_to_id.find(absl::string_view(one));
-      if (it == v.text_to_id.end()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "byte-level vocabulary lacks the token for byte 0x%02x (text \"%s\")", b, one));
-      }
-      v.byte_token[b] = it->second;
-    }
-
-    absl::StatusOr<const formats::MetaValue*> merges =
-        GetStringArray(meta, "tokenizer.ggml.merges");
-    if (!merges.ok()) return merges.status();
-    v.merges.reserve((*merges)->count);
-    std::string joined;
-    for (uint64_t i = 0; i < (*merges)->count; ++i) {
-      const absl::string_view m = (*merges)->StringAt(i);
-      const size_t sp = m.find(' ', 1);
-      if (sp == absl::string_view::npos) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tokenizer.ggml.merges[", i, "] = \"", m, "\" is not \"left right\""));
-      }
-      const absl::string_view a = m.substr(0, sp), b = m.substr(sp + 1);
-      joined.assign(a.data(), a.size());
-      joined.append(b.data(), b.size());
-      auto ia = v.text_to_id.find(a), ib = v.text_to_id.find(b);
-      auto ij = v.text_to_id.find(absl::string_view(joined));
-      // A merge whose halves or result are not tokens could only matter
-      // through further merges of non-tokens; real vocabularies have none.
-      if (ia == v.text_to_id.end() || ib == v.text_to_id.end() || ij == v.text_to_id.end()) {
-        continue;
-      }
-      // First (lowest-rank) occurrence of a pair wins.
-      v.merges.try_emplace(PairKey(ia->second, ib->second), static_cast<int32_t>(i), ij->second);
-    }
-
-    for (uint64_t i = 0; i < n; ++i) {
-      const TokenType ty = v.types[i];
-      if ((ty == TokenType::kControl || ty == TokenType::kUserDefined ||
-           ty == TokenType::kUnknown) &&
-          !v.texts[i].empty()) {
-        v.specials.push_back(static_cast<int32_t>(i));
-      }
-    }
-    std::stable_sort(v.specials.begin(), v.specials.end(), [&](int32_t a, int32_t b) {
-      return v.texts[a].size() > v.texts[b].size();
-    });
-
-    t.n_vocab_ = static_cast<int32_t>(n);
-    t.pre_ = v.pre;
-    t.vocab_ = std::move(vocab);
+    DPL_ASSIGN_OR_RETURN(t.vocab_, LoadBpeVocab(meta));
+    t.n_vocab_ = static_cast<int32_t>(t.vocab_->texts.size());
+    t.pre_ = t.vocab_->pre;
   } else {
-    absl::string_view what = model == "llama"  ? " (SentencePiece)"
-                            : model == "bert" ? " (WordPiece)"
-                            : model == "t5"   ? " (Unigram)"
-                                              : "";
-    return absl::UnimplementedError(absl::StrCat(
-        "tokenizer.ggml.model = \"", model, "\"", what,
-        " is not supported; dpl supports \"gpt2\" (byte-level BPE) and \"none\" (ids only)"));
+    return UnsupportedModel(model);
   }
 
-  auto bos = ReadOptionalId(meta, "tokenizer.ggml.bos_token_id", t.n_vocab_);
-  if (!bos.ok()) return bos.status();
-  auto eos = ReadOptionalId(meta, "tokenizer.ggml.eos_token_id", t.n_vocab_);
-  if (!eos.ok()) return eos.status();
-  auto eot = ReadOptionalId(meta, "tokenizer.ggml.eot_token_id", t.n_vocab_);
-  if (!eot.ok()) return eot.status();
-  auto eom = ReadOptionalId(meta, "tokenizer.ggml.eom_token_id", t.n_vocab_);
-  if (!eom.ok()) return eom.status();
-  t.bos_id_ = *bos;
-  t.eos_id_ = *eos;
-  t.eot_id_ = *eot;
-  t.eom_id_ = *eom;
-
-  absl::StatusOr<bool> add_bos = meta.GetBoolOr("tokenizer.ggml.add_bos_token", t.add_bos_);
-  if (!add_bos.ok()) return add_bos.status();
-  absl::StatusOr<bool> add_eos = meta.GetBoolOr("tokenizer.ggml.add_eos_token", false);
-  if (!add_eos.ok()) return add_eos.status();
-  t.add_bos_ = *add_bos && t.bos_id_ != kNoToken;
-  t.add_eos_ = *add_eos && t.eos_id_ != kNoToken;
+  DPL_ASSIGN_OR_RETURN(t.bos_id_, ReadOptionalId(meta, "tokenizer.ggml.bos_token_id", t.n_vocab_));
+  DPL_ASSIGN_OR_RETURN(t.eos_id_, ReadOptionalId(meta, "tokenizer.ggml.eos_token_id", t.n_vocab_));
+  DPL_ASSIGN_OR_RETURN(t.eot_id_, ReadOptionalId(meta, "tokenizer.ggml.eot_token_id", t.n_vocab_));
+  DPL_ASSIGN_OR_RETURN(t.eom_id_, ReadOptionalId(meta, "tokenizer.ggml.eom_token_id", t.n_vocab_));
+  // llama.cpp's per-type default: Llama 3 vocabularies add BOS.
+  const bool bos_default = t.pre_ == PreTokenizer::kLlama3;
+  DPL_ASSIGN_OR_RETURN(const bool add_bos, meta.GetBoolOr("tokenizer.ggml.add_bos_token", bos_default));
+  DPL_ASSIGN_OR_RETURN(const bool add_eos, meta.GetBoolOr("tokenizer.ggml.add_eos_token", false));
+  t.add_bos_ = add_bos && t.bos_id_ != kNoToken;
+  t.add_eos_ = add_eos && t.eos_id_ != kNoToken;
 
   for (int32_t id : {t.eos_id_, t.eot_id_, t.eom_id_}) {
     if (id != kNoToken) t.eog_ids_.push_back(id);

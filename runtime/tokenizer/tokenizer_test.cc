@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -279,37 +280,30 @@ TEST_CASE("vocabulary-less model works with ids only") {
   CHECK(!Tokenizer::ParseIdList("-1", 2048).ok());
 }
 
+// The error FromMetadata gives for the qwen2 vocabulary after `edit`.
+std::string ErrorAfter(const std::function<void(formats::Metadata&)>& edit) {
+  formats::Metadata m = MetadataOf("vocab/ggml-vocab-qwen2.gguf");
+  edit(m);
+  auto t = Tokenizer::FromMetadata(m);
+  REQUIRE_MESSAGE(!t.ok(), "accepted");
+  return std::string(t.status().message());
+}
+
 TEST_CASE("unsupported tokenizers are rejected by name") {
-  formats::Metadata meta = MetadataOf("vocab/ggml-vocab-qwen2.gguf");
-  {
-    formats::Metadata m = meta;
-    m.Set("tokenizer.ggml.model", formats::MetaValue::String("llama"));
-    auto t = Tokenizer::FromMetadata(m);
-    REQUIRE(!t.ok());
-    CHECK(t.status().message().find("\"llama\"") != absl::string_view::npos);
-    CHECK(t.status().message().find("SentencePiece") != absl::string_view::npos);
-  }
-  {
-    formats::Metadata m = meta;
-    m.Set("tokenizer.ggml.pre", formats::MetaValue::String("falcon"));
-    auto t = Tokenizer::FromMetadata(m);
-    REQUIRE(!t.ok());
-    CHECK(t.status().message().find("\"falcon\"") != absl::string_view::npos);
-    CHECK(t.status().message().find("\"qwen2\"") != absl::string_view::npos);
-    CHECK(t.status().message().find("\"llama-bpe\"") != absl::string_view::npos);
-  }
-  {
-    formats::Metadata m = meta;
-    m.Set("tokenizer.ggml.eos_token_id", formats::MetaValue::U32(999999));
-    auto t = Tokenizer::FromMetadata(m);
-    REQUIRE(!t.ok());
-    CHECK(t.status().message().find("tokenizer.ggml.eos_token_id") != absl::string_view::npos);
-  }
-  {
-    formats::Metadata m = meta;
-    m.Erase("tokenizer.ggml.merges");
-    CHECK(!Tokenizer::FromMetadata(m).ok());
-  }
+  using formats::MetaValue;
+  const std::string llama = ErrorAfter(
+      [](formats::Metadata& m) { m.Set("tokenizer.ggml.model", MetaValue::String("llama")); });
+  CHECK(llama.find("\"llama\"") != std::string::npos);
+  CHECK(llama.find("SentencePiece") != std::string::npos);
+  const std::string falcon = ErrorAfter(
+      [](formats::Metadata& m) { m.Set("tokenizer.ggml.pre", MetaValue::String("falcon")); });
+  CHECK(falcon.find("\"falcon\"") != std::string::npos);
+  CHECK(falcon.find("\"qwen2\"") != std::string::npos);
+  CHECK(falcon.find("\"llama-bpe\"") != std::string::npos);
+  const std::string eos = ErrorAfter(
+      [](formats::Metadata& m) { m.Set("tokenizer.ggml.eos_token_id", MetaValue::U32(999999)); });
+  CHECK(eos.find("tokenizer.ggml.eos_token_id") != std::string::npos);
+  ErrorAfter([](formats::Metadata& m) { m.Erase("tokenizer.ggml.merges"); });
 }
 
 // A hand-made vocabulary: the 256 byte symbols plus merges chosen so that the
