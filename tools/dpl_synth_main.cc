@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "cxxopts.hpp"
+#include "model/model.h"
 #include "tools/synth.h"
 
 namespace {
@@ -22,7 +23,8 @@ void ListPresets() {
               "heads(kv)", "hd", "ffn", "vocab", "head", "note");
   for (const dpl::synth::Preset& p : dpl::synth::Presets()) {
     std::string heads = absl::StrFormat("%u(%u)", p.n_head, p.n_head_kv);
-    std::printf("%-14s %-6s %6u %6u %9s %7u %7u %8u %6s  %s\n", p.name.c_str(), p.arch.c_str(),
+    const std::string arch(dpl::model::ArchName(p.arch));
+    std::printf("%-14s %-6s %6u %6u %9s %7u %7u %8u %6s  %s\n", p.name.c_str(), arch.c_str(),
                 p.n_embd, p.n_layer, heads.c_str(), p.head_dim, p.n_ff, p.n_vocab,
                 p.tied ? "tied" : "own", p.note.c_str());
   }

@@ -1,23 +1,23 @@
 #include "tools/synth.h"
 
-#include "formats/dequant.h"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "formats/dequant.h"
+#include "formats/parallel_for.h"
 
 namespace dpl::synth {
 
@@ -49,12 +49,13 @@ bool UseMoreBits(uint32_t layer, uint32_t n_layer) {
   return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
-GgmlType Q4KMType(std::string_view base_name, uint32_t layer, uint32_t n_layer,
-                  uint64_t row_len, bool tied) {
+GgmlType Q4KMType(model::TensorKind kind, uint32_t layer, uint32_t n_layer, uint64_t row_len,
+                  bool tied) {
+  using model::TensorKind;
   GgmlType t = GgmlType::kQ4_K;
-  if (base_name == "output.weight" || (tied && base_name == "token_embd.weight")) {
+  if (kind == TensorKind::kOutput || (tied && kind == TensorKind::kTokenEmbd)) {
     t = GgmlType::kQ6_K;
-  } else if ((base_name == "attn_v.weight" || base_name == "ffn_down.weight") &&
+  } else if ((kind == TensorKind::kAttnV || kind == TensorKind::kFfnDown) &&
              UseMoreBits(layer, n_layer)) {
     t = GgmlType::kQ6_K;
   }
@@ -63,6 +64,45 @@ GgmlType Q4KMType(std::string_view base_name, uint32_t layer, uint32_t n_layer,
   if (row_len % 256 != 0) t = t == GgmlType::kQ6_K ? GgmlType::kQ8_0 : GgmlType::kQ5_0;
   return t;
 }
+
+namespace {
+
+// The preset as the model description reads it.
+model::Hparams PresetHparams(const Preset& p) {
+  model::Hparams hp;
+  hp.arch = p.arch;
+  hp.arch_name = std::string(model::ArchName(p.arch));
+  hp.n_embd = p.n_embd;
+  hp.n_layer = p.n_layer;
+  hp.n_ff = p.n_ff;
+  hp.n_head = p.n_head;
+  hp.n_head_kv = p.n_head_kv;
+  hp.head_dim = p.head_dim;
+  hp.n_rot = p.head_dim;
+  hp.n_vocab = p.n_vocab;
+  hp.n_ctx_train = p.n_ctx;
+  hp.rope_freq_base = p.rope_base;
+  hp.rms_eps = p.rms_eps;
+  return hp;
+}
+
+// Of the optional tensors, a preset has the QKV biases (qwen2) or none.
+bool PresetHas(const Preset& p, const model::TensorSpec& s) {
+  using model::TensorKind;
+  if (!s.optional) return true;
+  return p.qkv_bias && (s.kind == TensorKind::kAttnQBias || s.kind == TensorKind::kAttnKBias ||
+                        s.kind == TensorKind::kAttnVBias);
+}
+
+TensorRole RoleOf(const model::TensorSpec& s) {
+  using model::TensorKind;
+  if (s.matrix) return TensorRole::kMatrix;
+  const bool norm = s.kind == TensorKind::kAttnNorm || s.kind == TensorKind::kFfnNorm ||
+                    s.kind == TensorKind::kOutputNorm;
+  return norm ? TensorRole::kNorm : TensorRole::kBias;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ftype) {
   if (p.n_embd == 0 || p.n_layer == 0 || p.n_head == 0 || p.n_head_kv == 0 ||
@@ -74,50 +114,26 @@ absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ft
     return absl::InvalidArgumentError(absl::StrCat("preset ", p.name, ": n_head ", p.n_head,
                                                    " not a multiple of n_head_kv ", p.n_head_kv));
   }
-  const uint64_t E = p.n_embd, F = p.n_ff, V = p.n_vocab;
-  const uint64_t Q = uint64_t{p.n_head} * p.head_dim, KV = uint64_t{p.n_head_kv} * p.head_dim;
-
   std::vector<PlannedTensor> plan;
-  absl::Status status;
-  auto matrix = [&](std::string name, std::string_view base, uint32_t layer, uint64_t ne0,
-                    uint64_t ne1) {
-    GgmlType type = ftype == Ftype::kF32   ? GgmlType::kF32
-                    : ftype == Ftype::kF16 ? GgmlType::kF16
-                                           : Q4KMType(base, layer, p.n_layer, ne0, p.tied);
-    const uint32_t block = formats::TraitsOf(type).block_elems;
-    if (ne0 % block != 0 && status.ok()) {
-      status = absl::InvalidArgumentError(absl::StrCat(
-          "preset ", p.name, ": tensor ", name, " has rows of ", ne0,
-          " weights, not a whole number of ", std::string(formats::TraitsOf(type).name),
-          " blocks"));
+  for (const model::TensorSpec& s : model::TensorSpecs(PresetHparams(p), p.tied)) {
+    if (!PresetHas(p, s)) continue;
+    const uint64_t ne0 = static_cast<uint64_t>(s.n_cols);
+    if (!s.matrix) {
+      plan.push_back({{s.name, {ne0}, GgmlType::kF32}, RoleOf(s)});
+      continue;
     }
-    plan.push_back({{std::move(name), {ne0, ne1}, type}, TensorRole::kMatrix});
-  };
-  auto vec = [&](std::string name, uint64_t n, TensorRole role) {
-    plan.push_back({{std::move(name), {n}, GgmlType::kF32}, role});
-  };
-
-  matrix("token_embd.weight", "token_embd.weight", 0, E, V);
-  for (uint32_t i = 0; i < p.n_layer; ++i) {
-    const std::string b = absl::StrCat("blk.", i, ".");
-    vec(b + "attn_norm.weight", E, TensorRole::kNorm);
-    matrix(b + "attn_q.weight", "attn_q.weight", i, E, Q);
-    matrix(b + "attn_k.weight", "attn_k.weight", i, E, KV);
-    matrix(b + "attn_v.weight", "attn_v.weight", i, E, KV);
-    matrix(b + "attn_output.weight", "attn_output.weight", i, Q, E);
-    vec(b + "ffn_norm.weight", E, TensorRole::kNorm);
-    matrix(b + "ffn_gate.weight", "ffn_gate.weight", i, E, F);
-    matrix(b + "ffn_up.weight", "ffn_up.weight", i, E, F);
-    matrix(b + "ffn_down.weight", "ffn_down.weight", i, F, E);
-    if (p.qkv_bias) {
-      vec(b + "attn_q.bias", Q, TensorRole::kBias);
-      vec(b + "attn_k.bias", KV, TensorRole::kBias);
-      vec(b + "attn_v.bias", KV, TensorRole::kBias);
+    const GgmlType type =
+        ftype == Ftype::kF32   ? GgmlType::kF32
+        : ftype == Ftype::kF16 ? GgmlType::kF16
+                               : Q4KMType(s.kind, std::max(s.layer, 0), p.n_layer, ne0, p.tied);
+    const formats::GgmlTypeTraits tr = formats::TraitsOf(type);
+    if (ne0 % tr.block_elems != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("preset ", p.name, ": tensor ", s.name, " has rows of ", ne0,
+                       " weights, not a whole number of ", std::string(tr.name), " blocks"));
     }
+    plan.push_back({{s.name, {ne0, static_cast<uint64_t>(s.n_rows)}, type}, TensorRole::kMatrix});
   }
-  vec("output_norm.weight", E, TensorRole::kNorm);
-  if (!p.tied) matrix("output.weight", "output.weight", 0, E, V);
-  if (!status.ok()) return status;
   return plan;
 }
 
@@ -135,11 +151,8 @@ uint64_t PlanDataBytes(const std::vector<PlannedTensor>& plan, uint64_t alignmen
 // ----------------------------------------------------------- metadata ----
 
 absl::StatusOr<Vocab> LoadVocab(const std::string& path) {
-  absl::StatusOr<formats::GgufFile> file = formats::GgufFile::Open(path);
-  if (!file.ok()) {
-    return absl::Status(file.status().code(),
-                        absl::StrCat("cannot read vocab file: ", file.status().message()));
-  }
+  const absl::StatusOr<formats::GgufFile> file = formats::GgufFile::Open(path);
+  DPL_RETURN_IF_ERROR(dpl::Annotate(file.status(), "cannot read vocab file"));
   Vocab vocab;
   for (const formats::MetaKV& kv : file->metadata().entries()) {
     if (absl::StartsWith(kv.key, "tokenizer.")) vocab.tokenizer.Set(kv.key, kv.value);
@@ -162,8 +175,9 @@ absl::StatusOr<Vocab> LoadVocab(const std::string& path) {
 
 formats::Metadata BuildMetadata(const Preset& p, Ftype ftype, const Vocab* vocab) {
   formats::Metadata m;
-  const std::string a = p.arch + ".";
-  m.Set("general.architecture", MetaValue::String(p.arch));
+  const std::string arch(model::ArchName(p.arch));
+  const std::string a = arch + ".";
+  m.Set("general.architecture", MetaValue::String(arch));
   if (vocab != nullptr) {
     for (const formats::MetaKV& kv : vocab->tokenizer.entries()) m.Set(kv.key, kv.value);
   } else {
@@ -393,11 +407,93 @@ absl::Status PWriteAll(int fd, const uint8_t* data, uint64_t n, uint64_t offset,
   return absl::OkStatus();
 }
 
+// Rows [row_begin, row_begin + n_rows) of plan[tensor]: about kChunkBytes.
 struct WorkItem {
   size_t tensor;
   uint64_t row_begin;
   uint64_t n_rows;
 };
+
+uint64_t RowBytes(const formats::GgufTensorSpec& s) {
+  const formats::GgmlTypeTraits tr = formats::TraitsOf(s.type);
+  return s.ne[0] / tr.block_elems * tr.block_bytes;
+}
+
+std::vector<WorkItem> MakeWorkItems(const std::vector<PlannedTensor>& plan) {
+  std::vector<WorkItem> items;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const formats::GgufTensorSpec& s = plan[i].spec;
+    uint64_t n_rows = 1;
+    for (size_t d = 1; d < s.ne.size(); ++d) n_rows *= s.ne[d];
+    const uint64_t per = std::max<uint64_t>(1, kChunkBytes / RowBytes(s));
+    for (uint64_t r = 0; r < n_rows; r += per) items.push_back({i, r, std::min(per, n_rows - r)});
+  }
+  return items;
+}
+
+// The output file, written as PATH.tmp and renamed to PATH by Commit; until
+// then an error (or any return) removes it, so no partial PATH ever exists.
+class TempFile {
+ public:
+  explicit TempFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {}
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+
+  // Creates PATH.tmp of `bytes` zero bytes (holes: the alignment padding
+  // stays zero without being written).
+  absl::Status Create(uint64_t bytes) {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) return Error("create ", tmp_);
+    if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) {
+      return Error("resize ", tmp_, " to ", bytes, " bytes");
+    }
+    return absl::OkStatus();
+  }
+  // fsync, close, rename to PATH.
+  absl::Status Commit() {
+    if (::fsync(fd_) != 0) return Error("fsync ", tmp_);
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) return Error("close ", tmp_);
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) return Error("rename ", tmp_, " -> ", path_);
+    committed_ = true;
+    return absl::OkStatus();
+  }
+  int fd() const { return fd_; }
+  const std::string& tmp() const { return tmp_; }
+
+ private:
+  // errno is read first, before anything can allocate.
+  template <typename... Args>
+  static absl::Status Error(const Args&... what) {
+    const int e = errno;
+    return absl::InternalError(absl::StrCat(what..., ": ", std::strerror(e)));
+  }
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// Generates every tensor in chunks on `threads` threads and writes each chunk
+// at its place in the data section (which starts at header.bytes.size()).
+absl::Status WriteTensors(const std::vector<PlannedTensor>& plan, const formats::GgufHeader& header,
+                          uint64_t seed, unsigned threads, const TempFile& out) {
+  const std::vector<WorkItem> items = MakeWorkItems(plan);
+  const unsigned n_threads = threads ? threads : std::thread::hardware_concurrency();
+  return formats::ParallelFor(static_cast<int>(n_threads), items.size(), [&](size_t k) {
+    const WorkItem& it = items[k];
+    const PlannedTensor& t = plan[it.tensor];
+    const uint64_t row_bytes = RowBytes(t.spec);
+    std::vector<uint8_t> buf(it.n_rows * row_bytes);
+    FillRows(t, seed, it.row_begin, it.n_rows, buf.data());
+    const uint64_t off = header.bytes.size() + header.offsets[it.tensor] + it.row_begin * row_bytes;
+    return PWriteAll(out.fd(), buf.data(), buf.size(), off, out.tmp());
+  });
+}
 
 }  // namespace
 
@@ -407,105 +503,25 @@ absl::StatusOr<SynthResult> WriteSyntheticModel(const SynthOptions& opts,
   Preset preset = opts.preset;
   std::optional<Vocab> vocab;
   if (opts.vocab_path) {
-    absl::StatusOr<Vocab> v = LoadVocab(*opts.vocab_path);
-    if (!v.ok()) return v.status();
-    vocab = std::move(*v);
+    DPL_ASSIGN_OR_RETURN(vocab, LoadVocab(*opts.vocab_path));
     preset.n_vocab = vocab->n_vocab;
   }
-  absl::StatusOr<std::vector<PlannedTensor>> plan = PlanTensors(preset, opts.ftype);
-  if (!plan.ok()) return plan.status();
+  DPL_ASSIGN_OR_RETURN(const std::vector<PlannedTensor> plan, PlanTensors(preset, opts.ftype));
   const formats::Metadata meta = BuildMetadata(preset, opts.ftype, vocab ? &*vocab : nullptr);
   std::vector<formats::GgufTensorSpec> specs;
-  specs.reserve(plan->size());
-  for (const PlannedTensor& t : *plan) specs.push_back(t.spec);
-  absl::StatusOr<formats::GgufHeader> header = formats::BuildGgufHeader(meta, specs);
-  if (!header.ok()) return header.status();
-  const uint64_t data_start = header->bytes.size();
-  const uint64_t file_bytes = data_start + header->data_bytes;
+  specs.reserve(plan.size());
+  for (const PlannedTensor& t : plan) specs.push_back(t.spec);
+  DPL_ASSIGN_OR_RETURN(const formats::GgufHeader header, formats::BuildGgufHeader(meta, specs));
+  const uint64_t file_bytes = header.bytes.size() + header.data_bytes;
 
-  // Work items of about kChunkBytes each.
-  std::vector<WorkItem> items;
-  uint64_t max_chunk = 0;
-  for (size_t i = 0; i < plan->size(); ++i) {
-    const formats::GgufTensorSpec& s = (*plan)[i].spec;
-    const formats::GgmlTypeTraits tr = formats::TraitsOf(s.type);
-    const uint64_t row_bytes = s.ne[0] / tr.block_elems * tr.block_bytes;
-    uint64_t n_rows = 1;
-    for (size_t d = 1; d < s.ne.size(); ++d) n_rows *= s.ne[d];
-    const uint64_t per = std::max<uint64_t>(1, kChunkBytes / row_bytes);
-    for (uint64_t r = 0; r < n_rows; r += per) {
-      items.push_back({i, r, std::min(per, n_rows - r)});
-      max_chunk = std::max(max_chunk, items.back().n_rows * row_bytes);
-    }
-  }
-
-  const std::string tmp = out_path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("create ", tmp, ": ", std::strerror(errno)));
-  }
-  auto fail = [&](absl::Status s) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  };
-  // Sizing the file first leaves the alignment padding as zeros (holes).
-  if (::ftruncate(fd, static_cast<off_t>(file_bytes)) != 0) {
-    return fail(absl::InternalError(
-        absl::StrCat("resize ", tmp, " to ", file_bytes, " bytes: ", std::strerror(errno))));
-  }
-  if (absl::Status s = PWriteAll(fd, reinterpret_cast<const uint8_t*>(header->bytes.data()),
-                                 data_start, 0, tmp);
-      !s.ok()) {
-    return fail(s);
-  }
-
-  unsigned n_threads = opts.threads ? opts.threads : std::thread::hardware_concurrency();
-  n_threads = std::max(1u, std::min<unsigned>(n_threads, static_cast<unsigned>(items.size())));
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::mutex err_mu;
-  absl::Status err;
-  auto worker = [&] {
-    std::vector<uint8_t> buf(max_chunk);
-    while (!failed.load(std::memory_order_relaxed)) {
-      const size_t k = next.fetch_add(1);
-      if (k >= items.size()) break;
-      const WorkItem& it = items[k];
-      const PlannedTensor& t = (*plan)[it.tensor];
-      const formats::GgmlTypeTraits tr = formats::TraitsOf(t.spec.type);
-      const uint64_t row_bytes = t.spec.ne[0] / tr.block_elems * tr.block_bytes;
-      FillRows(t, opts.seed, it.row_begin, it.n_rows, buf.data());
-      const uint64_t off = data_start + header->offsets[it.tensor] + it.row_begin * row_bytes;
-      absl::Status s = PWriteAll(fd, buf.data(), it.n_rows * row_bytes, off, tmp);
-      if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(err_mu);
-        if (err.ok()) err = s;
-        failed = true;
-      }
-    }
-  };
-  std::vector<std::thread> threads;
-  for (unsigned i = 1; i < n_threads; ++i) threads.emplace_back(worker);
-  worker();
-  for (std::thread& th : threads) th.join();
-  if (!err.ok()) return fail(err);
-
-  if (::fsync(fd) != 0) {
-    return fail(absl::InternalError(absl::StrCat("fsync ", tmp, ": ", std::strerror(errno))));
-  }
-  if (::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("close ", tmp, ": ", std::strerror(errno)));
-  }
-  if (::rename(tmp.c_str(), out_path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    return absl::InternalError(
-        absl::StrCat("rename ", tmp, " -> ", out_path, ": ", std::strerror(e)));
-  }
+  TempFile out(out_path);
+  DPL_RETURN_IF_ERROR(out.Create(file_bytes));
+  DPL_RETURN_IF_ERROR(PWriteAll(out.fd(), reinterpret_cast<const uint8_t*>(header.bytes.data()),
+                                header.bytes.size(), 0, out.tmp()));
+  DPL_RETURN_IF_ERROR(WriteTensors(plan, header, opts.seed, opts.threads, out));
+  DPL_RETURN_IF_ERROR(out.Commit());
   SynthResult res;
-  res.n_tensors = plan->size();
+  res.n_tensors = plan.size();
   res.file_bytes = file_bytes;
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;

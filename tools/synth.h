@@ -17,13 +17,14 @@
 #include "formats/ggml_types.h"
 #include "formats/gguf.h"
 #include "formats/metadata.h"
+#include "model/model.h"
 
 namespace dpl::synth {
 
 // A model shape. Names and key names follow llama.cpp (`{arch}.*`).
 struct Preset {
   std::string name;         // "qwen2.5-7b", "tiny-llama", ...
-  std::string arch;         // "llama" or "qwen2"
+  model::Arch arch = model::Arch::kLlama;  // general.architecture
   uint32_t n_embd = 0;
   uint32_t n_layer = 0;
   uint32_t n_head = 0;
@@ -63,18 +64,17 @@ struct PlannedTensor {
 // use_more_bits(layer, n_layer) holds, output.weight (or token_embd when
 // tied) gets q6_K, everything else q4_K; then rows whose length is not a
 // multiple of 256 fall back q4_K -> q5_0, q6_K -> q8_0.
-// `base_name` is the GGUF name without "blk.N." ("attn_v.weight", ...).
-formats::GgmlType Q4KMType(std::string_view base_name, uint32_t layer, uint32_t n_layer,
+formats::GgmlType Q4KMType(model::TensorKind kind, uint32_t layer, uint32_t n_layer,
                            uint64_t row_len, bool tied);
 
 // True for the layers llama.cpp gives more bits:
 // i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2.
 bool UseMoreBits(uint32_t layer, uint32_t n_layer);
 
-// The tensor list in llama.cpp's order (token_embd, per layer: attn_norm,
-// attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down,
-// then the QKV biases; output_norm, output). Errors on shapes that the
-// chosen types cannot hold (row length not a whole number of blocks).
+// The tensor list of model::TensorSpecs (names, shapes, llama.cpp's order)
+// with, of the optional tensors, the QKV biases where the preset has them,
+// each matrix of the ftype's type. Errors on shapes that the chosen types
+// cannot hold (row length not a whole number of blocks).
 absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ftype);
 
 // Data section bytes of a plan: every tensor padded to `alignment`.

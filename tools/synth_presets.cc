@@ -18,7 +18,7 @@ Preset Qwen2(std::string name, uint32_t n_embd, uint32_t n_layer, uint32_t n_hea
              uint32_t n_ctx, bool tied, std::string note) {
   Preset p;
   p.name = std::move(name);
-  p.arch = "qwen2";
+  p.arch = model::Arch::kQwen2;
   p.n_embd = n_embd;
   p.n_layer = n_layer;
   p.n_head = n_head;
@@ -40,7 +40,7 @@ Preset Llama(std::string name, uint32_t n_embd, uint32_t n_layer, uint32_t n_hea
              std::string note) {
   Preset p;
   p.name = std::move(name);
-  p.arch = "llama";
+  p.arch = model::Arch::kLlama;
   p.n_embd = n_embd;
   p.n_layer = n_layer;
   p.n_head = n_head;

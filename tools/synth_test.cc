@@ -16,6 +16,8 @@
 
 #include "formats/dequant.h"
 #include "formats/gguf.h"
+#include "formats/model_file.h"
+#include "model/model.h"
 #include "tests/shared_dir.h"
 #include "tools/synth.h"
 
@@ -24,6 +26,7 @@ namespace {
 
 using formats::GgmlType;
 using formats::GgufFile;
+using model::TensorKind;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -146,17 +149,17 @@ TEST_CASE("llama.cpp's use_more_bits and Q4_K_M choices") {
   CHECK(more == std::vector<uint32_t>{0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27});
   CHECK(!UseMoreBits(0, 2));
   CHECK(UseMoreBits(1, 2));
-  CHECK(Q4KMType("attn_v.weight", 0, 28, 3584, false) == GgmlType::kQ6_K);
-  CHECK(Q4KMType("attn_v.weight", 3, 28, 3584, false) == GgmlType::kQ4_K);
-  CHECK(Q4KMType("ffn_down.weight", 5, 28, 18944, false) == GgmlType::kQ6_K);
-  CHECK(Q4KMType("attn_k.weight", 0, 28, 3584, false) == GgmlType::kQ4_K);
-  CHECK(Q4KMType("token_embd.weight", 0, 28, 3584, false) == GgmlType::kQ4_K);
-  CHECK(Q4KMType("token_embd.weight", 0, 28, 3584, true) == GgmlType::kQ6_K);
-  CHECK(Q4KMType("output.weight", 0, 28, 3584, false) == GgmlType::kQ6_K);
+  CHECK(Q4KMType(TensorKind::kAttnV, 0, 28, 3584, false) == GgmlType::kQ6_K);
+  CHECK(Q4KMType(TensorKind::kAttnV, 3, 28, 3584, false) == GgmlType::kQ4_K);
+  CHECK(Q4KMType(TensorKind::kFfnDown, 5, 28, 18944, false) == GgmlType::kQ6_K);
+  CHECK(Q4KMType(TensorKind::kAttnK, 0, 28, 3584, false) == GgmlType::kQ4_K);
+  CHECK(Q4KMType(TensorKind::kTokenEmbd, 0, 28, 3584, false) == GgmlType::kQ4_K);
+  CHECK(Q4KMType(TensorKind::kTokenEmbd, 0, 28, 3584, true) == GgmlType::kQ6_K);
+  CHECK(Q4KMType(TensorKind::kOutput, 0, 28, 3584, false) == GgmlType::kQ6_K);
   // 896-wide rows (Qwen2.5-0.5B) are no whole number of 256-blocks.
-  CHECK(Q4KMType("attn_q.weight", 3, 24, 896, true) == GgmlType::kQ5_0);
-  CHECK(Q4KMType("token_embd.weight", 0, 24, 896, true) == GgmlType::kQ8_0);
-  CHECK(Q4KMType("ffn_down.weight", 0, 24, 4864, true) == GgmlType::kQ6_K);
+  CHECK(Q4KMType(TensorKind::kAttnQ, 3, 24, 896, true) == GgmlType::kQ5_0);
+  CHECK(Q4KMType(TensorKind::kTokenEmbd, 0, 24, 896, true) == GgmlType::kQ8_0);
+  CHECK(Q4KMType(TensorKind::kFfnDown, 0, 24, 4864, true) == GgmlType::kQ6_K);
 }
 
 // The oracle files were written by llama.cpp's own tooling: the presets must
@@ -349,7 +352,13 @@ TEST_CASE("written models parse back with the planned tensors and metadata") {
       CHECK(r->file_bytes == f->file_size());
       CHECK(f->metadata().GetUint("general.file_type").value() == static_cast<uint32_t>(ftype));
       CHECK(f->metadata().GetString("tokenizer.ggml.model").value() == "none");
-      CHECK(f->metadata().GetUint(p.arch + ".vocab_size").value() == 2048);
+      CHECK(f->metadata().GetUint(std::string(model::ArchName(p.arch)) + ".vocab_size").value() == 2048);
+      // The runtime's model description accepts what dpl-synth writes.
+      absl::StatusOr<std::shared_ptr<formats::ModelFile>> mf = formats::ModelFile::OpenIndex(path);
+      REQUIRE_MESSAGE(mf.ok(), mf.status().ToString());
+      absl::StatusOr<model::ModelDesc> desc = model::BindModel(**mf);
+      REQUIRE_MESSAGE(desc.ok(), desc.status().ToString());
+      CHECK((desc->layers[0].bq != nullptr) == p.qkv_bias);
 
       // The data in the file is what FillRows makes, and dequantizes sanely.
       const formats::GgufTensorInfo* q = f->FindTensor("blk.1.attn_q.weight");

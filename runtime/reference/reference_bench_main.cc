@@ -9,6 +9,7 @@
 #include <string>
 
 #include "formats/model_file.h"
+#include "model/model.h"
 #include "runtime/reference/reference_model.h"
 
 int main(int argc, char** argv) {
@@ -45,7 +46,7 @@ int main(int argc, char** argv) {
   }
   const auto t1 = std::chrono::steady_clock::now();
   std::printf("%s\nthreads=%d resident=%d load %.2f s\n",
-              dpl::reference::HparamsDebugString((*model)->hparams()).c_str(),
+              dpl::model::HparamsDebugString((*model)->hparams()).c_str(),
               (*model)->threads(), (*model)->weights_resident() ? 1 : 0,
               std::chrono::duration<double>(t1 - t0).count());
   for (int pos = 0; pos < n_tokens; ++pos) {

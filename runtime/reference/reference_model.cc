@@ -7,9 +7,10 @@
 #include <thread>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "formats/dequant.h"
+#include "formats/dpl_file.h"
 #include "formats/ggml_types.h"
 #include "formats/q6k_dpl.h"
 
@@ -78,26 +79,6 @@ void AddBias(const std::vector<double>& b, double* y) {
 }
 
 // Bytes one row of `n_cols` weights occupies in `layout` (before padding).
-absl::StatusOr<uint64_t> MinRowBytes(const TensorView& t) {
-  const formats::GgmlTypeTraits tr = formats::TraitsOf(t.type);
-  if (t.ne[0] % tr.block_elems != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(t.name, ": row length ", t.ne[0],
-                                                   " is not a whole number of ", tr.name,
-                                                   " blocks"));
-  }
-  if (t.layout == TensorLayout::kDplQ6K) {
-    if (t.type != GgmlType::kQ6_K) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(t.name, ": layout dpl_q6k with type ", tr.name, " (only q6_K)"));
-    }
-    return formats::DplQ6KRowStride(t.ne[0] / tr.block_elems);
-  }
-  if (t.layout != TensorLayout::kRaw) {
-    return absl::UnimplementedError(absl::StrCat(t.name, ": unsupported tensor layout ",
-                                                 formats::TensorLayoutName(t.layout)));
-  }
-  return t.ne[0] / tr.block_elems * tr.block_bytes;
-}
 
 // Checks a tensor's type, layout and byte geometry for row-wise dequantization.
 absl::Status CheckDequantizable(const TensorView& t) {
@@ -105,23 +86,16 @@ absl::Status CheckDequantizable(const TensorView& t) {
     return absl::UnimplementedError(absl::StrCat(t.name, ": unsupported tensor type ",
                                                  formats::TraitsOf(t.type).name));
   }
-  absl::StatusOr<uint64_t> row_bytes = MinRowBytes(t);
-  if (!row_bytes.ok()) return row_bytes.status();
-  if (t.row_stride < *row_bytes || t.data == nullptr ||
-      t.n_bytes < (t.n_rows == 0 ? 0 : (t.n_rows - 1) * t.row_stride + *row_bytes)) {
+  absl::StatusOr<uint64_t> min_stride = formats::RowStrideFor(t.type, t.layout, t.ne[0]);
+  DPL_RETURN_IF_ERROR(Annotate(min_stride.status(), t.name));
+  const uint64_t row_bytes = *min_stride;
+  if (t.row_stride < row_bytes || t.data == nullptr ||
+      t.n_bytes < (t.n_rows == 0 ? 0 : (t.n_rows - 1) * t.row_stride + row_bytes)) {
     return absl::InvalidArgumentError(
         absl::StrCat(t.name, ": row stride ", t.row_stride, " / size ", t.n_bytes,
-                     " too small for ", t.n_rows, " rows of ", *row_bytes, " bytes"));
+                     " too small for ", t.n_rows, " rows of ", row_bytes, " bytes"));
   }
   return absl::OkStatus();
-}
-
-std::string ShapeString(const TensorView& t) {
-  std::string s = "[";
-  for (uint32_t d = 0; d < std::max<uint32_t>(t.n_dims, 1); ++d) {
-    absl::StrAppend(&s, d ? ", " : "", t.ne[d]);
-  }
-  return s + "]";
 }
 
 }  // namespace
@@ -129,155 +103,116 @@ std::string ShapeString(const TensorView& t) {
 ReferenceModel::~ReferenceModel() = default;
 
 absl::StatusOr<std::unique_ptr<ReferenceModel>> ReferenceModel::Load(
-    std::shared_ptr<formats::ModelFile> model, const ReferenceOptions& options) {
-  if (model == nullptr) return absl::InvalidArgumentError("reference: null model file");
-  absl::StatusOr<Hparams> hp = ReadHparams(*model);
-  if (!hp.ok()) {
-    return absl::Status(hp.status().code(), absl::StrCat(model->path(), ": ", hp.status().message()));
-  }
-  std::unique_ptr<ReferenceModel> m(new ReferenceModel());
-  m->model_ = std::move(model);
-  m->hp_ = *hp;
-  const int threads =
-      options.threads > 0 ? options.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  m->pool_ = std::make_unique<ThreadPool>(threads);
-
+    std::shared_ptr<formats::ModelFile> file, const ReferenceOptions& options) {
+  if (file == nullptr) return absl::InvalidArgumentError("reference: null model file");
   if (options.n_ctx < 0 || options.n_ctx > kMaxCtx) {
     return absl::InvalidArgumentError(
         absl::StrCat("reference: context length ", options.n_ctx, " out of range [0, ", kMaxCtx, "]"));
   }
-  m->n_ctx_ = options.n_ctx > 0 ? options.n_ctx
-              : m->hp_.n_ctx_train > 0 ? std::min(m->hp_.n_ctx_train, kDefaultCtx)
-                                       : kDefaultCtx;
-
-  absl::Status s = m->LoadWeights(options);
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(m->model_->path(), ": ", s.message()));
-
-  const Hparams& h = m->hp_;
-  const size_t cache = static_cast<size_t>(h.n_layer * m->n_ctx_ * h.kv_dim());
-  m->k_cache_.assign(cache, 0.0f);
-  m->v_cache_.assign(cache, 0.0f);
-  m->x_.resize(h.n_embd);
-  m->h_.resize(h.n_embd);
-  m->q_.resize(h.q_dim());
-  m->k_.resize(h.kv_dim());
-  m->v_.resize(h.kv_dim());
-  m->att_.resize(h.q_dim());
-  m->tmp_.resize(h.n_embd);
-  m->gate_.resize(h.n_ff);
-  m->up_.resize(h.n_ff);
-  m->logits_.resize(h.n_vocab);
-  m->scores_.assign(threads, std::vector<double>(m->n_ctx_));
+  const std::string path = file->path();
+  std::unique_ptr<ReferenceModel> m(new ReferenceModel());
+  DPL_RETURN_IF_ERROR(dpl::Annotate(m->Init(std::move(file), options), path));
   return m;
 }
 
-absl::Status ReferenceModel::LoadWeights(const ReferenceOptions& options) {
-  const Hparams& h = hp_;
-  const formats::ModelFile& file = *model_;
-  absl::flat_hash_set<std::string> used;
+absl::Status ReferenceModel::Init(std::shared_ptr<formats::ModelFile> file,
+                                  const ReferenceOptions& options) {
+  model_ = std::move(file);
+  DPL_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::BindModel(*model_));
+  hp_ = desc.hp;
+  const int threads =
+      options.threads > 0 ? options.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  pool_ = std::make_unique<ThreadPool>(threads);
+  n_ctx_ = options.n_ctx > 0         ? options.n_ctx
+           : hp_.n_ctx_train > 0 ? std::min(hp_.n_ctx_train, kDefaultCtx)
+                                 : kDefaultCtx;
+  DPL_RETURN_IF_ERROR(LoadWeights(desc, options));
 
-  auto add_matrix = [&](const std::string& name, int64_t n_cols,
-                        int64_t n_rows) -> absl::StatusOr<const Matrix*> {
-    absl::StatusOr<const TensorView*> t = file.Require(name);
-    if (!t.ok()) return t.status();
-    const TensorView& v = **t;
-    if (v.ne[0] != static_cast<uint64_t>(n_cols) || v.ne[1] != static_cast<uint64_t>(n_rows) ||
-        v.ne[2] != 1 || v.ne[3] != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " has shape ", ShapeString(v),
-                                                     ", expected [", n_cols, ", ", n_rows, "]"));
-    }
-    absl::Status s = CheckDequantizable(v);
-    if (!s.ok()) return s;
-    used.insert(name);
-    auto mat = std::make_unique<Matrix>();
-    mat->view = &v;
-    mat->n_cols = v.ne[0];
-    mat->n_rows = v.ne[1];
-    matrices_.push_back(std::move(mat));
-    return matrices_.back().get();
-  };
-  // A 1-D tensor of n values as float64; `optional` ones may be absent.
-  auto add_vector = [&](const std::string& name, int64_t n, bool optional,
-                        std::vector<double>* out) -> absl::Status {
-    const TensorView* t = file.Find(name);
-    if (t == nullptr) {
-      if (optional) return absl::OkStatus();
-      return file.Require(name).status();
-    }
-    if (t->ne[0] != static_cast<uint64_t>(n) || t->n_rows != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, " has shape ", ShapeString(*t), ", expected [", n, "]"));
-    }
-    absl::Status s = CheckDequantizable(*t);
-    if (!s.ok()) return s;
-    std::vector<float> f(n);
-    s = formats::DequantizeRow(t->type, t->layout, t->data, n, f.data());
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(name, ": ", s.message()));
-    out->assign(f.begin(), f.end());
-    used.insert(name);
-    return absl::OkStatus();
-  };
+  const model::Hparams& h = hp_;
+  const size_t cache = static_cast<size_t>(h.n_layer * n_ctx_ * h.kv_dim());
+  k_cache_.assign(cache, 0.0f);
+  v_cache_.assign(cache, 0.0f);
+  x_.resize(h.n_embd);
+  h_.resize(h.n_embd);
+  q_.resize(h.q_dim());
+  k_.resize(h.kv_dim());
+  v_.resize(h.kv_dim());
+  att_.resize(h.q_dim());
+  tmp_.resize(h.n_embd);
+  gate_.resize(h.n_ff);
+  up_.resize(h.n_ff);
+  logits_.resize(h.n_vocab);
+  scores_.assign(threads, std::vector<double>(n_ctx_));
+  return absl::OkStatus();
+}
 
-#define DPL_RETURN_IF_ERROR(expr)      \
-  do {                                 \
-    absl::Status s_ = (expr);          \
-    if (!s_.ok()) return s_;           \
-  } while (0)
-#define DPL_MATRIX(lhs, name, cols, rows)                                 \
-  do {                                                                   \
-    absl::StatusOr<const Matrix*> m_ = add_matrix((name), (cols), (rows)); \
-    if (!m_.ok()) return m_.status();                                    \
-    lhs = *m_;                                                           \
-  } while (0)
+absl::StatusOr<const ReferenceModel::Matrix*> ReferenceModel::AddMatrix(const TensorView& t) {
+  DPL_RETURN_IF_ERROR(CheckDequantizable(t));
+  auto mat = std::make_unique<Matrix>();
+  mat->view = &t;
+  mat->n_cols = t.ne[0];
+  mat->n_rows = t.ne[1];
+  matrices_.push_back(std::move(mat));
+  return matrices_.back().get();
+}
 
-  DPL_MATRIX(token_embd_, "token_embd.weight", h.n_embd, h.n_vocab);
-  if (file.Find("output.weight") != nullptr) {
-    DPL_MATRIX(output_, "output.weight", h.n_embd, h.n_vocab);
+namespace {
+
+// A bound f32 vector (model::BindModel checked its type and length) as
+// float64; a null one (an absent bias) leaves `out` empty.
+absl::Status VectorF64(const TensorView* t, std::vector<double>* out) {
+  if (t == nullptr) return absl::OkStatus();
+  DPL_RETURN_IF_ERROR(CheckDequantizable(*t));
+  std::vector<float> f(t->ne[0]);
+  DPL_RETURN_IF_ERROR(dpl::Annotate(
+      formats::DequantizeRow(t->type, t->layout, t->data, t->ne[0], f.data()), t->name));
+  out->assign(f.begin(), f.end());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReferenceModel::LoadWeights(const model::ModelDesc& desc,
+                                         const ReferenceOptions& options) {
+  const model::Hparams& h = hp_;
+  DPL_ASSIGN_OR_RETURN(token_embd_, AddMatrix(*desc.token_embd));
+  if (desc.tied) {
+    output_ = token_embd_;
   } else {
-    output_ = token_embd_;  // tied lm head
+    DPL_ASSIGN_OR_RETURN(output_, AddMatrix(*desc.output));
   }
-  DPL_RETURN_IF_ERROR(add_vector("output_norm.weight", h.n_embd, false, &output_norm_));
+  DPL_RETURN_IF_ERROR(VectorF64(desc.output_norm, &output_norm_));
 
   layers_.resize(h.n_layer);
   for (int64_t il = 0; il < h.n_layer; ++il) {
+    const model::LayerTensors& t = desc.layers[il];
     Layer& L = layers_[il];
-    const std::string p = absl::StrCat("blk.", il, ".");
-    DPL_RETURN_IF_ERROR(add_vector(p + "attn_norm.weight", h.n_embd, false, &L.attn_norm));
-    DPL_RETURN_IF_ERROR(add_vector(p + "ffn_norm.weight", h.n_embd, false, &L.ffn_norm));
-    DPL_MATRIX(L.wq, p + "attn_q.weight", h.n_embd, h.q_dim());
-    DPL_MATRIX(L.wk, p + "attn_k.weight", h.n_embd, h.kv_dim());
-    DPL_MATRIX(L.wv, p + "attn_v.weight", h.n_embd, h.kv_dim());
-    DPL_MATRIX(L.wo, p + "attn_output.weight", h.q_dim(), h.n_embd);
-    DPL_MATRIX(L.w_gate, p + "ffn_gate.weight", h.n_embd, h.n_ff);
-    DPL_MATRIX(L.w_up, p + "ffn_up.weight", h.n_embd, h.n_ff);
-    DPL_MATRIX(L.w_down, p + "ffn_down.weight", h.n_ff, h.n_embd);
-    DPL_RETURN_IF_ERROR(add_vector(p + "attn_q.bias", h.q_dim(), true, &L.bq));
-    DPL_RETURN_IF_ERROR(add_vector(p + "attn_k.bias", h.kv_dim(), true, &L.bk));
-    DPL_RETURN_IF_ERROR(add_vector(p + "attn_v.bias", h.kv_dim(), true, &L.bv));
-    DPL_RETURN_IF_ERROR(add_vector(p + "attn_output.bias", h.n_embd, true, &L.bo));
+    DPL_RETURN_IF_ERROR(VectorF64(t.attn_norm, &L.attn_norm));
+    DPL_RETURN_IF_ERROR(VectorF64(t.ffn_norm, &L.ffn_norm));
+    DPL_ASSIGN_OR_RETURN(L.wq, AddMatrix(*t.wq));
+    DPL_ASSIGN_OR_RETURN(L.wk, AddMatrix(*t.wk));
+    DPL_ASSIGN_OR_RETURN(L.wv, AddMatrix(*t.wv));
+    DPL_ASSIGN_OR_RETURN(L.wo, AddMatrix(*t.wo));
+    DPL_ASSIGN_OR_RETURN(L.w_gate, AddMatrix(*t.w_gate));
+    DPL_ASSIGN_OR_RETURN(L.w_up, AddMatrix(*t.w_up));
+    DPL_ASSIGN_OR_RETURN(L.w_down, AddMatrix(*t.w_down));
+    DPL_RETURN_IF_ERROR(VectorF64(t.bq, &L.bq));
+    DPL_RETURN_IF_ERROR(VectorF64(t.bk, &L.bk));
+    DPL_RETURN_IF_ERROR(VectorF64(t.bv, &L.bv));
+    DPL_RETURN_IF_ERROR(VectorF64(t.bo, &L.bo));
   }
 
   // RoPE angles per position: base^(-2i/n_rot) * freq_scale / freq_factor[i]
   // (rope_freqs.weight: llama 3's per-frequency factors, when present).
   std::vector<double> freq_factors;
-  DPL_RETURN_IF_ERROR(add_vector("rope_freqs.weight", h.n_rot / 2, true, &freq_factors));
+  DPL_RETURN_IF_ERROR(VectorF64(desc.rope_freqs, &freq_factors));
   rope_inv_freq_.resize(h.n_rot / 2);
   for (int64_t i = 0; i < h.n_rot / 2; ++i) {
     double f = std::pow(h.rope_freq_base, -2.0 * static_cast<double>(i) / h.n_rot) *
                h.rope_freq_scale;
     if (!freq_factors.empty()) f /= freq_factors[i];
     rope_inv_freq_[i] = f;
-  }
-#undef DPL_MATRIX
-#undef DPL_RETURN_IF_ERROR
-
-  // A tensor this pass would not use means semantics it does not implement.
-  for (const TensorView& t : file.tensors()) {
-    if (!used.contains(t.name)) {
-      return absl::UnimplementedError(absl::StrCat(
-          "tensor '", t.name, "' is not part of the ", h.arch, " graph the reference implements"));
-    }
   }
 
   // f32 rows are used in place; everything else is dequantized once when it
@@ -297,24 +232,24 @@ absl::Status ReferenceModel::LoadWeights(const ReferenceOptions& options) {
   scratch_.assign(pool_->size(), std::vector<float>(max_cols));
   worker_status_.assign(pool_->size(), absl::OkStatus());
   resident_ = dequant_bytes <= options.max_resident_bytes;
-  if (resident_) {
-    for (auto& mat : matrices_) {
-      if (mat->dense != nullptr) continue;
-      mat->owned.resize(mat->n_rows * mat->n_cols);
-      Matrix* mp = mat.get();
-      pool_->ParallelFor(mp->n_rows, [&](int worker, uint64_t begin, uint64_t end) {
-        for (uint64_t r = begin; r < end && worker_status_[worker].ok(); ++r) {
-          worker_status_[worker] =
-              formats::DequantizeRow(mp->view->type, mp->view->layout,
-                                     mp->view->data + r * mp->view->row_stride, mp->n_cols,
-                                     mp->owned.data() + r * mp->n_cols);
-        }
-      });
-      for (absl::Status& s : worker_status_) {
-        if (!s.ok()) return absl::Status(s.code(), absl::StrCat(mp->view->name, ": ", s.message()));
+  return resident_ ? MakeResident() : absl::OkStatus();
+}
+
+absl::Status ReferenceModel::MakeResident() {
+  for (auto& mat : matrices_) {
+    if (mat->dense != nullptr) continue;
+    mat->owned.resize(mat->n_rows * mat->n_cols);
+    Matrix* mp = mat.get();
+    pool_->ParallelFor(mp->n_rows, [&](int worker, uint64_t begin, uint64_t end) {
+      for (uint64_t r = begin; r < end && worker_status_[worker].ok(); ++r) {
+        worker_status_[worker] =
+            formats::DequantizeRow(mp->view->type, mp->view->layout,
+                                   mp->view->data + r * mp->view->row_stride, mp->n_cols,
+                                   mp->owned.data() + r * mp->n_cols);
       }
-      mat->dense = mat->owned.data();
-    }
+    });
+    for (absl::Status& s : worker_status_) DPL_RETURN_IF_ERROR(dpl::Annotate(s, mp->view->name));
+    mat->dense = mat->owned.data();
   }
   return absl::OkStatus();
 }
@@ -360,14 +295,14 @@ absl::Status ReferenceModel::MatVec(const Matrix& w, const double* x, double* y)
 
 // Rotates each head_dim-sized head of `v` (n_heads of them) by the position's
 // angles: pairs (x[2i], x[2i+1]) for llama, (x[i], x[i + n_rot/2]) for NEOX.
-static void Rope(const Hparams& h, const std::vector<double>& inv_freq, int64_t pos,
+static void Rope(const model::Hparams& h, const std::vector<double>& inv_freq, int64_t pos,
                  int64_t n_heads, double* v) {
   const int64_t half = h.n_rot / 2;
   for (int64_t i = 0; i < half; ++i) {
     const double theta = static_cast<double>(pos) * inv_freq[i];
     const double c = std::cos(theta), s = std::sin(theta);
-    const int64_t i0 = h.rope_style == RopeStyle::kNeox ? i : 2 * i;
-    const int64_t i1 = h.rope_style == RopeStyle::kNeox ? i + half : 2 * i + 1;
+    const int64_t i0 = h.rope_style == model::RopeStyle::kNeox ? i : 2 * i;
+    const int64_t i1 = h.rope_style == model::RopeStyle::kNeox ? i + half : 2 * i + 1;
     for (int64_t hd = 0; hd < n_heads; ++hd) {
       double* x = v + hd * h.head_dim;
       const double x0 = x[i0], x1 = x[i1];
@@ -378,7 +313,7 @@ static void Rope(const Hparams& h, const std::vector<double>& inv_freq, int64_t 
 }
 
 void ReferenceModel::Attention(int il, int64_t pos) {
-  const Hparams& h = hp_;
+  const model::Hparams& h = hp_;
   const int64_t kv_dim = h.kv_dim();
   const int64_t group = h.n_head / h.n_head_kv;  // query heads per kv head
   const float* kc = k_cache_.data() + static_cast<size_t>(il) * n_ctx_ * kv_dim;  // (n_ctx, kv_dim)
@@ -417,7 +352,7 @@ void ReferenceModel::Attention(int il, int64_t pos) {
 }
 
 absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, int64_t pos) {
-  const Hparams& h = hp_;
+  const model::Hparams& h = hp_;
   if (token < 0 || token >= h.n_vocab) {
     return absl::OutOfRangeError(
         absl::StrCat("reference: token id ", token, " outside the vocabulary [0, ", h.n_vocab, ")"));
@@ -431,12 +366,6 @@ absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, in
         "reference: position ", pos, " skips ahead of the ", n_past_, " cached positions"));
   }
   n_past_ = pos;  // drops any cached positions >= pos
-#define DPL_RETURN_IF_ERROR(expr) \
-  do {                            \
-    absl::Status s_ = (expr);     \
-    if (!s_.ok()) return s_;      \
-  } while (0)
-
   {
     const float* row = nullptr;
     DPL_RETURN_IF_ERROR(RowF32(*token_embd_, token, scratch_[0].data(), &row));
@@ -478,15 +407,13 @@ absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, in
   }
   RmsNorm(x_.data(), output_norm_, h.rms_eps, h_.data());
   DPL_RETURN_IF_ERROR(MatVec(*output_, h_.data(), logits_.data()));
-#undef DPL_RETURN_IF_ERROR
   n_past_ = pos + 1;
   return logits_;
 }
 
 absl::StatusOr<std::vector<float>> ReferenceModel::Forward(int32_t token, int64_t pos) {
-  absl::StatusOr<std::vector<double>> l = ForwardF64(token, pos);
-  if (!l.ok()) return l.status();
-  return std::vector<float>(l->begin(), l->end());
+  DPL_ASSIGN_OR_RETURN(const std::vector<double> l, ForwardF64(token, pos));
+  return std::vector<float>(l.begin(), l.end());
 }
 
 }  // namespace dpl::reference

@@ -25,7 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "formats/model_file.h"
-#include "runtime/reference/hparams.h"
+#include "model/model.h"
 #include "runtime/reference/thread_pool.h"
 
 namespace dpl::reference {
@@ -45,8 +45,9 @@ struct ReferenceOptions {
 
 class ReferenceModel {
  public:
-  // Validates the architecture, hyperparameters, every tensor's presence,
-  // shape, type and layout (raw or dpl_q6k), and allocates the KV cache.
+  // Binds the model (model::BindModel: architecture, hyperparameters, every
+  // tensor's presence and shape), checks that every matrix can be
+  // dequantized (type, layout), and allocates the KV cache.
   static absl::StatusOr<std::unique_ptr<ReferenceModel>> Load(
       std::shared_ptr<formats::ModelFile> model, const ReferenceOptions& options);
   static absl::StatusOr<std::unique_ptr<ReferenceModel>> Load(
@@ -67,7 +68,7 @@ class ReferenceModel {
   // Empties the KV cache (n_past() becomes 0).
   void Reset() { n_past_ = 0; }
 
-  const Hparams& hparams() const { return hp_; }
+  const model::Hparams& hparams() const { return hp_; }
   int n_vocab() const { return static_cast<int>(hp_.n_vocab); }
   int64_t n_ctx() const { return n_ctx_; }
   int64_t n_past() const { return n_past_; }
@@ -81,14 +82,18 @@ class ReferenceModel {
   struct Layer;
   ReferenceModel() = default;
 
-  absl::Status LoadWeights(const ReferenceOptions& options);
+  absl::Status Init(std::shared_ptr<formats::ModelFile> file, const ReferenceOptions& options);
+  absl::Status LoadWeights(const model::ModelDesc& desc, const ReferenceOptions& options);
+  absl::StatusOr<const Matrix*> AddMatrix(const formats::TensorView& t);
+  // Dequantizes every matrix that is not f32 into `owned` (see max_resident_bytes).
+  absl::Status MakeResident();
   // y = W x, rows split across the pool; x: (n_cols), y: (n_rows).
   absl::Status MatVec(const Matrix& w, const double* x, double* y);
   absl::Status RowF32(const Matrix& w, uint64_t row, float* scratch, const float** out) const;
   void Attention(int il, int64_t pos);
 
   std::shared_ptr<formats::ModelFile> model_;
-  Hparams hp_;
+  model::Hparams hp_;
   std::unique_ptr<ThreadPool> pool_;
   bool resident_ = false;
 

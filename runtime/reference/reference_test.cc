@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -19,6 +18,8 @@
 #include "converter/convert.h"
 #include "formats/gguf.h"
 #include "formats/model_file.h"
+#include "model/model.h"
+#include "model/model_testing.h"
 #include "tests/shared_dir.h"
 
 namespace dpl::reference {
@@ -68,7 +69,7 @@ std::unique_ptr<ReferenceModel> LoadOrDie(const std::string& path, ReferenceOpti
 double RunAgainstOracle(const std::string& name, int64_t first_compared, double* worst_pos,
                         double* tokens_per_s) {
   std::unique_ptr<ReferenceModel> m = LoadOrDie(OraclePath(name + ".gguf"));
-  MESSAGE(name, ": ", HparamsDebugString(m->hparams()), " threads=", m->threads(),
+  MESSAGE(name, ": ", model::HparamsDebugString(m->hparams()), " threads=", m->threads(),
           " resident=", m->weights_resident());
   const std::vector<int32_t> tokens = ReadTokens(name);
   const std::vector<float> ref = ReadLogits(name);
@@ -172,7 +173,7 @@ TEST_CASE(".dpl conversions of a Q4_K_M model give identical logits") {
     REQUIRE_MESSAGE(st.ok(), st.status().ToString());
     absl::StatusOr<std::shared_ptr<formats::ModelFile>> file = formats::ModelFile::Open(dpl_path);
     REQUIRE_MESSAGE(file.ok(), file.status().ToString());
-    CHECK((*file)->container() == "dpl");
+    CHECK((*file)->container() == formats::Container::kDpl);
     int n_dpl = 0;
     for (const formats::TensorView& t : (*file)->tensors()) {
       n_dpl += t.layout == formats::TensorLayout::kDplQ6K;
@@ -238,41 +239,13 @@ TEST_CASE("KV cache: rewind, reset, bounds") {
   CHECK(!m->Forward(-1, 1).ok());
 }
 
-// Writes a copy of ora-llama-f32.gguf with edited metadata and tensors, and
-// returns the error ReferenceModel::Load gives for it.
-struct TensorEdit {
-  formats::GgufTensorSpec spec;
-  std::string source;  // tensor whose bytes are copied ("" = zeros)
-};
-absl::Status LoadVariant(
-    const std::string& tag,
-    const std::function<void(formats::Metadata&, std::vector<TensorEdit>&)>& edit) {
-  absl::StatusOr<formats::GgufFile> src = formats::GgufFile::Open(OraclePath("ora-llama-f32.gguf"));
-  REQUIRE(src.ok());
-  formats::Metadata meta = src->metadata();
-  std::vector<TensorEdit> tensors;
-  for (const formats::GgufTensorInfo& t : src->tensors()) {
-    tensors.push_back({{t.name, std::vector<uint64_t>(t.ne.begin(), t.ne.begin() + t.n_dims), t.type},
-                       t.name});
-  }
-  edit(meta, tensors);
-  std::vector<formats::GgufTensorSpec> specs;
-  for (const TensorEdit& t : tensors) specs.push_back(t.spec);
-  absl::StatusOr<formats::GgufHeader> header = formats::BuildGgufHeader(meta, specs);
-  REQUIRE_MESSAGE(header.ok(), header.status().ToString());
-  std::string data(header->data_bytes, '\0');
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const formats::GgufTensorInfo* s = src->FindTensor(tensors[i].source);
-    if (s == nullptr) continue;
-    std::memcpy(&data[header->offsets[i]], src->TensorData(*s),
-                std::min<uint64_t>(s->n_bytes, header->sizes[i]));
-  }
+// What ReferenceModel::Load says of a copy of ora-llama-f32.gguf after
+// `edit` (model_test covers the hyperparameter and shape errors).
+absl::Status LoadVariant(const std::string& tag, const model::testing::VariantEdit& edit) {
   const std::string path = dpl::testing::TempDir() + "/variant-" + tag + ".gguf";
-  {
-    std::ofstream out(path, std::ios::binary);
-    out << header->bytes << data;
-    REQUIRE(out.good());
-  }
+  const absl::Status written =
+      model::testing::WriteVariant(OraclePath("ora-llama-f32.gguf"), path, edit);
+  REQUIRE_MESSAGE(written.ok(), written.ToString());
   absl::StatusOr<std::shared_ptr<formats::ModelFile>> file = formats::ModelFile::Open(path);
   REQUIRE_MESSAGE(file.ok(), file.status().ToString());
   ReferenceOptions opts;
@@ -289,51 +262,33 @@ void CheckError(const absl::Status& s, absl::string_view needle) {
   CHECK(s.message().find(needle) != absl::string_view::npos);
 }
 
-TEST_CASE("unsupported models are rejected with an error naming the problem") {
+TEST_CASE("unsupported models are rejected with an error naming the file and the problem") {
+  using Tensors = std::vector<model::testing::TensorEdit>;
   // The unmodified copy loads: the edits below are what breaks it.
-  CHECK(LoadVariant("same", [](formats::Metadata&, std::vector<TensorEdit>&) {}).ok());
+  CHECK(LoadVariant("same", [](formats::Metadata&, Tensors&) {}).ok());
   CheckError(LoadVariant("arch",
-                         [](formats::Metadata& m, std::vector<TensorEdit>&) {
+                         [](formats::Metadata& m, Tensors&) {
                            m.Set("general.architecture", formats::MetaValue::String("gpt2"));
                          }),
-             "gpt2");
-  CheckError(LoadVariant("gqa",
-                         [](formats::Metadata& m, std::vector<TensorEdit>&) {
-                           m.Set("llama.attention.head_count_kv", formats::MetaValue::U32(3));
-                         }),
-             "not divisible");
-  CheckError(LoadVariant("yarn",
-                         [](formats::Metadata& m, std::vector<TensorEdit>&) {
-                           m.Set("llama.rope.scaling.type", formats::MetaValue::String("yarn"));
-                         }),
-             "yarn");
+             "variant-arch.gguf: unsupported architecture 'gpt2'");
   CheckError(LoadVariant("missing",
-                         [](formats::Metadata&, std::vector<TensorEdit>& t) {
-                           for (size_t i = 0; i < t.size(); ++i) {
-                             if (t[i].spec.name == "blk.1.ffn_up.weight") t.erase(t.begin() + i);
-                           }
+                         [](formats::Metadata&, Tensors& t) {
+                           model::testing::EraseEdit(t, "blk.1.ffn_up.weight");
                          }),
-             "blk.1.ffn_up.weight");
+             "variant-missing.gguf: tensor 'blk.1.ffn_up.weight' is missing");
   CheckError(LoadVariant("extra",
-                         [](formats::Metadata&, std::vector<TensorEdit>& t) {
+                         [](formats::Metadata&, Tensors& t) {
                            t.push_back({{"blk.0.attn_q_norm.weight", {256}, formats::GgmlType::kF32}, ""});
                          }),
              "blk.0.attn_q_norm.weight");
+  // A type the dequantizer does not know: the reference's own check.
   CheckError(LoadVariant("type",
-                         [](formats::Metadata&, std::vector<TensorEdit>& t) {
-                           for (TensorEdit& e : t) {
-                             if (e.spec.name == "blk.0.attn_k.weight") {
-                               e.spec.type = formats::GgmlType::kIQ2_XXS;
-                               e.source = "";
-                             }
-                           }
+                         [](formats::Metadata&, Tensors& t) {
+                           model::testing::TensorEdit* e = model::testing::FindEdit(t, "blk.0.attn_k.weight");
+                           e->spec.type = formats::GgmlType::kIQ2_XXS;
+                           e->source = "";
                          }),
-             "iq2_xxs");
-  CheckError(LoadVariant("shape",
-                         [](formats::Metadata& m, std::vector<TensorEdit>&) {
-                           m.Set("llama.feed_forward_length", formats::MetaValue::U32(512));
-                         }),
-             "ffn_gate.weight");
+             "blk.0.attn_k.weight: unsupported tensor type iq2_xxs");
 }
 
 }  // namespace

@@ -1,14 +1,18 @@
-// Hyperparameters of a llama / qwen2 decoder, read from GGUF-style metadata
-// (identical keys in GGUF and .dpl files) and checked against the tensors.
+// Hyperparameters of a llama-family decoder (llama, qwen2), as read from
+// GGUF-style metadata (identical keys in GGUF and .dpl files) by
+// model::ReadHparams (model/model.h).
+//
+// Header-only and dependency-free on purpose: CUDA translation units include
+// it, so it must not pull in absl or formats/.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "absl/status/statusor.h"
-#include "formats/model_file.h"
+namespace dpl::model {
 
-namespace dpl::reference {
+// One row of the architecture table in model/model.cc each.
+enum class Arch { kLlama, kQwen2 };
 
 enum class RopeStyle {
   kAdjacent,  // llama: rotates pairs (x[2i], x[2i+1])
@@ -16,7 +20,8 @@ enum class RopeStyle {
 };
 
 struct Hparams {
-  std::string arch;         // "llama" or "qwen2"
+  Arch arch = Arch::kLlama;
+  std::string arch_name;    // general.architecture: "llama", "qwen2"
   int64_t n_embd = 0;       // {arch}.embedding_length
   int64_t n_layer = 0;      // {arch}.block_count
   int64_t n_ff = 0;         // {arch}.feed_forward_length
@@ -29,17 +34,10 @@ struct Hparams {
   double rope_freq_base = 10000.0;  // {arch}.rope.freq_base
   double rope_freq_scale = 1.0;     // 1 / {arch}.rope.scaling.factor for "linear"
   double rms_eps = 1e-5;            // {arch}.attention.layer_norm_rms_epsilon
-  RopeStyle rope_style = RopeStyle::kAdjacent;
+  RopeStyle rope_style = RopeStyle::kAdjacent;  // from the architecture
 
-  int64_t q_dim() const { return n_head * head_dim; }
-  int64_t kv_dim() const { return n_head_kv * head_dim; }
+  int64_t q_dim() const { return n_head * head_dim; }      // width of Wq's output
+  int64_t kv_dim() const { return n_head_kv * head_dim; }  // width of Wk's, Wv's output
 };
 
-// Reads and validates the hyperparameters. Errors name the key or tensor and
-// the offending value: unsupported architecture, missing keys, n_head not
-// divisible by n_head_kv, odd head size, unsupported RoPE scaling, MoE, ...
-absl::StatusOr<Hparams> ReadHparams(const formats::ModelFile& model);
-
-std::string HparamsDebugString(const Hparams& hp);
-
-}  // namespace dpl::reference
+}  // namespace dpl::model

@@ -1,0 +1,252 @@
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "model/model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "formats/model_file.h"
+#include "model/model_testing.h"
+#include "tests/shared_dir.h"
+
+namespace dpl::model {
+namespace {
+
+using formats::ModelFile;
+using formats::TensorView;
+using testing::TensorEdit;
+
+std::string OraclePath(const std::string& file) {
+  return dpl::testing::SharedDir() + "/oracle/" + file;
+}
+
+std::shared_ptr<ModelFile> OpenOrDie(const std::string& path) {
+  absl::StatusOr<std::shared_ptr<ModelFile>> f = ModelFile::OpenIndex(path);
+  REQUIRE_MESSAGE(f.ok(), f.status().ToString());
+  return *f;
+}
+
+// Every .gguf of shared/oracle, sorted.
+std::vector<std::string> OracleModels() {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dpl::testing::SharedDir() + "/oracle")) {
+    if (e.path().extension() == ".gguf") out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// What a bound model must look like against its file.
+void CheckBound(const ModelFile& file, const ModelDesc& d) {
+  CHECK(d.layers.size() == static_cast<size_t>(d.hp.n_layer));
+  CHECK(d.tied == (file.Find("output.weight") == nullptr));
+  CHECK((d.output == d.token_embd) == d.tied);
+  CHECK(d.output_norm != nullptr);
+  CHECK((d.rope_freqs != nullptr) == (file.Find("rope_freqs.weight") != nullptr));
+  for (const LayerTensors& L : d.layers) {
+    for (const TensorView* t : {L.attn_norm, L.wq, L.wk, L.wv, L.wo, L.ffn_norm, L.w_gate,
+                                L.w_up, L.w_down}) {
+      REQUIRE(t != nullptr);
+    }
+    CHECK((L.bq != nullptr) == (d.hp.arch == Arch::kQwen2));  // the oracle's qwen2 files have them
+    CHECK(L.bo == nullptr);
+  }
+  uint64_t bytes = 0;
+  for (const TensorView& t : file.tensors()) {
+    if ((t.name != "token_embd.weight" || d.tied) && t.name != "rope_freqs.weight") {
+      bytes += t.n_bytes;
+    }
+  }
+  CHECK(d.bytes_per_token == bytes);
+}
+
+TEST_CASE("every llama and qwen2 oracle file binds; qwen3 is refused by name") {
+  int bound = 0, refused = 0;
+  for (const std::string& path : OracleModels()) {
+    CAPTURE(path);
+    std::shared_ptr<ModelFile> file = OpenOrDie(path);
+    const absl::string_view arch = file->metadata().GetString("general.architecture").value();
+    absl::StatusOr<ModelDesc> d = BindModel(*file);
+    if (arch == "llama" || arch == "qwen2") {
+      REQUIRE_MESSAGE(d.ok(), d.status().ToString());
+      MESSAGE(HparamsDebugString(d->hp));
+      CHECK(d->hp.arch_name == arch);
+      CHECK(ArchName(d->hp.arch) == arch);
+      CheckBound(*file, *d);
+      ++bound;
+    } else {
+      REQUIRE(!d.ok());
+      CHECK(d.status().code() == absl::StatusCode::kUnimplemented);
+      CHECK(d.status().message() ==
+            absl::StrCat("unsupported architecture '", arch, "' (supported: llama, qwen2)"));
+      ++refused;
+    }
+  }
+  CHECK(bound == 12);
+  CHECK(refused == 1);
+}
+
+TEST_CASE("TensorName spells llama.cpp's names") {
+  const std::pair<TensorKind, const char*> want[] = {
+      {TensorKind::kTokenEmbd, "token_embd.weight"},
+      {TensorKind::kOutputNorm, "output_norm.weight"},
+      {TensorKind::kOutput, "output.weight"},
+      {TensorKind::kRopeFreqs, "rope_freqs.weight"},
+      {TensorKind::kAttnNorm, "blk.7.attn_norm.weight"},
+      {TensorKind::kAttnQ, "blk.7.attn_q.weight"},
+      {TensorKind::kAttnK, "blk.7.attn_k.weight"},
+      {TensorKind::kAttnV, "blk.7.attn_v.weight"},
+      {TensorKind::kAttnOutput, "blk.7.attn_output.weight"},
+      {TensorKind::kAttnQBias, "blk.7.attn_q.bias"},
+      {TensorKind::kAttnKBias, "blk.7.attn_k.bias"},
+      {TensorKind::kAttnVBias, "blk.7.attn_v.bias"},
+      {TensorKind::kAttnOutputBias, "blk.7.attn_output.bias"},
+      {TensorKind::kFfnNorm, "blk.7.ffn_norm.weight"},
+      {TensorKind::kFfnGate, "blk.7.ffn_gate.weight"},
+      {TensorKind::kFfnUp, "blk.7.ffn_up.weight"},
+      {TensorKind::kFfnDown, "blk.7.ffn_down.weight"},
+  };
+  for (const auto& [kind, name] : want) CHECK(TensorName(kind, 7) == name);
+}
+
+// The oracle files come from llama.cpp's tooling: TensorSpecs lists every
+// tensor they hold, and in their order where they keep the converter's order
+// (llama-quantize's mini-llama files sort theirs).
+TEST_CASE("TensorSpecs: the oracle files' names, shapes and order") {
+  for (const std::string& path : OracleModels()) {
+    CAPTURE(path);
+    std::shared_ptr<ModelFile> file = OpenOrDie(path);
+    absl::StatusOr<Hparams> hp = ReadHparams(*file);
+    if (!hp.ok()) continue;  // qwen3
+    const bool tied = file->Find("output.weight") == nullptr;
+    std::vector<std::string> listed;
+    for (const TensorSpec& s : TensorSpecs(*hp, tied)) {
+      CAPTURE(s.name);
+      const TensorView* t = file->Find(s.name);
+      CHECK((t != nullptr || s.optional));
+      if (t == nullptr) continue;
+      listed.push_back(s.name);
+      CHECK(t->ne[0] == static_cast<uint64_t>(s.n_cols));
+      CHECK(t->n_rows == static_cast<uint64_t>(s.n_rows));
+    }
+    std::vector<std::string> in_file;
+    for (const TensorView& t : file->tensors()) in_file.push_back(t.name);
+    if (in_file.front() != "token_embd.weight") {
+      std::sort(in_file.begin(), in_file.end());
+      std::sort(listed.begin(), listed.end());
+    }
+    CHECK(listed == in_file);
+  }
+}
+
+TEST_CASE("TensorSpecs: shapes and the architecture table") {
+  // small-qwen2-q4km: 512 wide, 3 layers, 4 (2) heads of 128, ffn 1536, tied.
+  absl::StatusOr<Hparams> hp = ReadHparams(*OpenOrDie(OraclePath("small-qwen2-q4km.gguf")));
+  REQUIRE_MESSAGE(hp.ok(), hp.status().ToString());
+  const std::vector<TensorSpec> qwen2 = TensorSpecs(*hp, /*tied=*/true);
+  REQUIRE(qwen2.size() == 1 + 3 * 12 + 1);
+  CHECK((qwen2[0].name == "token_embd.weight" && qwen2[0].layer == -1));
+  CHECK((qwen2[0].n_cols == 512 && qwen2[0].n_rows == 2048 && qwen2[0].matrix));
+  CHECK((qwen2[2].name == "blk.0.attn_q.weight" && qwen2[2].n_rows == 512));
+  CHECK((qwen2[3].kind == TensorKind::kAttnK && qwen2[3].n_rows == 256 && qwen2[3].layer == 0));
+  CHECK((qwen2[9].kind == TensorKind::kFfnDown && qwen2[9].n_cols == 1536));
+  CHECK((qwen2[10].name == "blk.0.attn_q.bias" && qwen2[10].optional && !qwen2[10].matrix));
+  CHECK((qwen2[12].n_cols == 256 && qwen2[12].n_rows == 1));
+  CHECK((qwen2[13].name == "blk.1.attn_norm.weight" && qwen2[13].layer == 1));
+  CHECK((qwen2.back().kind == TensorKind::kOutputNorm && !qwen2.back().optional));
+
+  // llama may also hold attn_output.bias and rope_freqs; untied: output last.
+  hp->arch = Arch::kLlama;
+  const std::vector<TensorSpec> llama = TensorSpecs(*hp, /*tied=*/false);
+  REQUIRE(llama.size() == 1 + 3 * 13 + 3);
+  CHECK((llama[13].name == "blk.0.attn_output.bias" && llama[13].n_cols == 512));
+  const TensorSpec& freqs = llama[llama.size() - 2];
+  CHECK((freqs.name == "rope_freqs.weight" && freqs.n_cols == 64 && freqs.optional));
+  CHECK((llama.back().name == "output.weight" && !llama.back().optional));
+  for (const TensorSpec& s : llama) CHECK(s.matrix == (s.n_rows != 1));
+}
+
+// A copy of ora-llama-f32 (llama, 256 wide, 2 layers, 4 (2) heads) after
+// `edit`, and what BindModel says of it.
+absl::Status BindVariant(const std::string& tag, const testing::VariantEdit& edit) {
+  const std::string path = dpl::testing::TempDir() + "/model-variant-" + tag + ".gguf";
+  const absl::Status written = testing::WriteVariant(OraclePath("ora-llama-f32.gguf"), path, edit);
+  REQUIRE_MESSAGE(written.ok(), written.ToString());
+  std::shared_ptr<ModelFile> file = OpenOrDie(path);
+  absl::Status s = BindModel(*file).status();
+  std::remove(path.c_str());
+  return s;
+}
+
+void CheckError(const absl::Status& s, absl::string_view needle) {
+  CAPTURE(s.ToString());
+  CHECK(!s.ok());
+  CHECK(s.message().find(needle) != absl::string_view::npos);
+}
+
+TEST_CASE("hostile files: errors name the key or tensor") {
+  using Meta = formats::Metadata;
+  using Tensors = std::vector<TensorEdit>;
+  CHECK(BindVariant("same", [](Meta&, Tensors&) {}).ok());
+  CheckError(BindVariant("arch", [](Meta& m, Tensors&) {
+               m.Set("general.architecture", formats::MetaValue::String("gpt2"));
+             }),
+             "unsupported architecture 'gpt2' (supported: llama, qwen2)");
+  CheckError(BindVariant("gqa", [](Meta& m, Tensors&) {
+               m.Set("llama.attention.head_count_kv", formats::MetaValue::U32(3));
+             }),
+             "llama.attention.head_count = 4 is not divisible by "
+             "llama.attention.head_count_kv = 3");
+  CheckError(BindVariant("no-embd", [](Meta& m, Tensors&) { m.Erase("llama.embedding_length"); }),
+             "llama.embedding_length");
+  CheckError(BindVariant("eps", [](Meta& m, Tensors&) {
+               m.Set("llama.attention.layer_norm_rms_epsilon", formats::MetaValue::F32(2));
+             }),
+             "llama.attention.layer_norm_rms_epsilon = 2 is out of range");
+  CheckError(BindVariant("yarn", [](Meta& m, Tensors&) {
+               m.Set("llama.rope.scaling.type", formats::MetaValue::String("yarn"));
+             }),
+             "rope.scaling.type 'yarn'");
+  CheckError(BindVariant("missing", [](Meta&, Tensors& t) { testing::EraseEdit(t, "blk.1.ffn_up.weight"); }),
+             "tensor 'blk.1.ffn_up.weight' is missing");
+  CheckError(BindVariant("shape", [](Meta&, Tensors& t) {
+               testing::FindEdit(t, "blk.0.attn_k.weight")->spec.ne = {256, 64};
+             }),
+             "blk.0.attn_k.weight has shape [256, 64], expected [256, 128]");
+  CheckError(BindVariant("width", [](Meta& m, Tensors&) {
+               m.Set("llama.feed_forward_length", formats::MetaValue::U32(512));
+             }),
+             "blk.0.ffn_gate.weight has shape [256, 768], expected [256, 512]");
+  CheckError(BindVariant("norm", [](Meta&, Tensors& t) {
+               testing::FindEdit(t, "output_norm.weight")->spec.ne = {255};
+             }),
+             "output_norm.weight has shape [255], expected [256]");
+  CheckError(BindVariant("f16-norm", [](Meta&, Tensors& t) {
+               testing::FindEdit(t, "blk.1.ffn_norm.weight")->spec.type = formats::GgmlType::kF16;
+             }),
+             "blk.1.ffn_norm.weight has type f16, expected f32");
+  CheckError(BindVariant("extra", [](Meta&, Tensors& t) {
+               t.push_back({{"blk.0.attn_q_norm.weight", {64}, formats::GgmlType::kF32}, ""});
+             }),
+             "tensor 'blk.0.attn_q_norm.weight' is not part of the llama graph");
+}
+
+TEST_CASE("a tied model's head is its embedding, read every step") {
+  absl::StatusOr<std::shared_ptr<ModelFile>> file = ModelFile::OpenIndex(OraclePath("ora-qwen2-f32.gguf"));
+  REQUIRE(file.ok());
+  absl::StatusOr<ModelDesc> d = BindModel(**file);
+  REQUIRE_MESSAGE(d.ok(), d.status().ToString());
+  CHECK(d->tied);
+  CHECK(d->output == d->token_embd);
+  CHECK(d->hp.rope_style == RopeStyle::kNeox);
+  CHECK(d->hp.head_dim == 128);
+  CHECK(d->bytes_per_token > d->token_embd->n_bytes);
+}
+
+}  // namespace
+}  // namespace dpl::model
