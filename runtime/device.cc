@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<generate::Decoder>> CreateDecoder(const std::stri
   if (options.device == "cuda") {
     CudaDecoderOptions co;
     co.n_ctx = options.n_ctx;
+    co.eager = options.eager;
     co.max_batch = options.max_batch;
     auto cuda = CudaDecoder::Create(path, co);
     if (!cuda.ok()) return cuda.status();

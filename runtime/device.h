@@ -16,6 +16,7 @@ struct DeviceOptions {
   int threads = 0;              // cpu: worker threads (0: all cores)
   int64_t n_ctx = 4096;         // KV cache positions (0: the model's context length)
   int max_batch = 256;          // cuda: prompt tokens per forward pass
+  bool eager = false;           // cuda: launch kernel by kernel (DPL_EAGER=1), no graph
 };
 
 // Loads `path` onto the chosen device. Errors name an unknown device, a

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <iostream>
 #include <vector>
 
@@ -17,6 +19,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
+#include "cli/cli.h"
+#include "kernels/device_tuning.h"
 #include "kernels/membw/membw.h"
 #include "runtime/cuda/cuda_decoder.h"
 
@@ -28,11 +33,6 @@ struct Row {
   bool decode = false;      // roofline applies to decode rows
 };
 
-int Fail(absl::string_view m) {
-  std::fprintf(stderr, "dpl-bench: error: %.*s\n", static_cast<int>(m.size()), m.data());
-  return 1;
-}
-
 std::pair<double, double> MeanStd(const std::vector<double>& v) {
   double m = 0, s = 0;
   for (double x : v) m += x;
@@ -41,98 +41,52 @@ std::pair<double, double> MeanStd(const std::vector<double>& v) {
   return {m, v.size() > 1 ? std::sqrt(s / (v.size() - 1)) : 0.0};
 }
 
-}  // namespace
+// Deterministic, non-trivial prompt tokens.
+std::vector<int32_t> Tokens(int n, int salt, int n_vocab) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 7919 + salt * 104729 + 1) % n_vocab);
+  return t;
+}
 
-int main(int argc, char** argv) {
-  cxxopts::Options options("dpl-bench", "Benchmark the CUDA runtime (llama-bench's rows)");
-  options.add_options()
-      ("m,model", ".dpl model", cxxopts::value<std::string>())
-      ("p,n-prompt", "prompt tokens (0: skip)", cxxopts::value<int>()->default_value("512"))
-      ("n,n-gen", "generated tokens (0: skip)", cxxopts::value<int>()->default_value("128"))
-      ("d,n-depth", "comma-separated depths for the tg rows", cxxopts::value<std::string>()->default_value("0,3254"))
-      ("r,repetitions", "runs per row", cxxopts::value<int>()->default_value("3"))
-      ("o,output", "md or json", cxxopts::value<std::string>()->default_value("md"))
-      ("c,ctx-size", "KV cache positions (0: what the rows need)", cxxopts::value<int64_t>()->default_value("0"))
-      ("h,help", "show this help");
-  cxxopts::ParseResult args;
-  try {
-    args = options.parse(argc, argv);
-  } catch (const std::exception& e) {
-    return Fail(e.what());
-  }
-  if (args.count("help")) {
-    std::cout << options.help() << "\n";
-    return 0;
-  }
-  if (!args.count("model")) return Fail("no model: use -m MODEL.dpl");
-  const int n_prompt = args["n-prompt"].as<int>();
-  const int n_gen = args["n-gen"].as<int>();
-  const int reps = std::max(1, args["repetitions"].as<int>());
-  const std::string format = args["output"].as<std::string>();
-  if (format != "md" && format != "json") return Fail("-o must be md or json");
-  std::vector<int> depths;
-  for (absl::string_view d : absl::StrSplit(args["n-depth"].as<std::string>(), ',')) {
-    int v;
-    if (!absl::SimpleAtoi(d, &v) || v < 0) return Fail(absl::StrCat("bad depth '", d, "'"));
-    depths.push_back(v);
-  }
-  int64_t need = n_prompt;
-  for (int d : depths) need = std::max<int64_t>(need, d + n_gen);
-  const int64_t n_ctx = args["ctx-size"].as<int64_t>() > 0 ? args["ctx-size"].as<int64_t>() : need + 1;
-
-  dpl::runtime::CudaDecoderOptions opt;
-  opt.n_ctx = n_ctx;
-  opt.max_batch = std::max(1, std::min(n_prompt > 0 ? n_prompt : 256, 512));
-  const std::string path = args["model"].as<std::string>();
-  auto dec_or = dpl::runtime::CudaDecoder::Create(path, opt);
-  if (!dec_or.ok()) return Fail(dec_or.status().message());
-  dpl::runtime::CudaDecoder& dec = **dec_or;
-  auto bw = dpl::kernels::MeasureReadBandwidth(4ull << 30, 10);
-  if (!bw.ok()) return Fail(bw.status().message());
-
-  // Deterministic, non-trivial prompt tokens.
-  auto tokens = [&](int n, int salt) {
-    std::vector<int32_t> t(n);
-    for (int i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 7919 + salt * 104729 + 1) % dec.n_vocab());
-    return t;
-  };
+// The pp row then the tg rows, each `reps` runs after one warm-up.
+absl::StatusOr<std::vector<Row>> MeasureRows(dpl::runtime::CudaDecoder& dec, int n_prompt,
+                                             int n_gen, const std::vector<int>& depths, int reps) {
   std::vector<Row> rows;
+  std::vector<float> last;
   if (n_prompt > 0) {
     Row row{absl::StrCat("pp", n_prompt), {}, false};
     for (int r = 0; r <= reps; ++r) {  // r == 0 warms up
-      if (!dec.Rewind(0).ok()) return Fail("rewind");
+      DPL_RETURN_IF_ERROR(dec.Rewind(0));
       const auto t0 = std::chrono::steady_clock::now();
-      std::vector<float> last;
-      absl::Status s = dec.Eval(tokens(n_prompt, r), &last, nullptr);
-      if (!s.ok()) return Fail(s.message());
+      DPL_RETURN_IF_ERROR(dec.Eval(Tokens(n_prompt, r, dec.n_vocab()), &last, nullptr));
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r > 0) row.tps.push_back(n_prompt / sec);
     }
     rows.push_back(row);
   }
-  if (n_gen > 0) {
-    for (int depth : depths) {
-      Row row{depth > 0 ? absl::StrCat("tg", n_gen, " @ d", depth) : absl::StrCat("tg", n_gen), {}, true};
-      for (int r = 0; r <= reps; ++r) {
-        if (!dec.Rewind(0).ok()) return Fail("rewind");
-        std::vector<float> last;
-        absl::Status s = dec.Eval(tokens(std::max(depth, 1), r), &last, nullptr);
-        if (!s.ok()) return Fail(s.message());
-        auto sec = dec.TimeDecodeSteps(n_gen);
-        if (!sec.ok()) return Fail(sec.status().message());
-        if (r > 0) row.tps.push_back(n_gen / *sec);
-      }
-      rows.push_back(row);
+  if (n_gen <= 0) return rows;
+  for (int depth : depths) {
+    Row row{depth > 0 ? absl::StrCat("tg", n_gen, " @ d", depth) : absl::StrCat("tg", n_gen), {}, true};
+    for (int r = 0; r <= reps; ++r) {
+      DPL_RETURN_IF_ERROR(dec.Rewind(0));
+      DPL_RETURN_IF_ERROR(dec.Eval(Tokens(std::max(depth, 1), r, dec.n_vocab()), &last, nullptr));
+      DPL_ASSIGN_OR_RETURN(const double sec, dec.TimeDecodeSteps(n_gen));
+      if (r > 0) row.tps.push_back(n_gen / sec);
     }
+    rows.push_back(row);
   }
+  return rows;
+}
 
-  const double roof_tps = *bw / dec.weight_bytes_per_token();
+void PrintRows(const std::string& format, const std::string& path, dpl::runtime::CudaDecoder& dec,
+               double bw, const std::vector<Row>& rows) {
+  const double roof_tps = bw / dec.weight_bytes_per_token();
   const double gib = dec.memory().weight_bytes / 1073741824.0;
   if (format == "json") {
     std::printf("{\n  \"model\": \"%s\",\n  \"weights_gib\": %.3f,\n  \"weight_bytes_per_token\": %llu,\n"
                 "  \"read_bandwidth_gbs\": %.1f,\n  \"load_gbs\": %.2f,\n  \"rows\": [\n",
                 path.c_str(), gib, static_cast<unsigned long long>(dec.weight_bytes_per_token()),
-                *bw / 1e9, dec.memory().load.gb_per_s());
+                bw / 1e9, dec.memory().load.gb_per_s());
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto [m, sd] = MeanStd(rows[i].tps);
       std::printf("    {\"test\": \"%s\", \"tokens_per_s\": %.2f, \"stddev\": %.2f%s}%s\n",
@@ -141,17 +95,76 @@ int main(int argc, char** argv) {
                   i + 1 < rows.size() ? "," : "");
     }
     std::printf("  ]\n}\n");
-    return 0;
+    return;
   }
+  const dpl::kernels::DecodeTuning& t = dec.tuning();
   std::printf("model: %s (%.2f GiB), weight bytes per token %.3f GB, read bandwidth %.0f GB/s "
-              "-> roofline %.1f t/s; load %.2f GB/s\n\n",
-              path.c_str(), gib, dec.weight_bytes_per_token() / 1e9, *bw / 1e9, roof_tps,
-              dec.memory().load.gb_per_s());
+              "-> roofline %.1f t/s; load %.2f GB/s\n"
+              "tuning: %d SMs, q6_K decode CTAs/SM %d, attention <= %d blocks/SM, splits %s, pdl %d\n\n",
+              path.c_str(), gib, dec.weight_bytes_per_token() / 1e9, bw / 1e9, roof_tps,
+              dec.memory().load.gb_per_s(), t.num_sms, t.q6k_ctas_per_sm, t.attn_max_blocks_per_sm,
+              t.attn_splits > 0 ? absl::StrCat(t.attn_splits).c_str() : "one wave", t.attn_pdl ? 1 : 0);
   std::printf("| test | t/s | roofline |\n|---|---:|---:|\n");
   for (const Row& r : rows) {
     const auto [m, sd] = MeanStd(r.tps);
     std::printf("| %s | %.2f ± %.2f | %s |\n", r.test.c_str(), m, sd,
                 r.decode ? absl::StrFormat("%.1f%%", 100 * m / roof_tps).c_str() : "");
   }
-  return 0;
+}
+
+// A/B switches (environment, documented in README): DPL_ATTN_PDL=0 launches
+// the attention combine plainly, DPL_ATTN_SPLITS=N forces N splits per kv head.
+absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
+  DPL_ASSIGN_OR_RETURN(dpl::kernels::DecodeTuning t, dpl::kernels::DecodeTuningForDevice());
+  if (const char* e = std::getenv("DPL_ATTN_PDL"); e != nullptr && *e != '\0') {
+    t.attn_pdl = std::atoi(e) != 0;
+  }
+  if (const char* e = std::getenv("DPL_ATTN_SPLITS"); e != nullptr && *e != '\0') {
+    t.attn_splits = std::atoi(e);
+  }
+  return t;
+}
+
+absl::Status Bench(const cxxopts::ParseResult& args) {
+  if (!args.count("model")) return absl::InvalidArgumentError("no model: use -m MODEL.dpl");
+  const int n_prompt = args["n-prompt"].as<int>();
+  const int n_gen = args["n-gen"].as<int>();
+  const int reps = std::max(1, args["repetitions"].as<int>());
+  const std::string format = args["output"].as<std::string>();
+  if (format != "md" && format != "json") return absl::InvalidArgumentError("-o must be md or json");
+  std::vector<int> depths;
+  for (absl::string_view d : absl::StrSplit(args["n-depth"].as<std::string>(), ',')) {
+    int v;
+    if (!absl::SimpleAtoi(d, &v) || v < 0) return absl::InvalidArgumentError(absl::StrCat("bad depth '", d, "'"));
+    depths.push_back(v);
+  }
+  int64_t need = n_prompt;
+  for (int d : depths) need = std::max<int64_t>(need, d + n_gen);
+  dpl::runtime::CudaDecoderOptions opt;
+  opt.n_ctx = args["ctx-size"].as<int64_t>() > 0 ? args["ctx-size"].as<int64_t>() : need + 1;
+  opt.max_batch = std::max(1, std::min(n_prompt > 0 ? n_prompt : 256, 512));
+  DPL_ASSIGN_OR_RETURN(opt.tuning, TuningFromEnv());
+  const std::string path = args["model"].as<std::string>();
+  DPL_ASSIGN_OR_RETURN(const auto dec, dpl::runtime::CudaDecoder::Create(path, opt));
+  DPL_ASSIGN_OR_RETURN(const double bw, dpl::kernels::MeasureReadBandwidth(4ull << 30, 10));
+  DPL_ASSIGN_OR_RETURN(const std::vector<Row> rows, MeasureRows(*dec, n_prompt, n_gen, depths, reps));
+  PrintRows(format, path, *dec, bw, rows);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dpl::cli::Command cmd("dpl-bench", "Benchmark the CUDA runtime (llama-bench's rows)");
+  cmd.options().add_options()
+      ("m,model", ".dpl model", cxxopts::value<std::string>())
+      ("p,n-prompt", "prompt tokens (0: skip)", cxxopts::value<int>()->default_value("512"))
+      ("n,n-gen", "generated tokens (0: skip)", cxxopts::value<int>()->default_value("128"))
+      ("d,n-depth", "comma-separated depths for the tg rows", cxxopts::value<std::string>()->default_value("0,3254"))
+      ("r,repetitions", "runs per row", cxxopts::value<int>()->default_value("3"))
+      ("o,output", "md or json", cxxopts::value<std::string>()->default_value("md"))
+      ("c,ctx-size", "KV cache positions (0: what the rows need)", cxxopts::value<int64_t>()->default_value("0"));
+  if (!cmd.Parse(argc, argv)) return cmd.exit_code();
+  const absl::Status s = Bench(cmd.args());
+  return s.ok() ? 0 : cmd.Fail(s);
 }

@@ -7,9 +7,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -18,6 +22,8 @@
 #include <cxxopts.hpp>
 
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "cli/cli.h"
 #include "formats/model_file.h"
 #include "runtime/device.h"
 #include "runtime/generate/generate.h"
@@ -28,11 +34,6 @@
 namespace {
 
 using dpl::generate::Timings;
-
-int Fail(absl::string_view message) {
-  std::fprintf(stderr, "dpl-run: error: %.*s\n", static_cast<int>(message.size()), message.data());
-  return 1;
-}
 
 void PrintText(absl::string_view piece) {
   std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -64,10 +65,8 @@ void PrintTimings(double load_s, const Timings& t) {
                t.generate_seconds > 0 ? t.n_generated / t.generate_seconds : 0.0);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  cxxopts::Options options("dpl-run", "Generate text with a GGUF or .dpl model");
+// dpl-run's flags (llama-cli's names and defaults where they apply).
+void AddFlags(cxxopts::Options& options) {
   options.add_options()
       ("m,model", "model file (GGUF or .dpl)", cxxopts::value<std::string>())
       ("p,prompt", "prompt text", cxxopts::value<std::string>())
@@ -95,74 +94,60 @@ int main(int argc, char** argv) {
        cxxopts::value<std::string>())
       ("device", "cuda (the GPU runtime) or cpu (the float64 reference)",
        cxxopts::value<std::string>()->default_value("cuda"))
-      ("t,threads", "CPU threads (0: all)", cxxopts::value<int>()->default_value("0"))
-      ("h,help", "show this help");
-  // llama.cpp spells two long options with one dash (-cnv, -sys); cxxopts
-  // would read them as -c nv and -s ys, so they are renamed before parsing.
-  std::vector<std::string> renamed(argv, argv + argc);
-  for (std::string& a : renamed) {
-    if (a == "-cnv") a = "--conversation";
-    if (a == "-sys") a = "--system-prompt";
-  }
-  std::vector<char*> args_v;
-  for (std::string& a : renamed) args_v.push_back(a.data());
-  cxxopts::ParseResult args;
-  try {
-    args = options.parse(static_cast<int>(args_v.size()), args_v.data());
-  } catch (const std::exception& e) {
-    return Fail(e.what());
-  }
-  if (args.count("help")) {
-    std::cout << options.help() << "\n";
-    return 0;
-  }
-  if (!args.unmatched().empty()) return Fail("unexpected argument '" + args.unmatched()[0] + "'");
-  if (!args.count("model")) return Fail("no model: use -m MODEL");
+      ("t,threads", "CPU threads (0: all)", cxxopts::value<int>()->default_value("0"));
+}
 
-  const auto t_load = std::chrono::steady_clock::now();
-  const std::string model_path = args["model"].as<std::string>();
-  auto model = dpl::formats::ModelFile::OpenIndex(model_path);  // metadata only
-  if (!model.ok()) return Fail(model.status().message());
-  auto tok = dpl::tokenizer::Tokenizer::FromMetadata((*model)->metadata());
-  if (!tok.ok()) return Fail(tok.status().message());
+// A loaded model: its tokenizer and its decoder on the chosen device.
+struct Loaded {
+  std::shared_ptr<dpl::formats::ModelFile> index;  // metadata only
+  std::optional<dpl::tokenizer::Tokenizer> tok;
+  std::unique_ptr<dpl::generate::Decoder> decoder;
+  double load_seconds = 0;
+};
+
+absl::StatusOr<Loaded> Load(const cxxopts::ParseResult& args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string path = args["model"].as<std::string>();
+  Loaded l;
+  DPL_ASSIGN_OR_RETURN(l.index, dpl::formats::ModelFile::OpenIndex(path));
+  DPL_ASSIGN_OR_RETURN(l.tok, dpl::tokenizer::Tokenizer::FromMetadata(l.index->metadata()));
   dpl::runtime::DeviceOptions dopt;
   dopt.device = args["device"].as<std::string>();
   dopt.threads = args["threads"].as<int>();
   dopt.n_ctx = args["ctx-size"].as<int64_t>();
-  auto decoder = dpl::runtime::CreateDecoder(model_path, dopt);
-  if (!decoder.ok()) return Fail(decoder.status().message());
-  const double load_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-  dpl::generate::Decoder& dec = **decoder;
-  if (const std::string report = dec.LoadReport(); !report.empty()) {
-    std::fprintf(stderr, "%s\n", report.c_str());
-  }
+  const char* eager = std::getenv("DPL_EAGER");  // debugging: no graph (docs in README)
+  dopt.eager = eager != nullptr && *eager != '\0' && std::strcmp(eager, "0") != 0;
+  DPL_ASSIGN_OR_RETURN(l.decoder, dpl::runtime::CreateDecoder(path, dopt));
+  l.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return l;
+}
 
-  // --tokens: evaluate ids, optionally dump logits.
-  if (args.count("tokens")) {
-    auto ids = dpl::tokenizer::Tokenizer::ParseIdList(args["tokens"].as<std::string>(), dec.n_vocab());
-    if (!ids.ok()) return Fail(ids.status().message());
-    if (ids->empty()) return Fail("--tokens: no ids");
-    std::vector<float> last, all;
-    const bool want_all = args.count("all-logits") > 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    absl::Status s = dec.Eval(*ids, &last, want_all ? &all : nullptr);
-    if (!s.ok()) return Fail(s.message());
-    Timings t;
-    t.n_prompt = ids->size();
-    t.prompt_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (args.count("dump-logits")) {
-      s = WriteLogits(args["dump-logits"].as<std::string>(), want_all ? all : last);
-      if (!s.ok()) return Fail(s.message());
-    }
-    int32_t best = 0;
-    for (int32_t i = 1; i < dec.n_vocab(); ++i) best = last[i] > last[best] ? i : best;
-    std::printf("evaluated %zu tokens; argmax of the last logits: %d %s\n", ids->size(), best,
-                tok->TokenToPiece(best).c_str());
-    PrintTimings(load_s, t);
-    return 0;
+// --tokens: evaluate ids, optionally dump logits, print the last argmax.
+absl::Status RunTokens(const cxxopts::ParseResult& args, Loaded& l) {
+  dpl::generate::Decoder& dec = *l.decoder;
+  DPL_ASSIGN_OR_RETURN(const std::vector<int32_t> ids,
+                       dpl::tokenizer::Tokenizer::ParseIdList(args["tokens"].as<std::string>(),
+                                                              dec.n_vocab()));
+  if (ids.empty()) return absl::InvalidArgumentError("--tokens: no ids");
+  std::vector<float> last, all;
+  const bool want_all = args.count("all-logits") > 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  DPL_RETURN_IF_ERROR(dec.Eval(ids, &last, want_all ? &all : nullptr));
+  Timings t;
+  t.n_prompt = ids.size();
+  t.prompt_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (args.count("dump-logits")) {
+    DPL_RETURN_IF_ERROR(WriteLogits(args["dump-logits"].as<std::string>(), want_all ? all : last));
   }
+  int32_t best = 0;
+  for (int32_t i = 1; i < dec.n_vocab(); ++i) best = last[i] > last[best] ? i : best;
+  std::printf("evaluated %zu tokens; argmax of the last logits: %d %s\n", ids.size(), best,
+              l.tok->TokenToPiece(best).c_str());
+  PrintTimings(l.load_seconds, t);
+  return absl::OkStatus();
+}
 
+dpl::generate::SamplerParams SamplerFlags(const cxxopts::ParseResult& args) {
   dpl::generate::SamplerParams sp;
   sp.temperature = args["temp"].as<float>();
   sp.top_k = args["top-k"].as<int32_t>();
@@ -172,42 +157,30 @@ int main(int argc, char** argv) {
   sp.repeat_last_n = args["repeat-last-n"].as<int32_t>();
   const int64_t seed = args["seed"].as<int64_t>();
   sp.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
-  dpl::generate::Sampler sampler(sp);
-  const int32_t n_predict = args["n-predict"].as<int32_t>();
+  return sp;
+}
 
+absl::StatusOr<std::string> PromptText(const cxxopts::ParseResult& args) {
   std::string prompt;
   if (args.count("prompt")) prompt = args["prompt"].as<std::string>();
   if (args.count("file")) {
     std::ifstream in(args["file"].as<std::string>(), std::ios::binary);
-    if (!in) return Fail("cannot read prompt file " + args["file"].as<std::string>());
+    if (!in) return absl::NotFoundError("cannot read prompt file " + args["file"].as<std::string>());
     std::stringstream ss;
     ss << in.rdbuf();
     prompt = ss.str();
   }
-  if (!tok->has_vocab()) {
-    return Fail("this model has no vocabulary (tokenizer.ggml.model = \"none\"); use --tokens");
-  }
+  return prompt;
+}
 
-  Timings timings;
-  const bool chat = args.count("conversation") || args.count("single-turn") || args.count("system-prompt");
-  if (!chat) {
-    if (prompt.empty()) return Fail("no prompt: use -p TEXT, -f FILE, --tokens or -cnv");
-    const std::vector<int32_t> ids = tok->Encode(prompt, tok->adds_bos_by_default(), true);
-    dpl::generate::GenerateRequest req;
-    req.prompt = ids;
-    req.n_predict = n_predict;
-    for (int32_t id : tok->end_of_generation_ids()) req.stop.insert(id);
-    PrintText(prompt);
-    auto out = dpl::generate::Generate(dec, *tok, sampler, req, PrintText, &timings);
-    if (!out.ok()) return Fail(out.status().message());
-    PrintTimings(load_s, timings);
-    return 0;
-  }
-
-  // Chat: render the whole conversation each turn; feed only what the cache lacks.
-  auto tmpl = dpl::tokenizer::ChatTemplate::FromMetadata((*model)->metadata(),
-                                                         args["chat-template"].as<std::string>());
-  if (!tmpl.ok()) return Fail(tmpl.status().message());
+// Chat: render the whole conversation each turn; feed only what the cache lacks.
+absl::Status RunChat(const cxxopts::ParseResult& args, Loaded& l, const std::string& prompt,
+                     dpl::generate::Sampler& sampler, Timings* timings) {
+  dpl::generate::Decoder& dec = *l.decoder;
+  const dpl::tokenizer::Tokenizer& tok = *l.tok;
+  DPL_ASSIGN_OR_RETURN(const dpl::tokenizer::ChatTemplate tmpl,
+                       dpl::tokenizer::ChatTemplate::FromMetadata(
+                           l.index->metadata(), args["chat-template"].as<std::string>()));
   std::vector<dpl::tokenizer::ChatMessage> messages;
   if (args.count("system-prompt")) messages.push_back({"system", args["system-prompt"].as<std::string>()});
   std::vector<int32_t> history;  // ids in the decoder's cache
@@ -226,26 +199,78 @@ int main(int argc, char** argv) {
     }
     first = false;
     messages.push_back({"user", user});
-    auto ids = dpl::tokenizer::EncodeChat(*tok, *tmpl, messages, true);
-    if (!ids.ok()) return Fail(ids.status().message());
+    DPL_ASSIGN_OR_RETURN(const std::vector<int32_t> ids,
+                         dpl::tokenizer::EncodeChat(tok, tmpl, messages, true));
     size_t common = 0;
-    while (common < history.size() && common < ids->size() && history[common] == (*ids)[common]) ++common;
-    if (common == ids->size()) --common;  // always feed at least one token
-    absl::Status s = dec.Rewind(common);
-    if (!s.ok()) return Fail(s.message());
+    while (common < history.size() && common < ids.size() && history[common] == ids[common]) ++common;
+    if (common == ids.size()) --common;  // always feed at least one token
+    DPL_RETURN_IF_ERROR(dec.Rewind(common));
     history.resize(common);
     dpl::generate::GenerateRequest req;
-    req.prompt = absl::MakeConstSpan(*ids).subspan(common);
-    req.n_predict = n_predict;
-    for (int32_t id : tmpl->StopTokens(*tok)) req.stop.insert(id);
-    auto out = dpl::generate::Generate(dec, *tok, sampler, req, PrintText, &timings);
-    if (!out.ok()) return Fail(out.status().message());
+    req.prompt = absl::MakeConstSpan(ids).subspan(common);
+    req.n_predict = args["n-predict"].as<int32_t>();
+    for (int32_t id : tmpl.StopTokens(tok)) req.stop.insert(id);
+    DPL_ASSIGN_OR_RETURN(const std::vector<int32_t> out,
+                         dpl::generate::Generate(dec, tok, sampler, req, PrintText, timings));
     std::fputc('\n', stdout);
     history.insert(history.end(), req.prompt.begin(), req.prompt.end());
-    history.insert(history.end(), out->begin(), out->end());
-    messages.push_back({"assistant", tok->Decode(*out)});
+    history.insert(history.end(), out.begin(), out.end());
+    messages.push_back({"assistant", tok.Decode(out)});
     if (single) break;
   }
-  PrintTimings(load_s, timings);
-  return 0;
+  return absl::OkStatus();
+}
+
+absl::Status Run(const cxxopts::ParseResult& args) {
+  if (!args.count("model")) return absl::InvalidArgumentError("no model: use -m MODEL");
+  DPL_ASSIGN_OR_RETURN(Loaded l, Load(args));
+  if (const std::string report = l.decoder->LoadReport(); !report.empty()) {
+    std::fprintf(stderr, "%s\n", report.c_str());
+  }
+  if (args.count("tokens")) return RunTokens(args, l);
+  dpl::generate::Sampler sampler(SamplerFlags(args));
+  DPL_ASSIGN_OR_RETURN(const std::string prompt, PromptText(args));
+  if (!l.tok->has_vocab()) {
+    return absl::FailedPreconditionError(
+        "this model has no vocabulary (tokenizer.ggml.model = \"none\"); use --tokens");
+  }
+  Timings timings;
+  const bool chat = args.count("conversation") || args.count("single-turn") || args.count("system-prompt");
+  if (chat) {
+    DPL_RETURN_IF_ERROR(RunChat(args, l, prompt, sampler, &timings));
+  } else {
+    if (prompt.empty()) {
+      return absl::InvalidArgumentError("no prompt: use -p TEXT, -f FILE, --tokens or -cnv");
+    }
+    const dpl::tokenizer::Tokenizer& tok = *l.tok;
+    const std::vector<int32_t> ids = tok.Encode(prompt, tok.adds_bos_by_default(), true);
+    dpl::generate::GenerateRequest req;
+    req.prompt = ids;
+    req.n_predict = args["n-predict"].as<int32_t>();
+    for (int32_t id : tok.end_of_generation_ids()) req.stop.insert(id);
+    PrintText(prompt);
+    DPL_RETURN_IF_ERROR(
+        dpl::generate::Generate(*l.decoder, tok, sampler, req, PrintText, &timings).status());
+  }
+  PrintTimings(l.load_seconds, timings);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dpl::cli::Command cmd("dpl-run", "Generate text with a GGUF or .dpl model");
+  AddFlags(cmd.options());
+  // llama.cpp spells two long options with one dash (-cnv, -sys); cxxopts
+  // would read them as -c nv and -s ys, so they are renamed before parsing.
+  std::vector<std::string> renamed(argv, argv + argc);
+  std::vector<const char*> args;
+  for (std::string& a : renamed) {
+    if (a == "-cnv") a = "--conversation";
+    if (a == "-sys") a = "--system-prompt";
+    args.push_back(a.c_str());
+  }
+  if (!cmd.Parse(static_cast<int>(args.size()), args.data())) return cmd.exit_code();
+  const absl::Status s = Run(cmd.args());
+  return s.ok() ? 0 : cmd.Fail(s);
 }

@@ -3,7 +3,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/attention.h"
@@ -14,8 +13,6 @@ namespace dpl::kernels {
 namespace {
 
 constexpr int kThreads = 128;  // 4 warps per (kv head, split) block
-constexpr int kTile = 128;     // positions scored before one softmax update
-constexpr int kUnroll = 4;     // 16-byte K (or V) loads in flight per thread
 
 __device__ __forceinline__ void HalfsToFloats(const uint4& raw, float* f) {
   const __half2* h = reinterpret_cast<const __half2*>(&raw);
@@ -27,222 +24,33 @@ __device__ __forceinline__ void HalfsToFloats(const uint4& raw, float* f) {
   }
 }
 
-// Rows t0 + base + grp + u * NGRP (u < kUnroll) of one head's cache, this
-// lane's 16 bytes of each; rows at or past n_t read as zeros (not loaded).
-template <int NGRP>
-__device__ __forceinline__ void LoadRows(const __half* base_ptr, int t0, int base, int grp, int n_t,
-                                         uint4* raw) {
-  constexpr int HD = kThreads / NGRP * 8;
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int p = base + grp + u * NGRP;
-    raw[u] = p < n_t ? __ldg(reinterpret_cast<const uint4*>(base_ptr + (size_t)(t0 + p) * HD))
-                     : make_uint4(0, 0, 0, 0);
-  }
-}
-
+// ---------------------------------------------------------------------------
 // Split kernel, block (s, kvh): for the G query heads h = kvh * G + g and the
 // positions t in split s's chunk [t_begin, t_end):
 //   x_t = (q_h . k_t) * log2(e) / sqrt(HD)          (scores in the log2 domain)
 //   m = max_t x_t,  l = sum_t 2^(x_t - m),  acc = sum_t 2^(x_t - m) v_t
 // written to the workspace unnormalized; the combine kernel merges splits.
-// Thread mapping (both passes): a row of HD halves is read by LPR = HD/8 lanes,
-// 16 bytes (8 dims) each, so one warp instruction loads 512 B of whole rows
-// and NGRP = 128/LPR rows are in flight per block per unrolled step.
-// Pass 1 scores a tile of up to kTile positions into shared memory (dot
-// partials summed by an xor butterfly inside the LPR lanes), one softmax
-// update per tile rescales the running state, pass 2 reads V for the tile.
-template <int HD, int G>
-__global__ void __launch_bounds__(kThreads) AttnSplitKernel(
-    const float* __restrict__ q,         // (n_head, HD)
-    const __half* __restrict__ k_cache,  // (n_head_kv, n_ctx, HD)
-    const __half* __restrict__ v_cache,  // (n_head_kv, n_ctx, HD)
-    const int* __restrict__ d_pos, int n_ctx, int max_splits, float scale_log2,
-    float* __restrict__ ws_acc,  // (n_head, max_splits, HD)
-    float* __restrict__ ws_ml) {  // (n_head, max_splits, 2): (m, l)
-  constexpr int LPR = HD / 8;
-  constexpr int NGRP = kThreads / LPR;
-  constexpr int kStep = NGRP * kUnroll;
-  static_assert(G >= 1 && G <= 8, "GQA group of 1..8 query heads");
-  // [t][g] scores, then probabilities; rows of 8 so pass 2 reads two float4.
-  __shared__ __align__(16) float s_p[kTile][8];
-  __shared__ float s_scale[8];
-  __shared__ __align__(16) float s_red[NGRP][G][HD];
-
-  int kv_len = *d_pos + 1;
-  kv_len = kv_len < n_ctx ? kv_len : n_ctx;
-  kv_len = kv_len > 1 ? kv_len : 1;
-  const int n_act = AttnActiveSplits(kv_len, max_splits);
-  const int s = blockIdx.x, kvh = blockIdx.y;
-  if (s >= n_act) return;  // the combine kernel reads only the active splits
-  const int chunk = AttnChunk(kv_len, n_act);
-  const int t_begin = s * chunk;
-  const int t_end = min(kv_len, t_begin + chunk);
-
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int row_lane = tid % LPR, grp = tid / LPR;
-
-  float qr[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const float4* qp = reinterpret_cast<const float4*>(q + (size_t)(kvh * G + g) * HD + row_lane * 8);
-    const float4 a = qp[0], b = qp[1];
-    qr[g][0] = a.x * scale_log2; qr[g][1] = a.y * scale_log2;
-    qr[g][2] = a.z * scale_log2; qr[g][3] = a.w * scale_log2;
-    qr[g][4] = b.x * scale_log2; qr[g][5] = b.y * scale_log2;
-    qr[g][6] = b.z * scale_log2; qr[g][7] = b.w * scale_log2;
-  }
-  float acc[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
-  // Warp w keeps the running (m, l) of heads w and w + 4 (all lanes alike).
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-
-  const size_t head_base = (size_t)kvh * n_ctx * HD + row_lane * 8;
-  const __half* kb = k_cache + head_base;
-  const __half* vb = v_cache + head_base;
-
-  for (int t0 = t_begin; t0 < t_end; t0 += kTile) {
-    const int n_t = min(kTile, t_end - t0);
-    // Pass 1: scores. Loop bounds are warp-uniform (the butterfly needs all lanes).
-    // Software pipelined: the next batch's loads are issued before this
-    // batch's math, so 2 * kUnroll 16-byte loads per thread are in flight.
-    uint4 raw[kUnroll];
-    LoadRows<NGRP>(kb, t0, 0, grp, n_t, raw);
-    for (int base = 0; base < n_t; base += kStep) {
-      uint4 nxt[kUnroll];
-      LoadRows<NGRP>(kb, t0, base + kStep, grp, n_t, nxt);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        float kf[8];
-        HalfsToFloats(raw[u], kf);
-        float dot[G];
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          float a = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) a = fmaf(qr[g][e], kf[e], a);
-          dot[g] = a;
-        }
-#pragma unroll
-        for (int o = LPR / 2; o > 0; o >>= 1)
-#pragma unroll
-          for (int g = 0; g < G; ++g) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
-        // Lane g of the row stores head g's score (constant-index select keeps
-        // dot[] in registers).
-        float mine = dot[0];
-#pragma unroll
-        for (int g = 1; g < G; ++g) mine = row_lane == g ? dot[g] : mine;
-        const int p = base + grp + u * NGRP;
-        if (p < n_t && row_lane < G) s_p[p][row_lane] = mine;
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) raw[u] = nxt[u];
-    }
-    // V's first batch flies during the softmax update.
-    LoadRows<NGRP>(vb, t0, 0, grp, n_t, raw);
-    __syncthreads();
-    // Softmax update, one warp per head (heads warp and warp + 4).
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int g = warp + 4 * j;
-      if (g < G) {
-        float mx = -INFINITY;
-        for (int p = lane; p < n_t; p += 32) mx = fmaxf(mx, s_p[p][g]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m_new = fmaxf(m_run[j], mx);
-        float sum = 0.0f;
-        for (int p = lane; p < n_t; p += 32) {
-          const float e = exp2f(s_p[p][g] - m_new);
-          s_p[p][g] = e;
-          sum += e;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        const float sc = exp2f(m_run[j] - m_new);  // 0 on the first tile
-        l_run[j] = l_run[j] * sc + sum;
-        m_run[j] = m_new;
-        if (lane == 0) s_scale[g] = sc;
-      }
-    }
-    __syncthreads();
-    // Pass 2: acc = acc * scale + sum_t p_t v_t.
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float sc = s_scale[g];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] *= sc;
-    }
-    for (int base = 0; base < n_t; base += kStep) {
-      uint4 nxt[kUnroll];
-      LoadRows<NGRP>(vb, t0, base + kStep, grp, n_t, nxt);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int p = base + grp + u * NGRP;
-        if (p < n_t) {
-          float vf[8];
-          HalfsToFloats(raw[u], vf);
-          const float4 pa = *reinterpret_cast<const float4*>(&s_p[p][0]);
-          const float4 pb = *reinterpret_cast<const float4*>(&s_p[p][4]);
-          const float pr[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
-#pragma unroll
-          for (int g = 0; g < G; ++g)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pr[g], vf[e], acc[g][e]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) raw[u] = nxt[u];
-    }
-    __syncthreads();  // s_p is rewritten by the next tile
-  }
-
-  // Sum the NGRP row groups' accumulators, write the split's partials.
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float4* dst = reinterpret_cast<float4*>(&s_red[grp][g][row_lane * 8]);
-    dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-    dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
-  }
-  __syncthreads();
-  for (int o = tid; o < G * HD; o += kThreads) {
-    const int g = o / HD, d = o % HD;
-    float a = 0.0f;
-#pragma unroll
-    for (int r = 0; r < NGRP; ++r) a += s_red[r][g][d];
-    ws_acc[((size_t)(kvh * G + g) * max_splits + s) * HD + d] = a;
-  }
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int g = warp + 4 * j;
-    if (g < G && lane == 0) {
-      float* ml = ws_ml + ((size_t)(kvh * G + g) * max_splits + s) * 2;
-      ml[0] = m_run[j];
-      ml[1] = l_run[j];
-    }
-  }
-}
-
-
-// ---------------------------------------------------------------------------
-// Streaming split kernel (the default). Same math and workspace layout as
-// AttnSplitKernel, but K and V reach the block through shared memory:
+// Thread mapping: a row of HD halves is read by LPR = HD/8 lanes, 16 bytes
+// (8 dims) each, so one warp instruction covers 512 B of whole rows and
+// NGRP = 128/LPR rows are worked on per block per step. Each tile of kTileT
+// positions is scored into shared memory (dot partials summed by an xor
+// butterfly inside the LPR lanes), one softmax update per tile rescales the
+// running state, then V for the tile is accumulated.
+//
+// K and V reach the block through shared memory:
 // the block first issues cp.async copies of its first kStages tiles of K and
 // V (kTileT rows each; a head's rows are contiguous, so a tile is one
 // contiguous span of kTileT * HD halves), and only then loads q. Why: at mid
 // lengths (depth ~3k) a split holds ~50-100 rows, i.e. 1-2 tiles, so its whole
 // chunk is in flight after one issue burst and the block pays one HBM latency
-// instead of one per kUnroll-row step of a register pipeline (the legacy
-// kernel's chain of ~6 dependent round trips). At long lengths the stage being
+// instead of one per step of a register pipeline (the first version of this
+// kernel, streaming through registers, paid a chain of ~6 dependent round
+// trips: 16.6 vs 13.9 us per 14B layer at depth 3254). At long lengths the stage being
 // refilled streams while the other one is scored (double buffering), keeping
 // 2 * kStages * kTileT * HD * 2 bytes = 64 KB (HD 128) in flight per block.
 // cp.async groups are committed in a fixed order K_j, V_j (empty groups for
 // tiles past the chunk), so "wait until at most N groups are pending" waits
 // for exactly K_j (N = 2*kStages-1) or V_j (N = 2*kStages-2).
-// Thread mapping and the per-tile online softmax are the legacy kernel's.
 constexpr int kTileT = 64;
 constexpr int kStages = 2;
 
@@ -274,6 +82,9 @@ __device__ __forceinline__ void IssueRows(__half* dst,                // (kTileT
   for (int c = tid; c < chunks; c += kThreads) CpAsync16(dst + c * 8, src + c * 8);
 }
 
+// (One long kernel on purpose: the cp.async stages, the per-tile softmax and
+// the reduction share one register and shared-memory budget; device
+// functions would inline back into exactly this.)
 template <int HD, int G>
 __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
     const float* __restrict__ q,         // (n_head, HD)
@@ -526,37 +337,16 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
 using SplitFn = void (*)(const float*, const __half*, const __half*, const int*, int, int, float,
                          float*, float*);
 
-template <int HD, bool kStream>
+template <int HD>
 SplitFn PickSplitT(int group) {
 #define DPL_ATTN_CASE(G) \
-  case G: return kStream ? AttnStreamKernel<HD, G> : AttnSplitKernel<HD, G>;
+  case G: return AttnStreamKernel<HD, G>;
   switch (group) {
     DPL_ATTN_CASE(1) DPL_ATTN_CASE(2) DPL_ATTN_CASE(3) DPL_ATTN_CASE(4)
     DPL_ATTN_CASE(5) DPL_ATTN_CASE(6) DPL_ATTN_CASE(7) DPL_ATTN_CASE(8)
     default: return nullptr;
   }
 #undef DPL_ATTN_CASE
-}
-
-// A/B switches for benchmarks, read once per process (unset: the defaults):
-//   DPL_ATTN_LEGACY=1        the register-pipelined split kernel
-//   DPL_ATTN_PDL=0           plain (non-programmatic) combine launch
-//   DPL_ATTN_SPLITS=N        max_splits = min(N, ceil(n_ctx / kAttnMinChunk))
-int EnvInt(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  return e != nullptr && e[0] != '\0' ? std::atoi(e) : fallback;
-}
-bool UseLegacy() {
-  static const bool v = EnvInt("DPL_ATTN_LEGACY", 0) == 1;
-  return v;
-}
-bool UsePdl() {
-  static const bool v = EnvInt("DPL_ATTN_PDL", 1) == 1;
-  return v;
-}
-int SplitsOverride() {
-  static const int v = EnvInt("DPL_ATTN_SPLITS", 0);
-  return v;
 }
 
 struct SplitChoice {
@@ -566,14 +356,11 @@ struct SplitChoice {
 
 SplitChoice PickSplit(int head_dim, int group) {
   SplitChoice c;
-  if (UseLegacy()) {
-    c.fn = head_dim == 64 ? PickSplitT<64, false>(group)
-           : head_dim == 128 ? PickSplitT<128, false>(group) : nullptr;
-  } else if (head_dim == 64) {
-    c.fn = PickSplitT<64, true>(group);
+  if (head_dim == 64) {
+    c.fn = PickSplitT<64>(group);
     c.smem = StreamSmemBytes<64>();
   } else if (head_dim == 128) {
-    c.fn = PickSplitT<128, true>(group);
+    c.fn = PickSplitT<128>(group);
     c.smem = StreamSmemBytes<128>();
   }
   return c;
@@ -582,7 +369,8 @@ SplitChoice PickSplit(int head_dim, int group) {
 }  // namespace
 
 absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_kv, int head_dim,
-                                                        int n_ctx, int num_sms) {
+                                                        int n_ctx, const DecodeTuning& tuning) {
+  const int num_sms = tuning.num_sms;
   if (n_head <= 0 || n_head_kv <= 0 || n_ctx <= 0 || num_sms <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "decode attention: sizes must be positive (n_head=", n_head, ", n_head_kv=", n_head_kv,
@@ -617,18 +405,15 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
     (void)cudaGetLastError();  // no device: clear the sticky-free error, use a safe guess
     per_sm = 2;
   }
-  // At most 2 blocks per SM: measured on the H200 (DPL_ATTN_SPLITS sweep),
-  // 14B (G=5, 3 blocks/SM fit) at depth 3254 takes 16.6 us with 50 splits and
-  // 13.9 us with 33: a split's rows are cheap next to the combine cost
-  // (partials written, read, and merged per split), so fewer, fuller splits win.
-  if (per_sm > 2) per_sm = 2;
+  if (per_sm > tuning.attn_max_blocks_per_sm) per_sm = tuning.attn_max_blocks_per_sm;
   int want = (per_sm * num_sms + n_head_kv - 1) / n_head_kv;
-  if (SplitsOverride() > 0) want = SplitsOverride();
+  if (tuning.attn_splits > 0) want = tuning.attn_splits;
   if (want > 1024) want = 1024;  // the combine kernel's weight table
   const int by_ctx = (n_ctx + kAttnMinChunk - 1) / kAttnMinChunk;
   plan.max_splits = want < by_ctx ? want : by_ctx;
   if (plan.max_splits < 1) plan.max_splits = 1;
   plan.workspace_floats = static_cast<uint64_t>(n_head) * plan.max_splits * (head_dim + 2);
+  plan.pdl = tuning.attn_pdl;
   return plan;
 }
 
@@ -679,7 +464,7 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = UsePdl() ? 1 : 0;
+  cfg.numAttrs = plan.pdl ? 1 : 0;
   if (plan.head_dim == 64) {
     DPL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, AttnCombineKernel<64>, ws_acc, ws_ml, d_pos,
                                       plan.n_ctx, plan.max_splits, out));

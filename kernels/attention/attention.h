@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "kernels/tuning.h"
 
 namespace dpl::kernels {
 
@@ -25,15 +26,18 @@ struct DecodeAttentionPlan {
   // Floats of the caller-allocated workspace: per query head and split,
   // head_dim accumulators plus (max, sum).
   uint64_t workspace_floats = 0;
+  // The combine kernel as a programmatic dependent launch (DecodeTuning).
+  bool pdl = true;
 };
 
 // Chooses max_splits so that n_head_kv * max_splits split blocks fill one
-// wave (the kernel's occupancy per SM times num_sms, at most 1024 splits)
-// (num_sms from cudaGetDeviceProperties), but never more splits than
+// wave (the kernel's occupancy per SM, capped at
+// tuning.attn_max_blocks_per_sm, times tuning.num_sms; at most 1024 splits;
+// tuning.attn_splits overrides), but never more splits than
 // ceil(n_ctx / kAttnMinChunk). Errors: head_dim not 64/128, n_head not a
 // multiple of n_head_kv, group (n_head / n_head_kv) above 8, sizes <= 0.
 absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_kv, int head_dim,
-                                                        int n_ctx, int num_sms);
+                                                        int n_ctx, const DecodeTuning& tuning);
 
 // out = softmax(q k^T / sqrt(head_dim)) v over keys 0..min(*d_pos, n_ctx-1).
 //   q:         (n_head, head_dim) floats (already rotated)

@@ -1,15 +1,18 @@
 // Decode attention throughput: KV bytes read per call / time, with the KV of
 // several layers rotated (more bytes than the 60 MB L2) so HBM is measured.
 // Timed twice: plain stream launches and CUDA-graph replay (the decoder's
-// way). DPL_ATTN_LEGACY=1 selects the previous split kernel, for A/B runs of
-// one binary (see the switches listed in attention.cu).
+// way). A/B switches of one binary (environment, read here only):
+//   DPL_ATTN_PDL=0       plain (non-programmatic) combine launch
+//   DPL_ATTN_SPLITS=N    N split blocks per kv head instead of one wave's worth
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kernels/attention/attention.h"
+#include "kernels/device_tuning.h"
 
 namespace {
 
@@ -22,11 +25,11 @@ namespace {
     }                                                                          \
   } while (0)
 
+dpl::kernels::DecodeTuning g_tuning;
+
 void Bench(const char* name, int n_head, int n_head_kv, int depth, int n_layers) {
   const int hd = 128, n_ctx = 32768;
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  auto plan = dpl::kernels::PlanDecodeAttention(n_head, n_head_kv, hd, n_ctx, sms);
+  auto plan = dpl::kernels::PlanDecodeAttention(n_head, n_head_kv, hd, n_ctx, g_tuning);
   if (!plan.ok()) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     std::exit(1);
@@ -102,13 +105,18 @@ void Bench(const char* name, int n_head, int n_head_kv, int depth, int n_layers)
 int main() {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device %s, %d SMs, L2 %d MB; env:", prop.name, prop.multiProcessorCount,
+  std::printf("device %s, %d SMs, L2 %d MB;", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
-  for (const char* v : {"DPL_ATTN_LEGACY", "DPL_ATTN_PDL", "DPL_ATTN_SPLITS"}) {
-    const char* e = std::getenv(v);
-    if (e) std::printf(" %s=%s", v, e);
+  auto tuning = dpl::kernels::DecodeTuningForDevice();
+  if (!tuning.ok()) {
+    std::fprintf(stderr, "%s\n", tuning.status().ToString().c_str());
+    return 1;
   }
-  std::printf("\n");
+  g_tuning = *tuning;
+  if (const char* e = std::getenv("DPL_ATTN_PDL")) g_tuning.attn_pdl = std::atoi(e) != 0;
+  if (const char* e = std::getenv("DPL_ATTN_SPLITS")) g_tuning.attn_splits = std::atoi(e);
+  std::printf(" pdl %d, splits %s\n", g_tuning.attn_pdl ? 1 : 0,
+              g_tuning.attn_splits > 0 ? std::to_string(g_tuning.attn_splits).c_str() : "one wave");
   // DPL_ATTN_BENCH_QUICK=1: only the depth-3254 rows and depth 1024 (sweeps).
   const char* quick = std::getenv("DPL_ATTN_BENCH_QUICK");
   if (quick && quick[0] == '1') {

@@ -11,17 +11,20 @@
 
 #include "formats/dequant.h"
 #include "kernels/attention/attention.h"
+#include "kernels/device_tuning.h"
+#include "kernels/gpu_test.h"
 
 namespace dpl::kernels {
 namespace {
 
-#define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
-#define STATUS_OK(x)              \
-  do {                            \
-    const absl::Status st_ = (x); \
-    INFO(st_.ToString());         \
-    REQUIRE(st_.ok());            \
-  } while (0)
+using testing::NormErr;
+
+// The device's tuning: SM count and the measured attention policy.
+DecodeTuning Tuning() {
+  const absl::StatusOr<DecodeTuning> t = DecodeTuningForDevice();
+  REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+  return *t;
+}
 
 constexpr float kSentinel = -12345.5f;
 
@@ -79,23 +82,12 @@ std::vector<double> Reference(const Setup& s, const std::vector<float>& q, int l
   return out;
 }
 
-double NormErr(const std::vector<float>& got, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (got[i] - ref[i]) * (got[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / den);
-}
-
 void RunCase(int n_head, int n_head_kv, int hd, int n_ctx, int len, float q_scale) {
   CAPTURE(n_head);
   CAPTURE(n_head_kv);
   CAPTURE(hd);
   CAPTURE(len);
-  int sms = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  auto plan = PlanDecodeAttention(n_head, n_head_kv, hd, n_ctx, sms);
+  auto plan = PlanDecodeAttention(n_head, n_head_kv, hd, n_ctx, Tuning());
   REQUIRE(plan.ok());
   Setup s{n_head, n_head_kv, hd, n_ctx, {}, {}};
   MakeCache(s, len);
@@ -145,10 +137,8 @@ TEST_CASE("decode attention, head_dim 64 and other groups") {
 }
 
 TEST_CASE("decode attention in a CUDA graph follows d_pos across replays") {
-  int sms = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int n_ctx = 4096;
-  auto plan = PlanDecodeAttention(28, 4, 128, n_ctx, sms);
+  auto plan = PlanDecodeAttention(28, 4, 128, n_ctx, Tuning());
   REQUIRE(plan.ok());
   Setup s{28, 4, 128, n_ctx, {}, {}};
   MakeCache(s, n_ctx);
@@ -187,20 +177,28 @@ TEST_CASE("decode attention in a CUDA graph follows d_pos across replays") {
 }
 
 TEST_CASE("PlanDecodeAttention rejects unsupported shapes") {
-  CHECK(!PlanDecodeAttention(28, 4, 96, 4096, 132).ok());
-  CHECK(!PlanDecodeAttention(28, 3, 128, 4096, 132).ok());
-  CHECK(!PlanDecodeAttention(64, 4, 128, 4096, 132).ok());  // group 16
-  int sms = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  auto p = PlanDecodeAttention(28, 4, 128, 32768, sms);
+  const DecodeTuning t = Tuning();
+  const int sms = t.num_sms;
+  CHECK(!PlanDecodeAttention(28, 4, 96, 4096, t).ok());
+  CHECK(!PlanDecodeAttention(28, 3, 128, 4096, t).ok());
+  CHECK(!PlanDecodeAttention(64, 4, 128, 4096, t).ok());  // group 16
+  auto p = PlanDecodeAttention(28, 4, 128, 32768, t);
   REQUIRE(p.ok());
   // One wave of split blocks: at least one per SM, never past n_ctx / 32.
   CHECK(p->n_head_kv * p->max_splits >= sms);
   CHECK(p->max_splits <= 32768 / 32);
-  auto small = PlanDecodeAttention(28, 4, 128, 100, sms);
+  auto small = PlanDecodeAttention(28, 4, 128, 100, t);
   REQUIRE(small.ok());
   CHECK(small->max_splits == 4);  // ceil(100 / 32)
   CHECK(small->workspace_floats == 28ull * 4 * 130);
+  // The tuning's policy fields reach the plan.
+  DecodeTuning forced = t;
+  forced.attn_splits = 7;
+  forced.attn_pdl = false;
+  auto f = PlanDecodeAttention(28, 4, 128, 32768, forced);
+  REQUIRE(f.ok());
+  CHECK(f->max_splits == 7);
+  CHECK(!f->pdl);
 }
 
 }  // namespace

@@ -1,60 +1,11 @@
 #include "kernels/matvec/matvec.h"
 
-#include <cstdlib>
-
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cuda_check.h"
 #include "kernels/matvec/matvec_kernels.h"
 
 namespace dpl::kernels {
-namespace {
-
-// DPL_MATVEC_LEGACY=1: the single-token path runs the legacy kernel (A/B).
-bool LegacyDecodeDefault() {
-  static const bool legacy = [] {
-    const char* e = std::getenv("DPL_MATVEC_LEGACY");
-    return e != nullptr && e[0] == '1';
-  }();
-  return legacy;
-}
-
-struct DecodeChoice {
-  bool legacy;  // true: the legacy kernel with its own defaults
-  int ksplit;
-  int depth;
-  bool pipe;
-};
-
-// Geometry of the single-token kernel per type and matrix height, from the
-// H200 sweep of matvec_bench (2025-11-30, every v2 k-split/depth/pipe, one
-// binary; see matvec_geometry.h for the knobs). Legacy where v2 measured no
-// better: lm heads (>= 65536 rows, many waves, 82-91% already), 512-row
-// attn_k/v (~4.9 us either way: launch-bound), and the other types.
-//  q4_K: depth 1 pipelined (48 registers: 10 CTAs/SM, so 18944 rows = 1184
-//   CTAs is one wave, with 2 steps in flight per lane): 18944x3584 16.95 ->
-//   14.8 us, 13824x5120 18.9 -> 16.8; below 8192 rows k-split 4, same depth:
-//   5120x13824 25.3 -> 16.2, 3584x18944 20.4 -> 17.7, 5120^2 12.5 -> 8.1.
-//  q6_K: depth 1 pipelined uses 72 registers (7 CTAs/SM, 924 CTA slots), so
-//   the k-split is the largest whose grid is one wave: 3584 rows k-split 4
-//   (896 CTAs): 24.7 -> 19.3 us; 5120 rows k-split 2 (640 CTAs): 20.9 ->
-//   20.6 (k-split 4 there is 1.4 waves: 25 us). Raw and dpl q6_K must take
-//   the same geometry (their outputs are compared bit for bit).
-DecodeChoice ChooseDecode(MatVecKernel kernel, int64_t n_rows) {
-  const DecodeChoice legacy = {true, 0, 0, false};
-  if (n_rows >= 65536 || n_rows < 2048) return legacy;
-  if (kernel == MatVecKernel::kQ4K) {
-    return n_rows >= 8192 ? DecodeChoice{false, 1, 1, true} : DecodeChoice{false, 4, 1, true};
-  }
-  if (kernel == MatVecKernel::kQ6KDpl || kernel == MatVecKernel::kQ6KRaw) {
-    constexpr int64_t kQ6CtaSlots = 7 * 132;
-    if (n_rows <= DecodeRowsPerCta(4) * kQ6CtaSlots) return {false, 4, 1, true};
-    if (n_rows <= DecodeRowsPerCta(2) * kQ6CtaSlots) return {false, 2, 1, true};
-    return legacy;
-  }
-  return legacy;
-}
-
-}  // namespace
 
 absl::Status AllocateMatVecScratch(int64_t max_cols, int64_t max_tokens, MatVecScratch* scratch) {
   if (max_cols <= 0 || max_cols % kActBlock != 0 || max_tokens <= 0) {
@@ -104,8 +55,9 @@ absl::Status QuantizeActivations(const float* x, int64_t n_cols, int64_t n_token
   return absl::OkStatus();
 }
 
-absl::Status RunMatVec(const WeightMatrix& w, MatVecKernel kernel, const MatVecIo& io,
+absl::Status RunMatVec(const WeightMatrix& w, const MatVecPlan& plan, const MatVecIo& io,
                        cudaStream_t stream) {
+  MatVecKernel kernel = plan.kernel;
   const std::string what = absl::StrCat("matvec ", MatVecKernelName(kernel), " ", w.n_rows, "x",
                                         w.n_cols);
   if (io.y == nullptr || io.n_tokens <= 0) {
@@ -142,68 +94,15 @@ absl::Status RunMatVec(const WeightMatrix& w, MatVecKernel kernel, const MatVecI
       if (kernel == MatVecKernel::kF16) kernel = MatVecKernel::kF16Scalar;
     }
   }
-  // Defaults measured on the H200 (matvec_geometry.h). The tiled kernel
-  // never splits k, so for short matrices it sums in a different order than
-  // the single-token kernel (agreement ~1e-7, not bitwise).
-  const int tile = io.n_tokens == 1 ? 1 : kTokenTile;
-  const DecodeOverride& ov = DecodeOverrideForTesting();
-  const int variant = ov.variant >= 0 ? ov.variant : (LegacyDecodeDefault() ? 0 : 1);
-  const DecodeChoice c = ChooseDecode(kernel, w.n_rows);
-  // v2 runs when it is the measured choice, or when an override asks for it.
-  if (tile == 1 && variant == 1 && (!c.legacy || ov.variant == 1)) {
-    // With no v2 geometry measured for this matrix, the legacy defaults.
-    const int def_ks = c.legacy ? KSplitFor(w.n_rows) : c.ksplit;
-    const int def_depth = c.legacy ? DecodeDepthFor(w.n_rows) : c.depth;
-    const int ks = ov.ksplit != 0 ? ov.ksplit : (io.force_ksplit != 0 ? io.force_ksplit : def_ks);
-    const int depth = ov.depth != 0 ? ov.depth : (io.force_depth != 0 ? io.force_depth : def_depth);
-    const bool pipe = ov.pipe >= 0 ? ov.pipe != 0 : c.pipe;
-    if (ks != 1 && ks != 2 && ks != 4 && ks != 8) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": k-split ", ks, " not compiled"));
-    }
-    const int64_t rows = DecodeRowsPerCta(ks);
-    const int64_t grid_y = (w.n_rows + rows - 1) / rows;
-    if (grid_y > kMaxGridY) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": ", grid_y, " row blocks, more than ",
-                                                     kMaxGridY));
-    }
-    return LaunchMatVecDecode(kernel, a, ks, depth, pipe, grid_y, stream);
-  }
-  const int ksplit = io.force_ksplit != 0 ? io.force_ksplit
-                                          : (tile == 1 ? KSplitFor(w.n_rows) : 1);
-  MatVecGrid grid;
-  absl::Status st = MatVecGridFor(w.n_rows, io.n_tokens, tile, ksplit, &grid);
-  if (!st.ok()) return st;
-  const int depth = io.force_depth != 0 ? io.force_depth : DecodeDepthFor(w.n_rows);
-  return LaunchMatVec(kernel, a, tile, ksplit, depth, grid.x, grid.y, stream);
+  // The prompt geometry never splits k, so for short matrices it sums in a
+  // different order than the decode geometry (agreement ~1e-7, not bitwise).
+  const MatVecGeometry& g = io.n_tokens == 1 ? plan.decode : plan.prompt;
+  DPL_ASSIGN_OR_RETURN(const MatVecGrid grid, MatVecGridFor(w.n_rows, io.n_tokens, g));
+  return Annotate(LaunchMatVec(kernel, a, g, grid.x, grid.y, stream), what);
 }
 
-absl::Status MatMulTokens(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
-                          const float* bias, const float* residual, MatVecScratch* scratch,
-                          cudaStream_t stream) {
-  MatVecKernel kernel;
-  absl::Status st = PlanMatVec(w, &kernel);
-  if (!st.ok()) return st;
-  MatVecIo io;
-  io.x = x;
-  io.n_tokens = n_tokens;
-  io.y = y;
-  io.bias = bias;
-  io.residual = residual;
-  if (UsesQuantizedActivations(kernel)) {
-    if (scratch == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("matvec ", MatVecKernelName(kernel),
-                                                     ": quantized type needs a scratch"));
-    }
-    st = QuantizeActivations(x, w.n_cols, n_tokens, scratch, stream);
-    if (!st.ok()) return st;
-    io.qx = scratch;
-  }
-  return RunMatVec(w, kernel, io, stream);
-}
-
-absl::Status MatVec(const WeightMatrix& w, const float* x, float* y, const float* bias,
-                    const float* residual, MatVecScratch* scratch, cudaStream_t stream) {
-  return MatMulTokens(w, x, 1, y, bias, residual, scratch, stream);
+absl::StatusOr<int> ResidentCtasPerSm(MatVecKernel kernel, const MatVecGeometry& g) {
+  return MatVecCtasPerSm(kernel, g);
 }
 
 }  // namespace dpl::kernels

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/matvec/matvec_plan.h"
 
 namespace dpl::kernels {
@@ -52,31 +53,17 @@ struct MatVecIo {
   float* y = nullptr;                   // (n_tokens, n_rows)
   const float* bias = nullptr;          // (n_rows) or null, added for every token
   const float* residual = nullptr;      // (n_tokens, n_rows) or null; may equal y
-  // 0: KSplitFor(n_rows) for one token, 1 for the tiled kernel
-  // (matvec_geometry.h); 1 or kKSplit forces one (tests and tuning; the
-  // v2 single-token kernel also takes 2 and 8).
-  int force_ksplit = 0;
-  // 0: the measured default; 2 or 4 (v2 also 1) forces the single-token
-  // kernel's load depth (the tiled kernel always uses 2).
-  int force_depth = 0;
 };
 
-// The matvec proper for a matrix planned by PlanMatVec (matvec_plan.h). For
-// a quantized kernel, io.qx must hold io.x quantized (same n_cols, n_tokens).
-// n_tokens == 1 runs the decode kernel; more tokens run the tiled kernel
-// (kTokenTile tokens share each weight load).
-absl::Status RunMatVec(const WeightMatrix& w, MatVecKernel kernel, const MatVecIo& io,
+// The matvec proper for a matrix planned by PlanMatVec (matvec_plan.h): one
+// token runs plan.decode, more run plan.prompt (kTokenTile tokens share each
+// weight load). For a quantized kernel, io.qx must hold io.x quantized (same
+// n_cols, n_tokens).
+absl::Status RunMatVec(const WeightMatrix& w, const MatVecPlan& plan, const MatVecIo& io,
                        cudaStream_t stream);
 
-// Convenience: plan + quantize x (when the type needs it) + RunMatVec, for
-// one token. y: (n_rows); x: (n_cols); bias: (n_rows) or null; residual:
-// (n_rows) or null (may equal y).
-absl::Status MatVec(const WeightMatrix& w, const float* x, float* y, const float* bias,
-                    const float* residual, MatVecScratch* scratch, cudaStream_t stream);
-
-// Same for n_tokens tokens: x (n_tokens, n_cols), y and residual (n_tokens, n_rows).
-absl::Status MatMulTokens(const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
-                          const float* bias, const float* residual, MatVecScratch* scratch,
-                          cudaStream_t stream);
+// CTAs of that kernel and geometry resident per SM on the current device
+// (the CUDA occupancy API; what DecodeTuning::q6k_ctas_per_sm records).
+absl::StatusOr<int> ResidentCtasPerSm(MatVecKernel kernel, const MatVecGeometry& g);
 
 }  // namespace dpl::kernels

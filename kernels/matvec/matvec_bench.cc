@@ -14,6 +14,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/device_tuning.h"
 #include "kernels/matvec/matvec.h"
 #include "kernels/matvec/matvec_kernels.h"
 #include "kernels/matvec/matvec_test_util.h"
@@ -25,6 +27,11 @@ using formats::GgmlType;
 using formats::TensorLayout;
 
 constexpr double kPeakGBs = 4400.0;
+
+std::string GeometryLabel(const MatVecGeometry& g) {
+  return absl::StrCat(g.token_tile > 1 ? absl::StrCat("t", g.token_tile) : "", "ks", g.ksplit, "d",
+                      g.depth, g.pipe ? "p" : "");
+}
 
 #define BENCH_CUDA(call)                                                              \
   do {                                                                                \
@@ -51,7 +58,43 @@ struct Shape {
   int64_t n_tokens;  // 1: decode; > 1: token-tiled prompt kernel
 };
 
-int BenchShape(const Shape& s, MatVecScratch* scratch, int64_t l2_bytes) {
+// Times every compiled single-token geometry of one shape and prints the
+// planned one against the best.
+template <typename TimeLoop>
+absl::Status SweepGeometries(const Shape& s, MatVecPlan plan, double bytes, double planned_us,
+                             TimeLoop& time_loop, int iters) {
+  const MatVecGeometry planned = plan.decode;
+  double best_us = 1e30;
+  std::string best;
+  std::printf("    geometries:");
+  for (int ks : {1, 2, 4, 8}) {
+    for (int depth : {1, 2, 4}) {
+      for (bool pipe : {false, true}) {
+        plan.decode = {1, ks, depth, pipe};
+        float ms = 0;
+        DPL_RETURN_IF_ERROR(time_loop(plan, false, &ms));
+        const double u = ms * 1e3 / iters;
+        const std::string label = GeometryLabel(plan.decode);
+        std::printf(" %s %.2f", label.c_str(), u);
+        if (u < best_us) {
+          best_us = u;
+          best = label;
+        }
+      }
+    }
+  }
+  auto pct = [&](double us) { return 100.0 * bytes / (us * 1e-6) / 1e9 / kPeakGBs; };
+  std::printf("\n    AB %-26s planned %s %.2f us (%.1f%%) | best %s %.2f us (%.1f%%)\n", s.name,
+              GeometryLabel(planned).c_str(), planned_us, pct(planned_us), best.c_str(), best_us,
+              pct(best_us));
+  return absl::OkStatus();
+}
+
+// One shape's whole benchmark: weights replicated past L2, x, the timing
+// loop (with and without quantizing x), then the geometry sweep. (~100
+// lines: the timing loop closes over the buffers made here.)
+int BenchShape(const Shape& s, const DecodeTuning& tuning, MatVecScratch* scratch,
+               int64_t l2_bytes) {
   // A few distinct random rows, tiled over the matrix (values don't change
   // the timing; sane f16 scales keep the math finite).
   const int64_t distinct = std::min<int64_t>(s.n_rows, 64);
@@ -89,8 +132,10 @@ int BenchShape(const Shape& s, MatVecScratch* scratch, int64_t l2_bytes) {
   w.n_cols = s.n_cols;
   w.row_stride = stride;
   w.data = dw;
-  MatVecKernel kernel;
-  BENCH_OK(PlanMatVec(w, &kernel));
+  absl::StatusOr<MatVecPlan> planned = PlanMatVec(w, tuning);
+  BENCH_OK(planned.status());
+  const MatVecPlan plan = *planned;
+  const MatVecKernel kernel = plan.kernel;
   const bool quant = UsesQuantizedActivations(kernel);
   if (quant) BENCH_OK(QuantizeActivations(dx, s.n_cols, s.n_tokens, scratch, nullptr));
   MatVecIo io;
@@ -103,7 +148,7 @@ int BenchShape(const Shape& s, MatVecScratch* scratch, int64_t l2_bytes) {
   BENCH_CUDA(cudaEventCreate(&e0));
   BENCH_CUDA(cudaEventCreate(&e1));
   const int iters = s.n_tokens > 1 ? 20 : 100;
-  auto time_loop = [&](bool with_quantize, float* ms) -> absl::Status {
+  auto time_loop = [&](const MatVecPlan& p, bool with_quantize, float* ms) -> absl::Status {
     for (int warm = 0; warm < 2; ++warm) {
       const int n = warm == 0 ? std::max(2, iters / 8) : iters;
       if (cudaEventRecord(e0) != cudaSuccess) return absl::InternalError("event");
@@ -113,7 +158,7 @@ int BenchShape(const Shape& s, MatVecScratch* scratch, int64_t l2_bytes) {
           absl::Status st = QuantizeActivations(dx, s.n_cols, s.n_tokens, scratch, nullptr);
           if (!st.ok()) return st;
         }
-        absl::Status st = RunMatVec(w, kernel, io, nullptr);
+        absl::Status st = RunMatVec(w, p, io, nullptr);
         if (!st.ok()) return st;
       }
       if (cudaEventRecord(e1) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess) {
@@ -124,81 +169,21 @@ int BenchShape(const Shape& s, MatVecScratch* scratch, int64_t l2_bytes) {
     return absl::OkStatus();
   };
   float ms_mv = 0, ms_all = 0;
-  BENCH_OK(time_loop(false, &ms_mv));
-  BENCH_OK(time_loop(true, &ms_all));
+  BENCH_OK(time_loop(plan, false, &ms_mv));
+  BENCH_OK(time_loop(plan, true, &ms_all));
   const double us = ms_mv * 1e3 / iters;
   const double us_all = ms_all * 1e3 / iters;
   const double gbs = bytes / (us * 1e-6) / 1e9;
-  std::printf("%-26s %-9s %7ldx%-6ld tok %3ld %7.1f MB x%-2ld ks%d | %8.2f us %7.1f GB/s %5.1f%% | "
+  std::printf("%-26s %-9s %7ldx%-6ld tok %3ld %7.1f MB x%-2ld %s | %8.2f us %7.1f GB/s %5.1f%% | "
               "+quantize %8.2f us %5.1f%% |",
               s.name, MatVecKernelName(kernel), static_cast<long>(s.n_rows),
               static_cast<long>(s.n_cols), static_cast<long>(s.n_tokens), bytes / 1e6,
-              static_cast<long>(copies), KSplitFor(s.n_rows), us, gbs, 100.0 * gbs / kPeakGBs,
+              static_cast<long>(copies), GeometryLabel(s.n_tokens == 1 ? plan.decode : plan.prompt).c_str(), us, gbs, 100.0 * gbs / kPeakGBs,
               us_all, 100.0 * bytes / (us_all * 1e-6) / 1e9 / kPeakGBs);
   std::printf("\n");
-  if (s.n_tokens > 1) {
-    std::fflush(stdout);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(dx);
-    cudaFree(dy);
-    cudaFree(dw);
-    return 0;
-  }
-  // A/B in one binary: the legacy kernel (its default and every k-split /
-  // depth), then every v2 geometry (matvec_geometry.h), for tuning the defaults.
-  DecodeOverride& ov = DecodeOverrideForTesting();
-  auto time_config = [&](const char* label, double* best_us, std::string* best) -> absl::Status {
-    absl::Status st = time_loop(false, &ms_mv);
-    if (!st.ok()) return st;
-    const double u = ms_mv * 1e3 / iters;
-    std::printf(" %s %.2f", label, u);
-    if (u < *best_us) {
-      *best_us = u;
-      *best = label;
-    }
-    return absl::OkStatus();
-  };
-  double best_us = 1e30;
-  std::string best;
-  std::printf("    legacy:");
-  ov = DecodeOverride{};
-  ov.variant = 0;
-  BENCH_OK(time_config("default", &best_us, &best));
-  const double legacy_us = best_us;
-  const int configs[][2] = {{1, 2}, {1, 4}, {kKSplit, 2}, {kKSplit, 4}};
-  for (const auto& cfg : configs) {
-    io.force_ksplit = cfg[0];
-    io.force_depth = cfg[1];
-    const std::string label = absl::StrCat("ks", cfg[0], "d", cfg[1]);
-    BENCH_OK(time_config(label.c_str(), &best_us, &best));
-  }
-  io.force_ksplit = 0;
-  io.force_depth = 0;
-  std::printf("\n    v2:");
-  ov.variant = 1;
-  double v2_us = 1e30;
-  std::string v2_best;
-  BENCH_OK(time_config("default", &v2_us, &v2_best));
-  const double v2_default_us = v2_us;
-  for (int ks : {1, 2, 4, 8}) {
-    for (int depth : {1, 2, 4}) {
-      for (int pipe : {0, 1}) {
-        ov.ksplit = ks;
-        ov.depth = depth;
-        ov.pipe = pipe;
-        const std::string label = absl::StrCat("ks", ks, "d", depth, pipe ? "p" : "");
-        BENCH_OK(time_config(label.c_str(), &v2_us, &v2_best));
-      }
-    }
-  }
-  ov = DecodeOverride{};
-  std::printf("\n    AB %-26s legacy default %.2f us (%.1f%%) | v2 default %.2f us (%.1f%%) | "
-              "best legacy %s %.2f | best v2 %s %.2f us (%.1f%%)\n",
-              s.name, legacy_us, 100.0 * bytes / (legacy_us * 1e-6) / 1e9 / kPeakGBs,
-              v2_default_us, 100.0 * bytes / (v2_default_us * 1e-6) / 1e9 / kPeakGBs,
-              best.c_str(), best_us, v2_best.c_str(), v2_us,
-              100.0 * bytes / (v2_us * 1e-6) / 1e9 / kPeakGBs);
+  // Single-token shapes: every compiled geometry on the same binary, for
+  // tuning the planner's choices (matvec_plan.h).
+  if (s.n_tokens == 1) BENCH_OK(SweepGeometries(s, plan, bytes, us, time_loop, iters));
   std::fflush(stdout);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
@@ -207,12 +192,14 @@ int BenchShape(const Shape& s, MatVecScratch* scratch, int64_t l2_bytes) {
   cudaFree(dw);
   return 0;
 }
-
 int Main() {
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs, L2 %d MB; peak used for %%: %.0f GB/s\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, kPeakGBs);
+  const absl::StatusOr<DecodeTuning> tuning = DecodeTuningForDevice();
+  BENCH_OK(tuning.status());
+  std::printf("tuning: q6_K decode CTAs per SM %d\n", tuning->q6k_ctas_per_sm);
   MatVecScratch scratch;
   BENCH_OK(AllocateMatVecScratch(18944, 512, &scratch));
   const Shape shapes[] = {
@@ -241,7 +228,7 @@ int Main() {
       {"7B ffn_down q6_K x512tok", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584, 18944, 512},
   };
   for (const Shape& s : shapes) {
-    if (BenchShape(s, &scratch, prop.l2CacheSize) != 0) return 1;
+    if (BenchShape(s, *tuning, &scratch, prop.l2CacheSize) != 0) return 1;
   }
   FreeMatVecScratch(&scratch);
   return 0;

@@ -1,5 +1,6 @@
 // Kernel families and launch geometry of the matvec kernels: plain constants
-// shared by the CUDA side (matvec_kernels.cu) and the CPU-side planner.
+// and structs shared by the CUDA side (matvec_kernels.cu) and the CPU-side
+// planner (matvec_plan.cc), which CI tests without a GPU.
 #pragma once
 
 #include <cstdint>
@@ -19,51 +20,63 @@ enum class MatVecKernel : int {
   kQ6KDpl,     // q6_K dense split-plane rows (16-byte aligned), q8 activations
 };
 
-// Launch geometry shared by every matvec kernel: 8 lanes cooperate on one row
-// (so the 8 lanes of a row read 128 contiguous bytes per step and the 4 rows
-// of a warp share every activation load), a warp holds 4 rows, a 128-thread
-// CTA 16 rows. The multi-token variant tiles tokens by kTokenTile along
-// grid.x, the fastest-varying index, so the CTAs that read the same weight
-// rows for different token tiles run together and re-hit L2.
+// Geometry shared by every matvec kernel: 8 lanes cooperate on one row (so
+// the 8 lanes of a row read 128 contiguous bytes per step, one cache line, and
+// the 4 rows of a warp share every activation load: L1 broadcasts it once per
+// warp). A warp holds one group of 4 rows.
 inline constexpr int kLanesPerRow = 8;
 inline constexpr int kRowsPerWarp = 32 / kLanesPerRow;
-inline constexpr int kThreadsPerCta = 128;
-inline constexpr int kRowsPerCta = kThreadsPerCta / 32 * kRowsPerWarp;
+// Prompts: tokens that share each weight load in the tiled launch. Token
+// tiles are the fastest-varying grid index (grid.x), so the CTAs that read
+// the same weight rows for different tiles run together and re-hit L2.
 inline constexpr int kTokenTile = 8;
-
-// K-split: matrices with few rows (n_rows < kKSplitRowLimit) would give too
-// few CTAs to keep 132 SMs' worth of loads in flight (3584x18944 ffn_down:
-// 224 CTAs, ~7 warps per SM). There the 4 warps of a CTA share the same 4
-// rows, each warp taking every 4th pair of steps along the row, and the CTA
-// adds the 4 partial sums in shared memory in warp order (fixed order, so
-// results stay deterministic). The limit is measured (H200, bench of
-// 2025-11-30): 13824x5120 q4_K 18.8 us with k-split vs 19.8 without,
-// 18944x3584 q4_K 17.9 vs 16.8. The token-tiled kernel never splits (its CTAs
-// are numerous already; 512-token q4_K 18944x3584: 7.3 ms vs 11.4 ms split).
-inline constexpr int kKSplit = 4;
-inline constexpr int64_t kKSplitRowLimit = 16384;
-inline int KSplitFor(int64_t n_rows) { return n_rows < kKSplitRowLimit ? kKSplit : 1; }
-inline int RowsPerCta(int ksplit) { return kRowsPerCta / ksplit; }
-
-// Steps of weight loads each lane keeps in flight in the single-token kernel
-// (2 or 4; the token-tiled kernel uses 2). Measured: 4 helps only the
-// many-wave lm-head shapes (152064x3584 q6_K dpl ~112-119 us vs 120), and
-// costs 5-30% on the one-wave FFN shapes (it lowers occupancy).
-inline int DecodeDepthFor(int64_t n_rows) { return n_rows >= 65536 ? 4 : 2; }
-
-// The v2 single-token kernel (matvec_kernels.cu, MatVecDecodeT) generalizes
-// the k-split to KS in {1, 2, 4, 8} warps per 4-row group, in CTAs of
-// max(4, KS) warps (KS = 8: 256 threads, so a 512-row matrix gets 8 warps per
-// SM instead of 4), and can software-pipeline: the next D steps of weights
-// are loaded into registers before the current D are dotted, so loads stay in
-// flight while the lane computes. Per lane the steps are still summed in
-// ascending order and the warps of a group added in warp order, so for KS 1
-// and 4 its results are bit-identical to the legacy kernel's.
-inline int DecodeWarpsPerCta(int ksplit) { return ksplit < 4 ? 4 : ksplit; }
-inline int DecodeRowsPerCta(int ksplit) { return kRowsPerWarp * DecodeWarpsPerCta(ksplit) / ksplit; }
 inline constexpr int64_t kMaxGridY = 65535;
-
 // Activations are quantized in blocks of this many values (int8 + f32 scale).
 inline constexpr int kActBlock = 32;
+
+// How one launch walks a matrix. One kernel skeleton (MatVecT in
+// matvec_kernels.cu) takes all four knobs as template parameters:
+//  - token_tile: tokens per CTA, 1 (decode) or kTokenTile (prompt).
+//  - ksplit: warps that share one group of 4 rows, each taking every
+//    ksplit-th run of `depth` steps along the row; their partial sums are
+//    added in warp order through shared memory (fixed order: deterministic).
+//    Why: a one-wave matrix with few rows (3584x18944 ffn_down: 224 CTAs of
+//    16 rows, ~7 warps per SM) cannot keep enough loads in flight otherwise.
+//    A CTA holds max(4, ksplit) warps, so ksplit 8 gives a 512-row matrix 8
+//    warps per SM instead of 4.
+//  - depth: steps of weight loads each lane issues before dotting them.
+//  - pipe: register double buffer: the next `depth` steps are loaded before
+//    the current ones are dotted, so loads stay in flight while the lane
+//    computes (one-wave mid-size matrices are latency-bound: each warp walks
+//    its row in a few serial round trips to HBM).
+// Per row the sum order is fixed whatever the geometry's pipe: steps
+// ascending per lane, lanes by xor-shuffles 4/2/1, warps of a group in
+// order. So the q6_K raw and dpl layouts (same Dot) are bit-identical for
+// every geometry, and pipe on/off never changes a result.
+struct MatVecGeometry {
+  int token_tile = 1;
+  int ksplit = 1;
+  int depth = 2;
+  bool pipe = false;
+
+  bool operator==(const MatVecGeometry& o) const {
+    return token_tile == o.token_tile && ksplit == o.ksplit && depth == o.depth && pipe == o.pipe;
+  }
+};
+
+inline constexpr int WarpsPerCta(int ksplit) { return ksplit < 4 ? 4 : ksplit; }
+inline constexpr int RowsPerCta(int ksplit) { return kRowsPerWarp * WarpsPerCta(ksplit) / ksplit; }
+
+// The instantiated combinations: token_tile 1 with ksplit 1/2/4/8, depth
+// 1/2/4, pipe on or off; token_tile kTokenTile with ksplit 1/4, depth 2, no
+// pipe (prompt CTAs are numerous already: 512-token q4_K 18944x3584 takes
+// 7.3 ms unsplit vs 11.4 ms split).
+inline bool IsCompiledGeometry(const MatVecGeometry& g) {
+  if (g.token_tile == 1) {
+    return (g.ksplit == 1 || g.ksplit == 2 || g.ksplit == 4 || g.ksplit == 8) &&
+           (g.depth == 1 || g.depth == 2 || g.depth == 4);
+  }
+  return g.token_tile == kTokenTile && (g.ksplit == 1 || g.ksplit == 4) && g.depth == 2 && !g.pipe;
+}
 
 }  // namespace dpl::kernels

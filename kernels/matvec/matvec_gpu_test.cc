@@ -15,55 +15,23 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "formats/dequant.h"
+#include "kernels/device_tuning.h"
 #include "kernels/matvec/matvec.h"
 #include "kernels/matvec/matvec_kernels.h"
+#include "kernels/gpu_test.h"
 #include "kernels/matvec/matvec_test_util.h"
 
 namespace dpl::kernels {
 namespace {
 
+using testing::NormErr;
+
 using formats::GgmlType;
 using formats::TensorLayout;
 using testutil::HostMatrix;
-
-#define CUDA_OK(call) REQUIRE_MESSAGE((call) == cudaSuccess, #call)
-#define STATUS_OK(expr)                                   \
-  do {                                                    \
-    const absl::Status st_ = (expr);                      \
-    REQUIRE_MESSAGE(st_.ok(), st_.ToString());            \
-  } while (0)
-
-constexpr int kSentinels = 16;
-constexpr uint32_t kSentinelBits = 0x7fc0dead;  // a NaN no kernel produces
-
-// A device float buffer of n values followed by kSentinels sentinel words.
-struct DevFloats {
-  float* p = nullptr;
-  int64_t n = 0;
-  explicit DevFloats(int64_t n_) : n(n_) {
-    CUDA_OK(cudaMalloc(&p, static_cast<size_t>(n + kSentinels) * sizeof(float)));
-    std::vector<uint32_t> s(static_cast<size_t>(n + kSentinels), kSentinelBits);
-    CUDA_OK(cudaMemcpy(p, s.data(), s.size() * 4, cudaMemcpyHostToDevice));
-  }
-  ~DevFloats() { cudaFree(p); }
-  void Upload(const std::vector<float>& v) {
-    REQUIRE(static_cast<int64_t>(v.size()) == n);
-    CUDA_OK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-  }
-  std::vector<float> Download() const {
-    std::vector<uint32_t> all(static_cast<size_t>(n + kSentinels));
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(all.data(), p, all.size() * 4, cudaMemcpyDeviceToHost));
-    for (int i = 0; i < kSentinels; ++i) {
-      REQUIRE_MESSAGE(all[static_cast<size_t>(n + i)] == kSentinelBits, "sentinel " << i
-                                                                                    << " overwritten");
-    }
-    std::vector<float> v(static_cast<size_t>(n));
-    std::memcpy(v.data(), all.data(), v.size() * 4);
-    return v;
-  }
-};
+using DevFloats = testing::GuardedArray<float>;
 
 struct DevMatrix {
   void* p = nullptr;
@@ -119,54 +87,49 @@ std::vector<double> RefMatVec(const std::vector<float>& w, int64_t n_rows, int64
   return y;
 }
 
-double NormErr(const float* got, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - ref[i];
-    num += d * d;
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / (den > 0 ? den : 1e-300));
-}
-
 bool IsQuantized(GgmlType t) { return t != GgmlType::kF32 && t != GgmlType::kF16; }
 
-// One choice of single-token kernel: variant -1 default, 0 legacy, 1 v2;
-// ks 0 = the default geometry (then depth/pipe are ignored).
-struct DecodeConfig {
-  int variant;
-  int ks;
-  int depth;
-  int pipe;
-  std::string Name() const {
-    const char* v = variant < 0 ? "default" : (variant == 0 ? "legacy" : "v2");
-    if (ks == 0) return absl::StrCat(v, " geometry");
-    return absl::StrCat(v, " ks", ks, " d", depth, pipe > 0 ? " pipe" : "");
-  }
-};
-
-std::vector<DecodeConfig> AllDecodeConfigs() {
-  std::vector<DecodeConfig> c = {{-1, 0, 0, -1}, {0, 0, 0, -1}, {0, 1, 2, -1},
-                                 {0, 1, 4, -1},  {0, 4, 2, -1}, {0, 4, 4, -1}};
-  for (int ks : {1, 2, 4, 8}) {
-    for (int depth : {1, 2, 4}) {
-      for (int pipe : {0, 1}) c.push_back({1, ks, depth, pipe});
-    }
-  }
-  return c;
+// The plan of `w` on this GPU.
+MatVecPlan PlanFor(const WeightMatrix& w) {
+  const absl::StatusOr<DecodeTuning> tuning = DecodeTuningForDevice();
+  REQUIRE_MESSAGE(tuning.ok(), tuning.status().ToString());
+  const absl::StatusOr<MatVecPlan> plan = PlanMatVec(w, *tuning);
+  REQUIRE_MESSAGE(plan.ok(), plan.status().ToString());
+  return *plan;
 }
 
-// Sets DecodeOverrideForTesting for one scope.
-struct ScopedDecode {
-  explicit ScopedDecode(const DecodeConfig& c) {
-    DecodeOverride& o = DecodeOverrideForTesting();
-    o.variant = c.variant;
-    o.ksplit = c.variant == 1 ? c.ks : 0;
-    o.depth = c.variant == 1 ? c.depth : 0;
-    o.pipe = c.pipe;
+// y = W x for n_tokens tokens as the decoder runs it: quantize x when the
+// kernel needs it, then RunMatVec.
+absl::Status Run(const WeightMatrix& w, const MatVecPlan& plan, const float* x, int64_t n_tokens,
+                 float* y, const float* bias, const float* residual, MatVecScratch* scratch) {
+  MatVecIo io;
+  io.x = x;
+  io.n_tokens = n_tokens;
+  io.y = y;
+  io.bias = bias;
+  io.residual = residual;
+  if (UsesQuantizedActivations(plan.kernel)) {
+    if (scratch == nullptr) return absl::InvalidArgumentError("quantized kernel without a scratch");
+    DPL_RETURN_IF_ERROR(QuantizeActivations(x, w.n_cols, n_tokens, scratch, nullptr));
+    io.qx = scratch;
   }
-  ~ScopedDecode() { DecodeOverrideForTesting() = DecodeOverride{}; }
-};
+  return RunMatVec(w, plan, io, nullptr);
+}
+
+std::string GeometryName(const MatVecGeometry& g) {
+  return absl::StrCat("tile", g.token_tile, " ks", g.ksplit, " d", g.depth, g.pipe ? " pipe" : "");
+}
+
+// The planned decode geometry first, then every compiled single-token one.
+std::vector<MatVecGeometry> AllDecodeGeometries(const MatVecPlan& plan) {
+  std::vector<MatVecGeometry> all = {plan.decode};
+  for (int ks : {1, 2, 4, 8}) {
+    for (int depth : {1, 2, 4}) {
+      for (bool pipe : {false, true}) all.push_back({1, ks, depth, pipe});
+    }
+  }
+  return all;
+}
 
 struct Case {
   GgmlType type;
@@ -188,31 +151,17 @@ void CheckCase(const Case& c, MatVecScratch* scratch) {
   const std::vector<double> ref = RefMatVec(w, c.n_rows, c.n_cols, xd.data());
   const std::vector<double> xq = testutil::QuantizedX(x.data(), c.n_cols);
   const std::vector<double> ref_q = RefMatVec(w, c.n_rows, c.n_cols, xq.data());
-  MatVecKernel k;
-  STATUS_OK(PlanMatVec(dm.w, &k));
-  // The default path (MatVec: plan + quantize + run) with the default and the
-  // legacy single-token kernel, then every k-split / load-depth variant of
-  // both kernels on the same quantized x.
-  const std::vector<DecodeConfig> configs = AllDecodeConfigs();
-  for (const DecodeConfig& cfg : configs) {
-    ScopedDecode scoped(cfg);
-    if (cfg.ks == 0) {
-      STATUS_OK(MatVec(dm.w, dx.p, dy.p, nullptr, nullptr, scratch, nullptr));
-    } else {
-      MatVecIo io;
-      io.x = dx.p;
-      io.qx = scratch;
-      io.y = dy.p;
-      io.force_ksplit = cfg.ks;
-      io.force_depth = cfg.depth;
-      STATUS_OK(RunMatVec(dm.w, k, io, nullptr));
-    }
+  MatVecPlan plan = PlanFor(dm.w);
+  // The planned geometry, then every compiled single-token geometry.
+  for (const MatVecGeometry& g : AllDecodeGeometries(plan)) {
+    plan.decode = g;
+    STATUS_OK(Run(dm.w, plan, dx.get(), 1, dy.get(), nullptr, nullptr, scratch));
     const std::vector<float> y = dy.Download();
     for (float v : y) REQUIRE(std::isfinite(v));
     const double err = NormErr(y.data(), ref);
     const std::string name =
-        absl::StrCat(MatVecKernelName(k), " ", c.n_rows, "x", c.n_cols, " stride ", m.row_stride,
-                     " ", cfg.Name());
+        absl::StrCat(MatVecKernelName(plan.kernel), " ", c.n_rows, "x", c.n_cols, " stride ",
+                     m.row_stride, " ", GeometryName(g));
     if (!IsQuantized(c.type)) {
       std::printf("[matvec] %-40s err vs exact %.3e\n", name.c_str(), err);
       CHECK_MESSAGE(err < (c.type == GgmlType::kF32 ? 1e-5 : 1e-3), name << " err " << err);
@@ -287,23 +236,27 @@ TEST_CASE("matvec: q6_K dpl and raw layouts give bit-identical outputs") {
                                                   s[1], 0, 777 + s[0]);
     HostMatrix raw{GgmlType::kQ6_K, TensorLayout::kRaw, s[0], s[1], s[1] / 256 * 210, dpl.raw, {}};
     DevMatrix ddpl(dpl), draw(raw);
+    MatVecPlan pdpl = PlanFor(ddpl.w), praw = PlanFor(draw.w);
+    REQUIRE(pdpl.decode == praw.decode);  // the layouts must take the same geometry
     for (int64_t n_tokens : {int64_t{1}, int64_t{13}}) {
-     for (const DecodeConfig& cfg : AllDecodeConfigs()) {
-      if (n_tokens > 1 && cfg.variant != -1) continue;
-      ScopedDecode scoped(cfg);
+     // Tokens > 1 run the prompt geometry: the decode loop runs once for them.
+     std::vector<MatVecGeometry> geometries = AllDecodeGeometries(pdpl);
+     if (n_tokens > 1) geometries.resize(1);
+     for (const MatVecGeometry& g : geometries) {
+      pdpl.decode = praw.decode = g;
       const std::vector<float> x = RandomX(s[1] * n_tokens, 5 + s[1]);
       DevFloats dx(s[1] * n_tokens), ya(s[0] * n_tokens), yb(s[0] * n_tokens);
       dx.Upload(x);
-      STATUS_OK(MatMulTokens(ddpl.w, dx.p, n_tokens, ya.p, nullptr, nullptr, &sh.s, nullptr));
-      STATUS_OK(MatMulTokens(draw.w, dx.p, n_tokens, yb.p, nullptr, nullptr, &sh.s, nullptr));
+      STATUS_OK(Run(ddpl.w, pdpl, dx.get(), n_tokens, ya.get(), nullptr, nullptr, &sh.s));
+      STATUS_OK(Run(draw.w, praw, dx.get(), n_tokens, yb.get(), nullptr, nullptr, &sh.s));
       const std::vector<float> a = ya.Download(), b = yb.Download();
       for (float v : a) REQUIRE(std::isfinite(v));
       const bool same = std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
       std::printf("[bitwise] q6_K dpl vs raw %ldx%ld tokens %ld %s: %s\n", static_cast<long>(s[0]),
-                  static_cast<long>(s[1]), static_cast<long>(n_tokens), cfg.Name().c_str(),
+                  static_cast<long>(s[1]), static_cast<long>(n_tokens), GeometryName(g).c_str(),
                   same ? "identical" : "DIFFERENT");
       CHECK_MESSAGE(same, "dpl vs raw differ at " << s[0] << "x" << s[1] << " tokens "
-                                                  << n_tokens << " " << cfg.Name());
+                                                  << n_tokens << " " << GeometryName(g));
      }
     }
   }
@@ -323,11 +276,12 @@ TEST_CASE("matvec: fused bias and residual (also in place)") {
     dx.Upload(x);
     db.Upload(bias);
     dr.Upload(res);
-    STATUS_OK(MatVec(dm.w, dx.p, y0.p, nullptr, nullptr, &sh.s, nullptr));
-    STATUS_OK(MatVec(dm.w, dx.p, y1.p, db.p, nullptr, &sh.s, nullptr));
-    STATUS_OK(MatVec(dm.w, dx.p, y2.p, db.p, dr.p, &sh.s, nullptr));
+    const MatVecPlan plan = PlanFor(dm.w);
+    STATUS_OK(Run(dm.w, plan, dx.get(), 1, y0.get(), nullptr, nullptr, &sh.s));
+    STATUS_OK(Run(dm.w, plan, dx.get(), 1, y1.get(), db.get(), nullptr, &sh.s));
+    STATUS_OK(Run(dm.w, plan, dx.get(), 1, y2.get(), db.get(), dr.get(), &sh.s));
     y3.Upload(res);  // in place: y = W x + y
-    STATUS_OK(MatVec(dm.w, dx.p, y3.p, nullptr, y3.p, &sh.s, nullptr));
+    STATUS_OK(Run(dm.w, plan, dx.get(), 1, y3.get(), nullptr, y3.get(), &sh.s));
     const std::vector<float> a = y0.Download(), b = y1.Download(), c = y2.Download(),
                              d = y3.Download();
     double eb = 0, ec = 0, ed = 0, nn = 0;
@@ -375,10 +329,11 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
       dx.Upload(x);
       db.Upload(bias);
       dr.Upload(res);
-      STATUS_OK(MatMulTokens(dm.w, dx.p, n_tokens, ym.p, db.p, dr.p, &sh.s, nullptr));
+      const MatVecPlan plan = PlanFor(dm.w);
+      STATUS_OK(Run(dm.w, plan, dx.get(), n_tokens, ym.get(), db.get(), dr.get(), &sh.s));
       for (int64_t t = 0; t < n_tokens; ++t) {
-        STATUS_OK(MatVec(dm.w, dx.p + t * c.n_cols, ys.p + t * c.n_rows, db.p,
-                         dr.p + t * c.n_rows, &sh.s, nullptr));
+        STATUS_OK(Run(dm.w, plan, dx.get() + t * c.n_cols, 1, ys.get() + t * c.n_rows, db.get(),
+                      dr.get() + t * c.n_rows, &sh.s));
       }
       const std::vector<float> a = ym.Download(), b = ys.Download();
       std::vector<double> bd(b.begin(), b.end());
@@ -393,7 +348,7 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
   }
 }
 
-TEST_CASE("matvec: both k-split settings agree on the same matrix") {
+TEST_CASE("matvec: every k-split agrees on the same matrix") {
   ScratchHolder sh;
   const Case cases[] = {
       {GgmlType::kQ4_K, TensorLayout::kRaw, 301, 3584, 0},
@@ -407,45 +362,21 @@ TEST_CASE("matvec: both k-split settings agree on the same matrix") {
     const std::vector<float> x = RandomX(c.n_cols, 56);
     DevFloats dx(c.n_cols), ya(c.n_rows), yb(c.n_rows);
     dx.Upload(x);
-    MatVecKernel k;
-    STATUS_OK(PlanMatVec(dm.w, &k));
-    if (UsesQuantizedActivations(k)) STATUS_OK(QuantizeActivations(dx.p, c.n_cols, 1, &sh.s, nullptr));
-    MatVecIo io;
-    io.x = dx.p;
-    io.qx = &sh.s;
-    io.y = ya.p;
-    io.force_ksplit = 1;
-    {
-      ScopedDecode legacy({0, 0, 0, -1});
-      STATUS_OK(RunMatVec(dm.w, k, io, nullptr));
-    }
-    io.y = yb.p;
-    io.force_ksplit = kKSplit;
-    {
-      ScopedDecode legacy({0, 0, 0, -1});
-      STATUS_OK(RunMatVec(dm.w, k, io, nullptr));
-    }
-    for (int ks : {2, 8}) {
-      DevFloats yc(c.n_rows);
-      ScopedDecode scoped({1, ks, 2, 1});
-      io.y = yc.p;
-      io.force_ksplit = 0;
-      STATUS_OK(RunMatVec(dm.w, k, io, nullptr));
-      const std::vector<float> a = ya.Download(), cc = yc.Download();
-      std::vector<double> cd(cc.begin(), cc.end());
-      const double e = NormErr(a.data(), cd);
-      std::printf("[ksplit] %-10s %ldx%ld: k-split 1 vs v2 %d normalized diff %.3e\n",
+    MatVecPlan plan = PlanFor(dm.w);
+    plan.decode = {1, 1, 2, false};
+    STATUS_OK(Run(dm.w, plan, dx.get(), 1, ya.get(), nullptr, nullptr, &sh.s));
+    const std::vector<float> a = ya.Download();
+    for (int ks : {2, 4, 8}) {
+      plan.decode = {1, ks, 2, ks != 4};
+      STATUS_OK(Run(dm.w, plan, dx.get(), 1, yb.get(), nullptr, nullptr, &sh.s));
+      const std::vector<float> b = yb.Download();
+      std::vector<double> bd(b.begin(), b.end());
+      const double e = NormErr(a.data(), bd);
+      std::printf("[ksplit] %-10s %ldx%ld: k-split 1 vs %d normalized diff %.3e\n",
                   std::string(formats::TraitsOf(c.type).name).c_str(),
                   static_cast<long>(c.n_rows), static_cast<long>(c.n_cols), ks, e);
       CHECK(e < 1e-6);
     }
-    const std::vector<float> a = ya.Download(), b = yb.Download();
-    std::vector<double> bd(b.begin(), b.end());
-    const double err = NormErr(a.data(), bd);
-    std::printf("[ksplit] %-10s %ldx%ld: k-split 1 vs %d normalized diff %.3e\n",
-                std::string(formats::TraitsOf(c.type).name).c_str(), static_cast<long>(c.n_rows),
-                static_cast<long>(c.n_cols), kKSplit, err);
-    CHECK(err < 1e-6);
   }
 }
 
@@ -453,20 +384,33 @@ TEST_CASE("matvec: errors name the problem") {
   ScratchHolder sh;
   DevFloats buf(1024);
   WeightMatrix w;
-  w.data = buf.p;
+  w.data = buf.get();
   w.type = GgmlType::kQ4_0;
   w.n_rows = 4;
   w.n_cols = 32;
   w.row_stride = 18;
-  absl::Status st = MatVec(w, buf.p, buf.p, nullptr, nullptr, &sh.s, nullptr);
+  const absl::StatusOr<DecodeTuning> tuning = DecodeTuningForDevice();
+  REQUIRE(tuning.ok());
+  absl::Status st = PlanMatVec(w, *tuning).status();
   CHECK(!st.ok());
   CHECK(st.ToString().find("q4_0") != std::string::npos);
   w.type = GgmlType::kQ4_K;
   w.n_cols = 256;
   w.row_stride = 144;
-  st = MatVec(w, buf.p, buf.p, nullptr, nullptr, nullptr, nullptr);
+  const MatVecPlan plan = PlanFor(w);
+  MatVecIo io;
+  io.x = buf.get();
+  io.y = buf.get();
+  st = RunMatVec(w, plan, io, nullptr);  // no quantized activations given
   CHECK(!st.ok());
-  CHECK(st.ToString().find("scratch") != std::string::npos);
+  CHECK(st.ToString().find("quantized activations") != std::string::npos);
+  MatVecPlan bad = plan;
+  bad.decode = {1, 3, 2, false};
+  io.qx = &sh.s;
+  STATUS_OK(QuantizeActivations(buf.get(), 256, 1, &sh.s, nullptr));
+  st = RunMatVec(w, bad, io, nullptr);
+  CHECK(!st.ok());
+  CHECK(st.ToString().find("not compiled") != std::string::npos);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 #include "kernels/matvec/matvec_plan.h"
 
 #include "absl/strings/str_cat.h"
-#include "formats/q6k_dpl.h"
+#include "formats/tensor_layout.h"
 
 namespace dpl::kernels {
 
@@ -38,13 +38,11 @@ bool UsesQuantizedActivations(MatVecKernel k) {
 
 int64_t MinRowStride(GgmlType type, TensorLayout layout, int64_t n_cols) {
   if (n_cols <= 0) return 0;
-  if (layout == TensorLayout::kDplQ6K) {
-    if (type != GgmlType::kQ6_K || n_cols % 256 != 0) return 0;
-    return static_cast<int64_t>(formats::DplQ6KRowStride(static_cast<uint64_t>(n_cols / 256)));
-  }
+  if (layout == TensorLayout::kDplQ6K && type != GgmlType::kQ6_K) return 0;
   const formats::GgmlTypeTraits tr = formats::TraitsOf(type);
   if (n_cols % tr.block_elems != 0) return 0;
-  return n_cols / tr.block_elems * tr.block_bytes;
+  return static_cast<int64_t>(
+      formats::LayoutRowStride(layout, static_cast<uint64_t>(n_cols / tr.block_elems), tr.block_bytes));
 }
 
 namespace {
@@ -53,7 +51,7 @@ bool Aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p)
 
 }  // namespace
 
-absl::Status PlanMatVec(const WeightMatrix& w, MatVecKernel* kernel) {
+absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning& tuning) {
   const absl::string_view tname = formats::TraitsOf(w.type).name;
   const absl::string_view lname = formats::TensorLayoutName(w.layout);
   const std::string what = absl::StrCat("matvec: ", tname, "/", lname, " matrix ", w.n_rows, "x",
@@ -120,29 +118,47 @@ absl::Status PlanMatVec(const WeightMatrix& w, MatVecKernel* kernel) {
         what, ": data and row_stride must be ", align, "-byte aligned for kernel ",
         MatVecKernelName(k)));
   }
-  *kernel = k;
-  return absl::OkStatus();
+  MatVecPlan plan;
+  plan.kernel = k;
+  plan.decode = DecodeGeometryFor(k, w.n_rows, tuning);
+  plan.prompt = MatVecGeometry{kTokenTile, 1, 2, false};
+  return plan;
 }
 
-absl::Status MatVecGridFor(int64_t n_rows, int64_t n_tokens, int token_tile, int ksplit,
-                           MatVecGrid* grid) {
-  if (n_rows <= 0 || n_tokens <= 0 || token_tile <= 0 || (ksplit != 1 && ksplit != kKSplit)) {
+MatVecGeometry DecodeGeometryFor(MatVecKernel kernel, int64_t n_rows, const DecodeTuning& tuning) {
+  const MatVecGeometry plain = {1, n_rows < 16384 ? 4 : 1, n_rows >= 65536 ? 4 : 2, false};
+  if (n_rows >= 65536 || n_rows < 2048) return plain;
+  if (kernel == MatVecKernel::kQ4K) return {1, n_rows >= 8192 ? 1 : 4, 1, true};
+  if (kernel == MatVecKernel::kQ6KDpl || kernel == MatVecKernel::kQ6KRaw) {
+    const int64_t slots = static_cast<int64_t>(tuning.q6k_ctas_per_sm) * tuning.num_sms;
+    if (n_rows <= RowsPerCta(4) * slots) return {1, 4, 1, true};
+    if (n_rows <= RowsPerCta(2) * slots) return {1, 2, 1, true};
+  }
+  return plain;
+}
+
+absl::StatusOr<MatVecGrid> MatVecGridFor(int64_t n_rows, int64_t n_tokens, const MatVecGeometry& g) {
+  if (!IsCompiledGeometry(g)) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec: token tile ", g.token_tile, " / k-split ",
+                                                   g.ksplit, " / depth ", g.depth, " / pipe ",
+                                                   g.pipe, " is not compiled"));
+  }
+  if (n_rows <= 0 || n_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("matvec grid: bad sizes n_rows ", n_rows,
                                                    " n_tokens ", n_tokens));
   }
-  const int64_t rows = RowsPerCta(ksplit);
-  const int64_t y = (n_rows + rows - 1) / rows;
-  const int64_t x = (n_tokens + token_tile - 1) / token_tile;
-  if (y > kMaxGridY) {
-    return absl::InvalidArgumentError(absl::StrCat("matvec grid: ", n_rows, " rows need ", y,
+  const int64_t rows = RowsPerCta(g.ksplit);
+  MatVecGrid grid;
+  grid.y = (n_rows + rows - 1) / rows;
+  grid.x = (n_tokens + g.token_tile - 1) / g.token_tile;
+  if (grid.y > kMaxGridY) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec grid: ", n_rows, " rows need ", grid.y,
                                                    " row blocks, more than ", kMaxGridY));
   }
-  if (x > (int64_t{1} << 31) - 1) {
+  if (grid.x > (int64_t{1} << 31) - 1) {
     return absl::InvalidArgumentError(absl::StrCat("matvec grid: too many tokens ", n_tokens));
   }
-  grid->x = x;
-  grid->y = y;
-  return absl::OkStatus();
+  return grid;
 }
 
 }  // namespace dpl::kernels

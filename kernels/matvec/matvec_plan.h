@@ -1,27 +1,17 @@
-// CPU-side description of a weight matrix for the matvec kernels, and the
-// checks that decide which kernel may read it. No CUDA here: this is what CI
-// tests without a GPU (matvec_plan_test).
+// CPU-side description of a weight matrix for the matvec kernels, the checks
+// that decide which kernel may read it, and the launch geometry it gets. No
+// CUDA here: this is what CI tests without a GPU (matvec_plan_test).
 #pragma once
 
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "formats/ggml_types.h"
-#include "formats/model_file.h"
+#include "absl/status/statusor.h"
 #include "kernels/matvec/matvec_geometry.h"
+#include "kernels/tuning.h"
+#include "kernels/weight_matrix.h"
 
 namespace dpl::kernels {
-
-// A device-resident weight matrix W of shape (n_rows, n_cols): row r holds
-// the n_cols weights that are dotted with x, stored at data + r * row_stride.
-struct WeightMatrix {
-  const void* data = nullptr;  // device, (n_rows, row_stride) bytes
-  formats::GgmlType type = formats::GgmlType::kF32;
-  formats::TensorLayout layout = formats::TensorLayout::kRaw;
-  int64_t n_rows = 0;
-  int64_t n_cols = 0;
-  int64_t row_stride = 0;  // bytes
-};
 
 const char* MatVecKernelName(MatVecKernel k);
 
@@ -32,16 +22,44 @@ bool UsesQuantizedActivations(MatVecKernel k);
 // weights, or 0 when n_cols is not a whole number of blocks.
 int64_t MinRowStride(formats::GgmlType type, formats::TensorLayout layout, int64_t n_cols);
 
-// Checks shape, stride and alignment of `w` and picks its kernel. Errors name
-// the type/layout/field that is wrong (unsupported types included).
-absl::Status PlanMatVec(const WeightMatrix& w, MatVecKernel* kernel);
-
-struct MatVecGrid {
-  int64_t x = 0;  // token tiles
-  int64_t y = 0;  // row blocks of RowsPerCta(ksplit) rows
+// What RunMatVec launches for one matrix, resolved once at load.
+struct MatVecPlan {
+  MatVecKernel kernel = MatVecKernel::kF32;
+  MatVecGeometry decode;  // one token
+  MatVecGeometry prompt;  // more tokens: token_tile kTokenTile
 };
-// Errors when the grid does not fit CUDA's limits (n_rows too large).
-absl::Status MatVecGridFor(int64_t n_rows, int64_t n_tokens, int token_tile, int ksplit,
-                           MatVecGrid* grid);
+
+// Checks shape, stride and alignment of `w`, picks its kernel and the
+// measured geometry for this GPU (DecodeGeometryFor). Errors name the
+// type/layout/field that is wrong (unsupported types included).
+absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning& tuning);
+
+// The single-token geometry per kernel and matrix height, from the H200
+// sweep of matvec_bench (2026-11-30, every k-split/depth/pipe, one binary):
+//  q4_K, 2048..65535 rows: depth 1 pipelined (48 registers: 10 CTAs/SM, so
+//   18944 rows = 1184 CTAs is one wave with 2 steps in flight per lane):
+//   18944x3584 16.95 -> 14.8 us, 13824x5120 18.9 -> 16.8; below 8192 rows
+//   k-split 4: 5120x13824 25.3 -> 16.2, 3584x18944 20.4 -> 17.7, 5120^2
+//   12.5 -> 8.1.
+//  q6_K (raw and dpl alike: their outputs are compared bit for bit),
+//   2048..65535 rows: depth 1 pipelined, the largest k-split whose grid is
+//   one wave (tuning.q6k_ctas_per_sm * num_sms CTAs): 3584 rows k-split 4
+//   24.7 -> 19.3 us; 5120 rows k-split 2 20.9 -> 20.6 (k-split 4 there is
+//   1.4 waves: 25 us).
+//  Otherwise (lm heads of >= 65536 rows: many waves, 82-91% of HBM already;
+//   512-row attn_k/v: ~4.9 us whatever the geometry, launch-bound; other
+//   types): k-split 4 below 16384 rows, depth 4 from 65536 rows, else 2,
+//   no pipe. (13824x5120 q4_K 18.8 us with k-split vs 19.8 without;
+//   152064x3584 q6_K dpl 112-119 us at depth 4 vs 120 at 2.)
+MatVecGeometry DecodeGeometryFor(MatVecKernel kernel, int64_t n_rows, const DecodeTuning& tuning);
+
+// Grid of a launch: x = token tiles, y = row blocks of RowsPerCta(ksplit)
+// rows. Errors when the geometry is not compiled or the grid does not fit
+// CUDA's limits (n_rows too large).
+struct MatVecGrid {
+  int64_t x = 0;
+  int64_t y = 0;
+};
+absl::StatusOr<MatVecGrid> MatVecGridFor(int64_t n_rows, int64_t n_tokens, const MatVecGeometry& g);
 
 }  // namespace dpl::kernels

@@ -18,6 +18,21 @@ using formats::TensorLayout;
 // A fake device address with the given alignment (the planner never reads it).
 const void* Addr(uintptr_t a) { return reinterpret_cast<const void*>(a); }
 
+// The H200's facts (132 SMs, 7 resident q6_K decode CTAs per SM).
+DecodeTuning H200() {
+  DecodeTuning t;
+  t.num_sms = 132;
+  t.q6k_ctas_per_sm = 7;
+  return t;
+}
+
+// The planned kernel, or an error status.
+absl::StatusOr<MatVecKernel> KernelOf(const WeightMatrix& w) {
+  absl::StatusOr<MatVecPlan> plan = PlanMatVec(w, H200());
+  if (!plan.ok()) return plan.status();
+  return plan->kernel;
+}
+
 WeightMatrix Make(GgmlType t, TensorLayout l, int64_t rows, int64_t cols, int64_t stride = -1,
                   uintptr_t addr = 0x10000) {
   WeightMatrix w;
@@ -45,23 +60,32 @@ TEST_CASE("MinRowStride per type and layout") {
 
 TEST_CASE("PlanMatVec picks the kernel for each type and layout") {
   MatVecKernel k;
-  CHECK(PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584), &k).ok());
+  REQUIRE(KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584)).ok());
+  k = *KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584));
   CHECK(k == MatVecKernel::kQ4K);
-  CHECK(PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584, 18944), &k).ok());
+  REQUIRE(KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584, 18944)).ok());
+  k = *KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584, 18944));
   CHECK(k == MatVecKernel::kQ6KDpl);
-  CHECK(PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kRaw, 3584, 18944), &k).ok());
+  REQUIRE(KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kRaw, 3584, 18944)).ok());
+  k = *KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kRaw, 3584, 18944));
   CHECK(k == MatVecKernel::kQ6KRaw);
-  CHECK(PlanMatVec(Make(GgmlType::kQ8_0, TensorLayout::kRaw, 67, 96), &k).ok());  // 102-B rows
+  REQUIRE(KernelOf(Make(GgmlType::kQ8_0, TensorLayout::kRaw, 67, 96)).ok());
+  k = *KernelOf(Make(GgmlType::kQ8_0, TensorLayout::kRaw, 67, 96));  // 102-B rows
   CHECK(k == MatVecKernel::kQ8_0);
-  CHECK(PlanMatVec(Make(GgmlType::kQ5_0, TensorLayout::kRaw, 67, 96), &k).ok());  // 66-B rows
+  REQUIRE(KernelOf(Make(GgmlType::kQ5_0, TensorLayout::kRaw, 67, 96)).ok());
+  k = *KernelOf(Make(GgmlType::kQ5_0, TensorLayout::kRaw, 67, 96));  // 66-B rows
   CHECK(k == MatVecKernel::kQ5_0);
-  CHECK(PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 8, 512), &k).ok());
+  REQUIRE(KernelOf(Make(GgmlType::kF32, TensorLayout::kRaw, 8, 512)).ok());
+  k = *KernelOf(Make(GgmlType::kF32, TensorLayout::kRaw, 8, 512));
   CHECK(k == MatVecKernel::kF32);
-  CHECK(PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 8, 99), &k).ok());
+  REQUIRE(KernelOf(Make(GgmlType::kF32, TensorLayout::kRaw, 8, 99)).ok());
+  k = *KernelOf(Make(GgmlType::kF32, TensorLayout::kRaw, 8, 99));
   CHECK(k == MatVecKernel::kF32Scalar);
-  CHECK(PlanMatVec(Make(GgmlType::kF16, TensorLayout::kRaw, 8, 896), &k).ok());
+  REQUIRE(KernelOf(Make(GgmlType::kF16, TensorLayout::kRaw, 8, 896)).ok());
+  k = *KernelOf(Make(GgmlType::kF16, TensorLayout::kRaw, 8, 896));
   CHECK(k == MatVecKernel::kF16);
-  CHECK(PlanMatVec(Make(GgmlType::kF16, TensorLayout::kRaw, 8, 896, -1, 0x10002), &k).ok());
+  REQUIRE(KernelOf(Make(GgmlType::kF16, TensorLayout::kRaw, 8, 896, -1, 0x10002)).ok());
+  k = *KernelOf(Make(GgmlType::kF16, TensorLayout::kRaw, 8, 896, -1, 0x10002));
   CHECK(k == MatVecKernel::kF16Scalar);  // base only 2-byte aligned
   CHECK(UsesQuantizedActivations(MatVecKernel::kQ4K));
   CHECK(!UsesQuantizedActivations(MatVecKernel::kF16));
@@ -69,54 +93,88 @@ TEST_CASE("PlanMatVec picks the kernel for each type and layout") {
 
 TEST_CASE("PlanMatVec errors name what is wrong") {
   MatVecKernel k;
-  absl::Status st = PlanMatVec(Make(GgmlType::kQ4_0, TensorLayout::kRaw, 4, 64), &k);
+  absl::Status st = KernelOf(Make(GgmlType::kQ4_0, TensorLayout::kRaw, 4, 64)).status();
   CHECK(absl::IsUnimplemented(st));
   CHECK(st.message().find("q4_0") != std::string::npos);
-  st = PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kDplQ6K, 4, 256, 144), &k);
+  st = KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kDplQ6K, 4, 256, 144)).status();
   CHECK(!st.ok());
   CHECK(st.message().find("dpl_q6k") != std::string::npos);
-  st = PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 4, 256, 140), &k);  // short stride
+  st = KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 4, 256, 140)).status();  // short stride
   CHECK(!st.ok());
   CHECK(st.message().find("row_stride") != std::string::npos);
-  st = PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 4, 256, 152), &k);  // not 16-aligned
+  st = KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 4, 256, 152)).status();  // not 16-aligned
   CHECK(!st.ok());
   CHECK(st.message().find("aligned") != std::string::npos);
-  st = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kDplQ6K, 4, 256, -1, 0x10008), &k);
+  st = KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kDplQ6K, 4, 256, -1, 0x10008)).status();
   CHECK(!st.ok());
-  st = PlanMatVec(Make(GgmlType::kQ8_0, TensorLayout::kRaw, 4, 48), &k);  // not whole blocks
+  st = KernelOf(Make(GgmlType::kQ8_0, TensorLayout::kRaw, 4, 48)).status();  // not whole blocks
   CHECK(!st.ok());
   CHECK(st.message().find("q8_0") != std::string::npos);
-  st = PlanMatVec(Make(GgmlType::kQ8_0, TensorLayout::kRaw, 4, 64, -1, 0x10001), &k);
+  st = KernelOf(Make(GgmlType::kQ8_0, TensorLayout::kRaw, 4, 64, -1, 0x10001)).status();
   CHECK(!st.ok());
   WeightMatrix null_w = Make(GgmlType::kF32, TensorLayout::kRaw, 4, 64);
   null_w.data = nullptr;
-  CHECK(!PlanMatVec(null_w, &k).ok());
-  CHECK(!PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 0, 64), &k).ok());
+  CHECK(!KernelOf(null_w).ok());
+  CHECK(!KernelOf(Make(GgmlType::kF32, TensorLayout::kRaw, 0, 64)).ok());
+}
+
+TEST_CASE("decode geometry per type and height reproduces the H200 sweep") {
+  const DecodeTuning t = H200();
+  const MatVecGeometry plain_long = {1, 1, 2, false}, plain_short = {1, 4, 2, false};
+  const MatVecGeometry head = {1, 1, 4, false};
+  // lm heads: many waves, depth 4, no k-split, whatever the type.
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ6KDpl, 152064, t) == head);
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 152064, t) == head);
+  // 512-row attn_k/v: launch-bound, k-split 4.
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 512, t) == plain_short);
+  // q4_K mid-size: depth 1 pipelined, k-split 4 below 8192 rows.
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 18944, t) == MatVecGeometry{1, 1, 1, true});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 3584, t) == MatVecGeometry{1, 4, 1, true});
+  // q6_K: the largest k-split whose grid is one wave of 7 x 132 CTAs.
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ6KDpl, 3584, t) == MatVecGeometry{1, 4, 1, true});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ6KDpl, 5120, t) == MatVecGeometry{1, 2, 1, true});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ6KRaw, 5120, t) == MatVecGeometry{1, 2, 1, true});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ6KDpl, 18944, t) == plain_long);
+  // A GPU with half the SMs has half the wave: 5120 rows no longer fit k-split 2.
+  DecodeTuning small = t;
+  small.num_sms = 66;
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ6KDpl, 3584, small) == MatVecGeometry{1, 2, 1, true});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ6KDpl, 5120, small) == plain_short);
+  // Other types keep the plain geometry.
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ8_0, 3584, t) == plain_short);
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ8_0, 18944, t) == plain_long);
+  // Every planned geometry is compiled; prompts use the token tile.
+  const absl::StatusOr<MatVecPlan> plan =
+      PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584), t);
+  REQUIRE(plan.ok());
+  CHECK(IsCompiledGeometry(plan->decode));
+  CHECK(IsCompiledGeometry(plan->prompt));
+  CHECK(plan->prompt.token_tile == kTokenTile);
 }
 
 TEST_CASE("MatVecGridFor covers every row and token, within CUDA limits") {
-  MatVecGrid g;
-  CHECK(KSplitFor(152064) == 1);
-  CHECK(KSplitFor(18944) == 1);
-  CHECK(KSplitFor(13824) == kKSplit);
-  CHECK(KSplitFor(3584) == kKSplit);
-  CHECK(DecodeDepthFor(152064) == 4);
-  CHECK(DecodeDepthFor(18944) == 2);
-  REQUIRE(MatVecGridFor(152064, 1, 1, 1, &g).ok());
-  CHECK(g.y == 152064 / kRowsPerCta);
-  CHECK(g.x == 1);
-  REQUIRE(MatVecGridFor(3584, 1, 1, kKSplit, &g).ok());
-  CHECK(g.y == 3584 / RowsPerCta(kKSplit));
-  for (int ks : {1, kKSplit}) {
-    REQUIRE(MatVecGridFor(67, 13, kTokenTile, ks, &g).ok());
-    CHECK(g.y * RowsPerCta(ks) >= 67);
-    CHECK((g.y - 1) * RowsPerCta(ks) < 67);
-    CHECK(g.x == 2);
+  const MatVecGeometry one = {1, 1, 2, false}, split = {1, 4, 2, false};
+  absl::StatusOr<MatVecGrid> g = MatVecGridFor(152064, 1, one);
+  REQUIRE(g.ok());
+  CHECK(g->y == 152064 / 16);
+  CHECK(g->x == 1);
+  g = MatVecGridFor(3584, 1, split);
+  REQUIRE(g.ok());
+  CHECK(g->y == 3584 / 4);
+  CHECK(RowsPerCta(2) == 8);
+  CHECK(RowsPerCta(8) == 4);
+  for (int ks : {1, 4}) {
+    g = MatVecGridFor(67, 13, MatVecGeometry{kTokenTile, ks, 2, false});
+    REQUIRE(g.ok());
+    CHECK(g->y * RowsPerCta(ks) >= 67);
+    CHECK((g->y - 1) * RowsPerCta(ks) < 67);
+    CHECK(g->x == 2);
   }
-  CHECK(!MatVecGridFor(kMaxGridY * kRowsPerCta + 1, 1, 1, 1, &g).ok());
-  CHECK(!MatVecGridFor(0, 1, 1, 1, &g).ok());
-  CHECK(!MatVecGridFor(10, 1, 1, 3, &g).ok());
-  CHECK(kRowsPerCta == kThreadsPerCta / kLanesPerRow);
+  CHECK(!MatVecGridFor(kMaxGridY * 16 + 1, 1, one).ok());
+  CHECK(!MatVecGridFor(0, 1, one).ok());
+  CHECK(!MatVecGridFor(10, 1, MatVecGeometry{1, 3, 2, false}).ok());        // k-split 3
+  CHECK(!MatVecGridFor(10, 9, MatVecGeometry{kTokenTile, 2, 2, false}).ok());  // not compiled
+  CHECK(!MatVecGridFor(10, 9, MatVecGeometry{kTokenTile, 1, 2, true}).ok());
 }
 
 }  // namespace

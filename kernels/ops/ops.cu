@@ -27,25 +27,19 @@ __device__ float BlockSum(float v, float* scratch) {
   return t;
 }
 
-// y = x * w / sqrt(mean(x^2) + eps); with kAdd, first x += delta (written back).
+// y = x * w / sqrt(mean(x^2) + eps)
 // One block per row; each thread owns the strided elements i = tid + k * 256
-// in both passes, so it re-reads only what it wrote itself.
-template <bool kAdd>
-__global__ void RmsNormKernel(float* x,            // (n_rows, n)
-                              const float* delta,  // (n_rows, n) when kAdd
-                              const float* w,      // (n)
-                              float* y,            // (n_rows, n)
+// in both passes, so it re-reads only what it read itself.
+__global__ void RmsNormKernel(const float* x,  // (n_rows, n)
+                              const float* w,  // (n)
+                              float* y,        // (n_rows, n)
                               int n, float eps) {
   __shared__ float scratch[32];
   const size_t row = blockIdx.x;
-  float* xr = x + row * n;
+  const float* xr = x + row * n;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    float v = xr[i];
-    if constexpr (kAdd) {
-      v += delta[row * n + i];
-      xr[i] = v;
-    }
+    const float v = xr[i];
     ss += v * v;
   }
   ss = BlockSum(ss, scratch);
@@ -53,14 +47,6 @@ __global__ void RmsNormKernel(float* x,            // (n_rows, n)
   const float scale = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
   float* yr = y + row * n;
   for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
-}
-
-// x += delta
-__global__ void AddKernel(float* x, const float* delta, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    x[i] += delta[i];
-  }
 }
 
 // out = g / (1 + exp(-g)) * up
@@ -179,16 +165,17 @@ __device__ float DequantElem(const uint8_t* row, int64_t j, int64_t n_cols) {
     const int e = static_cast<int>(j % 256);
     const uint8_t *ql, *qh, *sc, *d;
     if constexpr (kDpl) {
-      const int64_t nbe = n_cols / 256;
-      ql = row + blk * 128;
-      qh = row + nbe * 128 + blk * 64;
-      sc = row + nbe * 192 + blk * 16;
-      d = row + nbe * 208 + blk * 2;
+      const formats::Q6KPlanes pl = formats::Q6KDplPlanes(n_cols / 256);
+      ql = row + pl.ql + blk * formats::kQ6KQlBytes;
+      qh = row + pl.qh + blk * formats::kQ6KQhBytes;
+      sc = row + pl.sc + blk * formats::kQ6KScBytes;
+      d = row + pl.d + blk * formats::kQ6KDBytes;
     } else {
-      ql = row + blk * 210;
-      qh = ql + 128;
-      sc = ql + 192;
-      d = ql + 208;
+      const uint8_t* b = row + blk * formats::kQ6KBlockBytes;
+      ql = b + formats::kQ6KQlOffset;
+      qh = b + formats::kQ6KQhOffset;
+      sc = b + formats::kQ6KScOffset;
+      d = b + formats::kQ6KDOffset;
     }
     const int hf = e / 128, t = (e % 128) / 32, l = e % 32;
     const int lo = (ql[64 * hf + l + 32 * (t & 1)] >> (4 * (t >> 1))) & 0xF;
@@ -220,11 +207,12 @@ __global__ void EmbedKernel(const uint8_t* table,  // (n_rows, row_stride) bytes
 }
 
 template <GgmlType kType, bool kDpl>
-absl::Status LaunchEmbed(const EmbedTable& t, const int* d_token, float* out, cudaStream_t s) {
+absl::Status LaunchEmbed(const WeightMatrix& t, const int* d_token, float* out, cudaStream_t s) {
   const int threads = 256;
   const int blocks = static_cast<int>((t.n_cols + threads - 1) / threads);
-  EmbedKernel<kType, kDpl><<<blocks, threads, 0, s>>>(t.data, t.row_stride, t.n_rows, t.n_cols,
-                                                     d_token, out);
+  EmbedKernel<kType, kDpl><<<blocks, threads, 0, s>>>(static_cast<const uint8_t*>(t.data),
+                                                     t.row_stride, t.n_rows, t.n_cols, d_token,
+                                                     out);
   DPL_CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }
@@ -237,31 +225,7 @@ absl::Status RmsNorm(const float* x, const float* w, float* y, int n_rows, int n
     return absl::InvalidArgumentError(
         absl::StrCat("RmsNorm: bad shape or null pointer (n_rows=", n_rows, ", n=", n, ")"));
   }
-  RmsNormKernel<false><<<n_rows, kNormThreads, 0, stream>>>(const_cast<float*>(x), nullptr, w,
-                                                            y, n, eps);
-  DPL_CUDA_CHECK_LAUNCH();
-  return absl::OkStatus();
-}
-
-absl::Status AddRmsNorm(float* x, const float* delta, const float* w, float* y, int n_rows,
-                        int n, float eps, cudaStream_t stream) {
-  if (n_rows <= 0 || n <= 0 || !x || !delta || !w || !y) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AddRmsNorm: bad shape or null pointer (n_rows=", n_rows, ", n=", n, ")"));
-  }
-  if (y == x || y == delta) {
-    return absl::InvalidArgumentError("AddRmsNorm: y must not alias x or delta");
-  }
-  RmsNormKernel<true><<<n_rows, kNormThreads, 0, stream>>>(x, delta, w, y, n, eps);
-  DPL_CUDA_CHECK_LAUNCH();
-  return absl::OkStatus();
-}
-
-absl::Status Add(float* x, const float* delta, int64_t n, cudaStream_t stream) {
-  if (n <= 0 || !x || !delta) {
-    return absl::InvalidArgumentError(absl::StrCat("Add: bad size ", n, " or null pointer"));
-  }
-  AddKernel<<<ElementwiseBlocks(n, 256), 256, 0, stream>>>(x, delta, n);
+  RmsNormKernel<<<n_rows, kNormThreads, 0, stream>>>(x, w, y, n, eps);
   DPL_CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }
@@ -297,7 +261,7 @@ absl::Status RopeWriteKv(const RopeKvShape& sh, RopeStyle style, const int* d_po
   return absl::OkStatus();
 }
 
-absl::Status EmbedRow(const EmbedTable& t, const int* d_token, float* out,
+absl::Status EmbedRow(const WeightMatrix& t, const int* d_token, float* out,
                       cudaStream_t stream) {
   const auto traits = formats::TraitsOf(t.type);
   if (!t.data || !d_token || !out || t.n_rows <= 0 || t.n_cols <= 0 ||
@@ -306,10 +270,7 @@ absl::Status EmbedRow(const EmbedTable& t, const int* d_token, float* out,
         "EmbedRow: bad table (", traits.name, ", n_rows=", t.n_rows, ", n_cols=", t.n_cols,
         ") or null pointer"));
   }
-  const uint64_t min_stride = t.layout == TensorLayout::kDplQ6K
-                                  ? static_cast<uint64_t>(t.n_cols / 256) * 210
-                                  : static_cast<uint64_t>(t.n_cols / traits.block_elems) *
-                                        traits.block_bytes;
+  const int64_t min_stride = t.n_cols / traits.block_elems * traits.block_bytes;
   if (t.row_stride < min_stride) {
     return absl::InvalidArgumentError(absl::StrCat("EmbedRow: row_stride ", t.row_stride,
                                                    " < ", min_stride, " bytes of a ",

@@ -1,6 +1,6 @@
-// Element-wise and per-row kernels of the decode step: RMSNorm (plain and
-// fused with the residual add), residual add, SwiGLU, RoPE fused with the KV
-// cache write, and the token-embedding row gather. All float32 activations.
+// Element-wise and per-row kernels of the decode step: RMSNorm, SwiGLU, RoPE
+// fused with the KV cache write, and the token-embedding row gather. All
+// float32 activations. (Residual adds are fused into the matvec epilogue.)
 //
 // CUDA-graph rules: nothing here allocates, syncs or copies from the host;
 // the position and the token id are read from device memory (d_pos,
@@ -12,8 +12,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "formats/ggml_types.h"
-#include "formats/model_file.h"
+#include "kernels/weight_matrix.h"
+#include "model/hparams.h"
 
 namespace dpl::kernels {
 
@@ -22,24 +22,13 @@ namespace dpl::kernels {
 absl::Status RmsNorm(const float* x, const float* w, float* y, int n_rows, int n, float eps,
                      cudaStream_t stream);
 
-// Fused residual add + RMSNorm: x += delta; y = x * w / sqrt(mean(x^2) + eps).
-//   x: (n_rows, n) floats, updated in place; delta: (n_rows, n); w: (n);
-//   y: (n_rows, n), must not alias x or delta.
-absl::Status AddRmsNorm(float* x, const float* delta, const float* w, float* y, int n_rows,
-                        int n, float eps, cudaStream_t stream);
-
-// x += delta. x, delta: (n) floats.
-absl::Status Add(float* x, const float* delta, int64_t n, cudaStream_t stream);
-
 // out = silu(gate) * up, silu(g) = g / (1 + exp(-g)) (full-precision expf).
 //   gate, up, out: (n) floats; out may alias gate or up.
 absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n,
                     cudaStream_t stream);
 
-enum class RopeStyle {
-  kAdjacent,  // llama: pairs (x[2i], x[2i+1])
-  kNeox,      // qwen2 / NEOX: pairs (x[i], x[i + n_rot/2])
-};
+using model::RopeStyle;  // kAdjacent (llama) or kNeox (qwen2): model/hparams.h
+
 
 // RoPE at position p = *d_pos on q and k, fused with the KV cache write:
 //   (x0, x1) <- (x0 cos t - x1 sin t, x0 sin t + x1 cos t), t = p * inv_freq[i]
@@ -71,15 +60,7 @@ absl::Status RopeWriteKv(const RopeKvShape& shape, RopeStyle style, const int* d
 // Types: f32, f16, bf16, q8_0, q5_0, q4_K, q6_K (raw or dpl). Values are
 // bit-identical to formats::DequantizeRow (same float32 operation order, no
 // FMA contraction). A token id outside [0, n_rows) writes NaN to every output.
-struct EmbedTable {
-  formats::GgmlType type = formats::GgmlType::kF32;
-  formats::TensorLayout layout = formats::TensorLayout::kRaw;
-  const uint8_t* data = nullptr;  // (n_rows, row_stride) bytes, device memory
-  uint64_t row_stride = 0;
-  int64_t n_rows = 0;
-  int64_t n_cols = 0;
-};
-absl::Status EmbedRow(const EmbedTable& table, const int* d_token, float* out,
+absl::Status EmbedRow(const WeightMatrix& table, const int* d_token, float* out,
                       cudaStream_t stream);
 
 }  // namespace dpl::kernels

@@ -247,7 +247,9 @@ __device__ void BlockScan(double* s_v, int n, double* s_tmp) {
 }
 
 // One block: sort the candidates (descending key), then top-k, top-p, min-p,
-// temperature and the draw, exactly as in sampling.h.
+// temperature and the draw, exactly as in sampling.h. (~90 lines: the chain
+// is one block-wide sequence with __syncthreads between its steps; it reads
+// in the order of llama.cpp's sampler chain.)
 __global__ void __launch_bounds__(1024) FinalKernel(const Workspace* ws, SamplingParams p,
                                                     int n_vocab, int* ring, SamplerState* state,
                                                     int* token_out) {

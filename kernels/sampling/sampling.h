@@ -31,20 +31,12 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/sampling/sampling_util.h"
 
 namespace dpl::kernels {
 
 inline constexpr int kSamplingMaxCandidates = 2048;
 
-struct SamplingParams {
-  float temperature = 0.8f;     // <= 0: greedy
-  int32_t top_k = 40;           // <= 0: off
-  float top_p = 0.95f;          // >= 1: off
-  float min_p = 0.05f;          // <= 0: off
-  float repeat_penalty = 1.0f;  // 1: off
-  int32_t repeat_last_n = 64;   // ring slots (d_ring length)
-  uint64_t seed = 0;
-};
 
 // Device-resident sampler state (the caller zeroes it, then uploads the
 // prompt's ring head/count, see MakeRecentRing).

@@ -12,19 +12,13 @@
 #include <random>
 #include <vector>
 
+#include "kernels/gpu_test.h"
 #include "kernels/sampling/sampling.h"
 #include "kernels/sampling/sampling_util.h"
 
 namespace dpl::kernels {
 namespace {
 
-#define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
-#define STATUS_OK(x)              \
-  do {                            \
-    const absl::Status st_ = (x); \
-    INFO(st_.ToString());         \
-    REQUIRE(st_.ok());            \
-  } while (0)
 
 // Device buffers of one sampler.
 struct Dev {

@@ -34,6 +34,18 @@ DPL_SAMPLING_HD uint32_t CandidateId(uint64_t key) {
   return 0xffffffffu - static_cast<uint32_t>(key);
 }
 
+// The sampling chain's parameters, llama.cpp's flags and defaults; one
+// struct for the host sampler (runtime/generate) and the device kernel.
+struct SamplingParams {
+  float temperature = 0.8f;     // <= 0: greedy
+  int32_t top_k = 40;           // <= 0: off
+  float top_p = 0.95f;          // >= 1: off
+  float min_p = 0.05f;          // <= 0: off
+  float repeat_penalty = 1.0f;  // 1: off
+  int32_t repeat_last_n = 64;   // tokens the penalty looks back over (device: ring slots)
+  uint64_t seed = 0;
+};
+
 DPL_SAMPLING_HD uint64_t SplitMix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -1,30 +1,17 @@
 #include "runtime/cuda/cuda_decoder.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "kernels/cuda_check.h"
+#include "kernels/device_tuning.h"
 #include "kernels/sampling/sampling_util.h"
 #include "kernels/step/step.h"
 
 namespace dpl::runtime {
-namespace {
-
-#define DPL_RETURN_IF_ERROR(expr)            \
-  do {                                       \
-    const absl::Status dpl_status_ = (expr); \
-    if (!dpl_status_.ok()) return dpl_status_; \
-  } while (0)
-
-bool EnvEager() {
-  const char* e = std::getenv("DPL_EAGER");
-  return e != nullptr && std::strcmp(e, "0") != 0 && *e != '\0';
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const std::string& path,
                                                                  const CudaDecoderOptions& options) {
@@ -36,305 +23,249 @@ absl::StatusOr<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const std::stri
                      "); use --device cpu for the CPU reference"));
   }
   std::unique_ptr<CudaDecoder> d(new CudaDecoder());
-  absl::Status s = d->Init(path, options);
-  if (!s.ok()) return s;
+  DPL_RETURN_IF_ERROR(d->Init(path, options));
   return d;
 }
 
-CudaDecoder::~CudaDecoder() {
-  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-  if (graph_) cudaGraphDestroy(graph_);
-  if (gen_graph_exec_) cudaGraphExecDestroy(gen_graph_exec_);
-  if (gen_graph_) cudaGraphDestroy(gen_graph_);
-  for (cudaEvent_t e : token_ready_) {
-    if (e) cudaEventDestroy(e);
-  }
-  if (h_tokens_) cudaFreeHost(h_tokens_);
-  kernels::FreeMatVecScratch(&scratch_);
-  for (void* p : allocations_) cudaFree(p);
-  if (stream_) cudaStreamDestroy(stream_);
-}
-
 absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions& options) {
-  auto index = formats::ModelFile::OpenIndex(path);
-  if (!index.ok()) return index.status();
-  index_ = *index;
-  if (index_->container() != "dpl") {
+  DPL_ASSIGN_OR_RETURN(index_, formats::ModelFile::OpenIndex(path));
+  if (index_->container() != formats::Container::kDpl) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": the CUDA runtime loads .dpl files only; convert it first with "
               "`dpl-convert MODEL.gguf MODEL.dpl`"));
   }
-  auto hp = reference::ReadHparams(*index_);
-  if (!hp.ok()) return hp.status();
-  hp_ = *hp;
+  DPL_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::BindModel(*index_));
+  hp_ = desc.hp;
+  bytes_per_token_ = desc.bytes_per_token;
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : (hp_.n_ctx_train > 0 ? hp_.n_ctx_train : 4096);
   max_batch_ = std::max(1, options.max_batch);
-  eager_ = options.eager || EnvEager();
-  auto weights = DeviceWeights::Load(path, options.load);
-  if (!weights.ok()) return weights.status();
-  weights_ = std::move(*weights);
+  eager_ = options.eager;
+  if (options.tuning.has_value()) {
+    tuning_ = *options.tuning;
+  } else {
+    DPL_ASSIGN_OR_RETURN(tuning_, kernels::DecodeTuningForDevice());
+  }
+  DPL_ASSIGN_OR_RETURN(weights_, DeviceWeights::Load(path, options.load));
   report_.weight_bytes = weights_->device_bytes();
   report_.load = weights_->stats();
-  DPL_RETURN_IF_ERROR(BindWeights());
-  DPL_RETURN_IF_ERROR(Allocate(options));
-  if (!eager_) DPL_RETURN_IF_ERROR(CaptureStepGraph());
-  return absl::OkStatus();
-}
-
-absl::Status CudaDecoder::BindWeights() {
-  const uint8_t* base = weights_->device_base();
-  auto matrix = [&](const std::string& name, int64_t n_cols, int64_t n_rows,
-                    kernels::WeightMatrix* w, kernels::MatVecKernel* k) -> absl::Status {
-    auto t = index_->Require(name);
-    if (!t.ok()) return t.status();
-    const formats::TensorView& v = **t;
-    if (static_cast<int64_t>(v.ne[0]) != n_cols || static_cast<int64_t>(v.n_rows) != n_rows) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tensor '%s' has shape [%d, %d], expected [%d, %d]", name, v.ne[0], v.n_rows, n_cols, n_rows));
-    }
-    w->data = base + v.data_offset;
-    w->type = v.type;
-    w->layout = v.layout;
-    w->n_rows = n_rows;
-    w->n_cols = n_cols;
-    w->row_stride = static_cast<int64_t>(v.row_stride);
-    absl::Status s = kernels::PlanMatVec(*w, k);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("tensor '", name, "': ", s.message()));
-    bytes_per_token_ += v.n_bytes;
-    return absl::OkStatus();
-  };
-  auto vec = [&](const std::string& name, int64_t n, bool optional,
-                 const float** out) -> absl::Status {
-    const formats::TensorView* t = index_->Find(name);
-    if (t == nullptr) {
-      if (optional) return absl::OkStatus();
-      return absl::NotFoundError(absl::StrCat("tensor '", name, "' is missing"));
-    }
-    if (t->type != formats::GgmlType::kF32 || static_cast<int64_t>(t->ne[0] * t->n_rows) != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", name, "' must be f32 with ", n, " elements"));
-    }
-    *out = reinterpret_cast<const float*>(base + t->data_offset);
-    bytes_per_token_ += t->n_bytes;
-    return absl::OkStatus();
-  };
-
-  const int64_t E = hp_.n_embd, F = hp_.n_ff, Q = hp_.q_dim(), KV = hp_.kv_dim();
-  auto embd = index_->Require("token_embd.weight");
-  if (!embd.ok()) return embd.status();
-  embed_.type = (*embd)->type;
-  embed_.layout = (*embd)->layout;
-  embed_.data = base + (*embd)->data_offset;
-  embed_.row_stride = (*embd)->row_stride;
-  embed_.n_rows = static_cast<int64_t>((*embd)->n_rows);
-  embed_.n_cols = static_cast<int64_t>((*embd)->ne[0]);
-  if (embed_.n_cols != E) return absl::InvalidArgumentError("token_embd.weight width != n_embd");
-
-  layers_.resize(hp_.n_layer);
-  for (int64_t l = 0; l < hp_.n_layer; ++l) {
-    Layer& L = layers_[l];
-    const std::string p = absl::StrCat("blk.", l, ".");
-    DPL_RETURN_IF_ERROR(vec(p + "attn_norm.weight", E, false, &L.attn_norm));
-    DPL_RETURN_IF_ERROR(vec(p + "ffn_norm.weight", E, false, &L.ffn_norm));
-    DPL_RETURN_IF_ERROR(matrix(p + "attn_q.weight", E, Q, &L.wq, &L.kq));
-    DPL_RETURN_IF_ERROR(matrix(p + "attn_k.weight", E, KV, &L.wk, &L.kk));
-    DPL_RETURN_IF_ERROR(matrix(p + "attn_v.weight", E, KV, &L.wv, &L.kv));
-    DPL_RETURN_IF_ERROR(matrix(p + "attn_output.weight", Q, E, &L.wo, &L.ko));
-    DPL_RETURN_IF_ERROR(matrix(p + "ffn_gate.weight", E, F, &L.wgate, &L.kgate));
-    DPL_RETURN_IF_ERROR(matrix(p + "ffn_up.weight", E, F, &L.wup, &L.kup));
-    DPL_RETURN_IF_ERROR(matrix(p + "ffn_down.weight", F, E, &L.wdown, &L.kdown));
-    DPL_RETURN_IF_ERROR(vec(p + "attn_q.bias", Q, true, &L.bq));
-    DPL_RETURN_IF_ERROR(vec(p + "attn_k.bias", KV, true, &L.bk));
-    DPL_RETURN_IF_ERROR(vec(p + "attn_v.bias", KV, true, &L.bv));
-    DPL_RETURN_IF_ERROR(vec(p + "attn_output.bias", E, true, &L.bo));
+  DPL_RETURN_IF_ERROR(BindWeights(desc));
+  DPL_RETURN_IF_ERROR(Allocate());
+  DPL_RETURN_IF_ERROR(InitRope(desc));
+  if (!eager_) {
+    DPL_ASSIGN_OR_RETURN(step_graph_, kernels::CaptureGraph(stream_.get(), [&] {
+                           return EnqueueStep(nullptr);
+                         }));
   }
-  DPL_RETURN_IF_ERROR(vec("output_norm.weight", E, false, &output_norm_));
-  // Untied models have output.weight; tied ones reuse the embedding table.
-  const std::string head = index_->Find("output.weight") ? "output.weight" : "token_embd.weight";
-  DPL_RETURN_IF_ERROR(matrix(head, E, hp_.n_vocab, &w_out_, &k_out_));
   return absl::OkStatus();
 }
 
-absl::Status CudaDecoder::Allocate(const CudaDecoderOptions& options) {
-  const int64_t T = max_batch_, E = hp_.n_embd, F = hp_.n_ff, Q = hp_.q_dim(), KV = hp_.kv_dim();
-  if (hp_.n_ctx_train > 0 && n_ctx_ > (int64_t{1} << 30)) return absl::InvalidArgumentError("-c too large");
-  auto kv = kernels::MakeKvCacheLayout(static_cast<int>(hp_.n_layer), static_cast<int>(hp_.n_head_kv),
-                                       static_cast<int>(n_ctx_), static_cast<int>(hp_.head_dim));
-  if (!kv.ok()) return kv.status();
-  kv_layout_ = *kv;
-  int sms = 0;
-  DPL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  auto plan = kernels::PlanDecodeAttention(static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
-                                           static_cast<int>(hp_.head_dim), static_cast<int>(n_ctx_), sms);
-  if (!plan.ok()) return plan.status();
-  attn_plan_ = *plan;
-  rope_style_ = hp_.rope_style == reference::RopeStyle::kNeox ? kernels::RopeStyle::kNeox
-                                                              : kernels::RopeStyle::kAdjacent;
-  rope_shape_.n_head = static_cast<int>(hp_.n_head);
-  rope_shape_.n_head_kv = static_cast<int>(hp_.n_head_kv);
-  rope_shape_.head_dim = static_cast<int>(hp_.head_dim);
-  rope_shape_.n_rot = static_cast<int>(hp_.n_rot);
-  rope_shape_.n_ctx = static_cast<int>(n_ctx_);
+// Device views of the bound tensors (model::BindModel checked names, shapes
+// and vector types); each matrix gets its kernel and geometry here, once.
+absl::Status CudaDecoder::BindWeights(const model::ModelDesc& desc) {
+  const uint8_t* base = weights_->device_base();
+  auto view = [&](const formats::TensorView& t) {
+    kernels::WeightMatrix w;
+    w.data = base + t.data_offset;
+    w.type = t.type;
+    w.layout = t.layout;
+    w.n_rows = static_cast<int64_t>(t.n_rows);
+    w.n_cols = static_cast<int64_t>(t.ne[0]);
+    w.row_stride = static_cast<int64_t>(t.row_stride);
+    return w;
+  };
+  auto matrix = [&](const formats::TensorView* t, Matrix* m) -> absl::Status {
+    m->w = view(*t);
+    DPL_ASSIGN_OR_RETURN(m->plan, kernels::PlanMatVec(m->w, tuning_));
+    return absl::OkStatus();
+  };
+  auto vec = [&](const formats::TensorView* t) {
+    return t == nullptr ? nullptr : reinterpret_cast<const float*>(base + t->data_offset);
+  };
+  embed_ = view(*desc.token_embd);
+  layers_.resize(desc.layers.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const model::LayerTensors& t = desc.layers[l];
+    Layer& L = layers_[l];
+    for (auto [src, dst] : {std::pair{t.wq, &L.wq}, {t.wk, &L.wk}, {t.wv, &L.wv}, {t.wo, &L.wo},
+                            {t.w_gate, &L.w_gate}, {t.w_up, &L.w_up}, {t.w_down, &L.w_down}}) {
+      DPL_RETURN_IF_ERROR(Annotate(matrix(src, dst), absl::StrCat("tensor '", src->name, "'")));
+    }
+    L.attn_norm = vec(t.attn_norm);
+    L.ffn_norm = vec(t.ffn_norm);
+    L.bq = vec(t.bq);
+    L.bk = vec(t.bk);
+    L.bv = vec(t.bv);
+    L.bo = vec(t.bo);
+  }
+  output_norm_ = vec(desc.output_norm);
+  return Annotate(matrix(desc.output, &out_), absl::StrCat("tensor '", desc.output->name, "'"));
+}
 
-  // Everything this decoder allocates, checked against free memory first.
-  const uint64_t floats = static_cast<uint64_t>(T) * (2 * E + 2 * Q + 2 * KV + 2 * F + hp_.n_vocab) +
-                          attn_plan_.workspace_floats;
-  const uint64_t scratch_bytes = floats * 4 + T * 8 + hp_.n_rot * 8 +
-                                 static_cast<uint64_t>(T) * std::max({E, F, Q}) * 2;
+// Every buffer of a pass, sized from one table and carved from one
+// allocation (256-byte aligned slices), after a check against free memory.
+absl::Status CudaDecoder::Allocate() {
+  const uint64_t T = max_batch_, E = hp_.n_embd, F = hp_.n_ff, Q = hp_.q_dim(),
+                 KV = hp_.kv_dim(), V = hp_.n_vocab;
+  const uint64_t W = std::max({E, F, Q});  // widest matvec input
+  DPL_ASSIGN_OR_RETURN(kv_layout_, kernels::MakeKvCacheLayout(
+                                       static_cast<int>(hp_.n_layer), static_cast<int>(hp_.n_head_kv),
+                                       static_cast<int>(n_ctx_), static_cast<int>(hp_.head_dim)));
+  DPL_ASSIGN_OR_RETURN(attn_plan_, kernels::PlanDecodeAttention(
+                                       static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
+                                       static_cast<int>(hp_.head_dim), static_cast<int>(n_ctx_),
+                                       tuning_));
+  rope_shape_ = {static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
+                 static_cast<int>(hp_.head_dim), static_cast<int>(hp_.n_rot),
+                 static_cast<int>(n_ctx_)};
+  Buffers& b = buf_;
+  const struct {
+    uint64_t bytes;
+    void* slot;  // address of the Buffers pointer to set
+  } table[] = {
+      {T * 4, &b.tokens},          {T * 4, &b.positions},      {hp_.n_rot / 2 * 8, &b.inv_freq},
+      {T * E * 4, &b.x},           {T * E * 4, &b.h},          {T * Q * 4, &b.q},
+      {T * KV * 4, &b.k},          {T * KV * 4, &b.v},         {T * Q * 4, &b.att},
+      {T * F * 4, &b.gate},        {T * F * 4, &b.up},         {T * V * 4, &b.logits},
+      {attn_plan_.workspace_floats * 4, &b.attn_ws},           {kv_layout_.TotalBytes(), &b.kv},
+      {sizeof(kernels::SamplerState), &b.sampler},             {kernels::SamplingWorkspaceBytes(), &b.sampling_ws},
+      {T * W, &b.qx.q},            {T * W / kernels::kActBlock * 4, &b.qx.d},
+      {T * W / kernels::kActBlock * 4, &b.qx.s},
+  };
+  auto align = [](uint64_t n) { return (n + 255) / 256 * 256; };
+  uint64_t total = 0;
+  for (const auto& e : table) total += align(e.bytes);
   report_.kv_cache_bytes = kv_layout_.TotalBytes();
-  report_.scratch_bytes = scratch_bytes;
-  auto mem = DeviceMemoryInfo();
-  if (!mem.ok()) return mem.status();
-  if (report_.kv_cache_bytes + scratch_bytes > mem->first) {
+  report_.scratch_bytes = total - report_.kv_cache_bytes;
+  DPL_ASSIGN_OR_RETURN(const auto mem, DeviceMemoryInfo());
+  if (total > mem.first) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "not enough device memory: KV cache %.2f GiB (-c %d) + buffers %.2f GiB needed, %.2f GiB free",
-        report_.kv_cache_bytes / 1073741824.0, n_ctx_, scratch_bytes / 1073741824.0,
-        mem->first / 1073741824.0));
+        report_.kv_cache_bytes / 1073741824.0, n_ctx_, report_.scratch_bytes / 1073741824.0,
+        mem.first / 1073741824.0));
   }
-  DPL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  auto alloc = [&](uint64_t bytes, auto** ptr) -> absl::Status {
-    void* p = nullptr;
-    DPL_CUDA_CHECK(cudaMalloc(&p, std::max<uint64_t>(bytes, 16)));
-    allocations_.push_back(p);
-    *ptr = static_cast<std::remove_reference_t<decltype(*ptr)>>(p);
-    return absl::OkStatus();
-  };
-  DPL_RETURN_IF_ERROR(alloc(T * sizeof(int), &d_tokens_));
-  DPL_RETURN_IF_ERROR(alloc(T * sizeof(int), &d_positions_));
-  DPL_RETURN_IF_ERROR(alloc(hp_.n_rot / 2 * sizeof(double), &d_inv_freq_));
-  DPL_RETURN_IF_ERROR(alloc(T * E * 4, &d_x_));
-  DPL_RETURN_IF_ERROR(alloc(T * E * 4, &d_h_));
-  DPL_RETURN_IF_ERROR(alloc(T * Q * 4, &d_q_));
-  DPL_RETURN_IF_ERROR(alloc(T * KV * 4, &d_k_));
-  DPL_RETURN_IF_ERROR(alloc(T * KV * 4, &d_v_));
-  DPL_RETURN_IF_ERROR(alloc(T * Q * 4, &d_att_));
-  DPL_RETURN_IF_ERROR(alloc(T * F * 4, &d_gate_));
-  DPL_RETURN_IF_ERROR(alloc(T * F * 4, &d_up_));
-  DPL_RETURN_IF_ERROR(alloc(static_cast<uint64_t>(T) * hp_.n_vocab * 4, &d_logits_));
-  DPL_RETURN_IF_ERROR(alloc(attn_plan_.workspace_floats * 4, &d_attn_ws_));
-  DPL_RETURN_IF_ERROR(alloc(kv_layout_.TotalBytes(), &d_kv_));
-  DPL_RETURN_IF_ERROR(kernels::AllocateMatVecScratch(std::max({E, F, Q}), T, &scratch_));
-  DPL_RETURN_IF_ERROR(alloc(sizeof(kernels::SamplerState), &d_sampler_state_));
-  DPL_CUDA_CHECK(cudaMemset(d_sampler_state_, 0, sizeof(kernels::SamplerState)));
-  void* ws = nullptr;
-  DPL_RETURN_IF_ERROR(alloc(kernels::SamplingWorkspaceBytes(), &ws));
-  d_sampling_ws_ = ws;
-  DPL_CUDA_CHECK(cudaHostAlloc(&h_tokens_, 2 * sizeof(int), cudaHostAllocDefault));
-  for (cudaEvent_t& e : token_ready_) {
-    DPL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  DPL_ASSIGN_OR_RETURN(arena_, kernels::DeviceBuffer<uint8_t>::Allocate(total));
+  uint8_t* at = arena_.get();
+  for (const auto& e : table) {
+    std::memcpy(e.slot, &at, sizeof(void*));  // every slot is a pointer member of b
+    at += align(e.bytes);
   }
+  b.qx.max_cols = static_cast<int64_t>(W);
+  b.qx.max_tokens = static_cast<int64_t>(T);
+  DPL_CUDA_CHECK(cudaMemset(b.sampler, 0, sizeof(kernels::SamplerState)));
+  DPL_ASSIGN_OR_RETURN(stream_, kernels::CreateStream());
+  DPL_ASSIGN_OR_RETURN(h_tokens_, kernels::PinnedBuffer<int>::Allocate(2));
+  for (kernels::Event& e : token_ready_) {
+    DPL_ASSIGN_OR_RETURN(e, kernels::CreateEvent());
+  }
+  return absl::OkStatus();
+}
 
-  // RoPE frequencies (float64), with llama 3's per-frequency factors if present.
-  auto inv = kernels::RopeInvFreq(hp_.rope_freq_base, static_cast<int>(hp_.n_rot), hp_.rope_freq_scale);
-  if (!inv.ok()) return inv.status();
-  if (const formats::TensorView* f = index_->Find("rope_freqs.weight"); f != nullptr) {
-    std::vector<float> factors(inv->size());
-    if (f->type != formats::GgmlType::kF32 || f->ne[0] != factors.size()) {
-      return absl::InvalidArgumentError("rope_freqs.weight must be f32 with n_rot/2 elements");
-    }
-    DPL_CUDA_CHECK(cudaMemcpy(factors.data(), weights_->device_base() + f->data_offset,
+// RoPE frequencies (float64), with llama 3's per-frequency factors if present.
+absl::Status CudaDecoder::InitRope(const model::ModelDesc& desc) {
+  DPL_ASSIGN_OR_RETURN(std::vector<double> inv,
+                       kernels::RopeInvFreq(hp_.rope_freq_base, static_cast<int>(hp_.n_rot),
+                                            hp_.rope_freq_scale));
+  if (desc.rope_freqs != nullptr) {
+    std::vector<float> factors(inv.size());
+    DPL_CUDA_CHECK(cudaMemcpy(factors.data(), weights_->device_base() + desc.rope_freqs->data_offset,
                               factors.size() * 4, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < factors.size(); ++i) (*inv)[i] /= factors[i];
+    for (size_t i = 0; i < factors.size(); ++i) inv[i] /= factors[i];
   }
-  DPL_CUDA_CHECK(cudaMemcpy(d_inv_freq_, inv->data(), inv->size() * 8, cudaMemcpyHostToDevice));
+  DPL_CUDA_CHECK(cudaMemcpy(buf_.inv_freq, inv.data(), inv.size() * 8, cudaMemcpyHostToDevice));
   return absl::OkStatus();
 }
 
 absl::Status CudaDecoder::EnqueueForward(int n, bool all_logits) {
-  using kernels::MatVecIo;
   const int E = static_cast<int>(hp_.n_embd), F = static_cast<int>(hp_.n_ff);
   const int Q = static_cast<int>(hp_.q_dim()), KV = static_cast<int>(hp_.kv_dim());
   const float eps = static_cast<float>(hp_.rms_eps);
-  cudaStream_t s = stream_;
-  // y = W x for the n tokens in x, reading the int8 copy in scratch_.
-  auto mm = [&](const kernels::WeightMatrix& w, kernels::MatVecKernel k, const float* x, float* y,
-                const float* bias, const float* residual, int rows) {
-    MatVecIo io;
+  cudaStream_t s = stream_.get();
+  Buffers& b = buf_;
+  // Quantizes x (n tokens of `cols` values) once for the matvecs that read it.
+  auto quantize = [&](const float* x, int cols, int rows) {
+    return kernels::QuantizeActivations(x, cols, rows, &b.qx, s);
+  };
+  // y = W x (+ bias) (+ residual) for the n tokens in x.
+  auto mm = [&](const Matrix& m, const float* x, float* y, const float* bias,
+                const float* residual, int rows) {
+    kernels::MatVecIo io;
     io.x = x;
-    io.qx = &scratch_;
+    io.qx = &b.qx;
     io.n_tokens = rows;
     io.y = y;
     io.bias = bias;
     io.residual = residual;
-    return kernels::RunMatVec(w, k, io, s);
+    return kernels::RunMatVec(m.w, m.plan, io, s);
   };
 
   for (int t = 0; t < n; ++t) {
-    DPL_RETURN_IF_ERROR(kernels::EmbedRow(embed_, d_tokens_ + t, d_x_ + t * E, s));
+    DPL_RETURN_IF_ERROR(kernels::EmbedRow(embed_, b.tokens + t, b.x + t * E, s));
   }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    uint16_t* k_cache = d_kv_ + kv_layout_.KOffset(static_cast<int>(l));
-    uint16_t* v_cache = d_kv_ + kv_layout_.VOffset(static_cast<int>(l));
+    uint16_t* k_cache = b.kv + kv_layout_.KOffset(static_cast<int>(l));
+    uint16_t* v_cache = b.kv + kv_layout_.VOffset(static_cast<int>(l));
     // Attention block.
-    DPL_RETURN_IF_ERROR(kernels::RmsNorm(d_x_, L.attn_norm, d_h_, n, E, eps, s));
-    DPL_RETURN_IF_ERROR(kernels::QuantizeActivations(d_h_, E, n, &scratch_, s));
-    DPL_RETURN_IF_ERROR(mm(L.wq, L.kq, d_h_, d_q_, L.bq, nullptr, n));
-    DPL_RETURN_IF_ERROR(mm(L.wk, L.kk, d_h_, d_k_, L.bk, nullptr, n));
-    DPL_RETURN_IF_ERROR(mm(L.wv, L.kv, d_h_, d_v_, L.bv, nullptr, n));
+    DPL_RETURN_IF_ERROR(kernels::RmsNorm(b.x, L.attn_norm, b.h, n, E, eps, s));
+    DPL_RETURN_IF_ERROR(quantize(b.h, E, n));
+    DPL_RETURN_IF_ERROR(mm(L.wq, b.h, b.q, L.bq, nullptr, n));
+    DPL_RETURN_IF_ERROR(mm(L.wk, b.h, b.k, L.bk, nullptr, n));
+    DPL_RETURN_IF_ERROR(mm(L.wv, b.h, b.v, L.bv, nullptr, n));
     for (int t = 0; t < n; ++t) {
-      DPL_RETURN_IF_ERROR(kernels::RopeWriteKv(rope_shape_, rope_style_, d_positions_ + t,
-                                               d_inv_freq_, d_q_ + t * Q, d_k_ + t * KV,
-                                               d_v_ + t * KV, k_cache, v_cache, s));
+      DPL_RETURN_IF_ERROR(kernels::RopeWriteKv(rope_shape_, hp_.rope_style, b.positions + t,
+                                               b.inv_freq, b.q + t * Q, b.k + t * KV,
+                                               b.v + t * KV, k_cache, v_cache, s));
     }
     for (int t = 0; t < n; ++t) {
-      DPL_RETURN_IF_ERROR(kernels::DecodeAttention(attn_plan_, d_q_ + t * Q, k_cache, v_cache,
-                                                   d_positions_ + t, d_attn_ws_, d_att_ + t * Q, s));
+      DPL_RETURN_IF_ERROR(kernels::DecodeAttention(attn_plan_, b.q + t * Q, k_cache, v_cache,
+                                                   b.positions + t, b.attn_ws, b.att + t * Q, s));
     }
-    DPL_RETURN_IF_ERROR(kernels::QuantizeActivations(d_att_, Q, n, &scratch_, s));
-    DPL_RETURN_IF_ERROR(mm(L.wo, L.ko, d_att_, d_x_, L.bo, d_x_, n));  // x += Wo a
+    DPL_RETURN_IF_ERROR(quantize(b.att, Q, n));
+    DPL_RETURN_IF_ERROR(mm(L.wo, b.att, b.x, L.bo, b.x, n));  // x += Wo a
     // Feed-forward block.
-    DPL_RETURN_IF_ERROR(kernels::RmsNorm(d_x_, L.ffn_norm, d_h_, n, E, eps, s));
-    DPL_RETURN_IF_ERROR(kernels::QuantizeActivations(d_h_, E, n, &scratch_, s));
-    DPL_RETURN_IF_ERROR(mm(L.wgate, L.kgate, d_h_, d_gate_, nullptr, nullptr, n));
-    DPL_RETURN_IF_ERROR(mm(L.wup, L.kup, d_h_, d_up_, nullptr, nullptr, n));
-    DPL_RETURN_IF_ERROR(kernels::SwiGlu(d_gate_, d_up_, d_gate_, static_cast<int64_t>(n) * F, s));
-    DPL_RETURN_IF_ERROR(kernels::QuantizeActivations(d_gate_, F, n, &scratch_, s));
-    DPL_RETURN_IF_ERROR(mm(L.wdown, L.kdown, d_gate_, d_x_, nullptr, d_x_, n));  // x += Wdown g
+    DPL_RETURN_IF_ERROR(kernels::RmsNorm(b.x, L.ffn_norm, b.h, n, E, eps, s));
+    DPL_RETURN_IF_ERROR(quantize(b.h, E, n));
+    DPL_RETURN_IF_ERROR(mm(L.w_gate, b.h, b.gate, nullptr, nullptr, n));
+    DPL_RETURN_IF_ERROR(mm(L.w_up, b.h, b.up, nullptr, nullptr, n));
+    DPL_RETURN_IF_ERROR(kernels::SwiGlu(b.gate, b.up, b.gate, static_cast<int64_t>(n) * F, s));
+    DPL_RETURN_IF_ERROR(quantize(b.gate, F, n));
+    DPL_RETURN_IF_ERROR(mm(L.w_down, b.gate, b.x, nullptr, b.x, n));  // x += Wdown g
   }
   // LM head: every token's logits, or the last token's only.
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
-  DPL_RETURN_IF_ERROR(kernels::RmsNorm(d_x_ + first * E, output_norm_, d_h_, rows, E, eps, s));
-  DPL_RETURN_IF_ERROR(kernels::QuantizeActivations(d_h_, E, rows, &scratch_, s));
-  return mm(w_out_, k_out_, d_h_, d_logits_, nullptr, nullptr, rows);
+  DPL_RETURN_IF_ERROR(kernels::RmsNorm(b.x + first * E, output_norm_, b.h, rows, E, eps, s));
+  DPL_RETURN_IF_ERROR(quantize(b.h, E, rows));
+  return mm(out_, b.h, b.logits, nullptr, nullptr, rows);
 }
 
-// The single-token step, captured once. Its inputs (d_tokens_[0],
-// d_positions_[0]) are device memory the host or a sampler writes before each
-// replay, so the same graph serves every position.
-absl::Status CudaDecoder::CaptureStepGraph() {
-  DPL_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  absl::Status s = EnqueueForward(1, false);
-  // The graph moves its own position on, so back-to-back replays decode
-  // consecutive positions (dpl-bench); Eval writes the position anyway.
-  if (s.ok()) s = kernels::AdvancePosition(d_positions_, stream_);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
-  if (!s.ok()) {
-    if (graph) cudaGraphDestroy(graph);
-    return s;
+absl::Status CudaDecoder::EnqueueStep(const kernels::SamplingParams* sample) {
+  DPL_RETURN_IF_ERROR(EnqueueForward(1, false));
+  if (sample != nullptr) {
+    DPL_RETURN_IF_ERROR(kernels::SampleToken(*sample, buf_.logits, static_cast<int>(hp_.n_vocab),
+                                             ring_.get(), buf_.sampler, buf_.sampling_ws,
+                                             buf_.tokens, stream_.get()));
   }
-  DPL_CUDA_CHECK(end);
-  graph_ = graph;
-  DPL_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
-  return absl::OkStatus();
+  // The step moves its own position on, so back-to-back replays decode
+  // consecutive positions (dpl-bench); Eval writes the position anyway.
+  return kernels::AdvancePosition(buf_.positions, stream_.get());
 }
 
 absl::Status CudaDecoder::RunChunk(absl::Span<const int32_t> tokens, bool all_logits) {
   const int n = static_cast<int>(tokens.size());
   std::vector<int> positions(n);
   for (int t = 0; t < n; ++t) positions[t] = static_cast<int>(n_past_ + t);
-  DPL_CUDA_CHECK(cudaMemcpyAsync(d_tokens_, tokens.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream_));
-  DPL_CUDA_CHECK(cudaMemcpyAsync(d_positions_, positions.data(), n * sizeof(int),
-                                 cudaMemcpyHostToDevice, stream_));
-  if (n == 1 && !all_logits && graph_exec_ != nullptr) {
-    DPL_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+  cudaStream_t s = stream_.get();
+  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.tokens, tokens.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, positions.data(), n * sizeof(int),
+                                 cudaMemcpyHostToDevice, s));
+  if (n == 1 && !all_logits && step_graph_) {
+    DPL_CUDA_CHECK(cudaGraphLaunch(step_graph_.get(), s));
   } else {
     DPL_RETURN_IF_ERROR(EnqueueForward(n, all_logits));
   }
   // The host vectors above must outlive the async copies.
-  DPL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  DPL_CUDA_CHECK(cudaStreamSynchronize(s));
   n_past_ += n;
   return absl::OkStatus();
 }
@@ -360,7 +291,7 @@ absl::Status CudaDecoder::Eval(absl::Span<const int32_t> tokens, std::vector<flo
     if (all != nullptr) {
       const size_t old = all->size();
       all->resize(old + chunk.size() * V);
-      DPL_CUDA_CHECK(cudaMemcpy(all->data() + old, d_logits_, chunk.size() * V * 4, cudaMemcpyDeviceToHost));
+      DPL_CUDA_CHECK(cudaMemcpy(all->data() + old, buf_.logits, chunk.size() * V * 4, cudaMemcpyDeviceToHost));
     }
   }
   if (last != nullptr) {
@@ -368,133 +299,105 @@ absl::Status CudaDecoder::Eval(absl::Span<const int32_t> tokens, std::vector<flo
     if (all != nullptr) {
       std::copy(all->end() - V, all->end(), last->begin());
     } else {
-      DPL_CUDA_CHECK(cudaMemcpy(last->data(), d_logits_, V * 4, cudaMemcpyDeviceToHost));
+      DPL_CUDA_CHECK(cudaMemcpy(last->data(), buf_.logits, V * 4, cudaMemcpyDeviceToHost));
     }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<double> CudaDecoder::TimeDecodeSteps(int n) {
-  if (graph_exec_ == nullptr) return absl::FailedPreconditionError("no captured graph (eager mode)");
+  if (!step_graph_) return absl::FailedPreconditionError("no captured graph (eager mode)");
   if (n_past_ + n > n_ctx_) return absl::OutOfRangeError("decode steps past the context");
+  cudaStream_t s = stream_.get();
   const int pos = static_cast<int>(n_past_);
-  DPL_CUDA_CHECK(cudaMemcpyAsync(d_positions_, &pos, sizeof(int), cudaMemcpyHostToDevice, stream_));
-  cudaEvent_t start, stop;
-  DPL_CUDA_CHECK(cudaEventCreate(&start));
-  DPL_CUDA_CHECK(cudaEventCreate(&stop));
-  DPL_CUDA_CHECK(cudaEventRecord(start, stream_));
-  for (int i = 0; i < n; ++i) DPL_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
-  DPL_CUDA_CHECK(cudaEventRecord(stop, stream_));
-  DPL_CUDA_CHECK(cudaEventSynchronize(stop));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, &pos, sizeof(int), cudaMemcpyHostToDevice, s));
+  DPL_ASSIGN_OR_RETURN(const kernels::Event start, kernels::CreateEvent(cudaEventDefault));
+  DPL_ASSIGN_OR_RETURN(const kernels::Event stop, kernels::CreateEvent(cudaEventDefault));
+  DPL_CUDA_CHECK(cudaEventRecord(start.get(), s));
+  for (int i = 0; i < n; ++i) DPL_CUDA_CHECK(cudaGraphLaunch(step_graph_.get(), s));
+  DPL_CUDA_CHECK(cudaEventRecord(stop.get(), s));
+  DPL_CUDA_CHECK(cudaEventSynchronize(stop.get()));
   float ms = 0;
-  DPL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  DPL_CUDA_CHECK(cudaEventDestroy(start));
-  DPL_CUDA_CHECK(cudaEventDestroy(stop));
+  DPL_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
   n_past_ += n;
   return ms / 1e3;
 }
 
 absl::Status CudaDecoder::PrepareGenerationGraph(const kernels::SamplingParams& p) {
-  const bool same = gen_params_valid_ && p.temperature == gen_params_.temperature &&
-                    p.top_k == gen_params_.top_k && p.top_p == gen_params_.top_p &&
-                    p.min_p == gen_params_.min_p && p.repeat_penalty == gen_params_.repeat_penalty &&
-                    p.repeat_last_n == gen_params_.repeat_last_n && p.seed == gen_params_.seed;
-  if (same) return absl::OkStatus();
-  if (p.repeat_last_n > ring_capacity_) {
-    void* ring = nullptr;
-    DPL_CUDA_CHECK(cudaMalloc(&ring, p.repeat_last_n * sizeof(int)));
-    allocations_.push_back(ring);
-    d_ring_ = static_cast<int*>(ring);
-    ring_capacity_ = p.repeat_last_n;
+  const auto same = [](const kernels::SamplingParams& a, const kernels::SamplingParams& b) {
+    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
+           a.min_p == b.min_p && a.repeat_penalty == b.repeat_penalty &&
+           a.repeat_last_n == b.repeat_last_n && a.seed == b.seed;
+  };
+  if (gen_params_.has_value() && same(*gen_params_, p)) return absl::OkStatus();
+  gen_params_.reset();
+  gen_graph_.reset();
+  if (p.repeat_last_n > static_cast<int>(ring_.size())) {
+    DPL_ASSIGN_OR_RETURN(ring_, kernels::DeviceBuffer<int>::Allocate(p.repeat_last_n));
   }
-  if (gen_graph_exec_) cudaGraphExecDestroy(gen_graph_exec_);
-  if (gen_graph_) cudaGraphDestroy(gen_graph_);
-  gen_graph_exec_ = nullptr;
-  gen_graph_ = nullptr;
-  gen_params_valid_ = false;
   if (!eager_) {
-    DPL_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    absl::Status st = EnqueueForward(1, false);
-    if (st.ok()) {
-      st = kernels::SampleToken(p, d_logits_, static_cast<int>(hp_.n_vocab), d_ring_, d_sampler_state_,
-                                d_sampling_ws_, d_tokens_, stream_);
-    }
-    if (st.ok()) st = kernels::AdvancePosition(d_positions_, stream_);
-    cudaGraph_t graph = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
-    if (!st.ok()) {
-      if (graph) cudaGraphDestroy(graph);
-      return st;
-    }
-    DPL_CUDA_CHECK(end);
-    gen_graph_ = graph;
-    DPL_CUDA_CHECK(cudaGraphInstantiate(&gen_graph_exec_, gen_graph_, 0));
+    DPL_ASSIGN_OR_RETURN(gen_graph_, kernels::CaptureGraph(stream_.get(), [&] {
+                           return EnqueueStep(&p);
+                         }));
   }
   gen_params_ = p;
-  gen_params_valid_ = true;
   return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::LaunchGenerationStep(const kernels::SamplingParams& p) {
+  if (gen_graph_) {
+    DPL_CUDA_CHECK(cudaGraphLaunch(gen_graph_.get(), stream_.get()));
+    return absl::OkStatus();
+  }
+  return EnqueueStep(&p);  // eager: the same kernels, launched one by one
 }
 
 absl::Status CudaDecoder::SampleLoop(const generate::SamplerParams& params,
                                      absl::Span<const int32_t> history, int32_t max_tokens,
                                      const std::function<bool(int32_t)>& on_token) {
   if (n_past_ == 0) return absl::FailedPreconditionError("SampleLoop needs a prompt first");
-  kernels::SamplingParams p;
-  p.temperature = params.temperature;
-  p.top_k = params.top_k;
-  p.top_p = params.top_p;
-  p.min_p = params.min_p;
-  p.repeat_penalty = params.repeat_penalty;
+  kernels::SamplingParams p = params;
   p.repeat_last_n = params.repeat_penalty != 1.0f ? std::max(0, params.repeat_last_n) : 0;
-  p.seed = params.seed;
   DPL_RETURN_IF_ERROR(PrepareGenerationGraph(p));
+  cudaStream_t s = stream_.get();
+  int* h_tokens = h_tokens_.get();
   // The penalty ring from the history; the RNG counter carries on.
   if (p.repeat_last_n > 0) {
     const kernels::RecentRing ring = kernels::MakeRecentRing(history, p.repeat_last_n);
-    DPL_CUDA_CHECK(cudaMemcpyAsync(d_ring_, ring.tokens.data(), ring.tokens.size() * sizeof(int),
-                                   cudaMemcpyHostToDevice, stream_));
+    DPL_CUDA_CHECK(cudaMemcpyAsync(ring_.get(), ring.tokens.data(), ring.tokens.size() * sizeof(int),
+                                   cudaMemcpyHostToDevice, s));
     const int32_t head_count[2] = {ring.head, ring.count};
-    DPL_CUDA_CHECK(cudaMemcpyAsync(&d_sampler_state_->ring_head, head_count, sizeof(head_count),
-                                   cudaMemcpyHostToDevice, stream_));
+    DPL_CUDA_CHECK(cudaMemcpyAsync(&buf_.sampler->ring_head, head_count, sizeof(head_count),
+                                   cudaMemcpyHostToDevice, s));
   }
   const int pos = static_cast<int>(n_past_);
-  DPL_CUDA_CHECK(cudaMemcpyAsync(d_positions_, &pos, sizeof(int), cudaMemcpyHostToDevice, stream_));
-  // The first token comes from the prompt's logits, still in d_logits_.
-  DPL_RETURN_IF_ERROR(kernels::SampleToken(p, d_logits_, static_cast<int>(hp_.n_vocab), d_ring_,
-                                           d_sampler_state_, d_sampling_ws_, d_tokens_, stream_));
-  DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_[0], d_tokens_, sizeof(int), cudaMemcpyDeviceToHost, stream_));
-  DPL_CUDA_CHECK(cudaEventRecord(token_ready_[0], stream_));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, &pos, sizeof(int), cudaMemcpyHostToDevice, s));
+  // The first token comes from the prompt's logits, still in buf_.logits.
+  DPL_RETURN_IF_ERROR(kernels::SampleToken(p, buf_.logits, static_cast<int>(hp_.n_vocab), ring_.get(),
+                                           buf_.sampler, buf_.sampling_ws, buf_.tokens, s));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens[0], buf_.tokens, sizeof(int), cudaMemcpyDeviceToHost, s));
+  DPL_CUDA_CHECK(cudaEventRecord(token_ready_[0].get(), s));
   // Pipeline: the GPU runs step i (feeding token i, sampling token i + 1)
   // while the host waits for token i and streams it: one wait per token.
   for (int32_t i = 0; max_tokens < 0 || i < max_tokens; ++i) {
     const bool more = (max_tokens < 0 || i + 1 < max_tokens) && n_past_ < n_ctx_;
     if (more) {
-      if (gen_graph_exec_ != nullptr) {
-        DPL_CUDA_CHECK(cudaGraphLaunch(gen_graph_exec_, stream_));
-      } else {  // eager (DPL_EAGER): the same kernels, launched one by one
-        DPL_RETURN_IF_ERROR(EnqueueForward(1, false));
-        DPL_RETURN_IF_ERROR(kernels::SampleToken(p, d_logits_, static_cast<int>(hp_.n_vocab), d_ring_,
-                                                 d_sampler_state_, d_sampling_ws_, d_tokens_, stream_));
-        DPL_RETURN_IF_ERROR(kernels::AdvancePosition(d_positions_, stream_));
-      }
+      DPL_RETURN_IF_ERROR(LaunchGenerationStep(p));
       const int slot = (i + 1) & 1;
-      DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_[slot], d_tokens_, sizeof(int), cudaMemcpyDeviceToHost, stream_));
-      DPL_CUDA_CHECK(cudaEventRecord(token_ready_[slot], stream_));
+      DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens[slot], buf_.tokens, sizeof(int), cudaMemcpyDeviceToHost, s));
+      DPL_CUDA_CHECK(cudaEventRecord(token_ready_[slot].get(), s));
     }
-    DPL_CUDA_CHECK(cudaEventSynchronize(token_ready_[i & 1]));
-    const int32_t token = h_tokens_[i & 1];
+    DPL_CUDA_CHECK(cudaEventSynchronize(token_ready_[i & 1].get()));
+    const int32_t token = h_tokens[i & 1];
     if (!on_token(token)) {
-      DPL_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step already queued finishes
+      DPL_CUDA_CHECK(cudaStreamSynchronize(s));  // the step already queued finishes
       if (more) ++n_past_;  // its KV row holds the refused token; callers rewind past it
       return absl::OkStatus();
     }
-    if (!more) {
-      DPL_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      return absl::OkStatus();
-    }
+    if (!more) break;
     ++n_past_;  // token i is now in the cache (step i ran)
   }
-  DPL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  DPL_CUDA_CHECK(cudaStreamSynchronize(s));
   return absl::OkStatus();
 }
 

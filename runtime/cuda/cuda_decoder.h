@@ -1,8 +1,9 @@
 // The CUDA device: a .dpl model on one GPU. Weights are one device
 // allocation (DeviceWeights); every activation buffer, the f16 KV cache and
-// the kernels' scratch are allocated once here. A decode step is captured
-// once as a CUDA graph and replayed for every token: the token and position
-// live in device memory, so nothing is re-captured as the context grows.
+// the kernels' scratch are one more, carved from one size table at load. A
+// decode step is captured once as a CUDA graph and replayed for every token:
+// the token and position live in device memory, so nothing is re-captured
+// as the context grows.
 //
 // One step, top to bottom (llama / qwen2):
 //   x = embed(token)
@@ -15,34 +16,40 @@
 //               x = Wdown (silu(Wgate h) * (Wup h)) + x
 //   logits = Wout (rmsnorm(x) * output_norm)
 // Prompts run the same code over up to `max_batch` tokens at once: the
-// matrix products read each weight once per batch (MatMulTokens).
+// matrix products read each weight once per token tile (MatVecPlan::prompt).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/attention/attention.h"
+#include "kernels/cuda_handles.h"
 #include "kernels/matvec/matvec.h"
 #include "kernels/ops/kv_cache.h"
 #include "kernels/ops/ops.h"
 #include "kernels/sampling/sampling.h"
+#include "kernels/tuning.h"
+#include "model/hparams.h"
+#include "model/model.h"
 #include "runtime/cuda/device_weights.h"
 #include "runtime/generate/decoder.h"
-#include "runtime/reference/hparams.h"
 
 namespace dpl::runtime {
 
 struct CudaDecoderOptions {
   int64_t n_ctx = 4096;   // KV cache positions (0: the model's context length)
   int max_batch = 256;    // prompt tokens per forward pass
-  // Debugging: run every step eagerly instead of replaying the graph
-  // (also DPL_EAGER=1 in the environment). Same bits either way.
+  // Debugging: run every step eagerly instead of replaying the graph (dpl-run
+  // sets it from DPL_EAGER=1). Same bits either way.
   bool eager = false;
+  // Launch policy; unset: DecodeTuningForDevice() (benchmarks override fields).
+  std::optional<kernels::DecodeTuning> tuning;
   LoadOptions load;
 };
 
@@ -58,7 +65,6 @@ class CudaDecoder : public generate::Decoder {
  public:
   static absl::StatusOr<std::unique_ptr<CudaDecoder>> Create(const std::string& path,
                                                              const CudaDecoderOptions& options);
-  ~CudaDecoder() override;
 
   int32_t n_vocab() const override { return static_cast<int32_t>(hp_.n_vocab); }
   int64_t n_ctx() const override { return n_ctx_; }
@@ -72,7 +78,8 @@ class CudaDecoder : public generate::Decoder {
                           int32_t max_tokens,
                           const std::function<bool(int32_t)>& on_token) override;
 
-  const reference::Hparams& hparams() const { return hp_; }
+  const model::Hparams& hparams() const { return hp_; }
+  const kernels::DecodeTuning& tuning() const { return tuning_; }
   const CudaMemoryReport& memory() const { return report_; }
   // Bytes of weights one decode step reads (every tensor but the embedding
   // table, which is read one row per token unless it is also the lm head).
@@ -84,9 +91,13 @@ class CudaDecoder : public generate::Decoder {
   absl::StatusOr<double> TimeDecodeSteps(int n);
 
  private:
+  // A weight matrix and how its matvec launches (planned once at load).
+  struct Matrix {
+    kernels::WeightMatrix w;
+    kernels::MatVecPlan plan;
+  };
   struct Layer {
-    kernels::WeightMatrix wq, wk, wv, wo, wgate, wup, wdown;
-    kernels::MatVecKernel kq, kk, kv, ko, kgate, kup, kdown;
+    Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
     const float* attn_norm = nullptr;  // (n_embd)
     const float* ffn_norm = nullptr;   // (n_embd)
     const float* bq = nullptr;         // (q_dim) or null
@@ -94,24 +105,53 @@ class CudaDecoder : public generate::Decoder {
     const float* bv = nullptr;         // (kv_dim) or null
     const float* bo = nullptr;         // (n_embd) or null
   };
+  // Device buffers of a forward pass, carved from one allocation (Allocate).
+  // T = max_batch.
+  struct Buffers {
+    int* tokens = nullptr;       // (T) token ids of the current pass
+    int* positions = nullptr;    // (T) their positions
+    double* inv_freq = nullptr;  // (n_rot / 2) RoPE frequencies
+    float* x = nullptr;          // (T, n_embd) residual stream
+    float* h = nullptr;          // (T, n_embd) normed input of a block
+    float* q = nullptr;          // (T, q_dim)
+    float* k = nullptr;          // (T, kv_dim)
+    float* v = nullptr;          // (T, kv_dim)
+    float* att = nullptr;        // (T, q_dim) attention output
+    float* gate = nullptr;       // (T, n_ff)
+    float* up = nullptr;         // (T, n_ff)
+    float* logits = nullptr;     // (T, n_vocab)
+    float* attn_ws = nullptr;    // (attn_plan_.workspace_floats)
+    uint16_t* kv = nullptr;      // kv_layout_: per layer K then V, f16
+    kernels::SamplerState* sampler = nullptr;  // (1), zeroed once: the RNG counter persists
+    void* sampling_ws = nullptr;               // (SamplingWorkspaceBytes()) bytes
+    kernels::MatVecScratch qx;                 // int8 activations (T, max width)
+  };
 
   CudaDecoder() = default;
   absl::Status Init(const std::string& path, const CudaDecoderOptions& options);
-  absl::Status BindWeights();
-  absl::Status Allocate(const CudaDecoderOptions& options);
-  // Enqueues the forward pass of the n tokens in d_tokens_ at d_positions_;
-  // logits of the last token (all_logits: of every token) land in d_logits_.
+  absl::Status BindWeights(const model::ModelDesc& desc);
+  absl::Status Allocate();
+  absl::Status InitRope(const model::ModelDesc& desc);
+  // Enqueues the forward pass of the n tokens in buf_.tokens at
+  // buf_.positions; logits of the last token (all_logits: of every token)
+  // land in buf_.logits.
   absl::Status EnqueueForward(int n, bool all_logits);
-  absl::Status CaptureStepGraph();
+  // One decode step of the token in buf_.tokens[0] at buf_.positions[0]:
+  // the forward pass, then (with `sample`) the next token sampled into
+  // buf_.tokens[0], then the position advanced. What the step graph and the
+  // generation graph capture, and what eager mode runs.
+  absl::Status EnqueueStep(const kernels::SamplingParams* sample);
   absl::Status RunChunk(absl::Span<const int32_t> tokens, bool all_logits);
-  // The generation step graph: forward of d_tokens_[0] at d_positions_[0],
-  // sample the next token into d_tokens_[0], advance the position. Sampling
-  // parameters are kernel arguments, so a change of parameters re-captures.
+  // The generation graph for these sampling parameters (kernel arguments,
+  // so a change of parameters re-captures).
   absl::Status PrepareGenerationGraph(const kernels::SamplingParams& params);
+  // Launches the generation step: its graph, or eagerly.
+  absl::Status LaunchGenerationStep(const kernels::SamplingParams& params);
 
   std::unique_ptr<DeviceWeights> weights_;
   std::shared_ptr<formats::ModelFile> index_;  // metadata and tensor table
-  reference::Hparams hp_;
+  model::Hparams hp_;
+  kernels::DecodeTuning tuning_;
   int64_t n_ctx_ = 0;
   int64_t n_past_ = 0;
   int max_batch_ = 0;
@@ -119,49 +159,25 @@ class CudaDecoder : public generate::Decoder {
   uint64_t bytes_per_token_ = 0;
   CudaMemoryReport report_;
 
-  kernels::EmbedTable embed_;
-  kernels::WeightMatrix w_out_;
-  kernels::MatVecKernel k_out_ = kernels::MatVecKernel::kF32;
+  kernels::WeightMatrix embed_;
+  Matrix out_;
   const float* output_norm_ = nullptr;  // (n_embd)
   std::vector<Layer> layers_;
-  kernels::RopeStyle rope_style_ = kernels::RopeStyle::kNeox;
   kernels::RopeKvShape rope_shape_;
   kernels::KvCacheLayout kv_layout_;
   kernels::DecodeAttentionPlan attn_plan_;
 
-  // Device buffers, allocated once. T = max_batch.
-  cudaStream_t stream_ = nullptr;
-  std::vector<void*> allocations_;
-  int* d_tokens_ = nullptr;       // (T) token ids of the current pass
-  int* d_positions_ = nullptr;    // (T) their positions
-  double* d_inv_freq_ = nullptr;  // (n_rot / 2) RoPE frequencies
-  float* d_x_ = nullptr;          // (T, n_embd) residual stream
-  float* d_h_ = nullptr;          // (T, n_embd) normed input of a block
-  float* d_q_ = nullptr;          // (T, q_dim)
-  float* d_k_ = nullptr;          // (T, kv_dim)
-  float* d_v_ = nullptr;          // (T, kv_dim)
-  float* d_att_ = nullptr;        // (T, q_dim) attention output
-  float* d_gate_ = nullptr;       // (T, n_ff)
-  float* d_up_ = nullptr;         // (T, n_ff)
-  float* d_logits_ = nullptr;     // (T, n_vocab)
-  float* d_attn_ws_ = nullptr;    // (attn_plan_.workspace_floats)
-  uint16_t* d_kv_ = nullptr;      // kv_layout_: per layer K then V, f16
-  kernels::MatVecScratch scratch_;
-
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t graph_exec_ = nullptr;
+  kernels::Stream stream_;
+  kernels::DeviceBuffer<uint8_t> arena_;  // every buffer of buf_
+  Buffers buf_;
+  kernels::GraphExec step_graph_;
 
   // On-device sampling.
-  kernels::SamplerState* d_sampler_state_ = nullptr;  // (1), zeroed once: the RNG counter persists
-  void* d_sampling_ws_ = nullptr;                     // (SamplingWorkspaceBytes()) bytes
-  int* d_ring_ = nullptr;                             // (ring_capacity_) recent tokens
-  int ring_capacity_ = 0;
-  int* h_tokens_ = nullptr;                           // (2) pinned: sampled ids read by the host
-  cudaEvent_t token_ready_[2] = {nullptr, nullptr};
-  bool gen_params_valid_ = false;
-  kernels::SamplingParams gen_params_;
-  cudaGraph_t gen_graph_ = nullptr;
-  cudaGraphExec_t gen_graph_exec_ = nullptr;
+  kernels::DeviceBuffer<int> ring_;            // (repeat_last_n) recent tokens
+  kernels::PinnedBuffer<int> h_tokens_;        // (2) sampled ids read by the host
+  kernels::Event token_ready_[2];
+  std::optional<kernels::SamplingParams> gen_params_;  // what gen_graph_ samples with
+  kernels::GraphExec gen_graph_;
 };
 
 }  // namespace dpl::runtime

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "formats/dpl_file.h"
+#include "kernels/cuda_handles.h"
 
 namespace dpl::runtime {
 
@@ -30,12 +31,11 @@ class DeviceWeights {
   // copies its data region to the current device.
   static absl::StatusOr<std::unique_ptr<DeviceWeights>> Load(const std::string& path,
                                                               const LoadOptions& options);
-  ~DeviceWeights();
   DeviceWeights(const DeviceWeights&) = delete;
   DeviceWeights& operator=(const DeviceWeights&) = delete;
 
   const formats::DplFile& file() const { return *file_; }
-  const uint8_t* device_base() const { return base_; }  // (data_bytes) bytes
+  const uint8_t* device_base() const { return base_.get(); }  // (data_bytes) bytes
   uint64_t device_bytes() const { return file_->header().data_bytes; }
   const LoadStats& stats() const { return stats_; }
 
@@ -47,7 +47,7 @@ class DeviceWeights {
   absl::Status Upload(const LoadOptions& options);
 
   std::unique_ptr<formats::DplFile> file_;
-  uint8_t* base_ = nullptr;
+  kernels::DeviceBuffer<uint8_t> base_;
   LoadStats stats_;
 };
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "converter/convert.h"
+#include "formats/model_file.h"
 #include "runtime/cuda/device_weights.h"
 #include "tests/shared_dir.h"
 #include "tools/synth.h"

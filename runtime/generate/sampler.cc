@@ -5,20 +5,9 @@
 #include <limits>
 
 namespace dpl::generate {
-namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 double Sampler::NextUniform() {
-  const uint64_t bits = SplitMix64(p_.seed ^ SplitMix64(draws_++));
-  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+  return kernels::UniformFromCounter(p_.seed, draws_++);  // the device sampler's draws
 }
 
 void Sampler::Accept(int32_t token) {

@@ -9,18 +9,11 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "kernels/sampling/sampling_util.h"
 
 namespace dpl::generate {
 
-struct SamplerParams {
-  float temperature = 0.8f;   // <= 0: greedy
-  int32_t top_k = 40;         // <= 0: off
-  float top_p = 0.95f;        // >= 1: off
-  float min_p = 0.05f;        // <= 0: off
-  float repeat_penalty = 1.0f;  // 1: off
-  int32_t repeat_last_n = 64;   // tokens the penalty looks back over
-  uint64_t seed = 0;
-};
+using SamplerParams = kernels::SamplingParams;
 
 class Sampler {
  public:

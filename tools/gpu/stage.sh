@@ -2,13 +2,14 @@
 # Builds everything the GPU suite needs and packs it into .gpu/suite/ (git-
 # ignored), ready to be carried to the GPU machine (suite.sh unpacks it):
 #   tools/gpu/stage.sh && (device) tools/gpu/suite.sh .gpu/suite all
-#   or (device) bash .gpu/suite/final_ab.sh   (tests, end to end, new-vs-legacy bench)
+#   tools/gpu/stage.sh BASE_BIN_DIR && (device) bash .gpu/suite/ab.sh OUT
+#     (A/B against a baseline build's dpl-run and dpl-bench, see ab.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(
   //kernels/matvec:matvec_gpu_test //kernels/matvec:matvec_bench
   //kernels/ops:ops_gpu_test //kernels/attention:attention_gpu_test //kernels/attention:attention_bench
-  //kernels/sampling:sampling_gpu_test
+  //kernels/sampling:sampling_gpu_test //kernels:cuda_handles_gpu_test
   //runtime/cuda:device_weights_gpu_test //runtime/cuda:cuda_decoder_gpu_test
   //runtime:dpl-run //runtime:dpl-bench //runtime:dpl-tokenize //tools:dpl-synth
   //converter:dpl-convert //tests:compare_logits
@@ -33,5 +34,8 @@ shared=${DPL_SHARED_DIR:-../shared}
 for m in ora-llama-f32 ora-qwen2-f32 small-llama-q4km small-qwen2-q4km ${WITH_VOCAB_MODEL:+tiny-qwen2-vocab-q4km}; do
   cp "$shared/oracle/$m".* "$out/shared/oracle/"
 done
-cp tools/gpu/suite.sh tools/gpu/final_ab.sh "$out/"
+if [[ -n ${1:-} ]]; then  # a baseline build's binaries for ab.sh
+  tar -C "$1" -czf "$out/base.tar.gz" dpl-run dpl-bench
+fi
+cp tools/gpu/suite.sh tools/gpu/ab.sh "$out/"
 du -sh "$out"

@@ -1,0 +1,63 @@
+// The CUDA resource handles and CaptureGraph (tags gpu, manual).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "base/status_macros.h"
+#include "kernels/cuda_handles.h"
+#include "kernels/gpu_test.h"
+#include "kernels/step/step.h"
+
+namespace dpl::kernels {
+namespace {
+
+size_t FreeBytes() {
+  size_t free_bytes = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free_bytes, &total));
+  return free_bytes;
+}
+
+TEST_CASE("DeviceBuffer frees its memory; moves transfer ownership") {
+  const size_t before = FreeBytes();
+  {
+    absl::StatusOr<DeviceBuffer<float>> a = DeviceBuffer<float>::Allocate(256 << 20);  // 1 GiB
+    REQUIRE(a.ok());
+    CHECK(a->size() == (256u << 20));
+    CHECK(FreeBytes() + (1u << 30) <= before + (64u << 20));
+    DeviceBuffer<float> b = std::move(*a);
+    CHECK(a->get() == nullptr);
+    CHECK(b.get() != nullptr);
+  }
+  CHECK(FreeBytes() + (64u << 20) >= before);
+  absl::StatusOr<DeviceBuffer<float>> huge = DeviceBuffer<float>::Allocate(size_t{1} << 45);
+  CHECK(!huge.ok());
+  CHECK(huge.status().ToString().find("cudaMalloc") != std::string::npos);
+}
+
+TEST_CASE("CaptureGraph replays what was enqueued and ends the capture on errors") {
+  absl::StatusOr<Stream> s = CreateStream();
+  REQUIRE(s.ok());
+  testing::GuardedArray<int> pos(std::vector<int>{5});
+  absl::StatusOr<GraphExec> g = CaptureGraph(s->get(), [&] {
+    DPL_RETURN_IF_ERROR(AdvancePosition(pos.get(), s->get()));
+    return AdvancePosition(pos.get(), s->get());
+  });
+  REQUIRE_MESSAGE(g.ok(), g.status().ToString());
+  for (int i = 0; i < 3; ++i) CUDA_OK(cudaGraphLaunch(g->get(), s->get()));
+  CUDA_OK(cudaStreamSynchronize(s->get()));
+  CHECK(pos.Download()[0] == 11);  // 5 + 3 replays of two steps
+  // A failing enqueue: its error comes back and the stream is not left capturing.
+  absl::StatusOr<GraphExec> bad =
+      CaptureGraph(s->get(), [] { return absl::InvalidArgumentError("enqueue failed"); });
+  CHECK(bad.status().message() == "enqueue failed");
+  cudaStreamCaptureStatus status;
+  CUDA_OK(cudaStreamIsCapturing(s->get(), &status));
+  CHECK(status == cudaStreamCaptureStatusNone);
+  STATUS_OK(AdvancePosition(pos.get(), s->get()));
+  CUDA_OK(cudaStreamSynchronize(s->get()));
+  CHECK(pos.Download()[0] == 12);
+}
+
+}  // namespace
+}  // namespace dpl::kernels

@@ -1,0 +1,32 @@
+// Everything the decode kernels' launch choices depend on beyond the model's
+// shapes: facts of the GPU (from cudaDeviceProp and the occupancy API, queried
+// once at load by DecodeTuningForDevice, kernels/device_tuning.h) and the
+// measured policy constants. Plain data, no CUDA: the planners that read it
+// (matvec_plan.cc, attention.cu's PlanDecodeAttention) are tested on the CPU
+// with a hand-made tuning.
+#pragma once
+
+namespace dpl::kernels {
+
+struct DecodeTuning {
+  // Streaming multiprocessors (H200: 132).
+  int num_sms = 0;
+  // CTAs of the q6_K single-token kernel (ksplit 4, depth 1, pipelined; 72
+  // registers per thread on sm_90a) resident per SM: 7 on an H200. Sets how
+  // many rows one wave covers, which decides the q6_K k-split.
+  int q6k_ctas_per_sm = 0;
+  // Split-attention blocks per SM at most. Measured on the H200: 14B (group
+  // 5, 3 blocks/SM fit) at depth 3254 takes 16.6 us with 50 splits and 13.9 us
+  // with 33: a split's rows are cheap next to the combine cost (partials
+  // written, read and merged per split), so fewer, fuller splits win.
+  int attn_max_blocks_per_sm = 2;
+  // > 0: split-attention blocks per kv head, instead of one wave's worth
+  // (benchmark sweeps).
+  int attn_splits = 0;
+  // The attention combine kernel goes out as a programmatic dependent launch
+  // (Hopper PDL), overlapping its launch with the split kernel's tail.
+  // Measured neutral; false launches it plainly (A/B).
+  bool attn_pdl = true;
+};
+
+}  // namespace dpl::kernels
