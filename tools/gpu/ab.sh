@@ -7,17 +7,22 @@
 #      prompt path (--all-logits) and the captured decode step (one token);
 #   3. dpl-bench, 7B and 14B shapes, baseline and this build interleaved, two
 #      rounds each.
-# Usage (device): bash .gpu/suite/ab.sh [OUT_DIR]; every section's log lands in OUT_DIR.
+# Usage (device): bash .gpu/suite/ab.sh OUT_DIR [tests|bench|all]; each
+# section's log lands in OUT_DIR (tests: 1 and 2, bench: 3; all by default).
 set -u
 cd "$(dirname "$0")"
 out=${1:-/tmp/ab-out}; mkdir -p "$out"
+what=${2:-all}
 [[ -f bin.tar.gz ]] && tar -xzf bin.tar.gz
 mkdir -p base && [[ -f base.tar.gz ]] && tar -C base -xzf base.tar.gz
+T=/tmp/ab; mkdir -p $T
+for m in 7b 14b; do
+  [[ -f $T/q${m%b}.dpl ]] || { ./dpl-synth qwen2.5-$m $T/q.gguf >/dev/null &&
+    ./dpl-convert -q $T/q.gguf $T/q${m%b}.dpl >/dev/null && rm $T/q.gguf; }
+done
+if [[ $what != bench ]]; then
 bash ./suite.sh . kernels >"$out/kernels.log" 2>&1; tail -1 "$out/kernels.log"
 bash ./suite.sh . e2e >"$out/e2e.log" 2>&1; tail -1 "$out/e2e.log"
-T=/tmp/ab; mkdir -p $T
-./dpl-synth qwen2.5-7b $T/q7.gguf >/dev/null && ./dpl-convert -q $T/q7.gguf $T/q7.dpl >/dev/null && rm $T/q7.gguf
-./dpl-synth qwen2.5-14b $T/q14.gguf >/dev/null && ./dpl-convert -q $T/q14.gguf $T/q14.dpl >/dev/null && rm $T/q14.gguf
 {
   same=0 differ=0
   bitwise() {  # MODEL TOKENS [--all-logits]
@@ -43,6 +48,8 @@ T=/tmp/ab; mkdir -p $T
   echo "bitwise: $same identical, $differ different"
 } >"$out/bitwise.log" 2>&1
 tail -1 "$out/bitwise.log"
+fi
+[[ $what == tests ]] && exit 0
 for m in q7 q14; do
   for round in 1 2; do
     echo "== $m base (round $round)"; ./base/dpl-bench -m $T/$m.dpl -r 3

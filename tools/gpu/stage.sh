@@ -25,8 +25,9 @@ mkdir -p "$out/bin"
 for t in "${targets[@]}"; do
   p=${t#//}; cp "$bin/${p%%:*}/${p##*:}" "$out/bin/"
 done
-# Statically linked binaries with kernels for sm_90a: gzip packs them to a
-# third, which keeps a call under the 64 MiB it may carry.
+# Statically linked binaries with kernels for sm_90a, stripped of debug info
+# and gzipped, which keeps a call under the 64 MiB it may carry.
+chmod u+w "$out/bin"/* && strip "$out/bin"/*
 tar -C "$out/bin" -czf "$out/bin.tar.gz" . && rm -rf "$out/bin"
 shared=${DPL_SHARED_DIR:-../shared}
 # Under the 64 MiB a call may carry: the four small oracle models, and the
@@ -35,7 +36,9 @@ for m in ora-llama-f32 ora-qwen2-f32 small-llama-q4km small-qwen2-q4km ${WITH_VO
   cp "$shared/oracle/$m".* "$out/shared/oracle/"
 done
 if [[ -n ${1:-} ]]; then  # a baseline build's binaries for ab.sh
-  tar -C "$1" -czf "$out/base.tar.gz" dpl-run dpl-bench
+  mkdir -p "$out/base" && cp "$1/dpl-run" "$1/dpl-bench" "$out/base/"
+  chmod u+w "$out/base"/* && strip "$out/base"/*
+  tar -C "$out/base" -czf "$out/base.tar.gz" dpl-run dpl-bench && rm -rf "$out/base"
 fi
 cp tools/gpu/suite.sh tools/gpu/ab.sh "$out/"
 du -sh "$out"
