@@ -24,6 +24,8 @@ inline absl::Status CudaStatus(cudaError_t err, const char* what, const char* fi
   do {                                                                                     \
     const cudaError_t dpl_cuda_err_ = (call);                                              \
     if (dpl_cuda_err_ != cudaSuccess) {                                                    \
+      /* Consume the error so the next launch check does not report it again. */          \
+      (void)cudaGetLastError();                                                            \
       return ::dpl::kernels::CudaStatus(dpl_cuda_err_, #call, __FILE__, __LINE__);         \
     }                                                                                      \
   } while (0)

@@ -32,7 +32,14 @@ TEST_CASE("DeviceBuffer frees its memory; moves transfer ownership") {
   CHECK(FreeBytes() + (64u << 20) >= before);
   absl::StatusOr<DeviceBuffer<float>> huge = DeviceBuffer<float>::Allocate(size_t{1} << 45);
   CHECK(!huge.ok());
-  CHECK(huge.status().ToString().find("cudaMalloc") != std::string::npos);
+  CHECK(huge.status().ToString().find("cudaErrorMemoryAllocation") != std::string::npos);
+}
+
+TEST_CASE("a failed allocation is reported once, not by the next launch") {
+  CHECK(!DeviceBuffer<float>::Allocate(size_t{1} << 45).ok());
+  testing::GuardedArray<int> pos(std::vector<int>{1});
+  STATUS_OK(AdvancePosition(pos.get(), nullptr));
+  CHECK(pos.Download()[0] == 2);
 }
 
 TEST_CASE("CaptureGraph replays what was enqueued and ends the capture on errors") {

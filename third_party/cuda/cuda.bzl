@@ -19,6 +19,20 @@ NVCC_FLAGS = [
     "-compress-mode=size",
 ]
 
+def _dep_headers_impl(ctx):
+    return [DefaultInfo(files = depset(transitive = [
+        d[CcInfo].compilation_context.headers
+        for d in ctx.attr.deps
+    ]))]
+
+# Every header the deps make visible (transitively), as plain files: nvcc's
+# genrule lists them as inputs, so editing a dependency's header recompiles
+# the .cu files that include it.
+_dep_headers = rule(
+    implementation = _dep_headers_impl,
+    attrs = {"deps": attr.label_list(providers = [CcInfo])},
+)
+
 def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
     """A cc_library whose .cu sources are compiled by nvcc.
 
@@ -30,12 +44,13 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
       copts: extra nvcc flags.
       **kwargs: passed to the cc_library.
     """
+    _dep_headers(name = name + "_dep_headers", deps = deps)
     objs = []
     for src in srcs:
         obj = "_objs_%s/%s.o" % (name, src.replace("/", "_"))
         native.genrule(
             name = "%s_%s_nvcc" % (name, src.replace("/", "_").replace(".", "_")),
-            srcs = [src] + hdrs + ["@cuda//:toolkit"],
+            srcs = [src] + hdrs + [":%s_dep_headers" % name, "@cuda//:toolkit"],
             outs = [obj],
             cmd = " ".join([
                 "$(location @cuda//:nvcc)",

@@ -26,8 +26,8 @@ bash ./suite.sh . e2e >"$out/e2e.log" 2>&1; tail -1 "$out/e2e.log"
 {
   same=0 differ=0
   bitwise() {  # MODEL TOKENS [--all-logits]
-    ./base/dpl-run -m "$1" --tokens "$2" $3 --dump-logits $T/a.f32 >/dev/null 2>&1
-    ./dpl-run -m "$1" --tokens "$2" $3 --dump-logits $T/b.f32 >/dev/null 2>&1
+    ./base/dpl-run -m "$1" --tokens "$2" ${3:-} --dump-logits $T/a.f32 >/dev/null 2>&1
+    ./dpl-run -m "$1" --tokens "$2" ${3:-} --dump-logits $T/b.f32 >/dev/null 2>&1
     if [[ -s $T/a.f32 ]] && cmp -s $T/a.f32 $T/b.f32; then
       echo "identical $(basename "$1") ${3:-one token} ($(stat -c %s $T/b.f32) bytes)"; same=$((same + 1))
     else
