@@ -1,6 +1,7 @@
 #include "runtime/device.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "formats/model_file.h"
 #include "runtime/cuda/cuda_decoder.h"
 #include "runtime/reference/reference_model.h"
@@ -31,11 +32,10 @@ class CpuDecoder : public generate::Decoder {
         return absl::InvalidArgumentError(
             absl::StrCat("token id ", token, " is outside the vocabulary [0, ", model_->n_vocab(), ")"));
       }
-      auto logits = model_->Forward(token, n_past_);
-      if (!logits.ok()) return logits.status();
+      DPL_ASSIGN_OR_RETURN(std::vector<float> logits, model_->Forward(token, n_past_));
       ++n_past_;
-      if (all != nullptr) all->insert(all->end(), logits->begin(), logits->end());
-      if (last != nullptr) *last = std::move(*logits);
+      if (all != nullptr) all->insert(all->end(), logits.begin(), logits.end());
+      if (last != nullptr) *last = std::move(logits);
     }
     return absl::OkStatus();
   }
@@ -59,23 +59,21 @@ class CpuDecoder : public generate::Decoder {
 absl::StatusOr<std::unique_ptr<generate::Decoder>> CreateDecoder(const std::string& path,
                                                                  const DeviceOptions& options) {
   if (options.device == "cpu") {
-    auto model = formats::ModelFile::Open(path);
-    if (!model.ok()) return model.status();
+    DPL_ASSIGN_OR_RETURN(std::shared_ptr<formats::ModelFile> model, formats::ModelFile::Open(path));
     reference::ReferenceOptions ro;
     ro.threads = options.threads;
     ro.n_ctx = options.n_ctx;
-    auto ref = reference::ReferenceModel::Load(std::move(*model), ro);
-    if (!ref.ok()) return ref.status();
-    return std::unique_ptr<generate::Decoder>(new CpuDecoder(std::move(*ref)));
+    DPL_ASSIGN_OR_RETURN(std::unique_ptr<reference::ReferenceModel> ref,
+                         reference::ReferenceModel::Load(std::move(model), ro));
+    return std::unique_ptr<generate::Decoder>(new CpuDecoder(std::move(ref)));
   }
   if (options.device == "cuda") {
     CudaDecoderOptions co;
     co.n_ctx = options.n_ctx;
     co.eager = options.eager;
     co.max_batch = options.max_batch;
-    auto cuda = CudaDecoder::Create(path, co);
-    if (!cuda.ok()) return cuda.status();
-    return std::unique_ptr<generate::Decoder>(std::move(*cuda));
+    DPL_ASSIGN_OR_RETURN(std::unique_ptr<CudaDecoder> cuda, CudaDecoder::Create(path, co));
+    return std::unique_ptr<generate::Decoder>(std::move(cuda));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown device '", options.device, "' (expected cuda or cpu)"));

@@ -47,9 +47,8 @@ absl::Status QuantizeActivations(const float* x, int64_t n_cols, int64_t n_token
         "quantize activations: ", n_tokens, " x ", n_cols, " exceeds the scratch's ",
         scratch->max_tokens, " x ", scratch->max_cols));
   }
-  absl::Status st = LaunchQuantizeActivations(x, n_cols * n_tokens / kActBlock, scratch->q,
-                                              scratch->d, scratch->s, stream);
-  if (!st.ok()) return st;
+  DPL_RETURN_IF_ERROR(LaunchQuantizeActivations(x, n_cols * n_tokens / kActBlock, scratch->q,
+                                                scratch->d, scratch->s, stream));
   scratch->n_cols = n_cols;
   scratch->n_tokens = n_tokens;
   return absl::OkStatus();

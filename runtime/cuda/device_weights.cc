@@ -35,12 +35,11 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Load(const std::st
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
   w->file_ = std::make_unique<formats::DplFile>(std::move(file));
   const uint64_t need = w->file_->header().data_bytes;
-  auto mem = DeviceMemoryInfo();
-  if (!mem.ok()) return mem.status();
-  if (need > mem->first) {
+  DPL_ASSIGN_OR_RETURN(const auto mem, DeviceMemoryInfo());
+  if (need > mem.first) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "not enough device memory for the weights: %.2f GiB needed, %.2f GiB free of %.2f GiB",
-        need / 1073741824.0, mem->first / 1073741824.0, mem->second / 1073741824.0));
+        need / 1073741824.0, mem.first / 1073741824.0, mem.second / 1073741824.0));
   }
   DPL_ASSIGN_OR_RETURN(w->base_, kernels::DeviceBuffer<uint8_t>::Allocate(std::max<uint64_t>(need, 1)));
   DPL_RETURN_IF_ERROR(Annotate(w->Upload(options), path));
