@@ -4,7 +4,11 @@
 //   dpl-run -m MODEL -p "text" [-n N] [--temp T] [--top-k K] ...
 //   dpl-run -m MODEL --tokens 1,2,3 --all-logits --dump-logits OUT.f32
 //   dpl-run -m MODEL -cnv [-sys "..."] [--single-turn -p "..."]
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <cstdlib>
@@ -25,6 +29,7 @@
 #include "base/status_macros.h"
 #include "cli/cli.h"
 #include "formats/model_file.h"
+#include "runtime/cuda/cuda_decoder.h"
 #include "runtime/device.h"
 #include "runtime/generate/generate.h"
 #include "runtime/generate/sampler.h"
@@ -133,6 +138,12 @@ absl::Status RunTokens(const cxxopts::ParseResult& args, Loaded& l) {
   const bool want_all = args.count("all-logits") > 0;
   const auto t0 = std::chrono::steady_clock::now();
   DPL_RETURN_IF_ERROR(dec.Eval(ids, &last, want_all ? &all : nullptr));
+  const std::vector<float>& rows = want_all ? all : last;
+  const size_t V = static_cast<size_t>(dec.n_vocab());
+  for (size_t r = 0; r * V < rows.size(); ++r) {
+    const int64_t pos = static_cast<int64_t>(want_all ? r : ids.size() - 1);
+    DPL_RETURN_IF_ERROR(dpl::generate::CheckFinite(absl::MakeConstSpan(rows).subspan(r * V, V), pos));
+  }
   Timings t;
   t.n_prompt = ids.size();
   t.prompt_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -160,17 +171,68 @@ dpl::generate::SamplerParams SamplerFlags(const cxxopts::ParseResult& args) {
   return sp;
 }
 
-absl::StatusOr<std::string> PromptText(const cxxopts::ParseResult& args) {
-  std::string prompt;
-  if (args.count("prompt")) prompt = args["prompt"].as<std::string>();
-  if (args.count("file")) {
-    std::ifstream in(args["file"].as<std::string>(), std::ios::binary);
-    if (!in) return absl::NotFoundError("cannot read prompt file " + args["file"].as<std::string>());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    prompt = ss.str();
+// A prompt file: a regular file (or a pipe) of at most kMaxPromptBytes.
+// Why the cap: the prompt must fit the context (at most 2^24 tokens, each at
+// least one byte), and /dev/zero must not be read forever.
+constexpr uint64_t kMaxPromptBytes = 64ull << 20;
+
+absl::StatusOr<std::string> ReadPromptFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open prompt file ", path, ": ", std::strerror(errno)));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("prompt file ", path, " is a directory"));
   }
-  return prompt;
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat("reading prompt file ", path, ": ", std::strerror(err)));
+    }
+    if (n == 0) break;
+    if (text.size() + n > kMaxPromptBytes) {
+      ::close(fd);
+      return absl::InvalidArgumentError(absl::StrCat("prompt file ", path, " is larger than ",
+                                                     kMaxPromptBytes >> 20, " MiB"));
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
+absl::StatusOr<std::string> PromptText(const cxxopts::ParseResult& args) {
+  if (args.count("file")) return ReadPromptFile(args["file"].as<std::string>());
+  return args.count("prompt") ? args["prompt"].as<std::string>() : std::string();
+}
+
+// Ranges as llama.cpp states them; each error names the flag and its range.
+absl::Status CheckFlags(const cxxopts::ParseResult& args) {
+  auto range = [](absl::string_view flag, double v, double lo, double hi) -> absl::Status {
+    if (v >= lo && v <= hi) return absl::OkStatus();  // false for NaN too
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", v, " is out of range [", lo, ", ", hi, "]"));
+  };
+  DPL_RETURN_IF_ERROR(range("-c", args["ctx-size"].as<int64_t>(), 0, dpl::runtime::kMaxContext));
+  DPL_RETURN_IF_ERROR(range("-t", args["threads"].as<int>(), 0, 1024));
+  DPL_RETURN_IF_ERROR(range("-n", args["n-predict"].as<int32_t>(), -1, 1 << 30));
+  DPL_RETURN_IF_ERROR(range("--temp", args["temp"].as<float>(), 0, 1e6));
+  DPL_RETURN_IF_ERROR(range("--top-k", args["top-k"].as<int32_t>(), 0, 1 << 30));
+  DPL_RETURN_IF_ERROR(range("--top-p", args["top-p"].as<float>(), 0, 1));
+  DPL_RETURN_IF_ERROR(range("--min-p", args["min-p"].as<float>(), 0, 1));
+  DPL_RETURN_IF_ERROR(range("--repeat-penalty", args["repeat-penalty"].as<float>(), 1e-6, 1e6));
+  DPL_RETURN_IF_ERROR(range("--repeat-last-n", args["repeat-last-n"].as<int32_t>(), 0, 1 << 20));
+  if (args.count("prompt") && args.count("file")) {
+    return absl::InvalidArgumentError("-p and -f both give the prompt: use one");
+  }
+  if (args.count("single-turn") && !args.count("prompt") && !args.count("file")) {
+    return absl::InvalidArgumentError("--single-turn answers the -p (or -f) prompt: give one");
+  }
+  return absl::OkStatus();
 }
 
 // Chat: render the whole conversation each turn; feed only what the cache lacks.
@@ -223,6 +285,7 @@ absl::Status RunChat(const cxxopts::ParseResult& args, Loaded& l, const std::str
 
 absl::Status Run(const cxxopts::ParseResult& args) {
   if (!args.count("model")) return absl::InvalidArgumentError("no model: use -m MODEL");
+  DPL_RETURN_IF_ERROR(CheckFlags(args));
   DPL_ASSIGN_OR_RETURN(Loaded l, Load(args));
   if (const std::string report = l.decoder->LoadReport(); !report.empty()) {
     std::fprintf(stderr, "%s\n", report.c_str());
@@ -248,6 +311,11 @@ absl::Status Run(const cxxopts::ParseResult& args) {
     req.prompt = ids;
     req.n_predict = args["n-predict"].as<int32_t>();
     for (int32_t id : tok.end_of_generation_ids()) req.stop.insert(id);
+    if (static_cast<int64_t>(ids.size()) > l.decoder->n_ctx()) {  // before echoing it
+      return absl::OutOfRangeError(absl::StrCat("the prompt (", ids.size(),
+                                                " tokens) is longer than the context (",
+                                                l.decoder->n_ctx(), "); use -c"));
+    }
     PrintText(prompt);
     DPL_RETURN_IF_ERROR(
         dpl::generate::Generate(*l.decoder, tok, sampler, req, PrintText, &timings).status());

@@ -37,7 +37,12 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   DPL_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::BindModel(*index_));
   hp_ = desc.hp;
   bytes_per_token_ = desc.bytes_per_token;
+  if (options.n_ctx < 0 || options.n_ctx > kMaxContext) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("context size ", options.n_ctx, " is out of range [0, ", kMaxContext, "]"));
+  }
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : (hp_.n_ctx_train > 0 ? hp_.n_ctx_train : 4096);
+  n_ctx_ = std::min(n_ctx_, kMaxContext);
   max_batch_ = std::max(1, options.max_batch);
   eager_ = options.eager;
   if (options.tuning.has_value()) {

@@ -42,6 +42,9 @@
 
 namespace dpl::runtime {
 
+// Positions a KV cache may hold (the kernels index positions with int).
+inline constexpr int64_t kMaxContext = int64_t{1} << 24;
+
 struct CudaDecoderOptions {
   int64_t n_ctx = 4096;   // KV cache positions (0: the model's context length)
   int max_batch = 256;    // prompt tokens per forward pass

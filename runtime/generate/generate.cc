@@ -1,11 +1,23 @@
 #include "runtime/generate/generate.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
 namespace dpl::generate {
+
+absl::Status CheckFinite(absl::Span<const float> logits, int64_t position) {
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!std::isfinite(logits[i])) {
+      return absl::DataLossError(absl::StrCat(
+          "the model produced a non-finite logit (", logits[i], " for token ", i,
+          ") at position ", position, ": its weights or inputs hold NaN or Inf"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<int32_t>> Generate(Decoder& decoder, const tokenizer::Tokenizer& tok,
                                               Sampler& sampler, const GenerateRequest& req,
@@ -22,6 +34,7 @@ absl::StatusOr<std::vector<int32_t>> Generate(Decoder& decoder, const tokenizer:
   std::vector<float> logits;
   const auto t0 = Clock::now();
   DPL_RETURN_IF_ERROR(decoder.Eval(req.prompt, &logits, nullptr));
+  DPL_RETURN_IF_ERROR(CheckFinite(logits, decoder.n_past() - 1));
   for (int32_t t : req.prompt) sampler.Accept(t);
   const auto t1 = Clock::now();
   timings->n_prompt += req.prompt.size();
@@ -47,6 +60,7 @@ absl::StatusOr<std::vector<int32_t>> Generate(Decoder& decoder, const tokenizer:
       if (decoder.n_past() >= decoder.n_ctx()) break;  // context full
       const int32_t one[1] = {out.back()};
       DPL_RETURN_IF_ERROR(decoder.Eval(one, &logits, nullptr));
+      DPL_RETURN_IF_ERROR(CheckFinite(logits, decoder.n_past() - 1));
     }
   }
   on_text(text.Flush());

@@ -29,6 +29,11 @@ struct GenerateRequest {
   absl::flat_hash_set<int32_t> stop;  // end-of-generation ids (not printed)
 };
 
+// OK when every logit is finite; else DataLoss naming the first bad one and
+// the position. (Weights holding NaN or Inf show here: the CUDA device
+// samples on the GPU, so its prompt's logits are where the host can see them.)
+absl::Status CheckFinite(absl::Span<const float> logits, int64_t position);
+
 // Returns the generated ids (stop token excluded). `on_text` receives the
 // text as it is generated, never splitting a UTF-8 character.
 absl::StatusOr<std::vector<int32_t>> Generate(Decoder& decoder, const tokenizer::Tokenizer& tok,

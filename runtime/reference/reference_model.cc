@@ -3,11 +3,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <new>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "formats/dequant.h"
 #include "formats/dpl_file.h"
@@ -47,7 +53,38 @@ namespace {
 // pool costs more than it saves.
 constexpr uint64_t kMinParallelWeights = 1 << 16;
 constexpr int64_t kDefaultCtx = 4096;
+constexpr int kMaxThreads = 1024;
 constexpr int64_t kMaxCtx = int64_t{1} << 24;
+
+// Bytes of host memory the system can give without swapping (MemAvailable),
+// or the physical memory when /proc/meminfo does not say.
+uint64_t AvailableHostBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
+}
+
+// The KV cache (K and V, float32, every layer) and the per-thread attention
+// scores a context of n_ctx positions needs, against what the host has.
+absl::Status CheckHostMemory(const model::Hparams& h, int64_t n_ctx, int threads) {
+  // Sizes are capped (model::ReadHparams, kMaxCtx, kMaxThreads): no overflow in double.
+  const double kv = 2.0 * h.n_layer * static_cast<double>(n_ctx) * h.kv_dim() * sizeof(float);
+  const double scores = static_cast<double>(threads) * n_ctx * sizeof(double);
+  const double need = kv + scores;
+  const uint64_t have = AvailableHostBytes();
+  if (need > static_cast<double>(have)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "a context of %d positions needs %.2f GiB of host memory (KV cache %.2f GiB), "
+        "%.2f GiB available; use a smaller -c",
+        n_ctx, need / 1073741824.0, kv / 1073741824.0, have / 1073741824.0));
+  }
+  return absl::OkStatus();
+}
 
 // sum_i w[i] * x[i] in float64. Four independent accumulators (a fixed order,
 // so results do not depend on threads); float*float products are exact in
@@ -120,30 +157,45 @@ absl::Status ReferenceModel::Init(std::shared_ptr<formats::ModelFile> file,
   model_ = std::move(file);
   DPL_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::BindModel(*model_));
   hp_ = desc.hp;
+  if (options.threads < 0 || options.threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("threads = ", options.threads,
+                                                   " is out of range [0, ", kMaxThreads, "]"));
+  }
   const int threads =
       options.threads > 0 ? options.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  pool_ = std::make_unique<ThreadPool>(threads);
   n_ctx_ = options.n_ctx > 0         ? options.n_ctx
            : hp_.n_ctx_train > 0 ? std::min(hp_.n_ctx_train, kDefaultCtx)
                                  : kDefaultCtx;
+  DPL_RETURN_IF_ERROR(CheckHostMemory(hp_, n_ctx_, threads));
+  try {
+    pool_ = std::make_unique<ThreadPool>(threads);
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start ", threads, " worker threads (", e.what(), "); use -t"));
+  }
   DPL_RETURN_IF_ERROR(LoadWeights(desc, options));
 
   const model::Hparams& h = hp_;
   const size_t cache = static_cast<size_t>(h.n_layer * n_ctx_ * h.kv_dim());
-  k_cache_.assign(cache, 0.0f);
-  v_cache_.assign(cache, 0.0f);
-  x_.resize(h.n_embd);
-  h_.resize(h.n_embd);
-  q_.resize(h.q_dim());
-  k_.resize(h.kv_dim());
-  v_.resize(h.kv_dim());
-  att_.resize(h.q_dim());
-  tmp_.resize(h.n_embd);
-  gate_.resize(h.n_ff);
-  up_.resize(h.n_ff);
-  logits_.resize(h.n_vocab);
-  scores_.assign(threads, std::vector<double>(n_ctx_));
+  try {  // CheckHostMemory counted these; an address-space limit can still refuse them
+    k_cache_.assign(cache, 0.0f);
+    v_cache_.assign(cache, 0.0f);
+    x_.resize(h.n_embd);
+    h_.resize(h.n_embd);
+    q_.resize(h.q_dim());
+    k_.resize(h.kv_dim());
+    v_.resize(h.kv_dim());
+    att_.resize(h.q_dim());
+    tmp_.resize(h.n_embd);
+    gate_.resize(h.n_ff);
+    up_.resize(h.n_ff);
+    logits_.resize(h.n_vocab);
+    scores_.assign(threads, std::vector<double>(n_ctx_));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate the KV cache and buffers for a context of ", n_ctx_, " (use a smaller -c)"));
+  }
   return absl::OkStatus();
 }
 
