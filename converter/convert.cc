@@ -1,13 +1,13 @@
+// ZSTD_estimateCCtxSize_usingCParams (zstd is linked statically).
+#define ZSTD_STATIC_LINKING_ONLY
 #include "converter/convert.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <xxhash.h>
 #include <zstd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "formats/byte_reader.h"
+#include "formats/output_file.h"
 #include "formats/parallel_for.h"
 #include "formats/q6k_dpl.h"
 
@@ -36,70 +37,69 @@ using formats::TensorLayout;
 
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-absl::Status Errno(absl::string_view what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+// The uncompressed form is written in chunks of this size, two in flight.
+constexpr uint64_t kPlainChunkBytes = 64ull << 20;
+
+std::string GiB(uint64_t bytes) { return absl::StrFormat("%.1f GiB", bytes / double(1ull << 30)); }
+
+// Half the physical memory, or half the address-space limit when one is set.
+uint64_t DefaultMemoryBudget() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  uint64_t budget = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) / 2 : (4ull << 30);
+  struct rlimit as;
+  if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    budget = std::min<uint64_t>(budget, as.rlim_cur / 2);
+  }
+  return budget;
 }
 
-// Writes all of buf at offset, retrying short writes.
-absl::Status PwriteAll(int fd, const void* buf, uint64_t n, uint64_t offset,
-                       const std::string& path) {
-  const char* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, std::min<uint64_t>(n, 1ull << 30), offset);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return Errno("write", path);
-    }
-    p += w;
-    n -= w;
-    offset += w;
-  }
-  return absl::OkStatus();
+uint64_t BudgetOf(const ConvertOptions& opt) {
+  return opt.memory_budget ? opt.memory_budget : DefaultMemoryBudget();
 }
 
-// A temporary output file that is unlinked unless committed.
-class TempOutput {
- public:
-  explicit TempOutput(std::string final_path)
-      : final_(std::move(final_path)), temp_(absl::StrCat(final_, ".tmp-", ::getpid())) {}
-  ~TempOutput() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(temp_.c_str());
-  }
-  absl::Status Create() {
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) return Errno("cannot create", temp_);
-    return absl::OkStatus();
-  }
-  int fd() const { return fd_; }
-  const std::string& path() const { return temp_; }
-  // fsync, rename over the final path, fsync the directory.
-  absl::Status Commit(uint64_t size) {
-    if (::ftruncate(fd_, size) != 0) return Errno("truncate", temp_);
-    if (::fsync(fd_) != 0) return Errno("fsync", temp_);
-    if (::close(fd_) != 0) {
-      fd_ = -1;
-      return Errno("close", temp_);
-    }
-    fd_ = -1;
-    if (::rename(temp_.c_str(), final_.c_str()) != 0) return Errno("rename to", final_);
-    committed_ = true;
-    const size_t slash = final_.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : final_.substr(0, slash + 1);
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
-    return absl::OkStatus();
-  }
+// What RegionSink holds while compressing: a batch of 2 x threads frames
+// filling, their compressed copies, and one zstd context per worker.
+uint64_t CompressionBytes(int threads, uint64_t frame_bytes, int level) {
+  const uint64_t batch = 2 * uint64_t(threads);
+  const size_t cctx = ZSTD_estimateCCtxSize_usingCParams(ZSTD_getCParams(level, frame_bytes, 0));
+  return batch * (frame_bytes + ZSTD_compressBound(frame_bytes)) + uint64_t(threads) * cctx;
+}
 
- private:
-  std::string final_;
-  std::string temp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
+// Every option checked before anything is opened; returns the compression
+// worker count: --threads as given, or for 0 all cores, halved until the
+// buffers fit in the budget. An explicit count that does not fit is refused.
+absl::StatusOr<int> PlanThreads(const ConvertOptions& opt) {
+  if (opt.threads < 0 || opt.threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads ", opt.threads,
+                                                   " out of range (0 = all cores, or 1..",
+                                                   kMaxThreads, ")"));
+  }
+  if (opt.compress_level < ZSTD_minCLevel() || opt.compress_level > ZSTD_maxCLevel()) {
+    return absl::InvalidArgumentError(absl::StrCat("--level ", opt.compress_level,
+                                                   " out of range (zstd: ", ZSTD_minCLevel(),
+                                                   "..", ZSTD_maxCLevel(), ")"));
+  }
+  if (opt.frame_bytes < formats::kDplMinFrameBytes || opt.frame_bytes > formats::kDplMaxFrameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("frame size ", opt.frame_bytes,
+                                                   " bytes out of range (64 KiB..1 GiB)"));
+  }
+  int threads = opt.threads;
+  if (threads == 0) {
+    threads = std::clamp<int>(std::thread::hardware_concurrency(), 1, kMaxThreads);
+  }
+  if (!opt.compress) return threads;
+  const uint64_t budget = BudgetOf(opt);
+  auto need = [&](int t) { return CompressionBytes(t, opt.frame_bytes, opt.compress_level); };
+  while (opt.threads == 0 && threads > 1 && need(threads) > budget) threads /= 2;
+  if (need(threads) > budget) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--compress with ", threads, " thread(s), ", opt.frame_bytes >> 20, " MiB frames and level ",
+        opt.compress_level, " needs about ", GiB(need(threads)), " of buffers, over the ",
+        GiB(budget), " this conversion may use; lower --threads or --frame-mib"));
+  }
+  return threads;
+}
 
 // Collects the logical data region as a stream of bytes and hands it on in
 // fixed-size chunks. Uncompressed: each chunk is written by a background
@@ -107,10 +107,10 @@ class TempOutput {
 // chunks are frames, compressed in parallel batches and written in order.
 class RegionSink {
  public:
-  RegionSink(int fd, std::string path, uint64_t data_offset, const ConvertOptions& opt)
-      : fd_(fd), path_(std::move(path)), write_at_(data_offset), opt_(opt) {
-    chunk_bytes_ = opt.compress ? opt.frame_bytes : (64ull << 20);
-    threads_ = opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
+  RegionSink(const formats::OutputFile& out, uint64_t data_offset, const ConvertOptions& opt,
+             int threads)
+      : out_(out), write_at_(data_offset), opt_(opt), threads_(threads) {
+    chunk_bytes_ = opt.compress ? opt.frame_bytes : kPlainChunkBytes;
     batch_frames_ = opt.compress ? static_cast<size_t>(threads_) * 2 : 1;
     fill_.reserve(chunk_bytes_ * batch_frames_);
   }
@@ -164,7 +164,7 @@ class RegionSink {
       write_at_ += writing_.size();
       stored_ += writing_.size();
       pending_ = std::async(std::launch::async, [this, at] {
-        return PwriteAll(fd_, writing_.data(), writing_.size(), at, path_);
+        return out_.Write(writing_.data(), writing_.size(), at);
       });
       return absl::OkStatus();
     }
@@ -183,7 +183,7 @@ class RegionSink {
     });
     DPL_RETURN_IF_ERROR(compressed);
     for (const std::string& f : out) {
-      DPL_RETURN_IF_ERROR(PwriteAll(fd_, f.data(), f.size(), write_at_, path_));
+      DPL_RETURN_IF_ERROR(out_.Write(f.data(), f.size(), write_at_));
       write_at_ += f.size();
       stored_ += f.size();
       frame_sizes_.push_back(f.size());
@@ -192,12 +192,11 @@ class RegionSink {
     return absl::OkStatus();
   }
 
-  int fd_;
-  std::string path_;
+  const formats::OutputFile& out_;
   uint64_t write_at_;
   const ConvertOptions& opt_;
-  uint64_t chunk_bytes_;
   int threads_;
+  uint64_t chunk_bytes_;
   size_t batch_frames_;
   std::vector<uint8_t> fill_;
   std::vector<uint8_t> writing_;
@@ -219,8 +218,8 @@ std::string ProgressBar(uint64_t done, uint64_t total) {
                          std::string(kWidth - filled, '.'), 100.0 * frac);
 }
 
-absl::Status CheckCancel(const ConvertOptions& opt) {
-  if (opt.cancel != nullptr && opt.cancel->load()) {
+absl::Status CheckCancel(const std::atomic<bool>* cancel) {
+  if (cancel != nullptr && cancel->load()) {
     return absl::CancelledError("conversion interrupted; no output written");
   }
   return absl::OkStatus();
@@ -300,7 +299,7 @@ absl::StatusOr<uint64_t> StreamTensor(const DplTensorEntry& e, const uint8_t* sr
       formats::Q6KRowToDpl(src + r * src_stride, nbe, row.data());
       XXH3_64bits_update(xxh.get(), row.data(), row.size());
       DPL_RETURN_IF_ERROR(sink.Append(row.data(), row.size()));
-      if ((r & 1023) == 0) DPL_RETURN_IF_ERROR(CheckCancel(opt));
+      if ((r & 1023) == 0) DPL_RETURN_IF_ERROR(CheckCancel(opt.cancel));
     }
   } else {
     constexpr uint64_t kPiece = 16ull << 20;
@@ -308,7 +307,7 @@ absl::StatusOr<uint64_t> StreamTensor(const DplTensorEntry& e, const uint8_t* sr
       const uint64_t n = std::min(kPiece, e.n_bytes - at);
       XXH3_64bits_update(xxh.get(), src + at, n);
       DPL_RETURN_IF_ERROR(sink.Append(src + at, n));
-      DPL_RETURN_IF_ERROR(CheckCancel(opt));
+      DPL_RETURN_IF_ERROR(CheckCancel(opt.cancel));
     }
   }
   return XXH3_64bits_digest(xxh.get());
@@ -362,46 +361,75 @@ absl::StatusOr<std::string> BuildIndex(const DplHeader& h, const std::string& me
   return index;
 }
 
+// The index, then the header that checksums it; the file cut to its size.
+absl::Status WriteIndexAndHeader(DplHeader& h, const std::string& meta_z,
+                                 const std::vector<DplTensorEntry>& entries,
+                                 const std::vector<uint64_t>& frame_sizes,
+                                 const formats::OutputFile& out) {
+  DPL_ASSIGN_OR_RETURN(const std::string index, BuildIndex(h, meta_z, entries, frame_sizes));
+  h.index_xxh3 = XXH3_64bits(index.data(), index.size());
+  const std::string header = formats::EncodeDplHeader(h);
+  DPL_RETURN_IF_ERROR(out.Write(header.data(), header.size(), 0));
+  DPL_RETURN_IF_ERROR(out.Write(index.data(), index.size(), formats::kDplHeaderBytes));
+  return out.Resize(h.file_bytes);
+}
+
+// --verify: the written file, read back from its temporary name, proven
+// before it may replace the output.
+absl::StatusOr<VerifyStats> VerifyOutput(const GgufFile& gguf, const formats::OutputFile& out,
+                                         const ConvertOptions& opt) {
+  if (opt.log) {
+    *opt.log << "verifying: reading the result back before it becomes " << out.path() << "\n";
+    opt.log->flush();
+  }
+  DPL_ASSIGN_OR_RETURN(const DplFile dpl, DplFile::Open(out.temp_path()));
+  absl::StatusOr<VerifyStats> vs = VerifyConversion(gguf, dpl, opt.cancel);
+  if (vs.ok() || vs.status().code() == absl::StatusCode::kCancelled) return vs;
+  return dpl::Annotate(vs.status(), absl::StrCat("verify failed (", out.path(), " not written)"));
+}
+
 }  // namespace
 
 absl::StatusOr<ConvertStats> ConvertGgufToDpl(const std::string& in_path,
                                               const std::string& out_path,
                                               const ConvertOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (opt.compress && (opt.frame_bytes < formats::kDplMinFrameBytes ||
-                       opt.frame_bytes > formats::kDplMaxFrameBytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("frame size ", opt.frame_bytes, " out of range"));
-  }
+  DPL_ASSIGN_OR_RETURN(const int threads, PlanThreads(opt));
   DPL_ASSIGN_OR_RETURN(const GgufFile gguf, GgufFile::Open(in_path));
   uint64_t data_bytes = 0;
   DPL_ASSIGN_OR_RETURN(std::vector<DplTensorEntry> entries, PlanEntries(gguf, &data_bytes));
   std::string meta_raw;
   DPL_ASSIGN_OR_RETURN(const std::string meta_z, CompressMetadata(gguf.metadata(), &meta_raw));
   DplHeader h = PlanHeader(entries, meta_raw, meta_z, gguf.metadata().size(), data_bytes, opt);
+  if (opt.verify && opt.compress && data_bytes > BudgetOf(opt)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--verify of the compressed form inflates the whole data region (", GiB(data_bytes),
+        "), over the ", GiB(BudgetOf(opt)), " this conversion may use; convert without --verify"));
+  }
 
-  TempOutput out(out_path);
-  DPL_RETURN_IF_ERROR(out.Create());
-  RegionSink sink(out.fd(), out.path(), h.data_offset, opt);
-  DPL_RETURN_IF_ERROR(WriteRegion(gguf, entries, data_bytes, sink, opt));
-  h.data_stored_bytes = sink.stored_bytes();
-  h.file_bytes = h.data_offset + h.data_stored_bytes;
-
-  // The index, then the header that checksums it.
-  DPL_ASSIGN_OR_RETURN(const std::string index, BuildIndex(h, meta_z, entries, sink.frame_sizes()));
-  h.index_xxh3 = XXH3_64bits(index.data(), index.size());
-  const std::string header = formats::EncodeDplHeader(h);
-  DPL_RETURN_IF_ERROR(PwriteAll(out.fd(), header.data(), header.size(), 0, out.path()));
-  DPL_RETURN_IF_ERROR(
-      PwriteAll(out.fd(), index.data(), index.size(), formats::kDplHeaderBytes, out.path()));
-  DPL_RETURN_IF_ERROR(CheckCancel(opt));
-  DPL_RETURN_IF_ERROR(out.Commit(h.file_bytes));
-
+  formats::OutputOptions out_opt;
+  out_opt.inputs = {in_path};
+  out_opt.cancel = opt.cancel;
+  DPL_ASSIGN_OR_RETURN(formats::OutputFile out, formats::OutputFile::Create(out_path, out_opt));
   ConvertStats stats;
+  {
+    RegionSink sink(out, h.data_offset, opt, threads);  // its writer ends before `out` can
+    DPL_RETURN_IF_ERROR(WriteRegion(gguf, entries, data_bytes, sink, opt));
+    h.data_stored_bytes = sink.stored_bytes();
+    h.file_bytes = h.data_offset + h.data_stored_bytes;
+    DPL_RETURN_IF_ERROR(WriteIndexAndHeader(h, meta_z, entries, sink.frame_sizes(), out));
+  }
+  if (opt.verify) {
+    DPL_ASSIGN_OR_RETURN(stats.verify, VerifyOutput(gguf, out, opt));
+  }
+  DPL_RETURN_IF_ERROR(out.Commit());
+
   stats.n_tensors = entries.size();
   for (const DplTensorEntry& e : entries) stats.n_dpl_tensors += e.layout == TensorLayout::kDplQ6K;
   stats.input_bytes = gguf.file_size();
   stats.output_bytes = h.file_bytes;
   stats.data_bytes = data_bytes;
+  stats.threads = threads;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return stats;
 }
@@ -444,7 +472,8 @@ absl::StatusOr<uint64_t> VerifyTensor(const GgufFile& gguf, const GgufTensorInfo
 
 }  // namespace
 
-absl::StatusOr<VerifyStats> VerifyConversion(const GgufFile& gguf, const DplFile& dpl) {
+absl::StatusOr<VerifyStats> VerifyConversion(const GgufFile& gguf, const DplFile& dpl,
+                                             const std::atomic<bool>* cancel) {
   VerifyStats vs;
   // Metadata: the same pairs in the same order, byte for byte.
   std::string a, b;
@@ -464,6 +493,7 @@ absl::StatusOr<VerifyStats> VerifyConversion(const GgufFile& gguf, const DplFile
     region = inflated.data();
   }
   for (const GgufTensorInfo& src : gguf.tensors()) {
+    DPL_RETURN_IF_ERROR(CheckCancel(cancel));
     const DplTensorEntry* e = dpl.FindTensor(src.name);
     if (e == nullptr) return absl::DataLossError(absl::StrCat("tensor '", src.name, "' is missing"));
     DPL_ASSIGN_OR_RETURN(const uint64_t dpl_rows, VerifyTensor(gguf, src, dpl, *e, region));

@@ -1,10 +1,13 @@
 // dpl-convert end to end on llama.cpp's own files: conversion, --verify,
-// the compressed form, atomic output, and dpl-inspect's report.
+// the compressed form, atomic output, refusals (options, memory, the input
+// as output, read-only outputs), an interrupted verify, and dpl-inspect.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 
@@ -31,9 +34,11 @@ void Verify(const std::string& gguf_path, const std::string& dpl_path) {
   CHECK(vs->n_tensors == gguf->tensors().size());
 }
 
+// No hidden temporary file of `out` (formats::OutputFile names them
+// DIR/.NAME.dpl-tmp-PID-N) is left in its directory.
 bool NoTempLeft(const std::string& out) {
   const fs::path dir = fs::path(out).parent_path();
-  const std::string stem = fs::path(out).filename().string() + ".tmp-";
+  const std::string stem = "." + fs::path(out).filename().string() + ".dpl-tmp-";
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().filename().string().rfind(stem, 0) == 0) return false;
   }
@@ -130,6 +135,161 @@ TEST_CASE("cancellation stops the conversion and leaves nothing behind") {
   CHECK(stats.status().code() == absl::StatusCode::kCancelled);
   CHECK(!fs::exists(out));
   CHECK(NoTempLeft(out));
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+bool Has(const absl::Status& s, const std::string& text) {
+  return std::string(s.message()).find(text) != std::string::npos;
+}
+
+TEST_CASE("options out of range or over the memory budget are refused before anything is written") {
+  const std::string in = Oracle("small-llama-q4km.gguf");
+  struct Row {
+    const char* name;
+    std::function<void(ConvertOptions&)> bad, twin;  // twin: the clean value
+    const char* want;
+  } rows[] = {
+      {"threads too many", [](ConvertOptions& o) { o.threads = 100000; },
+       [](ConvertOptions& o) { o.threads = 2; }, "--threads 100000 out of range (0 = all cores, or 1..1024)"},
+      {"threads negative", [](ConvertOptions& o) { o.threads = -1; },
+       [](ConvertOptions& o) { o.threads = 0; }, "--threads -1 out of range"},
+      {"zstd level", [](ConvertOptions& o) { o.compress_level = 99; },
+       [](ConvertOptions& o) { o.compress_level = 1; }, "--level 99 out of range (zstd: "},
+      {"frame too small", [](ConvertOptions& o) { o.frame_bytes = 1; },
+       [](ConvertOptions& o) { o.frame_bytes = 64 << 10; }, "frame size 1 bytes out of range"},
+      {"frame too large", [](ConvertOptions& o) { o.frame_bytes = 2ull << 30; },
+       [](ConvertOptions& o) { o.frame_bytes = 1 << 20; }, "out of range (64 KiB..1 GiB)"},
+      // Issue 11 case 5: --threads 64 --frame-mib 1024 asked for 256 GiB.
+      {"buffers over budget",
+       [](ConvertOptions& o) { o.threads = 64, o.frame_bytes = 1ull << 30, o.memory_budget = 8ull << 30; },
+       [](ConvertOptions& o) { o.threads = 2, o.frame_bytes = 1 << 20, o.memory_budget = 8ull << 30; },
+       "GiB of buffers, over the 8.0 GiB"},
+      {"verify inflating over budget",
+       [](ConvertOptions& o) { o.verify = true, o.frame_bytes = 64 << 10, o.threads = 1, o.memory_budget = 4 << 20; },
+       [](ConvertOptions& o) { o.verify = false, o.frame_bytes = 64 << 10, o.threads = 1, o.memory_budget = 4 << 20; },
+       "--verify of the compressed form inflates the whole data region"},
+  };
+  for (const Row& r : rows) {
+    CAPTURE(r.name);
+    const std::string out = Tmp(std::string("opt-") + r.name + ".dpl");
+    ConvertOptions bad;
+    bad.compress = true;
+    r.bad(bad);
+    auto stats = ConvertGgufToDpl(in, out, bad);
+    REQUIRE(!stats.ok());
+    CHECK_MESSAGE(Has(stats.status(), r.want), stats.status().ToString());
+    CHECK(!fs::exists(out));
+    CHECK(NoTempLeft(out));
+    ConvertOptions twin;
+    twin.compress = true;
+    r.twin(twin);
+    stats = ConvertGgufToDpl(in, out, twin);
+    REQUIRE_MESSAGE(stats.ok(), stats.status().ToString());
+    Verify(in, out);
+  }
+  // threads 0 takes all cores that fit: over budget for 2, so 1.
+  ConvertOptions fit;
+  fit.compress = true;
+  fit.frame_bytes = 256 << 20;
+  fit.memory_budget = 1536ull << 20;
+  auto stats = ConvertGgufToDpl(in, Tmp("fit.dpl"), fit);
+  REQUIRE_MESSAGE(stats.ok(), stats.status().ToString());
+  CHECK(stats->threads == 1);
+}
+
+TEST_CASE("the output is never the input, nor a read-only file, a directory or a device") {
+  // A private copy: a refusal that failed would destroy it, not the oracle.
+  const fs::path dir = fs::path(Tmp("same"));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string in = (dir / "in.gguf").string();
+  fs::copy_file(Oracle("tiny-qwen2-vocab-q4km.gguf"), in);
+  const std::string before = ReadAll(in);
+  fs::create_symlink("in.gguf", dir / "link.gguf");
+  fs::create_hard_link(in, dir / "hard.gguf");
+  const std::string ro = (dir / "ro.dpl").string();
+  std::ofstream(ro) << "read-only";
+  fs::permissions(ro, fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  struct Row {
+    std::string in, out, want;
+  } rows[] = {
+      {in, in, "is the input"},
+      {(dir / "link.gguf").string(), in, "is the input"},
+      {in, (dir / "link.gguf").string(), "is the input"},
+      {in, (dir / "hard.gguf").string(), "is the input"},
+      {in, ro, "read-only"},
+      {in, dir.string(), "is a directory"},
+      {in, "/dev/null", "not a regular file"},
+      {in, "", "empty output path"},
+  };
+  for (const Row& r : rows) {
+    CAPTURE(r.out);
+    auto stats = ConvertGgufToDpl(r.in, r.out, {});
+    REQUIRE(!stats.ok());
+    CHECK_MESSAGE(Has(stats.status(), r.want), stats.status().ToString());
+  }
+  CHECK(ReadAll(in) == before);
+  CHECK(ReadAll(ro) == "read-only");
+  CHECK(NoTempLeft(in));
+  CHECK(NoTempLeft(ro));
+  // Clean twins: another name converts; the read-only file once writable too.
+  REQUIRE(ConvertGgufToDpl(in, (dir / "out.dpl").string(), {}).ok());
+  fs::permissions(ro, fs::perms::owner_write, fs::perm_options::add);
+  REQUIRE(ConvertGgufToDpl(in, ro, {}).ok());
+  Verify(in, ro);
+  CHECK(ReadAll(in) == before);
+}
+
+// A log that sets `cancel` when the conversion starts verifying: a signal
+// (or Ctrl-C) arriving during --verify.
+class CancelOnVerify : public std::streambuf {
+ public:
+  explicit CancelOnVerify(std::atomic<bool>& cancel) : cancel_(cancel) {}
+
+ private:
+  int overflow(int c) override {
+    line_ += static_cast<char>(c);
+    if (line_.rfind("verifying", 0) == 0) cancel_ = true;
+    if (c == '\n') line_.clear();
+    return c;
+  }
+  std::atomic<bool>& cancel_;
+  std::string line_;
+};
+
+TEST_CASE("--verify runs before the output exists: interrupted, it writes nothing") {
+  const std::string in = Oracle("small-qwen2-q4km.gguf");
+  const std::string out = Tmp("verify-cancelled.dpl");
+  std::ofstream(out) << "previous contents";
+  for (bool compress : {false, true}) {
+    CAPTURE(compress);
+    std::atomic<bool> cancel{false};
+    CancelOnVerify buf(cancel);
+    std::ostream log(&buf);
+    ConvertOptions opt;
+    opt.compress = compress;
+    opt.verify = true;
+    opt.log = &log;
+    opt.cancel = &cancel;
+    auto stats = ConvertGgufToDpl(in, out, opt);
+    REQUIRE(!stats.ok());
+    CHECK(stats.status().code() == absl::StatusCode::kCancelled);
+    CHECK(cancel.load());
+    CHECK(ReadAll(out) == "previous contents");
+    CHECK(NoTempLeft(out));
+  }
+  // The clean twin: verified, then written.
+  ConvertOptions opt;
+  opt.verify = true;
+  auto stats = ConvertGgufToDpl(in, out, opt);
+  REQUIRE_MESSAGE(stats.ok(), stats.status().ToString());
+  REQUIRE(stats->verify.has_value());
+  CHECK(stats->verify->n_tensors == stats->n_tensors);
+  Verify(in, out);
 }
 
 TEST_CASE("verify catches a tampered or mismatched file") {

@@ -29,6 +29,7 @@
 #include "base/status_macros.h"
 #include "cli/cli.h"
 #include "formats/model_file.h"
+#include "formats/output_file.h"
 #include "runtime/cuda/cuda_decoder.h"
 #include "runtime/device.h"
 #include "runtime/generate/generate.h"
@@ -45,18 +46,13 @@ void PrintText(absl::string_view piece) {
   std::fflush(stdout);
 }
 
-absl::Status WriteLogits(const std::string& path, const std::vector<float>& rows) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::NotFoundError(absl::StrCat("cannot create ", tmp));
-    out.write(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float));
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
+// The logits file, written whole or not at all (never over the model).
+absl::Status WriteLogits(const std::string& path, const std::string& model,
+                         const std::vector<float>& rows) {
+  dpl::formats::OutputOptions o;
+  o.inputs = {model};
+  return dpl::formats::WriteFileAtomically(
+      path, {reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float)}, o);
 }
 
 void PrintTimings(double load_s, const Timings& t) {
@@ -148,7 +144,8 @@ absl::Status RunTokens(const cxxopts::ParseResult& args, Loaded& l) {
   t.n_prompt = ids.size();
   t.prompt_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (args.count("dump-logits")) {
-    DPL_RETURN_IF_ERROR(WriteLogits(args["dump-logits"].as<std::string>(), want_all ? all : last));
+    DPL_RETURN_IF_ERROR(WriteLogits(args["dump-logits"].as<std::string>(),
+                                    args["model"].as<std::string>(), want_all ? all : last));
   }
   int32_t best = 0;
   for (int32_t i = 1; i < dec.n_vocab(); ++i) best = last[i] > last[best] ? i : best;

@@ -55,6 +55,13 @@ head -c 10000000 /dev/zero | tr '\0' 'a' >"$tmp/big.txt"
 expect_error "a 10 MB prompt: refused before it is echoed" "longer than the context" "$run" -m "$vocab" "${cpu[@]}" -c 256 -f "$tmp/big.txt"
 printf 'Hello' >"$tmp/small.txt"
 expect_ok "twin: a small prompt file" "$run" -m "$vocab" "${cpu[@]}" -f "$tmp/small.txt" -n 2 --temp 0
+expect_error "--dump-logits a directory" "directory" "$run" -m "$model" "${cpu[@]}" -c 8 --tokens 1 --dump-logits "$tmp"
+expect_error "--dump-logits ''" "empty" "$run" -m "$model" "${cpu[@]}" -c 8 --tokens 1 --dump-logits ""
+cp "$model" "$tmp/m.gguf"; sum=$(cksum <"$tmp/m.gguf")
+expect_error "--dump-logits over the model" "input" "$run" -m "$tmp/m.gguf" "${cpu[@]}" -c 8 --tokens 1 --dump-logits "$tmp/m.gguf"
+if [[ $(cksum <"$tmp/m.gguf") == "$sum" ]]; then echo "ok   the model is unchanged"; else echo "FAIL model changed"; fails=$((fails + 1)); fi
+expect_ok "twin: --dump-logits to a new file" "$run" -m "$model" "${cpu[@]}" -c 8 --tokens 1 --dump-logits "$tmp/l.f32"
+if ls -a "$tmp" | grep -q "dpl-tmp"; then echo "FAIL a temp file was left"; fails=$((fails + 1)); else echo "ok   no temp file left"; fi
 mkfifo "$tmp/fifo"
 expect_error "a FIFO as the model" "regular file" "$run" -m "$tmp/fifo" "${cpu[@]}" --tokens 1
 [[ $fails -eq 0 ]]

@@ -1,6 +1,9 @@
 // dpl-synth PRESET OUT.gguf [--vocab VOCAB.gguf | --no-vocab N] [--tied]
 //           [--ftype q4_k_m|f16|f32] [--seed N] [--threads N]
 // Writes a random-weight GGUF v3 model of a known shape; see tools/synth.h.
+// OUT.gguf appears whole or not at all (formats/output_file.h): an error or
+// a terminating signal removes the unfinished temporary file.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -8,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "cxxopts.hpp"
+#include "formats/output_file.h"
 #include "model/model.h"
 #include "tools/synth.h"
 
@@ -47,7 +51,7 @@ int main(int argc, char** argv) {
       ("untied", "give a tied preset its own output.weight")
       ("ftype", "q4_k_m, f16 or f32", cxxopts::value<std::string>()->default_value("q4_k_m"))
       ("seed", "random seed", cxxopts::value<uint64_t>()->default_value("1"))
-      ("threads", "generator threads (0: all cores); the output does not depend on it",
+      ("threads", "generator threads (0: all cores, or 1..1024); the output does not depend on it",
        cxxopts::value<unsigned>()->default_value("0"))
       ("h,help", "this help")
       ("positional", "", cxxopts::value<std::vector<std::string>>());
@@ -97,6 +101,10 @@ int main(int argc, char** argv) {
   opts.seed = args["seed"].as<uint64_t>();
   opts.threads = args["threads"].as<unsigned>();
 
+  // A closed stdout is an EPIPE, not a death; every other terminating signal
+  // removes the unfinished output.
+  std::signal(SIGPIPE, SIG_IGN);
+  dpl::formats::InstallSignalCleanup();
   absl::StatusOr<dpl::synth::SynthResult> res = dpl::synth::WriteSyntheticModel(opts, pos[1]);
   if (!res.ok()) return Fail(std::string(res.status().message()));
   const double mb = static_cast<double>(res->file_bytes) / 1e6;

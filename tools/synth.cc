@@ -1,11 +1,6 @@
 #include "tools/synth.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -17,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "formats/dequant.h"
+#include "formats/output_file.h"
 #include "formats/parallel_for.h"
 
 namespace dpl::synth {
@@ -390,23 +386,6 @@ void FillRows(const PlannedTensor& t, uint64_t seed, uint64_t row_begin, uint64_
 
 namespace {
 
-absl::Status PWriteAll(int fd, const uint8_t* data, uint64_t n, uint64_t offset,
-                       const std::string& path) {
-  while (n > 0) {
-    const ssize_t w =
-        ::pwrite(fd, data, std::min<uint64_t>(n, 1ull << 30), static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("write ", path, " at offset ", offset, ": ",
-                                              std::strerror(errno)));
-    }
-    data += w;
-    n -= static_cast<uint64_t>(w);
-    offset += static_cast<uint64_t>(w);
-  }
-  return absl::OkStatus();
-}
-
 // Rows [row_begin, row_begin + n_rows) of plan[tensor]: about kChunkBytes.
 struct WorkItem {
   size_t tensor;
@@ -431,57 +410,10 @@ std::vector<WorkItem> MakeWorkItems(const std::vector<PlannedTensor>& plan) {
   return items;
 }
 
-// The output file, written as PATH.tmp and renamed to PATH by Commit; until
-// then an error (or any return) removes it, so no partial PATH ever exists.
-class TempFile {
- public:
-  explicit TempFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {}
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  // Creates PATH.tmp of `bytes` zero bytes (holes: the alignment padding
-  // stays zero without being written).
-  absl::Status Create(uint64_t bytes) {
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) return Error("create ", tmp_);
-    if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) {
-      return Error("resize ", tmp_, " to ", bytes, " bytes");
-    }
-    return absl::OkStatus();
-  }
-  // fsync, close, rename to PATH.
-  absl::Status Commit() {
-    if (::fsync(fd_) != 0) return Error("fsync ", tmp_);
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) return Error("close ", tmp_);
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) return Error("rename ", tmp_, " -> ", path_);
-    committed_ = true;
-    return absl::OkStatus();
-  }
-  int fd() const { return fd_; }
-  const std::string& tmp() const { return tmp_; }
-
- private:
-  // errno is read first, before anything can allocate.
-  template <typename... Args>
-  static absl::Status Error(const Args&... what) {
-    const int e = errno;
-    return absl::InternalError(absl::StrCat(what..., ": ", std::strerror(e)));
-  }
-  std::string path_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
 // Generates every tensor in chunks on `threads` threads and writes each chunk
 // at its place in the data section (which starts at header.bytes.size()).
 absl::Status WriteTensors(const std::vector<PlannedTensor>& plan, const formats::GgufHeader& header,
-                          uint64_t seed, unsigned threads, const TempFile& out) {
+                          uint64_t seed, unsigned threads, const formats::OutputFile& out) {
   const std::vector<WorkItem> items = MakeWorkItems(plan);
   const unsigned n_threads = threads ? threads : std::thread::hardware_concurrency();
   return formats::ParallelFor(static_cast<int>(n_threads), items.size(), [&](size_t k) {
@@ -491,7 +423,7 @@ absl::Status WriteTensors(const std::vector<PlannedTensor>& plan, const formats:
     std::vector<uint8_t> buf(it.n_rows * row_bytes);
     FillRows(t, seed, it.row_begin, it.n_rows, buf.data());
     const uint64_t off = header.bytes.size() + header.offsets[it.tensor] + it.row_begin * row_bytes;
-    return PWriteAll(out.fd(), buf.data(), buf.size(), off, out.tmp());
+    return out.Write(buf.data(), buf.size(), off);
   });
 }
 
@@ -500,6 +432,11 @@ absl::Status WriteTensors(const std::vector<PlannedTensor>& plan, const formats:
 absl::StatusOr<SynthResult> WriteSyntheticModel(const SynthOptions& opts,
                                                 const std::string& out_path) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (opts.threads > kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads ", opts.threads,
+                                                   " out of range (0 = all cores, or 1..",
+                                                   kMaxThreads, ")"));
+  }
   Preset preset = opts.preset;
   std::optional<Vocab> vocab;
   if (opts.vocab_path) {
@@ -514,10 +451,11 @@ absl::StatusOr<SynthResult> WriteSyntheticModel(const SynthOptions& opts,
   DPL_ASSIGN_OR_RETURN(const formats::GgufHeader header, formats::BuildGgufHeader(meta, specs));
   const uint64_t file_bytes = header.bytes.size() + header.data_bytes;
 
-  TempFile out(out_path);
-  DPL_RETURN_IF_ERROR(out.Create(file_bytes));
-  DPL_RETURN_IF_ERROR(PWriteAll(out.fd(), reinterpret_cast<const uint8_t*>(header.bytes.data()),
-                                header.bytes.size(), 0, out.tmp()));
+  formats::OutputOptions out_opt;
+  if (opts.vocab_path) out_opt.inputs = {*opts.vocab_path};
+  DPL_ASSIGN_OR_RETURN(formats::OutputFile out, formats::OutputFile::Create(out_path, out_opt));
+  DPL_RETURN_IF_ERROR(out.Resize(file_bytes));  // holes: the alignment padding reads as zeros
+  DPL_RETURN_IF_ERROR(out.Write(header.bytes.data(), header.bytes.size(), 0));
   DPL_RETURN_IF_ERROR(WriteTensors(plan, header, opts.seed, opts.threads, out));
   DPL_RETURN_IF_ERROR(out.Commit());
   SynthResult res;

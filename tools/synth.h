@@ -106,6 +106,9 @@ void FillRows(const PlannedTensor& t, uint64_t seed, uint64_t row_begin, uint64_
 // tensor shape only, so the output does not depend on the thread count.
 inline constexpr uint64_t kChunkBytes = 4ull << 20;
 
+// Generator threads: 0 (all cores) or 1..kMaxThreads.
+inline constexpr unsigned kMaxThreads = 1024;
+
 struct SynthOptions {
   Preset preset;                      // after --tied / --no-vocab overrides
   Ftype ftype = Ftype::kQ4_K_M;
@@ -120,9 +123,11 @@ struct SynthResult {
   double seconds = 0;
 };
 
-// Writes the model to `out_path`: builds the header, generates the tensors
-// in parallel and pwrite()s them into `out_path`.tmp, then fsync + rename.
-// On error the temporary file is removed and `out_path` is left untouched.
+// Writes the model to `out_path` through formats::OutputFile: builds the
+// header, generates the tensors in parallel and writes them into a hidden
+// temporary file, then fsync + rename. On an error or a signal the temporary
+// file is removed and `out_path` is left untouched; `out_path` being the
+// vocab file, a read-only file or not a regular file is refused.
 absl::StatusOr<SynthResult> WriteSyntheticModel(const SynthOptions& opts,
                                                 const std::string& out_path);
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -35,6 +36,17 @@ std::string ReadFile(const std::string& path) {
 }
 
 bool FileExists(const std::string& path) { return std::ifstream(path).good(); }
+
+// No temp file of an output at `path` (formats::OutputFile names them
+// DIR/.NAME.dpl-tmp-PID-N) is left in its directory.
+bool NoTempFileBeside(const std::string& path) {
+  const std::filesystem::path p(path);
+  const std::string prefix = "." + p.filename().string() + ".dpl-tmp-";
+  for (const auto& e : std::filesystem::directory_iterator(p.parent_path())) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) return false;
+  }
+  return true;
+}
 
 std::string Oracle(const std::string& name) {
   return testing::SharedDir() + "/oracle/" + name;
@@ -340,7 +352,7 @@ TEST_CASE("written models parse back with the planned tensors and metadata") {
           testing::TempDir() + "/" + name + "-" + std::string(FtypeName(ftype)) + ".gguf";
       absl::StatusOr<SynthResult> r = Synth(name, path, 5, 3, ftype);
       REQUIRE_MESSAGE(r.ok(), r.status().ToString());
-      CHECK(!FileExists(path + ".tmp"));
+      CHECK(NoTempFileBeside(path));
       absl::StatusOr<GgufFile> f = GgufFile::Open(path);
       REQUIRE_MESSAGE(f.ok(), f.status().ToString());
       const Preset p = MustPreset(name);
@@ -418,7 +430,7 @@ TEST_CASE("bad vocab files are refused and leave no output") {
   REQUIRE(!r.ok());
   CHECK(r.status().message().find("tokenizer.ggml.tokens") != std::string::npos);
   CHECK(!FileExists(path));
-  CHECK(!FileExists(path + ".tmp"));
+  CHECK(NoTempFileBeside(path));
   CHECK(!FindPreset("qwen9").ok());
   CHECK(!ParseFtype("q8_0").ok());
   CHECK(ParseFtype("Q4_K_M").value() == Ftype::kQ4_K_M);
