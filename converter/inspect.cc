@@ -1,8 +1,12 @@
 #include "converter/inspect.h"
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -20,50 +24,33 @@ namespace {
 using formats::MetaValue;
 using formats::GgufValueType;
 
-std::string JsonString(absl::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) out += absl::StrFormat("\\u%04x", c);
-        else out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
+using Json = nlohmann::ordered_json;
 
-std::string JsonNumber(double v) {
-  if (!std::isfinite(v)) return "null";
-  return absl::StrFormat("%.17g", v);
-}
+Json JsonNumber(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }
 
-// A JSON value for metadata; arrays longer than max are summarized as
-// {"type":..., "count":..., "head":[...]}.
-std::string JsonValue(const MetaValue& v, size_t max) {
+// A JSON value for metadata; arrays are {"elem_type", "count", "head"} with
+// at most `max` elements in head. Strings go in as bytes: Dump makes any
+// invalid UTF-8 in them U+FFFD.
+Json JsonValue(const MetaValue& v, size_t max) {
   switch (v.type) {
-    case GgufValueType::kString: return JsonString(v.bytes);
-    case GgufValueType::kBool: return v.scalar_bits ? "true" : "false";
+    case GgufValueType::kString: return v.bytes;
+    case GgufValueType::kBool: return v.scalar_bits != 0;
     case GgufValueType::kF32:
     case GgufValueType::kF64: return JsonNumber(v.AsDouble());
-    case GgufValueType::kU64: return absl::StrCat(v.AsUint());
+    case GgufValueType::kU64: return v.AsUint();
     case GgufValueType::kArray: {
-      std::vector<std::string> elems;
+      Json head = Json::array();
       for (uint64_t i = 0; i < v.count && i < max; ++i) {
-        if (v.elem_type == GgufValueType::kString) elems.push_back(JsonString(v.StringAt(i)));
+        if (v.elem_type == GgufValueType::kString) head.push_back(std::string(v.StringAt(i)));
         else if (v.elem_type == GgufValueType::kF32 || v.elem_type == GgufValueType::kF64)
-          elems.push_back(JsonNumber(v.FloatAt(i)));
-        else elems.push_back(absl::StrCat(v.IntAt(i)));
+          head.push_back(JsonNumber(v.FloatAt(i)));
+        else head.push_back(v.IntAt(i));
       }
-      return absl::StrCat("{\"elem_type\": ", JsonString(formats::GgufValueTypeName(v.elem_type)),
-                          ", \"count\": ", v.count, ", \"head\": [", absl::StrJoin(elems, ", "),
-                          "]}");
+      return Json{{"elem_type", formats::GgufValueTypeName(v.elem_type)},
+                  {"count", v.count},
+                  {"head", std::move(head)}};
     }
-    default: return absl::StrCat(v.AsInt());
+    default: return v.AsInt();
   }
 }
 
@@ -76,7 +63,7 @@ std::string Shape(const formats::TensorView& t) {
 // the checksum verdict when asked.
 struct ContainerFacts {
   std::string line;
-  std::vector<std::pair<std::string, std::string>> json;
+  Json json = Json::object();
   std::string checksum_line;
 };
 
@@ -89,16 +76,15 @@ absl::StatusOr<ContainerFacts> GgufFacts(const std::string& path, const InspectO
   ContainerFacts f;
   f.line = absl::StrFormat("GGUF v%d, %d bytes, alignment %d, data at %d", g.version(),
                            g.file_size(), g.alignment(), g.data_offset());
-  f.json = {{"container", "\"gguf\""},
-            {"version", absl::StrCat(g.version())},
-            {"file_bytes", absl::StrCat(g.file_size())},
-            {"alignment", absl::StrCat(g.alignment())},
-            {"data_offset", absl::StrCat(g.data_offset())}};
+  f.json = {{"container", "gguf"},
+            {"version", g.version()},
+            {"file_bytes", g.file_size()},
+            {"alignment", g.alignment()},
+            {"data_offset", g.data_offset()}};
   return f;
 }
 
-absl::StatusOr<ContainerFacts> DplFacts(const std::string& path, const formats::ModelFile& model,
-                                        const InspectOptions& opt) {
+absl::StatusOr<ContainerFacts> DplFacts(const std::string& path, const InspectOptions& opt) {
   DPL_ASSIGN_OR_RETURN(const formats::DplFile d, formats::DplFile::Open(path));
   const formats::DplHeader& h = d.header();
   ContainerFacts f;
@@ -109,23 +95,20 @@ absl::StatusOr<ContainerFacts> DplFacts(const std::string& path, const formats::
                                        h.n_frames, h.frame_raw_bytes, h.data_stored_bytes,
                                        static_cast<double>(h.data_bytes) / h.data_stored_bytes)
                      : "");
-  f.json = {{"container", "\"dpl\""},
-            {"version", absl::StrCat(h.version)},
-            {"file_bytes", absl::StrCat(h.file_bytes)},
-            {"compressed", h.compressed() ? "true" : "false"},
-            {"data_offset", absl::StrCat(h.data_offset)},
-            {"data_bytes", absl::StrCat(h.data_bytes)},
-            {"data_stored_bytes", absl::StrCat(h.data_stored_bytes)}};
+  f.json = {{"container", "dpl"},
+            {"version", h.version},
+            {"file_bytes", h.file_bytes},
+            {"compressed", h.compressed()},
+            {"data_offset", h.data_offset},
+            {"data_bytes", h.data_bytes},
+            {"data_stored_bytes", h.data_stored_bytes}};
   if (opt.verify_checksums) {
-    // ModelFile already holds the logical region (inflated if compressed).
-    const uint8_t* region = model.tensors().empty()
-                                ? nullptr
-                                : model.tensors()[0].data - model.tensors()[0].data_offset;
-    for (const formats::DplTensorEntry& t : d.tensors()) {
-      DPL_RETURN_IF_ERROR(dpl::Annotate(d.VerifyChecksum(t, region), path));
-    }
+    // Frame by frame for the compressed form: memory stays bounded whatever
+    // data_bytes says.
+    const int threads = std::max(1u, std::thread::hardware_concurrency());
+    DPL_RETURN_IF_ERROR(dpl::Annotate(d.VerifyChecksums(threads), path));
     f.checksum_line = absl::StrCat("checksums: all ", d.tensors().size(), " tensors OK (XXH3-64)");
-    f.json.push_back({"checksums_ok", "true"});
+    f.json["checksums_ok"] = true;
   }
   return f;
 }
@@ -154,35 +137,32 @@ void WriteJson(const std::string& path, const formats::ModelFile& model, const C
                const InspectOptions& opt, std::ostream& out) {
   uint64_t total_bytes;
   const Tallies tally = TallyOf(model, &total_bytes);
-  out << "{\n  \"path\": " << JsonString(path) << ",\n";
-  for (const auto& [k, v] : facts.json) out << "  \"" << k << "\": " << v << ",\n";
-  out << "  \"metadata\": {";
-  const char* sep = "\n";
+  Json j = {{"path", path}};
+  j.update(facts.json);
+  Json& meta = j["metadata"] = Json::object();
   for (const formats::MetaKV& kv : model.metadata().entries()) {
-    out << sep << "    " << JsonString(kv.key) << ": {\"type\": "
-        << JsonString(formats::GgufValueTypeName(kv.value.type))
-        << ", \"value\": " << JsonValue(kv.value, opt.max_array_elems) << "}";
-    sep = ",\n";
+    meta[kv.key] = {{"type", formats::GgufValueTypeName(kv.value.type)},
+                    {"value", JsonValue(kv.value, opt.max_array_elems)}};
   }
-  out << "\n  },\n  \"tensors\": [";
-  sep = "\n";
+  Json& tensors = j["tensors"] = Json::array();
   for (const formats::TensorView& t : model.tensors()) {
-    out << sep << "    {\"name\": " << JsonString(t.name)
-        << ", \"type\": " << JsonString(formats::TraitsOf(t.type).name)
-        << ", \"layout\": " << JsonString(formats::TensorLayoutName(t.layout))
-        << ", \"shape\": " << Shape(t) << ", \"row_stride\": " << t.row_stride
-        << ", \"offset\": " << t.data_offset << ", \"bytes\": " << t.n_bytes << "}";
-    sep = ",\n";
+    tensors.push_back({{"name", t.name},
+                       {"type", formats::TraitsOf(t.type).name},
+                       {"layout", formats::TensorLayoutName(t.layout)},
+                       {"shape", std::vector<uint64_t>(t.ne.begin(), t.ne.begin() + t.n_dims)},
+                       {"row_stride", t.row_stride},
+                       {"offset", t.data_offset},
+                       {"bytes", t.n_bytes}});
   }
-  out << "\n  ],\n  \"totals\": [";
-  sep = "\n";
+  Json& totals = j["totals"] = Json::array();
   for (const auto& [key, y] : tally) {
-    out << sep << "    {\"type\": " << JsonString(key.first)
-        << ", \"layout\": " << JsonString(key.second) << ", \"tensors\": " << y.tensors
-        << ", \"bytes\": " << y.bytes << "}";
-    sep = ",\n";
+    totals.push_back(
+        {{"type", key.first}, {"layout", key.second}, {"tensors", y.tensors}, {"bytes", y.bytes}});
   }
-  out << "\n  ],\n  \"total_bytes\": " << total_bytes << "\n}\n";
+  j["total_bytes"] = total_bytes;
+  // Invalid UTF-8 (a hostile metadata string or key) becomes U+FFFD: the
+  // output is always valid JSON.
+  out << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
 }
 
 void WriteText(const std::string& path, const formats::ModelFile& model, const ContainerFacts& facts,
@@ -219,12 +199,13 @@ void WriteText(const std::string& path, const formats::ModelFile& model, const C
 }  // namespace
 
 absl::Status Inspect(const std::string& path, const InspectOptions& opt, std::ostream& out) {
-  DPL_ASSIGN_OR_RETURN(const std::shared_ptr<formats::ModelFile> model, formats::ModelFile::Open(path));
+  // The index only: nothing is inflated, whatever the data region declares.
+  DPL_ASSIGN_OR_RETURN(const std::shared_ptr<formats::ModelFile> model,
+                       formats::ModelFile::OpenIndex(path));
   // Container facts, read once more through the specific reader.
   DPL_ASSIGN_OR_RETURN(const ContainerFacts facts,
-                       model->container() == formats::Container::kGguf
-                           ? GgufFacts(path, opt)
-                           : DplFacts(path, *model, opt));
+                       model->container() == formats::Container::kGguf ? GgufFacts(path, opt)
+                                                                       : DplFacts(path, opt));
   if (opt.json) {
     WriteJson(path, *model, facts, opt, out);
   } else {

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -82,6 +83,24 @@ inline bool CheckedAlignUp(uint64_t v, uint64_t align, uint64_t* out) {
   if (!CheckedAdd(v, align - 1, &t)) return false;
   *out = t & ~(align - 1);
   return true;
+}
+
+// The position of the first byte of `s` that is a NUL or not part of
+// well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or code points
+// past U+10FFFF), or npos when there is none. Tensor names must pass.
+size_t FirstBadNameByte(absl::string_view s);
+// OK when FirstBadNameByte finds nothing; else an InvalidArgument error
+// "invalid WHAT at offset N: ..." with N the bad byte's absolute offset
+// (`at` is the name's).
+absl::Status CheckName(absl::string_view name, uint64_t at, absl::string_view what);
+
+// Tensor name -> position in its table: what the readers' FindTensor and
+// duplicate checks use, so lookups stay O(1) however many tensors a file has.
+using NameIndex = absl::flat_hash_map<std::string, size_t>;
+template <typename T>
+const T* FindIndexed(const std::vector<T>& tensors, const NameIndex& index, absl::string_view name) {
+  const auto it = index.find(name);
+  return it == index.end() ? nullptr : &tensors[it->second];
 }
 
 // Tensors (with `name`, `offset` and `n_bytes`, ranges already known not to

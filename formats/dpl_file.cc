@@ -6,12 +6,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "formats/byte_reader.h"
 #include "formats/mapped_file.h"
-#include "formats/parallel_for.h"
 
 namespace dpl::formats {
 namespace {
@@ -166,9 +164,14 @@ absl::StatusOr<DplHeader> ParseHeader(const uint8_t* data, uint64_t size) {
 
 // The metadata: one zstd frame holding exactly meta_count GGUF key/value pairs.
 absl::StatusOr<Metadata> ParseMetadata(const uint8_t* data, const DplHeader& h) {
-  if (h.meta_raw_bytes > kDplMaxMetaBytes) {
+  uint64_t ratio_cap;
+  if (!CheckedMul(h.meta_stored_bytes, kDplMetaRatioCap, &ratio_cap)) ratio_cap = UINT64_MAX;
+  const uint64_t cap = std::min(kDplMaxMetaBytes, std::max(kDplMetaRawFloor, ratio_cap));
+  if (h.meta_raw_bytes > cap) {
     return Bad("metadata size", kOffMetaRaw,
-               absl::StrCat(h.meta_raw_bytes, " exceeds the limit of ", kDplMaxMetaBytes));
+               absl::StrCat(h.meta_raw_bytes, " bytes exceeds the limit of ", cap, " for ",
+                            h.meta_stored_bytes, " stored bytes (max(", kDplMetaRawFloor, ", ",
+                            kDplMetaRatioCap, " x stored), at most ", kDplMaxMetaBytes, ")"));
   }
   const uint8_t* frame = data + h.meta_offset;
   if (ZSTD_getFrameContentSize(frame, h.meta_stored_bytes) != h.meta_raw_bytes) {
@@ -254,7 +257,9 @@ absl::StatusOr<DplTensorEntry> ReadEntry(ByteReader& r, uint64_t i, const DplHea
   if (name_len == 0 || name_len > kMaxNameBytes) {
     return Bad(absl::StrCat(what, " name length"), at, absl::StrCat(name_len, " (1..4096)"));
   }
+  const uint64_t name_at = r.offset();
   DPL_ASSIGN_OR_RETURN(const absl::string_view name, r.ReadBytes(name_len, absl::StrCat(what, " name")));
+  DPL_RETURN_IF_ERROR(CheckName(name, name_at, absl::StrCat(what, " name")));
   t.name = std::string(name);
   const std::string tw = absl::StrCat("tensor '", t.name, "'");
   const uint64_t fixed_at = r.offset();
@@ -266,7 +271,8 @@ absl::StatusOr<DplTensorEntry> ReadEntry(ByteReader& r, uint64_t i, const DplHea
 
 // The tensor table: n_tensors entries filling table_bytes exactly, unique
 // names, disjoint ranges.
-absl::StatusOr<std::vector<DplTensorEntry>> ParseTable(const uint8_t* data, const DplHeader& h) {
+absl::Status ParseTable(const uint8_t* data, const DplHeader& h,
+                        std::vector<DplTensorEntry>* tensors, NameIndex* names) {
   uint64_t min_table;
   if (!CheckedMul(h.n_tensors, kMinEntryBytes, &min_table) || min_table > h.table_bytes) {
     return Bad("tensor count", kOffNTensors,
@@ -274,23 +280,55 @@ absl::StatusOr<std::vector<DplTensorEntry>> ParseTable(const uint8_t* data, cons
                             "-byte table"));
   }
   ByteReader r(data + h.table_offset, h.table_bytes, h.table_offset);
-  std::vector<DplTensorEntry> tensors;
-  tensors.reserve(h.n_tensors);
-  absl::flat_hash_set<std::string> names;
+  tensors->reserve(h.n_tensors);
   for (uint64_t i = 0; i < h.n_tensors; ++i) {
     const uint64_t at = r.offset();
     DPL_ASSIGN_OR_RETURN(DplTensorEntry t, ReadEntry(r, i, h));
-    if (!names.insert(t.name).second) {
+    if (!names->try_emplace(t.name, tensors->size()).second) {
       return Bad(absl::StrCat("tensor entry #", i), at,
                  absl::StrCat("duplicate tensor name '", t.name, "'"));
     }
-    tensors.push_back(std::move(t));
+    tensors->push_back(std::move(t));
   }
   if (r.remaining() != 0) {
     return Bad("tensor table", r.offset(), absl::StrCat(r.remaining(), " trailing bytes"));
   }
-  DPL_RETURN_IF_ERROR(CheckDisjoint(tensors, "data offset", 0));
-  return tensors;
+  return CheckDisjoint(*tensors, "data offset", 0);
+}
+
+// Frame #i of the index at `at` (offsets still relative to data_offset),
+// checked: frames tile the stored region in order (`expect_stored` is where
+// this one must start), and its zstd header declares exactly its logical
+// size, which zstd's bound allows for its stored size.
+absl::StatusOr<DplFile::Frame> ReadFrame(const uint8_t* data, const DplHeader& h, uint64_t i,
+                                         uint64_t expect_stored) {
+  const uint64_t at = h.frames_offset + 16 * i;
+  DplFile::Frame fr;
+  fr.stored_offset = GetAt<uint64_t>(data, at);
+  fr.stored_bytes = GetAt<uint64_t>(data, at + 8);
+  if (fr.stored_offset != expect_stored || fr.stored_bytes == 0 ||
+      !InRange(fr.stored_offset, fr.stored_bytes, h.data_stored_bytes)) {
+    return Bad(absl::StrCat("frame #", i), at, "frames must tile the stored data region in order");
+  }
+  fr.stored_offset += h.data_offset;
+  fr.raw_offset = i * h.frame_raw_bytes;  // < data_bytes: i < n_frames
+  fr.raw_bytes = std::min(h.frame_raw_bytes, h.data_bytes - fr.raw_offset);
+  const unsigned long long content =
+      ZSTD_getFrameContentSize(data + fr.stored_offset, fr.stored_bytes);
+  if (content != fr.raw_bytes) {
+    const bool known = content != ZSTD_CONTENTSIZE_UNKNOWN && content != ZSTD_CONTENTSIZE_ERROR;
+    return Bad(absl::StrCat("data frame #", i), fr.stored_offset,
+               known ? absl::StrCat("its zstd header declares ", content, " bytes, the frame holds ",
+                                    fr.raw_bytes)
+                     : std::string("not a zstd frame with a declared content size"));
+  }
+  uint64_t bound;
+  if (CheckedMul(fr.stored_bytes, kZstdMaxRatio, &bound) && fr.raw_bytes > bound) {
+    return Bad(absl::StrCat("data frame #", i), fr.stored_offset,
+               absl::StrCat(fr.stored_bytes, " stored bytes cannot inflate to ", fr.raw_bytes,
+                            " (zstd inflates at most ", kZstdMaxRatio, "x)"));
+  }
+  return fr;
 }
 
 // The frame index of the compressed form (none in the uncompressed form):
@@ -307,30 +345,24 @@ absl::StatusOr<std::vector<DplFile::Frame>> ParseFrames(const uint8_t* data, con
     return Bad("frame size", kOffFrameRaw,
                absl::StrCat(h.frame_raw_bytes, " (", kDplMinFrameBytes, "..", kDplMaxFrameBytes, ")"));
   }
-  const uint64_t want_frames = (h.data_bytes + h.frame_raw_bytes - 1) / h.frame_raw_bytes;
+  // ceil(data_bytes / frame_raw_bytes) without the overflow of data_bytes + frame - 1.
+  const uint64_t want_frames =
+      h.data_bytes / h.frame_raw_bytes + (h.data_bytes % h.frame_raw_bytes != 0 ? 1 : 0);
   if (h.n_frames != want_frames) {
     return Bad("frame count", kOffNFrames,
                absl::StrCat(h.n_frames, " frames but ", h.data_bytes, " bytes in frames of ",
                             h.frame_raw_bytes, " need ", want_frames));
   }
-  if (!InIndex(h.frames_offset, h.n_frames * 16, h)) {
-    return Bad("frame index range", kOffFramesOffset, "outside the index area");
+  uint64_t index_bytes;
+  if (!CheckedMul(h.n_frames, 16, &index_bytes) || !InIndex(h.frames_offset, index_bytes, h)) {
+    return Bad("frame index range", kOffFramesOffset,
+               absl::StrCat(h.n_frames, " frames at ", h.frames_offset, ": outside the index area"));
   }
-  frames.reserve(h.n_frames);
+  frames.reserve(h.n_frames);  // the index holds them: at most data_offset / 16
   uint64_t expect_stored = 0;
   for (uint64_t i = 0; i < h.n_frames; ++i) {
-    const uint64_t at = h.frames_offset + 16 * i;
-    DplFile::Frame fr;
-    fr.stored_offset = GetAt<uint64_t>(data, at);
-    fr.stored_bytes = GetAt<uint64_t>(data, at + 8);
-    if (fr.stored_offset != expect_stored || fr.stored_bytes == 0 ||
-        !InRange(fr.stored_offset, fr.stored_bytes, h.data_stored_bytes)) {
-      return Bad(absl::StrCat("frame #", i), at, "frames must tile the stored data region in order");
-    }
+    DPL_ASSIGN_OR_RETURN(const DplFile::Frame fr, ReadFrame(data, h, i, expect_stored));
     expect_stored += fr.stored_bytes;
-    fr.stored_offset += h.data_offset;
-    fr.raw_offset = i * h.frame_raw_bytes;
-    fr.raw_bytes = std::min(h.frame_raw_bytes, h.data_bytes - fr.raw_offset);
     frames.push_back(fr);
   }
   if (expect_stored != h.data_stored_bytes) {
@@ -389,7 +421,7 @@ absl::StatusOr<DplFile> DplFile::Parse(const uint8_t* data, uint64_t size,
   f.owner_ = std::move(owner);
   f.data_ = data;
   DPL_ASSIGN_OR_RETURN(f.metadata_, ParseMetadata(data, f.header_));
-  DPL_ASSIGN_OR_RETURN(f.tensors_, ParseTable(data, f.header_));
+  DPL_RETURN_IF_ERROR(ParseTable(data, f.header_, &f.tensors_, &f.names_));
   DPL_ASSIGN_OR_RETURN(f.frames_, ParseFrames(data, f.header_));
   return f;
 }
@@ -399,39 +431,11 @@ absl::StatusOr<DplFile> DplFile::Open(const std::string& path) {
 }
 
 const DplTensorEntry* DplFile::FindTensor(absl::string_view name) const {
-  return FindNamed(tensors_, name);
+  return FindIndexed(tensors_, names_, name);
 }
 
 const uint8_t* DplFile::data_region() const {
   return compressed() ? nullptr : data_ + header_.data_offset;
-}
-
-absl::Status DplFile::DecompressFrame(size_t i, uint8_t* dst) const {
-  const Frame& fr = frames_.at(i);
-  const size_t got = ZSTD_decompress(dst, fr.raw_bytes, data_ + fr.stored_offset, fr.stored_bytes);
-  if (ZSTD_isError(got)) {
-    return Bad(absl::StrCat("data frame #", i), fr.stored_offset, ZSTD_getErrorName(got));
-  }
-  if (got != fr.raw_bytes) {
-    return Bad(absl::StrCat("data frame #", i), fr.stored_offset,
-               absl::StrCat("decompressed to ", got, " bytes, expected ", fr.raw_bytes));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status DplFile::DecompressAll(uint8_t* dst, int threads) const {
-  return ParallelFor(threads, frames_.size(),
-                     [&](size_t i) { return DecompressFrame(i, dst + frames_[i].raw_offset); });
-}
-
-absl::Status DplFile::VerifyChecksum(const DplTensorEntry& t, const uint8_t* region) const {
-  const uint64_t got = XXH3_64bits(region + t.offset, t.n_bytes);
-  if (got != t.xxh3) {
-    return absl::DataLossError(absl::StrCat("tensor '", t.name, "': checksum mismatch (stored ",
-                                            absl::Hex(t.xxh3, absl::kZeroPad16), ", computed ",
-                                            absl::Hex(got, absl::kZeroPad16), ")"));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace dpl::formats

@@ -15,13 +15,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "formats/byte_reader.h"
 #include "formats/ggml_types.h"
+#include "formats/mapped_file.h"
 #include "formats/metadata.h"
 #include "formats/tensor_layout.h"
 
@@ -37,6 +40,15 @@ inline constexpr uint32_t kDplFlagCompressed = 1u << 0;
 inline constexpr uint64_t kDplMaxMetaBytes = 1ull << 30;
 inline constexpr uint64_t kDplMinFrameBytes = 64 * 1024;
 inline constexpr uint64_t kDplMaxFrameBytes = 1ull << 30;
+// The metadata frame may inflate to at most max(16 MiB, 64 x its stored
+// size): real vocabularies compress about 4x (Qwen2's and Llama 3's: 3.8x
+// and 4.1x), while a few hundred KB of zstd can declare gigabytes.
+inline constexpr uint64_t kDplMetaRatioCap = 64;
+inline constexpr uint64_t kDplMetaRawFloor = 16ull << 20;
+// zstd's own bound on a frame: every block (at most 128 KiB) takes at least
+// 4 bytes, so no frame inflates more than 32768x its size. A data frame must
+// declare its content size in its header, equal to its logical size.
+inline constexpr uint64_t kZstdMaxRatio = 32768;
 
 // The 256-byte header's fields (docs/FORMAT.md, "Header"; all little-endian).
 struct DplHeader {
@@ -108,13 +120,35 @@ class DplFile {
   // Checks a tensor's XXH3 against its table entry; `region` is the logical
   // data region (the image's for the uncompressed form, or a decompressed copy).
   absl::Status VerifyChecksum(const DplTensorEntry& t, const uint8_t* region) const;
+  // Checks every tensor's XXH3. The compressed form is inflated frame by
+  // frame (`threads` frames at a time, at most 256 MiB of them in memory)
+  // and hashed as it streams, never as a whole region.
+  absl::Status VerifyChecksums(int threads) const;
+
+  // Runs fn, which reads the image, and turns a truncation of the mapped
+  // file meanwhile into an error naming it (MappedFile::SafeRead); just fn
+  // for an image in memory. DecompressFrame, DecompressAll, VerifyChecksum
+  // and VerifyChecksums read through it already.
+  absl::Status SafeRead(const std::function<absl::Status()>& fn) const {
+    return SafeReadOf(mapping_.get(), fn);
+  }
+  // The mapped file under the image; null for an image in memory.
+  const std::shared_ptr<const MappedFile>& mapping() const { return mapping_; }
 
  private:
+  template <typename T>
+  friend absl::StatusOr<T> ParseMapped(const std::shared_ptr<MappedFile>& m);
+  // Inflates frames [first, first + n), frame i into dst(i), on `threads`
+  // workers, under SafeRead.
+  absl::Status DecompressFrames(size_t first, size_t n, const std::function<uint8_t*(size_t)>& dst,
+                                int threads) const;
+  std::shared_ptr<const MappedFile> mapping_;  // null for an image in memory
   std::shared_ptr<const void> owner_;
   const uint8_t* data_ = nullptr;  // the whole file (header_.file_bytes bytes)
   DplHeader header_;
   Metadata metadata_;
   std::vector<DplTensorEntry> tensors_;
+  NameIndex names_;
   std::vector<Frame> frames_;
 };
 

@@ -12,123 +12,16 @@
 #include <vector>
 
 #include "formats/dpl_file.h"
+#include "formats/hostile_files.h"
 #include "formats/hostile_test_util.h"
 #include "formats/q6k_dpl.h"
 
 namespace dpl::formats {
 namespace {
 
-// Builds a .dpl image from parts; hooks let a test corrupt any field before
-// (or after) the checksums are computed.
-struct DplSpec {
-  Metadata meta;
-  std::vector<DplTensorEntry> entries;  // offsets/strides filled by the test
-  std::string data;                     // the logical data region
-  bool compressed = false;
-  uint64_t frame_bytes = kDplMinFrameBytes;
-  std::function<void(std::vector<DplTensorEntry>&)> patch_entries;  // after checksums
-  std::function<void(std::string& meta_raw, uint64_t& count)> patch_meta;
-  std::function<void(DplHeader&)> patch_header;  // before checksums
-  std::function<void(std::string& image)> patch_image;  // after checksums
-
-  std::string Build() const {
-    std::vector<DplTensorEntry> es = entries;
-    for (DplTensorEntry& e : es) e.xxh3 = XXH3_64bits(data.data() + e.offset, e.n_bytes);
-    if (patch_entries) patch_entries(es);
-    std::string meta_raw;
-    SerializeGgufKv(meta, meta_raw);
-    uint64_t meta_count = meta.size();
-    if (patch_meta) patch_meta(meta_raw, meta_count);
-    std::string meta_z(ZSTD_compressBound(meta_raw.size()), '\0');
-    meta_z.resize(ZSTD_compress(meta_z.data(), meta_z.size(), meta_raw.data(), meta_raw.size(), 3));
-    std::string table;
-    for (const DplTensorEntry& e : es) EncodeDplTensorEntry(e, table);
-    std::vector<std::string> frames;
-    if (compressed) {
-      for (uint64_t at = 0; at < data.size(); at += frame_bytes) {
-        const uint64_t n = std::min<uint64_t>(frame_bytes, data.size() - at);
-        std::string z(ZSTD_compressBound(n), '\0');
-        z.resize(ZSTD_compress(z.data(), z.size(), data.data() + at, n, 3));
-        frames.push_back(z);
-      }
-    }
-    DplHeader h;
-    h.flags = compressed ? kDplFlagCompressed : 0;
-    h.meta_offset = kDplHeaderBytes;
-    h.meta_stored_bytes = meta_z.size();
-    h.meta_raw_bytes = meta_raw.size();
-    h.meta_count = meta_count;
-    h.table_offset = h.meta_offset + meta_z.size();
-    h.table_bytes = table.size();
-    h.n_tensors = es.size();
-    uint64_t end = h.table_offset + table.size();
-    std::string frame_index;
-    uint64_t stored = 0;
-    if (compressed) {
-      h.frames_offset = end;
-      h.n_frames = frames.size();
-      h.frame_raw_bytes = frame_bytes;
-      for (const std::string& z : frames) {
-        const uint64_t pair[2] = {stored, z.size()};
-        frame_index.append(reinterpret_cast<const char*>(pair), 16);
-        stored += z.size();
-      }
-      end += frame_index.size();
-    } else {
-      stored = data.size();
-    }
-    h.data_offset = (end + kDplDataAlignment - 1) / kDplDataAlignment * kDplDataAlignment;
-    h.data_bytes = data.size();
-    h.data_stored_bytes = stored;
-    h.file_bytes = h.data_offset + stored;
-    std::string index(h.data_offset - kDplHeaderBytes, '\0');
-    std::memcpy(index.data(), meta_z.data(), meta_z.size());
-    std::memcpy(index.data() + (h.table_offset - kDplHeaderBytes), table.data(), table.size());
-    if (compressed) {
-      std::memcpy(index.data() + (h.frames_offset - kDplHeaderBytes), frame_index.data(),
-                  frame_index.size());
-    }
-    if (patch_header) patch_header(h);
-    h.index_xxh3 = XXH3_64bits(index.data(), index.size());
-    std::string image = EncodeDplHeader(h) + index;
-    if (compressed) {
-      for (const std::string& z : frames) image += z;
-    } else {
-      image += data;
-    }
-    if (patch_image) patch_image(image);
-    return image;
-  }
-};
-
-DplTensorEntry Entry(const std::string& name, GgmlType type, TensorLayout layout,
-                     std::vector<uint64_t> ne, uint64_t offset) {
-  DplTensorEntry e;
-  e.name = name;
-  e.type = type;
-  e.layout = layout;
-  e.n_dims = ne.size();
-  for (size_t i = 0; i < ne.size(); ++i) e.ne[i] = ne[i];
-  e.n_rows = e.ne[1] * e.ne[2] * e.ne[3];
-  e.row_stride = *RowStrideFor(type, layout, e.ne[0]);
-  e.n_bytes = e.n_rows * e.row_stride;
-  e.offset = offset;
-  return e;
-}
-
-// Valid base: an f32 vector, a q6_K matrix in dpl layout (2 rows of 512),
-// a q4_K matrix; data region filled with a byte pattern.
-DplSpec ValidBase() {
-  DplSpec s;
-  s.meta.Set("general.architecture", MetaValue::String("llama"));
-  s.meta.Set("llama.block_count", MetaValue::U32(1));
-  s.entries.push_back(Entry("norm.weight", GgmlType::kF32, TensorLayout::kRaw, {64}, 0));        // 256
-  s.entries.push_back(Entry("w6.weight", GgmlType::kQ6_K, TensorLayout::kDplQ6K, {512, 2}, 256));  // 2 x 432
-  s.entries.push_back(Entry("w4.weight", GgmlType::kQ4_K, TensorLayout::kRaw, {256, 3}, 1280));    // 432
-  s.data.resize(2048);
-  for (size_t i = 0; i < s.data.size(); ++i) s.data[i] = static_cast<char>(i * 131 + 7);
-  return s;
-}
+using hostile::DplSpec;
+using hostile::Entry;
+DplSpec ValidBase() { return hostile::ValidDpl(); }
 
 absl::StatusOr<DplFile> ParseImage(const std::string& image) {
   return DplFile::Parse(reinterpret_cast<const uint8_t*>(image.data()), image.size());
@@ -219,9 +112,44 @@ const std::vector<HostileDpl>& Cases() {
       Table("OVERLAP", [](Entries& es) { es[2].offset = 768; }, "overlap"),
       Table("DUPLICATE_NAME", [](Entries& es) { es[2].name = "w6.weight"; }, "duplicate tensor name",
             [](Entries& es) { es[2].name = "w7.weight"; }),
+      Table("NAME_NUL", [](Entries& es) { es[2].name = std::string("w4\0", 3); }, "a NUL byte",
+            [](Entries& es) { es[2].name = "w40"; }),
+      Table("NAME_INVALID_UTF8", [](Entries& es) { es[2].name = "w4\xff"; }, "byte 0xff is not valid UTF-8",
+            [](Entries& es) { es[2].name = "w4\xc3\xbf"; }),
+      Table("NAME_SURROGATE", [](Entries& es) { es[2].name = "w4\xed\xa0\x80"; }, "byte 0xed",
+            [](Entries& es) { es[2].name = "w4\xed\x9f\xbf"; }),
+      Table("NAME_PAST_U10FFFF", [](Entries& es) { es[2].name = "w4\xf4\x90\x80\x80"; }, "byte 0xf4",
+            [](Entries& es) { es[2].name = "w4\xf4\x8f\xbf\xbf"; }),
+      Table("NAME_CUT_SEQUENCE", [](Entries& es) { es[2].name = "w4\xe2\x82"; }, "byte 0xe2",
+            [](Entries& es) { es[2].name = "w4\xe2\x82\xac"; }),
       Header("FRAMES_IN_UNCOMPRESSED", [](DplHeader& h) { h.n_frames = 1; }, "uncompressed"),
       Compressed(Header("FRAME_SIZE_TINY", [](DplHeader& h) { h.frame_raw_bytes = 1000; }, "frame size")),
       Compressed(Header("FRAME_COUNT_WRONG", [](DplHeader& h) { h.n_frames = 2; }, "frame count")),
+      Compressed(Header("DATA_BYTES_MAX_ZERO_FRAMES", [](DplHeader& h) {
+        h.data_bytes = UINT64_MAX;
+        h.n_frames = 0;
+      }, "frame count")),
+      Compressed(Header("FRAME_INDEX_PAST_INDEX", [](DplHeader& h) {
+        h.data_bytes = UINT64_MAX - 65535;  // 2^48 - 1 frames of 64 KiB
+        h.n_frames = (1ull << 48) - 1;
+      }, "frame index range")),
+      Compressed({"FRAME_NOT_ZSTD", [](DplSpec& s) {
+        s.patch_frames = [](std::vector<std::string>& f) { f[0] = std::string(64, 'z'); };
+      }, NoTwin, "not a zstd frame"}),
+      Compressed({"FRAME_CONTENT_SIZE_DIFFERS", [](DplSpec& s) {
+        s.patch_frames = [](std::vector<std::string>& f) { f[0] = hostile::ZeroZstdFrame(4096); };
+      }, NoTwin, "declares 4096 bytes"}),
+      Compressed({"FRAME_BEYOND_ZSTD_RATIO", [](DplSpec& s) {
+        // A frame declaring 1 GiB in 40 bytes: more than zstd can inflate.
+        s.patch_frames = [](std::vector<std::string>& f) {
+          f[0] = hostile::ZeroZstdFrame(1 << 30).substr(0, 40);
+        };
+        s.patch_header = [](DplHeader& h) { h.data_bytes = 1 << 30; h.frame_raw_bytes = 1 << 30; };
+      }, NoTwin, "cannot inflate"}),
+      {"META_RATIO_BOMB", [](DplSpec& s) {
+        s.patch_meta_frame = [](std::string& z) { z = hostile::ZeroZstdFrame(20 << 20); };
+        s.patch_header = [](DplHeader& h) { h.meta_raw_bytes = 20 << 20; };
+      }, NoTwin, "exceeds the limit of 16777216"},
   };
   return cases;
 }

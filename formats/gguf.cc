@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "formats/byte_reader.h"
@@ -70,7 +69,9 @@ absl::StatusOr<GgufTensorInfo> ReadTensorInfo(ByteReader& r, uint64_t i, uint64_
                        absl::StrCat(len, " (must be 1..", kMaxTensorNameBytes,
                                     " and within the file)"));
   }
+  const uint64_t name_at = r.offset();
   DPL_ASSIGN_OR_RETURN(const absl::string_view name, r.ReadBytes(len, absl::StrCat(what, " name")));
+  DPL_RETURN_IF_ERROR(CheckName(name, name_at, absl::StrCat(what, " name")));
   t.name = std::string(name);
   const std::string tw = absl::StrCat("tensor '", t.name, "'");
   const uint64_t dims_at = r.offset();
@@ -166,11 +167,10 @@ absl::StatusOr<GgufFile> GgufFile::Parse(const uint8_t* data, uint64_t size,
                                                   r.remaining(), " bytes left"));
   }
   f.tensors_.reserve(n_tensors);
-  absl::flat_hash_set<std::string> names;
   for (uint64_t i = 0; i < n_tensors; ++i) {
     const uint64_t info_at = r.offset();
     DPL_ASSIGN_OR_RETURN(GgufTensorInfo t, ReadTensorInfo(r, i, f.alignment_));
-    if (!names.insert(t.name).second) {
+    if (!f.names_.try_emplace(t.name, f.tensors_.size()).second) {
       return r.InvalidAt(info_at, absl::StrCat("tensor #", i),
                          absl::StrCat("duplicate tensor name '", t.name, "'"));
     }
@@ -200,7 +200,7 @@ absl::StatusOr<GgufFile> GgufFile::Open(const std::string& path) {
 }
 
 const GgufTensorInfo* GgufFile::FindTensor(absl::string_view name) const {
-  return FindNamed(tensors_, name);
+  return FindIndexed(tensors_, names_, name);
 }
 
 absl::StatusOr<GgufHeader> BuildGgufHeader(const Metadata& meta_in,

@@ -11,17 +11,21 @@
 // Parse() validates everything before returning: counts and lengths against
 // the bytes left, overflow-checked sizes, known types, n_dims <= 4, whole
 // blocks per row, aligned in-bounds non-overlapping tensor ranges, unique
-// keys and names. Every error names the field and the byte offset.
+// keys, unique names of well-formed UTF-8 without NUL. Every error names the
+// field and the byte offset.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "formats/byte_reader.h"
 #include "formats/ggml_types.h"
+#include "formats/mapped_file.h"
 #include "formats/metadata.h"
 #include "formats/tensor_layout.h"
 
@@ -58,13 +62,25 @@ class GgufFile {
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   const GgufTensorInfo* FindTensor(absl::string_view name) const;
 
-  // The tensor's bytes inside the image (validated at parse time).
+  // The tensor's bytes inside the image (validated at parse time). Reads of
+  // them belong inside SafeRead when the image is a mapped file.
   const uint8_t* TensorData(const GgufTensorInfo& t) const {
     return data_ + data_offset_ + t.offset;
   }
   const uint8_t* image() const { return data_; }
+  // Runs fn, which reads the image, and turns a truncation of the mapped
+  // file meanwhile into an error naming it (MappedFile::SafeRead); just fn
+  // for an image in memory.
+  absl::Status SafeRead(const std::function<absl::Status()>& fn) const {
+    return SafeReadOf(mapping_.get(), fn);
+  }
+  // The mapped file under the image; null for an image in memory.
+  const std::shared_ptr<const MappedFile>& mapping() const { return mapping_; }
 
  private:
+  template <typename T>
+  friend absl::StatusOr<T> ParseMapped(const std::shared_ptr<MappedFile>& m);
+  std::shared_ptr<const MappedFile> mapping_;  // null for an image in memory
   std::shared_ptr<const void> owner_;
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
@@ -73,6 +89,7 @@ class GgufFile {
   uint64_t data_offset_ = 0;
   Metadata metadata_;
   std::vector<GgufTensorInfo> tensors_;
+  NameIndex names_;
 };
 
 // Writes GGUF v3 files (used by dpl-synth and tests). Tensor data is streamed

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "formats/gguf.h"
+#include "formats/hostile_files.h"
 #include "formats/hostile_test_util.h"
 #include "formats/model_file.h"
 #include "tests/shared_dir.h"
@@ -18,96 +19,17 @@
 namespace dpl::formats {
 namespace {
 
-// A GGUF image assembled field by field, so a test can corrupt any one field.
-struct RawTensor {
-  std::string name;
-  std::vector<uint64_t> ne;
-  uint32_t type;
-  uint64_t offset;
-  uint32_t n_dims_override = 0;  // 0: ne.size()
-};
-
-struct RawGguf {
-  uint32_t magic = kGgufMagic;
-  uint32_t version = 3;
-  uint64_t n_tensors_override = UINT64_MAX;  // UINT64_MAX: tensors.size()
-  uint64_t n_kv_override = UINT64_MAX;
-  std::string kv_bytes;  // already-encoded key/value pairs
-  uint64_t n_kv = 0;
-  std::vector<RawTensor> tensors;
-  uint64_t alignment = 32;
-  uint64_t data_bytes = 0;  // data section size to append
-  int64_t truncate_to = -1;
-
-  template <typename T>
-  static void Put(std::string& s, T v) { s.append(reinterpret_cast<const char*>(&v), sizeof(T)); }
-  static void PutStr(std::string& s, const std::string& v) { Put<uint64_t>(s, v.size()); s += v; }
-
-  void AddString(const std::string& key, const std::string& value) {
-    PutStr(kv_bytes, key);
-    Put<uint32_t>(kv_bytes, 8);
-    PutStr(kv_bytes, value);
-    ++n_kv;
-  }
-  void AddU32(const std::string& key, uint32_t v) {
-    PutStr(kv_bytes, key);
-    Put<uint32_t>(kv_bytes, 4);
-    Put<uint32_t>(kv_bytes, v);
-    ++n_kv;
-  }
-  void AddRaw(const std::string& encoded) {  // a pair encoded by the test
-    kv_bytes += encoded;
-    ++n_kv;
-  }
-
-  std::string Build() const {
-    std::string s;
-    Put<uint32_t>(s, magic);
-    Put<uint32_t>(s, version);
-    Put<uint64_t>(s, n_tensors_override != UINT64_MAX ? n_tensors_override : tensors.size());
-    Put<uint64_t>(s, n_kv_override != UINT64_MAX ? n_kv_override : n_kv);
-    s += kv_bytes;
-    for (const RawTensor& t : tensors) {
-      PutStr(s, t.name);
-      Put<uint32_t>(s, t.n_dims_override ? t.n_dims_override : t.ne.size());
-      for (uint64_t n : t.ne) Put<uint64_t>(s, n);
-      Put<uint32_t>(s, t.type);
-      Put<uint64_t>(s, t.offset);
-    }
-    s.resize((s.size() + alignment - 1) / alignment * alignment, '\0');
-    s.append(data_bytes, '\x11');
-    if (truncate_to >= 0) s.resize(truncate_to);
-    return s;
-  }
-};
-
-// A small valid model: two f32 tensors and one q4_K tensor.
-RawGguf ValidBase() {
-  RawGguf g;
-  g.AddString("general.architecture", "llama");
-  g.AddU32("llama.block_count", 1);
-  g.tensors.push_back({"a.weight", {8, 2}, 0, 0});          // 64 bytes
-  g.tensors.push_back({"b.weight", {256, 1}, 12, 64});      // 144 bytes
-  g.tensors.push_back({"c.weight", {4}, 0, 224});           // 16 bytes
-  g.data_bytes = 256;
-  return g;
-}
+using hostile::EncodedPair;
+using hostile::RawGguf;
+using hostile::U32;
+using hostile::U64;
+RawGguf ValidBase() { return hostile::ValidGguf(); }
 
 absl::StatusOr<GgufFile> ParseImage(const std::string& image) {
   return GgufFile::Parse(reinterpret_cast<const uint8_t*>(image.data()), image.size());
 }
 
 using HostileGguf = HostileCase<RawGguf>;
-
-std::string EncodedPair(const std::string& key, uint32_t type, const std::string& payload) {
-  std::string s;
-  RawGguf::PutStr(s, key);
-  RawGguf::Put<uint32_t>(s, type);
-  return s + payload;
-}
-
-std::string U64(uint64_t v) { std::string s; RawGguf::Put<uint64_t>(s, v); return s; }
-std::string U32(uint32_t v) { std::string s; RawGguf::Put<uint32_t>(s, v); return s; }
 
 // One row per corruption: a table, longer than a function should be.
 const std::vector<HostileGguf>& Cases() {
@@ -193,6 +115,12 @@ const std::vector<HostileGguf>& Cases() {
        "name length"},
       {"HUGE_TENSOR_NAME", [](RawGguf& g) { g.tensors[2].name = std::string(5000, 'n'); },
        [](RawGguf& g) { g.tensors[2].name = std::string(4000, 'n'); }, "name length"},
+      {"TENSOR_NAME_NUL", [](RawGguf& g) { g.tensors[2].name = std::string("c\0", 2); },
+       [](RawGguf& g) { g.tensors[2].name = "c0"; }, "a NUL byte"},
+      {"TENSOR_NAME_INVALID_UTF8", [](RawGguf& g) { g.tensors[2].name = "c\x80"; },
+       [](RawGguf& g) { g.tensors[2].name = "c\xc2\x80"; }, "byte 0x80 is not valid UTF-8"},
+      {"TENSOR_NAME_OVERLONG", [](RawGguf& g) { g.tensors[2].name = "c\xe0\x80\xaf"; },
+       [](RawGguf& g) { g.tensors[2].name = "c\xe0\xa0\x80"; }, "byte 0xe0"},
   };
   return cases;
 }

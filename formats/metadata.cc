@@ -3,7 +3,6 @@
 #include <cassert>
 #include <cstring>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
@@ -237,30 +236,35 @@ std::string MetaValue::DebugString(size_t max_elems) const {
 }
 
 const MetaValue* Metadata::Find(absl::string_view key) const {
-  for (const MetaKV& kv : entries_) {
-    if (kv.key == key) return &kv.value;
-  }
-  return nullptr;
+  const auto it = index_.find(key);
+  return it == index_.end() ? nullptr : &entries_[it->second].value;
 }
 
 void Metadata::Set(absl::string_view key, MetaValue value) {
-  for (MetaKV& kv : entries_) {
-    if (kv.key == key) {
-      kv.value = std::move(value);
-      return;
-    }
+  const auto it = index_.find(key);
+  if (it != index_.end()) {
+    entries_[it->second].value = std::move(value);
+    return;
   }
+  Add(key, std::move(value));
+}
+
+bool Metadata::Add(absl::string_view key, MetaValue value) {
+  if (!index_.try_emplace(key, entries_.size()).second) return false;
   entries_.push_back(MetaKV{std::string(key), std::move(value)});
+  return true;
 }
 
 bool Metadata::Erase(absl::string_view key) {
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->key == key) {
-      entries_.erase(it);
-      return true;
-    }
+  const auto it = index_.find(key);
+  if (it == index_.end()) return false;
+  const size_t pos = it->second;
+  index_.erase(it);
+  entries_.erase(entries_.begin() + pos);
+  for (auto& [k, i] : index_) {
+    if (i > pos) --i;
   }
-  return false;
+  return true;
 }
 
 namespace {
@@ -390,10 +394,17 @@ absl::Status ReadArray(ByteReader& r, absl::string_view key, const std::string& 
   }
   v.string_ends.reserve(v.count);
   for (uint64_t i = 0; i < v.count; ++i) {
-    DPL_ASSIGN_OR_RETURN(const absl::string_view s,
-                         ReadString(r, absl::StrCat(what, "[", i, "]"), kMaxStringBytes));
-    v.bytes.append(s.data(), s.size());
+    // The element's name is spelled only for an error: vocabularies hold
+    // hundreds of thousands of strings.
+    const uint64_t left = r.remaining();
+    uint64_t len = 0;
+    if (left >= 8) std::memcpy(&len, r.data() + r.pos(), 8);
+    if (left < 8 || len > kMaxStringBytes || len > left - 8) {  // fails, naming the element
+      return ReadString(r, absl::StrCat(what, "[", i, "]"), kMaxStringBytes).status();
+    }
+    v.bytes.append(reinterpret_cast<const char*>(r.data() + r.pos() + 8), len);
     v.string_ends.push_back(v.bytes.size());
+    DPL_RETURN_IF_ERROR(r.Skip(8 + len, what));
   }
   return absl::OkStatus();
 }
@@ -437,18 +448,17 @@ absl::StatusOr<Metadata> ParseGgufKv(ByteReader& r, uint64_t n_kv) {
                                   " bytes left"));
   }
   Metadata meta;
-  absl::flat_hash_set<std::string> seen;
   for (uint64_t i = 0; i < n_kv; ++i) {
     const uint64_t key_at = r.offset();
     const std::string what = absl::StrCat("key #", i);
     DPL_ASSIGN_OR_RETURN(const absl::string_view key, ReadString(r, what, kMaxKeyBytes));
     if (key.empty()) return r.InvalidAt(key_at, what, "empty key");
-    if (!seen.insert(std::string(key)).second) {
+    if (meta.Find(key) != nullptr) {
       return r.InvalidAt(key_at, what, absl::StrCat("duplicate key '", key, "'"));
     }
     DPL_ASSIGN_OR_RETURN(const uint32_t type, r.Read<uint32_t>(absl::StrCat("type of '", key, "'")));
     DPL_ASSIGN_OR_RETURN(MetaValue value, ReadValue(r, key, type));
-    meta.Set(key, std::move(value));
+    meta.Add(key, std::move(value));
   }
   return meta;
 }

@@ -5,13 +5,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "formats/byte_reader.h"
 #include "formats/ggml_types.h"
+#include "formats/mapped_file.h"
 #include "formats/metadata.h"
 #include "formats/tensor_layout.h"
 
@@ -44,28 +47,38 @@ class ModelFile {
 
  public:
   // Opens a GGUF or .dpl file (detected by magic) and validates it fully.
-  // A compressed .dpl is inflated into host memory so every view has data.
+  // A compressed .dpl is inflated into host memory so every view has data;
+  // when the region cannot fit (the address-space limit, the machine's
+  // memory, or the allocation fails) that is a ResourceExhausted error
+  // naming the bytes needed, before anything is allocated.
   static absl::StatusOr<std::shared_ptr<ModelFile>> Open(const std::string& path);
   // Same validation, but the tensor views of a compressed .dpl have
-  // data == nullptr (nothing is inflated): for callers that need only the
-  // metadata and the tensor table, such as the CUDA loader.
+  // data == nullptr: nothing is inflated or allocated for the data region,
+  // whatever size the file declares. For callers that need only the metadata
+  // and the tensor table (the tokenizer, dpl-inspect, the CUDA loader).
   static absl::StatusOr<std::shared_ptr<ModelFile>> OpenIndex(const std::string& path);
 
   Container container() const { return container_; }
   const std::string& path() const { return path_; }
-  const Metadata& metadata() const { return metadata_; }
+  const Metadata& metadata() const { return *metadata_; }
   const std::vector<TensorView>& tensors() const { return tensors_; }
-  const TensorView* Find(absl::string_view name) const;
+  const TensorView* Find(absl::string_view name) const;  // O(1)
   // Same as Find, but an error naming the tensor when it is absent.
   absl::StatusOr<const TensorView*> Require(absl::string_view name) const;
+  // Runs fn, which reads tensor data pointing into the mapped file, and
+  // turns a truncation of the file meanwhile into an error naming it
+  // (MappedFile::SafeRead).
+  absl::Status SafeRead(const std::function<absl::Status()>& fn) const;
 
  private:
   friend class ModelFileBuilder;
   std::shared_ptr<const void> owner_;
+  std::shared_ptr<const MappedFile> mapping_;
   Container container_ = Container::kGguf;
   std::string path_;
-  Metadata metadata_;
+  const Metadata* metadata_ = nullptr;  // the container's, kept alive by owner_
   std::vector<TensorView> tensors_;
+  NameIndex names_;
 };
 
 }  // namespace dpl::formats

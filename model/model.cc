@@ -39,29 +39,44 @@ const ArchInfo& InfoOf(Arch arch) {
   return kArchs[0];  // unreachable: every Arch has a row
 }
 
-// Reads a positive integer key; `dflt` < 0 means the key is required.
+// Caps on hyperparameters from untrusted files, each well above every
+// released model (largest today: 126 layers, n_embd 16384, n_ff 53248, 128
+// heads, head size 256, a 262144-token vocabulary, 10M context) and low
+// enough that no size derived from them overflows or asks for absurd memory
+// before the tensors are checked. block_count follows llama.cpp's
+// LLAMA_MAX_LAYERS.
+constexpr int64_t kMaxLayers = 512;
+constexpr int64_t kMaxEmbd = 65536;
+constexpr int64_t kMaxFf = 1 << 18;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxVocab = 1 << 22;
+constexpr int64_t kMaxContext = 1 << 24;
+
+// Reads an integer key in [1, cap]; `dflt` < 0 means the key is required.
 absl::StatusOr<int64_t> PositiveInt(const formats::Metadata& meta, const std::string& key,
-                                    int64_t dflt) {
+                                    int64_t dflt, int64_t cap) {
   uint64_t v = 0;
   if (dflt < 0) {
     DPL_ASSIGN_OR_RETURN(v, meta.GetUint(key));
   } else {
     DPL_ASSIGN_OR_RETURN(v, meta.GetUintOr(key, static_cast<uint64_t>(dflt)));
   }
-  if (v == 0 || v > (uint64_t{1} << 31)) {
-    return absl::InvalidArgumentError(absl::StrCat("metadata ", key, " = ", v, " is out of range"));
+  if (v == 0 || v > static_cast<uint64_t>(cap)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata ", key, " = ", v, " is out of range (1..", cap, ")"));
   }
   return static_cast<int64_t>(v);
 }
 
 // Widths: embedding, layers, feed-forward, heads, head size, rotary width.
 absl::Status ReadWidths(const formats::Metadata& meta, const std::string& p, Hparams* hp) {
-  DPL_ASSIGN_OR_RETURN(hp->n_embd, PositiveInt(meta, p + "embedding_length", -1));
-  DPL_ASSIGN_OR_RETURN(hp->n_layer, PositiveInt(meta, p + "block_count", -1));
-  DPL_ASSIGN_OR_RETURN(hp->n_ff, PositiveInt(meta, p + "feed_forward_length", -1));
-  DPL_ASSIGN_OR_RETURN(hp->n_head, PositiveInt(meta, p + "attention.head_count", -1));
+  DPL_ASSIGN_OR_RETURN(hp->n_embd, PositiveInt(meta, p + "embedding_length", -1, kMaxEmbd));
+  DPL_ASSIGN_OR_RETURN(hp->n_layer, PositiveInt(meta, p + "block_count", -1, kMaxLayers));
+  DPL_ASSIGN_OR_RETURN(hp->n_ff, PositiveInt(meta, p + "feed_forward_length", -1, kMaxFf));
+  DPL_ASSIGN_OR_RETURN(hp->n_head, PositiveInt(meta, p + "attention.head_count", -1, kMaxHeads));
   DPL_ASSIGN_OR_RETURN(hp->n_head_kv,
-                       PositiveInt(meta, p + "attention.head_count_kv", hp->n_head));
+                       PositiveInt(meta, p + "attention.head_count_kv", hp->n_head, kMaxHeads));
   if (hp->n_head % hp->n_head_kv != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         p, "attention.head_count = ", hp->n_head, " is not divisible by ", p,
@@ -72,10 +87,10 @@ absl::Status ReadWidths(const formats::Metadata& meta, const std::string& p, Hpa
         absl::StrCat(p, "embedding_length = ", hp->n_embd, " is not divisible by ", p,
                      "attention.head_count = ", hp->n_head, " and no key_length is given"));
   }
-  DPL_ASSIGN_OR_RETURN(hp->head_dim,
-                       PositiveInt(meta, p + "attention.key_length", hp->n_embd / hp->n_head));
+  DPL_ASSIGN_OR_RETURN(hp->head_dim, PositiveInt(meta, p + "attention.key_length",
+                                                  hp->n_embd / hp->n_head, kMaxHeadDim));
   DPL_ASSIGN_OR_RETURN(const int64_t value_length,
-                       PositiveInt(meta, p + "attention.value_length", hp->head_dim));
+                       PositiveInt(meta, p + "attention.value_length", hp->head_dim, kMaxHeadDim));
   if (value_length != hp->head_dim) {
     return absl::UnimplementedError(absl::StrCat(p, "attention.value_length = ", value_length,
                                                  " differs from key_length = ", hp->head_dim));
@@ -84,13 +99,18 @@ absl::Status ReadWidths(const formats::Metadata& meta, const std::string& p, Hpa
     return absl::InvalidArgumentError(
         absl::StrCat("head size ", hp->head_dim, " is odd (RoPE rotates pairs)"));
   }
-  DPL_ASSIGN_OR_RETURN(hp->n_rot, PositiveInt(meta, p + "rope.dimension_count", hp->head_dim));
+  DPL_ASSIGN_OR_RETURN(hp->n_rot,
+                       PositiveInt(meta, p + "rope.dimension_count", hp->head_dim, kMaxHeadDim));
   if (hp->n_rot % 2 != 0 || hp->n_rot > hp->head_dim) {
     return absl::InvalidArgumentError(absl::StrCat(p, "rope.dimension_count = ", hp->n_rot,
                                                    " must be even and <= head size ",
                                                    hp->head_dim));
   }
   DPL_ASSIGN_OR_RETURN(const uint64_t ctx, meta.GetUintOr(p + "context_length", 0));
+  if (ctx > static_cast<uint64_t>(kMaxContext)) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata ", p, "context_length = ", ctx,
+                                                   " is out of range (0..", kMaxContext, ")"));
+  }
   hp->n_ctx_train = static_cast<int64_t>(ctx);
   DPL_ASSIGN_OR_RETURN(const uint64_t experts, meta.GetUintOr(p + "expert_count", 0));
   if (experts != 0) {
@@ -194,6 +214,22 @@ absl::Status CheckNoOtherTensors(const formats::ModelFile& file,
   return absl::OkStatus();
 }
 
+// Before anything is sized by n_layer: the file must hold the tensors of
+// that many layers (every layer has kRequiredPerLayer required tensors, and
+// the last layer's first one must be there).
+absl::Status CheckLayerCount(const formats::ModelFile& file, const Hparams& hp) {
+  constexpr uint64_t kRequiredPerLayer = 9;  // norms, q, k, v, o, gate, up, down
+  const uint64_t need = kRequiredPerLayer * static_cast<uint64_t>(hp.n_layer) + 2;
+  const std::string last = TensorName(TensorKind::kAttnNorm, static_cast<int>(hp.n_layer - 1));
+  if (file.tensors().size() < need || file.Find(last) == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        hp.arch_name, ".block_count = ", hp.n_layer, " but the file has ", file.tensors().size(),
+        " tensors", file.Find(last) == nullptr ? absl::StrCat(" and no '", last, "'") : "",
+        " (", hp.n_layer, " layers need at least ", need, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::string_view ArchName(Arch arch) { return InfoOf(arch).name; }
@@ -228,10 +264,10 @@ absl::StatusOr<Hparams> ReadHparams(const formats::ModelFile& model) {
   const std::string embd_name = TensorName(TensorKind::kTokenEmbd, -1);
   DPL_ASSIGN_OR_RETURN(const TensorView* embd, model.Require(embd_name));
   if (embd->ne[0] != static_cast<uint64_t>(hp.n_embd) || embd->ne[1] == 0 ||
-      embd->ne[1] > (uint64_t{1} << 31)) {
+      embd->ne[1] > static_cast<uint64_t>(kMaxVocab)) {
     return absl::InvalidArgumentError(absl::StrCat(embd_name, " has shape [", embd->ne[0], ", ",
                                                    embd->ne[1], "], expected [", hp.n_embd,
-                                                   ", n_vocab]"));
+                                                   ", n_vocab] with n_vocab in 1..", kMaxVocab));
   }
   hp.n_vocab = static_cast<int64_t>(embd->ne[1]);
   return hp;
@@ -307,6 +343,7 @@ std::vector<TensorSpec> TensorSpecs(const Hparams& hp, bool tied) {
 absl::StatusOr<ModelDesc> BindModel(const formats::ModelFile& model) {
   ModelDesc d;
   DPL_ASSIGN_OR_RETURN(d.hp, ReadHparams(model));
+  DPL_RETURN_IF_ERROR(CheckLayerCount(model, d.hp));
   d.tied = model.Find(TensorName(TensorKind::kOutput, -1)) == nullptr;
   d.layers.resize(d.hp.n_layer);
   const std::vector<TensorSpec> specs = TensorSpecs(d.hp, d.tied);

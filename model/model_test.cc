@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status_macros.h"
+#include "formats/hostile_test_util.h"
 #include "formats/model_file.h"
 #include "model/model_testing.h"
 #include "tests/shared_dir.h"
@@ -234,6 +236,59 @@ TEST_CASE("hostile files: errors name the key or tensor") {
                t.push_back({{"blk.0.attn_q_norm.weight", {64}, formats::GgmlType::kF32}, ""});
              }),
              "tensor 'blk.0.attn_q_norm.weight' is not part of the llama graph");
+}
+
+// BindModel of a variant in a child under issue 11's bounds (3 GB, 10 s).
+formats::BoundedRun BindVariantBounded(const std::string& tag, const testing::VariantEdit& edit) {
+  const std::string path = dpl::testing::TempDir() + "/model-bounded-" + tag + ".gguf";
+  const absl::Status written = testing::WriteVariant(OraclePath("ora-llama-f32.gguf"), path, edit);
+  REQUIRE_MESSAGE(written.ok(), written.ToString());
+  const formats::BoundedRun run = formats::RunBounded(
+      [&] {
+        DPL_ASSIGN_OR_RETURN(const std::shared_ptr<ModelFile> file, ModelFile::OpenIndex(path));
+        return BindModel(*file).status();
+      },
+      formats::kHostileMaxAddressBytes, formats::kHostileMaxSeconds);
+  std::remove(path.c_str());
+  return run;
+}
+
+TEST_CASE("hostile hyperparameters: capped, stated in the error, before any allocation") {
+  using Meta = formats::Metadata;
+  using Tensors = std::vector<TensorEdit>;
+  const auto u32 = [](const char* key, uint32_t v) {
+    return [key, v](Meta& m, Tensors&) { m.Set(key, formats::MetaValue::U32(v)); };
+  };
+  const struct {
+    const char* tag;
+    testing::VariantEdit edit;
+    const char* expect;
+  } cases[] = {
+      {"layers-2-31", u32("llama.block_count", 1u << 31),
+       "llama.block_count = 2147483648 is out of range (1..512)"},
+      {"layers-2-27", u32("llama.block_count", 1u << 27), "llama.block_count = 134217728 is out of range"},
+      {"layers-2-24", u32("llama.block_count", 1u << 24), "llama.block_count = 16777216 is out of range"},
+      {"layers-500", u32("llama.block_count", 500),
+       "llama.block_count = 500 but the file has 21 tensors and no 'blk.499.attn_norm.weight'"},
+      {"embd", u32("llama.embedding_length", 1u << 31), "llama.embedding_length = 2147483648 is out of range (1..65536)"},
+      {"ff", u32("llama.feed_forward_length", 1u << 30), "llama.feed_forward_length = 1073741824 is out of range (1..262144)"},
+      {"heads", u32("llama.attention.head_count", 1u << 20), "llama.attention.head_count = 1048576 is out of range (1..1024)"},
+      {"kv-heads", u32("llama.attention.head_count_kv", 4096), "head_count_kv = 4096 is out of range (1..1024)"},
+      {"head-dim", u32("llama.attention.key_length", 1u << 16), "key_length = 65536 is out of range (1..1024)"},
+      {"context", u32("llama.context_length", 0xFFFFFFFFu), "llama.context_length = 4294967295 is out of range (0..16777216)"},
+      // (n_vocab's cap, 2^22, is token_embd's row count: a file must hold
+      // that tensor, so its size bounds n_vocab already.)
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.tag);
+    const formats::BoundedRun run = BindVariantBounded(c.tag, c.edit);
+    CAPTURE(run.Describe());
+    REQUIRE(run.exited);
+    CHECK(!run.ok);
+    CHECK(run.message.find(c.expect) != std::string::npos);
+  }
+  const formats::BoundedRun twin = BindVariantBounded("twin", [](Meta&, Tensors&) {});
+  CHECK_MESSAGE(twin.ok, twin.Describe());
 }
 
 TEST_CASE("a tied model's head is its embedding, read every step") {

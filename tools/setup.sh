@@ -11,6 +11,7 @@ packages=(
   libxxhash-dev        # XXH3-64 tensor checksums
   libcxxopts-dev       # command-line parsing
   doctest-dev          # unit tests
+  nlohmann-json3-dev   # dpl-inspect --json (header-only)
   clang                # libFuzzer targets (formats/fuzz)
   libclang-rt-14-dev   # libFuzzer and sanitizer runtimes
 )
