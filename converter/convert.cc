@@ -383,7 +383,14 @@ absl::StatusOr<VerifyStats> VerifyOutput(const GgufFile& gguf, const formats::Ou
     opt.log->flush();
   }
   DPL_ASSIGN_OR_RETURN(const DplFile dpl, DplFile::Open(out.temp_path()));
-  absl::StatusOr<VerifyStats> vs = VerifyConversion(gguf, dpl, opt.cancel);
+  absl::StatusOr<VerifyStats> vs;
+  const absl::Status read = gguf.SafeRead([&] {
+    return dpl.SafeRead([&] {
+      vs = VerifyConversion(gguf, dpl, opt.cancel);
+      return vs.status();
+    });
+  });
+  if (vs.ok() && !read.ok()) vs = read;
   if (vs.ok() || vs.status().code() == absl::StatusCode::kCancelled) return vs;
   return dpl::Annotate(vs.status(), absl::StrCat("verify failed (", out.path(), " not written)"));
 }
@@ -414,7 +421,8 @@ absl::StatusOr<ConvertStats> ConvertGgufToDpl(const std::string& in_path,
   ConvertStats stats;
   {
     RegionSink sink(out, h.data_offset, opt, threads);  // its writer ends before `out` can
-    DPL_RETURN_IF_ERROR(WriteRegion(gguf, entries, data_bytes, sink, opt));
+    // A GGUF truncated while it is read becomes an error naming it, not SIGBUS.
+    DPL_RETURN_IF_ERROR(gguf.SafeRead([&] { return WriteRegion(gguf, entries, data_bytes, sink, opt); }));
     h.data_stored_bytes = sink.stored_bytes();
     h.file_bytes = h.data_offset + h.data_stored_bytes;
     DPL_RETURN_IF_ERROR(WriteIndexAndHeader(h, meta_z, entries, sink.frame_sizes(), out));

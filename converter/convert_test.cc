@@ -292,6 +292,41 @@ TEST_CASE("--verify runs before the output exists: interrupted, it writes nothin
   Verify(in, out);
 }
 
+// A log that truncates `path` to `keep` bytes at the first tensor line: the
+// input shrinking under the converter while it is mapped (issue 11, case 6).
+class TruncateOnFirstTensor : public std::streambuf {
+ public:
+  TruncateOnFirstTensor(std::string path, uint64_t keep) : path_(std::move(path)), keep_(keep) {}
+
+ private:
+  int overflow(int c) override {
+    if (!done_ && c == '[') {
+      fs::resize_file(path_, keep_);
+      done_ = true;
+    }
+    return c;
+  }
+  std::string path_;
+  uint64_t keep_;
+  bool done_ = false;
+};
+
+TEST_CASE("an input truncated during the conversion is an error naming it, not SIGBUS") {
+  const std::string in = Tmp("shrinking.gguf");
+  fs::copy_file(Oracle("small-llama-q4km.gguf"), in, fs::copy_options::overwrite_existing);
+  const std::string out = Tmp("shrinking.dpl");
+  TruncateOnFirstTensor buf(in, 64 * 1024);
+  std::ostream log(&buf);
+  ConvertOptions opt;
+  opt.log = &log;
+  auto stats = ConvertGgufToDpl(in, out, opt);
+  REQUIRE(!stats.ok());
+  CHECK(stats.status().message().find("shrinking.gguf") != absl::string_view::npos);
+  CHECK(stats.status().message().find("truncated") != absl::string_view::npos);
+  CHECK(!fs::exists(out));
+  CHECK(NoTempLeft(out));
+}
+
 TEST_CASE("verify catches a tampered or mismatched file") {
   const std::string in = Oracle("small-llama-q4km.gguf");
   const std::string out = Tmp("tamper.dpl");

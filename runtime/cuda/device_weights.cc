@@ -42,7 +42,8 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Load(const std::st
         need / 1073741824.0, mem.first / 1073741824.0, mem.second / 1073741824.0));
   }
   DPL_ASSIGN_OR_RETURN(w->base_, kernels::DeviceBuffer<uint8_t>::Allocate(std::max<uint64_t>(need, 1)));
-  DPL_RETURN_IF_ERROR(Annotate(w->Upload(options), path));
+  // A file truncated while it is copied becomes an error naming it, not SIGBUS.
+  DPL_RETURN_IF_ERROR(Annotate(w->file_->SafeRead([&] { return w->Upload(options); }), path));
   return w;
 }
 
