@@ -14,12 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 

@@ -7,29 +7,32 @@
 
 namespace dpl::kernels {
 
-absl::Status AllocateMatVecScratch(int64_t max_cols, int64_t max_tokens, MatVecScratch* scratch) {
+namespace {
+uint64_t Align256(uint64_t n) { return (n + 255) / 256 * 256; }
+}  // namespace
+
+// Layout: q at 0, d and s each at the next 256-byte boundary (the kernels
+// read d and s with 8- and 16-byte loads).
+absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens) {
   if (max_cols <= 0 || max_cols % kActBlock != 0 || max_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("matvec scratch: max_cols ", max_cols,
                                                    " (multiple of 32 needed), max_tokens ",
                                                    max_tokens));
   }
-  FreeMatVecScratch(scratch);
-  const int64_t n = max_cols * max_tokens;
-  DPL_CUDA_CHECK(cudaMalloc(&scratch->q, static_cast<size_t>(n)));
-  DPL_CUDA_CHECK(cudaMalloc(&scratch->d, static_cast<size_t>(n / kActBlock) * sizeof(float)));
-  DPL_CUDA_CHECK(cudaMalloc(&scratch->s, static_cast<size_t>(n / kActBlock) * sizeof(float)));
-  scratch->max_cols = max_cols;
-  scratch->max_tokens = max_tokens;
-  scratch->n_cols = 0;
-  scratch->n_tokens = 0;
-  return absl::OkStatus();
+  const uint64_t n = static_cast<uint64_t>(max_cols) * static_cast<uint64_t>(max_tokens);
+  return Align256(n) + 2 * Align256(n / kActBlock * sizeof(float));
 }
 
-void FreeMatVecScratch(MatVecScratch* scratch) {
-  cudaFree(scratch->q);
-  cudaFree(scratch->d);
-  cudaFree(scratch->s);
-  *scratch = MatVecScratch{};
+MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens) {
+  const uint64_t n = static_cast<uint64_t>(max_cols) * static_cast<uint64_t>(max_tokens);
+  uint8_t* base = static_cast<uint8_t*>(mem);
+  MatVecScratch s;
+  s.q = reinterpret_cast<int8_t*>(base);
+  s.d = reinterpret_cast<float*>(base + Align256(n));
+  s.s = reinterpret_cast<float*>(base + Align256(n) + Align256(n / kActBlock * sizeof(float)));
+  s.max_cols = max_cols;
+  s.max_tokens = max_tokens;
+  return s;
 }
 
 absl::Status QuantizeActivations(const float* x, int64_t n_cols, int64_t n_tokens,

@@ -8,7 +8,7 @@
 // matvec_kernels.cu for why. f32/f16 weights use x exactly.
 //
 // No launcher allocates, synchronizes or copies from the host: everything is
-// preallocated (AllocateMatVecScratch at init) and launched on `stream`, so
+// preallocated (MatVecScratchIn at init) and launched on `stream`, so
 // the calls can be captured into a CUDA graph.
 #pragma once
 
@@ -36,9 +36,12 @@ struct MatVecScratch {
   int64_t n_tokens = 0;
 };
 
-// cudaMalloc's the buffers (init time only, never inside a step).
-absl::Status AllocateMatVecScratch(int64_t max_cols, int64_t max_tokens, MatVecScratch* scratch);
-void FreeMatVecScratch(MatVecScratch* scratch);
+// Device bytes a scratch for (max_tokens, max_cols) needs (max_cols a
+// multiple of 32), and the scratch laid out in `mem`, which holds that many
+// bytes, is 256-byte aligned and stays owned by the caller (allocated once,
+// at init: never inside a step).
+absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens);
+MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens);
 
 // Quantizes x: (n_tokens, n_cols) f32 on the device into `scratch`, where
 // every quantized matvec reading x then finds it (quantize once, use for Q, K

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "kernels/cuda_handles.h"
 #include "kernels/device_tuning.h"
 #include "kernels/matvec/matvec.h"
 #include "kernels/matvec/matvec_kernels.h"
@@ -200,8 +201,11 @@ int Main() {
   const absl::StatusOr<DecodeTuning> tuning = DecodeTuningForDevice();
   BENCH_OK(tuning.status());
   std::printf("tuning: q6_K decode CTAs per SM %d\n", tuning->q6k_ctas_per_sm);
-  MatVecScratch scratch;
-  BENCH_OK(AllocateMatVecScratch(18944, 512, &scratch));
+  const absl::StatusOr<uint64_t> scratch_bytes = MatVecScratchBytes(18944, 512);
+  BENCH_OK(scratch_bytes.status());
+  absl::StatusOr<DeviceBuffer<uint8_t>> scratch_mem = DeviceBuffer<uint8_t>::Allocate(*scratch_bytes);
+  BENCH_OK(scratch_mem.status());
+  MatVecScratch scratch = MatVecScratchIn(scratch_mem->get(), 18944, 512);
   const Shape shapes[] = {
       // Qwen2.5-7B (hidden 3584, ffn 18944, kv 512, vocab 152064)
       {"7B ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584, 1},
@@ -230,7 +234,6 @@ int Main() {
   for (const Shape& s : shapes) {
     if (BenchShape(s, *tuning, &scratch, prop.l2CacheSize) != 0) return 1;
   }
-  FreeMatVecScratch(&scratch);
   return 0;
 }
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "formats/dequant.h"
+#include "kernels/cuda_handles.h"
 #include "kernels/device_tuning.h"
 #include "kernels/matvec/matvec.h"
 #include "kernels/matvec/matvec_kernels.h"
@@ -176,12 +177,16 @@ void CheckCase(const Case& c, MatVecScratch* scratch) {
 }
 
 struct ScratchHolder {
+  DeviceBuffer<uint8_t> mem;
   MatVecScratch s;
   ScratchHolder() {
-    const absl::Status st = AllocateMatVecScratch(32768, 512, &s);
-    REQUIRE_MESSAGE(st.ok(), st.ToString());
+    const absl::StatusOr<uint64_t> bytes = MatVecScratchBytes(32768, 512);
+    REQUIRE_MESSAGE(bytes.ok(), bytes.status().ToString());
+    absl::StatusOr<DeviceBuffer<uint8_t>> m = DeviceBuffer<uint8_t>::Allocate(*bytes);
+    REQUIRE_MESSAGE(m.ok(), m.status().ToString());
+    mem = std::move(*m);
+    s = MatVecScratchIn(mem.get(), 32768, 512);
   }
-  ~ScratchHolder() { FreeMatVecScratch(&s); }
 };
 
 TEST_CASE("matvec: every type vs float64 reference, sentinels intact") {

@@ -123,6 +123,8 @@ absl::Status CudaDecoder::Allocate() {
                  static_cast<int>(hp_.head_dim), static_cast<int>(hp_.n_rot),
                  static_cast<int>(n_ctx_)};
   Buffers& b = buf_;
+  DPL_ASSIGN_OR_RETURN(const uint64_t qx_bytes, kernels::MatVecScratchBytes(W, T));
+  void* qx_mem = nullptr;  // int8 activations, laid out by MatVecScratchIn
   const struct {
     uint64_t bytes;
     void* slot;  // address of the Buffers pointer to set
@@ -133,8 +135,7 @@ absl::Status CudaDecoder::Allocate() {
       {T * F * 4, &b.gate},        {T * F * 4, &b.up},         {T * V * 4, &b.logits},
       {attn_plan_.workspace_floats * 4, &b.attn_ws},           {kv_layout_.TotalBytes(), &b.kv},
       {sizeof(kernels::SamplerState), &b.sampler},             {kernels::SamplingWorkspaceBytes(), &b.sampling_ws},
-      {T * W, &b.qx.q},            {T * W / kernels::kActBlock * 4, &b.qx.d},
-      {T * W / kernels::kActBlock * 4, &b.qx.s},
+      {qx_bytes, &qx_mem},
   };
   auto align = [](uint64_t n) { return (n + 255) / 256 * 256; };
   uint64_t total = 0;
@@ -151,11 +152,10 @@ absl::Status CudaDecoder::Allocate() {
   DPL_ASSIGN_OR_RETURN(arena_, kernels::DeviceBuffer<uint8_t>::Allocate(total));
   uint8_t* at = arena_.get();
   for (const auto& e : table) {
-    std::memcpy(e.slot, &at, sizeof(void*));  // every slot is a pointer member of b
+    std::memcpy(e.slot, &at, sizeof(void*));  // every slot is a pointer (a member of b, or qx_mem)
     at += align(e.bytes);
   }
-  b.qx.max_cols = static_cast<int64_t>(W);
-  b.qx.max_tokens = static_cast<int64_t>(T);
+  b.qx = kernels::MatVecScratchIn(qx_mem, static_cast<int64_t>(W), static_cast<int64_t>(T));
   DPL_CUDA_CHECK(cudaMemset(b.sampler, 0, sizeof(kernels::SamplerState)));
   DPL_ASSIGN_OR_RETURN(stream_, kernels::CreateStream());
   DPL_ASSIGN_OR_RETURN(h_tokens_, kernels::PinnedBuffer<int>::Allocate(2));
