@@ -4,6 +4,9 @@
 // way). A/B switches of one binary (environment, read here only):
 //   DPL_ATTN_PDL=0       plain (non-programmatic) combine launch
 //   DPL_ATTN_SPLITS=N    N split blocks per kv head instead of one wave's worth
+// Prompt attention (PromptAttention, a chunk of tokens on tensor cores) is
+// timed after the decode rows, in TFLOP/s; DPL_ATTN_BENCH_PROMPT=1 runs only
+// those rows.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "kernels/attention/attention.h"
+#include "kernels/attention/prompt_attention.h"
 #include "kernels/device_tuning.h"
 
 namespace {
@@ -100,6 +104,60 @@ void Bench(const char* name, int n_head, int n_head_kv, int depth, int n_layers)
   cudaFree(q), cudaFree(ws), cudaFree(out), cudaFree(pos);
 }
 
+// Prompt attention for one chunk of n tokens at positions p0..p0+n-1 (each
+// attends keys 0..its position). FLOPs = 4 * head_dim * n_head * sum over the
+// chunk's queries of the keys each attends (2 for Q K^T and 2 for P V per
+// multiply-add). Compute-bound (the 7B chunk at p0 3254 reads 7.7 MB of K/V
+// per call and does 25.8 GFLOP), so the cache is not rotated through HBM.
+void BenchPrompt(const char* name, int n_head, int n_head_kv, int p0, int n) {
+  const int hd = 128, n_ctx = 32768;
+  const size_t per_array = size_t(n_head_kv) * n_ctx * hd;
+  uint16_t *k, *v;
+  float *q, *out;
+  CK(cudaMalloc(&k, per_array * 2));
+  CK(cudaMalloc(&v, per_array * 2));
+  CK(cudaMemset(k, 0x11, per_array * 2));  // f16 ~ 5e-4, finite
+  CK(cudaMemset(v, 0x22, per_array * 2));
+  const size_t n_q = size_t(n) * n_head * hd;
+  CK(cudaMalloc(&q, n_q * 4));
+  CK(cudaMemset(q, 0, n_q * 4));
+  CK(cudaMalloc(&out, n_q * 4));
+  const dpl::kernels::PromptAttentionShape shape{n_head, n_head_kv, hd, n_ctx};
+  auto run = [&] {
+    auto st = dpl::kernels::PromptAttention(shape, q, k, v, p0, n, out, 0);
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.ToString().c_str());
+      std::exit(1);
+    }
+  };
+  for (int i = 0; i < 5; ++i) run();
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  const int iters = 50;
+  CK(cudaEventRecord(a));
+  for (int i = 0; i < iters; ++i) run();
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  const double us = ms * 1000.0 / iters;
+  // sum_{t < n} (p0 + t + 1) keys attended.
+  const double keys = double(n) * (p0 + 1) + double(n) * (n - 1) / 2;
+  const double flops = 4.0 * hd * n_head * keys;
+  std::printf("prompt %-4s heads %2d/%d p0 %5d n %4d: %8.2f us/call %6.1f TFLOP/s (%.1f GFLOP)\n",
+              name, n_head, n_head_kv, p0, n, us, flops / (us * 1e6), flops / 1e9);
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  cudaFree(k), cudaFree(v), cudaFree(q), cudaFree(out);
+}
+
+void BenchPromptRows() {
+  BenchPrompt("7B", 28, 4, 0, 512);
+  BenchPrompt("7B", 28, 4, 3254, 512);
+  BenchPrompt("14B", 40, 8, 0, 512);
+  BenchPrompt("14B", 40, 8, 3254, 512);
+}
+
 }  // namespace
 
 int main() {
@@ -117,6 +175,10 @@ int main() {
   if (const char* e = std::getenv("DPL_ATTN_SPLITS")) g_tuning.attn_splits = std::atoi(e);
   std::printf(" pdl %d, splits %s\n", g_tuning.attn_pdl ? 1 : 0,
               g_tuning.attn_splits > 0 ? std::to_string(g_tuning.attn_splits).c_str() : "one wave");
+  if (const char* e = std::getenv("DPL_ATTN_BENCH_PROMPT"); e && e[0] == '1') {
+    BenchPromptRows();
+    return 0;
+  }
   // DPL_ATTN_BENCH_QUICK=1: only the depth-3254 rows and depth 1024 (sweeps).
   const char* quick = std::getenv("DPL_ATTN_BENCH_QUICK");
   if (quick && quick[0] == '1') {
@@ -134,5 +196,6 @@ int main() {
   Bench("14B", 40, 8, 32768, 4);
   Bench("7B", 28, 4, 1024, 28);
   Bench("7B", 28, 4, 16384, 4);
+  BenchPromptRows();
   return 0;
 }

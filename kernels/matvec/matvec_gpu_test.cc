@@ -22,6 +22,7 @@
 #include "kernels/matvec/matvec.h"
 #include "kernels/matvec/matvec_kernels.h"
 #include "kernels/gpu_test.h"
+#include "kernels/matvec/dev_matrix.h"
 #include "kernels/matvec/matvec_test_util.h"
 
 namespace dpl::kernels {
@@ -34,23 +35,7 @@ using formats::TensorLayout;
 using testutil::HostMatrix;
 using DevFloats = testing::GuardedArray<float>;
 
-struct DevMatrix {
-  void* p = nullptr;
-  WeightMatrix w;
-  explicit DevMatrix(const HostMatrix& m) {
-    // 256 extra bytes: tensors in the runtime's weight blob are 256-aligned
-    // and followed by other tensors.
-    CUDA_OK(cudaMalloc(&p, m.bytes.size() + 256));
-    CUDA_OK(cudaMemcpy(p, m.bytes.data(), m.bytes.size(), cudaMemcpyHostToDevice));
-    w.data = p;
-    w.type = m.type;
-    w.layout = m.layout;
-    w.n_rows = m.n_rows;
-    w.n_cols = m.n_cols;
-    w.row_stride = m.row_stride;
-  }
-  ~DevMatrix() { cudaFree(p); }
-};
+using testutil::DevMatrix;
 
 std::vector<float> RandomX(int64_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -1,0 +1,475 @@
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention/prompt_attention.h"
+#include "kernels/cuda_check.h"
+
+namespace dpl::kernels {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Tile geometry. A CTA is 4 warps; each warp owns one m16 row block of the
+// MMA, so the CTA covers kBlockM = 64 query rows of one query head. Keys come
+// in tiles of kBlockN = 64 rows of K and V, kStages = 2 deep (the next tile's
+// cp.async copies are in flight while this one is computed).
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBlockM = 16 * kWarps;
+constexpr int kBlockN = 64;
+constexpr int kStages = 2;
+
+template <int HD>
+struct TileGeometry {
+  // Halves per shared-memory row: HD + 8. Why the 8-half (16-byte) pad: the
+  // row stride becomes HD/2 + 4 words, i.e. 4 banks past a multiple of 32, so
+  // the 8 row addresses of one ldmatrix phase (8 rows x 16 bytes) land on
+  // banks {0-3, 4-7, ..., 28-31}: conflict-free. Rows stay 16-byte aligned
+  // (272 / 144 bytes) for cp.async and ldmatrix. An unpadded row (256 / 128
+  // bytes) would put all 8 rows on the same 4 banks: an 8-way conflict.
+  static constexpr int kLd = HD + 8;
+  static constexpr int kTileHalves = kBlockN * kLd;
+  // (kStages, {K, V}) tiles: HD 128 -> 69632 bytes, HD 64 -> 36864 bytes.
+  static constexpr int kSmemBytes = kStages * 2 * kTileHalves * 2;
+};
+
+// ---------------------------------------------------------------------------
+// PTX wrappers.
+//
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 fragment layouts (PTX ISA,
+// "Matrix Fragments for mma.m16n8k16 with floating point type"), with
+// groupID g = lane >> 2 and threadID_in_group t = lane % 4. A .f16x2 register
+// holds two elements, the lower column (or k) index in the low 16 bits.
+//   A (16 x 16, row-major), 4 x .f16x2:
+//     a0: (row g,     cols 2t, 2t+1)      a1: (row g + 8, cols 2t, 2t+1)
+//     a2: (row g,     cols 2t+8, 2t+9)    a3: (row g + 8, cols 2t+8, 2t+9)
+//   B (16 x 8, k x n, "col"), 2 x .f16x2:
+//     b0: (k 2t, 2t+1; col g)             b1: (k 2t+8, 2t+9; col g)
+//   C/D (16 x 8, f32), 4 floats:
+//     c0, c1: (row g, cols 2t, 2t+1)      c2, c3: (row g + 8, cols 2t, 2t+1)
+//
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8i..8i+7 give the row
+// addresses (16 bytes each) of matrix i; register ri of lane l receives
+// matrix i's elements (row l/4, cols 2(l%4), 2(l%4)+1). With .trans it
+// receives (rows 2(l%4), 2(l%4)+1; col l/4) instead, i.e. the transpose.
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; with valid == false, src-size 0: the 16 bytes
+// are zero-filled and nothing is read from src (which must still be a legal
+// address; callers pass the head's row 0).
+__device__ __forceinline__ void CpAsync16ZeroFill(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// d += a * b on tensor cores (layouts above).
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (lo, hi) -> .f16x2 with lo in the low 16 bits (round to nearest even).
+__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &h, sizeof(u));
+  return u;
+}
+
+// Copies keys [j0, j0 + kBlockN) of one head's cache (rows of HD halves,
+// contiguous) into a padded smem tile, 16 bytes per cp.async, consecutive
+// threads on consecutive chunks of a row (coalesced). Keys >= kv_len are
+// zero-filled without being read: past kv_len the cache may hold NaN or lie
+// past n_ctx, and a zero V row times a zero probability stays 0 (a NaN row
+// would not: 0 * NaN = NaN).
+template <int HD>
+__device__ __forceinline__ void IssueTile(__half* dst,                         // (kBlockN, HD + 8)
+                                          const __half* __restrict__ src_head,  // (n_ctx, HD)
+                                          int j0, int kv_len, int tid) {
+  constexpr int kChunksPerRow = HD / 8;
+  constexpr int kPerThread = kBlockN * kChunksPerRow / kThreads;
+  static_assert(kBlockN * kChunksPerRow % kThreads == 0, "chunks split evenly over the CTA");
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = tid + i * kThreads;
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const int key = j0 + r;
+    const bool valid = key < kv_len;
+    const __half* src = src_head + (valid ? static_cast<size_t>(key) * HD + col : 0);
+    CpAsync16ZeroFill(SmemAddr(dst + r * TileGeometry<HD>::kLd + col), src, valid);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Block (h, y): query head h, query rows t in [m0, m0 + 64) with m0 = 64 *
+// (gridDim.y - 1 - y), kv head kvh = h / group. For each row t (position
+// p0 + t, keys j <= lim_t = p0 + t):
+//   s_j = q_t . k_j                         (f16 x f16 on tensor cores, f32 sum)
+//   x_j = s_j * log2(e) / sqrt(HD)          (log2 domain: exp2f)
+//   m = max_j x_j,  l = sum_j 2^(x_j - m),  o = sum_j 2^(x_j - m) v_j
+//   out[t][h] = o / l
+// kept online over 64-key tiles (FlashAttention-2): per tile, m grows to m',
+// o and l are rescaled by 2^(m - m'), and the tile's P = 2^(x - m') (f16) is
+// multiplied into o with V on tensor cores.
+//
+// Warp w owns rows m0 + 16w .. + 15; lane (g, t) holds rows r = 16w + g and
+// r + 8 (the C layout), so each row's max and sum are reduced over the 4
+// lanes of a group (shfl_xor 1, 2). The running sum l is kept per lane
+// (partial over that lane's columns) and reduced once at the end: all lanes
+// of a row share m, so their partials rescale alike.
+//
+// Rows t >= n_tokens (last CTA) are computed on the last token's data (q
+// index and causal limit clamped) and never written.
+//
+// Fragments:
+// - Q: A fragments straight from global f32 (float2 loads at the A layout's
+//   (row, 2t) positions), rounded to f16 and kept in registers for the whole
+//   kernel (HD/16 x 4 registers). Why not through shared memory: each element
+//   is read once, and the 4 lanes of a group read 32 contiguous bytes, whole
+//   sectors; smem staging would only add 17 KB per CTA.
+// - K: S = Q K^T needs B(k = dim, n = key) = K[key][dim]: b0 = K[key g][dims
+//   2t, 2t+1], i.e. consecutive halves of a K row. A non-transposed ldmatrix
+//   of 8 K rows x 8 dims gives exactly that, so one x4 (matrices at dims +0,
+//   +8, +16, +24 of keys nt*8..+7) yields b0, b1 for two k-steps.
+// - P: the S accumulator of key tile nt holds (row g, keys 8nt + 2t, +1) in
+//   c0, c1 and row g + 8 in c2, c3 -- the A layout of k-step nt/2 (a0, a1 for
+//   even nt, a2, a3 for odd nt), so P is packed to f16 in place, no shuffle.
+// - V: O = P V needs B(k = key, n = dim) = V[key][dim]: b0 = V[keys 2t, 2t+1]
+//   [dim g], two rows of one column: a transposing ldmatrix of 8 keys x 8 dims
+//   gives exactly that. One x4 (matrices: keys +0 / +8 x dims +0 / +8) yields
+//   b0, b1 for two n8 tiles of dims.
+//
+// Causal mask: a select to -inf (never a multiply), only in tiles that cross
+// the diagonal of some row of the CTA. Key tiles wholly past a warp's last
+// row limit are skipped by that warp (uniform branch; barriers stay outside).
+//
+// Registers (nvcc 13.0, sm_90a): 243 for HD 128, 134 for HD 64, no spills;
+// with 69.6 KB of shared memory HD 128 runs 2 CTAs (8 warps) per SM.
+// Capping at 3 CTAs per SM (168 registers) spills. Measured on an H200: a
+// 512-token chunk at p0 3254 takes 126 us for Qwen2.5-7B (28/4 heads, 204
+// TFLOP/s) and 197 us for 14B (40/8, 187 TFLOP/s); attention_bench prints it.
+//
+// (One kernel body on purpose: the pipeline, the fragments and the softmax
+// state share one register budget.)
+template <int HD>
+__global__ void __launch_bounds__(kThreads) PromptAttnKernel(
+    const float* __restrict__ q,          // (n_tokens, n_head, HD)
+    const __half* __restrict__ k_cache,   // (n_head_kv, n_ctx, HD)
+    const __half* __restrict__ v_cache,   // (n_head_kv, n_ctx, HD)
+    int n_head, int group, int n_ctx, int p0, int n_tokens, float scale_log2,
+    float* __restrict__ out) {            // (n_tokens, n_head, HD)
+  using Geo = TileGeometry<HD>;
+  constexpr int kLd = Geo::kLd;
+  constexpr int kDimSteps = HD / 16;      // k-steps of Q K^T (over head dims)
+  constexpr int kDimTiles = HD / 8;       // n8 tiles of O
+  constexpr int kKeyTiles = kBlockN / 8;  // n8 tiles of S
+  constexpr int kKeySteps = kBlockN / 16; // k-steps of P V (over keys)
+  static_assert(HD % 32 == 0, "K fragments are loaded 32 dims per ldmatrix.x4");
+  extern __shared__ __align__(16) unsigned char s_dyn[];
+  // Stage st: K tile at s_kv + st * kTileHalves, V tile at (kStages + st) * kTileHalves.
+  __half* s_kv = reinterpret_cast<__half*>(s_dyn);
+
+  const int h = blockIdx.x;
+  // Why reversed: later query tiles see more keys; launching them first
+  // (y = 0 is dispatched first, all heads of one tile together since x is
+  // the head) leaves the short tiles to fill the tail of the grid.
+  const int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
+  const int kvh = h / group;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int gid = lane >> 2, tig = lane & 3;
+
+  // Keys this CTA needs: 0 .. p0 + (its last real token).
+  const int kv_len = p0 + min(m0 + kBlockM, n_tokens);
+  const int n_kt = (kv_len + kBlockN - 1) / kBlockN;
+  const __half* kh = k_cache + static_cast<size_t>(kvh) * n_ctx * HD;
+  const __half* vh = v_cache + static_cast<size_t>(kvh) * n_ctx * HD;
+
+  // Prologue: tile 0's copies go out before the Q loads. cp.async groups are
+  // committed in the fixed order K_j, V_j (empty groups past the last tile),
+  // so "at most 3 pending" means K_j landed and "at most 2" means V_j landed.
+  IssueTile<HD>(s_kv, kh, 0, kv_len, tid);
+  CpAsyncCommit();
+  IssueTile<HD>(s_kv + kStages * Geo::kTileHalves, vh, 0, kv_len, tid);
+  CpAsyncCommit();
+
+  const int row_lo = m0 + warp * 16 + gid;  // token of c0/c1 (and a0/a2); row_lo + 8: c2/c3
+  const int tok_lo = min(row_lo, n_tokens - 1);
+  const int tok_hi = min(row_lo + 8, n_tokens - 1);
+  const int lim_lo = p0 + tok_lo;  // last key each row attends
+  const int lim_hi = p0 + tok_hi;
+  const int warp_lim = p0 + min(m0 + warp * 16 + 15, n_tokens - 1);  // largest limit in the warp
+  const int cta_min_lim = p0 + m0;                                    // smallest limit in the CTA
+
+  uint32_t qa[kDimSteps][4];
+  {
+    const float* q_lo = q + (static_cast<size_t>(tok_lo) * n_head + h) * HD + 2 * tig;
+    const float* q_hi = q + (static_cast<size_t>(tok_hi) * n_head + h) * HD + 2 * tig;
+#pragma unroll
+    for (int ks = 0; ks < kDimSteps; ++ks) {
+      const float2 a0 = *reinterpret_cast<const float2*>(q_lo + ks * 16);
+      const float2 a1 = *reinterpret_cast<const float2*>(q_hi + ks * 16);
+      const float2 a2 = *reinterpret_cast<const float2*>(q_lo + ks * 16 + 8);
+      const float2 a3 = *reinterpret_cast<const float2*>(q_hi + ks * 16 + 8);
+      qa[ks][0] = PackHalf2(a0.x, a0.y);
+      qa[ks][1] = PackHalf2(a1.x, a1.y);
+      qa[ks][2] = PackHalf2(a2.x, a2.y);
+      qa[ks][3] = PackHalf2(a3.x, a3.y);
+    }
+  }
+
+  float o[kDimTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  // Running max of the raw scores s (the log2-domain max is m * scale_log2:
+  // the scale is positive, so max commutes with it) and this lane's partial sums.
+  float m_lo = -INFINITY, m_hi = -INFINITY;
+  float l_lo = 0.0f, l_hi = 0.0f;
+
+  // ldmatrix row addresses, per lane (see the fragment notes above):
+  // K, non-transposed: matrix i = lane >> 3 is keys nt*8 + (lane & 7), dims kp*32 + 8i.
+  const int k_row = lane & 7, k_col = (lane >> 3) * 8;
+  // V, transposed: matrix i is keys kk*16 + (lane & 7) + 8 (i & 1), dims dp*16 + 8 (i >> 1).
+  const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
+
+  for (int j = 0; j < n_kt; ++j) {
+    const int st = j & 1;
+    const int j0 = j * kBlockN;
+    // Refill the other stage with tile j + 1 (it was last read in iteration
+    // j - 1, which ended with a barrier).
+    if (j + 1 < n_kt) {
+      IssueTile<HD>(s_kv + (st ^ 1) * Geo::kTileHalves, kh, j0 + kBlockN, kv_len, tid);
+    }
+    CpAsyncCommit();
+    if (j + 1 < n_kt) {
+      IssueTile<HD>(s_kv + (kStages + (st ^ 1)) * Geo::kTileHalves, vh, j0 + kBlockN, kv_len,
+                    tid);
+    }
+    CpAsyncCommit();
+
+    const bool active = j0 <= warp_lim;  // some key of this tile is visible to this warp
+    uint32_t pa[kKeySteps][4];           // P as A fragments, k-step = 16 keys
+
+    CpAsyncWait<3>();  // K_j landed (this thread's copies)
+    __syncthreads();   // ... and everyone's
+    if (active) {
+      const __half* sk = s_kv + st * Geo::kTileHalves;
+      float s[kKeyTiles][4];
+#pragma unroll
+      for (int nt = 0; nt < kKeyTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+      for (int kp = 0; kp < HD / 32; ++kp) {
+#pragma unroll
+        for (int nt = 0; nt < kKeyTiles; ++nt) {
+          uint32_t b[4];
+          LdMatrixX4(b, SmemAddr(sk + (nt * 8 + k_row) * kLd + kp * 32 + k_col));
+          Mma16816(s[nt], qa[2 * kp], b[0], b[1]);
+          Mma16816(s[nt], qa[2 * kp + 1], b[2], b[3]);
+        }
+      }
+      if (j0 + kBlockN - 1 > cta_min_lim) {  // the tile crosses some row's diagonal
+#pragma unroll
+        for (int nt = 0; nt < kKeyTiles; ++nt) {
+          const int key = j0 + nt * 8 + 2 * tig;
+          s[nt][0] = key > lim_lo ? -INFINITY : s[nt][0];
+          s[nt][1] = key + 1 > lim_lo ? -INFINITY : s[nt][1];
+          s[nt][2] = key > lim_hi ? -INFINITY : s[nt][2];
+          s[nt][3] = key + 1 > lim_hi ? -INFINITY : s[nt][3];
+        }
+      }
+      float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+      for (int nt = 0; nt < kKeyTiles; ++nt) {
+        mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
+      }
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      // A row with every key so far masked keeps m = -inf; subtracting 0
+      // instead keeps 2^(-inf - m) = 0 rather than 2^(-inf + inf) = NaN.
+      // (With tiles taken from key 0 every row sees key 0 first, so this is a
+      // guard, not a path the current schedule takes.)
+      const float ms_lo = mx_lo == -INFINITY ? 0.0f : mx_lo * scale_log2;
+      const float ms_hi = mx_hi == -INFINITY ? 0.0f : mx_hi * scale_log2;
+      const float alpha_lo = exp2f(m_lo * scale_log2 - ms_lo);  // 0 on the first tile
+      const float alpha_hi = exp2f(m_hi * scale_log2 - ms_hi);
+      m_lo = mx_lo;
+      m_hi = mx_hi;
+      l_lo *= alpha_lo;
+      l_hi *= alpha_hi;
+#pragma unroll
+      for (int dt = 0; dt < kDimTiles; ++dt) {
+        o[dt][0] *= alpha_lo;
+        o[dt][1] *= alpha_lo;
+        o[dt][2] *= alpha_hi;
+        o[dt][3] *= alpha_hi;
+      }
+#pragma unroll
+      for (int nt = 0; nt < kKeyTiles; ++nt) {
+        const float p0v = exp2f(fmaf(s[nt][0], scale_log2, -ms_lo));  // masked: 2^-inf = 0
+        const float p1v = exp2f(fmaf(s[nt][1], scale_log2, -ms_lo));
+        const float p2v = exp2f(fmaf(s[nt][2], scale_log2, -ms_hi));
+        const float p3v = exp2f(fmaf(s[nt][3], scale_log2, -ms_hi));
+        l_lo += p0v + p1v;
+        l_hi += p2v + p3v;
+        // C layout of key tile nt == A layout of k-step nt / 2 (see above).
+        pa[nt / 2][(nt % 2) * 2 + 0] = PackHalf2(p0v, p1v);  // row g
+        pa[nt / 2][(nt % 2) * 2 + 1] = PackHalf2(p2v, p3v);  // row g + 8
+      }
+    }
+
+    CpAsyncWait<2>();  // V_j landed
+    __syncthreads();
+    if (active) {
+      const __half* sv = s_kv + (kStages + st) * Geo::kTileHalves;
+#pragma unroll
+      for (int kk = 0; kk < kKeySteps; ++kk) {
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; ++dp) {
+          uint32_t b[4];
+          LdMatrixX4Trans(b, SmemAddr(sv + (kk * 16 + v_row) * kLd + dp * 16 + v_col));
+          Mma16816(o[2 * dp], pa[kk], b[0], b[1]);
+          Mma16816(o[2 * dp + 1], pa[kk], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // stage st is free for tile j + 2
+  }
+  CpAsyncWait<0>();  // only empty groups can be pending
+
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  // l >= 1: every written row attends key 0, so its m is finite and the key
+  // holding the max adds 2^0.
+  const float inv_lo = 1.0f / l_lo, inv_hi = 1.0f / l_hi;
+  if (row_lo < n_tokens) {
+    float* dst = out + (static_cast<size_t>(row_lo) * n_head + h) * HD + 2 * tig;
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) {
+      *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][0] * inv_lo, o[dt][1] * inv_lo);
+    }
+  }
+  if (row_lo + 8 < n_tokens) {
+    float* dst = out + (static_cast<size_t>(row_lo + 8) * n_head + h) * HD + 2 * tig;
+#pragma unroll
+    for (int dt = 0; dt < kDimTiles; ++dt) {
+      *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2] * inv_hi, o[dt][3] * inv_hi);
+    }
+  }
+}
+
+template <int HD>
+absl::Status LaunchPromptAttn(const PromptAttentionShape& shape, const float* q,
+                              const __half* k_cache, const __half* v_cache, int p0, int n_tokens,
+                              float* out, cudaStream_t stream) {
+  constexpr int kSmem = TileGeometry<HD>::kSmemBytes;
+  if constexpr (kSmem > 48 * 1024) {
+    // Above 48 KB of dynamic shared memory needs the opt-in, once per process
+    // (so captured calls normally make no extra API call).
+    static std::atomic<bool> opted_in{false};
+    if (!opted_in.load(std::memory_order_relaxed)) {
+      DPL_CUDA_CHECK(cudaFuncSetAttribute(PromptAttnKernel<HD>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      opted_in.store(true, std::memory_order_relaxed);
+    }
+  }
+  const int n_qtiles = (n_tokens + kBlockM - 1) / kBlockM;
+  const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(HD)));
+  PromptAttnKernel<HD><<<dim3(shape.n_head, n_qtiles), kThreads, kSmem, stream>>>(
+      q, k_cache, v_cache, shape.n_head, shape.n_head / shape.n_head_kv, shape.n_ctx, p0,
+      n_tokens, scale_log2, out);
+  DPL_CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PromptAttention(const PromptAttentionShape& shape, const float* q,
+                             const uint16_t* k_cache, const uint16_t* v_cache, int p0,
+                             int n_tokens, float* out, cudaStream_t stream) {
+  if (shape.head_dim != 64 && shape.head_dim != 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt attention: head_dim ", shape.head_dim, " (kernels exist for 64 and 128)"));
+  }
+  if (shape.n_head <= 0 || shape.n_head_kv <= 0 || shape.n_ctx <= 0 || n_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt attention: sizes must be positive (n_head=", shape.n_head, ", n_head_kv=",
+        shape.n_head_kv, ", n_ctx=", shape.n_ctx, ", n_tokens=", n_tokens, ")"));
+  }
+  if (shape.n_head % shape.n_head_kv != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt attention: n_head ", shape.n_head,
+                                                   " is not a multiple of n_head_kv ",
+                                                   shape.n_head_kv));
+  }
+  if (p0 < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt attention: p0 ", p0, " < 0"));
+  }
+  if (static_cast<int64_t>(p0) + n_tokens > shape.n_ctx) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt attention: p0 ", p0, " + n_tokens ",
+                                                   n_tokens, " > n_ctx ", shape.n_ctx));
+  }
+  // gridDim.y holds the query tiles (at most 65535).
+  if ((n_tokens + kBlockM - 1) / kBlockM > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt attention: n_tokens ", n_tokens, " above 65535 * ", kBlockM));
+  }
+  if (!q || !k_cache || !v_cache || !out) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt attention: null pointer (q=", q ? "set" : "null", ", k_cache=",
+        k_cache ? "set" : "null", ", v_cache=", v_cache ? "set" : "null", ", out=",
+        out ? "set" : "null", ")"));
+  }
+  // cp.async moves 16 bytes per copy; q and out move float2s.
+  const struct {
+    const void* p;
+    uintptr_t align;
+    const char* name;
+  } ptrs[] = {{k_cache, 16, "k_cache"}, {v_cache, 16, "v_cache"}, {q, 8, "q"}, {out, 8, "out"}};
+  for (const auto& x : ptrs) {
+    if (reinterpret_cast<uintptr_t>(x.p) % x.align != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt attention: ", x.name,
+                                                     " not aligned to ", x.align, " bytes"));
+    }
+  }
+  const auto* kc = reinterpret_cast<const __half*>(k_cache);
+  const auto* vc = reinterpret_cast<const __half*>(v_cache);
+  if (shape.head_dim == 64) return LaunchPromptAttn<64>(shape, q, kc, vc, p0, n_tokens, out, stream);
+  return LaunchPromptAttn<128>(shape, q, kc, vc, p0, n_tokens, out, stream);
+}
+
+}  // namespace dpl::kernels

@@ -1,0 +1,41 @@
+// Prompt (prefill) attention: a chunk of n_tokens query tokens at positions
+// p0 .. p0 + n_tokens - 1 against the f16 KV cache of one layer, causal,
+// grouped-query, scale 1/sqrt(head_dim). FlashAttention-2 on tensor cores:
+// one CTA takes 64 query rows of one query head and streams 64-key tiles of
+// K and V through shared memory (cp.async, double-buffered), with S = Q K^T
+// and O = P V on mma.sync m16n8k16 (f16 inputs, f32 accumulators) and the
+// online softmax in f32 registers. The decode path (one token) is
+// attention.h's flash-decoding kernel over the same cache layout
+// (kernels/ops/kv_cache.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace dpl::kernels {
+
+struct PromptAttentionShape {
+  int n_head = 0;     // query heads
+  int n_head_kv = 0;  // kv heads; n_head % n_head_kv == 0 (GQA: query head h reads kv head h / (n_head / n_head_kv))
+  int head_dim = 0;   // 64 or 128
+  int n_ctx = 0;      // cache rows per kv head
+};
+
+// For t < n_tokens, query token t sits at position p0 + t and attends causally to keys 0..p0+t:
+//   out[t][h] = softmax(q[t][h] . K[kvh][0..p0+t]^T / sqrt(head_dim)) V[kvh][0..p0+t]
+//   q:        (n_tokens, n_head, head_dim) f32, already rotated; 8-byte aligned
+//   k_cache, v_cache: this layer's (n_head_kv, n_ctx, head_dim) f16 bits, 16-byte aligned;
+//             rows 0..p0+n_tokens-1 valid, rows after that may hold any bits (stale or NaN):
+//             they are never read and never influence the output.
+//   out:      (n_tokens, n_head * head_dim) f32; 8-byte aligned
+// Errors (InvalidArgument naming the field): head_dim not 64/128, n_head not a multiple of
+// n_head_kv, sizes <= 0, p0 < 0, p0 + n_tokens > n_ctx, null or misaligned pointers.
+// No allocation, no sync, no host copies: capturable in a CUDA graph (the one-time
+// shared-memory opt-in is a function attribute, not a stream operation).
+absl::Status PromptAttention(const PromptAttentionShape& shape, const float* q, const uint16_t* k_cache,
+                             const uint16_t* v_cache, int p0, int n_tokens, float* out, cudaStream_t stream);
+
+}  // namespace dpl::kernels

@@ -1,0 +1,224 @@
+// Prompt attention (causal flash attention over a chunk of tokens) vs a
+// float64 CPU reference over the same f16 K/V values and the f32 q
+// (tags gpu, manual).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "formats/dequant.h"
+#include "kernels/attention/prompt_attention.h"
+#include "kernels/gpu_test.h"
+
+namespace dpl::kernels {
+namespace {
+
+using testing::GuardedArray;
+using testing::NormErr;
+
+// Quiet-NaN f16 bits: the cache rows past p0 + n_tokens hold these, so any
+// read of them that reached the output would turn it into NaN.
+constexpr uint16_t kF16NaN = 0x7E00;
+
+// Error bound, per (token, head) row and over the whole output. Why 2e-3:
+// the kernel feeds the tensor cores f16 operands -- q rounded to f16
+// (relative 2^-11 per element, so the scores move by ~1e-4 at these
+// magnitudes) and the probabilities P rounded to f16 before P V (relative
+// 2^-11 per weight) -- while the reference keeps q in f32 and every product
+// in float64; K and V are f16 in both. Measured on an H200 (2026-12-01):
+// 1.7e-4 to 2.9e-4 over the whole output, at most 6.3e-4 for one row, over
+// every case below (0 exactly for a single key, where P = 1). 2e-3 leaves
+// ~3x headroom for other seeds and peakier rows without letting a wrong mask
+// (a missing or extra key moves a row by ~1e-2 and more) or a wrong fragment
+// (error ~1) through.
+constexpr double kMaxErr = 2e-3;
+
+struct Case {
+  int n_head, n_head_kv, hd;
+  int p0, n_tokens;
+  int slack;  // NaN cache rows past p0 + n_tokens (n_ctx = p0 + n_tokens + slack)
+};
+
+struct Result {
+  double err_all = 0;      // NormErr over the whole output
+  double err_row_max = 0;  // largest NormErr of one (token, head) row
+};
+
+// out[t][h] = softmax(q[t][h] . K[kvh][0..p0+t] / sqrt(hd)) V[kvh][0..p0+t], in float64.
+std::vector<double> Reference(const Case& c, int n_ctx, const std::vector<float>& q,
+                              const std::vector<float>& kf,   // (n_head_kv, n_ctx, hd) f16 values
+                              const std::vector<float>& vf) {
+  const int hd = c.hd, group = c.n_head / c.n_head_kv;
+  std::vector<double> out(size_t(c.n_tokens) * c.n_head * hd, 0.0);
+  std::vector<double> sc(c.p0 + c.n_tokens), qd(hd), acc(hd);
+  const double scale = 1.0 / std::sqrt(double(hd));
+  for (int t = 0; t < c.n_tokens; ++t) {
+    const int n_keys = c.p0 + t + 1;
+    for (int h = 0; h < c.n_head; ++h) {
+      const int kvh = h / group;
+      for (int e = 0; e < hd; ++e) qd[e] = q[(size_t(t) * c.n_head + h) * hd + e];
+      double mx = -1e300;
+      for (int p = 0; p < n_keys; ++p) {
+        const float* kr = &kf[(size_t(kvh) * n_ctx + p) * hd];
+        double d0 = 0, d1 = 0, d2 = 0, d3 = 0;  // four chains: the reference is the slow part
+        for (int e = 0; e < hd; e += 4) {
+          d0 += qd[e] * kr[e];
+          d1 += qd[e + 1] * kr[e + 1];
+          d2 += qd[e + 2] * kr[e + 2];
+          d3 += qd[e + 3] * kr[e + 3];
+        }
+        sc[p] = ((d0 + d1) + (d2 + d3)) * scale;
+        mx = std::max(mx, sc[p]);
+      }
+      double l = 0;
+      for (int p = 0; p < n_keys; ++p) l += (sc[p] = std::exp(sc[p] - mx));
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int p = 0; p < n_keys; ++p) {
+        const float* vr = &vf[(size_t(kvh) * n_ctx + p) * hd];
+        const double w = sc[p];
+        for (int e = 0; e < hd; ++e) acc[e] += w * vr[e];
+      }
+      double* o = &out[(size_t(t) * c.n_head + h) * hd];
+      for (int e = 0; e < hd; ++e) o[e] = acc[e] / l;
+    }
+  }
+  return out;
+}
+
+Result RunCase(const Case& c) {
+  CAPTURE(c.n_head);
+  CAPTURE(c.n_head_kv);
+  CAPTURE(c.hd);
+  CAPTURE(c.p0);
+  CAPTURE(c.n_tokens);
+  CAPTURE(c.slack);
+  const int hd = c.hd;
+  const int n_ctx = c.p0 + c.n_tokens + c.slack;
+  const int n_valid = c.p0 + c.n_tokens;
+  std::mt19937 rng(uint32_t(c.p0 * 131 + c.n_tokens * 7 + c.n_head * 3 + hd));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+
+  const size_t n_cache = size_t(c.n_head_kv) * n_ctx * hd;
+  std::vector<uint16_t> k(n_cache), v(n_cache);
+  std::vector<float> kf(n_cache), vf(n_cache);
+  for (int kvh = 0; kvh < c.n_head_kv; ++kvh) {
+    for (int p = 0; p < n_ctx; ++p) {
+      for (int e = 0; e < hd; ++e) {
+        const size_t i = (size_t(kvh) * n_ctx + p) * hd + e;
+        k[i] = p < n_valid ? formats::F32ToF16(u(rng)) : kF16NaN;
+        v[i] = p < n_valid ? formats::F32ToF16(u(rng)) : kF16NaN;
+        kf[i] = formats::F16ToF32(k[i]);
+        vf[i] = formats::F16ToF32(v[i]);
+      }
+    }
+  }
+  // q ~ 3 * U(-1, 1): scores of standard deviation ~1 after the 1/sqrt(hd)
+  // scale, so the softmax is far from flat.
+  std::vector<float> q(size_t(c.n_tokens) * c.n_head * hd);
+  for (auto& x : q) x = 3.0f * u(rng);
+
+  GuardedArray<float> dq(q);
+  GuardedArray<uint16_t> dk(k), dv(v);
+  GuardedArray<float> dout(size_t(c.n_tokens) * c.n_head * hd);
+  const PromptAttentionShape shape{c.n_head, c.n_head_kv, hd, n_ctx};
+  STATUS_OK(PromptAttention(shape, dq.get(), dk.get(), dv.get(), c.p0, c.n_tokens, dout.get(), 0));
+  const std::vector<float> got = dout.Download();  // syncs, checks the sentinels
+  const std::vector<double> ref = Reference(c, n_ctx, q, kf, vf);
+
+  Result r;
+  size_t non_finite = 0;
+  for (float x : got) non_finite += std::isfinite(x) ? 0 : 1;
+  CHECK_MESSAGE(non_finite == 0, non_finite << " outputs are NaN or inf");
+  r.err_all = NormErr(got, ref);
+  std::vector<double> ref_row(hd);
+  for (size_t row = 0; row < size_t(c.n_tokens) * c.n_head; ++row) {
+    std::copy(ref.begin() + row * hd, ref.begin() + (row + 1) * hd, ref_row.begin());
+    const double e = NormErr(got.data() + row * hd, ref_row);
+    r.err_row_max = std::max(r.err_row_max, std::isfinite(e) ? e : 1e30);
+  }
+  MESSAGE("prompt attention heads " << c.n_head << "/" << c.n_head_kv << " hd " << hd << " p0 "
+                                    << c.p0 << " n_tokens " << c.n_tokens << " slack " << c.slack
+                                    << ": normalized error " << r.err_all << " (worst row "
+                                    << r.err_row_max << ")");
+  CHECK(r.err_all <= kMaxErr);
+  CHECK(r.err_row_max <= kMaxErr);
+  return r;
+}
+
+TEST_CASE("prompt attention, head_dim 128, GQA 7:1 (Qwen2.5-7B), first chunk") {
+  for (int n : {1, 17, 64, 100, 512}) RunCase({28, 4, 128, 0, n, 64});
+}
+
+TEST_CASE("prompt attention, head_dim 128, GQA 7:1, later chunks") {
+  RunCase({28, 4, 128, 3254, 512, 64});  // p0 not a multiple of 64: diagonal crosses two key tiles
+  RunCase({28, 4, 128, 1000, 37, 64});   // one partial query tile
+  RunCase({28, 4, 128, 1000, 37, 0});    // the chunk ends at the last cache row (n_ctx = p0 + n)
+}
+
+TEST_CASE("prompt attention, other GQA groups") {
+  RunCase({8, 8, 128, 0, 100, 64});     // group 1
+  RunCase({32, 8, 128, 1000, 37, 64});  // group 4
+  RunCase({32, 8, 128, 0, 512, 3});     // group 4, a few NaN rows only
+  RunCase({40, 8, 128, 200, 300, 64});  // group 5 (Qwen2.5-14B)
+}
+
+TEST_CASE("prompt attention, head_dim 64") {
+  for (int n : {1, 17, 64, 100, 512}) RunCase({14, 2, 64, 0, n, 64});  // Qwen2.5-0.5B shape
+  RunCase({14, 2, 64, 1000, 37, 64});
+  RunCase({14, 2, 64, 1000, 37, 0});
+  RunCase({8, 8, 64, 777, 129, 64});  // group 1
+}
+
+TEST_CASE("prompt attention is deterministic") {
+  const int n_ctx = 700, p0 = 100, n = 300;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<uint16_t> k(size_t(4) * n_ctx * 128), v(k.size());
+  for (auto& x : k) x = formats::F32ToF16(u(rng));
+  for (auto& x : v) x = formats::F32ToF16(u(rng));
+  std::vector<float> q(size_t(n) * 28 * 128);
+  for (auto& x : q) x = 3.0f * u(rng);
+  GuardedArray<float> dq(q);
+  GuardedArray<uint16_t> dk(k), dv(v);
+  GuardedArray<float> a(q.size()), b(q.size());
+  const PromptAttentionShape shape{28, 4, 128, n_ctx};
+  STATUS_OK(PromptAttention(shape, dq.get(), dk.get(), dv.get(), p0, n, a.get(), 0));
+  STATUS_OK(PromptAttention(shape, dq.get(), dk.get(), dv.get(), p0, n, b.get(), 0));
+  CHECK(a.Download() == b.Download());
+}
+
+TEST_CASE("prompt attention rejects bad arguments, naming the field") {
+  GuardedArray<float> q(size_t(4) * 28 * 128), out(size_t(4) * 28 * 128);
+  GuardedArray<uint16_t> k(size_t(4) * 64 * 128), v(size_t(4) * 64 * 128);
+  const PromptAttentionShape good{28, 4, 128, 64};
+  auto expect_error = [&](const PromptAttentionShape& s, const float* qp, const uint16_t* kp,
+                          const uint16_t* vp, int p0, int n, float* op, const char* field) {
+    const absl::Status st = PromptAttention(s, qp, kp, vp, p0, n, op, 0);
+    CAPTURE(field);
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_MESSAGE(st.message().find(field) != std::string::npos, st.ToString());
+  };
+  expect_error({28, 4, 96, 64}, q.get(), k.get(), v.get(), 0, 4, out.get(), "head_dim");
+  expect_error({28, 3, 128, 64}, q.get(), k.get(), v.get(), 0, 4, out.get(), "n_head_kv");
+  expect_error({0, 4, 128, 64}, q.get(), k.get(), v.get(), 0, 4, out.get(), "n_head");
+  expect_error({28, 4, 128, 0}, q.get(), k.get(), v.get(), 0, 4, out.get(), "n_ctx");
+  expect_error(good, q.get(), k.get(), v.get(), 0, 0, out.get(), "n_tokens");
+  expect_error(good, q.get(), k.get(), v.get(), -1, 4, out.get(), "p0");
+  expect_error(good, q.get(), k.get(), v.get(), 61, 4, out.get(), "n_ctx");  // 61 + 4 > 64
+  expect_error(good, nullptr, k.get(), v.get(), 0, 4, out.get(), "q=null");
+  expect_error(good, q.get(), k.get(), nullptr, 0, 4, out.get(), "v_cache=null");
+  expect_error(good, q.get(), k.get() + 1, v.get(), 0, 4, out.get(), "k_cache");  // misaligned
+  // The boundary itself is fine: p0 + n_tokens == n_ctx.
+  STATUS_OK(PromptAttention(good, q.get(), k.get(), v.get(), 60, 4, out.get(), 0));
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
+}  // namespace
+}  // namespace dpl::kernels

@@ -1,0 +1,480 @@
+// Dequantization of weight rows to f16 (one thread per 8 consecutive
+// weights, one 16-byte store each), the activation and output-init kernels,
+// and the cuBLAS GEMM of PromptGemm. See prompt_gemm.h.
+#include "kernels/gemm/prompt_gemm.h"
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "formats/ggml_types.h"
+#include "formats/tensor_layout.h"
+#include "kernels/cuda_check.h"
+#include "kernels/dequant.cuh"
+
+namespace dpl::kernels {
+namespace {
+
+using formats::GgmlType;
+using formats::TensorLayout;
+
+absl::Status CublasStatus(cublasStatus_t st, const char* what, const char* file, int line) {
+  if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, " failed at ", file, ":", line, ": ",
+                                          cublasGetStatusName(st), " (",
+                                          cublasGetStatusString(st), ")"));
+}
+
+}  // namespace
+}  // namespace dpl::kernels
+
+// Returns from the enclosing function (absl::Status or StatusOr) when the
+// cuBLAS call fails, naming the call and its cublasStatus_t.
+#define DPL_CUBLAS_CHECK(call)                                                           \
+  do {                                                                                   \
+    const cublasStatus_t dpl_cublas_st_ = (call);                                        \
+    if (dpl_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                       \
+      return ::dpl::kernels::CublasStatus(dpl_cublas_st_, #call, __FILE__, __LINE__);    \
+    }                                                                                    \
+  } while (0)
+
+namespace dpl::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kGroup = 8;  // weights per thread: 8 f16 = one 16-byte store
+
+// ---- Read-only loads of a thread's weight bytes.
+__device__ __forceinline__ uint32_t LdU16(const uint8_t* p) {
+  return __ldg(reinterpret_cast<const unsigned short*>(p));
+}
+__device__ __forceinline__ uint32_t LdU32(const uint8_t* p) {
+  return __ldg(reinterpret_cast<const unsigned int*>(p));
+}
+// 8 bytes at p, which is kAlign-byte aligned (2 or 8): raw q8_0/q5_0/q6_K
+// blocks (34/22/210 bytes) leave their fields only 2-byte aligned.
+template <int kAlign>
+__device__ __forceinline__ uint2 Ld8Bytes(const uint8_t* p) {
+  if constexpr (kAlign >= 8) {
+    return __ldg(reinterpret_cast<const uint2*>(p));
+  } else {
+    static_assert(kAlign == 2, "Ld8Bytes: 2- or 8-byte alignment");
+    return make_uint2(LdU16(p) | (LdU16(p + 2) << 16), LdU16(p + 4) | (LdU16(p + 6) << 16));
+  }
+}
+__device__ __forceinline__ uint32_t ByteOf(const uint2& v, int i) {
+  return ((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xFFu;
+}
+
+// ---- Per type: the 8 weights j0 .. j0 + 7 (j0 % 8 == 0) of one row, each
+// from the dequant.cuh formula of its format. kAlign: the alignment (bytes)
+// that the row start must have for these loads. A group never straddles a
+// sub-block (8 divides 16 and 32), so the scale is computed once per thread.
+template <GgmlType kType, bool kDpl>
+struct Group8;
+
+template <>
+struct Group8<GgmlType::kF32, false> {
+  static constexpr int kAlign = 16;
+  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
+    const float4* p = reinterpret_cast<const float4*>(row) + j0 / 4;
+    const float4 a = __ldg(p), b = __ldg(p + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+};
+
+template <>
+struct Group8<GgmlType::kF16, false> {
+  static constexpr int kAlign = 16;
+  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
+    const uint4 h = __ldg(reinterpret_cast<const uint4*>(row + 2 * j0));
+    const uint32_t w[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = F16BitsToFloat(w[i / 2] >> (16 * (i & 1)));
+  }
+};
+
+template <>
+struct Group8<GgmlType::kBF16, false> {
+  static constexpr int kAlign = 16;
+  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
+    const uint4 h = __ldg(reinterpret_cast<const uint4*>(row + 2 * j0));
+    const uint32_t w[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = Bf16BitsToFloat(w[i / 2] >> (16 * (i & 1)));
+  }
+};
+
+template <>
+struct Group8<GgmlType::kQ8_0, false> {
+  static constexpr int kAlign = 2;
+  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
+    const uint8_t* b = row + (j0 / 32) * kQ8_0BlockBytes;
+    const float d = F16BitsToFloat(LdU16(b));
+    const uint2 q = Ld8Bytes<2>(b + 2 + j0 % 32);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = Q8_0Weight(d, static_cast<int8_t>(ByteOf(q, i)));
+  }
+};
+
+template <>
+struct Group8<GgmlType::kQ5_0, false> {
+  static constexpr int kAlign = 2;
+  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
+    const uint8_t* b = row + (j0 / 32) * kQ5_0BlockBytes;
+    const int e0 = static_cast<int>(j0 % 32);
+    const float d = F16BitsToFloat(LdU16(b));
+    const uint32_t qh = LdU16(b + 2) | (LdU16(b + 4) << 16);
+    const uint2 qs = Ld8Bytes<2>(b + 6 + (e0 & 15));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = Q5_0Weight(d, Q5_0Quant(ByteOf(qs, i), qh, e0 + i));
+  }
+};
+
+template <>
+struct Group8<GgmlType::kQ4_K, false> {
+  static constexpr int kAlign = 8;  // 144-byte blocks: the qs bytes are 8-aligned
+  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
+    const uint8_t* b = row + (j0 / 256) * kQ4KBlockBytes;
+    const int e0 = static_cast<int>(j0 % 256), s = e0 / 32;
+    const uint32_t dd = LdU32(b);  // d | dmin << 16
+    int sc, m;
+    Q4KScaleMin(b + 4, s, &sc, &m);
+    const float dl = KSubScale(F16BitsToFloat(dd), sc);
+    const float ml = KSubScale(F16BitsToFloat(dd >> 16), m);
+    const uint2 qs = Ld8Bytes<8>(b + 16 + 32 * (e0 / 64) + e0 % 32);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = Q4KWeight(dl, ml, Q4KQuant(ByteOf(qs, i), s));
+  }
+};
+
+// q6_K raw (210-byte blocks: 2-aligned) and dpl planes (16-aligned rows).
+// Elements e0 .. e0 + 7 share the half, quarter and 16-run of e0, so their ql
+// and qh bytes are consecutive and their scale is one byte.
+template <bool kDpl>
+struct Group8Q6K {
+  static constexpr int kAlign = kDpl ? 8 : 2;
+  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t n_cols, float (&v)[8]) {
+    const Q6KFields f = Q6KBlock<kDpl>(row, j0 / 256, n_cols);
+    const int e0 = static_cast<int>(j0 % 256);
+    const uint2 ql = Ld8Bytes<kAlign>(f.ql + Q6KQlIndex(e0));
+    const uint2 qh = Ld8Bytes<kAlign>(f.qh + Q6KQhIndex(e0));
+    const int8_t sc = static_cast<int8_t>(f.sc[Q6KScIndex(e0)]);
+    const float ds = Q6KSubScale(F16BitsToFloat(LdU16(f.d)), sc);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = Q6KWeight(ds, Q6KQuant(ByteOf(ql, i), ByteOf(qh, i), e0));
+  }
+};
+template <>
+struct Group8<GgmlType::kQ6_K, false> : Group8Q6K<false> {};
+template <>
+struct Group8<GgmlType::kQ6_K, true> : Group8Q6K<true> {};
+
+// 8 floats -> 8 f16 (round to nearest even each, as __float2half_rn), packed
+// low element first, as they lie in memory.
+__device__ __forceinline__ uint4 PackHalf8(const float (&v)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2 h = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+    w[i] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// out[r][j] = f16(dequant(w row r)[j]), r < n_rows, j < n_cols
+// Thread g writes group g of the (n_rows, n_cols) output: row g / gpr,
+// columns 8 (g % gpr) ... + 7 (gpr = n_cols / 8 groups per row), so a warp's
+// stores are 512 contiguous bytes and, for the k-quants, a warp reads the
+// 1 (q4_K, q6_K) or 8 (q8_0, q5_0) blocks they come from; the header and
+// scale bytes the threads share come from L1. 32-bit indices: the host
+// launches at most 2^30 groups at a time.
+// Measured (H200, gemm_bench, 2026-12-01): q4_K 18944x3584 in 54 us, 3.2 TB/s
+// of bytes read + written = 77% of a D2D cudaMemcpy (4.15 TB/s); f16 4.0 TB/s,
+// q8_0 3.7, q6_K dpl 2.9. Tried and no faster (same bits): 2 or 4 groups per
+// thread, 16 adjacent weights per thread (q6_K dpl +6%, q8_0/f16 -10..20%),
+// streaming stores, one 16-byte q4_K header load with the scales picked from
+// registers, integer-to-float by exponent bits instead of I2F.
+template <GgmlType kType, bool kDpl>
+__global__ void __launch_bounds__(kThreads)
+    DequantF16Kernel(const uint8_t* __restrict__ w,  // (n_rows, row_stride) bytes
+                     int64_t row_stride, int64_t n_cols, uint32_t groups_per_row,
+                     uint32_t n_groups,
+                     uint4* __restrict__ out) {  // (n_rows, n_cols) f16, 8 per uint4
+  const uint32_t g = blockIdx.x * kThreads + threadIdx.x;
+  if (g >= n_groups) return;
+  const uint32_t r = g / groups_per_row;
+  const int64_t j0 = static_cast<int64_t>(g - r * groups_per_row) * kGroup;
+  float v[8];
+  Group8<kType, kDpl>::Load(w + r * row_stride, j0, n_cols, v);
+  out[g] = PackHalf8(v);
+}
+
+// The same values one element per thread, for what the 8-wide loads cannot
+// read: rows or an output not aligned for them, n_cols % 8 != 0 (f32, f16,
+// bf16 only; block types are whole blocks of 32 or 256).
+template <GgmlType kType, bool kDpl>
+__global__ void DequantF16ScalarKernel(const uint8_t* __restrict__ w,  // (n_rows, row_stride)
+                                       int64_t row_stride, int64_t n_rows, int64_t n_cols,
+                                       __half* __restrict__ out) {  // (n_rows, n_cols)
+  const int64_t n = n_rows * n_cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / n_cols, j = i - r * n_cols;
+    out[i] = __float2half_rn(DequantElem<kType, kDpl>(w + r * row_stride, j, n_cols));
+  }
+}
+
+// Grid of a grid-stride loop over n items: enough CTAs to fill any GPU
+// several times over, and within gridDim.x's limit.
+int StrideBlocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < (1 << 16) ? (b > 0 ? b : 1) : (1 << 16));
+}
+
+bool Aligned(const void* p, int64_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+template <GgmlType kType, bool kDpl>
+absl::Status LaunchDequant(const WeightMatrix& w, int64_t row_begin, int64_t n_rows,
+                           uint16_t* out, cudaStream_t stream) {
+  const uint8_t* base = static_cast<const uint8_t*>(w.data) + row_begin * w.row_stride;
+  constexpr int kAlign = Group8<kType, kDpl>::kAlign;
+  const int64_t gpr = w.n_cols / kGroup;
+  const bool vector_ok = w.n_cols % kGroup == 0 && Aligned(base, kAlign) &&
+                         w.row_stride % kAlign == 0 && Aligned(out, 16) && gpr < (1 << 30);
+  if (!vector_ok) {
+    DequantF16ScalarKernel<kType, kDpl><<<StrideBlocks(n_rows * w.n_cols), kThreads, 0, stream>>>(
+        base, w.row_stride, n_rows, w.n_cols, reinterpret_cast<__half*>(out));
+    DPL_CUDA_CHECK_LAUNCH();
+    return absl::OkStatus();
+  }
+  // Chunks of at most 2^30 groups keep the kernel's indices 32-bit.
+  const int64_t chunk_rows = (int64_t{1} << 30) / gpr;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += chunk_rows) {
+    const int64_t rows = n_rows - r0 < chunk_rows ? n_rows - r0 : chunk_rows;
+    const int64_t groups = rows * gpr;
+    const int blocks = static_cast<int>((groups + kThreads - 1) / kThreads);
+    DequantF16Kernel<kType, kDpl><<<blocks, kThreads, 0, stream>>>(
+        base + r0 * w.row_stride, w.row_stride, w.n_cols, static_cast<uint32_t>(gpr),
+        static_cast<uint32_t>(groups), reinterpret_cast<uint4*>(out + r0 * w.n_cols));
+    DPL_CUDA_CHECK_LAUNCH();
+  }
+  return absl::OkStatus();
+}
+
+// Checks what every entry point needs of w: a device pointer, a supported
+// type and layout, whole blocks per row and a stride that holds them.
+absl::Status CheckMatrix(const WeightMatrix& w, const char* who) {
+  const formats::GgmlTypeTraits tr = formats::TraitsOf(w.type);
+  if (w.layout == TensorLayout::kDplQ6K && w.type != GgmlType::kQ6_K) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": layout dpl_q6k holds only q6_K, not ", tr.name));
+  }
+  if (w.layout != TensorLayout::kRaw && w.layout != TensorLayout::kDplQ6K) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": unknown tensor layout ", static_cast<uint32_t>(w.layout)));
+  }
+  switch (w.type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K:
+      break;
+    default:
+      return absl::UnimplementedError(
+          absl::StrCat(who, ": no f16 dequant for weight type ", tr.name));
+  }
+  if (w.data == nullptr || w.n_rows <= 0 || w.n_cols <= 0 || w.n_cols % tr.block_elems != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": bad ", tr.name, " matrix (n_rows=", w.n_rows, ", n_cols=", w.n_cols,
+        ", a multiple of ", tr.block_elems, ") or null data"));
+  }
+  const int64_t blocks = w.n_cols / tr.block_elems;
+  const int64_t min_stride = static_cast<int64_t>(
+      formats::LayoutRowStride(w.layout, static_cast<uint64_t>(blocks), tr.block_bytes));
+  if (w.row_stride < min_stride) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": row_stride ", w.row_stride, " < ", min_stride, " bytes of a ", tr.name, " (",
+        formats::TensorLayoutName(w.layout), ") row of ", w.n_cols));
+  }
+  return absl::OkStatus();
+}
+
+// Rows of an already checked w.
+absl::Status DispatchDequant(const WeightMatrix& w, int64_t row_begin, int64_t n_rows,
+                             uint16_t* out, cudaStream_t s) {
+  if (w.layout == TensorLayout::kDplQ6K) {
+    return LaunchDequant<GgmlType::kQ6_K, true>(w, row_begin, n_rows, out, s);
+  }
+  switch (w.type) {
+    case GgmlType::kF32: return LaunchDequant<GgmlType::kF32, false>(w, row_begin, n_rows, out, s);
+    case GgmlType::kF16: return LaunchDequant<GgmlType::kF16, false>(w, row_begin, n_rows, out, s);
+    case GgmlType::kBF16: return LaunchDequant<GgmlType::kBF16, false>(w, row_begin, n_rows, out, s);
+    case GgmlType::kQ8_0: return LaunchDequant<GgmlType::kQ8_0, false>(w, row_begin, n_rows, out, s);
+    case GgmlType::kQ5_0: return LaunchDequant<GgmlType::kQ5_0, false>(w, row_begin, n_rows, out, s);
+    case GgmlType::kQ4_K: return LaunchDequant<GgmlType::kQ4_K, false>(w, row_begin, n_rows, out, s);
+    case GgmlType::kQ6_K: return LaunchDequant<GgmlType::kQ6_K, false>(w, row_begin, n_rows, out, s);
+    default:
+      return absl::UnimplementedError(absl::StrCat("DequantizeRowsF16: no f16 dequant for type ",
+                                                   formats::TraitsOf(w.type).name));
+  }
+}
+
+// out[i] = f16(x[i]); four per thread when x, out and n allow 16-byte loads.
+__global__ void ConvertF16Kernel(const float* __restrict__ x, int64_t n, __half* __restrict__ out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2half_rn(x[i]);
+  }
+}
+__global__ void ConvertF16x4Kernel(const float4* __restrict__ x, int64_t n4,
+                                   uint2* __restrict__ out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = __ldg(x + i);
+    const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+    out[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&a),
+                        *reinterpret_cast<const uint32_t*>(&b));
+  }
+}
+
+// y[t][r] = residual[t][r] + bias[r]  (either term may be absent, not both)
+// What the GEMM then adds W x to (beta = 1). residual may equal y: each
+// element is read, then written, by one thread. blockIdx.y strides tokens.
+__global__ void InitOutputKernel(const float* __restrict__ bias,  // (n_rows) or null
+                                 const float* residual,           // (n_tokens, n_rows) or null
+                                 float* y,                        // (n_tokens, n_rows)
+                                 int64_t n_rows, int64_t n_tokens) {
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= n_rows) return;
+  const float b = bias ? bias[r] : 0.0f;
+  for (int64_t t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+    const int64_t i = t * n_rows + r;
+    y[i] = residual ? (bias ? residual[i] + b : residual[i]) : b;
+  }
+}
+
+}  // namespace
+
+absl::Status DequantizeRowsF16(const WeightMatrix& w, int64_t row_begin, int64_t n_rows,
+                               uint16_t* out, cudaStream_t stream) {
+  DPL_RETURN_IF_ERROR(CheckMatrix(w, "DequantizeRowsF16"));
+  if (out == nullptr || n_rows <= 0 || row_begin < 0 || row_begin > w.n_rows - n_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DequantizeRowsF16: rows [", row_begin, ", ", row_begin, " + ", n_rows,
+        ") outside the matrix's ", w.n_rows, " rows, or null output"));
+  }
+  return DispatchDequant(w, row_begin, n_rows, out, stream);
+}
+
+absl::Status ConvertToF16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
+  if (x == nullptr || out == nullptr || n <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ConvertToF16: bad size ", n, " or null pointer"));
+  }
+  if (n % 4 == 0 && Aligned(x, 16) && Aligned(out, 8)) {
+    ConvertF16x4Kernel<<<StrideBlocks(n / 4), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(x), n / 4, reinterpret_cast<uint2*>(out));
+  } else {
+    ConvertF16Kernel<<<StrideBlocks(n), kThreads, 0, stream>>>(x, n,
+                                                               reinterpret_cast<__half*>(out));
+  }
+  DPL_CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+void PromptGemm::HandleDeleter::operator()(cublasContext* h) const { cublasDestroy(h); }
+
+absl::StatusOr<PromptGemm> PromptGemm::Create(cudaStream_t stream) {
+  PromptGemm g;
+  g.stream_ = stream;
+  DPL_ASSIGN_OR_RETURN(g.workspace_, DeviceBuffer<uint8_t>::Allocate(kWorkspaceBytes));
+  cublasHandle_t h = nullptr;
+  DPL_CUBLAS_CHECK(cublasCreate(&h));
+  g.handle_.reset(h);
+  DPL_CUBLAS_CHECK(cublasSetStream(h, stream));
+  // After cublasSetStream, which resets the workspace to cuBLAS's own pool
+  // (allocated on demand: what this workspace exists to avoid).
+  DPL_CUBLAS_CHECK(cublasSetWorkspace(h, g.workspace_.get(), kWorkspaceBytes));
+  // f16 inputs, float32 sums: the math mode only forbids reductions in a
+  // type narrower than the compute type (a split-K sum in f16, say).
+  DPL_CUBLAS_CHECK(cublasSetMathMode(
+      h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                   CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  return g;
+}
+
+absl::Status PromptGemm::GemmF16(const uint16_t* w_f16, int64_t n_rows, int64_t n_cols,
+                                 const uint16_t* x_f16, int64_t n_tokens, float* y, int64_t ldy,
+                                 float beta) {
+  if (!handle_) return absl::FailedPreconditionError("PromptGemm: no cuBLAS handle (moved from)");
+  if (w_f16 == nullptr || x_f16 == nullptr || y == nullptr || n_rows <= 0 || n_cols <= 0 ||
+      n_tokens <= 0 || ldy < n_rows || ldy > INT_MAX || n_cols > INT_MAX ||
+      n_tokens > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PromptGemm::GemmF16: bad shape (n_rows=", n_rows, ", n_cols=", n_cols,
+        ", n_tokens=", n_tokens, ", ldy=", ldy, ", cuBLAS takes int) or null pointer"));
+  }
+  // Row-major y (T, N) = x (T, K) . W (N, K)^T is, read column-major,
+  // C (N, T) = A^T B with A = W as a (K, N) column-major matrix (lda = K)
+  // and B = x as (K, T) (ldb = K); C's leading dimension is y's row, ldy.
+  const float alpha = 1.0f;
+  DPL_CUBLAS_CHECK(cublasGemmEx(handle_.get(), CUBLAS_OP_T, CUBLAS_OP_N,
+                                static_cast<int>(n_rows), static_cast<int>(n_tokens),
+                                static_cast<int>(n_cols), &alpha, w_f16, CUDA_R_16F,
+                                static_cast<int>(n_cols), x_f16, CUDA_R_16F,
+                                static_cast<int>(n_cols), &beta, y, CUDA_R_32F,
+                                static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+absl::Status PromptGemm::Run(const WeightMatrix& w, const uint16_t* x_f16, int64_t n_tokens,
+                             float* y, const float* bias, const float* residual,
+                             uint16_t* w_scratch, int64_t scratch_elems) {
+  if (!handle_) return absl::FailedPreconditionError("PromptGemm: no cuBLAS handle (moved from)");
+  DPL_RETURN_IF_ERROR(CheckMatrix(w, "PromptGemm::Run"));
+  if (x_f16 == nullptr || y == nullptr || w_scratch == nullptr || n_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PromptGemm::Run: n_tokens ", n_tokens, " or a null x_f16 / y / w_scratch"));
+  }
+  if (w.n_rows > INT_MAX || w.n_cols > INT_MAX || n_tokens > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PromptGemm::Run: shape (", n_tokens, ", ", w.n_rows, ", ", w.n_cols,
+        ") past cuBLAS's int dimensions"));
+  }
+  if (scratch_elems < w.n_cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PromptGemm::Run: scratch of ", scratch_elems, " f16 holds no row of ", w.n_cols));
+  }
+  int64_t block_rows = scratch_elems / w.n_cols;
+  if (block_rows >= w.n_rows) {
+    block_rows = w.n_rows;
+  } else if (block_rows >= kRowAlign) {
+    block_rows -= block_rows % kRowAlign;
+  }
+  float beta = 0.0f;
+  if (bias != nullptr || residual != nullptr) {
+    beta = 1.0f;
+    if (bias != nullptr || residual != y) {
+      const dim3 grid(static_cast<unsigned>((w.n_rows + kThreads - 1) / kThreads),
+                      static_cast<unsigned>(n_tokens < 65535 ? n_tokens : 65535));
+      InitOutputKernel<<<grid, kThreads, 0, stream_>>>(bias, residual, y, w.n_rows, n_tokens);
+      DPL_CUDA_CHECK_LAUNCH();
+    }
+  }
+  for (int64_t r0 = 0; r0 < w.n_rows; r0 += block_rows) {
+    const int64_t rows = w.n_rows - r0 < block_rows ? w.n_rows - r0 : block_rows;
+    DPL_RETURN_IF_ERROR(DispatchDequant(w, r0, rows, w_scratch, stream_));
+    DPL_RETURN_IF_ERROR(GemmF16(w_scratch, rows, w.n_cols, x_f16, n_tokens, y + r0, w.n_rows, beta));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dpl::kernels
