@@ -13,8 +13,14 @@ Command::Command(std::string name, std::string description)
 }
 
 bool Command::Parse(int argc, const char* const* argv) {
+  std::vector<const char*> renamed(argv, argv + argc);
+  for (const char*& a : renamed) {
+    for (const auto& [from, to] : aliases_) {
+      if (from == a) a = to.c_str();
+    }
+  }
   try {
-    args_ = options_.parse(argc, argv);
+    args_ = options_.parse(argc, renamed.data());
   } catch (const std::exception& e) {
     exit_code_ = Fail(e.what());
     return false;

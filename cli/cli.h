@@ -11,6 +11,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <cxxopts.hpp>
 
@@ -27,6 +29,12 @@ class Command {
 
   // Add options and positional arguments here before Parse.
   cxxopts::Options& options() { return options_; }
+  // llama.cpp spells some long options with one dash (-cnv, -ub); cxxopts
+  // would read "-ub" as "-u b". Parse rewrites an argument equal to
+  // `single_dash` to "--" + long_name first.
+  void AddSingleDashAlias(std::string single_dash, std::string long_name) {
+    aliases_.emplace_back(std::move(single_dash), "--" + long_name);
+  }
   const cxxopts::ParseResult& args() const { return args_; }
 
   // Parses argv. False when main should return exit_code() now: 0 after
@@ -45,6 +53,7 @@ class Command {
   std::string name_;
   cxxopts::Options options_;
   cxxopts::ParseResult args_;
+  std::vector<std::pair<std::string, std::string>> aliases_;
   int exit_code_ = 0;
 };
 

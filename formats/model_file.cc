@@ -131,6 +131,7 @@ class ModelFileBuilder {
       m->tensors_.push_back(View(t, t.name, t.offset, region == nullptr ? nullptr : region + t.offset));
     }
     Index(*m);
+    m->dpl_ = dpl;
     struct Owner {
       std::shared_ptr<DplFile> file;
       std::shared_ptr<uint8_t[]> inflated;

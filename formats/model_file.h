@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "formats/byte_reader.h"
+#include "formats/dpl_file.h"
 #include "formats/ggml_types.h"
 #include "formats/mapped_file.h"
 #include "formats/metadata.h"
@@ -62,6 +63,9 @@ class ModelFile {
   const std::string& path() const { return path_; }
   const Metadata& metadata() const { return *metadata_; }
   const std::vector<TensorView>& tensors() const { return tensors_; }
+  // The parsed .dpl container under this view (its header, frames and
+  // reads: what the CUDA loader copies from), or null for a GGUF.
+  const std::shared_ptr<const DplFile>& dpl_file() const { return dpl_; }
   const TensorView* Find(absl::string_view name) const;  // O(1)
   // Same as Find, but an error naming the tensor when it is absent.
   absl::StatusOr<const TensorView*> Require(absl::string_view name) const;
@@ -74,6 +78,7 @@ class ModelFile {
   friend class ModelFileBuilder;
   std::shared_ptr<const void> owner_;
   std::shared_ptr<const MappedFile> mapping_;
+  std::shared_ptr<const DplFile> dpl_;  // .dpl only
   Container container_ = Container::kGguf;
   std::string path_;
   const Metadata* metadata_ = nullptr;  // the container's, kept alive by owner_

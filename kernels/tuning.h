@@ -27,6 +27,12 @@ struct DecodeTuning {
   // (Hopper PDL), overlapping its launch with the split kernel's tail.
   // Measured neutral; false launches it plainly (A/B).
   bool attn_pdl = true;
+  // Products over at least this many tokens multiply on tensor cores
+  // (weights dequantized to f16, cuBLAS); fewer run the dp4a matvec in
+  // token tiles. gemm_bench on the H200 (7B/14B q4_K and q6_K dpl shapes):
+  // dequant + GEMM wins from 2..8 tokens on depending on the shape (7B
+  // ffn_gate, 8 tokens: 97 us vs 118 us), the dp4a kernel at 1.
+  int gemm_min_tokens = 8;
 };
 
 }  // namespace dpl::kernels

@@ -1,5 +1,9 @@
 #include "runtime/device.h"
 
+#include <cuda_runtime.h>
+
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "formats/model_file.h"
@@ -56,6 +60,21 @@ class CpuDecoder : public generate::Decoder {
 
 }  // namespace
 
+std::future<double> StartDeviceInit(const std::string& device) {
+  if (device != "cuda") {
+    std::promise<double> none;
+    none.set_value(0);
+    return none.get_future();
+  }
+  return std::async(std::launch::async, [] {
+    const auto t0 = std::chrono::steady_clock::now();
+    // Creates the primary context. An error here (no GPU) is reported by
+    // CreateDecoder, which asks again.
+    if (cudaFree(nullptr) != cudaSuccess) cudaGetLastError();  // not left for a later check
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+}
+
 absl::StatusOr<std::unique_ptr<generate::Decoder>> CreateDecoder(const std::string& path,
                                                                  const DeviceOptions& options) {
   if (options.device == "cpu") {
@@ -72,6 +91,7 @@ absl::StatusOr<std::unique_ptr<generate::Decoder>> CreateDecoder(const std::stri
     co.n_ctx = options.n_ctx;
     co.eager = options.eager;
     co.max_batch = options.max_batch;
+    co.index = options.index;
     DPL_ASSIGN_OR_RETURN(std::unique_ptr<CudaDecoder> cuda, CudaDecoder::Create(path, co));
     return std::unique_ptr<generate::Decoder>(std::move(cuda));
   }

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "formats/model_file.h"
 #include "runtime/generate/decoder.h"
 
 namespace dpl::runtime {
@@ -15,9 +17,18 @@ struct DeviceOptions {
   std::string device = "cuda";  // "cuda" or "cpu"
   int threads = 0;              // cpu: worker threads (0: all cores)
   int64_t n_ctx = 4096;         // KV cache positions (0: the model's context length)
-  int max_batch = 256;          // cuda: prompt tokens per forward pass
+  int max_batch = 2048;         // cuda: prompt chunk, tokens per forward pass (-ub)
   bool eager = false;           // cuda: launch kernel by kernel (DPL_EAGER=1), no graph
+  // cuda: `path` already opened with ModelFile::OpenIndex (parsed once), or null.
+  std::shared_ptr<formats::ModelFile> index;
 };
+
+// Starts the device's own start-up on a background thread (cuda: creating the
+// CUDA context, a few hundred ms) so that it overlaps the caller's file and
+// tokenizer work; the future holds the seconds it took (0 for cpu).
+// CreateDecoder may be called before it is ready (CUDA serializes its
+// initialization).
+std::future<double> StartDeviceInit(const std::string& device);
 
 // Loads `path` onto the chosen device. Errors name an unknown device, a
 // missing GPU, a GGUF given to the GPU runtime, or memory that does not fit.

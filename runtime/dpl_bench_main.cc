@@ -1,8 +1,9 @@
 // dpl-bench: llama-bench's shape for the CUDA runtime.
-//   dpl-bench -m MODEL.dpl [-p 512] [-n 128] [-d 0,3254] [-r 3] [-o md|json]
-// Rows: ppP (a P-token prompt from an empty cache), tgN (N decode steps,
-// graph replays back to back) and tgN @ dD (the same after a D-token
-// prompt). Each row: mean and standard deviation of tokens/s over -r runs,
+//   dpl-bench -m MODEL.dpl [-p 512] [-n 128] [-d 0,3254] [-r 3] [-ub 2048] [-o md|json]
+// Rows, per depth D as llama-bench orders them: ppP (a P-token prompt, in
+// chunks of -ub tokens, from an empty cache), tgN (N decode steps, graph
+// replays back to back), and ppP @ dD / tgN @ dD (the same after a D-token
+// prompt, which is not timed). Each row: mean and standard deviation of tokens/s over -r runs,
 // plus the fraction of the HBM roofline: (weight bytes read per token /
 // read bandwidth measured in this run) over the measured time per token.
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <cxxopts.hpp>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
@@ -48,32 +50,38 @@ std::vector<int32_t> Tokens(int n, int salt, int n_vocab) {
   return t;
 }
 
-// The pp row then the tg rows, each `reps` runs after one warm-up.
+// Per depth: the pp row then the tg row, each `reps` runs after one warm-up
+// (r == 0). The depth's prompt is evaluated untimed before each run.
 absl::StatusOr<std::vector<Row>> MeasureRows(dpl::runtime::CudaDecoder& dec, int n_prompt,
                                              int n_gen, const std::vector<int>& depths, int reps) {
   std::vector<Row> rows;
   std::vector<float> last;
-  if (n_prompt > 0) {
-    Row row{absl::StrCat("pp", n_prompt), {}, false};
-    for (int r = 0; r <= reps; ++r) {  // r == 0 warms up
-      DPL_RETURN_IF_ERROR(dec.Rewind(0));
-      const auto t0 = std::chrono::steady_clock::now();
-      DPL_RETURN_IF_ERROR(dec.Eval(Tokens(n_prompt, r, dec.n_vocab()), &last, nullptr));
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (r > 0) row.tps.push_back(n_prompt / sec);
-    }
-    rows.push_back(row);
-  }
-  if (n_gen <= 0) return rows;
+  const auto at_depth = [](std::string test, int depth) {
+    return depth > 0 ? absl::StrCat(test, " @ d", depth) : test;
+  };
   for (int depth : depths) {
-    Row row{depth > 0 ? absl::StrCat("tg", n_gen, " @ d", depth) : absl::StrCat("tg", n_gen), {}, true};
-    for (int r = 0; r <= reps; ++r) {
-      DPL_RETURN_IF_ERROR(dec.Rewind(0));
-      DPL_RETURN_IF_ERROR(dec.Eval(Tokens(std::max(depth, 1), r, dec.n_vocab()), &last, nullptr));
-      DPL_ASSIGN_OR_RETURN(const double sec, dec.TimeDecodeSteps(n_gen));
-      if (r > 0) row.tps.push_back(n_gen / sec);
+    if (n_prompt > 0) {
+      Row row{at_depth(absl::StrCat("pp", n_prompt), depth), {}, false};
+      for (int r = 0; r <= reps; ++r) {
+        DPL_RETURN_IF_ERROR(dec.Rewind(0));
+        if (depth > 0) DPL_RETURN_IF_ERROR(dec.Eval(Tokens(depth, r + 17, dec.n_vocab()), &last, nullptr));
+        const auto t0 = std::chrono::steady_clock::now();
+        DPL_RETURN_IF_ERROR(dec.Eval(Tokens(n_prompt, r, dec.n_vocab()), &last, nullptr));
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) row.tps.push_back(n_prompt / sec);
+      }
+      rows.push_back(row);
     }
-    rows.push_back(row);
+    if (n_gen > 0) {
+      Row row{at_depth(absl::StrCat("tg", n_gen), depth), {}, true};
+      for (int r = 0; r <= reps; ++r) {
+        DPL_RETURN_IF_ERROR(dec.Rewind(0));
+        DPL_RETURN_IF_ERROR(dec.Eval(Tokens(std::max(depth, 1), r, dec.n_vocab()), &last, nullptr));
+        DPL_ASSIGN_OR_RETURN(const double sec, dec.TimeDecodeSteps(n_gen));
+        if (r > 0) row.tps.push_back(n_gen / sec);
+      }
+      rows.push_back(row);
+    }
   }
   return rows;
 }
@@ -138,11 +146,14 @@ absl::Status Bench(const cxxopts::ParseResult& args) {
     if (!absl::SimpleAtoi(d, &v) || v < 0) return absl::InvalidArgumentError(absl::StrCat("bad depth '", d, "'"));
     depths.push_back(v);
   }
-  int64_t need = n_prompt;
-  for (int d : depths) need = std::max<int64_t>(need, d + n_gen);
+  int64_t need = 0;
+  for (int d : depths) need = std::max<int64_t>(need, d + std::max(n_prompt, std::max(n_gen, 1)));
   dpl::runtime::CudaDecoderOptions opt;
   opt.n_ctx = args["ctx-size"].as<int64_t>() > 0 ? args["ctx-size"].as<int64_t>() : need + 1;
-  opt.max_batch = std::max(1, std::min(n_prompt > 0 ? n_prompt : 256, 512));
+  opt.max_batch = args["ubatch-size"].as<int>();
+  if (opt.max_batch < 1 || opt.max_batch > 8192) {
+    return absl::InvalidArgumentError(absl::StrCat("-ub ", opt.max_batch, " is out of range [1, 8192]"));
+  }
   DPL_ASSIGN_OR_RETURN(opt.tuning, TuningFromEnv());
   const std::string path = args["model"].as<std::string>();
   DPL_ASSIGN_OR_RETURN(const auto dec, dpl::runtime::CudaDecoder::Create(path, opt));
@@ -163,7 +174,9 @@ int main(int argc, char** argv) {
       ("d,n-depth", "comma-separated depths for the tg rows", cxxopts::value<std::string>()->default_value("0,3254"))
       ("r,repetitions", "runs per row", cxxopts::value<int>()->default_value("3"))
       ("o,output", "md or json", cxxopts::value<std::string>()->default_value("md"))
-      ("c,ctx-size", "KV cache positions (0: what the rows need)", cxxopts::value<int64_t>()->default_value("0"));
+      ("c,ctx-size", "KV cache positions (0: what the rows need)", cxxopts::value<int64_t>()->default_value("0"))
+      ("ubatch-size", "prompt tokens per forward pass (-ub)", cxxopts::value<int>()->default_value("2048"));
+  cmd.AddSingleDashAlias("-ub", "ubatch-size");
   if (!cmd.Parse(argc, argv)) return cmd.exit_code();
   const absl::Status s = Bench(cmd.args());
   return s.ok() ? 0 : cmd.Fail(s);

@@ -11,6 +11,7 @@
 #include <cerrno>
 
 #include <chrono>
+#include <future>
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
@@ -53,9 +54,26 @@ absl::Status WriteLogits(const std::string& path, const std::string& model,
       path, {reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float)}, o);
 }
 
-void PrintTimings(double load_s, const Timings& t) {
+// A loaded model: its tokenizer and its decoder on the chosen device.
+struct Loaded {
+  std::shared_ptr<dpl::formats::ModelFile> index;  // metadata only
+  std::optional<dpl::tokenizer::Tokenizer> tok;
+  std::unique_ptr<dpl::generate::Decoder> decoder;
+  double load_seconds = 0;       // start to loaded, all of it
+  double index_seconds = 0;        // the file's metadata and tensor table
+  double tokenizer_seconds = 0;    // built alongside the device's load
+  double device_init_seconds = 0;  // the CUDA context, alongside the index (StartDeviceInit)
+};
+
+void PrintTimings(const Loaded& l, const Timings& t) {
   std::fprintf(stderr, "\n\ntimings:\n");
-  std::fprintf(stderr, "  load:      %10.2f ms\n", load_s * 1e3);
+  std::fprintf(stderr, "  load:      %10.2f ms (index %.0f ms; alongside: device context %.0f ms, "
+               "tokenizer %.0f ms", l.load_seconds * 1e3, l.index_seconds * 1e3,
+               l.device_init_seconds * 1e3, l.tokenizer_seconds * 1e3);
+  for (const auto& [stage, sec] : l.decoder->LoadStages()) {
+    std::fprintf(stderr, "; %s %.0f ms", stage.c_str(), sec * 1e3);
+  }
+  std::fprintf(stderr, ")\n");
   std::fprintf(stderr, "  prompt:    %10.2f ms / %5lld tokens (%8.2f tokens/s)\n",
                t.prompt_seconds * 1e3, static_cast<long long>(t.n_prompt),
                t.prompt_seconds > 0 ? t.n_prompt / t.prompt_seconds : 0.0);
@@ -93,30 +111,38 @@ void AddFlags(cxxopts::Options& options) {
        cxxopts::value<std::string>())
       ("device", "cuda (the GPU runtime) or cpu (the float64 reference)",
        cxxopts::value<std::string>()->default_value("cuda"))
-      ("t,threads", "CPU threads (0: all)", cxxopts::value<int>()->default_value("0"));
+      ("t,threads", "CPU threads (0: all)", cxxopts::value<int>()->default_value("0"))
+      ("ubatch-size", "cuda: prompt tokens per forward pass (a longer prompt runs in chunks)",
+       cxxopts::value<int>()->default_value("2048"));
 }
-
-// A loaded model: its tokenizer and its decoder on the chosen device.
-struct Loaded {
-  std::shared_ptr<dpl::formats::ModelFile> index;  // metadata only
-  std::optional<dpl::tokenizer::Tokenizer> tok;
-  std::unique_ptr<dpl::generate::Decoder> decoder;
-  double load_seconds = 0;
-};
 
 absl::StatusOr<Loaded> Load(const cxxopts::ParseResult& args) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string path = args["model"].as<std::string>();
   Loaded l;
-  DPL_ASSIGN_OR_RETURN(l.index, dpl::formats::ModelFile::OpenIndex(path));
-  DPL_ASSIGN_OR_RETURN(l.tok, dpl::tokenizer::Tokenizer::FromMetadata(l.index->metadata()));
   dpl::runtime::DeviceOptions dopt;
   dopt.device = args["device"].as<std::string>();
+  std::future<double> device_init = dpl::runtime::StartDeviceInit(dopt.device);
+  DPL_ASSIGN_OR_RETURN(l.index, dpl::formats::ModelFile::OpenIndex(path));
+  l.index_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The tokenizer is built while the weights load.
+  std::future<absl::StatusOr<dpl::tokenizer::Tokenizer>> tok =
+      std::async(std::launch::async, [&l] {
+        const auto start = std::chrono::steady_clock::now();
+        auto t = dpl::tokenizer::Tokenizer::FromMetadata(l.index->metadata());
+        l.tokenizer_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        return t;
+      });
   dopt.threads = args["threads"].as<int>();
   dopt.n_ctx = args["ctx-size"].as<int64_t>();
+  dopt.max_batch = args["ubatch-size"].as<int>();
   const char* eager = std::getenv("DPL_EAGER");  // debugging: no graph (docs in README)
   dopt.eager = eager != nullptr && *eager != '\0' && std::strcmp(eager, "0") != 0;
+  dopt.index = l.index;
+  l.device_init_seconds = device_init.get();
   DPL_ASSIGN_OR_RETURN(l.decoder, dpl::runtime::CreateDecoder(path, dopt));
+  DPL_ASSIGN_OR_RETURN(l.tok, tok.get());
   l.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return l;
 }
@@ -149,7 +175,7 @@ absl::Status RunTokens(const cxxopts::ParseResult& args, Loaded& l) {
   for (int32_t i = 1; i < dec.n_vocab(); ++i) best = last[i] > last[best] ? i : best;
   std::printf("evaluated %zu tokens; argmax of the last logits: %d %s\n", ids.size(), best,
               l.tok->TokenToPiece(best).c_str());
-  PrintTimings(l.load_seconds, t);
+  PrintTimings(l, t);
   return absl::OkStatus();
 }
 
@@ -214,6 +240,7 @@ absl::Status CheckFlags(const cxxopts::ParseResult& args) {
   };
   DPL_RETURN_IF_ERROR(range("-c", args["ctx-size"].as<int64_t>(), 0, dpl::runtime::kMaxContext));
   DPL_RETURN_IF_ERROR(range("-t", args["threads"].as<int>(), 0, 1024));
+  DPL_RETURN_IF_ERROR(range("-ub", args["ubatch-size"].as<int>(), 1, 8192));
   DPL_RETURN_IF_ERROR(range("-n", args["n-predict"].as<int32_t>(), -1, 1 << 30));
   DPL_RETURN_IF_ERROR(range("--temp", args["temp"].as<float>(), 0, 1e6));
   DPL_RETURN_IF_ERROR(range("--top-k", args["top-k"].as<int32_t>(), 0, 1 << 30));
@@ -315,7 +342,7 @@ absl::Status Run(const cxxopts::ParseResult& args) {
     DPL_RETURN_IF_ERROR(
         dpl::generate::Generate(*l.decoder, tok, sampler, req, PrintText, &timings).status());
   }
-  PrintTimings(l.load_seconds, timings);
+  PrintTimings(l, timings);
   return absl::OkStatus();
 }
 
@@ -324,16 +351,10 @@ absl::Status Run(const cxxopts::ParseResult& args) {
 int main(int argc, char** argv) {
   dpl::cli::Command cmd("dpl-run", "Generate text with a GGUF or .dpl model");
   AddFlags(cmd.options());
-  // llama.cpp spells two long options with one dash (-cnv, -sys); cxxopts
-  // would read them as -c nv and -s ys, so they are renamed before parsing.
-  std::vector<std::string> renamed(argv, argv + argc);
-  std::vector<const char*> args;
-  for (std::string& a : renamed) {
-    if (a == "-cnv") a = "--conversation";
-    if (a == "-sys") a = "--system-prompt";
-    args.push_back(a.c_str());
-  }
-  if (!cmd.Parse(static_cast<int>(args.size()), args.data())) return cmd.exit_code();
+  cmd.AddSingleDashAlias("-cnv", "conversation");
+  cmd.AddSingleDashAlias("-sys", "system-prompt");
+  cmd.AddSingleDashAlias("-ub", "ubatch-size");
+  if (!cmd.Parse(argc, argv)) return cmd.exit_code();
   const absl::Status s = Run(cmd.args());
   return s.ok() ? 0 : cmd.Fail(s);
 }

@@ -40,6 +40,8 @@ expect_error "-c 16777216: memory refused, no bad_alloc" "-c" "$run" -m "$model"
 expect_error "-c beyond 2^24" "out of range" "$run" -m "$model" "${cpu[@]}" -c 16777217 --tokens 1
 expect_error "-c negative" "out of range" "$run" -m "$model" "${cpu[@]}" -c -5 --tokens 1
 expect_error "-t 100000" "-t 100000 is out of range" "$run" -m "$model" --device cpu -t 100000 --tokens 1
+expect_error "-ub 0" "-ub 0 is out of range" "$run" -m "$model" "${cpu[@]}" -ub 0 --tokens 1
+expect_error "--ubatch-size 9000" "-ub 9000 is out of range" "$run" -m "$model" "${cpu[@]}" --ubatch-size 9000 --tokens 1
 expect_error "-n -5" "-n -5 is out of range" "$run" -m "$vocab" "${cpu[@]}" -p hi -n -5
 expect_error "--temp -1" "--temp -1 is out of range" "$run" -m "$vocab" "${cpu[@]}" -p hi --temp -1
 expect_error "--top-p 2" "--top-p 2 is out of range" "$run" -m "$vocab" "${cpu[@]}" -p hi --top-p 2

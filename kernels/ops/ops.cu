@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_check.h"
+#include "kernels/dequant.cuh"
 #include "kernels/ops/ops.h"
 
 namespace dpl::kernels {
@@ -72,18 +73,25 @@ __device__ __forceinline__ void Rotate(double x0, double x1, double theta, doubl
   *r1 = x0 * s + x1 * c;
 }
 
-// Blocks [0, n_head): rotate q head b in place. Blocks [n_head, n_head +
+// Blocks x in [0, n_head): rotate q head x in place. Blocks [n_head, n_head +
 // n_head_kv): rotate k head j, write it (f16) to k_cache[j][pos] and v head j
 // to v_cache[j][pos]. Thread i handles rotation pair i (< n_rot / 2), then the
 // pass-through elements [n_rot, head_dim) in a strided loop.
-__global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,
+// blockIdx.y = token t of the batch: q, k, v and d_pos advanced to row t.
+__global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,  // (n_tokens)
                              const double* inv_freq,  // (n_rot / 2)
-                             float* q,                // (n_head, head_dim)
-                             const float* k,          // (n_head_kv, head_dim)
-                             const float* v,          // (n_head_kv, head_dim)
+                             float* q,                // (n_tokens, n_head, head_dim)
+                             const float* k,          // (n_tokens, n_head_kv, head_dim)
+                             const float* v,          // (n_tokens, n_head_kv, head_dim)
                              __half* k_cache,         // (n_head_kv, n_ctx, head_dim)
                              __half* v_cache) {       // (n_head_kv, n_ctx, head_dim)
-  const int pos = *d_pos;
+  const int t = blockIdx.y;
+  const int pos = d_pos[t];
+  const size_t q_row = static_cast<size_t>(t) * sh.n_head * sh.head_dim;
+  const size_t kv_row = static_cast<size_t>(t) * sh.n_head_kv * sh.head_dim;
+  q += q_row;
+  k += kv_row;
+  v += kv_row;
   const int hd = sh.head_dim, half_rot = sh.n_rot / 2;
   const int i = threadIdx.x;
   const bool is_q = blockIdx.x < sh.n_head;
@@ -111,87 +119,17 @@ __global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,
   for (int e = i; e < hd; e += blockDim.x) v_cache[cache_row + e] = __float2half_rn(vr[e]);
 }
 
-// ---- embedding row gather: one device dequant per element ----
-// Byte loads everywhere: q8_0 (34 B) and q5_0 (22 B) blocks are not aligned.
-__device__ __forceinline__ float LoadF16(const uint8_t* p) {
-  const unsigned short bits = static_cast<unsigned short>(p[0] | (p[1] << 8));
-  return __half2float(__ushort_as_half(bits));
-}
-
-// Element j of one row. __fmul_rn / __fsub_rn forbid FMA contraction so the
-// float32 rounding steps match formats/dequant.cc exactly.
-template <GgmlType kType, bool kDpl>
-__device__ float DequantElem(const uint8_t* row, int64_t j, int64_t n_cols) {
-  if constexpr (kType == GgmlType::kF32) {
-    return reinterpret_cast<const float*>(row)[j];
-  } else if constexpr (kType == GgmlType::kF16) {
-    return LoadF16(row + 2 * j);
-  } else if constexpr (kType == GgmlType::kBF16) {
-    const uint32_t bits = row[2 * j] | (row[2 * j + 1] << 8);
-    return __uint_as_float(bits << 16);
-  } else if constexpr (kType == GgmlType::kQ8_0) {
-    const uint8_t* b = row + (j / 32) * 34;
-    return __fmul_rn(LoadF16(b), static_cast<float>(static_cast<int8_t>(b[2 + j % 32])));
-  } else if constexpr (kType == GgmlType::kQ5_0) {
-    // w = d * (q - 16); q = nibble | fifth bit from qh (bit e of the u32).
-    const uint8_t* b = row + (j / 32) * 22;
-    const int e = static_cast<int>(j % 32), jj = e & 15;
-    const uint32_t qh = b[2] | (b[3] << 8) | (b[4] << 16) | (static_cast<uint32_t>(b[5]) << 24);
-    const int nib = e < 16 ? (b[6 + jj] & 0xF) : (b[6 + jj] >> 4);
-    const int q = nib | (((qh >> e) & 1) << 4);
-    return __fmul_rn(LoadF16(b), static_cast<float>(q - 16));
-  } else if constexpr (kType == GgmlType::kQ4_K) {
-    // w = (d * sc) * q - (dmin * m), sub-block s = e / 32, chunk e / 64.
-    const uint8_t* b = row + (j / 256) * 144;
-    const int e = static_cast<int>(j % 256), s = e / 32;
-    const uint8_t* sc8 = b + 4;
-    int sc, m;
-    if (s < 4) {
-      sc = sc8[s] & 63;
-      m = sc8[s + 4] & 63;
-    } else {
-      sc = (sc8[s + 4] & 0xF) | ((sc8[s - 4] >> 6) << 4);
-      m = (sc8[s + 4] >> 4) | ((sc8[s] >> 6) << 4);
-    }
-    const int q = (b[16 + 32 * (e / 64) + e % 32] >> ((s & 1) * 4)) & 0xF;
-    const float dl = __fmul_rn(LoadF16(b), static_cast<float>(sc));
-    const float ml = __fmul_rn(LoadF16(b + 2), static_cast<float>(m));
-    return __fsub_rn(__fmul_rn(dl, static_cast<float>(q)), ml);
-  } else {  // q6_K, raw 210-byte blocks or dpl planes
-    // Half hf = e / 128; quarter t = (e % 128) / 32; l = e % 32:
-    //   q = ((ql[64hf + l + 32(t&1)] >> 4(t>>1)) & 0xF) | ((qh[32hf + l] >> 2t) & 3) << 4
-    //   w = (d * sc[8hf + l/16 + 2t]) * (q - 32)
-    const int64_t blk = j / 256;
-    const int e = static_cast<int>(j % 256);
-    const uint8_t *ql, *qh, *sc, *d;
-    if constexpr (kDpl) {
-      const formats::Q6KPlanes pl = formats::Q6KDplPlanes(n_cols / 256);
-      ql = row + pl.ql + blk * formats::kQ6KQlBytes;
-      qh = row + pl.qh + blk * formats::kQ6KQhBytes;
-      sc = row + pl.sc + blk * formats::kQ6KScBytes;
-      d = row + pl.d + blk * formats::kQ6KDBytes;
-    } else {
-      const uint8_t* b = row + blk * formats::kQ6KBlockBytes;
-      ql = b + formats::kQ6KQlOffset;
-      qh = b + formats::kQ6KQhOffset;
-      sc = b + formats::kQ6KScOffset;
-      d = b + formats::kQ6KDOffset;
-    }
-    const int hf = e / 128, t = (e % 128) / 32, l = e % 32;
-    const int lo = (ql[64 * hf + l + 32 * (t & 1)] >> (4 * (t >> 1))) & 0xF;
-    const int hi = (qh[32 * hf + l] >> (2 * t)) & 3;
-    const int q = (lo | (hi << 4)) - 32;
-    const float ds = __fmul_rn(LoadF16(d), static_cast<float>(static_cast<int8_t>(sc[8 * hf + l / 16 + 2 * t])));
-    return __fmul_rn(ds, static_cast<float>(q));
-  }
-}
+// ---- embedding row gather: one device dequant per element (kernels/dequant.cuh) ----
 
 // out[j] = dequant(table[*d_token])[j]
 template <GgmlType kType, bool kDpl>
+// blockIdx.y = token t: out row t from d_tokens[t].
 __global__ void EmbedKernel(const uint8_t* table,  // (n_rows, row_stride) bytes
                             uint64_t row_stride, int64_t n_rows, int64_t n_cols,
-                            const int* d_token, float* out) {  // out: (n_cols)
-  const int token = *d_token;
+                            const int* d_tokens,   // (n_tokens)
+                            float* out) {          // (n_tokens, n_cols)
+  const int token = d_tokens[blockIdx.y];
+  out += blockIdx.y * n_cols;
   if (token < 0 || token >= n_rows) {
     for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n_cols;
          j += (int64_t)gridDim.x * blockDim.x) {
@@ -207,12 +145,13 @@ __global__ void EmbedKernel(const uint8_t* table,  // (n_rows, row_stride) bytes
 }
 
 template <GgmlType kType, bool kDpl>
-absl::Status LaunchEmbed(const WeightMatrix& t, const int* d_token, float* out, cudaStream_t s) {
+absl::Status LaunchEmbed(const WeightMatrix& t, const int* d_token, int n_tokens, float* out,
+                         cudaStream_t s) {
   const int threads = 256;
-  const int blocks = static_cast<int>((t.n_cols + threads - 1) / threads);
-  EmbedKernel<kType, kDpl><<<blocks, threads, 0, s>>>(static_cast<const uint8_t*>(t.data),
-                                                     t.row_stride, t.n_rows, t.n_cols, d_token,
-                                                     out);
+  const dim3 grid(static_cast<unsigned>((t.n_cols + threads - 1) / threads), n_tokens);
+  EmbedKernel<kType, kDpl><<<grid, threads, 0, s>>>(static_cast<const uint8_t*>(t.data),
+                                                   t.row_stride, t.n_rows, t.n_cols, d_token,
+                                                   out);
   DPL_CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }
@@ -242,7 +181,7 @@ absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n,
 
 absl::Status RopeWriteKv(const RopeKvShape& sh, RopeStyle style, const int* d_pos,
                          const double* inv_freq, float* q, const float* k, const float* v,
-                         uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream) {
+                         uint16_t* k_cache, uint16_t* v_cache, int n_tokens, cudaStream_t stream) {
   if (sh.n_head <= 0 || sh.n_head_kv <= 0 || sh.head_dim <= 0 || sh.head_dim % 2 != 0 ||
       sh.head_dim > 256 || sh.n_rot <= 0 || sh.n_rot % 2 != 0 || sh.n_rot > sh.head_dim ||
       sh.n_ctx <= 0) {
@@ -253,47 +192,56 @@ absl::Status RopeWriteKv(const RopeKvShape& sh, RopeStyle style, const int* d_po
   if (!d_pos || !inv_freq || !q || !k || !v || !k_cache || !v_cache) {
     return absl::InvalidArgumentError("RopeWriteKv: null pointer");
   }
+  if (n_tokens <= 0 || n_tokens > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RopeWriteKv: n_tokens ", n_tokens, " is outside [1, 65535]"));
+  }
   const int threads = ((sh.head_dim / 2 + 31) / 32) * 32;
-  RopeKvKernel<<<sh.n_head + sh.n_head_kv, threads, 0, stream>>>(
+  const dim3 grid(sh.n_head + sh.n_head_kv, n_tokens);
+  RopeKvKernel<<<grid, threads, 0, stream>>>(
       sh, style == RopeStyle::kNeox, d_pos, inv_freq, q, k, v,
       reinterpret_cast<__half*>(k_cache), reinterpret_cast<__half*>(v_cache));
   DPL_CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }
 
-absl::Status EmbedRow(const WeightMatrix& t, const int* d_token, float* out,
-                      cudaStream_t stream) {
+absl::Status EmbedRows(const WeightMatrix& t, const int* d_token, int n_tokens, float* out,
+                       cudaStream_t stream) {
+  if (n_tokens <= 0 || n_tokens > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EmbedRows: n_tokens ", n_tokens, " is outside [1, 65535]"));
+  }
   const auto traits = formats::TraitsOf(t.type);
   if (!t.data || !d_token || !out || t.n_rows <= 0 || t.n_cols <= 0 ||
       t.n_cols % traits.block_elems != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "EmbedRow: bad table (", traits.name, ", n_rows=", t.n_rows, ", n_cols=", t.n_cols,
+        "EmbedRows: bad table (", traits.name, ", n_rows=", t.n_rows, ", n_cols=", t.n_cols,
         ") or null pointer"));
   }
   const int64_t min_stride = t.n_cols / traits.block_elems * traits.block_bytes;
   if (t.row_stride < min_stride) {
-    return absl::InvalidArgumentError(absl::StrCat("EmbedRow: row_stride ", t.row_stride,
+    return absl::InvalidArgumentError(absl::StrCat("EmbedRows: row_stride ", t.row_stride,
                                                    " < ", min_stride, " bytes of a ",
                                                    traits.name, " row"));
   }
   if (t.layout == TensorLayout::kDplQ6K) {
     if (t.type != GgmlType::kQ6_K) {
       return absl::InvalidArgumentError(
-          absl::StrCat("EmbedRow: layout dpl_q6k holds only q6_K, not ", traits.name));
+          absl::StrCat("EmbedRows: layout dpl_q6k holds only q6_K, not ", traits.name));
     }
-    return LaunchEmbed<GgmlType::kQ6_K, true>(t, d_token, out, stream);
+    return LaunchEmbed<GgmlType::kQ6_K, true>(t, d_token, n_tokens, out, stream);
   }
   switch (t.type) {
-    case GgmlType::kF32: return LaunchEmbed<GgmlType::kF32, false>(t, d_token, out, stream);
-    case GgmlType::kF16: return LaunchEmbed<GgmlType::kF16, false>(t, d_token, out, stream);
-    case GgmlType::kBF16: return LaunchEmbed<GgmlType::kBF16, false>(t, d_token, out, stream);
-    case GgmlType::kQ8_0: return LaunchEmbed<GgmlType::kQ8_0, false>(t, d_token, out, stream);
-    case GgmlType::kQ5_0: return LaunchEmbed<GgmlType::kQ5_0, false>(t, d_token, out, stream);
-    case GgmlType::kQ4_K: return LaunchEmbed<GgmlType::kQ4_K, false>(t, d_token, out, stream);
-    case GgmlType::kQ6_K: return LaunchEmbed<GgmlType::kQ6_K, false>(t, d_token, out, stream);
+    case GgmlType::kF32: return LaunchEmbed<GgmlType::kF32, false>(t, d_token, n_tokens, out, stream);
+    case GgmlType::kF16: return LaunchEmbed<GgmlType::kF16, false>(t, d_token, n_tokens, out, stream);
+    case GgmlType::kBF16: return LaunchEmbed<GgmlType::kBF16, false>(t, d_token, n_tokens, out, stream);
+    case GgmlType::kQ8_0: return LaunchEmbed<GgmlType::kQ8_0, false>(t, d_token, n_tokens, out, stream);
+    case GgmlType::kQ5_0: return LaunchEmbed<GgmlType::kQ5_0, false>(t, d_token, n_tokens, out, stream);
+    case GgmlType::kQ4_K: return LaunchEmbed<GgmlType::kQ4_K, false>(t, d_token, n_tokens, out, stream);
+    case GgmlType::kQ6_K: return LaunchEmbed<GgmlType::kQ6_K, false>(t, d_token, n_tokens, out, stream);
     default:
       return absl::UnimplementedError(
-          absl::StrCat("EmbedRow: no device dequant for type ", traits.name));
+          absl::StrCat("EmbedRows: no device dequant for type ", traits.name));
   }
 }
 

@@ -30,17 +30,20 @@ absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n,
 using model::RopeStyle;  // kAdjacent (llama) or kNeox (qwen2): model/hparams.h
 
 
-// RoPE at position p = *d_pos on q and k, fused with the KV cache write:
+// RoPE for n_tokens tokens, token t at position p = d_pos[t], on q and k,
+// fused with the KV cache write (one launch for a whole prompt chunk):
 //   (x0, x1) <- (x0 cos t - x1 sin t, x0 sin t + x1 cos t), t = p * inv_freq[i]
 // for pair i < n_rot/2; elements past n_rot pass through unchanged.
 // Precision: inv_freq is a float64 table (RopeInvFreq), the angle, its sin/cos
 // and the rotation are computed in float64 and rounded once to float32 (q) or
 // f16 (k). A float32 angle would be off by up to 2e-3 rad at p = 32768.
-//   q:        (n_head, head_dim) floats, rotated in place
-//   k, v:     (n_head_kv, head_dim) floats, read only
+//   d_pos:    (n_tokens) ints, device memory
+//   q:        (n_tokens, n_head, head_dim) floats, rotated in place
+//   k, v:     (n_tokens, n_head_kv, head_dim) floats, read only
 //   inv_freq: (n_rot / 2) doubles, device memory
 //   k_cache, v_cache: this layer's (n_head_kv, n_ctx, head_dim) f16 bits;
-//             row p of each kv head is written (rotated k, plain v).
+//             row p of each kv head is written (rotated k, plain v) for
+//             every token.
 // A position outside [0, n_ctx) rotates q but writes no cache row (a graph
 // kernel cannot report an error; the caller must never step past n_ctx).
 struct RopeKvShape {
@@ -52,15 +55,19 @@ struct RopeKvShape {
 };
 absl::Status RopeWriteKv(const RopeKvShape& shape, RopeStyle style, const int* d_pos,
                          const double* inv_freq, float* q, const float* k, const float* v,
-                         uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
+                         uint16_t* k_cache, uint16_t* v_cache, int n_tokens,
+                         cudaStream_t stream);
 
-// out = dequantized row *d_token of the embedding table, float32.
-//   table: (n_rows, row_stride) bytes in `layout` (raw GGUF blocks, or dpl
-//          q6_K planes); out: (n_cols) floats.
+// out[t] = dequantized row d_tokens[t] of the embedding table, float32, for
+// t < n_tokens (one launch for a prompt chunk).
+//   table:    (n_rows, row_stride) bytes in `layout` (raw GGUF blocks, or dpl
+//             q6_K planes); d_tokens: (n_tokens) ints, device memory;
+//   out:      (n_tokens, n_cols) floats.
 // Types: f32, f16, bf16, q8_0, q5_0, q4_K, q6_K (raw or dpl). Values are
 // bit-identical to formats::DequantizeRow (same float32 operation order, no
-// FMA contraction). A token id outside [0, n_rows) writes NaN to every output.
-absl::Status EmbedRow(const WeightMatrix& table, const int* d_token, float* out,
-                      cudaStream_t stream);
+// FMA contraction, kernels/dequant.cuh). A token id outside [0, n_rows)
+// writes NaN to every value of its row.
+absl::Status EmbedRows(const WeightMatrix& table, const int* d_tokens, int n_tokens, float* out,
+                       cudaStream_t stream);
 
 }  // namespace dpl::kernels

@@ -108,12 +108,17 @@ TEST_CASE("SwiGlu matches float64") {
   cudaFree(dg), cudaFree(du), cudaFree(dout);
 }
 
-void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot, int pos, int n_ctx) {
-  CAPTURE(pos);
+// RoPE + KV write for tokens at `positions` (one launch), against float64.
+void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
+             const std::vector<int>& positions, int n_ctx) {
+  const int n = static_cast<int>(positions.size());
+  CAPTURE(positions[0]);
+  CAPTURE(n);
   CAPTURE(n_rot);
-  auto q = RandomFloats(size_t(n_head) * hd, 11 + pos);
-  auto k = RandomFloats(size_t(n_head_kv) * hd, 12 + pos);
-  auto v = RandomFloats(size_t(n_head_kv) * hd, 13 + pos);
+  const size_t qw = size_t(n_head) * hd, kw = size_t(n_head_kv) * hd;
+  auto q = RandomFloats(n * qw, 11 + positions[0]);
+  auto k = RandomFloats(n * kw, 12 + positions[0]);
+  auto v = RandomFloats(n * kw, 13 + positions[0]);
   auto inv = RopeInvFreq(1000000.0, n_rot);
   REQUIRE(inv.ok());
   const size_t cache_elems = size_t(n_head_kv) * n_ctx * hd;
@@ -124,20 +129,24 @@ void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot, int 
   double* dinv = Upload(*inv);
   uint16_t* dkc = Upload(cache_init);
   uint16_t* dvc = Upload(cache_init);
-  int* dpos = Upload(std::vector<int>{pos});
+  int* dpos = Upload(positions);
   RopeKvShape sh{n_head, n_head_kv, hd, n_rot, n_ctx};
-  STATUS_OK(RopeWriteKv(sh, style, dpos, dinv, dq, dk, dv, dkc, dvc, 0));
+  STATUS_OK(RopeWriteKv(sh, style, dpos, dinv, dq, dk, dv, dkc, dvc, n, 0));
   CUDA_OK(cudaDeviceSynchronize());
+  // x: (n, heads, hd), token t rotated by positions[t].
   auto rope_ref = [&](const std::vector<float>& x, int heads) {
     std::vector<double> r(x.begin(), x.end());
-    for (int h = 0; h < heads; ++h) {
-      for (int i = 0; i < n_rot / 2; ++i) {
-        const int i0 = style == RopeStyle::kNeox ? i : 2 * i;
-        const int i1 = style == RopeStyle::kNeox ? i + n_rot / 2 : 2 * i + 1;
-        const double t = double(pos) * (*inv)[i];
-        const double x0 = x[h * hd + i0], x1 = x[h * hd + i1];
-        r[h * hd + i0] = x0 * std::cos(t) - x1 * std::sin(t);
-        r[h * hd + i1] = x0 * std::sin(t) + x1 * std::cos(t);
+    for (int tok = 0; tok < n; ++tok) {
+      for (int h = 0; h < heads; ++h) {
+        const size_t row = (size_t(tok) * heads + h) * hd;
+        for (int i = 0; i < n_rot / 2; ++i) {
+          const int i0 = style == RopeStyle::kNeox ? i : 2 * i;
+          const int i1 = style == RopeStyle::kNeox ? i + n_rot / 2 : 2 * i + 1;
+          const double t = double(positions[tok]) * (*inv)[i];
+          const double x0 = x[row + i0], x1 = x[row + i1];
+          r[row + i0] = x0 * std::cos(t) - x1 * std::sin(t);
+          r[row + i1] = x0 * std::sin(t) + x1 * std::cos(t);
+        }
       }
     }
     return r;
@@ -147,18 +156,27 @@ void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot, int 
   auto kc = Download(dkc, cache_elems);
   auto vc = Download(dvc, cache_elems);
   std::vector<float> kgot(k.size());
-  for (int h = 0; h < n_head_kv; ++h) {
-    for (int e = 0; e < hd; ++e) {
-      kgot[h * hd + e] = F16ToF32(kc[(size_t(h) * n_ctx + pos) * hd + e]);
-      REQUIRE(vc[(size_t(h) * n_ctx + pos) * hd + e] == F32ToF16(v[h * hd + e]));
-      // Neighbouring rows untouched.
-      if (pos > 0) REQUIRE(kc[(size_t(h) * n_ctx + pos - 1) * hd + e] == 0x3C00);
-      if (pos + 1 < n_ctx) REQUIRE(vc[(size_t(h) * n_ctx + pos + 1) * hd + e] == 0x3C00);
+  std::vector<bool> written(n_ctx, false);
+  for (int pos : positions) written[pos] = true;
+  for (int tok = 0; tok < n; ++tok) {
+    const int pos = positions[tok];
+    for (int h = 0; h < n_head_kv; ++h) {
+      for (int e = 0; e < hd; ++e) {
+        const size_t src = (size_t(tok) * n_head_kv + h) * hd + e;
+        kgot[src] = F16ToF32(kc[(size_t(h) * n_ctx + pos) * hd + e]);
+        REQUIRE(vc[(size_t(h) * n_ctx + pos) * hd + e] == F32ToF16(v[src]));
+        // Rows no token was at stay untouched.
+        if (pos > 0 && !written[pos - 1]) REQUIRE(kc[(size_t(h) * n_ctx + pos - 1) * hd + e] == 0x3C00);
+        if (pos + 1 < n_ctx && !written[pos + 1]) {
+          REQUIRE(vc[(size_t(h) * n_ctx + pos + 1) * hd + e] == 0x3C00);
+        }
+      }
     }
   }
   const double ek = NormErr(kgot, kref);
-  MESSAGE("rope " << std::string(style == RopeStyle::kNeox ? "neox" : "adjacent") << " pos=" << pos
-                  << " n_rot=" << n_rot << ": q error " << eq << ", k (f16 cache) error " << ek);
+  MESSAGE("rope " << std::string(style == RopeStyle::kNeox ? "neox" : "adjacent") << " pos="
+                  << positions[0] << " tokens=" << n << " n_rot=" << n_rot << ": q error " << eq
+                  << ", k (f16 cache) error " << ek);
   CHECK(eq < 1e-6);
   CHECK(ek < 5e-4);
   CheckSentinel(dq, q.size());
@@ -170,9 +188,18 @@ void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot, int 
 
 TEST_CASE("RopeWriteKv: both styles, precise angles at long positions, cache rows") {
   for (RopeStyle st : {RopeStyle::kNeox, RopeStyle::kAdjacent}) {
-    for (int pos : {0, 7, 3253, 32767}) RunRope(st, 28, 4, 128, 128, pos, 32768);
-    RunRope(st, 14, 2, 64, 64, 100, 4096);
-    RunRope(st, 8, 2, 128, 64, 5000, 8192);  // partial rotation: tail passes through
+    for (int pos : {0, 7, 3253, 32767}) RunRope(st, 28, 4, 128, 128, {pos}, 32768);
+    RunRope(st, 14, 2, 64, 64, {100}, 4096);
+    RunRope(st, 8, 2, 128, 64, {5000}, 8192);  // partial rotation: tail passes through
+  }
+}
+
+TEST_CASE("RopeWriteKv: a prompt chunk in one launch") {
+  std::vector<int> chunk(300);
+  for (int t = 0; t < 300; ++t) chunk[t] = 3254 + t;
+  for (RopeStyle st : {RopeStyle::kNeox, RopeStyle::kAdjacent}) {
+    RunRope(st, 28, 4, 128, 128, chunk, 4096);
+    RunRope(st, 8, 2, 128, 64, {9, 3, 40, 41}, 64);  // any order, partial rotation
   }
 }
 
@@ -191,7 +218,7 @@ void FillBlocks(std::vector<uint8_t>& bytes, size_t block_bytes, std::vector<siz
   }
 }
 
-TEST_CASE("EmbedRow is bit-identical to formats::DequantizeRow") {
+TEST_CASE("EmbedRows is bit-identical to formats::DequantizeRow") {
   std::mt19937 rng(5);
   struct Case {
     GgmlType type;
@@ -240,32 +267,33 @@ TEST_CASE("EmbedRow is bit-identical to formats::DequantizeRow") {
       table.assign(stride * n_rows, 0);
       for (int r = 0; r < n_rows; ++r) formats::Q6KRowToDpl(&raw[r * raw_row], nbe, &table[r * stride]);
     }
-    std::vector<float> ref(c.n_cols);
-    REQUIRE(formats::DequantizeRow(c.type, c.layout, &table[token * stride], c.n_cols, ref.data()).ok());
+    // Rows for tokens 4, 0 and 5 in one launch, then an out-of-range id.
+    const std::vector<int> tokens = {token, 0, n_rows - 1, n_rows};
+    const int n_tok = static_cast<int>(tokens.size());
+    const size_t n_out = size_t(n_tok) * c.n_cols;
     uint8_t* dtable = Upload(table);
-    int* dtok = Upload(std::vector<int>{token});
-    float* dout = Upload(std::vector<float>(c.n_cols, 0.0f));
+    int* dtok = Upload(tokens);
+    float* dout = Upload(std::vector<float>(n_out, 0.0f));
     const WeightMatrix t{dtable, c.type, c.layout, n_rows, c.n_cols, static_cast<int64_t>(stride)};
-    STATUS_OK(EmbedRow(t, dtok, dout, 0));
+    STATUS_OK(EmbedRows(t, dtok, n_tok, dout, 0));
     CUDA_OK(cudaDeviceSynchronize());
-    auto got = Download(dout, c.n_cols);
+    const auto got = Download(dout, n_out);
+    std::vector<float> ref(c.n_cols);
     int mismatches = 0;
-    for (int j = 0; j < c.n_cols; ++j) mismatches += std::memcmp(&got[j], &ref[j], 4) != 0;
+    for (int i = 0; i + 1 < n_tok; ++i) {
+      REQUIRE(formats::DequantizeRow(c.type, c.layout, &table[tokens[i] * stride], c.n_cols, ref.data()).ok());
+      for (int j = 0; j < c.n_cols; ++j) mismatches += std::memcmp(&got[i * c.n_cols + j], &ref[j], 4) != 0;
+    }
     CHECK(mismatches == 0);
-    CheckSentinel(dout, c.n_cols);
-    // Out-of-range token: NaN row, sentinel intact.
-    CUDA_OK(cudaMemcpy(dtok, &n_rows, sizeof(int), cudaMemcpyHostToDevice));
-    STATUS_OK(EmbedRow(t, dtok, dout, 0));
-    CUDA_OK(cudaDeviceSynchronize());
-    got = Download(dout, c.n_cols);
-    CHECK(std::isnan(got[0]));
-    CHECK(std::isnan(got[c.n_cols - 1]));
-    CheckSentinel(dout, c.n_cols);
+    // Out-of-range token: a NaN row.
+    CHECK(std::isnan(got[(n_tok - 1) * size_t(c.n_cols)]));
+    CHECK(std::isnan(got[n_out - 1]));
+    CheckSentinel(dout, n_out);
     cudaFree(dtable), cudaFree(dtok), cudaFree(dout);
   }
   const WeightMatrix bad{reinterpret_cast<uint8_t*>(256), GgmlType::kQ4_K, TensorLayout::kDplQ6K, 4,
                          3584, 144 * 14};
-  CHECK(!EmbedRow(bad, reinterpret_cast<int*>(256), reinterpret_cast<float*>(256), 0).ok());
+  CHECK(!EmbedRows(bad, reinterpret_cast<int*>(256), 1, reinterpret_cast<float*>(256), 0).ok());
 }
 
 }  // namespace

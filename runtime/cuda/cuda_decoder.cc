@@ -1,6 +1,7 @@
 #include "runtime/cuda/cuda_decoder.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -28,7 +29,19 @@ absl::StatusOr<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(const std::stri
 }
 
 absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions& options) {
-  DPL_ASSIGN_OR_RETURN(index_, formats::ModelFile::OpenIndex(path));
+  // Seconds since the previous lap: the stages of CudaMemoryReport.
+  auto mark = std::chrono::steady_clock::now();
+  auto lap = [&mark] {
+    const auto now = std::chrono::steady_clock::now();
+    const double sec = std::chrono::duration<double>(now - mark).count();
+    mark = now;
+    return sec;
+  };
+  if (options.index != nullptr) {
+    index_ = options.index;
+  } else {
+    DPL_ASSIGN_OR_RETURN(index_, formats::ModelFile::OpenIndex(path));
+  }
   if (index_->container() != formats::Container::kDpl) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": the CUDA runtime loads .dpl files only; convert it first with "
@@ -50,17 +63,24 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   } else {
     DPL_ASSIGN_OR_RETURN(tuning_, kernels::DecodeTuningForDevice());
   }
-  DPL_ASSIGN_OR_RETURN(weights_, DeviceWeights::Load(path, options.load));
+  report_.init_seconds = lap();
+  DPL_ASSIGN_OR_RETURN(weights_, DeviceWeights::Load(*index_, options.load));
   report_.weight_bytes = weights_->device_bytes();
   report_.load = weights_->stats();
+  report_.weights_seconds = lap();
   DPL_RETURN_IF_ERROR(BindWeights(desc));
   DPL_RETURN_IF_ERROR(Allocate());
   DPL_RETURN_IF_ERROR(InitRope(desc));
+  if (w_f16_elems_ > 0) {
+    DPL_ASSIGN_OR_RETURN(gemm_, kernels::PromptGemm::Create(stream_.get()));
+  }
+  report_.setup_seconds = lap();
   if (!eager_) {
     DPL_ASSIGN_OR_RETURN(step_graph_, kernels::CaptureGraph(stream_.get(), [&] {
                            return EnqueueStep(nullptr);
                          }));
   }
+  report_.graph_seconds = lap();
   return absl::OkStatus();
 }
 
@@ -111,6 +131,7 @@ absl::Status CudaDecoder::BindWeights(const model::ModelDesc& desc) {
 absl::Status CudaDecoder::Allocate() {
   const uint64_t T = max_batch_, E = hp_.n_embd, F = hp_.n_ff, Q = hp_.q_dim(),
                  KV = hp_.kv_dim(), V = hp_.n_vocab;
+  logit_rows_ = std::min(max_batch_, kMaxLogitRows);
   const uint64_t W = std::max({E, F, Q});  // widest matvec input
   DPL_ASSIGN_OR_RETURN(kv_layout_, kernels::MakeKvCacheLayout(
                                        static_cast<int>(hp_.n_layer), static_cast<int>(hp_.n_head_kv),
@@ -122,8 +143,25 @@ absl::Status CudaDecoder::Allocate() {
   rope_shape_ = {static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
                  static_cast<int>(hp_.head_dim), static_cast<int>(hp_.n_rot),
                  static_cast<int>(n_ctx_)};
+  prompt_attn_ = {static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
+                  static_cast<int>(hp_.head_dim), static_cast<int>(n_ctx_)};
+  // The tensor-core path's f16 scratch: activations of a chunk, and the
+  // largest layer matrix (the lm head, larger, goes through it in row blocks).
+  w_f16_elems_ = 0;
+  if (max_batch_ >= tuning_.gemm_min_tokens) {
+    for (const Layer& L : layers_) {
+      for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+        w_f16_elems_ = std::max(w_f16_elems_, m->w.n_rows * m->w.n_cols);
+      }
+    }
+  }
+  const uint64_t x_f16_bytes = w_f16_elems_ > 0 ? T * W * 2 : 0;
+  // The dp4a matvec's int8 activations: only for products below the
+  // tensor-core threshold when that path exists.
+  const uint64_t qx_tokens =
+      w_f16_elems_ > 0 ? std::min<uint64_t>(T, std::max(1, tuning_.gemm_min_tokens - 1)) : T;
+  DPL_ASSIGN_OR_RETURN(const uint64_t qx_bytes, kernels::MatVecScratchBytes(W, qx_tokens));
   Buffers& b = buf_;
-  DPL_ASSIGN_OR_RETURN(const uint64_t qx_bytes, kernels::MatVecScratchBytes(W, T));
   void* qx_mem = nullptr;  // int8 activations, laid out by MatVecScratchIn
   const struct {
     uint64_t bytes;
@@ -132,10 +170,11 @@ absl::Status CudaDecoder::Allocate() {
       {T * 4, &b.tokens},          {T * 4, &b.positions},      {hp_.n_rot / 2 * 8, &b.inv_freq},
       {T * E * 4, &b.x},           {T * E * 4, &b.h},          {T * Q * 4, &b.q},
       {T * KV * 4, &b.k},          {T * KV * 4, &b.v},         {T * Q * 4, &b.att},
-      {T * F * 4, &b.gate},        {T * F * 4, &b.up},         {T * V * 4, &b.logits},
+      {T * F * 4, &b.gate},        {T * F * 4, &b.up},         {static_cast<uint64_t>(logit_rows_) * V * 4, &b.logits},
       {attn_plan_.workspace_floats * 4, &b.attn_ws},           {kv_layout_.TotalBytes(), &b.kv},
       {sizeof(kernels::SamplerState), &b.sampler},             {kernels::SamplingWorkspaceBytes(), &b.sampling_ws},
       {qx_bytes, &qx_mem},
+      {x_f16_bytes, &b.x_f16},     {static_cast<uint64_t>(w_f16_elems_) * 2, &b.w_f16},
   };
   auto align = [](uint64_t n) { return (n + 255) / 256 * 256; };
   uint64_t total = 0;
@@ -155,7 +194,7 @@ absl::Status CudaDecoder::Allocate() {
     std::memcpy(e.slot, &at, sizeof(void*));  // every slot is a pointer (a member of b, or qx_mem)
     at += align(e.bytes);
   }
-  b.qx = kernels::MatVecScratchIn(qx_mem, static_cast<int64_t>(W), static_cast<int64_t>(T));
+  b.qx = kernels::MatVecScratchIn(qx_mem, static_cast<int64_t>(W), static_cast<int64_t>(qx_tokens));
   DPL_CUDA_CHECK(cudaMemset(b.sampler, 0, sizeof(kernels::SamplerState)));
   DPL_ASSIGN_OR_RETURN(stream_, kernels::CreateStream());
   DPL_ASSIGN_OR_RETURN(h_tokens_, kernels::PinnedBuffer<int>::Allocate(2));
@@ -180,19 +219,30 @@ absl::Status CudaDecoder::InitRope(const model::ModelDesc& desc) {
   return absl::OkStatus();
 }
 
-absl::Status CudaDecoder::EnqueueForward(int n, bool all_logits) {
+absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) {
   const int E = static_cast<int>(hp_.n_embd), F = static_cast<int>(hp_.n_ff);
-  const int Q = static_cast<int>(hp_.q_dim()), KV = static_cast<int>(hp_.kv_dim());
+  const int Q = static_cast<int>(hp_.q_dim());
   const float eps = static_cast<float>(hp_.rms_eps);
   cudaStream_t s = stream_.get();
   Buffers& b = buf_;
-  // Quantizes x (n tokens of `cols` values) once for the matvecs that read it.
+  // Products over `rows` tokens run on tensor cores from gemm_min_tokens on.
+  auto tensor_cores = [&](int rows) {
+    return gemm_.has_value() && rows >= tuning_.gemm_min_tokens;
+  };
+  // Prepares x (rows tokens of `cols` values) once for the products that
+  // read it: f16 for tensor cores, int8 blocks for the dp4a matvec.
   auto quantize = [&](const float* x, int cols, int rows) {
+    if (tensor_cores(rows)) {
+      return kernels::ConvertToF16(x, static_cast<int64_t>(rows) * cols, b.x_f16, s);
+    }
     return kernels::QuantizeActivations(x, cols, rows, &b.qx, s);
   };
-  // y = W x (+ bias) (+ residual) for the n tokens in x.
+  // y = W x (+ bias) (+ residual) for the rows tokens in x.
   auto mm = [&](const Matrix& m, const float* x, float* y, const float* bias,
                 const float* residual, int rows) {
+    if (tensor_cores(rows)) {
+      return gemm_->Run(m.w, b.x_f16, rows, y, bias, residual, b.w_f16, w_f16_elems_);
+    }
     kernels::MatVecIo io;
     io.x = x;
     io.qx = &b.qx;
@@ -203,9 +253,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, bool all_logits) {
     return kernels::RunMatVec(m.w, m.plan, io, s);
   };
 
-  for (int t = 0; t < n; ++t) {
-    DPL_RETURN_IF_ERROR(kernels::EmbedRow(embed_, b.tokens + t, b.x + t * E, s));
-  }
+  DPL_RETURN_IF_ERROR(kernels::EmbedRows(embed_, b.tokens, n, b.x, s));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     uint16_t* k_cache = b.kv + kv_layout_.KOffset(static_cast<int>(l));
@@ -216,14 +264,14 @@ absl::Status CudaDecoder::EnqueueForward(int n, bool all_logits) {
     DPL_RETURN_IF_ERROR(mm(L.wq, b.h, b.q, L.bq, nullptr, n));
     DPL_RETURN_IF_ERROR(mm(L.wk, b.h, b.k, L.bk, nullptr, n));
     DPL_RETURN_IF_ERROR(mm(L.wv, b.h, b.v, L.bv, nullptr, n));
-    for (int t = 0; t < n; ++t) {
-      DPL_RETURN_IF_ERROR(kernels::RopeWriteKv(rope_shape_, hp_.rope_style, b.positions + t,
-                                               b.inv_freq, b.q + t * Q, b.k + t * KV,
-                                               b.v + t * KV, k_cache, v_cache, s));
-    }
-    for (int t = 0; t < n; ++t) {
-      DPL_RETURN_IF_ERROR(kernels::DecodeAttention(attn_plan_, b.q + t * Q, k_cache, v_cache,
-                                                   b.positions + t, b.attn_ws, b.att + t * Q, s));
+    DPL_RETURN_IF_ERROR(kernels::RopeWriteKv(rope_shape_, hp_.rope_style, b.positions,
+                                             b.inv_freq, b.q, b.k, b.v, k_cache, v_cache, n, s));
+    if (n == 1) {  // flash-decoding, its position read on the device
+      DPL_RETURN_IF_ERROR(kernels::DecodeAttention(attn_plan_, b.q, k_cache, v_cache, b.positions,
+                                                   b.attn_ws, b.att, s));
+    } else {  // causal flash attention over the chunk
+      DPL_RETURN_IF_ERROR(kernels::PromptAttention(prompt_attn_, b.q, k_cache, v_cache, first_pos,
+                                                   n, b.att, s));
     }
     DPL_RETURN_IF_ERROR(quantize(b.att, Q, n));
     DPL_RETURN_IF_ERROR(mm(L.wo, b.att, b.x, L.bo, b.x, n));  // x += Wo a
@@ -245,7 +293,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, bool all_logits) {
 }
 
 absl::Status CudaDecoder::EnqueueStep(const kernels::SamplingParams* sample) {
-  DPL_RETURN_IF_ERROR(EnqueueForward(1, false));
+  DPL_RETURN_IF_ERROR(EnqueueForward(1, /*first_pos=*/-1, false));
   if (sample != nullptr) {
     DPL_RETURN_IF_ERROR(kernels::SampleToken(*sample, buf_.logits, static_cast<int>(hp_.n_vocab),
                                              ring_.get(), buf_.sampler, buf_.sampling_ws,
@@ -267,7 +315,7 @@ absl::Status CudaDecoder::RunChunk(absl::Span<const int32_t> tokens, bool all_lo
   if (n == 1 && !all_logits && step_graph_) {
     DPL_CUDA_CHECK(cudaGraphLaunch(step_graph_.get(), s));
   } else {
-    DPL_RETURN_IF_ERROR(EnqueueForward(n, all_logits));
+    DPL_RETURN_IF_ERROR(EnqueueForward(n, static_cast<int>(n_past_), all_logits));
   }
   // The host vectors above must outlive the async copies.
   DPL_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -290,8 +338,10 @@ absl::Status CudaDecoder::Eval(absl::Span<const int32_t> tokens, std::vector<flo
   }
   const int64_t V = hp_.n_vocab;
   if (all != nullptr) all->clear();
-  for (size_t at = 0; at < tokens.size(); at += max_batch_) {
-    const auto chunk = tokens.subspan(at, std::min<size_t>(max_batch_, tokens.size() - at));
+  // Every token's logits fit buf_.logits in chunks of logit_rows_ tokens.
+  const size_t step = all != nullptr ? logit_rows_ : max_batch_;
+  for (size_t at = 0; at < tokens.size(); at += step) {
+    const auto chunk = tokens.subspan(at, std::min<size_t>(step, tokens.size() - at));
     DPL_RETURN_IF_ERROR(RunChunk(chunk, all != nullptr));
     if (all != nullptr) {
       const size_t old = all->size();
@@ -409,10 +459,23 @@ absl::Status CudaDecoder::SampleLoop(const generate::SamplerParams& params,
 std::string CudaDecoder::LoadReport() const {
   return absl::StrFormat(
       "cuda: weights %.2f GiB loaded in %.2f s (%.1f GB/s); KV cache %.2f GiB (f16, %d positions); "
-      "buffers %.2f GiB (prompt batch %d); decode step %s",
+      "buffers %.2f GiB (prompt chunk %d, tensor cores from %d tokens); decode step %s\n"
+      "cuda load stages: init %.0f ms, weights %.0f ms, setup %.0f ms, graph %.0f ms",
       report_.weight_bytes / 1073741824.0, report_.load.seconds, report_.load.gb_per_s(),
       report_.kv_cache_bytes / 1073741824.0, n_ctx_, report_.scratch_bytes / 1073741824.0,
-      max_batch_, eager_ ? "eager (DPL_EAGER)" : "captured as one CUDA graph");
+      max_batch_, gemm_.has_value() ? tuning_.gemm_min_tokens : max_batch_ + 1,
+      eager_ ? "eager (DPL_EAGER)" : "captured as one CUDA graph", report_.init_seconds * 1e3,
+      report_.weights_seconds * 1e3, report_.setup_seconds * 1e3, report_.graph_seconds * 1e3);
+}
+
+std::vector<std::pair<std::string, double>> CudaDecoder::LoadStages() const {
+  return {{"cuda init", report_.init_seconds},
+          {absl::StrFormat("weights (%.1f GB/s: staging filled %.0f ms, copies waited for %.0f ms)",
+                           report_.load.gb_per_s(), report_.load.fill_seconds * 1e3,
+                           report_.load.wait_seconds * 1e3),
+           report_.weights_seconds},
+          {"setup", report_.setup_seconds},
+          {"graph", report_.graph_seconds}};
 }
 
 absl::Status CudaDecoder::Rewind(int64_t n) {

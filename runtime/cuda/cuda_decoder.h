@@ -15,8 +15,12 @@
 //               h = rmsnorm(x) * ffn_norm
 //               x = Wdown (silu(Wgate h) * (Wup h)) + x
 //   logits = Wout (rmsnorm(x) * output_norm)
-// Prompts run the same code over up to `max_batch` tokens at once: the
-// matrix products read each weight once per token tile (MatVecPlan::prompt).
+// Prompts run the same math over chunks of up to `max_batch` tokens: from
+// tuning.gemm_min_tokens tokens on, each matrix product dequantizes W to f16
+// and multiplies on tensor cores (cuBLAS, kernels/gemm), RoPE and the KV write
+// are one launch for the chunk and attention is one causal flash-attention
+// launch (kernels/attention/prompt_attention.h). Fewer tokens take the dp4a
+// matvec in token tiles (MatVecPlan::prompt).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,7 +33,9 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/attention/attention.h"
+#include "kernels/attention/prompt_attention.h"
 #include "kernels/cuda_handles.h"
+#include "kernels/gemm/prompt_gemm.h"
 #include "kernels/matvec/matvec.h"
 #include "kernels/ops/kv_cache.h"
 #include "kernels/ops/ops.h"
@@ -47,21 +53,29 @@ inline constexpr int64_t kMaxContext = int64_t{1} << 24;
 
 struct CudaDecoderOptions {
   int64_t n_ctx = 4096;   // KV cache positions (0: the model's context length)
-  int max_batch = 256;    // prompt tokens per forward pass
+  int max_batch = 2048;   // prompt chunk: tokens per forward pass (llama.cpp's -ub)
   // Debugging: run every step eagerly instead of replaying the graph (dpl-run
   // sets it from DPL_EAGER=1). Same bits either way.
   bool eager = false;
   // Launch policy; unset: DecodeTuningForDevice() (benchmarks override fields).
   std::optional<kernels::DecodeTuning> tuning;
   LoadOptions load;
+  // The file already opened by the caller (ModelFile::OpenIndex of the same
+  // path), so that it is not parsed twice; null: Create opens it.
+  std::shared_ptr<formats::ModelFile> index;
 };
 
-// What Create() reports: load speed and the memory it took.
+// What Create() reports: load speed, the memory it took and where its time
+// went (seconds per stage, in order).
 struct CudaMemoryReport {
   uint64_t weight_bytes = 0;
   uint64_t kv_cache_bytes = 0;
   uint64_t scratch_bytes = 0;
   LoadStats load;
+  double init_seconds = 0;     // device query, file index (unless given), model binding
+  double weights_seconds = 0;  // DeviceWeights::Load: allocation + upload (load.seconds)
+  double setup_seconds = 0;    // matvec plans, buffers, cuBLAS handle, RoPE table
+  double graph_seconds = 0;    // decode step captured and instantiated
 };
 
 class CudaDecoder : public generate::Decoder {
@@ -76,6 +90,7 @@ class CudaDecoder : public generate::Decoder {
                     std::vector<float>* all) override;
   absl::Status Rewind(int64_t n) override;
   std::string LoadReport() const override;
+  std::vector<std::pair<std::string, double>> LoadStages() const override;
   bool samples_on_device() const override { return true; }
   absl::Status SampleLoop(const generate::SamplerParams& params, absl::Span<const int32_t> history,
                           int32_t max_tokens,
@@ -122,7 +137,9 @@ class CudaDecoder : public generate::Decoder {
     float* att = nullptr;        // (T, q_dim) attention output
     float* gate = nullptr;       // (T, n_ff)
     float* up = nullptr;         // (T, n_ff)
-    float* logits = nullptr;     // (T, n_vocab)
+    float* logits = nullptr;     // (logit_rows_, n_vocab)
+    uint16_t* x_f16 = nullptr;   // (T, max width) f16 activations of the tensor-core path
+    uint16_t* w_f16 = nullptr;   // (w_f16_elems_) f16 weight rows of the tensor-core path
     float* attn_ws = nullptr;    // (attn_plan_.workspace_floats)
     uint16_t* kv = nullptr;      // kv_layout_: per layer K then V, f16
     kernels::SamplerState* sampler = nullptr;  // (1), zeroed once: the RNG counter persists
@@ -136,9 +153,11 @@ class CudaDecoder : public generate::Decoder {
   absl::Status Allocate();
   absl::Status InitRope(const model::ModelDesc& desc);
   // Enqueues the forward pass of the n tokens in buf_.tokens at
-  // buf_.positions; logits of the last token (all_logits: of every token)
-  // land in buf_.logits.
-  absl::Status EnqueueForward(int n, bool all_logits);
+  // buf_.positions (first_pos, first_pos + 1, ... when n > 1; a single
+  // token's position is read on the device, so the step graph serves every
+  // position); logits of the last token (all_logits: of every token) land
+  // in buf_.logits.
+  absl::Status EnqueueForward(int n, int first_pos, bool all_logits);
   // One decode step of the token in buf_.tokens[0] at buf_.positions[0]:
   // the forward pass, then (with `sample`) the next token sampled into
   // buf_.tokens[0], then the position advanced. What the step graph and the
@@ -158,6 +177,11 @@ class CudaDecoder : public generate::Decoder {
   int64_t n_ctx_ = 0;
   int64_t n_past_ = 0;
   int max_batch_ = 0;
+  // Rows of buf_.logits: Eval asked for every token's logits runs chunks of
+  // at most this many tokens (a 2048-token chunk's logits would take 1.2 GB
+  // for a 152k vocabulary; one row is all a prompt needs otherwise).
+  static constexpr int kMaxLogitRows = 512;
+  int logit_rows_ = 0;
   bool eager_ = false;
   uint64_t bytes_per_token_ = 0;
   CudaMemoryReport report_;
@@ -169,6 +193,12 @@ class CudaDecoder : public generate::Decoder {
   kernels::RopeKvShape rope_shape_;
   kernels::KvCacheLayout kv_layout_;
   kernels::DecodeAttentionPlan attn_plan_;
+  kernels::PromptAttentionShape prompt_attn_;
+  // Tensor-core path for chunks of >= tuning_.gemm_min_tokens tokens (unset
+  // when max_batch is below that): the cuBLAS handle and the f16 weight
+  // scratch size (the largest layer matrix; bigger ones go in row blocks).
+  std::optional<kernels::PromptGemm> gemm_;
+  int64_t w_f16_elems_ = 0;
 
   kernels::Stream stream_;
   kernels::DeviceBuffer<uint8_t> arena_;  // every buffer of buf_

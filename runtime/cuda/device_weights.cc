@@ -31,9 +31,21 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Load(const std::st
         path, ": the CUDA runtime loads .dpl files only; convert a GGUF first with "
               "`dpl-convert MODEL.gguf MODEL.dpl`"));
   }
-  DPL_ASSIGN_OR_RETURN(formats::DplFile file, formats::DplFile::Open(path));
+  DPL_ASSIGN_OR_RETURN(const std::shared_ptr<formats::ModelFile> index,
+                       formats::ModelFile::OpenIndex(path));
+  return Load(*index, options);
+}
+
+absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Load(const formats::ModelFile& index,
+                                                                   const LoadOptions& options) {
+  const std::string& path = index.path();
+  if (index.dpl_file() == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": the CUDA runtime loads .dpl files only; convert a GGUF first with "
+              "`dpl-convert MODEL.gguf MODEL.dpl`"));
+  }
   std::unique_ptr<DeviceWeights> w(new DeviceWeights());
-  w->file_ = std::make_unique<formats::DplFile>(std::move(file));
+  w->file_ = index.dpl_file();
   const uint64_t need = w->file_->header().data_bytes;
   DPL_ASSIGN_OR_RETURN(const auto mem, DeviceMemoryInfo());
   if (need > mem.first) {
@@ -56,6 +68,9 @@ absl::StatusOr<const uint8_t*> DeviceWeights::TensorPtr(absl::string_view name) 
 // Two pinned staging buffers alternate: while the GPU copies buffer b, host
 // threads fill buffer 1-b (memcpy from the mapping, or zstd frames inflated
 // straight into it). An event per buffer says when its copy has finished.
+// Measured on the H200 box (14B, page cache): memcpy from the mapping fills
+// at 29.8 GB/s, pread(2) into the same buffers at 23-27 GB/s; the copies
+// never wait (LoadStats::wait_seconds ~2 ms): the fill is the bound.
 absl::Status DeviceWeights::Upload(const LoadOptions& opt) {
   const formats::DplFile& f = *file_;
   const uint64_t total = f.header().data_bytes;
@@ -82,10 +97,16 @@ absl::Status DeviceWeights::Upload(const LoadOptions& opt) {
     ~Drain() { cudaStreamSynchronize(s); }
   } drain{stream.get()};
   const uint8_t* region = f.data_region();  // nullptr when compressed
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   int b = 0;
   for (uint64_t at = 0; at < total; at += chunk, b ^= 1) {
     const uint64_t n = std::min(chunk, total - at);
+    auto t = std::chrono::steady_clock::now();
     DPL_CUDA_CHECK(cudaEventSynchronize(done[b].get()));  // this buffer's previous copy drained
+    stats_.wait_seconds += since(t);
+    t = std::chrono::steady_clock::now();
     uint8_t* dst = staging[b].get();
     if (region != nullptr) {
       constexpr uint64_t kSlice = 4ull << 20;
@@ -103,10 +124,13 @@ absl::Status DeviceWeights::Upload(const LoadOptions& opt) {
         return f.DecompressFrame(first + i, dst + i * fr);
       }));
     }
+    stats_.fill_seconds += since(t);
     DPL_CUDA_CHECK(cudaMemcpyAsync(base_.get() + at, dst, n, cudaMemcpyHostToDevice, stream.get()));
     DPL_CUDA_CHECK(cudaEventRecord(done[b].get(), stream.get()));
   }
+  const auto t = std::chrono::steady_clock::now();
   DPL_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+  stats_.wait_seconds += since(t);
   stats_.bytes = total;
   stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return absl::OkStatus();

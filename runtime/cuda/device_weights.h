@@ -1,7 +1,7 @@
 // Loads a .dpl file's data region onto the GPU: one cudaMalloc of exactly
 // data_bytes, filled through two pinned staging buffers (one being filled
-// from the mapped file while the other is copied to the device), no
-// per-tensor host work. A tensor's device pointer is base + its offset.
+// from the file while the other is copied to the device), no per-tensor host
+// work. A tensor's device pointer is base + its offset.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "formats/dpl_file.h"
+#include "formats/model_file.h"
 #include "kernels/cuda_handles.h"
 
 namespace dpl::runtime {
@@ -22,13 +23,18 @@ struct LoadOptions {
 struct LoadStats {
   uint64_t bytes = 0;        // data region bytes copied to the device
   double seconds = 0;        // from first read to the last copy's completion
+  double fill_seconds = 0;   // of which host threads filled staging buffers
+  double wait_seconds = 0;   // and the host waited for a buffer's copy to drain
   double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
 };
 
 class DeviceWeights {
  public:
-  // Opens and validates `path` (.dpl only: GGUF must be converted first) and
-  // copies its data region to the current device.
+  // Copies the data region of an opened .dpl (ModelFile::OpenIndex; a GGUF
+  // gets "convert it first") to the current device.
+  static absl::StatusOr<std::unique_ptr<DeviceWeights>> Load(const formats::ModelFile& index,
+                                                              const LoadOptions& options);
+  // The same after opening `path`.
   static absl::StatusOr<std::unique_ptr<DeviceWeights>> Load(const std::string& path,
                                                               const LoadOptions& options);
   DeviceWeights(const DeviceWeights&) = delete;
@@ -46,7 +52,7 @@ class DeviceWeights {
   DeviceWeights() = default;
   absl::Status Upload(const LoadOptions& options);
 
-  std::unique_ptr<formats::DplFile> file_;
+  std::shared_ptr<const formats::DplFile> file_;
   kernels::DeviceBuffer<uint8_t> base_;
   LoadStats stats_;
 };

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,6 +34,9 @@ class Decoder {
   virtual absl::Status Rewind(int64_t n) = 0;
   // One line for the user about what loading took (sizes, speed); may be empty.
   virtual std::string LoadReport() const { return ""; }
+  // Where loading's time went, stage by stage (name, seconds), for the
+  // timing block; empty when the device does not break it down.
+  virtual std::vector<std::pair<std::string, double>> LoadStages() const { return {}; }
 
   // Devices that sample on the device (the CUDA runtime) return true and
   // implement SampleLoop; the others get a host Sampler over Eval's logits.
