@@ -14,10 +14,13 @@ cd "$(dirname "$0")"
 out=${1:-/tmp/ab-out}; mkdir -p "$out"
 what=${2:-all}
 [[ -f bin.tar.gz ]] && tar -xzf bin.tar.gz
+source ./env.sh
 mkdir -p base && [[ -f base.tar.gz ]] && tar -C base -xzf base.tar.gz
 T=/tmp/ab; mkdir -p $T
+# Qwen2.5-7B/14B shapes with the qwen2 vocabulary (what llama.cpp was
+# measured on; startup.sh tokenizes text with them too).
 for m in 7b 14b; do
-  [[ -f $T/q${m%b}.dpl ]] || { ./dpl-synth qwen2.5-$m $T/q.gguf >/dev/null &&
+  [[ -f $T/q${m%b}.dpl ]] || { ./dpl-synth qwen2.5-$m $T/q.gguf --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
     ./dpl-convert -q $T/q.gguf $T/q${m%b}.dpl >/dev/null && rm $T/q.gguf; }
 done
 if [[ $what != bench ]]; then

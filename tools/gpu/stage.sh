@@ -9,6 +9,7 @@ cd "$(dirname "$0")/../.."
 targets=(
   //kernels/matvec:matvec_gpu_test //kernels/matvec:matvec_bench
   //kernels/ops:ops_gpu_test //kernels/attention:attention_gpu_test //kernels/attention:attention_bench
+  //kernels/attention:prompt_attention_gpu_test //kernels/gemm:prompt_gemm_gpu_test //kernels/gemm:gemm_bench
   //kernels/sampling:sampling_gpu_test //kernels:cuda_handles_gpu_test
   //runtime/cuda:device_weights_gpu_test //runtime/cuda:cuda_decoder_gpu_test
   //runtime:dpl-run //runtime:dpl-bench //runtime:dpl-tokenize //tools:dpl-synth
@@ -32,7 +33,8 @@ tar -C "$out/bin" -czf "$out/bin.tar.gz" . && rm -rf "$out/bin"
 shared=${DPL_SHARED_DIR:-../shared}
 # Under the 64 MiB a call may carry: the four small oracle models, and the
 # vocabulary model only when asked (it is 39 MB).
-for m in ora-llama-f32 ora-qwen2-f32 small-llama-q4km small-qwen2-q4km ${WITH_VOCAB_MODEL:+tiny-qwen2-vocab-q4km}; do
+# DPL_STAGE_ORACLES overrides the list (room for a baseline's binaries).
+for m in ${DPL_STAGE_ORACLES:-ora-llama-f32 ora-qwen2-f32 small-llama-q4km small-qwen2-q4km} ${WITH_VOCAB_MODEL:+tiny-qwen2-vocab-q4km}; do
   cp "$shared/oracle/$m".* "$out/shared/oracle/"
 done
 if [[ -n ${1:-} ]]; then  # a baseline build's binaries for ab.sh
@@ -40,5 +42,9 @@ if [[ -n ${1:-} ]]; then  # a baseline build's binaries for ab.sh
   chmod u+w "$out/base"/* && strip "$out/base"/*
   tar -C "$out/base" -czf "$out/base.tar.gz" dpl-run dpl-bench && rm -rf "$out/base"
 fi
-cp tools/gpu/suite.sh tools/gpu/ab.sh "$out/"
+# The qwen2 vocabulary (6 MB) for dpl-synth models that tokenize text, and
+# the 3254-token prompt of startup.sh.
+# (gzipped: 5.7 -> 2.5 MB of the 64 MiB; suite.sh and startup.sh unpack it).
+mkdir -p "$out/shared/vocab" && gzip -c "$shared/vocab/ggml-vocab-qwen2.gguf" >"$out/shared/vocab/ggml-vocab-qwen2.gguf.gz"
+cp tools/gpu/env.sh tools/gpu/suite.sh tools/gpu/ab.sh tools/gpu/startup.sh tools/gpu/prompt-3254.txt "$out/"
 du -sh "$out"

@@ -9,6 +9,7 @@ what=${2:-all}
 cd "$dir"
 [[ -f bin.tar.gz ]] && tar -xzf bin.tar.gz
 export DPL_SHARED_DIR=$dir/shared
+source ./env.sh
 tmp=$(mktemp -d /tmp/dpl-gpu.XXXXXX)
 passed=0 failed=0
 check() {  # NAME CMD...: runs CMD, output to the log
