@@ -231,7 +231,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) 
   };
   // Prepares x (rows tokens of `cols` values) once for the products that
   // read it: f16 for tensor cores, int8 blocks for the dp4a matvec.
-  auto quantize = [&](const float* x, int cols, int rows) {
+  auto prepare = [&](const float* x, int cols, int rows) {
     if (tensor_cores(rows)) {
       return kernels::ConvertToF16(x, static_cast<int64_t>(rows) * cols, b.x_f16, s);
     }
@@ -260,7 +260,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) 
     uint16_t* v_cache = b.kv + kv_layout_.VOffset(static_cast<int>(l));
     // Attention block.
     DPL_RETURN_IF_ERROR(kernels::RmsNorm(b.x, L.attn_norm, b.h, n, E, eps, s));
-    DPL_RETURN_IF_ERROR(quantize(b.h, E, n));
+    DPL_RETURN_IF_ERROR(prepare(b.h, E, n));
     DPL_RETURN_IF_ERROR(mm(L.wq, b.h, b.q, L.bq, nullptr, n));
     DPL_RETURN_IF_ERROR(mm(L.wk, b.h, b.k, L.bk, nullptr, n));
     DPL_RETURN_IF_ERROR(mm(L.wv, b.h, b.v, L.bv, nullptr, n));
@@ -273,22 +273,22 @@ absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) 
       DPL_RETURN_IF_ERROR(kernels::PromptAttention(prompt_attn_, b.q, k_cache, v_cache, first_pos,
                                                    n, b.att, s));
     }
-    DPL_RETURN_IF_ERROR(quantize(b.att, Q, n));
+    DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
     DPL_RETURN_IF_ERROR(mm(L.wo, b.att, b.x, L.bo, b.x, n));  // x += Wo a
     // Feed-forward block.
     DPL_RETURN_IF_ERROR(kernels::RmsNorm(b.x, L.ffn_norm, b.h, n, E, eps, s));
-    DPL_RETURN_IF_ERROR(quantize(b.h, E, n));
+    DPL_RETURN_IF_ERROR(prepare(b.h, E, n));
     DPL_RETURN_IF_ERROR(mm(L.w_gate, b.h, b.gate, nullptr, nullptr, n));
     DPL_RETURN_IF_ERROR(mm(L.w_up, b.h, b.up, nullptr, nullptr, n));
     DPL_RETURN_IF_ERROR(kernels::SwiGlu(b.gate, b.up, b.gate, static_cast<int64_t>(n) * F, s));
-    DPL_RETURN_IF_ERROR(quantize(b.gate, F, n));
+    DPL_RETURN_IF_ERROR(prepare(b.gate, F, n));
     DPL_RETURN_IF_ERROR(mm(L.w_down, b.gate, b.x, nullptr, b.x, n));  // x += Wdown g
   }
   // LM head: every token's logits, or the last token's only.
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
   DPL_RETURN_IF_ERROR(kernels::RmsNorm(b.x + first * E, output_norm_, b.h, rows, E, eps, s));
-  DPL_RETURN_IF_ERROR(quantize(b.h, E, rows));
+  DPL_RETURN_IF_ERROR(prepare(b.h, E, rows));
   return mm(out_, b.h, b.logits, nullptr, nullptr, rows);
 }
 
