@@ -1,4 +1,4 @@
-// Hyperparameters of a llama-family decoder (llama, qwen2), as read from
+// Hyperparameters of a llama-family decoder (llama, qwen2, qwen3), as read from
 // GGUF-style metadata (identical keys in GGUF and .dpl files) by
 // model::ReadHparams (model/model.h).
 //
@@ -12,16 +12,16 @@
 namespace dpl::model {
 
 // One row of the architecture table in model/model.cc each.
-enum class Arch { kLlama, kQwen2 };
+enum class Arch { kLlama, kQwen2, kQwen3 };
 
 enum class RopeStyle {
   kAdjacent,  // llama: rotates pairs (x[2i], x[2i+1])
-  kNeox,      // qwen2: rotates pairs (x[i], x[i + n_rot/2])
+  kNeox,      // qwen2, qwen3: rotates pairs (x[i], x[i + n_rot/2])
 };
 
 struct Hparams {
   Arch arch = Arch::kLlama;
-  std::string arch_name;    // general.architecture: "llama", "qwen2"
+  std::string arch_name;    // general.architecture: "llama", "qwen2", "qwen3"
   int64_t n_embd = 0;       // {arch}.embedding_length
   int64_t n_layer = 0;      // {arch}.block_count
   int64_t n_ff = 0;         // {arch}.feed_forward_length
@@ -35,6 +35,13 @@ struct Hparams {
   double rope_freq_scale = 1.0;     // 1 / {arch}.rope.scaling.factor for "linear"
   double rms_eps = 1e-5;            // {arch}.attention.layer_norm_rms_epsilon
   RopeStyle rope_style = RopeStyle::kAdjacent;  // from the architecture
+  // {arch}.attention.sliding_window (0 when absent: full causal attention).
+  // With W > 0 every layer attends to the last W positions only: query
+  // position p sees keys p - W + 1 .. p (llama.cpp's LLAMA_SWA_TYPE_STANDARD,
+  // as Mistral 7B v0.1 was trained).
+  int64_t sliding_window = 0;
+  // Per-head RMSNorm of q and k before RoPE (qwen3: blk.N.attn_{q,k}_norm).
+  bool qk_norm = false;
 
   int64_t q_dim() const { return n_head * head_dim; }      // width of Wq's output
   int64_t kv_dim() const { return n_head_kv * head_dim; }  // width of Wk's, Wv's output

@@ -18,7 +18,9 @@ using formats::TensorView;
 // Which tensors may exist follows llama.cpp's loader (llama-model.cpp):
 // llama has optional q/k/v/output biases and llama 3.1 frequency factors;
 // qwen2 has q/k/v biases (required there, optional here) and neither of the
-// others. The math that differs keys off rope_style.
+// others; qwen3 has no biases but a per-head RMSNorm of q and k
+// (attn_q_norm, attn_k_norm: [head_dim], required). The math that differs
+// keys off rope_style and Hparams::qk_norm.
 struct ArchInfo {
   Arch arch;
   const char* name;       // general.architecture
@@ -26,10 +28,12 @@ struct ArchInfo {
   bool qkv_bias;          // blk.N.attn_{q,k,v}.bias may exist
   bool output_bias;       // blk.N.attn_output.bias may exist
   bool rope_freqs;        // rope_freqs.weight may exist
+  bool qk_norm;           // blk.N.attn_{q,k}_norm.weight exist (required)
 };
 constexpr ArchInfo kArchs[] = {
-    {Arch::kLlama, "llama", RopeStyle::kAdjacent, true, true, true},
-    {Arch::kQwen2, "qwen2", RopeStyle::kNeox, true, false, false},
+    {Arch::kLlama, "llama", RopeStyle::kAdjacent, true, true, true, false},
+    {Arch::kQwen2, "qwen2", RopeStyle::kNeox, true, false, false, false},
+    {Arch::kQwen3, "qwen3", RopeStyle::kNeox, false, false, false, true},
 };
 
 const ArchInfo& InfoOf(Arch arch) {
@@ -112,6 +116,12 @@ absl::Status ReadWidths(const formats::Metadata& meta, const std::string& p, Hpa
                                                    " is out of range (0..", kMaxContext, ")"));
   }
   hp->n_ctx_train = static_cast<int64_t>(ctx);
+  DPL_ASSIGN_OR_RETURN(const uint64_t window, meta.GetUintOr(p + "attention.sliding_window", 0));
+  if (window > static_cast<uint64_t>(kMaxContext)) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata ", p, "attention.sliding_window = ",
+                                                   window, " is out of range (0..", kMaxContext, ")"));
+  }
+  hp->sliding_window = static_cast<int64_t>(window);
   DPL_ASSIGN_OR_RETURN(const uint64_t experts, meta.GetUintOr(p + "expert_count", 0));
   if (experts != 0) {
     return absl::UnimplementedError(
@@ -195,6 +205,8 @@ const TensorView** Slot(ModelDesc& d, const TensorSpec& spec) {
     case TensorKind::kFfnGate: return &L.w_gate;
     case TensorKind::kFfnUp: return &L.w_up;
     case TensorKind::kFfnDown: return &L.w_down;
+    case TensorKind::kAttnQNorm: return &L.q_norm;
+    case TensorKind::kAttnKNorm: return &L.k_norm;
   }
   return nullptr;
 }
@@ -251,6 +263,7 @@ absl::StatusOr<Hparams> ReadHparams(const formats::ModelFile& model) {
   DPL_ASSIGN_OR_RETURN(hp.arch, ArchFromName(name));
   hp.arch_name = std::string(name);
   hp.rope_style = InfoOf(hp.arch).rope_style;
+  hp.qk_norm = InfoOf(hp.arch).qk_norm;
   const std::string p = hp.arch_name + ".";
   DPL_RETURN_IF_ERROR(ReadWidths(meta, p, &hp));
   DPL_RETURN_IF_ERROR(ReadRope(meta, p, &hp));
@@ -276,10 +289,10 @@ absl::StatusOr<Hparams> ReadHparams(const formats::ModelFile& model) {
 std::string HparamsDebugString(const Hparams& hp) {
   return absl::StrFormat(
       "arch=%s n_embd=%d n_layer=%d n_ff=%d n_head=%d n_head_kv=%d head_dim=%d n_rot=%d "
-      "n_vocab=%d n_ctx_train=%d rope_base=%g rope_scale=%g rms_eps=%g rope=%s",
+      "n_vocab=%d n_ctx_train=%d rope_base=%g rope_scale=%g rms_eps=%g rope=%s swa=%d qk_norm=%d",
       hp.arch_name, hp.n_embd, hp.n_layer, hp.n_ff, hp.n_head, hp.n_head_kv, hp.head_dim,
       hp.n_rot, hp.n_vocab, hp.n_ctx_train, hp.rope_freq_base, hp.rope_freq_scale, hp.rms_eps,
-      hp.rope_style == RopeStyle::kNeox ? "neox" : "adjacent");
+      hp.rope_style == RopeStyle::kNeox ? "neox" : "adjacent", hp.sliding_window, hp.qk_norm);
 }
 
 std::string TensorName(TensorKind kind, int layer) {
@@ -302,6 +315,8 @@ std::string TensorName(TensorKind kind, int layer) {
     case TensorKind::kFfnGate: return blk("ffn_gate.weight");
     case TensorKind::kFfnUp: return blk("ffn_up.weight");
     case TensorKind::kFfnDown: return blk("ffn_down.weight");
+    case TensorKind::kAttnQNorm: return blk("attn_q_norm.weight");
+    case TensorKind::kAttnKNorm: return blk("attn_k_norm.weight");
   }
   return "";
 }
@@ -333,6 +348,10 @@ std::vector<TensorSpec> TensorSpecs(const Hparams& hp, bool tied) {
       vector(TensorKind::kAttnVBias, il, KV, true);
     }
     if (arch.output_bias) vector(TensorKind::kAttnOutputBias, il, E, true);
+    if (arch.qk_norm) {
+      vector(TensorKind::kAttnQNorm, il, hp.head_dim, false);
+      vector(TensorKind::kAttnKNorm, il, hp.head_dim, false);
+    }
   }
   vector(TensorKind::kOutputNorm, -1, E, false);
   if (arch.rope_freqs) vector(TensorKind::kRopeFreqs, -1, hp.n_rot / 2, true);

@@ -19,7 +19,7 @@
 
 namespace dpl::model {
 
-// general.architecture of `arch` ("llama", "qwen2").
+// general.architecture of `arch` ("llama", "qwen2", "qwen3").
 absl::string_view ArchName(Arch arch);
 // The architecture called `name`, or Unimplemented naming it and the
 // supported ones.
@@ -54,6 +54,8 @@ enum class TensorKind {
   kFfnGate,         // ffn_gate.weight     [n_embd, n_ff]
   kFfnUp,           // ffn_up.weight       [n_embd, n_ff]
   kFfnDown,         // ffn_down.weight     [n_ff, n_embd]
+  kAttnQNorm,       // attn_q_norm.weight  [head_dim]: qwen3's per-head q RMSNorm
+  kAttnKNorm,       // attn_k_norm.weight  [head_dim]: qwen3's per-head k RMSNorm
 };
 
 // llama.cpp's GGUF name: "token_embd.weight", "blk.3.attn_q.weight".
@@ -73,7 +75,8 @@ struct TensorSpec {
 // The tensor set of a model of these hyperparameters, in llama.cpp's file
 // order: token_embd; per layer attn_norm, attn_q, attn_k, attn_v,
 // attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down, then the optional
-// biases; output_norm, rope_freqs (optional), output (unless `tied`).
+// biases and qwen3's q/k norms; output_norm, rope_freqs (optional), output
+// (unless `tied`).
 // Optional tensors are listed where the architecture allows them.
 std::vector<TensorSpec> TensorSpecs(const Hparams& hp, bool tied);
 
@@ -92,6 +95,8 @@ struct LayerTensors {
   const formats::TensorView* w_gate = nullptr;     // [n_embd, n_ff]
   const formats::TensorView* w_up = nullptr;       // [n_embd, n_ff]
   const formats::TensorView* w_down = nullptr;     // [n_ff, n_embd]
+  const formats::TensorView* q_norm = nullptr;     // [head_dim] f32 (qwen3) or null
+  const formats::TensorView* k_norm = nullptr;     // [head_dim] f32 (qwen3) or null
 };
 
 // A model file bound to its description. The views point into the

@@ -57,6 +57,9 @@ void CheckBound(const ModelFile& file, const ModelDesc& d) {
     }
     CHECK((L.bq != nullptr) == (d.hp.arch == Arch::kQwen2));  // the oracle's qwen2 files have them
     CHECK(L.bo == nullptr);
+    CHECK((L.q_norm != nullptr) == (d.hp.arch == Arch::kQwen3));
+    CHECK((L.k_norm != nullptr) == (d.hp.arch == Arch::kQwen3));
+    CHECK(d.hp.qk_norm == (d.hp.arch == Arch::kQwen3));
   }
   uint64_t bytes = 0;
   for (const TensorView& t : file.tensors()) {
@@ -67,30 +70,28 @@ void CheckBound(const ModelFile& file, const ModelDesc& d) {
   CHECK(d.bytes_per_token == bytes);
 }
 
-TEST_CASE("every llama and qwen2 oracle file binds; qwen3 is refused by name") {
-  int bound = 0, refused = 0;
+TEST_CASE("every oracle file binds (llama, qwen2, qwen3)") {
+  int bound = 0, qwen3 = 0;
   for (const std::string& path : OracleModels()) {
     CAPTURE(path);
     std::shared_ptr<ModelFile> file = OpenOrDie(path);
     const absl::string_view arch = file->metadata().GetString("general.architecture").value();
     absl::StatusOr<ModelDesc> d = BindModel(*file);
-    if (arch == "llama" || arch == "qwen2") {
-      REQUIRE_MESSAGE(d.ok(), d.status().ToString());
-      MESSAGE(HparamsDebugString(d->hp));
-      CHECK(d->hp.arch_name == arch);
-      CHECK(ArchName(d->hp.arch) == arch);
-      CheckBound(*file, *d);
-      ++bound;
-    } else {
-      REQUIRE(!d.ok());
-      CHECK(d.status().code() == absl::StatusCode::kUnimplemented);
-      CHECK(d.status().message() ==
-            absl::StrCat("unsupported architecture '", arch, "' (supported: llama, qwen2)"));
-      ++refused;
+    REQUIRE_MESSAGE(d.ok(), d.status().ToString());
+    MESSAGE(HparamsDebugString(d->hp));
+    CHECK(d->hp.arch_name == arch);
+    CHECK(ArchName(d->hp.arch) == arch);
+    CHECK(d->hp.sliding_window == 0);
+    CheckBound(*file, *d);
+    ++bound;
+    if (arch == "qwen3") {
+      ++qwen3;
+      CHECK(d->hp.head_dim == 128);  // attention.key_length, not n_embd / n_head = 64
+      CHECK(d->hp.q_dim() == 1024);
     }
   }
-  CHECK(bound == 12);
-  CHECK(refused == 1);
+  CHECK(bound == 13);
+  CHECK(qwen3 == 1);
 }
 
 TEST_CASE("TensorName spells llama.cpp's names") {
@@ -112,6 +113,8 @@ TEST_CASE("TensorName spells llama.cpp's names") {
       {TensorKind::kFfnGate, "blk.7.ffn_gate.weight"},
       {TensorKind::kFfnUp, "blk.7.ffn_up.weight"},
       {TensorKind::kFfnDown, "blk.7.ffn_down.weight"},
+      {TensorKind::kAttnQNorm, "blk.7.attn_q_norm.weight"},
+      {TensorKind::kAttnKNorm, "blk.7.attn_k_norm.weight"},
   };
   for (const auto& [kind, name] : want) CHECK(TensorName(kind, 7) == name);
 }
@@ -124,7 +127,7 @@ TEST_CASE("TensorSpecs: the oracle files' names, shapes and order") {
     CAPTURE(path);
     std::shared_ptr<ModelFile> file = OpenOrDie(path);
     absl::StatusOr<Hparams> hp = ReadHparams(*file);
-    if (!hp.ok()) continue;  // qwen3
+    REQUIRE_MESSAGE(hp.ok(), hp.status().ToString());
     const bool tied = file->Find("output.weight") == nullptr;
     std::vector<std::string> listed;
     for (const TensorSpec& s : TensorSpecs(*hp, tied)) {
@@ -171,13 +174,35 @@ TEST_CASE("TensorSpecs: shapes and the architecture table") {
   CHECK((freqs.name == "rope_freqs.weight" && freqs.n_cols == 64 && freqs.optional));
   CHECK((llama.back().name == "output.weight" && !llama.back().optional));
   for (const TensorSpec& s : llama) CHECK(s.matrix == (s.n_rows != 1));
+
+  // qwen3: no biases; q and k norms of head_dim after each layer's matrices.
+  hp->arch = Arch::kQwen3;
+  const std::vector<TensorSpec> qwen3 = TensorSpecs(*hp, /*tied=*/true);
+  REQUIRE(qwen3.size() == 1 + 3 * 11 + 1);
+  CHECK((qwen3[10].name == "blk.0.attn_q_norm.weight" && qwen3[10].n_cols == 128 &&
+         !qwen3[10].optional && !qwen3[10].matrix));
+  CHECK(qwen3[11].kind == TensorKind::kAttnKNorm);
 }
 
-// A copy of ora-llama-f32 (llama, 256 wide, 2 layers, 4 (2) heads) after
-// `edit`, and what BindModel says of it.
-absl::Status BindVariant(const std::string& tag, const testing::VariantEdit& edit) {
+TEST_CASE("attention.sliding_window is read where the metadata has it") {
+  const std::string path = dpl::testing::TempDir() + "/model-window.gguf";
+  REQUIRE(testing::WriteVariant(OraclePath("ora-llama-f32.gguf"), path,
+                                [](formats::Metadata& m, std::vector<TensorEdit>&) {
+                                  m.Set("llama.attention.sliding_window", formats::MetaValue::U32(4096));
+                                })
+              .ok());
+  absl::StatusOr<Hparams> hp = ReadHparams(*OpenOrDie(path));
+  REQUIRE_MESSAGE(hp.ok(), hp.status().ToString());
+  CHECK(hp->sliding_window == 4096);
+  std::remove(path.c_str());
+}
+
+// A copy of `source` (by default ora-llama-f32: llama, 256 wide, 2 layers,
+// 4 (2) heads) after `edit`, and what BindModel says of it.
+absl::Status BindVariant(const std::string& tag, const testing::VariantEdit& edit,
+                         const std::string& source = "ora-llama-f32.gguf") {
   const std::string path = dpl::testing::TempDir() + "/model-variant-" + tag + ".gguf";
-  const absl::Status written = testing::WriteVariant(OraclePath("ora-llama-f32.gguf"), path, edit);
+  const absl::Status written = testing::WriteVariant(OraclePath(source), path, edit);
   REQUIRE_MESSAGE(written.ok(), written.ToString());
   std::shared_ptr<ModelFile> file = OpenOrDie(path);
   absl::Status s = BindModel(*file).status();
@@ -198,7 +223,22 @@ TEST_CASE("hostile files: errors name the key or tensor") {
   CheckError(BindVariant("arch", [](Meta& m, Tensors&) {
                m.Set("general.architecture", formats::MetaValue::String("gpt2"));
              }),
-             "unsupported architecture 'gpt2' (supported: llama, qwen2)");
+             "unsupported architecture 'gpt2' (supported: llama, qwen2, qwen3)");
+  CheckError(BindVariant("qwen3-no-qnorm", [](Meta&, Tensors& t) { testing::EraseEdit(t, "blk.1.attn_q_norm.weight"); },
+                         "small-qwen3-q4km.gguf"),
+             "tensor 'blk.1.attn_q_norm.weight' is missing");
+  CheckError(BindVariant("qwen3-knorm-shape", [](Meta&, Tensors& t) {
+               testing::FindEdit(t, "blk.0.attn_k_norm.weight")->spec.ne = {64};
+             }, "small-qwen3-q4km.gguf"),
+             "blk.0.attn_k_norm.weight has shape [64], expected [128]");
+  CheckError(BindVariant("qwen3-bias", [](Meta&, Tensors& t) {
+               t.push_back({{"blk.0.attn_q.bias", {1024}, formats::GgmlType::kF32}, ""});
+             }, "small-qwen3-q4km.gguf"),
+             "tensor 'blk.0.attn_q.bias' is not part of the qwen3 graph");
+  CheckError(BindVariant("window", [](Meta& m, Tensors&) {
+               m.Set("llama.attention.sliding_window", formats::MetaValue::U32(0xFFFFFFFFu));
+             }),
+             "llama.attention.sliding_window = 4294967295 is out of range (0..16777216)");
   CheckError(BindVariant("gqa", [](Meta& m, Tensors&) {
                m.Set("llama.attention.head_count_kv", formats::MetaValue::U32(3));
              }),

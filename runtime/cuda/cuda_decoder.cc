@@ -49,6 +49,12 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   }
   DPL_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::BindModel(*index_));
   hp_ = desc.hp;
+  if (hp_.qk_norm || hp_.sliding_window > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        path, ": ", hp_.arch_name, hp_.qk_norm ? " (per-head q/k norm)" : "",
+        hp_.sliding_window > 0 ? " with a sliding window" : "",
+        " is not implemented on the GPU yet; use --device cpu"));
+  }
   bytes_per_token_ = desc.bytes_per_token;
   if (options.n_ctx < 0 || options.n_ctx > kMaxContext) {
     return absl::InvalidArgumentError(

@@ -45,6 +45,7 @@ struct ReferenceModel::Layer {
   const Matrix* w_up = nullptr;    // (n_ff, n_embd)
   const Matrix* w_down = nullptr;  // (n_embd, n_ff)
   std::vector<double> bq, bk, bv, bo;  // biases; empty when the file has none
+  std::vector<double> q_norm, k_norm;  // (head_dim) per-head RMSNorm weights (qwen3) or empty
 };
 
 namespace {
@@ -113,6 +114,15 @@ void RmsNorm(const double* x, const std::vector<double>& w, double eps, double* 
 
 void AddBias(const std::vector<double>& b, double* y) {
   for (size_t i = 0; i < b.size(); ++i) y[i] += b[i];
+}
+
+// RMSNorm of each of the n_heads heads of v (w.size() values each) in place;
+// nothing when w is empty (no q/k norm in the file).
+void HeadNorm(const std::vector<double>& w, int64_t n_heads, double eps, double* v) {
+  for (int64_t hd = 0; !w.empty() && hd < n_heads; ++hd) {
+    double* x = v + hd * static_cast<int64_t>(w.size());
+    RmsNorm(x, w, eps, x);
+  }
 }
 
 // Bytes one row of `n_cols` weights occupies in `layout` (before padding).
@@ -253,6 +263,8 @@ absl::Status ReferenceModel::LoadWeights(const model::ModelDesc& desc,
     DPL_RETURN_IF_ERROR(VectorF64(t.bk, &L.bk));
     DPL_RETURN_IF_ERROR(VectorF64(t.bv, &L.bv));
     DPL_RETURN_IF_ERROR(VectorF64(t.bo, &L.bo));
+    DPL_RETURN_IF_ERROR(VectorF64(t.q_norm, &L.q_norm));
+    DPL_RETURN_IF_ERROR(VectorF64(t.k_norm, &L.k_norm));
   }
 
   // RoPE angles per position: base^(-2i/n_rot) * freq_scale / freq_factor[i]
@@ -371,25 +383,27 @@ void ReferenceModel::Attention(int il, int64_t pos) {
   const float* kc = k_cache_.data() + static_cast<size_t>(il) * n_ctx_ * kv_dim;  // (n_ctx, kv_dim)
   const float* vc = v_cache_.data() + static_cast<size_t>(il) * n_ctx_ * kv_dim;  // (n_ctx, kv_dim)
   const double scale = 1.0 / std::sqrt(static_cast<double>(h.head_dim));
+  const int64_t first = h.sliding_window > 0 ? std::max<int64_t>(0, pos - h.sliding_window + 1) : 0;
   auto heads = [&](int worker, uint64_t begin, uint64_t end) {
     double* scores = scores_[worker].data();
     for (uint64_t hq = begin; hq < end; ++hq) {
       const int64_t hk = static_cast<int64_t>(hq) / group;
       const double* q = q_.data() + hq * h.head_dim;
-      // softmax(q . k_t * scale) over t = 0..pos (causal: nothing after pos is cached)
+      // softmax(q . k_t * scale) over t = first..pos (causal: nothing after
+      // pos is cached; a sliding window drops keys older than W positions)
       double mx = -INFINITY;
-      for (int64_t t = 0; t <= pos; ++t) {
+      for (int64_t t = first; t <= pos; ++t) {
         scores[t] = Dot(kc + t * kv_dim + hk * h.head_dim, q, h.head_dim) * scale;
         mx = std::max(mx, scores[t]);
       }
       double sum = 0;
-      for (int64_t t = 0; t <= pos; ++t) {
+      for (int64_t t = first; t <= pos; ++t) {
         scores[t] = std::exp(scores[t] - mx);
         sum += scores[t];
       }
       double* out = att_.data() + hq * h.head_dim;
       std::fill(out, out + h.head_dim, 0.0);
-      for (int64_t t = 0; t <= pos; ++t) {
+      for (int64_t t = first; t <= pos; ++t) {
         const double p = scores[t] / sum;
         const float* vt = vc + t * kv_dim + hk * h.head_dim;
         for (int64_t d = 0; d < h.head_dim; ++d) out[d] += p * static_cast<double>(vt[d]);
@@ -434,6 +448,8 @@ absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, in
     AddBias(L.bq, q_.data());
     AddBias(L.bk, k_.data());
     AddBias(L.bv, v_.data());
+    HeadNorm(L.q_norm, h.n_head, h.rms_eps, q_.data());
+    HeadNorm(L.k_norm, h.n_head_kv, h.rms_eps, k_.data());
     Rope(h, rope_inv_freq_, pos, h.n_head, q_.data());
     Rope(h, rope_inv_freq_, pos, h.n_head_kv, k_.data());
     const size_t slot = (static_cast<size_t>(il) * n_ctx_ + pos) * kv_dim;

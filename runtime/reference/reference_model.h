@@ -1,4 +1,4 @@
-// The CPU reference forward pass for llama and qwen2 decoders: the ground
+// The CPU reference forward pass for llama, qwen2 and qwen3 decoders: the ground
 // truth every GPU kernel of this project is judged against, itself judged
 // against llama.cpp's logits (shared/oracle).
 //
@@ -11,8 +11,11 @@
 // One decode step (Forward) reads top to bottom:
 //   x = token_embd[token]
 //   per layer:  h = rmsnorm(x) * attn_norm
-//               q, k, v = Wq h + bq, Wk h + bk, Wv h + bv;  rope(q, k, pos)
-//               cache k, v at pos;  a = softmax(q k^T / sqrt(head_dim)) v  (GQA)
+//               q, k, v = Wq h + bq, Wk h + bk, Wv h + bv
+//               qwen3: every head of q and k RMS-normed (q_norm, k_norm)
+//               rope(q, k, pos);  cache k, v at pos
+//               a = softmax(q k^T / sqrt(head_dim)) v over keys 0..pos (GQA;
+//                   with a sliding window W, keys pos - W + 1 .. pos)
 //               x += Wo a
 //               h = rmsnorm(x) * ffn_norm;  x += Wdown (silu(Wgate h) * (Wup h))
 //   logits = Wout (rmsnorm(x) * output_norm)       (Wout = token_embd if tied)

@@ -116,6 +116,24 @@ TEST_CASE("ora-llama-f32 matches llama.cpp") { CheckOracle("ora-llama-f32", 0, 0
 TEST_CASE("ora-qwen2-f32 matches llama.cpp") { CheckOracle("ora-qwen2-f32", 0, 0.002); }
 TEST_CASE("small-llama-q4km matches llama.cpp") { CheckOracle("small-llama-q4km", 0, 0.03); }
 TEST_CASE("small-qwen2-q4km matches llama.cpp") { CheckOracle("small-qwen2-q4km", 0, 0.03); }
+// qwen3: per-head q/k RMSNorm, head_dim 128 from attention.key_length (n_embd / n_head = 64).
+TEST_CASE("small-qwen3-q4km matches llama.cpp") { CheckOracle("small-qwen3-q4km", 0, 0.03); }
+// One f16 model quantized by llama-quantize into every common type: a wrong
+// dequantization of any of them shows as tens of percent.
+TEST_CASE("mini-llama in Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS and Q3_K_M matches llama.cpp") {
+  for (const char* name : {"mini-llama-q5km", "mini-llama-q6k", "mini-llama-q80", "mini-llama-q40",
+                           "mini-llama-iq4xs", "mini-llama-q3km"}) {
+    CAPTURE(name);
+    CheckOracle(name, 0, 0.03);
+  }
+}
+// Llama 3.1's rope frequency factors matter at long range: the oracle holds
+// the logits of the last 32 of 2048 positions.
+TEST_CASE("small-llama31-q4km (rope_freqs) matches llama.cpp on its last 32 positions") {
+  const std::vector<int32_t> tokens = ReadTokens("small-llama31-q4km");
+  REQUIRE(tokens.size() == 2048);
+  CheckOracle("small-llama31-q4km", static_cast<int64_t>(tokens.size()) - 32, 0.03);
+}
 
 TEST_CASE("tiny-qwen2-vocab-q4km: prompt and 3 continuation tokens match llama.cpp") {
   const std::vector<int32_t> tokens = ReadTokens("tiny-qwen2-vocab-q4km");
@@ -237,6 +255,47 @@ TEST_CASE("KV cache: rewind, reset, bounds") {
   CHECK(bad_token.status().code() == absl::StatusCode::kOutOfRange);
   CHECK(bad_token.status().message().find("2048") != absl::string_view::npos);
   CHECK(!m->Forward(-1, 1).ok());
+}
+
+// Logits at every position of `tokens` for a copy of small-llama-q4km (4
+// layers) whose metadata says attention.sliding_window = `window` (0: none).
+std::vector<std::vector<double>> WindowedLogits(const std::vector<int32_t>& tokens, uint32_t window) {
+  const std::string path = dpl::testing::TempDir() + "/window-" + std::to_string(window) + ".gguf";
+  REQUIRE(model::testing::WriteVariant(
+              OraclePath("small-llama-q4km.gguf"), path,
+              [window](formats::Metadata& m, std::vector<model::testing::TensorEdit>&) {
+                if (window > 0) m.Set("llama.attention.sliding_window", formats::MetaValue::U32(window));
+              })
+              .ok());
+  std::unique_ptr<ReferenceModel> m = LoadOrDie(path);
+  std::remove(path.c_str());
+  CHECK(m->hparams().sliding_window == window);
+  std::vector<std::vector<double>> out;
+  for (size_t pos = 0; pos < tokens.size(); ++pos) {
+    absl::StatusOr<std::vector<double>> l = m->ForwardF64(tokens[pos], static_cast<int64_t>(pos));
+    REQUIRE(l.ok());
+    out.push_back(*l);
+  }
+  return out;
+}
+
+// With a window of W, layer l's output at position p depends on tokens
+// p - l (W - 1) .. p only: with W = 2 and 4 layers, position 5 never sees
+// token 0, and with W = 1 attention returns each position's own v, so a
+// token's logits do not depend on what came before at all. Full attention
+// (no window, or one wider than the prompt) sees everything.
+TEST_CASE("sliding window: keys older than W positions are not attended") {
+  const std::vector<int32_t> a = {11, 22, 33, 44, 55, 66}, b = {99, 22, 33, 44, 55, 66};
+  const auto full_a = WindowedLogits(a, 0), full_b = WindowedLogits(b, 0);
+  CHECK(full_a[5] != full_b[5]);
+  CHECK(WindowedLogits(a, 6) == full_a);  // a window as wide as the prompt changes nothing
+  const auto w2_a = WindowedLogits(a, 2), w2_b = WindowedLogits(b, 2);
+  CHECK(w2_a[5] == w2_b[5]);  // receptive field 4 * (2 - 1) = 4 positions back: 1..5
+  CHECK(w2_a[4] != w2_b[4]);  // 0..4: token 0 reaches it
+  CHECK(w2_a[5] != full_a[5]);
+  const std::vector<int32_t> c = {44, 11, 22, 44};
+  const auto w1 = WindowedLogits(c, 1);
+  CHECK(w1[0] == w1[3]);  // same token, nothing else visible
 }
 
 // What ReferenceModel::Load says of a copy of ora-llama-f32.gguf after
