@@ -236,7 +236,7 @@ absl::StatusOr<std::vector<DplTensorEntry>> PlanEntries(const GgufFile& gguf, ui
     DplTensorEntry e;
     e.geometry() = t.geometry();
     e.name = t.name;
-    e.layout = t.type == GgmlType::kQ6_K ? TensorLayout::kDplQ6K : TensorLayout::kRaw;
+    e.layout = t.type == GgmlType::kQ6_K ? TensorLayout::kDpl : TensorLayout::kRaw;
     DPL_ASSIGN_OR_RETURN(e.row_stride, formats::RowStrideFor(e.type, e.layout, e.ne[0]));
     e.n_bytes = e.n_rows * e.row_stride;
     e.offset = AlignUp(cursor, formats::kDplTensorAlignment);
@@ -292,7 +292,7 @@ absl::StatusOr<uint64_t> StreamTensor(const DplTensorEntry& e, const uint8_t* sr
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> xxh(XXH3_createState(),
                                                                 &XXH3_freeState);
   XXH3_64bits_reset(xxh.get());
-  if (e.layout == TensorLayout::kDplQ6K) {
+  if (e.layout == TensorLayout::kDpl) {
     const uint64_t nbe = e.ne[0] / formats::kQ6KBlockElems;
     std::vector<uint8_t> row(e.row_stride, 0);
     for (uint64_t r = 0; r < e.n_rows; ++r) {
@@ -433,7 +433,7 @@ absl::StatusOr<ConvertStats> ConvertGgufToDpl(const std::string& in_path,
   DPL_RETURN_IF_ERROR(out.Commit());
 
   stats.n_tensors = entries.size();
-  for (const DplTensorEntry& e : entries) stats.n_dpl_tensors += e.layout == TensorLayout::kDplQ6K;
+  for (const DplTensorEntry& e : entries) stats.n_dpl_tensors += e.layout == TensorLayout::kDpl;
   stats.input_bytes = gguf.file_size();
   stats.output_bytes = h.file_bytes;
   stats.data_bytes = data_bytes;
@@ -462,7 +462,7 @@ absl::StatusOr<uint64_t> VerifyTensor(const GgufFile& gguf, const GgufTensorInfo
     }
     return 0;
   }
-  if (e.layout != TensorLayout::kDplQ6K) return absl::DataLossError(absl::StrCat(tw, ": unexpected layout"));
+  if (e.layout != TensorLayout::kDpl) return absl::DataLossError(absl::StrCat(tw, ": unexpected layout"));
   const uint64_t nbe = src.ne[0] / formats::kQ6KBlockElems;
   std::vector<uint8_t> restored(src.row_stride);
   for (uint64_t r = 0; r < src.n_rows; ++r) {

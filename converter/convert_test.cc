@@ -86,7 +86,7 @@ TEST_CASE("q6_K tensors get the dpl layout with 16-byte rows; the rest stay raw 
     CHECK(d->data_offset % 256 == 0);
     if (t.type == formats::GgmlType::kQ6_K) {
       ++n_dpl;
-      CHECK(d->layout == formats::TensorLayout::kDplQ6K);
+      CHECK(d->layout == formats::TensorLayout::kDpl);
       CHECK(d->row_stride % 16 == 0);
       CHECK(d->row_stride == formats::DplQ6KRowStride(t.ne[0] / 256));
     } else {
@@ -338,7 +338,7 @@ TEST_CASE("verify catches a tampered or mismatched file") {
     REQUIRE(dpl.ok());
     const formats::DplTensorEntry* q6 = nullptr;
     for (const auto& t : dpl->tensors()) {
-      if (t.layout == formats::TensorLayout::kDplQ6K) q6 = &t;
+      if (t.layout == formats::TensorLayout::kDpl) q6 = &t;
     }
     REQUIRE(q6 != nullptr);
     const uint64_t at = dpl->header().data_offset + q6->offset + 100;
@@ -371,7 +371,7 @@ TEST_CASE("dpl-inspect reports metadata, tensors and totals; checksums on demand
   CHECK(s.find(".dpl v1") != std::string::npos);
   CHECK(s.find("tokenizer.ggml.tokens") != std::string::npos);
   CHECK(s.find("[string x 151936]") != std::string::npos);  // summarized, not dumped
-  CHECK(s.find("dpl_q6k") != std::string::npos);
+  CHECK(s.find(" dpl ") != std::string::npos);
   CHECK(s.find("checksums: all 26 tensors OK") != std::string::npos);
   CHECK(s.size() < 40000);
 
@@ -379,7 +379,7 @@ TEST_CASE("dpl-inspect reports metadata, tensors and totals; checksums on demand
   opt.json = true;
   REQUIRE(Inspect(out, opt, json).ok());
   CHECK(json.str().find("\"container\": \"dpl\"") != std::string::npos);
-  CHECK(json.str().find("\"layout\": \"dpl_q6k\"") != std::string::npos);
+  CHECK(json.str().find("\"layout\": \"dpl\"") != std::string::npos);
 
   std::ostringstream ignored;
   InspectOptions gguf_opt;

@@ -386,7 +386,7 @@ absl::Status DequantizeRow(GgmlType type, TensorLayout layout, const uint8_t* ro
   switch (layout) {
     case TensorLayout::kRaw:
       return DequantizeBlocks(type, row, n_elems, out);
-    case TensorLayout::kDplQ6K: {
+    case TensorLayout::kDpl: {
       if (type != GgmlType::kQ6_K) {
         return absl::InvalidArgumentError(absl::StrCat(
             "dequantize: layout dpl_q6k holds only q6_K, not ", TraitsOf(type).name));

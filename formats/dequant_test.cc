@@ -100,7 +100,7 @@ TEST_CASE("q6_K through the dpl layout gives identical floats") {
 
       std::vector<float> want(nbe * 256), got(nbe * 256);
       REQUIRE(DequantizeRow(GgmlType::kQ6_K, TensorLayout::kRaw, raw, nbe * 256, want.data()).ok());
-      REQUIRE(DequantizeRow(GgmlType::kQ6_K, TensorLayout::kDplQ6K, dpl.data(), nbe * 256,
+      REQUIRE(DequantizeRow(GgmlType::kQ6_K, TensorLayout::kDpl, dpl.data(), nbe * 256,
                             got.data()).ok());
       REQUIRE(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
 
@@ -183,7 +183,7 @@ TEST_CASE("errors name the type") {
   s = DequantizeBlocks(GgmlType::kQ8_0, blocks, 33, out);
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   CHECK(s.message().find("q8_0") != absl::string_view::npos);
-  s = DequantizeRow(GgmlType::kQ4_K, TensorLayout::kDplQ6K, blocks, 256, out);
+  s = DequantizeRow(GgmlType::kQ4_K, TensorLayout::kDpl, blocks, 256, out);
   CHECK(!s.ok());
   CHECK(s.message().find("q4_K") != absl::string_view::npos);
 }

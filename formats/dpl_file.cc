@@ -201,7 +201,7 @@ absl::Status ReadGeometry(const FixedEntry& fx, uint64_t at, const std::string& 
   const std::optional<GgmlTypeTraits> ty = FindGgmlType(fx.type);
   if (!ty) return Bad(absl::StrCat(tw, " type"), at, absl::StrCat("unknown ggml type id ", fx.type));
   t.type = ty->type;
-  if (fx.layout > static_cast<uint32_t>(TensorLayout::kDplQ6K)) {
+  if (fx.layout > static_cast<uint32_t>(TensorLayout::kDpl)) {
     return Bad(absl::StrCat(tw, " layout"), at + 4, absl::StrCat("unknown layout ", fx.layout));
   }
   t.layout = static_cast<TensorLayout>(fx.layout);
@@ -379,16 +379,16 @@ absl::StatusOr<uint64_t> RowStrideFor(GgmlType type, TensorLayout layout, uint64
     return absl::InvalidArgumentError(absl::StrCat("row length ", ne0, " is not a whole number of ",
                                                    tr.name, " blocks"));
   }
-  if (layout != TensorLayout::kRaw && layout != TensorLayout::kDplQ6K) {
+  if (layout != TensorLayout::kRaw && layout != TensorLayout::kDpl) {
     return absl::InvalidArgumentError(absl::StrCat("unknown layout ", static_cast<uint32_t>(layout)));
   }
-  if (layout == TensorLayout::kDplQ6K && type != GgmlType::kQ6_K) {
+  if (layout == TensorLayout::kDpl && type != GgmlType::kQ6_K) {
     return absl::InvalidArgumentError(absl::StrCat("layout dpl_q6k needs type q6_K, not ", tr.name));
   }
   const uint64_t blocks = ne0 / tr.block_elems;
   uint64_t bytes;
   if (!CheckedMul(blocks, tr.block_bytes, &bytes) ||
-      (layout == TensorLayout::kDplQ6K && !CheckedAdd(bytes, 15, &bytes))) {
+      (layout == TensorLayout::kDpl && !CheckedAdd(bytes, 15, &bytes))) {
     return absl::InvalidArgumentError("row size overflows");
   }
   return LayoutRowStride(layout, blocks, tr.block_bytes);

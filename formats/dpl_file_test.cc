@@ -99,7 +99,7 @@ const std::vector<HostileDpl>& Cases() {
       Header("FEWER_TENSORS_THAN_TABLE", [](DplHeader& h) { h.n_tensors = 2; }, "trailing bytes"),
       Table("UNKNOWN_TYPE", [](Entries& es) { es[0].type = static_cast<GgmlType>(5); }, "unknown ggml type id 5"),
       Table("UNKNOWN_LAYOUT", [](Entries& es) { es[0].layout = static_cast<TensorLayout>(9); }, "unknown layout 9"),
-      Table("LAYOUT_NEEDS_Q6K", [](Entries& es) { es[2].layout = TensorLayout::kDplQ6K; }, "needs type q6_K"),
+      Table("LAYOUT_NEEDS_Q6K", [](Entries& es) { es[2].layout = TensorLayout::kDpl; }, "needs type q6_K"),
       Table("ROW_STRIDE_WRONG", [](Entries& es) { es[1].row_stride = 420; es[1].n_bytes = 840; }, "row stride"),
       Table("N_BYTES_WRONG", [](Entries& es) { es[1].n_bytes += 16; }, "byte size"),
       Table("N_DIMS_ZERO", [](Entries& es) { es[0].n_dims = 0; }, "n_dims"),
@@ -162,7 +162,7 @@ TEST_CASE("the valid base .dpl parses, both forms") {
     REQUIRE_MESSAGE(f.ok(), f.status().ToString());
     CHECK(f->compressed() == compressed);
     REQUIRE(f->tensors().size() == 3);
-    CHECK(f->FindTensor("w6.weight")->layout == TensorLayout::kDplQ6K);
+    CHECK(f->FindTensor("w6.weight")->layout == TensorLayout::kDpl);
     CHECK(f->FindTensor("w6.weight")->row_stride == DplQ6KRowStride(2));
     CHECK(*f->metadata().GetUint("llama.block_count") == 1);
     std::string region(s.data.size(), '\0');

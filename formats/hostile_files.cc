@@ -167,7 +167,7 @@ DplSpec ValidDpl() {
   s.meta.Set("general.architecture", MetaValue::String("llama"));
   s.meta.Set("llama.block_count", MetaValue::U32(1));
   s.entries.push_back(Entry("norm.weight", GgmlType::kF32, TensorLayout::kRaw, {64}, 0));          // 256
-  s.entries.push_back(Entry("w6.weight", GgmlType::kQ6_K, TensorLayout::kDplQ6K, {512, 2}, 256));  // 2 x 432
+  s.entries.push_back(Entry("w6.weight", GgmlType::kQ6_K, TensorLayout::kDpl, {512, 2}, 256));  // 2 x 432
   s.entries.push_back(Entry("w4.weight", GgmlType::kQ4_K, TensorLayout::kRaw, {256, 3}, 1280));    // 432
   s.data.resize(2048);
   for (size_t i = 0; i < s.data.size(); ++i) s.data[i] = static_cast<char>(i * 131 + 7);

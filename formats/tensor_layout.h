@@ -25,15 +25,17 @@ namespace dpl::formats {
 enum class TensorLayout : uint32_t {
   // GGUF's own bytes: each row is ne[0]/block_elems consecutive blocks.
   kRaw = 0,
-  // q6_K rows in the dense split-plane layout (Q6KDplPlanes below).
-  kDplQ6K = 1,
+  // The dense split-plane (dpl) row: each field of the type's blocks in a
+  // plane of its own (DplPlanesOf below). Version 1 files use it for q6_K
+  // only; version 2 for every type DplPlanesOf describes.
+  kDpl = 1,
 };
 
-// "raw", "dpl_q6k"; "unknown" for an id outside the enum.
+// "raw", "dpl"; "unknown" for an id outside the enum.
 constexpr absl::string_view TensorLayoutName(TensorLayout layout) {
   switch (layout) {
     case TensorLayout::kRaw: return "raw";
-    case TensorLayout::kDplQ6K: return "dpl_q6k";
+    case TensorLayout::kDpl: return "dpl";
   }
   return "unknown";
 }
@@ -67,6 +69,69 @@ const T* FindNamed(const std::vector<T>& tensors, absl::string_view name) {
   return nullptr;
 }
 
+// ---- The dense split-plane (dpl) layout (docs/FORMAT.md, layout 1).
+//
+// A row of nbe blocks becomes one plane per field of the block, in the order
+// DplPlanesOf lists them; block i's bytes of field f sit at index i of plane
+// f, each plane follows the previous one without a gap, and the row is
+// padded with zeros to a multiple of 16 bytes:
+//   [plane 0: nbe * bytes_0][plane 1: nbe * bytes_1]...[0..15 zero bytes]
+// Why: blocks whose size is not a multiple of 16 bytes (q6_K 210, q8_0 34,
+// q4_0 18, ...) break 16-byte alignment at every block, so a kernel must
+// either stream a padded copy or give up 16-byte loads. In planes, the wide
+// fields come first and are multiples of 16 bytes per block, so every
+// 16-byte load inside them stays aligned (the row stride is 16-aligned), and
+// the narrow fields (scales) follow, packed: a lane's scales for several
+// consecutive blocks are one load. It is a pure byte move (same values).
+
+// One field of a block: where it sits in a raw GGUF block and its size.
+struct BlockField {
+  uint32_t offset;  // bytes from the block start
+  uint32_t bytes;
+};
+
+// The planes of a type's dpl rows, in row order (n == 0: the type has no dpl
+// layout). The fields tile the raw block exactly.
+struct DplPlaneSpec {
+  uint32_t n = 0;
+  BlockField f[4] = {};
+};
+
+// Field tables (ggml-common.h's block structs):
+//   q6_K  210 B: ql[128] qh[64] scales[16] d       -> ql | qh | scales | d
+//   q8_0   34 B: d qs[32]                          -> qs | d
+//   q4_0   18 B: d qs[16]                          -> qs | d
+//   iq4_nl 18 B: d qs[16]                          -> qs | d
+//   q4_1   20 B: d m qs[16]                        -> qs | d,m
+//   q5_0   22 B: d qh[4] qs[16]                    -> qs | qh | d
+//   q5_1   24 B: d m qh[4] qs[16]                  -> qs | qh | d,m
+//   q3_K  110 B: hmask[32] qs[64] scales[12] d     -> hmask | qs | scales | d
+//   q2_K   84 B: scales[16] qs[64] d dmin          -> qs | scales | d,dmin
+//   iq4_xs 136 B: d scales_h scales_l[4] qs[128]   -> qs | d,scales_h,scales_l
+DPL_HD constexpr DplPlaneSpec DplPlanesOf(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ6_K: return {4, {{0, 128}, {128, 64}, {192, 16}, {208, 2}}};
+    case GgmlType::kQ8_0: return {2, {{2, 32}, {0, 2}}};
+    case GgmlType::kQ4_0:
+    case GgmlType::kIQ4_NL: return {2, {{2, 16}, {0, 2}}};
+    case GgmlType::kQ4_1: return {2, {{4, 16}, {0, 4}}};
+    case GgmlType::kQ5_0: return {3, {{6, 16}, {2, 4}, {0, 2}}};
+    case GgmlType::kQ5_1: return {3, {{8, 16}, {4, 4}, {0, 4}}};
+    case GgmlType::kQ3_K: return {4, {{0, 32}, {32, 64}, {96, 12}, {108, 2}}};
+    case GgmlType::kQ2_K: return {3, {{16, 64}, {0, 16}, {80, 4}}};
+    case GgmlType::kIQ4_XS: return {2, {{8, 128}, {0, 8}}};
+    default: return {};
+  }
+}
+
+// Bytes from the row start to plane `i` (i == spec.n: the content's end) in a
+// dpl row of nbe blocks.
+DPL_HD constexpr uint64_t DplPlaneOffset(const DplPlaneSpec& spec, uint32_t i, uint64_t nbe) {
+  uint64_t off = 0;
+  for (uint32_t k = 0; k < i && k < spec.n; ++k) off += nbe * spec.f[k].bytes;
+  return off;
+}
+
 // ggml's block_q6_K: 256 weights in 210 bytes, fields in this order.
 inline constexpr uint32_t kQ6KBlockElems = 256;
 inline constexpr uint32_t kQ6KQlBytes = 128;  // ql: low 4 bits of the 256 weights
@@ -80,15 +145,8 @@ inline constexpr uint32_t kQ6KScOffset = kQ6KQhOffset + kQ6KQhBytes;  // 192
 inline constexpr uint32_t kQ6KDOffset = kQ6KScOffset + kQ6KScBytes;   // 208
 inline constexpr uint32_t kQ6KBlockBytes = kQ6KDOffset + kQ6KDBytes;  // 210
 
-// The dense split-plane (dpl) q6_K row (docs/FORMAT.md, layout 1). A row of
-// nbe blocks becomes four planes, block i's fields at index i of each:
-//   [ql: nbe*128][qh: nbe*64][sc: nbe*16][d: nbe*2][zero padding to 16 bytes]
-// so each plane starts at nbe times its field's offset in a raw block.
-// Why: a 210-byte block breaks 16-byte alignment at every block, so a kernel
-// must either stream a padded copy (14 dead bytes per block) or give up
-// 16-byte loads. With planes, every 16-byte load inside ql and qh stays
-// aligned (both are multiples of 16 per block and the stride is 16-aligned),
-// and a 5120-wide row carries 8 padding bytes in 4208.
+// The dpl q6_K row by field name: [ql: nbe*128][qh: nbe*64][sc: nbe*16][d: nbe*2]
+// (DplPlanesOf(q6_K); each plane starts at nbe times its field's raw offset).
 struct Q6KPlanes {
   uint64_t ql, qh, sc, d;  // byte offsets of the planes from the row start
 };
@@ -99,18 +157,18 @@ DPL_HD constexpr Q6KPlanes Q6KDplPlanes(uint64_t blocks_per_row) {
 }
 
 // Bytes from one row of `blocks` blocks of `block_bytes` to the next:
-// raw rows are the blocks back to back; dpl_q6k rows are padded to 16 bytes
-// (so uint4 loads inside ql and qh stay aligned). The caller has checked that
-// the layout fits the type and that the product cannot overflow.
+// raw rows are the blocks back to back; dpl rows are padded to 16 bytes
+// (so uint4 loads inside the wide planes stay aligned). The caller has
+// checked that the layout fits the type and that the product cannot overflow.
 DPL_HD constexpr uint64_t LayoutRowStride(TensorLayout layout, uint64_t blocks,
                                           uint64_t block_bytes) {
-  return layout == TensorLayout::kDplQ6K ? (blocks * block_bytes + 15) & ~uint64_t{15}
-                                         : blocks * block_bytes;
+  return layout == TensorLayout::kDpl ? (blocks * block_bytes + 15) & ~uint64_t{15}
+                                      : blocks * block_bytes;
 }
 
 // Bytes from one dpl q6_K row of nbe blocks to the next: (nbe * 210 + 15) & ~15.
 DPL_HD constexpr uint64_t DplQ6KRowStride(uint64_t nbe) {
-  return LayoutRowStride(TensorLayout::kDplQ6K, nbe, kQ6KBlockBytes);
+  return LayoutRowStride(TensorLayout::kDpl, nbe, kQ6KBlockBytes);
 }
 
 }  // namespace dpl::formats

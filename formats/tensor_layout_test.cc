@@ -20,7 +20,7 @@ TEST_CASE("dpl q6_K rows are padded to 16 bytes; raw rows are not") {
   CHECK(DplQ6KRowStride(54) == 11344);    // 13824 wide
   CHECK(LayoutRowStride(TensorLayout::kRaw, 3, kQ6KBlockBytes) == 630);
   CHECK(LayoutRowStride(TensorLayout::kRaw, 14, 144) == 14 * 144);
-  CHECK(TensorLayoutName(TensorLayout::kDplQ6K) == "dpl_q6k");
+  CHECK(TensorLayoutName(TensorLayout::kDpl) == "dpl");
   CHECK(TensorLayoutName(static_cast<TensorLayout>(7)) == "unknown");
 }
 
@@ -30,7 +30,7 @@ TEST_CASE("a derived tensor table entry assigns its geometry in one step") {
   };
   TensorGeometry g;
   g.type = GgmlType::kQ6_K;
-  g.layout = TensorLayout::kDplQ6K;
+  g.layout = TensorLayout::kDpl;
   g.n_dims = 2;
   g.ne = {512, 3, 1, 1};
   g.n_rows = 3;

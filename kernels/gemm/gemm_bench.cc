@@ -295,7 +295,7 @@ absl::Status Bench() {
       {"7B attn_k/v q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584},
       {"7B ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584},
       {"7B ffn_down q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 18944},
-      {"7B ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584, 18944},
+      {"7B ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944},
       // Qwen2.5-14B (hidden 5120, ffn 13824, kv 1024)
       {"14B attn_q/o q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 5120, 5120},
       {"14B attn_k/v q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 1024, 5120},

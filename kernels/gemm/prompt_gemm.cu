@@ -270,11 +270,11 @@ absl::Status LaunchDequant(const WeightMatrix& w, int64_t row_begin, int64_t n_r
 // type and layout, whole blocks per row and a stride that holds them.
 absl::Status CheckMatrix(const WeightMatrix& w, const char* who) {
   const formats::GgmlTypeTraits tr = formats::TraitsOf(w.type);
-  if (w.layout == TensorLayout::kDplQ6K && w.type != GgmlType::kQ6_K) {
+  if (w.layout == TensorLayout::kDpl && w.type != GgmlType::kQ6_K) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": layout dpl_q6k holds only q6_K, not ", tr.name));
   }
-  if (w.layout != TensorLayout::kRaw && w.layout != TensorLayout::kDplQ6K) {
+  if (w.layout != TensorLayout::kRaw && w.layout != TensorLayout::kDpl) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": unknown tensor layout ", static_cast<uint32_t>(w.layout)));
   }
@@ -310,7 +310,7 @@ absl::Status CheckMatrix(const WeightMatrix& w, const char* who) {
 // Rows of an already checked w.
 absl::Status DispatchDequant(const WeightMatrix& w, int64_t row_begin, int64_t n_rows,
                              uint16_t* out, cudaStream_t s) {
-  if (w.layout == TensorLayout::kDplQ6K) {
+  if (w.layout == TensorLayout::kDpl) {
     return LaunchDequant<GgmlType::kQ6_K, true>(w, row_begin, n_rows, out, s);
   }
   switch (w.type) {

@@ -39,7 +39,7 @@ using testing::NormErr;
 using testutil::HostMatrix;
 
 std::string TypeName(GgmlType t, TensorLayout l) {
-  return absl::StrCat(formats::TraitsOf(t).name, l == TensorLayout::kDplQ6K ? " dpl" : "");
+  return absl::StrCat(formats::TraitsOf(t).name, l == TensorLayout::kDpl ? " dpl" : "");
 }
 
 // A random matrix: matvec_test_util's (random block bytes, sane f16
@@ -123,7 +123,7 @@ const TypeCase kAllTypes[] = {
     {GgmlType::kF32, TensorLayout::kRaw},  {GgmlType::kF16, TensorLayout::kRaw},
     {GgmlType::kBF16, TensorLayout::kRaw}, {GgmlType::kQ8_0, TensorLayout::kRaw},
     {GgmlType::kQ5_0, TensorLayout::kRaw}, {GgmlType::kQ4_K, TensorLayout::kRaw},
-    {GgmlType::kQ6_K, TensorLayout::kRaw}, {GgmlType::kQ6_K, TensorLayout::kDplQ6K},
+    {GgmlType::kQ6_K, TensorLayout::kRaw}, {GgmlType::kQ6_K, TensorLayout::kDpl},
 };
 
 TEST_CASE("DequantizeRowsF16: bit-identical to f16(DequantizeRow), every type and layout") {
@@ -156,13 +156,13 @@ TEST_CASE("DequantizeRowsF16: the per-element fallback gives the same bits") {
       {GgmlType::kQ5_0, TensorLayout::kRaw, 96, 1, 0, "odd stride"},
       {GgmlType::kQ4_K, TensorLayout::kRaw, 512, 4, 0, "stride % 8 != 0"},
       {GgmlType::kQ6_K, TensorLayout::kRaw, 512, 1, 0, "odd stride"},
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 512, 4, 0, "stride % 8 != 0"},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 512, 4, 0, "stride % 8 != 0"},
       {GgmlType::kQ4_K, TensorLayout::kRaw, 512, 0, 1, "output not 16-byte aligned"},
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 768, 0, 3, "output not 16-byte aligned"},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 768, 0, 3, "output not 16-byte aligned"},
       // Vector path with padded strides (the loads must skip the garbage).
       {GgmlType::kQ8_0, TensorLayout::kRaw, 96, 2, 0, "padded stride"},
       {GgmlType::kQ4_K, TensorLayout::kRaw, 512, 16, 0, "padded stride"},
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 1280, 16, 0, "padded stride"},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 1280, 16, 0, "padded stride"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.why);
@@ -299,7 +299,7 @@ TEST_CASE("PromptGemm::Run vs float64 reference: types, token counts, bias/resid
   const GemmCase cases[] = {
       {GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584, 0, {1, 7, 64, 512}},
       {GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 3584, 700, {7, 64}},  // 640-row blocks
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 4096, 512, 700, {1, 7, 64, 512}},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 4096, 512, 700, {1, 7, 64, 512}},
       {GgmlType::kQ6_K, TensorLayout::kRaw, 1024, 4096, 37, {7, 64}},  // 37-row blocks
       {GgmlType::kQ8_0, TensorLayout::kRaw, 512, 3584, 0, {1, 64}},
       {GgmlType::kQ5_0, TensorLayout::kRaw, 1000, 512, 129, {7, 64}},  // 128-row blocks
@@ -377,7 +377,7 @@ TEST_CASE("PromptGemm / DequantizeRowsF16 / ConvertToF16: errors name the proble
   expect(gemm.Run(bad, x, 1, y, nullptr, nullptr, scratch, 256), "q4_0");
   expect(DequantizeRowsF16(bad, 0, 1, scratch, nullptr), "q4_0");
   bad = w;
-  bad.layout = TensorLayout::kDplQ6K;
+  bad.layout = TensorLayout::kDpl;
   expect(gemm.Run(bad, x, 1, y, nullptr, nullptr, scratch, 256), "dpl_q6k");
   bad = w;
   bad.row_stride = 143;

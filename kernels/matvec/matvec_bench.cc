@@ -210,17 +210,17 @@ int Main() {
       // Qwen2.5-7B (hidden 3584, ffn 18944, kv 512, vocab 152064)
       {"7B ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584, 1},
       {"7B ffn_down q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 18944, 1},
-      {"7B ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584, 18944, 1},
+      {"7B ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944, 1},
       {"7B ffn_down q6_K raw", GgmlType::kQ6_K, TensorLayout::kRaw, 3584, 18944, 1},
-      {"7B lm_head q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 152064, 3584, 1},
+      {"7B lm_head q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 152064, 3584, 1},
       {"7B attn_q/o q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 3584, 1},
       {"7B attn_k q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584, 1},
-      {"7B attn_v q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 512, 3584, 1},
+      {"7B attn_v q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 512, 3584, 1},
       // Qwen2.5-14B (hidden 5120, ffn 13824, kv 1024)
       {"14B ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 13824, 5120, 1},
       {"14B ffn_down q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 5120, 13824, 1},
-      {"14B ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 5120, 13824, 1},
-      {"14B lm_head q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 152064, 5120, 1},
+      {"14B ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 5120, 13824, 1},
+      {"14B lm_head q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 152064, 5120, 1},
       {"14B attn_q/o q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 5120, 5120, 1},
       // Other types, same big shape.
       {"q8_0 18944x3584", GgmlType::kQ8_0, TensorLayout::kRaw, 18944, 3584, 1},
@@ -229,7 +229,7 @@ int Main() {
       {"f32 3584x3584", GgmlType::kF32, TensorLayout::kRaw, 3584, 3584, 1},
       // Prompt processing: 512 tokens through the tiled kernel.
       {"7B ffn_gate q4_K x512tok", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584, 512},
-      {"7B ffn_down q6_K x512tok", GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584, 18944, 512},
+      {"7B ffn_down q6_K x512tok", GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944, 512},
   };
   for (const Shape& s : shapes) {
     if (BenchShape(s, *tuning, &scratch, prop.l2CacheSize) != 0) return 1;

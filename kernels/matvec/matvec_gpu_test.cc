@@ -197,10 +197,10 @@ TEST_CASE("matvec: every type vs float64 reference, sentinels intact") {
       {GgmlType::kQ6_K, TensorLayout::kRaw, 67, 256, 0},     // nbe 1 (odd)
       {GgmlType::kQ6_K, TensorLayout::kRaw, 301, 3584, 0},
       {GgmlType::kQ6_K, TensorLayout::kRaw, 203, 1280, 0},   // nbe 5
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 67, 256, 0},
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 301, 3584, 0},
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 203, 1280, 0},
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 61, 18944, 0},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 67, 256, 0},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 301, 3584, 0},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 203, 1280, 0},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 61, 18944, 0},
       // Large row counts (every k-split/depth variant runs on each case).
       {GgmlType::kF32, TensorLayout::kRaw, 8451, 64, 0},
       {GgmlType::kF16, TensorLayout::kRaw, 8453, 128, 0},
@@ -208,7 +208,7 @@ TEST_CASE("matvec: every type vs float64 reference, sentinels intact") {
       {GgmlType::kQ5_0, TensorLayout::kRaw, 8457, 96, 0},
       {GgmlType::kQ4_K, TensorLayout::kRaw, 8459, 512, 0},
       {GgmlType::kQ6_K, TensorLayout::kRaw, 8461, 256, 0},
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 8461, 768, 0},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 8461, 768, 0},
   };
   for (const Case& c : cases) {
     CAPTURE(c.n_rows);
@@ -222,7 +222,7 @@ TEST_CASE("matvec: q6_K dpl and raw layouts give bit-identical outputs") {
   const int64_t shapes[][2] = {{67, 256},   {301, 3584},  {203, 1280},
                                {64, 18944}, {1000, 5120}, {8461, 768}};
   for (const auto& s : shapes) {
-    const HostMatrix dpl = testutil::RandomMatrix(GgmlType::kQ6_K, TensorLayout::kDplQ6K, s[0],
+    const HostMatrix dpl = testutil::RandomMatrix(GgmlType::kQ6_K, TensorLayout::kDpl, s[0],
                                                   s[1], 0, 777 + s[0]);
     HostMatrix raw{GgmlType::kQ6_K, TensorLayout::kRaw, s[0], s[1], s[1] / 256 * 210, dpl.raw, {}};
     DevMatrix ddpl(dpl), draw(raw);
@@ -299,8 +299,8 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
   const Case cases[] = {
       {GgmlType::kQ4_K, TensorLayout::kRaw, 301, 3584, 0},
       {GgmlType::kQ4_K, TensorLayout::kRaw, 8459, 512, 0},
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 203, 1280, 0},
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 8461, 768, 0},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 203, 1280, 0},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 8461, 768, 0},
       {GgmlType::kQ6_K, TensorLayout::kRaw, 67, 256, 0},
       {GgmlType::kQ8_0, TensorLayout::kRaw, 301, 896, 0},
       {GgmlType::kQ5_0, TensorLayout::kRaw, 67, 96, 0},
@@ -342,7 +342,7 @@ TEST_CASE("matvec: every k-split agrees on the same matrix") {
   ScratchHolder sh;
   const Case cases[] = {
       {GgmlType::kQ4_K, TensorLayout::kRaw, 301, 3584, 0},
-      {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 67, 18944, 0},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 67, 18944, 0},
       {GgmlType::kQ8_0, TensorLayout::kRaw, 67, 96, 0},
       {GgmlType::kF16, TensorLayout::kRaw, 301, 896, 0},
   };

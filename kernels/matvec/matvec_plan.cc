@@ -38,7 +38,7 @@ bool UsesQuantizedActivations(MatVecKernel k) {
 
 int64_t MinRowStride(GgmlType type, TensorLayout layout, int64_t n_cols) {
   if (n_cols <= 0) return 0;
-  if (layout == TensorLayout::kDplQ6K && type != GgmlType::kQ6_K) return 0;
+  if (layout == TensorLayout::kDpl && type != GgmlType::kQ6_K) return 0;
   const formats::GgmlTypeTraits tr = formats::TraitsOf(type);
   if (n_cols % tr.block_elems != 0) return 0;
   return static_cast<int64_t>(
@@ -63,11 +63,11 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   if (w.n_cols > (int64_t{1} << 30) || w.n_rows > (int64_t{1} << 31) - 1) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": shape too large"));
   }
-  if (w.layout == TensorLayout::kDplQ6K && w.type != GgmlType::kQ6_K) {
+  if (w.layout == TensorLayout::kDpl && w.type != GgmlType::kQ6_K) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": layout dpl_q6k is only defined for q6_K"));
   }
-  if (w.layout != TensorLayout::kRaw && w.layout != TensorLayout::kDplQ6K) {
+  if (w.layout != TensorLayout::kRaw && w.layout != TensorLayout::kDpl) {
     return absl::UnimplementedError(absl::StrCat(what, ": unsupported layout"));
   }
   MatVecKernel k;
@@ -90,7 +90,7 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
     case GgmlType::kQ5_0: k = MatVecKernel::kQ5_0; break;
     case GgmlType::kQ4_K: k = MatVecKernel::kQ4K; align = 16; break;
     case GgmlType::kQ6_K:
-      if (w.layout == TensorLayout::kDplQ6K) {
+      if (w.layout == TensorLayout::kDpl) {
         k = MatVecKernel::kQ6KDpl;
         align = 16;
       } else {

@@ -48,14 +48,14 @@ WeightMatrix Make(GgmlType t, TensorLayout l, int64_t rows, int64_t cols, int64_
 TEST_CASE("MinRowStride per type and layout") {
   CHECK(MinRowStride(GgmlType::kQ4_K, TensorLayout::kRaw, 3584) == 14 * 144);
   CHECK(MinRowStride(GgmlType::kQ6_K, TensorLayout::kRaw, 18944) == 74 * 210);
-  CHECK(MinRowStride(GgmlType::kQ6_K, TensorLayout::kDplQ6K, 18944) ==
+  CHECK(MinRowStride(GgmlType::kQ6_K, TensorLayout::kDpl, 18944) ==
         static_cast<int64_t>(formats::DplQ6KRowStride(74)));
-  CHECK(MinRowStride(GgmlType::kQ6_K, TensorLayout::kDplQ6K, 13824) == 11344);  // 54*210 -> 16
+  CHECK(MinRowStride(GgmlType::kQ6_K, TensorLayout::kDpl, 13824) == 11344);  // 54*210 -> 16
   CHECK(MinRowStride(GgmlType::kQ8_0, TensorLayout::kRaw, 896) == 28 * 34);
   CHECK(MinRowStride(GgmlType::kQ5_0, TensorLayout::kRaw, 96) == 66);
   CHECK(MinRowStride(GgmlType::kF16, TensorLayout::kRaw, 100) == 200);
   CHECK(MinRowStride(GgmlType::kQ4_K, TensorLayout::kRaw, 100) == 0);   // not whole blocks
-  CHECK(MinRowStride(GgmlType::kQ4_K, TensorLayout::kDplQ6K, 256) == 0);  // dpl is q6_K only
+  CHECK(MinRowStride(GgmlType::kQ4_K, TensorLayout::kDpl, 256) == 0);  // dpl is q6_K only
 }
 
 TEST_CASE("PlanMatVec picks the kernel for each type and layout") {
@@ -63,8 +63,8 @@ TEST_CASE("PlanMatVec picks the kernel for each type and layout") {
   REQUIRE(KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584)).ok());
   k = *KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584));
   CHECK(k == MatVecKernel::kQ4K);
-  REQUIRE(KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584, 18944)).ok());
-  k = *KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584, 18944));
+  REQUIRE(KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944)).ok());
+  k = *KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944));
   CHECK(k == MatVecKernel::kQ6KDpl);
   REQUIRE(KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kRaw, 3584, 18944)).ok());
   k = *KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kRaw, 3584, 18944));
@@ -96,7 +96,7 @@ TEST_CASE("PlanMatVec errors name what is wrong") {
   absl::Status st = KernelOf(Make(GgmlType::kQ4_0, TensorLayout::kRaw, 4, 64)).status();
   CHECK(absl::IsUnimplemented(st));
   CHECK(st.message().find("q4_0") != std::string::npos);
-  st = KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kDplQ6K, 4, 256, 144)).status();
+  st = KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kDpl, 4, 256, 144)).status();
   CHECK(!st.ok());
   CHECK(st.message().find("dpl_q6k") != std::string::npos);
   st = KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 4, 256, 140)).status();  // short stride
@@ -105,7 +105,7 @@ TEST_CASE("PlanMatVec errors name what is wrong") {
   st = KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 4, 256, 152)).status();  // not 16-aligned
   CHECK(!st.ok());
   CHECK(st.message().find("aligned") != std::string::npos);
-  st = KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kDplQ6K, 4, 256, -1, 0x10008)).status();
+  st = KernelOf(Make(GgmlType::kQ6_K, TensorLayout::kDpl, 4, 256, -1, 0x10008)).status();
   CHECK(!st.ok());
   st = KernelOf(Make(GgmlType::kQ8_0, TensorLayout::kRaw, 4, 48)).status();  // not whole blocks
   CHECK(!st.ok());

@@ -96,11 +96,11 @@ inline HostMatrix RandomMatrix(formats::GgmlType type, formats::TensorLayout lay
   m.row_stride = MinRowStride(type, layout, n_cols) + extra_stride;
   m.bytes.assign(static_cast<size_t>(n_rows * m.row_stride), 0xA5);
   std::vector<uint8_t> row(static_cast<size_t>(raw_stride));
-  if (layout == formats::TensorLayout::kDplQ6K) m.raw.resize(static_cast<size_t>(n_rows * raw_stride));
+  if (layout == formats::TensorLayout::kDpl) m.raw.resize(static_cast<size_t>(n_rows * raw_stride));
   for (int64_t r = 0; r < n_rows; ++r) {
     RandomRawRow(type, n_cols, rng, row.data());
     uint8_t* dst = m.bytes.data() + r * m.row_stride;
-    if (layout == formats::TensorLayout::kDplQ6K) {
+    if (layout == formats::TensorLayout::kDpl) {
       std::memcpy(m.raw.data() + r * raw_stride, row.data(), row.size());
       formats::Q6KRowToDpl(row.data(), static_cast<uint64_t>(n_cols / 256), dst);
     } else {

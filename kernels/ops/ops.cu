@@ -224,7 +224,7 @@ absl::Status EmbedRows(const WeightMatrix& t, const int* d_token, int n_tokens, 
                                                    " < ", min_stride, " bytes of a ",
                                                    traits.name, " row"));
   }
-  if (t.layout == TensorLayout::kDplQ6K) {
+  if (t.layout == TensorLayout::kDpl) {
     if (t.type != GgmlType::kQ6_K) {
       return absl::InvalidArgumentError(
           absl::StrCat("EmbedRows: layout dpl_q6k holds only q6_K, not ", traits.name));

@@ -229,7 +229,7 @@ TEST_CASE("EmbedRows is bit-identical to formats::DequantizeRow") {
       {GgmlType::kF32, TensorLayout::kRaw, 896},   {GgmlType::kF16, TensorLayout::kRaw, 896},
       {GgmlType::kBF16, TensorLayout::kRaw, 896},  {GgmlType::kQ8_0, TensorLayout::kRaw, 896},
       {GgmlType::kQ5_0, TensorLayout::kRaw, 896},  {GgmlType::kQ4_K, TensorLayout::kRaw, 3584},
-      {GgmlType::kQ6_K, TensorLayout::kRaw, 3584}, {GgmlType::kQ6_K, TensorLayout::kDplQ6K, 3584},
+      {GgmlType::kQ6_K, TensorLayout::kRaw, 3584}, {GgmlType::kQ6_K, TensorLayout::kDpl, 3584},
   };
   const int n_rows = 6, token = 4;
   for (const Case& c : cases) {
@@ -261,7 +261,7 @@ TEST_CASE("EmbedRows is bit-identical to formats::DequantizeRow") {
     }
     std::vector<uint8_t> table = raw;
     uint64_t stride = raw_row;
-    if (c.layout == TensorLayout::kDplQ6K) {
+    if (c.layout == TensorLayout::kDpl) {
       const uint64_t nbe = c.n_cols / 256;
       stride = formats::DplQ6KRowStride(nbe);
       table.assign(stride * n_rows, 0);
@@ -291,7 +291,7 @@ TEST_CASE("EmbedRows is bit-identical to formats::DequantizeRow") {
     CheckSentinel(dout, n_out);
     cudaFree(dtable), cudaFree(dtok), cudaFree(dout);
   }
-  const WeightMatrix bad{reinterpret_cast<uint8_t*>(256), GgmlType::kQ4_K, TensorLayout::kDplQ6K, 4,
+  const WeightMatrix bad{reinterpret_cast<uint8_t*>(256), GgmlType::kQ4_K, TensorLayout::kDpl, 4,
                          3584, 144 * 14};
   CHECK(!EmbedRows(bad, reinterpret_cast<int*>(256), 1, reinterpret_cast<float*>(256), 0).ok());
 }
