@@ -33,6 +33,10 @@ struct DecodeTuning {
   // dequant + GEMM wins from 2..8 tokens on depending on the shape (7B
   // ffn_gate, 8 tokens: 97 us vs 118 us), the dp4a kernel at 1.
   int gemm_min_tokens = 8;
+  // The decode step's kernels go out as programmatic dependent launches
+  // (kernels/launch.cuh): each starts while the previous one drains, and a
+  // matvec loads its first weights before waiting for its input.
+  bool pdl = false;
 };
 
 }  // namespace dpl::kernels

@@ -48,132 +48,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kGroup = 8;  // weights per thread: 8 f16 = one 16-byte store
 
-// ---- Read-only loads of a thread's weight bytes.
-__device__ __forceinline__ uint32_t LdU16(const uint8_t* p) {
-  return __ldg(reinterpret_cast<const unsigned short*>(p));
-}
-__device__ __forceinline__ uint32_t LdU32(const uint8_t* p) {
-  return __ldg(reinterpret_cast<const unsigned int*>(p));
-}
-// 8 bytes at p, which is kAlign-byte aligned (2 or 8): raw q8_0/q5_0/q6_K
-// blocks (34/22/210 bytes) leave their fields only 2-byte aligned.
-template <int kAlign>
-__device__ __forceinline__ uint2 Ld8Bytes(const uint8_t* p) {
-  if constexpr (kAlign >= 8) {
-    return __ldg(reinterpret_cast<const uint2*>(p));
-  } else {
-    static_assert(kAlign == 2, "Ld8Bytes: 2- or 8-byte alignment");
-    return make_uint2(LdU16(p) | (LdU16(p + 2) << 16), LdU16(p + 4) | (LdU16(p + 6) << 16));
-  }
-}
-__device__ __forceinline__ uint32_t ByteOf(const uint2& v, int i) {
-  return ((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xFFu;
-}
-
-// ---- Per type: the 8 weights j0 .. j0 + 7 (j0 % 8 == 0) of one row, each
-// from the dequant.cuh formula of its format. kAlign: the alignment (bytes)
-// that the row start must have for these loads. A group never straddles a
-// sub-block (8 divides 16 and 32), so the scale is computed once per thread.
-template <GgmlType kType, bool kDpl>
-struct Group8;
-
-template <>
-struct Group8<GgmlType::kF32, false> {
-  static constexpr int kAlign = 16;
-  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
-    const float4* p = reinterpret_cast<const float4*>(row) + j0 / 4;
-    const float4 a = __ldg(p), b = __ldg(p + 1);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  }
-};
-
-template <>
-struct Group8<GgmlType::kF16, false> {
-  static constexpr int kAlign = 16;
-  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
-    const uint4 h = __ldg(reinterpret_cast<const uint4*>(row + 2 * j0));
-    const uint32_t w[4] = {h.x, h.y, h.z, h.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = F16BitsToFloat(w[i / 2] >> (16 * (i & 1)));
-  }
-};
-
-template <>
-struct Group8<GgmlType::kBF16, false> {
-  static constexpr int kAlign = 16;
-  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
-    const uint4 h = __ldg(reinterpret_cast<const uint4*>(row + 2 * j0));
-    const uint32_t w[4] = {h.x, h.y, h.z, h.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = Bf16BitsToFloat(w[i / 2] >> (16 * (i & 1)));
-  }
-};
-
-template <>
-struct Group8<GgmlType::kQ8_0, false> {
-  static constexpr int kAlign = 2;
-  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
-    const uint8_t* b = row + (j0 / 32) * kQ8_0BlockBytes;
-    const float d = F16BitsToFloat(LdU16(b));
-    const uint2 q = Ld8Bytes<2>(b + 2 + j0 % 32);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = Q8_0Weight(d, static_cast<int8_t>(ByteOf(q, i)));
-  }
-};
-
-template <>
-struct Group8<GgmlType::kQ5_0, false> {
-  static constexpr int kAlign = 2;
-  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
-    const uint8_t* b = row + (j0 / 32) * kQ5_0BlockBytes;
-    const int e0 = static_cast<int>(j0 % 32);
-    const float d = F16BitsToFloat(LdU16(b));
-    const uint32_t qh = LdU16(b + 2) | (LdU16(b + 4) << 16);
-    const uint2 qs = Ld8Bytes<2>(b + 6 + (e0 & 15));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = Q5_0Weight(d, Q5_0Quant(ByteOf(qs, i), qh, e0 + i));
-  }
-};
-
-template <>
-struct Group8<GgmlType::kQ4_K, false> {
-  static constexpr int kAlign = 8;  // 144-byte blocks: the qs bytes are 8-aligned
-  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t, float (&v)[8]) {
-    const uint8_t* b = row + (j0 / 256) * kQ4KBlockBytes;
-    const int e0 = static_cast<int>(j0 % 256), s = e0 / 32;
-    const uint32_t dd = LdU32(b);  // d | dmin << 16
-    int sc, m;
-    Q4KScaleMin(b + 4, s, &sc, &m);
-    const float dl = KSubScale(F16BitsToFloat(dd), sc);
-    const float ml = KSubScale(F16BitsToFloat(dd >> 16), m);
-    const uint2 qs = Ld8Bytes<8>(b + 16 + 32 * (e0 / 64) + e0 % 32);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = Q4KWeight(dl, ml, Q4KQuant(ByteOf(qs, i), s));
-  }
-};
-
-// q6_K raw (210-byte blocks: 2-aligned) and dpl planes (16-aligned rows).
-// Elements e0 .. e0 + 7 share the half, quarter and 16-run of e0, so their ql
-// and qh bytes are consecutive and their scale is one byte.
-template <bool kDpl>
-struct Group8Q6K {
-  static constexpr int kAlign = kDpl ? 8 : 2;
-  __device__ static void Load(const uint8_t* row, int64_t j0, int64_t n_cols, float (&v)[8]) {
-    const Q6KFields f = Q6KBlock<kDpl>(row, j0 / 256, n_cols);
-    const int e0 = static_cast<int>(j0 % 256);
-    const uint2 ql = Ld8Bytes<kAlign>(f.ql + Q6KQlIndex(e0));
-    const uint2 qh = Ld8Bytes<kAlign>(f.qh + Q6KQhIndex(e0));
-    const int8_t sc = static_cast<int8_t>(f.sc[Q6KScIndex(e0)]);
-    const float ds = Q6KSubScale(F16BitsToFloat(LdU16(f.d)), sc);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = Q6KWeight(ds, Q6KQuant(ByteOf(ql, i), ByteOf(qh, i), e0));
-  }
-};
-template <>
-struct Group8<GgmlType::kQ6_K, false> : Group8Q6K<false> {};
-template <>
-struct Group8<GgmlType::kQ6_K, true> : Group8Q6K<true> {};
-
 // 8 floats -> 8 f16 (round to nearest even each, as __float2half_rn), packed
 // low element first, as they lie in memory.
 __device__ __forceinline__ uint4 PackHalf8(const float (&v)[8]) {
@@ -210,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t r = g / groups_per_row;
   const int64_t j0 = static_cast<int64_t>(g - r * groups_per_row) * kGroup;
   float v[8];
-  Group8<kType, kDpl>::Load(w + r * row_stride, j0, n_cols, v);
+  DeviceFormat<kType, kDpl>::Load8(w + r * row_stride, j0, n_cols, v);
   out[g] = PackHalf8(v);
 }
 
@@ -242,10 +116,19 @@ template <GgmlType kType, bool kDpl>
 absl::Status LaunchDequant(const WeightMatrix& w, int64_t row_begin, int64_t n_rows,
                            uint16_t* out, cudaStream_t stream) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data) + row_begin * w.row_stride;
-  constexpr int kAlign = Group8<kType, kDpl>::kAlign;
+  constexpr int kAlign = DeviceFormat<kType, kDpl>::kRowAlign;
   const int64_t gpr = w.n_cols / kGroup;
   const bool vector_ok = w.n_cols % kGroup == 0 && Aligned(base, kAlign) &&
                          w.row_stride % kAlign == 0 && Aligned(out, 16) && gpr < (1 << 30);
+  constexpr bool kFloat =
+      kType == GgmlType::kF32 || kType == GgmlType::kF16 || kType == GgmlType::kBF16;
+  if (!vector_ok && !kFloat) {
+    // Never for a tensor of a .dpl file: its rows start 256-byte aligned
+    // plus whole blocks.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DequantizeRowsF16: ", formats::TraitsOf(kType).name, " rows must be ", kAlign,
+        "-byte aligned (data and row_stride) and the output 16-byte aligned"));
+  }
   if (!vector_ok) {
     DequantF16ScalarKernel<kType, kDpl><<<StrideBlocks(n_rows * w.n_cols), kThreads, 0, stream>>>(
         base, w.row_stride, n_rows, w.n_cols, reinterpret_cast<__half*>(out));
@@ -266,31 +149,13 @@ absl::Status LaunchDequant(const WeightMatrix& w, int64_t row_begin, int64_t n_r
   return absl::OkStatus();
 }
 
-// Checks what every entry point needs of w: a device pointer, a supported
-// type and layout, whole blocks per row and a stride that holds them.
+// Checks what every entry point needs of w: a device pointer, a format with
+// a device dequantizer (VisitDeviceFormat), whole blocks per row and a
+// stride that holds them.
 absl::Status CheckMatrix(const WeightMatrix& w, const char* who) {
   const formats::GgmlTypeTraits tr = formats::TraitsOf(w.type);
-  if (w.layout == TensorLayout::kDpl && w.type != GgmlType::kQ6_K) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": layout dpl_q6k holds only q6_K, not ", tr.name));
-  }
-  if (w.layout != TensorLayout::kRaw && w.layout != TensorLayout::kDpl) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": unknown tensor layout ", static_cast<uint32_t>(w.layout)));
-  }
-  switch (w.type) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ6_K:
-      break;
-    default:
-      return absl::UnimplementedError(
-          absl::StrCat(who, ": no f16 dequant for weight type ", tr.name));
-  }
+  DPL_RETURN_IF_ERROR(
+      VisitDeviceFormat(w.type, w.layout, who, [](auto, auto) { return absl::OkStatus(); }));
   if (w.data == nullptr || w.n_rows <= 0 || w.n_cols <= 0 || w.n_cols % tr.block_elems != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": bad ", tr.name, " matrix (n_rows=", w.n_rows, ", n_cols=", w.n_cols,
@@ -310,21 +175,9 @@ absl::Status CheckMatrix(const WeightMatrix& w, const char* who) {
 // Rows of an already checked w.
 absl::Status DispatchDequant(const WeightMatrix& w, int64_t row_begin, int64_t n_rows,
                              uint16_t* out, cudaStream_t s) {
-  if (w.layout == TensorLayout::kDpl) {
-    return LaunchDequant<GgmlType::kQ6_K, true>(w, row_begin, n_rows, out, s);
-  }
-  switch (w.type) {
-    case GgmlType::kF32: return LaunchDequant<GgmlType::kF32, false>(w, row_begin, n_rows, out, s);
-    case GgmlType::kF16: return LaunchDequant<GgmlType::kF16, false>(w, row_begin, n_rows, out, s);
-    case GgmlType::kBF16: return LaunchDequant<GgmlType::kBF16, false>(w, row_begin, n_rows, out, s);
-    case GgmlType::kQ8_0: return LaunchDequant<GgmlType::kQ8_0, false>(w, row_begin, n_rows, out, s);
-    case GgmlType::kQ5_0: return LaunchDequant<GgmlType::kQ5_0, false>(w, row_begin, n_rows, out, s);
-    case GgmlType::kQ4_K: return LaunchDequant<GgmlType::kQ4_K, false>(w, row_begin, n_rows, out, s);
-    case GgmlType::kQ6_K: return LaunchDequant<GgmlType::kQ6_K, false>(w, row_begin, n_rows, out, s);
-    default:
-      return absl::UnimplementedError(absl::StrCat("DequantizeRowsF16: no f16 dequant for type ",
-                                                   formats::TraitsOf(w.type).name));
-  }
+  return VisitDeviceFormat(w.type, w.layout, "DequantizeRowsF16", [&](auto type, auto dpl) {
+    return LaunchDequant<decltype(type)::value, decltype(dpl)::value>(w, row_begin, n_rows, out, s);
+  });
 }
 
 // out[i] = f16(x[i]); four per thread when x, out and n allow 16-byte loads.

@@ -35,72 +35,158 @@ MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens) {
   return s;
 }
 
-absl::Status QuantizeActivations(const float* x, int64_t n_cols, int64_t n_tokens,
-                                 MatVecScratch* scratch, cudaStream_t stream) {
+namespace {
+
+// The scratch can take (n_tokens, n_cols) activations.
+absl::Status CheckScratch(const char* who, int64_t n_cols, int64_t n_tokens,
+                          const MatVecScratch* scratch) {
   if (scratch == nullptr || scratch->q == nullptr) {
-    return absl::FailedPreconditionError("quantize activations: scratch not allocated");
+    return absl::FailedPreconditionError(absl::StrCat(who, ": scratch not allocated"));
   }
-  if (x == nullptr || n_cols <= 0 || n_tokens <= 0 || n_cols % kActBlock != 0) {
+  if (n_cols <= 0 || n_tokens <= 0 || n_cols % kActBlock != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "quantize activations: bad input (n_cols ", n_cols, " must be a positive multiple of 32, ",
-        "n_tokens ", n_tokens, ")"));
+        who, ": bad input (n_cols ", n_cols, " must be a positive multiple of 32, ", "n_tokens ",
+        n_tokens, ")"));
   }
   if (n_cols * n_tokens > scratch->max_cols * scratch->max_tokens || n_tokens > scratch->max_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quantize activations: ", n_tokens, " x ", n_cols, " exceeds the scratch's ",
-        scratch->max_tokens, " x ", scratch->max_cols));
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ", n_tokens, " x ", n_cols,
+                                                   " exceeds the scratch's ", scratch->max_tokens,
+                                                   " x ", scratch->max_cols));
   }
-  DPL_RETURN_IF_ERROR(LaunchQuantizeActivations(x, n_cols * n_tokens / kActBlock, scratch->q,
-                                                scratch->d, scratch->s, stream));
+  return absl::OkStatus();
+}
+
+QuantOut OutOf(const MatVecScratch& s) { return {s.q, s.d, s.s}; }
+
+}  // namespace
+
+absl::Status QuantizeActivations(const float* x, int64_t n_cols, int64_t n_tokens,
+                                 MatVecScratch* scratch, cudaStream_t stream, bool pdl) {
+  DPL_RETURN_IF_ERROR(CheckScratch("quantize activations", n_cols, n_tokens, scratch));
+  if (x == nullptr) return absl::InvalidArgumentError("quantize activations: null x");
+  DPL_RETURN_IF_ERROR(LaunchQuantizeActivations(x, n_cols * n_tokens / kActBlock, OutOf(*scratch),
+                                                pdl, stream));
   scratch->n_cols = n_cols;
   scratch->n_tokens = n_tokens;
   return absl::OkStatus();
 }
 
-absl::Status RunMatVec(const WeightMatrix& w, const MatVecPlan& plan, const MatVecIo& io,
-                       cudaStream_t stream) {
-  MatVecKernel kernel = plan.kernel;
-  const std::string what = absl::StrCat("matvec ", MatVecKernelName(kernel), " ", w.n_rows, "x",
-                                        w.n_cols);
-  if (io.y == nullptr || io.n_tokens <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": null y or no tokens"));
+absl::Status NormQuantizeActivations(const float* x, const float* w, float eps, int64_t n_cols,
+                                     int64_t n_tokens, float* h, MatVecScratch* scratch,
+                                     cudaStream_t stream, bool pdl) {
+  DPL_RETURN_IF_ERROR(CheckScratch("norm + quantize", n_cols, n_tokens, scratch));
+  if (x == nullptr || w == nullptr || h == nullptr || x == h) {
+    return absl::InvalidArgumentError("norm + quantize: null pointer, or h == x");
   }
-  MatVecArgs a;
-  a.w = static_cast<const uint8_t*>(w.data);
-  a.row_stride = w.row_stride;
-  a.n_rows = static_cast<int>(w.n_rows);
-  a.n_cols = static_cast<int>(w.n_cols);
-  a.n_tokens = static_cast<int>(io.n_tokens);
-  a.y = io.y;
-  a.bias = io.bias;
-  a.residual = io.residual;
-  if (UsesQuantizedActivations(kernel)) {
+  DPL_RETURN_IF_ERROR(
+      LaunchNormQuantize(x, w, eps, n_cols, n_tokens, h, OutOf(*scratch), pdl, stream));
+  scratch->n_cols = n_cols;
+  scratch->n_tokens = n_tokens;
+  return absl::OkStatus();
+}
+
+absl::Status SwiGluQuantizeActivations(const float* gate, const float* up, int64_t n_cols,
+                                       int64_t n_tokens, float* g, MatVecScratch* scratch,
+                                       cudaStream_t stream, bool pdl) {
+  DPL_RETURN_IF_ERROR(CheckScratch("SwiGLU + quantize", n_cols, n_tokens, scratch));
+  if (gate == nullptr || up == nullptr || g == nullptr) {
+    return absl::InvalidArgumentError("SwiGLU + quantize: null pointer");
+  }
+  DPL_RETURN_IF_ERROR(
+      LaunchSwiGluQuantize(gate, up, n_cols, n_tokens, g, OutOf(*scratch), pdl, stream));
+  scratch->n_cols = n_cols;
+  scratch->n_tokens = n_tokens;
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The activation fields of the launch arguments (shared by every part),
+// checked against the kernel; may switch a vector float kernel to its scalar
+// form when x is not 16-byte aligned.
+absl::Status SetActivations(const std::string& what, int64_t n_cols, const MatVecIo& io,
+                            MatVecKernel* kernel, MatVecArgs* a) {
+  if (io.n_tokens <= 0) return absl::InvalidArgumentError(absl::StrCat(what, ": no tokens"));
+  a->n_cols = static_cast<int>(n_cols);
+  a->n_tokens = static_cast<int>(io.n_tokens);
+  if (UsesQuantizedActivations(*kernel)) {
     if (io.qx == nullptr || io.qx->q == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": needs quantized activations"));
     }
-    if (io.qx->n_cols != w.n_cols || io.qx->n_tokens < io.n_tokens) {
+    if (io.qx->n_cols != n_cols || io.qx->n_tokens < io.n_tokens) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": scratch holds ", io.qx->n_tokens, " x ", io.qx->n_cols,
-          " quantized activations, need ", io.n_tokens, " x ", w.n_cols));
+          " quantized activations, need ", io.n_tokens, " x ", n_cols));
     }
-    a.xq = io.qx->q;
-    a.xd = io.qx->d;
-    a.xs = io.qx->s;
-  } else {
-    if (io.x == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null x"));
-    a.x = io.x;
-    // The vector kernels load x with 16-byte loads: fall back when x is not
-    // 16-byte aligned.
-    if (reinterpret_cast<uintptr_t>(io.x) % 16 != 0) {
-      if (kernel == MatVecKernel::kF32) kernel = MatVecKernel::kF32Scalar;
-      if (kernel == MatVecKernel::kF16) kernel = MatVecKernel::kF16Scalar;
-    }
+    a->xq = io.qx->q;
+    a->xd = io.qx->d;
+    a->xs = io.qx->s;
+    return absl::OkStatus();
   }
+  if (io.x == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null x"));
+  a->x = io.x;
+  // The vector kernels load x with 16-byte loads: fall back when x is not
+  // 16-byte aligned.
+  if (reinterpret_cast<uintptr_t>(io.x) % 16 != 0) {
+    if (*kernel == MatVecKernel::kF32) *kernel = MatVecKernel::kF32Scalar;
+    if (*kernel == MatVecKernel::kF16) *kernel = MatVecKernel::kF16Scalar;
+    if (*kernel == MatVecKernel::kBF16) *kernel = MatVecKernel::kBF16Scalar;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatVecPlan& plan,
+                            absl::Span<const MatVecOut> outs, const MatVecIo& io,
+                            cudaStream_t stream) {
+  MatVecKernel kernel = plan.kernel;
+  if (ws.empty() || ws.size() > static_cast<size_t>(kMaxMatVecParts) || ws.size() != outs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec group: ", ws.size(), " matrices, ",
+                                                   outs.size(), " outputs (1..",
+                                                   kMaxMatVecParts, " each)"));
+  }
+  const std::string what = absl::StrCat("matvec ", MatVecKernelName(kernel), " ", ws[0]->n_rows,
+                                        "x", ws[0]->n_cols,
+                                        ws.size() > 1 ? absl::StrCat(" (+", ws.size() - 1, ")") : "");
+  MatVecArgs a;
+  DPL_RETURN_IF_ERROR(SetActivations(what, ws[0]->n_cols, io, &kernel, &a));
   // The prompt geometry never splits k, so for short matrices it sums in a
   // different order than the decode geometry (agreement ~1e-7, not bitwise).
   const MatVecGeometry& g = io.n_tokens == 1 ? plan.decode : plan.prompt;
-  DPL_ASSIGN_OR_RETURN(const MatVecGrid grid, MatVecGridFor(w.n_rows, io.n_tokens, g));
-  return Annotate(LaunchMatVec(kernel, a, g, grid.x, grid.y, stream), what);
+  a.n_parts = static_cast<int>(ws.size());
+  int64_t grid_x = 0, blocks = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const WeightMatrix& w = *ws[i];
+    if (w.n_cols != ws[0]->n_cols) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": matrix ", i, " has ", w.n_cols,
+                                                     " columns, not ", ws[0]->n_cols));
+    }
+    if (outs[i].y == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null y"));
+    DPL_ASSIGN_OR_RETURN(const MatVecGrid grid, MatVecGridFor(w.n_rows, io.n_tokens, g));
+    MatVecPart& p = a.part[i];
+    p.w = static_cast<const uint8_t*>(w.data);
+    p.row_stride = w.row_stride;
+    p.n_rows = static_cast<int>(w.n_rows);
+    p.row_block0 = static_cast<int>(blocks);
+    p.y = outs[i].y;
+    p.bias = outs[i].bias;
+    p.residual = outs[i].residual;
+    blocks += grid.y;
+    grid_x = grid.x;
+  }
+  if (blocks > kMaxGridY) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", blocks, " row blocks, more than ", kMaxGridY));
+  }
+  return Annotate(LaunchMatVec(kernel, a, g, grid_x, blocks, plan.pdl, stream), what);
+}
+
+absl::Status RunMatVec(const WeightMatrix& w, const MatVecPlan& plan, const MatVecIo& io,
+                       cudaStream_t stream) {
+  const WeightMatrix* ws[1] = {&w};
+  const MatVecOut outs[1] = {{io.y, io.bias, io.residual}};
+  return RunMatVecGroup(ws, plan, outs, io, stream);
 }
 
 absl::StatusOr<int> ResidentCtasPerSm(MatVecKernel kernel, const MatVecGeometry& g) {

@@ -1,11 +1,12 @@
 // Quantized matrix-times-vector for the decode step (and a token-tiled
 // variant for prompt processing):
 //   y[t] = W x[t] (+ bias) (+ residual[t])      for t < n_tokens
-// W is a device WeightMatrix of type f32, f16, q8_0, q5_0, q4_K (raw GGUF
-// blocks) or q6_K (raw or dpl layout). Quantized types read an int8 copy of x
+// W is a device WeightMatrix of type f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
+// q5_1, iq4_nl, q2_K, q3_K, q6_K, iq4_xs (raw GGUF blocks or dpl planes),
+// q4_K or q5_K (raw). Quantized types read an int8 copy of x
 // (QuantizeActivations: per 32 values d = max|x|/127, q = rint(x/d)), so
 // their result is W x~ with x~ = d q: ~0.5% relative error vs exact x, see
-// matvec_kernels.cu for why. f32/f16 weights use x exactly.
+// matvec_traits.cuh for why. Float weights use x exactly.
 //
 // No launcher allocates, synchronizes or copies from the host: everything is
 // preallocated (MatVecScratchIn at init) and launched on `stream`, so
@@ -18,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/matvec/matvec_plan.h"
 
 namespace dpl::kernels {
@@ -45,9 +47,24 @@ MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens);
 
 // Quantizes x: (n_tokens, n_cols) f32 on the device into `scratch`, where
 // every quantized matvec reading x then finds it (quantize once, use for Q, K
-// and V). n_cols must be a multiple of 32.
+// and V). n_cols must be a multiple of 32. `pdl`: a programmatic dependent
+// launch (kernels/launch.cuh), as the decode step's kernels are.
 absl::Status QuantizeActivations(const float* x, int64_t n_cols, int64_t n_tokens,
-                                 MatVecScratch* scratch, cudaStream_t stream);
+                                 MatVecScratch* scratch, cudaStream_t stream, bool pdl = false);
+
+// h = x * w / sqrt(mean(x^2) + eps) per token row (RMSNorm), written as
+// float32 (for float-weight kernels) and quantized into `scratch`, in one
+// launch. x, h: (n_tokens, n_cols), h must not overlap x; w: (n_cols).
+absl::Status NormQuantizeActivations(const float* x, const float* w, float eps, int64_t n_cols,
+                                     int64_t n_tokens, float* h, MatVecScratch* scratch,
+                                     cudaStream_t stream, bool pdl = false);
+
+// g = silu(gate) * up (SwiGLU, full-precision expf), written as float32 and
+// quantized into `scratch`, in one launch. gate, up, g: (n_tokens, n_cols);
+// g may equal gate.
+absl::Status SwiGluQuantizeActivations(const float* gate, const float* up, int64_t n_cols,
+                                       int64_t n_tokens, float* g, MatVecScratch* scratch,
+                                       cudaStream_t stream, bool pdl = false);
 
 struct MatVecIo {
   const float* x = nullptr;             // (n_tokens, n_cols) f32 activations
@@ -64,6 +81,21 @@ struct MatVecIo {
 // n_cols, n_tokens).
 absl::Status RunMatVec(const WeightMatrix& w, const MatVecPlan& plan, const MatVecIo& io,
                        cudaStream_t stream);
+
+// Where one matrix of a group writes: y = W x (+ bias) (+ residual).
+struct MatVecOut {
+  float* y = nullptr;                // (n_tokens, n_rows)
+  const float* bias = nullptr;       // (n_rows) or null
+  const float* residual = nullptr;   // (n_tokens, n_rows) or null; may equal y
+};
+
+// One launch for the matrices of a group planned by PlanMatVecGroups
+// (matvec_plan.h): ws[i] writes outs[i]; they read the same io.x / io.qx
+// (io.y, io.bias, io.residual are ignored). Results are bit-identical to
+// RunMatVec of each matrix with the group's plan.
+absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatVecPlan& plan,
+                            absl::Span<const MatVecOut> outs, const MatVecIo& io,
+                            cudaStream_t stream);
 
 // CTAs of that kernel and geometry resident per SM on the current device
 // (the CUDA occupancy API; what DecodeTuning::q6k_ctas_per_sm records).

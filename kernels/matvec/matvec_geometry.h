@@ -9,16 +9,39 @@ namespace dpl::kernels {
 
 // Which kernel family reads a matrix (resolved once per matrix by PlanMatVec).
 enum class MatVecKernel : int {
-  kF32 = 0,    // f32 weights, f32 x, 16-byte vector loads
-  kF32Scalar,  // f32 rows not 16-byte aligned or n_cols % 4 != 0
-  kF16,        // f16 weights, f32 x, 16-byte vector loads
-  kF16Scalar,  // f16 rows not 16-byte aligned or n_cols % 8 != 0
-  kQ8_0,       // q8_0 raw blocks (34 B, 2-byte aligned), q8 activations
-  kQ5_0,       // q5_0 raw blocks (22 B, 2-byte aligned), q8 activations
-  kQ4K,        // q4_K raw blocks (144 B, 16-byte aligned), q8 activations
-  kQ6KRaw,     // q6_K raw GGUF blocks (210 B, 2-byte aligned), q8 activations
-  kQ6KDpl,     // q6_K dense split-plane rows (16-byte aligned), q8 activations
+  kF32 = 0,     // f32 weights, f32 x, 16-byte vector loads
+  kF32Scalar,   // f32 rows not 16-byte aligned or n_cols % 4 != 0
+  kF16,         // f16 weights, f32 x, 16-byte vector loads
+  kF16Scalar,   // f16 rows not 16-byte aligned or n_cols % 8 != 0
+  kBF16,        // bf16 weights, f32 x, 16-byte vector loads
+  kBF16Scalar,  // bf16 rows not 16-byte aligned or n_cols % 8 != 0
+  // Quantized weights with q8 activations. "Dpl": the dpl split-plane rows
+  // (16-byte aligned planes); the others read raw GGUF blocks. A type's raw
+  // and dpl kernels share their math and give bit-identical results.
+  kQ8_0,        // q8_0 raw (34 B blocks, 2-byte aligned)
+  kQ8_0Dpl,
+  kQ4_0,        // q4_0 raw (18 B)
+  kQ4_0Dpl,
+  kQ4_1,        // q4_1 raw (20 B)
+  kQ4_1Dpl,
+  kQ5_0,        // q5_0 raw (22 B)
+  kQ5_0Dpl,
+  kQ5_1,        // q5_1 raw (24 B)
+  kQ5_1Dpl,
+  kIQ4NL,       // iq4_nl raw (18 B)
+  kIQ4NLDpl,
+  kQ2K,         // q2_K raw (84 B)
+  kQ2KDpl,
+  kQ3K,         // q3_K raw (110 B)
+  kQ3KDpl,
+  kQ4K,         // q4_K raw (144 B, 16-byte aligned)
+  kQ5K,         // q5_K raw (176 B, 16-byte aligned)
+  kQ6KRaw,      // q6_K raw (210 B)
+  kQ6KDpl,
+  kIQ4XS,       // iq4_xs raw (136 B, 8-byte aligned)
+  kIQ4XSDpl,
 };
+inline constexpr int kNumMatVecKernels = static_cast<int>(MatVecKernel::kIQ4XSDpl) + 1;
 
 // Geometry shared by every matvec kernel: 8 lanes cooperate on one row (so
 // the 8 lanes of a row read 128 contiguous bytes per step, one cache line, and
@@ -33,6 +56,13 @@ inline constexpr int kTokenTile = 8;
 inline constexpr int64_t kMaxGridY = 65535;
 // Activations are quantized in blocks of this many values (int8 + f32 scale).
 inline constexpr int kActBlock = 32;
+// Matrices one launch may cover (they read the same x with the same kernel
+// and geometry; their row blocks follow each other along grid.y): Q, K and
+// V, or gate and up. Why: each launch pays a ramp (CTAs starting, the first
+// loads in flight) and a tail (the last CTAs draining); one grid over three
+// matrices pays them once, and the 512-row K and V matrices, launch-bound
+// alone (~4.9 us for 1 MB on the H200), ride along with Q.
+inline constexpr int kMaxMatVecParts = 3;
 
 // How one launch walks a matrix. One kernel skeleton (MatVecT in
 // matvec_kernels.cu) takes all four knobs as template parameters:
@@ -67,14 +97,17 @@ struct MatVecGeometry {
 inline constexpr int WarpsPerCta(int ksplit) { return ksplit < 4 ? 4 : ksplit; }
 inline constexpr int RowsPerCta(int ksplit) { return kRowsPerWarp * WarpsPerCta(ksplit) / ksplit; }
 
-// The instantiated combinations: token_tile 1 with ksplit 1/2/4/8, depth
-// 1/2/4, pipe on or off; token_tile kTokenTile with ksplit 1/4, depth 2, no
+// The instantiated combinations: token_tile 1 with ksplit 1/2/4/8 and depth
+// 1/2/4 without pipe, or depth 1 with pipe (the planner pipelines depth 1
+// only, and every instantiation is built for each of the 28 kernels:
+// deeper pipelined ones are left out to bound the build); token_tile
+// kTokenTile with ksplit 1/4, depth 2, no
 // pipe (prompt CTAs are numerous already: 512-token q4_K 18944x3584 takes
 // 7.3 ms unsplit vs 11.4 ms split).
 inline bool IsCompiledGeometry(const MatVecGeometry& g) {
   if (g.token_tile == 1) {
     return (g.ksplit == 1 || g.ksplit == 2 || g.ksplit == 4 || g.ksplit == 8) &&
-           (g.depth == 1 || g.depth == 2 || g.depth == 4);
+           (g.depth == 1 || g.depth == 2 || g.depth == 4) && (!g.pipe || g.depth == 1);
   }
   return g.token_tile == kTokenTile && (g.ksplit == 1 || g.ksplit == 4) && g.depth == 2 && !g.pipe;
 }

@@ -1,217 +1,121 @@
-// The matvec kernels: y[t] = W x[t] (+ bias) (+ residual[t]) for quantized
-// and float weight matrices, one or a tile of tokens per CTA.
+// The matvec launchers and the activation kernels that feed them. The
+// matvec kernels themselves are the skeleton of matvec_skeleton.cuh,
+// instantiated per type family in matvec_float.cu, matvec_q32.cu and
+// matvec_kquant.cu (per type, Load and Dot live in matvec_traits.cuh; why
+// int8 activations: see there).
 //
-// Per type, Load and Dot live in matvec_traits.cuh (why int8 activations:
-// see there).
-//
-// Geometry (matvec_geometry.h): 8 lanes per row, 4 rows per warp; one
-// skeleton (MatVecT) takes the token tile, k-split, load depth and pipelining
-// as template knobs, and PlanMatVec picks them per matrix from the H200
-// sweep (matvec_plan.h).
-//
-// Accumulation order (fixed, relied on by the dpl-vs-raw bitwise test): each
-// lane sums its steps in ascending order (step it, then it+1), then the 8 lanes
-// of a row are combined by xor-shuffles over distances 4, 2, 1.
+// The activation kernels write the int8 blocks every quantized matvec reads
+// (QuantizeBlock32, one warp per block of 32 values), alone or fused with
+// the op that produces the values: RMSNorm before Q/K/V and gate/up, SwiGLU
+// before down. Fused, the decode step spends one launch where it spent two.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cuda_check.h"
+#include "kernels/launch.cuh"
 #include "kernels/matvec/matvec_kernels.h"
-#include "kernels/matvec/matvec_traits.cuh"
+#include "kernels/matvec/matvec_skeleton.cuh"
 
 namespace dpl::kernels {
 namespace {
 
-// ---------------------------------------------------------------------------
-// The one kernel skeleton, for every type U and geometry (matvec_geometry.h):
-//   y[t, r] = sum over steps of U::Dot (+ bias[r]) (+ residual[t, r])
-// for the T tokens tok0 .. tok0+T-1 of this CTA's tile (grid.x) and the rows
-// of its row block (grid.y). A CTA holds max(4, KS) warps; KS consecutive
-// warps share one group of 4 rows (warp w: group w / KS, part w % KS), part s
-// takes the D consecutive steps starting at D (s + KS j), and the parts are
-// added in part order through shared memory. Weights are loaded once per
-// tile and dotted with each token's activations. kPipe loads the next D
-// steps before dotting the current D (a register double buffer).
-// (~85 lines, one function on purpose: each instantiation is one register
-// allocation, and the order of loads and dots above is easiest to check
-// where it is written out in full.)
-template <class U, int T, int D>
-__device__ __forceinline__ void DotSteps(const typename U::Regs (&r)[D], const bool (&ok)[D],
-                                         const XView (&xv)[T], int nt, int it, int p,
-                                         float (&acc)[T]) {
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    if (T == 1 || t < nt) {
-#pragma unroll
-      for (int k = 0; k < D; ++k) {
-        if (ok[k]) acc[t] += U::Dot(r[k], xv[t], it + k, p);
-      }
-    }
-  }
-}
-
-template <class U, int D>
-__device__ __forceinline__ void LoadSteps(typename U::Regs (&r)[D], bool (&ok)[D],
-                                          const uint8_t* wrow, const MatVecArgs& a, int it,
-                                          int steps, int p) {
-#pragma unroll
-  for (int k = 0; k < D; ++k) ok[k] = it + k < steps && U::Load(r[k], wrow, a, it + k, p);
-}
-
-template <class U, int T, int KS, int D, bool kPipe>
-__global__ void __launch_bounds__(32 * WarpsPerCta(KS)) MatVecT(const MatVecArgs a) {
-  constexpr int kWarps = WarpsPerCta(KS);
+// One warp quantizes one block of 32 values (lane i holds v_i):
+//   d = max|v| / 127,  q_i = clamp(rint(v_i / d), -127, 127)  (0 when d == 0),
+//   s = d * sum_i q_i
+__device__ __forceinline__ void QuantizeBlock32(float v, int64_t blk, const QuantOut& out) {
   const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int p = lane & (kLanesPerRow - 1);
-  const int g = lane / kLanesPerRow;  // row within the group's 4 rows
-  const int part = warp % KS;
-  const int64_t row0 =
-      static_cast<int64_t>(blockIdx.y) * RowsPerCta(KS) + (warp / KS) * kRowsPerWarp;
-  if (KS == 1 && row0 >= a.n_rows) return;  // the whole warp is past the last row
-  const int64_t row = row0 + g;
-  const bool row_ok = row < a.n_rows;
-  // A single-token launch has one token tile (grid.x == 1): say so to the
-  // compiler, which then keeps no token index in registers.
-  const int tok0 = T == 1 ? 0 : static_cast<int>(blockIdx.x) * T;
-  const int nt = T == 1 ? 1 : min(T, a.n_tokens - tok0);
-  XView xv[T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) xv[t] = TokenX(a, tok0 + (t < nt ? t : 0));
-  float acc[T];
-#pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = 0.f;
-  if (row_ok) {
-    const uint8_t* wrow = a.w + row * a.row_stride;  // (row_stride) bytes
-    const int steps = U::Steps(a);
-    typename U::Regs r[D];
-    bool ok[D];
-    if constexpr (kPipe) {
-      int it = D * part;
-      LoadSteps<U, D>(r, ok, wrow, a, it, steps, p);
-      while (it < steps) {
-        const int nx = it + D * KS;
-        typename U::Regs n[D];
-        bool nok[D];
-        LoadSteps<U, D>(n, nok, wrow, a, nx, steps, p);
-        DotSteps<U, T, D>(r, ok, xv, nt, it, p, acc);
-#pragma unroll
-        for (int k = 0; k < D; ++k) {
-          r[k] = n[k];
-          ok[k] = nok[k];
-        }
-        it = nx;
-      }
-    } else {
-      for (int it = D * part; it < steps; it += D * KS) {
-        LoadSteps<U, D>(r, ok, wrow, a, it, steps, p);
-        DotSteps<U, T, D>(r, ok, xv, nt, it, p, acc);
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    float v = acc[t];
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    acc[t] = v;
-  }
-  if constexpr (KS > 1) {
-    __shared__ float parts[kWarps][T][kRowsPerWarp];  // (warp, token, row) partial sums
-    if (p == 0) {
-#pragma unroll
-      for (int t = 0; t < T; ++t) parts[warp][t][g] = acc[t];
-    }
-    __syncthreads();
-    if (part != 0) return;
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      float v = parts[warp][t][g];
-#pragma unroll
-      for (int k = 1; k < KS; ++k) v += parts[warp + k][t][g];
-      acc[t] = v;
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < T; ++t) {
-    if (row_ok && p == 0 && (T == 1 || t < nt)) {
-      const int64_t o = static_cast<int64_t>(tok0 + t) * a.n_rows + row;
-      float v = acc[t];
-      if (a.bias != nullptr) v += a.bias[row];
-      if (a.residual != nullptr) v += a.residual[o];  // may alias y: read before write
-      a.y[o] = v;
-    }
-  }
-}
-
-// Activation quantization, one warp per block of 32 values:
-//   d = max|x| / 127,  q_i = clamp(rint(x_i / d), -127, 127)  (0 when d == 0),
-//   s = d * sum_i q_i   (the q4_K min term uses it)
-__global__ void __launch_bounds__(256) QuantizeKernel(const float* __restrict__ x,  // (n_blocks*32)
-                                                      int64_t n_blocks,
-                                                      int8_t* __restrict__ q,  // (n_blocks*32)
-                                                      float* __restrict__ d,   // (n_blocks)
-                                                      float* __restrict__ s) {  // (n_blocks)
-  const int64_t blk = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (blk >= n_blocks) return;  // warp-uniform
-  const int lane = threadIdx.x & 31;
-  const float v = x[blk * 32 + lane];
   float amax = fabsf(v);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
   const float dv = amax / 127.0f;
   int qi = 0;
   if (amax > 0.f) qi = max(-127, min(127, __float2int_rn(v / dv)));
-  q[blk * 32 + lane] = static_cast<int8_t>(qi);
+  out.q[blk * 32 + lane] = static_cast<int8_t>(qi);
   int sum = qi;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (lane == 0) {
-    d[blk] = dv;
-    s[blk] = dv * static_cast<float>(sum);
+    out.d[blk] = dv;
+    out.s[blk] = dv * static_cast<float>(sum);
   }
 }
 
+constexpr int kActThreads = 256;             // 8 warps: 8 blocks of 32 per CTA
+constexpr int kActBlocksPerCta = kActThreads / 32;
 
-using KernelFn = void (*)(MatVecArgs);
-
-template <class U, int KS>
-KernelFn PickDecode(int depth, bool pipe) {
-  switch (depth) {
-    case 1: return pipe ? MatVecT<U, 1, KS, 1, true> : MatVecT<U, 1, KS, 1, false>;
-    case 2: return pipe ? MatVecT<U, 1, KS, 2, true> : MatVecT<U, 1, KS, 2, false>;
-    case 4: return pipe ? MatVecT<U, 1, KS, 4, true> : MatVecT<U, 1, KS, 4, false>;
-  }
-  return nullptr;
+__global__ void __launch_bounds__(kActThreads) QuantizeKernel(const float* __restrict__ x,  // (n_blocks*32)
+                                                              int64_t n_blocks, QuantOut out) {
+  GridDependencyWait();
+  GridLaunchDependents();
+  const int64_t blk = static_cast<int64_t>(blockIdx.x) * kActBlocksPerCta + threadIdx.x / 32;
+  if (blk >= n_blocks) return;  // warp-uniform
+  QuantizeBlock32(x[blk * 32 + (threadIdx.x & 31)], blk, out);
 }
 
-// The instantiation for geometry g (IsCompiledGeometry(g) checked by the caller).
-template <class U>
-KernelFn PickGeometry(const MatVecGeometry& g) {
-  if (g.token_tile == kTokenTile) {
-    return g.ksplit == 1 ? MatVecT<U, kTokenTile, 1, 2, false> : MatVecT<U, kTokenTile, 4, 2, false>;
+// h = x * w / sqrt(mean(x^2) + eps), then h quantized. grid (CTAs per row,
+// n_tokens): every CTA of a row sums the row's squares itself (in the same
+// order, so each gets the same scale; the row is in L2), then its 8 warps
+// normalize and quantize 8 blocks of 32.
+__global__ void __launch_bounds__(kActThreads)
+    NormQuantizeKernel(const float* __restrict__ x,  // (n_tokens, n)
+                       const float* __restrict__ w,  // (n)
+                       int n, float eps,
+                       float* __restrict__ h,  // (n_tokens, n)
+                       QuantOut out) {
+  __shared__ float partial[kActBlocksPerCta];
+  GridDependencyWait();
+  GridLaunchDependents();
+  const int64_t t = blockIdx.y;
+  const float* xr = x + t * n;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < n; i += kActThreads) {
+    const float v = xr[i];
+    ss += v * v;
   }
-  switch (g.ksplit) {
-    case 1: return PickDecode<U, 1>(g.depth, g.pipe);
-    case 2: return PickDecode<U, 2>(g.depth, g.pipe);
-    case 4: return PickDecode<U, 4>(g.depth, g.pipe);
-    case 8: return PickDecode<U, 8>(g.depth, g.pipe);
-  }
-  return nullptr;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (lane == 0) partial[warp] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kActBlocksPerCta; ++k) total += partial[k];
+  // IEEE sqrt and division (not rsqrtf) keep the scale within 1 ulp.
+  const float scale = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+  const int b = blockIdx.x * kActBlocksPerCta + warp;  // block of 32 within the row
+  if (b * 32 >= n) return;                             // warp-uniform
+  const int i = b * 32 + lane;
+  const float v = (xr[i] * scale) * w[i];
+  h[t * n + i] = v;
+  QuantizeBlock32(v, t * (n / 32) + b, out);
 }
 
-KernelFn PickKernel(MatVecKernel kernel, const MatVecGeometry& g) {
+// g = silu(gate) * up = gate / (1 + exp(-gate)) * up, then g quantized; one
+// warp per block of 32.
+__global__ void __launch_bounds__(kActThreads)
+    SwiGluQuantizeKernel(const float* gate,  // (n_blocks * 32)
+                         const float* __restrict__ up, int64_t n_blocks,
+                         float* g,  // (n_blocks * 32), may alias gate
+                         QuantOut out) {
+  GridDependencyWait();
+  GridLaunchDependents();
+  const int64_t blk = static_cast<int64_t>(blockIdx.x) * kActBlocksPerCta + threadIdx.x / 32;
+  if (blk >= n_blocks) return;  // warp-uniform
+  const int64_t i = blk * 32 + (threadIdx.x & 31);
+  const float gv = gate[i];
+  const float v = gv / (1.0f + expf(-gv)) * up[i];
+  g[i] = v;
+  QuantizeBlock32(v, blk, out);
+}
+
+MatVecKernelFn PickKernel(MatVecKernel kernel, const MatVecGeometry& g) {
   if (!IsCompiledGeometry(g)) return nullptr;
-  switch (kernel) {
-    case MatVecKernel::kF32: return PickGeometry<F32Vec>(g);
-    case MatVecKernel::kF32Scalar: return PickGeometry<FloatScalar<false>>(g);
-    case MatVecKernel::kF16: return PickGeometry<F16Vec>(g);
-    case MatVecKernel::kF16Scalar: return PickGeometry<FloatScalar<true>>(g);
-    case MatVecKernel::kQ8_0: return PickGeometry<Q8_0>(g);
-    case MatVecKernel::kQ5_0: return PickGeometry<Q5_0>(g);
-    case MatVecKernel::kQ4K: return PickGeometry<Q4K>(g);
-    case MatVecKernel::kQ6KRaw: return PickGeometry<Q6K<false>>(g);
-    case MatVecKernel::kQ6KDpl: return PickGeometry<Q6K<true>>(g);
-  }
-  return nullptr;
+  if (MatVecKernelFn f = PickFloatMatVec(kernel, g)) return f;
+  if (MatVecKernelFn f = PickQ32MatVec(kernel, g)) return f;
+  return PickKQuantMatVec(kernel, g);
 }
 
 absl::Status NotCompiled(MatVecKernel kernel, const MatVecGeometry& g) {
@@ -221,23 +125,31 @@ absl::Status NotCompiled(MatVecKernel kernel, const MatVecGeometry& g) {
                    " is not compiled"));
 }
 
+absl::Status CheckGrid(int64_t grid, const char* what) {
+  if (grid <= 0 || grid > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": grid of ", grid, " CTAs"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& a, const MatVecGeometry& g,
-                          int64_t grid_x, int64_t grid_y, cudaStream_t stream) {
-  const KernelFn fn = PickKernel(kernel, g);
+                          int64_t grid_x, int64_t grid_y, bool pdl, cudaStream_t stream) {
+  const MatVecKernelFn fn = PickKernel(kernel, g);
   if (fn == nullptr) return NotCompiled(kernel, g);
   if (g.token_tile == 1 && a.n_tokens != 1) {
     return absl::InvalidArgumentError("matvec: a token tile of 1 needs exactly one token");
   }
+  if (a.n_parts < 1 || a.n_parts > kMaxMatVecParts) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec: ", a.n_parts, " parts"));
+  }
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y));
-  fn<<<grid, 32 * WarpsPerCta(g.ksplit), 0, stream>>>(a);
-  DPL_CUDA_CHECK_LAUNCH();
-  return absl::OkStatus();
+  return LaunchKernel(fn, grid, dim3(32 * WarpsPerCta(g.ksplit)), 0, stream, pdl, a);
 }
 
 absl::StatusOr<int> MatVecCtasPerSm(MatVecKernel kernel, const MatVecGeometry& g) {
-  const KernelFn fn = PickKernel(kernel, g);
+  const MatVecKernelFn fn = PickKernel(kernel, g);
   if (fn == nullptr) return NotCompiled(kernel, g);
   int n = 0;
   DPL_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -245,17 +157,41 @@ absl::StatusOr<int> MatVecCtasPerSm(MatVecKernel kernel, const MatVecGeometry& g
   return n;
 }
 
-absl::Status LaunchQuantizeActivations(const float* x, int64_t n_blocks, int8_t* q, float* d,
-                                       float* s, cudaStream_t stream) {
+absl::Status LaunchQuantizeActivations(const float* x, int64_t n_blocks, const QuantOut& out,
+                                       bool pdl, cudaStream_t stream) {
   if (n_blocks <= 0) return absl::OkStatus();
-  const int64_t grid = (n_blocks + 7) / 8;
-  if (grid > 0x7fffffff) {
-    return absl::InvalidArgumentError(absl::StrCat("quantize activations: ", n_blocks,
-                                                   " blocks is too many"));
+  const int64_t grid = (n_blocks + kActBlocksPerCta - 1) / kActBlocksPerCta;
+  DPL_RETURN_IF_ERROR(CheckGrid(grid, "quantize activations"));
+  return LaunchKernel(QuantizeKernel, dim3(static_cast<unsigned>(grid)), dim3(kActThreads), 0,
+                      stream, pdl, x, n_blocks, out);
+}
+
+absl::Status LaunchNormQuantize(const float* x, const float* w, float eps, int64_t n_cols,
+                                int64_t n_tokens, float* h, const QuantOut& out, bool pdl,
+                                cudaStream_t stream) {
+  if (n_cols <= 0 || n_cols % 32 != 0 || n_cols > (int64_t{1} << 30) || n_tokens <= 0 ||
+      n_tokens > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("norm + quantize: bad shape ", n_tokens, " x ",
+                                                   n_cols, " (n_cols a multiple of 32)"));
   }
-  QuantizeKernel<<<static_cast<unsigned>(grid), 256, 0, stream>>>(x, n_blocks, q, d, s);
-  DPL_CUDA_CHECK_LAUNCH();
-  return absl::OkStatus();
+  const int64_t per_row = (n_cols / 32 + kActBlocksPerCta - 1) / kActBlocksPerCta;
+  const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(n_tokens));
+  return LaunchKernel(NormQuantizeKernel, grid, dim3(kActThreads), 0, stream, pdl, x, w,
+                      static_cast<int>(n_cols), eps, h, out);
+}
+
+absl::Status LaunchSwiGluQuantize(const float* gate, const float* up, int64_t n_cols,
+                                  int64_t n_tokens, float* g, const QuantOut& out, bool pdl,
+                                  cudaStream_t stream) {
+  if (n_cols <= 0 || n_cols % 32 != 0 || n_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("SwiGLU + quantize: bad shape ", n_tokens,
+                                                   " x ", n_cols, " (n_cols a multiple of 32)"));
+  }
+  const int64_t n_blocks = n_cols / 32 * n_tokens;
+  const int64_t grid = (n_blocks + kActBlocksPerCta - 1) / kActBlocksPerCta;
+  DPL_RETURN_IF_ERROR(CheckGrid(grid, "SwiGLU + quantize"));
+  return LaunchKernel(SwiGluQuantizeKernel, dim3(static_cast<unsigned>(grid)), dim3(kActThreads),
+                      0, stream, pdl, gate, up, n_blocks, g, out);
 }
 
 }  // namespace dpl::kernels

@@ -13,35 +13,67 @@
 
 namespace dpl::kernels {
 
-struct MatVecArgs {
+// One matrix of a launch. A launch covers up to kMaxMatVecParts
+// (matvec_geometry.h) matrices that read the same x with the same kernel and
+// geometry: their row blocks follow each other along grid.y, part k's first
+// at row_block0.
+struct MatVecPart {
   const uint8_t* w = nullptr;  // device, (n_rows, row_stride) bytes
   int64_t row_stride = 0;      // bytes
   int n_rows = 0;
-  int n_cols = 0;
-  int n_tokens = 1;
-  const float* x = nullptr;    // (n_tokens, n_cols) f32: read by the f32/f16 kernels
-  const int8_t* xq = nullptr;  // (n_tokens, n_cols) int8: read by the quantized kernels
-  const float* xd = nullptr;   // (n_tokens, n_cols / 32) block scales of xq
-  const float* xs = nullptr;   // (n_tokens, n_cols / 32) xd * sum(xq) per block
-  float* y = nullptr;          // (n_tokens, n_rows)
+  int row_block0 = 0;               // grid.y index of this part's first row block
+  float* y = nullptr;               // (n_tokens, n_rows)
   const float* bias = nullptr;      // (n_rows) or null: added to every token
   const float* residual = nullptr;  // (n_tokens, n_rows) or null; may alias y
 };
 
-// y = W x (+ bias) (+ residual) for n_tokens tokens with the kernel of
-// `kernel` and geometry `g` (token_tile 1 needs n_tokens == 1); grid from
-// MatVecGridFor(n_rows, n_tokens, g). Errors for a geometry that is not
-// compiled (IsCompiledGeometry).
+struct MatVecArgs {
+  MatVecPart part[kMaxMatVecParts];
+  int n_parts = 1;
+  int n_cols = 0;
+  int n_tokens = 1;
+  const float* x = nullptr;    // (n_tokens, n_cols) f32: read by the f32/f16/bf16 kernels
+  const int8_t* xq = nullptr;  // (n_tokens, n_cols) int8: read by the quantized kernels
+  const float* xd = nullptr;   // (n_tokens, n_cols / 32) block scales of xq
+  const float* xs = nullptr;   // (n_tokens, n_cols / 32) xd * sum(xq) per block
+};
+
+// y = W x (+ bias) (+ residual) for n_tokens tokens and every part, with the
+// kernel of `kernel` and geometry `g` (token_tile 1 needs n_tokens == 1);
+// grid.x = token tiles, grid.y = all parts' row blocks (MatVecGridFor per
+// part). `pdl`: a programmatic dependent launch (kernels/launch.cuh); the
+// kernel loads its first weights before waiting for the previous kernel.
+// Errors for a geometry that is not compiled (IsCompiledGeometry).
 absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& args, const MatVecGeometry& g,
-                          int64_t grid_x, int64_t grid_y, cudaStream_t stream);
+                          int64_t grid_x, int64_t grid_y, bool pdl, cudaStream_t stream);
 
 // CTAs of that kernel and geometry resident per SM on the current device
 // (the CUDA occupancy API): what DecodeTuning records at load.
 absl::StatusOr<int> MatVecCtasPerSm(MatVecKernel kernel, const MatVecGeometry& g);
 
-// Quantizes n_blocks consecutive blocks of 32 floats (x: (n_blocks * 32)):
-// q: (n_blocks * 32) int8, d: (n_blocks) scales, s: (n_blocks) d * sum(q).
-absl::Status LaunchQuantizeActivations(const float* x, int64_t n_blocks, int8_t* q, float* d,
-                                       float* s, cudaStream_t stream);
+// The int8 activations every quantized kernel reads, per block of 32 values
+// (one warp each, QuantizeBlock32 in matvec_kernels.cu):
+//   d = max|v| / 127,  q_i = clamp(rint(v_i / d), -127, 127)  (0 when d == 0),
+//   s = d * sum_i q_i   (the q4_K min term uses it)
+// q: (n_tokens, n_cols) int8, d and s: (n_tokens, n_cols / 32) floats.
+struct QuantOut {
+  int8_t* q = nullptr;
+  float* d = nullptr;
+  float* s = nullptr;
+};
+
+// v = x: n_blocks consecutive blocks of 32 floats.
+absl::Status LaunchQuantizeActivations(const float* x, int64_t n_blocks, const QuantOut& out,
+                                       bool pdl, cudaStream_t stream);
+// v = h = x * w / sqrt(mean(x^2) + eps) per token row (RMSNorm), h also
+// written as float32 (n_tokens, n_cols): the f32/f16 kernels read it.
+absl::Status LaunchNormQuantize(const float* x, const float* w, float eps, int64_t n_cols,
+                                int64_t n_tokens, float* h, const QuantOut& out, bool pdl,
+                                cudaStream_t stream);
+// v = g = silu(gate) * up (SwiGLU, full-precision expf), g also written as
+// float32 (n_tokens, n_cols); g may alias gate.
+absl::Status LaunchSwiGluQuantize(const float* gate, const float* up, int64_t n_cols,
+                                  int64_t n_tokens, float* g, const QuantOut& out, bool pdl,
+                                  cudaStream_t stream);
 
 }  // namespace dpl::kernels

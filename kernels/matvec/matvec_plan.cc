@@ -1,6 +1,7 @@
 #include "kernels/matvec/matvec_plan.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "formats/tensor_layout.h"
 
 namespace dpl::kernels {
@@ -8,37 +9,79 @@ namespace dpl::kernels {
 using formats::GgmlType;
 using formats::TensorLayout;
 
-const char* MatVecKernelName(MatVecKernel k) {
-  switch (k) {
-    case MatVecKernel::kF32: return "f32";
-    case MatVecKernel::kF32Scalar: return "f32_scalar";
-    case MatVecKernel::kF16: return "f16";
-    case MatVecKernel::kF16Scalar: return "f16_scalar";
-    case MatVecKernel::kQ8_0: return "q8_0";
-    case MatVecKernel::kQ5_0: return "q5_0";
-    case MatVecKernel::kQ4K: return "q4_K";
-    case MatVecKernel::kQ6KRaw: return "q6_K_raw";
-    case MatVecKernel::kQ6KDpl: return "q6_K_dpl";
+namespace {
+
+// Every kernel: its name, the weight type and layout it reads, and whether
+// it reads the int8 activations.
+struct KernelInfo {
+  MatVecKernel kernel;
+  const char* name;
+  GgmlType type;
+  TensorLayout layout;
+  bool quantized_x;
+};
+constexpr KernelInfo kKernels[] = {
+    {MatVecKernel::kF32, "f32", GgmlType::kF32, TensorLayout::kRaw, false},
+    {MatVecKernel::kF32Scalar, "f32_scalar", GgmlType::kF32, TensorLayout::kRaw, false},
+    {MatVecKernel::kF16, "f16", GgmlType::kF16, TensorLayout::kRaw, false},
+    {MatVecKernel::kF16Scalar, "f16_scalar", GgmlType::kF16, TensorLayout::kRaw, false},
+    {MatVecKernel::kBF16, "bf16", GgmlType::kBF16, TensorLayout::kRaw, false},
+    {MatVecKernel::kBF16Scalar, "bf16_scalar", GgmlType::kBF16, TensorLayout::kRaw, false},
+    {MatVecKernel::kQ8_0, "q8_0", GgmlType::kQ8_0, TensorLayout::kRaw, true},
+    {MatVecKernel::kQ8_0Dpl, "q8_0_dpl", GgmlType::kQ8_0, TensorLayout::kDpl, true},
+    {MatVecKernel::kQ4_0, "q4_0", GgmlType::kQ4_0, TensorLayout::kRaw, true},
+    {MatVecKernel::kQ4_0Dpl, "q4_0_dpl", GgmlType::kQ4_0, TensorLayout::kDpl, true},
+    {MatVecKernel::kQ4_1, "q4_1", GgmlType::kQ4_1, TensorLayout::kRaw, true},
+    {MatVecKernel::kQ4_1Dpl, "q4_1_dpl", GgmlType::kQ4_1, TensorLayout::kDpl, true},
+    {MatVecKernel::kQ5_0, "q5_0", GgmlType::kQ5_0, TensorLayout::kRaw, true},
+    {MatVecKernel::kQ5_0Dpl, "q5_0_dpl", GgmlType::kQ5_0, TensorLayout::kDpl, true},
+    {MatVecKernel::kQ5_1, "q5_1", GgmlType::kQ5_1, TensorLayout::kRaw, true},
+    {MatVecKernel::kQ5_1Dpl, "q5_1_dpl", GgmlType::kQ5_1, TensorLayout::kDpl, true},
+    {MatVecKernel::kIQ4NL, "iq4_nl", GgmlType::kIQ4_NL, TensorLayout::kRaw, true},
+    {MatVecKernel::kIQ4NLDpl, "iq4_nl_dpl", GgmlType::kIQ4_NL, TensorLayout::kDpl, true},
+    {MatVecKernel::kQ2K, "q2_K", GgmlType::kQ2_K, TensorLayout::kRaw, true},
+    {MatVecKernel::kQ2KDpl, "q2_K_dpl", GgmlType::kQ2_K, TensorLayout::kDpl, true},
+    {MatVecKernel::kQ3K, "q3_K", GgmlType::kQ3_K, TensorLayout::kRaw, true},
+    {MatVecKernel::kQ3KDpl, "q3_K_dpl", GgmlType::kQ3_K, TensorLayout::kDpl, true},
+    {MatVecKernel::kQ4K, "q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, true},
+    {MatVecKernel::kQ5K, "q5_K", GgmlType::kQ5_K, TensorLayout::kRaw, true},
+    {MatVecKernel::kQ6KRaw, "q6_K_raw", GgmlType::kQ6_K, TensorLayout::kRaw, true},
+    {MatVecKernel::kQ6KDpl, "q6_K_dpl", GgmlType::kQ6_K, TensorLayout::kDpl, true},
+    {MatVecKernel::kIQ4XS, "iq4_xs", GgmlType::kIQ4_XS, TensorLayout::kRaw, true},
+    {MatVecKernel::kIQ4XSDpl, "iq4_xs_dpl", GgmlType::kIQ4_XS, TensorLayout::kDpl, true},
+};
+static_assert(sizeof(kKernels) / sizeof(kKernels[0]) == kNumMatVecKernels,
+              "every MatVecKernel has a row");
+
+const KernelInfo* InfoOf(MatVecKernel k) {
+  for (const KernelInfo& i : kKernels) {
+    if (i.kernel == k) return &i;
   }
-  return "?";
+  return nullptr;
+}
+
+// Largest power of two dividing n, at most 16.
+int64_t Pow2Factor(int64_t n) {
+  int64_t a = 1;
+  while (a < 16 && n % (2 * a) == 0) a *= 2;
+  return a;
+}
+
+}  // namespace
+
+const char* MatVecKernelName(MatVecKernel k) {
+  const KernelInfo* i = InfoOf(k);
+  return i != nullptr ? i->name : "?";
 }
 
 bool UsesQuantizedActivations(MatVecKernel k) {
-  switch (k) {
-    case MatVecKernel::kQ8_0:
-    case MatVecKernel::kQ5_0:
-    case MatVecKernel::kQ4K:
-    case MatVecKernel::kQ6KRaw:
-    case MatVecKernel::kQ6KDpl:
-      return true;
-    default:
-      return false;
-  }
+  const KernelInfo* i = InfoOf(k);
+  return i != nullptr && i->quantized_x;
 }
 
 int64_t MinRowStride(GgmlType type, TensorLayout layout, int64_t n_cols) {
   if (n_cols <= 0) return 0;
-  if (layout == TensorLayout::kDpl && type != GgmlType::kQ6_K) return 0;
+  if (layout == TensorLayout::kDpl && formats::DplPlanesOf(type).n == 0) return 0;
   const formats::GgmlTypeTraits tr = formats::TraitsOf(type);
   if (n_cols % tr.block_elems != 0) return 0;
   return static_cast<int64_t>(
@@ -63,42 +106,40 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   if (w.n_cols > (int64_t{1} << 30) || w.n_rows > (int64_t{1} << 31) - 1) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": shape too large"));
   }
-  if (w.layout == TensorLayout::kDpl && w.type != GgmlType::kQ6_K) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": layout dpl_q6k is only defined for q6_K"));
-  }
   if (w.layout != TensorLayout::kRaw && w.layout != TensorLayout::kDpl) {
     return absl::UnimplementedError(absl::StrCat(what, ": unsupported layout"));
   }
-  MatVecKernel k;
-  // Alignment each kernel's loads need: of the base and of every row.
-  uintptr_t align = 2;
-  switch (w.type) {
-    case GgmlType::kF32: {
-      const bool vec = w.n_cols % 4 == 0 && w.row_stride % 16 == 0 && Aligned(w.data, 16);
-      k = vec ? MatVecKernel::kF32 : MatVecKernel::kF32Scalar;
-      align = vec ? 16 : 4;
+  if (w.layout == TensorLayout::kDpl && formats::DplPlanesOf(w.type).n == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": type ", tname, " has no dpl layout"));
+  }
+  // The kernel reading this type and layout, and the alignment its loads
+  // need of the base and of every row: dpl rows are 16-byte aligned; raw
+  // block rows as their blocks (BlockRow in kernels/block_row.cuh assumes
+  // it); f32/f16/bf16 rows take the vector kernel when 16-byte aligned.
+  const KernelInfo* info = nullptr;
+  for (const KernelInfo& i : kKernels) {
+    if (i.type == w.type && i.layout == w.layout) {
+      info = &i;
       break;
     }
-    case GgmlType::kF16: {
-      const bool vec = w.n_cols % 8 == 0 && w.row_stride % 16 == 0 && Aligned(w.data, 16);
-      k = vec ? MatVecKernel::kF16 : MatVecKernel::kF16Scalar;
-      align = vec ? 16 : 2;
-      break;
+  }
+  if (info == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(what, ": no matvec kernel for type ", tname));
+  }
+  MatVecKernel k = info->kernel;
+  uintptr_t align = 16;
+  if (w.type == GgmlType::kF32 || w.type == GgmlType::kF16 || w.type == GgmlType::kBF16) {
+    const int64_t per16 = w.type == GgmlType::kF32 ? 4 : 8;
+    const bool vec = w.n_cols % per16 == 0 && w.row_stride % 16 == 0 && Aligned(w.data, 16);
+    if (!vec) {
+      k = w.type == GgmlType::kF32   ? MatVecKernel::kF32Scalar
+          : w.type == GgmlType::kF16 ? MatVecKernel::kF16Scalar
+                                     : MatVecKernel::kBF16Scalar;
+      align = w.type == GgmlType::kF32 ? 4 : 2;
     }
-    case GgmlType::kQ8_0: k = MatVecKernel::kQ8_0; break;
-    case GgmlType::kQ5_0: k = MatVecKernel::kQ5_0; break;
-    case GgmlType::kQ4_K: k = MatVecKernel::kQ4K; align = 16; break;
-    case GgmlType::kQ6_K:
-      if (w.layout == TensorLayout::kDpl) {
-        k = MatVecKernel::kQ6KDpl;
-        align = 16;
-      } else {
-        k = MatVecKernel::kQ6KRaw;
-      }
-      break;
-    default:
-      return absl::UnimplementedError(absl::StrCat(what, ": no matvec kernel for type ", tname));
+  } else if (w.layout == TensorLayout::kRaw) {
+    align = static_cast<uintptr_t>(Pow2Factor(formats::TraitsOf(w.type).block_bytes));
   }
   const int64_t min_stride = MinRowStride(w.type, w.layout, w.n_cols);
   if (min_stride == 0) {
@@ -122,13 +163,46 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   plan.kernel = k;
   plan.decode = DecodeGeometryFor(k, w.n_rows, tuning);
   plan.prompt = MatVecGeometry{kTokenTile, 1, 2, false};
+  plan.pdl = tuning.pdl;
   return plan;
+}
+
+absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const WeightMatrix> ws,
+                                                              const DecodeTuning& tuning) {
+  std::vector<MatVecGroupPlan> groups;
+  std::vector<int64_t> rows;  // per group
+  for (size_t i = 0; i < ws.size(); ++i) {
+    DPL_ASSIGN_OR_RETURN(const MatVecPlan own, PlanMatVec(ws[i], tuning));
+    if (ws[i].n_cols != ws[0].n_cols) {
+      return absl::InvalidArgumentError(absl::StrCat("matvec group: matrix ", i, " has ",
+                                                     ws[i].n_cols, " columns, not ",
+                                                     ws[0].n_cols));
+    }
+    size_t g = 0;
+    while (g < groups.size() && (groups[g].plan.kernel != own.kernel ||
+                                 groups[g].members.size() >= static_cast<size_t>(kMaxMatVecParts))) {
+      ++g;
+    }
+    if (g == groups.size()) {
+      groups.push_back({{}, own});
+      rows.push_back(0);
+    }
+    groups[g].members.push_back(static_cast<int>(i));
+    rows[g] += ws[i].n_rows;
+  }
+  // Each launch's geometry is that of one matrix of its total height.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].plan.decode = DecodeGeometryFor(groups[g].plan.kernel, rows[g], tuning);
+  }
+  return groups;
 }
 
 MatVecGeometry DecodeGeometryFor(MatVecKernel kernel, int64_t n_rows, const DecodeTuning& tuning) {
   const MatVecGeometry plain = {1, n_rows < 16384 ? 4 : 1, n_rows >= 65536 ? 4 : 2, false};
   if (n_rows >= 65536 || n_rows < 2048) return plain;
-  if (kernel == MatVecKernel::kQ4K) return {1, n_rows >= 8192 ? 1 : 4, 1, true};
+  if (kernel == MatVecKernel::kQ4K || kernel == MatVecKernel::kQ5K) {
+    return {1, n_rows >= 8192 ? 1 : 4, 1, true};
+  }
   if (kernel == MatVecKernel::kQ6KDpl || kernel == MatVecKernel::kQ6KRaw) {
     const int64_t slots = static_cast<int64_t>(tuning.q6k_ctas_per_sm) * tuning.num_sms;
     if (n_rows <= RowsPerCta(4) * slots) return {1, 4, 1, true};

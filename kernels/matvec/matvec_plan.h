@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/matvec/matvec_geometry.h"
 #include "kernels/tuning.h"
 #include "kernels/weight_matrix.h"
@@ -27,12 +29,26 @@ struct MatVecPlan {
   MatVecKernel kernel = MatVecKernel::kF32;
   MatVecGeometry decode;  // one token
   MatVecGeometry prompt;  // more tokens: token_tile kTokenTile
+  bool pdl = false;       // launched as a programmatic dependent launch (DecodeTuning::pdl)
 };
 
 // Checks shape, stride and alignment of `w`, picks its kernel and the
 // measured geometry for this GPU (DecodeGeometryFor). Errors name the
 // type/layout/field that is wrong (unsupported types included).
 absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning& tuning);
+
+// Matrices that read the same x, in launches: `members` index the input
+// span; every member has the group's kernel, and the group's decode
+// geometry is planned for the members' total rows (RunMatVecGroup launches
+// them as one grid). Matrices with the same kernel share a launch, at most
+// kMaxMatVecParts per launch, in their input order; errors as PlanMatVec's,
+// or matrices of different widths.
+struct MatVecGroupPlan {
+  std::vector<int> members;
+  MatVecPlan plan;
+};
+absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const WeightMatrix> ws,
+                                                              const DecodeTuning& tuning);
 
 // The single-token geometry per kernel and matrix height, from the H200
 // sweep of matvec_bench (2026-11-30, every k-split/depth/pipe, one binary):

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "formats/q6k_dpl.h"
+#include "formats/tensor_layout.h"
 #include "kernels/matvec/matvec_plan.h"
 
 namespace dpl::kernels {
@@ -55,7 +55,10 @@ TEST_CASE("MinRowStride per type and layout") {
   CHECK(MinRowStride(GgmlType::kQ5_0, TensorLayout::kRaw, 96) == 66);
   CHECK(MinRowStride(GgmlType::kF16, TensorLayout::kRaw, 100) == 200);
   CHECK(MinRowStride(GgmlType::kQ4_K, TensorLayout::kRaw, 100) == 0);   // not whole blocks
-  CHECK(MinRowStride(GgmlType::kQ4_K, TensorLayout::kDpl, 256) == 0);  // dpl is q6_K only
+  CHECK(MinRowStride(GgmlType::kQ4_K, TensorLayout::kDpl, 256) == 0);  // q4_K has no dpl layout
+  CHECK(MinRowStride(GgmlType::kQ8_0, TensorLayout::kDpl, 896) == 28 * 34 + 8);  // padded to 16
+  CHECK(MinRowStride(GgmlType::kQ3_K, TensorLayout::kDpl, 3584) == 14 * 110 + 12);
+  CHECK(MinRowStride(GgmlType::kIQ4_XS, TensorLayout::kRaw, 512) == 272);
 }
 
 TEST_CASE("PlanMatVec picks the kernel for each type and layout") {
@@ -89,16 +92,50 @@ TEST_CASE("PlanMatVec picks the kernel for each type and layout") {
   CHECK(k == MatVecKernel::kF16Scalar);  // base only 2-byte aligned
   CHECK(UsesQuantizedActivations(MatVecKernel::kQ4K));
   CHECK(!UsesQuantizedActivations(MatVecKernel::kF16));
+  CHECK(!UsesQuantizedActivations(MatVecKernel::kBF16));
+  // Every weight type the GPU runs, raw and (where DplPlanesOf has one) dpl.
+  const struct {
+    GgmlType type;
+    MatVecKernel raw, dpl;  // dpl == raw: no dpl layout
+  } types[] = {
+      {GgmlType::kQ8_0, MatVecKernel::kQ8_0, MatVecKernel::kQ8_0Dpl},
+      {GgmlType::kQ4_0, MatVecKernel::kQ4_0, MatVecKernel::kQ4_0Dpl},
+      {GgmlType::kQ4_1, MatVecKernel::kQ4_1, MatVecKernel::kQ4_1Dpl},
+      {GgmlType::kQ5_0, MatVecKernel::kQ5_0, MatVecKernel::kQ5_0Dpl},
+      {GgmlType::kQ5_1, MatVecKernel::kQ5_1, MatVecKernel::kQ5_1Dpl},
+      {GgmlType::kIQ4_NL, MatVecKernel::kIQ4NL, MatVecKernel::kIQ4NLDpl},
+      {GgmlType::kQ2_K, MatVecKernel::kQ2K, MatVecKernel::kQ2KDpl},
+      {GgmlType::kQ3_K, MatVecKernel::kQ3K, MatVecKernel::kQ3KDpl},
+      {GgmlType::kQ4_K, MatVecKernel::kQ4K, MatVecKernel::kQ4K},
+      {GgmlType::kQ5_K, MatVecKernel::kQ5K, MatVecKernel::kQ5K},
+      {GgmlType::kQ6_K, MatVecKernel::kQ6KRaw, MatVecKernel::kQ6KDpl},
+      {GgmlType::kIQ4_XS, MatVecKernel::kIQ4XS, MatVecKernel::kIQ4XSDpl},
+      {GgmlType::kBF16, MatVecKernel::kBF16, MatVecKernel::kBF16},
+  };
+  for (const auto& t : types) {
+    CAPTURE(formats::TraitsOf(t.type).name);
+    absl::StatusOr<MatVecKernel> raw = KernelOf(Make(t.type, TensorLayout::kRaw, 64, 4096));
+    REQUIRE_MESSAGE(raw.ok(), raw.status().ToString());
+    CHECK(*raw == t.raw);
+    CHECK(UsesQuantizedActivations(*raw) == (t.type != GgmlType::kBF16));
+    absl::StatusOr<MatVecKernel> dpl = KernelOf(Make(t.type, TensorLayout::kDpl, 64, 4096));
+    CHECK(dpl.ok() == (t.dpl != t.raw));
+    if (dpl.ok()) CHECK(*dpl == t.dpl);
+  }
+  CHECK(KernelOf(Make(GgmlType::kBF16, TensorLayout::kRaw, 8, 100)).value() == MatVecKernel::kBF16Scalar);
+  // Raw blocks need their own alignment (q5_1: 24-byte blocks, 8-aligned), dpl rows 16.
+  CHECK(!KernelOf(Make(GgmlType::kQ5_1, TensorLayout::kRaw, 4, 64, -1, 0x10004)).ok());
+  CHECK(KernelOf(Make(GgmlType::kQ5_1, TensorLayout::kRaw, 4, 64, -1, 0x10008)).ok());
+  CHECK(!KernelOf(Make(GgmlType::kQ8_0, TensorLayout::kDpl, 4, 64, -1, 0x10008)).ok());
 }
 
 TEST_CASE("PlanMatVec errors name what is wrong") {
-  MatVecKernel k;
-  absl::Status st = KernelOf(Make(GgmlType::kQ4_0, TensorLayout::kRaw, 4, 64)).status();
+  absl::Status st = KernelOf(Make(GgmlType::kIQ2_XXS, TensorLayout::kRaw, 4, 256)).status();
   CHECK(absl::IsUnimplemented(st));
-  CHECK(st.message().find("q4_0") != std::string::npos);
+  CHECK(st.message().find("iq2_xxs") != std::string::npos);
   st = KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kDpl, 4, 256, 144)).status();
   CHECK(!st.ok());
-  CHECK(st.message().find("dpl_q6k") != std::string::npos);
+  CHECK(st.message().find("q4_K has no dpl layout") != std::string::npos);
   st = KernelOf(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 4, 256, 140)).status();  // short stride
   CHECK(!st.ok());
   CHECK(st.message().find("row_stride") != std::string::npos);
@@ -150,6 +187,38 @@ TEST_CASE("decode geometry per type and height reproduces the H200 sweep") {
   CHECK(IsCompiledGeometry(plan->decode));
   CHECK(IsCompiledGeometry(plan->prompt));
   CHECK(plan->prompt.token_tile == kTokenTile);
+}
+
+TEST_CASE("PlanMatVecGroups: one launch per kernel, planned for the total height") {
+  const DecodeTuning t = H200();
+  // A qwen2.5-7B layer of Q4_K_M: q and k q4_K, v q6_K (dpl) in some layers.
+  const WeightMatrix q = Make(GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 3584);
+  const WeightMatrix k = Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584);
+  const WeightMatrix v6 = Make(GgmlType::kQ6_K, TensorLayout::kDpl, 512, 3584);
+  absl::StatusOr<std::vector<MatVecGroupPlan>> g = PlanMatVecGroups({q, k, k}, t);
+  REQUIRE(g.ok());
+  REQUIRE(g->size() == 1);
+  CHECK((*g)[0].members == std::vector<int>{0, 1, 2});
+  CHECK((*g)[0].plan.kernel == MatVecKernel::kQ4K);
+  CHECK((*g)[0].plan.decode == DecodeGeometryFor(MatVecKernel::kQ4K, 4608, t));
+  g = PlanMatVecGroups({q, k, v6}, t);
+  REQUIRE(g.ok());
+  REQUIRE(g->size() == 2);
+  CHECK((*g)[0].members == std::vector<int>{0, 1});
+  CHECK((*g)[1].members == std::vector<int>{2});
+  CHECK((*g)[1].plan.kernel == MatVecKernel::kQ6KDpl);
+  CHECK((*g)[1].plan.decode == DecodeGeometryFor(MatVecKernel::kQ6KDpl, 512, t));
+  g = PlanMatVecGroups({v6, k, v6}, t);  // same kernel, not adjacent: still one launch
+  REQUIRE(g.ok());
+  REQUIRE(g->size() == 2);
+  CHECK((*g)[0].members == std::vector<int>{0, 2});
+  // Different widths cannot share x.
+  CHECK(!PlanMatVecGroups({q, Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 4096)}, t).ok());
+  // pdl comes from the tuning.
+  DecodeTuning pdl = t;
+  pdl.pdl = true;
+  CHECK(PlanMatVec(q, pdl)->pdl);
+  CHECK(!PlanMatVec(q, t)->pdl);
 }
 
 TEST_CASE("MatVecGridFor covers every row and token, within CUDA limits") {

@@ -18,58 +18,10 @@
 #include <cstdint>
 
 #include "formats/tensor_layout.h"
+#include "kernels/block_row.cuh"
 #include "kernels/matvec/matvec_kernels.h"
 
 namespace dpl::kernels {
-
-// ---- Weight loads: read-only, streamed once, so they bypass L1 allocation
-// (no_allocate) and leave L1 to the activations every row re-reads.
-__device__ __forceinline__ uint4 LdW16(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint2 LdW8(const uint8_t* p) {
-  uint2 v;
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint32_t LdW4(const uint8_t* p) {
-  uint32_t v;
-  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint32_t LdW2(const uint8_t* p) {
-  unsigned short v;
-  asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
-  return v;
-}
-
-// N little-endian 32-bit words starting at a 2-byte aligned address p (raw
-// q8_0/q5_0/q6_K blocks have 34/22/210-byte strides, so their fields are only
-// 2-byte aligned). Reads the aligned words covering [p, p + 4N) and funnels
-// them together; the extra word is read only when p is not 4-aligned, and it
-// is the aligned word holding p's last bytes, so it never leaves the row.
-template <int N>
-__device__ __forceinline__ void LdWords2(const uint8_t* p, uint32_t (&w)[N]) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uint8_t* base = reinterpret_cast<const uint8_t*>(a & ~uintptr_t{3});
-  const uint32_t shift = static_cast<uint32_t>(a & 2) * 8;  // 0 or 16
-  uint32_t cur = LdW4(base);
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    uint32_t nxt = 0;
-    if (i + 1 < N) {
-      nxt = LdW4(base + 4 * (i + 1));
-    } else if (shift != 0) {
-      nxt = LdW4(base + 4 * N);
-    }
-    w[i] = __funnelshift_r(cur, nxt, shift);  // (nxt:cur) >> shift
-    cur = nxt;
-  }
-}
 
 __device__ __forceinline__ uint32_t Byte(uint32_t w, int k) { return (w >> (8 * k)) & 0xFFu; }
 
@@ -278,82 +230,408 @@ struct Q6K {
   }
 };
 
+// ---- Shared pieces of the block traits below.
+
+using formats::GgmlType;
+
+// Per byte: the 3-bit q3_K value v (0..7) -> the int8 v - 4 (same trick as
+// Q6Signed: v + 0x7C stays below 0x100, and flipping bit 7 subtracts 128).
+__device__ __forceinline__ int Q3Signed(uint32_t v) {
+  return static_cast<int>((v + 0x7C7C7C7Cu) ^ 0x80808080u);
+}
+
+// Per byte: the 4-bit index q (0..15) -> ggml's iq4_nl level kvalues[q] as
+// an int8. Two byte permutes look up the low and the high half of the
+// 16-entry table with q's low 3 bits; bit 3 picks between them.
+__device__ __forceinline__ int Iq4Levels(uint32_t q) {
+  constexpr uint32_t kT0 = 0xBFAD9881u;  // -127 -104 -83 -65
+  constexpr uint32_t kT1 = 0xF6EADDCFu;  //  -49  -35 -22 -10
+  constexpr uint32_t kT2 = 0x26190D01u;  //    1   13  25  38
+  constexpr uint32_t kT3 = 0x71594535u;  //   53   69  89 113
+  const uint32_t x = q & 0x07070707u;
+  const uint32_t y = x | (x >> 4);                     // byte 0: b0 | b1 << 4, byte 2: b2 | b3 << 4
+  const uint32_t sel = (y & 0xFFu) | ((y >> 8) & 0xFF00u);  // nibble i: byte i's index
+  const uint32_t lo = __byte_perm(kT0, kT1, sel), hi = __byte_perm(kT2, kT3, sel);
+  const uint32_t m = ((q >> 3) & 0x01010101u) * 0xFFu;  // 0xFF where the index is >= 8
+  return static_cast<int>(lo ^ ((lo ^ hi) & m));
+}
+
+// Lane p's 16 + 16 activations of a 32-weight block: elements 0..15 and 16..31.
+__device__ __forceinline__ void Block32X(const XView& x, int64_t b, int4* lo, int4* hi) {
+  *lo = LdX16(x.q + b * 32);
+  *hi = LdX16(x.q + b * 32 + 16);
+}
+// dot(lo nibbles, x 0..15) + dot(hi nibbles, x 16..31) for values already
+// mapped to int8 bytes.
+__device__ __forceinline__ int Dot32(const uint32_t (&lo)[4], const uint32_t (&hi)[4], int4 xl, int4 xh) {
+  int s = 0;
+  s = __dp4a(static_cast<int>(lo[0]), xl.x, s);
+  s = __dp4a(static_cast<int>(lo[1]), xl.y, s);
+  s = __dp4a(static_cast<int>(lo[2]), xl.z, s);
+  s = __dp4a(static_cast<int>(lo[3]), xl.w, s);
+  s = __dp4a(static_cast<int>(hi[0]), xh.x, s);
+  s = __dp4a(static_cast<int>(hi[1]), xh.y, s);
+  s = __dp4a(static_cast<int>(hi[2]), xh.z, s);
+  s = __dp4a(static_cast<int>(hi[3]), xh.w, s);
+  return s;
+}
+
 // ---------------------------------------------------------------------------
-// q8_0 (raw, 34-byte blocks: d f16, qs int8[32]).
+// q8_0 (34 B: d f16, qs int8[32]), raw blocks or dpl planes qs | d.
 //   y_r += sum_b d_b * xd_b * dot(qs_b, xq_b)
-// Step it: lane p takes block 8it + p (the 8 lanes read 272 contiguous bytes).
+// Step it covers blocks 4it .. 4it + 3: lane p takes half p & 1 (16 weights)
+// of block 4it + p / 2, so in the dpl layout the 8 lanes of a row read 128
+// contiguous qs bytes with one aligned 16-byte load each (raw blocks are only
+// 2-byte aligned: the same words come from funnelled 4-byte loads).
+template <bool kDpl>
 struct Q8_0 {
+  using Row = BlockRow<GgmlType::kQ8_0, kDpl>;
+  enum : uint32_t { kQs = 0, kD = 1 };
   struct Regs {
-    uint32_t q[8];
+    uint32_t q[4];
     uint32_t d;
   };
-  __device__ static int Steps(const MatVecArgs& a) { return (a.n_cols / 32 + 7) / 8; }
+  __device__ static int Steps(const MatVecArgs& a) { return (a.n_cols / 32 + 3) / 4; }
   __device__ static bool Load(Regs& r, const uint8_t* row, const MatVecArgs& a, int it, int p) {
-    const int kb = 8 * it + p;
-    if (kb >= a.n_cols / 32) return false;
-    const uint8_t* blk = row + static_cast<int64_t>(kb) * 34;
-    r.d = LdW2(blk);
-    LdWords2<8>(blk + 2, r.q);
+    const int b = 4 * it + (p >> 1);
+    if (b >= a.n_cols / 32) return false;
+    const Row w{row, a.n_cols / 32};
+    LdWords<4, Row::Align(kQs)>(w.template Field<kQs>(b) + 16 * (p & 1), r.q);
+    r.d = LdW2(w.template Field<kD>(b));
     return true;
   }
   __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
-    const int kb = 8 * it + p;
-    const int4 xa = LdX16(x.q + kb * 32);
-    const int4 xb = LdX16(x.q + kb * 32 + 16);
+    const int b = 4 * it + (p >> 1);
+    const int4 xv = LdX16(x.q + b * 32 + 16 * (p & 1));
     int s = 0;
-    s = __dp4a(static_cast<int>(r.q[0]), xa.x, s);
-    s = __dp4a(static_cast<int>(r.q[1]), xa.y, s);
-    s = __dp4a(static_cast<int>(r.q[2]), xa.z, s);
-    s = __dp4a(static_cast<int>(r.q[3]), xa.w, s);
-    s = __dp4a(static_cast<int>(r.q[4]), xb.x, s);
-    s = __dp4a(static_cast<int>(r.q[5]), xb.y, s);
-    s = __dp4a(static_cast<int>(r.q[6]), xb.z, s);
-    s = __dp4a(static_cast<int>(r.q[7]), xb.w, s);
-    return Half(r.d) * __ldg(x.d + kb) * static_cast<float>(s);
+    s = __dp4a(static_cast<int>(r.q[0]), xv.x, s);
+    s = __dp4a(static_cast<int>(r.q[1]), xv.y, s);
+    s = __dp4a(static_cast<int>(r.q[2]), xv.z, s);
+    s = __dp4a(static_cast<int>(r.q[3]), xv.w, s);
+    return Half(r.d) * __ldg(x.d + b) * static_cast<float>(s);
   }
 };
 
 // ---------------------------------------------------------------------------
-// q5_0 (raw, 22-byte blocks: d f16, qh u32, qs[16]).
-//   q_j = (qs[j] & 15) | ((qh >> j) & 1) << 4,  q_{j+16} = (qs[j] >> 4) | ((qh >> (j+16)) & 1) << 4
-//   y_r += sum_b d_b * xd_b * dot(q_b - 16, xq_b)
-// Step it: lane p takes block 8it + p.
-struct Q5_0 {
+// 4-bit 32-weight blocks, raw or dpl planes qs | d (| m): element j < 16 is
+// the low nibble of qs[j], element j + 16 the high nibble. Step it: lane p
+// takes block 8it + p (16 qs bytes: one aligned load in the dpl layout).
+//   q4_0  (18 B: d, qs[16]):     y_r += sum_b d_b (xd_b dot(q_b, xq_b) - 8 xs_b)
+//   iq4_nl (18 B: d, qs[16]):    y_r += sum_b d_b xd_b dot(kvalues[q_b], xq_b)
+//   q4_1  (20 B: d, m, qs[16]):  y_r += sum_b d_b xd_b dot(q_b, xq_b) + m_b xs_b
+// (xs_b = xd_b * sum(xq_b): the -8 offset and the min cost one multiply.)
+template <GgmlType kType, bool kDpl>
+struct Nib4 {
+  using Row = BlockRow<kType, kDpl>;
+  enum : uint32_t { kQs = 0, kD = 1 };  // kD: d (q4_0, iq4_nl) or d | m << 16 (q4_1)
+  static constexpr bool kMin = kType == GgmlType::kQ4_1;
   struct Regs {
-    uint32_t w[5];  // qh, qs[0..3], qs[4..7], qs[8..11], qs[12..15]
+    uint32_t q[4];
     uint32_t d;
   };
   __device__ static int Steps(const MatVecArgs& a) { return (a.n_cols / 32 + 7) / 8; }
   __device__ static bool Load(Regs& r, const uint8_t* row, const MatVecArgs& a, int it, int p) {
-    const int kb = 8 * it + p;
-    if (kb >= a.n_cols / 32) return false;
-    const uint8_t* blk = row + static_cast<int64_t>(kb) * 22;
-    r.d = LdW2(blk);
-    LdWords2<5>(blk + 2, r.w);
+    const int b = 8 * it + p;
+    if (b >= a.n_cols / 32) return false;
+    const Row w{row, a.n_cols / 32};
+    LdWords<4, Row::Align(kQs)>(w.template Field<kQs>(b), r.q);
+    if constexpr (kMin) {
+      uint32_t dm[1];
+      LdWords<1, (Row::Align(kD) < 4 ? Row::Align(kD) : 4)>(w.template Field<kD>(b), dm);
+      r.d = dm[0];
+    } else {
+      r.d = LdW2(w.template Field<kD>(b));
+    }
     return true;
   }
   __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
-    const int kb = 8 * it + p;
-    const int4 xa = LdX16(x.q + kb * 32);       // elements 0..15
-    const int4 xb = LdX16(x.q + kb * 32 + 16);  // elements 16..31
-    const int xl[4] = {xa.x, xa.y, xa.z, xa.w};
-    const int xh[4] = {xb.x, xb.y, xb.z, xb.w};
+    const int b = 8 * it + p;
+    int4 xl, xh;
+    Block32X(x, b, &xl, &xh);
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = r.q[i] & 0x0F0F0F0Fu;
+      hi[i] = (r.q[i] >> 4) & 0x0F0F0F0Fu;
+      if constexpr (kType == GgmlType::kIQ4_NL) {
+        lo[i] = static_cast<uint32_t>(Iq4Levels(lo[i]));
+        hi[i] = static_cast<uint32_t>(Iq4Levels(hi[i]));
+      }
+    }
+    const float s = static_cast<float>(Dot32(lo, hi, xl, xh));
+    const float d = Half(r.d & 0xFFFFu);
+    if constexpr (kType == GgmlType::kQ4_0) {
+      return d * (__ldg(x.d + b) * s - 8.0f * __ldg(x.s + b));
+    } else if constexpr (kMin) {
+      return d * __ldg(x.d + b) * s + Half(r.d >> 16) * __ldg(x.s + b);
+    } else {
+      return d * __ldg(x.d + b) * s;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------
+// 5-bit 32-weight blocks, raw or dpl planes qs | qh | d (| m):
+//   q_j = (qs[j] & 15) | ((qh >> j) & 1) << 4,  q_{j+16} = (qs[j] >> 4) | ((qh >> (j+16)) & 1) << 4
+//   q5_0 (22 B: d, qh u32, qs[16]):     y_r += sum_b d_b xd_b dot(q_b - 16, xq_b)
+//   q5_1 (24 B: d, m, qh u32, qs[16]):  y_r += sum_b d_b xd_b dot(q_b, xq_b) + m_b xs_b
+// Step it: lane p takes block 8it + p.
+template <GgmlType kType, bool kDpl>
+struct Nib5 {
+  using Row = BlockRow<kType, kDpl>;
+  enum : uint32_t { kQs = 0, kQh = 1, kD = 2 };
+  static constexpr bool kMin = kType == GgmlType::kQ5_1;
+  struct Regs {
+    uint32_t w[5];  // qh, qs[0..3], qs[4..7], qs[8..11], qs[12..15]
+    uint32_t d;     // d (q5_0) or d | m << 16 (q5_1)
+  };
+  __device__ static int Steps(const MatVecArgs& a) { return (a.n_cols / 32 + 7) / 8; }
+  __device__ static bool Load(Regs& r, const uint8_t* row, const MatVecArgs& a, int it, int p) {
+    const int b = 8 * it + p;
+    if (b >= a.n_cols / 32) return false;
+    const Row w{row, a.n_cols / 32};
+    uint32_t qh[1], qs[4];
+    LdWords<1, (Row::Align(kQh) < 4 ? Row::Align(kQh) : 4)>(w.template Field<kQh>(b), qh);
+    LdWords<4, Row::Align(kQs)>(w.template Field<kQs>(b), qs);
+    r.w[0] = qh[0], r.w[1] = qs[0], r.w[2] = qs[1], r.w[3] = qs[2], r.w[4] = qs[3];
+    if constexpr (kMin) {
+      uint32_t dm[1];
+      LdWords<1, (Row::Align(kD) < 4 ? Row::Align(kD) : 4)>(w.template Field<kD>(b), dm);
+      r.d = dm[0];
+    } else {
+      r.d = LdW2(w.template Field<kD>(b));
+    }
+    return true;
+  }
+  __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
+    const int b = 8 * it + p;
+    int4 xa, xb;
+    Block32X(x, b, &xa, &xb);
     const uint32_t qh = r.w[0];
-    int s = 0;
+    uint32_t lo[4], hi[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint32_t qs = r.w[1 + i];
-      const uint32_t lo = (qs & 0x0F0F0F0Fu) | (Spread4((qh >> (4 * i)) & 15u) << 4);
-      const uint32_t hi = ((qs >> 4) & 0x0F0F0F0Fu) | (Spread4((qh >> (16 + 4 * i)) & 15u) << 4);
-      s = __dp4a(Q5Signed(lo), xl[i], s);
-      s = __dp4a(Q5Signed(hi), xh[i], s);
+      lo[i] = (qs & 0x0F0F0F0Fu) | (Spread4((qh >> (4 * i)) & 15u) << 4);
+      hi[i] = ((qs >> 4) & 0x0F0F0F0Fu) | (Spread4((qh >> (16 + 4 * i)) & 15u) << 4);
+      if constexpr (!kMin) {
+        lo[i] = static_cast<uint32_t>(Q5Signed(lo[i]));
+        hi[i] = static_cast<uint32_t>(Q5Signed(hi[i]));
+      }
     }
-    return Half(r.d) * __ldg(x.d + kb) * static_cast<float>(s);
+    const float s = static_cast<float>(Dot32(lo, hi, xa, xb));
+    const float v = Half(r.d & 0xFFFFu) * __ldg(x.d + b) * s;
+    if constexpr (kMin) return v + Half(r.d >> 16) * __ldg(x.s + b);
+    return v;
   }
 };
 
 // ---------------------------------------------------------------------------
-// f32 / f16 weights with f32 activations:  y_r += sum_i w_ri * x_i.
+// 2- and 3-bit k-quants (256-weight blocks of 16 sub-blocks of 16), raw or
+// dpl planes. Weight i = 128c + 32s + l (c 0..1, s 0..3, l 0..31) takes its
+// low 2 bits from (qs[32c + l] >> 2s) & 3, and sub-block k = i / 16.
+//   q2_K (84 B: scales[16], qs[64], d, dmin), planes qs | scales | d,dmin:
+//     w = d (scales[k] & 15) q - dmin (scales[k] >> 4)
+//     y_r += sum d sum_s sc_s xd_s dot_s - dmin sum_s m_s xd_s sum(xq_s)
+//   q3_K (110 B: hmask[32], qs[64], scales[12], d), planes hmask | qs | scales | d:
+//     q = low - ((hmask[l] >> (4c + s)) & 1 ? 0 : 4), sc_k the signed 6-bit scale
+//     y_r += sum d sum_s sc_s xd_s dot(q_s, xq_s)
+// Step it covers blocks 2it and 2it + 1 (as q6_K): lane p takes block
+// 2it + p / 4, half c = (p / 2) & 1, columns l0 .. l0 + 15 (l0 = 16 (p & 1)):
+// 16 qs bytes give its 64 weights (quarters s = 0..3, sub-block 8c + l0/16 +
+// 2s, activation block 8b + 4c + s).
+template <GgmlType kType, bool kDpl>
+struct K23 {
+  using Row = BlockRow<kType, kDpl>;
+  static constexpr bool kQ3 = kType == GgmlType::kQ3_K;
+  // Plane indices (formats::DplPlanesOf).
+  static constexpr uint32_t kQs = kQ3 ? 1 : 0;
+  static constexpr uint32_t kHmask = 0;           // q3_K
+  static constexpr uint32_t kScales = kQ3 ? 2 : 1;
+  static constexpr uint32_t kD = 3;               // q3_K: d
+  static constexpr uint32_t kDm = 2;              // q2_K: d | dmin << 16
+  struct Regs {
+    uint32_t qs[4];  // qs[32c + l0 .. +16]
+    uint32_t hm[4];  // q3_K: hmask[l0 .. +16]
+    uint32_t sc[3];  // q2_K: scales[8c .. 8c + 8] in sc[0..1]; q3_K: scales[0..12]
+    uint32_t d;      // q3_K: d; q2_K: d | dmin << 16
+  };
+  __device__ static int Steps(const MatVecArgs& a) { return (a.n_cols / 256 + 1) / 2; }
+  __device__ static bool Load(Regs& r, const uint8_t* row, const MatVecArgs& a, int it, int p) {
+    const int nbe = a.n_cols / 256;
+    const int b = 2 * it + (p >> 2);
+    if (b >= nbe) return false;
+    const int c = (p >> 1) & 1, l0 = 16 * (p & 1);
+    const Row w{row, nbe};
+    LdWords<4, Row::Align(kQs)>(w.template Field<kQs>(b) + 32 * c + l0, r.qs);
+    if constexpr (kQ3) {
+      LdWords<4, Row::Align(kHmask)>(w.template Field<kHmask>(b) + l0, r.hm);
+      LdWords<3, (Row::Align(kScales) < 4 ? Row::Align(kScales) : 4)>(w.template Field<kScales>(b), r.sc);
+      r.d = LdW2(w.template Field<kD>(b));
+    } else {
+      uint32_t sc[2], dm[1];
+      LdWords<2, Row::Align(kScales)>(w.template Field<kScales>(b) + 8 * c, sc);
+      LdWords<1, (Row::Align(kDm) < 4 ? Row::Align(kDm) : 4)>(w.template Field<kDm>(b), dm);
+      r.sc[0] = sc[0], r.sc[1] = sc[1], r.sc[2] = 0;
+      r.d = dm[0];
+    }
+    return true;
+  }
+  __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
+    const int b = 2 * it + (p >> 2);
+    const int c = (p >> 1) & 1, l0 = 16 * (p & 1), i0 = l0 >> 4;
+    const int8_t* xp = x.q + static_cast<int64_t>(b) * 256 + 128 * c + l0;
+    const float4 dx = __ldg(reinterpret_cast<const float4*>(x.d + b * 8 + 4 * c));
+    const float dxs[4] = {dx.x, dx.y, dx.z, dx.w};
+    float acc = 0.f, acc_min = 0.f;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int4 xv = LdX16(xp + 32 * s);
+      const int xw[4] = {xv.x, xv.y, xv.z, xv.w};
+      int dot = 0, sum = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        uint32_t v = (r.qs[i] >> (2 * s)) & 0x03030303u;
+        if constexpr (kQ3) {
+          v |= ((r.hm[i] >> (4 * c + s)) & 0x01010101u) << 2;
+          dot = __dp4a(Q3Signed(v), xw[i], dot);
+        } else {
+          dot = __dp4a(static_cast<int>(v), xw[i], dot);
+          sum = __dp4a(0x01010101, xw[i], sum);
+        }
+      }
+      const int k = 8 * c + i0 + 2 * s;  // sub-block
+      if constexpr (kQ3) {
+        const uint32_t lo = (Byte(r.sc[(k % 8) >> 2], (k % 8) & 3) >> (4 * (k / 8))) & 0xFu;
+        const uint32_t hi = (Byte(r.sc[2], k % 4) >> (2 * (k / 4))) & 3u;
+        const float sc = static_cast<float>(static_cast<int>(lo | (hi << 4)) - 32);
+        acc += sc * dxs[s] * static_cast<float>(dot);
+      } else {
+        const uint32_t sm = Byte(r.sc[(i0 + 2 * s) >> 2], (i0 + 2 * s) & 3);  // scales[8c + i0 + 2s]
+        acc += static_cast<float>(sm & 15u) * dxs[s] * static_cast<float>(dot);
+        acc_min += static_cast<float>(sm >> 4) * dxs[s] * static_cast<float>(sum);
+      }
+    }
+    if constexpr (kQ3) return Half(r.d) * acc;
+    return Half(r.d & 0xFFFFu) * acc - Half(r.d >> 16) * acc_min;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// iq4_xs (136 B: d, scales_h u16, scales_l[4], qs[128]), raw or dpl planes
+// qs | d,scales_h,scales_l. Sub-block j (32 weights): low nibbles of
+// qs[16j .. 16j + 15] are its elements 0..15, high nibbles 16..31;
+//   ls_j = ((scales_l[j / 2] >> 4 (j % 2)) & 15 | ((scales_h >> 2j) & 3) << 4) - 32
+//   y_r += sum_b d_b sum_j ls_j xd_j dot(kvalues[q_j], xq_j)
+// Step it = block it: lane p takes sub-block p.
+template <bool kDpl>
+struct IQ4XS {
+  using Row = BlockRow<GgmlType::kIQ4_XS, kDpl>;
+  enum : uint32_t { kQs = 0, kHdr = 1 };
+  struct Regs {
+    uint32_t q[4];    // qs[16p .. 16p + 15]
+    uint32_t hdr[2];  // d | scales_h << 16, scales_l[0..3]
+  };
+  __device__ static int Steps(const MatVecArgs& a) { return a.n_cols / 256; }
+  __device__ static bool Load(Regs& r, const uint8_t* row, const MatVecArgs& a, int it, int p) {
+    const Row w{row, a.n_cols / 256};
+    LdWords<4, Row::Align(kQs)>(w.template Field<kQs>(it) + 16 * p, r.q);
+    LdWords<2, Row::Align(kHdr)>(w.template Field<kHdr>(it), r.hdr);
+    return true;
+  }
+  __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
+    const int64_t b = static_cast<int64_t>(it) * 8 + p;  // activation block = sub-block
+    int4 xl, xh;
+    Block32X(x, b, &xl, &xh);
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = static_cast<uint32_t>(Iq4Levels(r.q[i] & 0x0F0F0F0Fu));
+      hi[i] = static_cast<uint32_t>(Iq4Levels((r.q[i] >> 4) & 0x0F0F0F0Fu));
+    }
+    const uint32_t ls_lo = (Byte(r.hdr[1], p >> 1) >> (4 * (p & 1))) & 0xFu;
+    const uint32_t ls_hi = ((r.hdr[0] >> 16) >> (2 * p)) & 3u;
+    const float ls = static_cast<float>(static_cast<int>(ls_lo | (ls_hi << 4)) - 32);
+    return Half(r.hdr[0] & 0xFFFFu) * ls * __ldg(x.d + b) * static_cast<float>(Dot32(lo, hi, xl, xh));
+  }
+};
+
+// ---------------------------------------------------------------------------
+// q5_K (raw, 176-byte blocks: d, dmin, scales[12], qh[32], qs[128]): q4_K
+// with a fifth bit, bit j of qh[l] for element l of sub-block j. Same lanes
+// as Q4K: lane p owns qs[16p, 16p + 16) (chunk c = p / 2: sub-blocks 2c and
+// 2c + 1, elements t0 .. t0 + 15, t0 = 16 (p & 1)) and reads qh[t0 .. t0 + 15].
+//   y_r += d * sum_j sc_j * xd_j * dot(q_j, xq_j)  -  dmin * sum_j m_j * xs_j
+struct Q5K {
+  struct Regs {
+    uint4 hdr;  // d|dmin, scales[0..3], scales[4..7], scales[8..11]
+    uint4 qs;   // qs[16p .. 16p+15]
+    uint4 qh;   // qh[t0 .. t0+15]
+  };
+  __device__ static int Steps(const MatVecArgs& a) { return a.n_cols / 256; }
+  __device__ static bool Load(Regs& r, const uint8_t* row, const MatVecArgs& a, int it, int p) {
+    const uint8_t* blk = row + static_cast<int64_t>(it) * 176;
+    r.hdr = LdW16(blk);
+    r.qh = LdW16(blk + 16 + 16 * (p & 1));
+    r.qs = LdW16(blk + 48 + 16 * p);
+    return true;
+  }
+  __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
+    const int c = p >> 1;
+    const int t0 = (p & 1) * 16;
+    const int k = 2 * (c & 1);
+    const int8_t* xp = x.q + static_cast<int64_t>(it) * 256 + 64 * c + t0;
+    const int4 xl = LdX16(xp);
+    const int4 xh = LdX16(xp + 32);
+    const uint32_t qs[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
+    const uint32_t qh[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = (qs[i] & 0x0F0F0F0Fu) | (((qh[i] >> (2 * c)) & 0x01010101u) << 4);
+      hi[i] = ((qs[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * c + 1)) & 0x01010101u) << 4);
+    }
+    int dl = 0, dh = 0;
+    dl = __dp4a(static_cast<int>(lo[0]), xl.x, dl);
+    dl = __dp4a(static_cast<int>(lo[1]), xl.y, dl);
+    dl = __dp4a(static_cast<int>(lo[2]), xl.z, dl);
+    dl = __dp4a(static_cast<int>(lo[3]), xl.w, dl);
+    dh = __dp4a(static_cast<int>(hi[0]), xh.x, dh);
+    dh = __dp4a(static_cast<int>(hi[1]), xh.y, dh);
+    dh = __dp4a(static_cast<int>(hi[2]), xh.z, dh);
+    dh = __dp4a(static_cast<int>(hi[3]), xh.w, dh);
+    // Scales and mins exactly as Q4K (same 12-byte packing).
+    uint32_t sc0, sc1, m0, m1;
+    const uint32_t y0 = Byte(r.hdr.y, k), y1 = Byte(r.hdr.y, k + 1);
+    const uint32_t z0 = Byte(r.hdr.z, k), z1 = Byte(r.hdr.z, k + 1);
+    if (c < 2) {
+      sc0 = y0 & 63;
+      sc1 = y1 & 63;
+      m0 = z0 & 63;
+      m1 = z1 & 63;
+    } else {
+      const uint32_t w0 = Byte(r.hdr.w, k), w1 = Byte(r.hdr.w, k + 1);
+      sc0 = (w0 & 15) | ((y0 >> 6) << 4);
+      sc1 = (w1 & 15) | ((y1 >> 6) << 4);
+      m0 = (w0 >> 4) | ((z0 >> 6) << 4);
+      m1 = (w1 >> 4) | ((z1 >> 6) << 4);
+    }
+    const float d = Half(r.hdr.x & 0xFFFFu);
+    const float dmin = Half(r.hdr.x >> 16);
+    const int xb = it * 8 + 2 * c;
+    const float2 dd = __ldg(reinterpret_cast<const float2*>(x.d + xb));
+    float v = d * (static_cast<float>(sc0) * dd.x * static_cast<float>(dl) +
+                   static_cast<float>(sc1) * dd.y * static_cast<float>(dh));
+    if ((p & 1) == 0) {
+      const float2 ss = __ldg(reinterpret_cast<const float2*>(x.s + xb));
+      v -= dmin * (static_cast<float>(m0) * ss.x + static_cast<float>(m1) * ss.y);
+    }
+    return v;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// f32 / f16 / bf16 weights with f32 activations:  y_r += sum_i w_ri * x_i.
 // Vector forms: step it, lane p takes 16 bytes at (8it + p) * 16 of the row.
 struct F32Vec {
   struct Regs { uint4 w; };
@@ -375,8 +653,12 @@ struct F32Vec {
   }
 };
 
-struct F16Vec {
+__device__ __forceinline__ float Bf16(uint32_t bits) { return __uint_as_float((bits & 0xFFFFu) << 16); }
+
+template <bool kBf16>
+struct HalfVec {
   struct Regs { uint4 w; };
+  __device__ static float H(uint32_t bits) { return kBf16 ? Bf16(bits) : Half(bits & 0xFFFFu); }
   __device__ static int Steps(const MatVecArgs& a) { return (a.n_cols / 8 + 7) / 8; }
   __device__ static bool Load(Regs& r, const uint8_t* row, const MatVecArgs& a, int it, int p) {
     const int e8 = 8 * it + p;
@@ -388,22 +670,25 @@ struct F16Vec {
     const int e8 = 8 * it + p;
     const float4 xa = __ldg(reinterpret_cast<const float4*>(x.f) + 2 * e8);
     const float4 xb = __ldg(reinterpret_cast<const float4*>(x.f) + 2 * e8 + 1);
-    float v = Half(r.w.x & 0xFFFFu) * xa.x;
-    v = fmaf(Half(r.w.x >> 16), xa.y, v);
-    v = fmaf(Half(r.w.y & 0xFFFFu), xa.z, v);
-    v = fmaf(Half(r.w.y >> 16), xa.w, v);
-    v = fmaf(Half(r.w.z & 0xFFFFu), xb.x, v);
-    v = fmaf(Half(r.w.z >> 16), xb.y, v);
-    v = fmaf(Half(r.w.w & 0xFFFFu), xb.z, v);
-    v = fmaf(Half(r.w.w >> 16), xb.w, v);
+    float v = H(r.w.x) * xa.x;
+    v = fmaf(H(r.w.x >> 16), xa.y, v);
+    v = fmaf(H(r.w.y), xa.z, v);
+    v = fmaf(H(r.w.y >> 16), xa.w, v);
+    v = fmaf(H(r.w.z), xb.x, v);
+    v = fmaf(H(r.w.z >> 16), xb.y, v);
+    v = fmaf(H(r.w.w), xb.z, v);
+    v = fmaf(H(r.w.w >> 16), xb.w, v);
     return v;
   }
 };
+using F16Vec = HalfVec<false>;
+using BF16Vec = HalfVec<true>;
 
 // Scalar forms for rows that are not 16-byte aligned: lane p takes element
-// 8it + p (f32 rows are 4-byte aligned, f16 rows 2-byte aligned).
-template <bool kHalf>
+// 8it + p (f32 rows are 4-byte aligned, f16 and bf16 rows 2-byte aligned).
+template <GgmlType kType>
 struct FloatScalar {
+  static constexpr bool kHalf = kType != GgmlType::kF32;
   struct Regs { uint32_t w; };
   __device__ static int Steps(const MatVecArgs& a) { return (a.n_cols + 7) / 8; }
   __device__ static bool Load(Regs& r, const uint8_t* row, const MatVecArgs& a, int it, int p) {
@@ -414,7 +699,9 @@ struct FloatScalar {
   }
   __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
     const int e = 8 * it + p;
-    const float w = kHalf ? Half(r.w) : __uint_as_float(r.w);
+    const float w = kType == GgmlType::kF32    ? __uint_as_float(r.w)
+                    : kType == GgmlType::kBF16 ? Bf16(r.w)
+                                               : Half(r.w);
     return w * __ldg(x.f + e);
   }
 };

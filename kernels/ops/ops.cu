@@ -119,36 +119,51 @@ __global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,  // (n
   for (int e = i; e < hd; e += blockDim.x) v_cache[cache_row + e] = __float2half_rn(vr[e]);
 }
 
-// ---- embedding row gather: one device dequant per element (kernels/dequant.cuh) ----
+// ---- embedding row gather (kernels/dequant.cuh) ----
 
-// out[j] = dequant(table[*d_token])[j]
+// out[t][j] = dequant(table[d_tokens[t]])[j]; blockIdx.y = token t. Block
+// formats: one thread per 8 columns (DeviceFormat::Load8, the prompt GEMM's
+// dequant); float formats: one per column.
 template <GgmlType kType, bool kDpl>
-// blockIdx.y = token t: out row t from d_tokens[t].
 __global__ void EmbedKernel(const uint8_t* table,  // (n_rows, row_stride) bytes
                             uint64_t row_stride, int64_t n_rows, int64_t n_cols,
                             const int* d_tokens,   // (n_tokens)
                             float* out) {          // (n_tokens, n_cols)
+  constexpr bool kFloat = kType == GgmlType::kF32 || kType == GgmlType::kF16 || kType == GgmlType::kBF16;
+  constexpr int kPer = kFloat ? 1 : 8;
   const int token = d_tokens[blockIdx.y];
   out += blockIdx.y * n_cols;
-  if (token < 0 || token >= n_rows) {
-    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n_cols;
-         j += (int64_t)gridDim.x * blockDim.x) {
-      out[j] = __int_as_float(0x7fc00000);
+  const bool bad = token < 0 || token >= n_rows;
+  const uint8_t* row = table + static_cast<uint64_t>(bad ? 0 : token) * row_stride;
+  for (int64_t j = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * kPer; j < n_cols;
+       j += (int64_t)gridDim.x * blockDim.x * kPer) {
+    if (bad) {
+      for (int i = 0; i < kPer; ++i) out[j + i] = __int_as_float(0x7fc00000);
+    } else if constexpr (kFloat) {
+      out[j] = DequantElem<kType, kDpl>(row, j, n_cols);
+    } else {
+      float v[8];
+      DeviceFormat<kType, kDpl>::Load8(row, j, n_cols, v);
+      for (int i = 0; i < 8; ++i) out[j + i] = v[i];
     }
-    return;
-  }
-  const uint8_t* row = table + static_cast<uint64_t>(token) * row_stride;
-  for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n_cols;
-       j += (int64_t)gridDim.x * blockDim.x) {
-    out[j] = DequantElem<kType, kDpl>(row, j, n_cols);
   }
 }
 
 template <GgmlType kType, bool kDpl>
 absl::Status LaunchEmbed(const WeightMatrix& t, const int* d_token, int n_tokens, float* out,
                          cudaStream_t s) {
+  constexpr bool kFloat = kType == GgmlType::kF32 || kType == GgmlType::kF16 || kType == GgmlType::kBF16;
+  if constexpr (!kFloat) {
+    constexpr int kAlign = DeviceFormat<kType, kDpl>::kRowAlign;
+    if (reinterpret_cast<uintptr_t>(t.data) % kAlign != 0 || t.row_stride % kAlign != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "EmbedRows: ", formats::TraitsOf(kType).name, " table rows must be ", kAlign,
+          "-byte aligned (data and row_stride)"));
+    }
+  }
   const int threads = 256;
-  const dim3 grid(static_cast<unsigned>((t.n_cols + threads - 1) / threads), n_tokens);
+  const int64_t per_block = threads * (kFloat ? 1 : 8);
+  const dim3 grid(static_cast<unsigned>((t.n_cols + per_block - 1) / per_block), n_tokens);
   EmbedKernel<kType, kDpl><<<grid, threads, 0, s>>>(static_cast<const uint8_t*>(t.data),
                                                    t.row_stride, t.n_rows, t.n_cols, d_token,
                                                    out);
@@ -218,31 +233,16 @@ absl::Status EmbedRows(const WeightMatrix& t, const int* d_token, int n_tokens, 
         "EmbedRows: bad table (", traits.name, ", n_rows=", t.n_rows, ", n_cols=", t.n_cols,
         ") or null pointer"));
   }
-  const int64_t min_stride = t.n_cols / traits.block_elems * traits.block_bytes;
-  if (t.row_stride < min_stride) {
-    return absl::InvalidArgumentError(absl::StrCat("EmbedRows: row_stride ", t.row_stride,
-                                                   " < ", min_stride, " bytes of a ",
-                                                   traits.name, " row"));
+  const int64_t stride_min = static_cast<int64_t>(formats::LayoutRowStride(
+      t.layout, static_cast<uint64_t>(t.n_cols / traits.block_elems), traits.block_bytes));
+  if (t.row_stride < stride_min) {
+    return absl::InvalidArgumentError(absl::StrCat("EmbedRows: row_stride ", t.row_stride, " < ",
+                                                   stride_min, " bytes of a ", traits.name, " (",
+                                                   formats::TensorLayoutName(t.layout), ") row"));
   }
-  if (t.layout == TensorLayout::kDpl) {
-    if (t.type != GgmlType::kQ6_K) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("EmbedRows: layout dpl_q6k holds only q6_K, not ", traits.name));
-    }
-    return LaunchEmbed<GgmlType::kQ6_K, true>(t, d_token, n_tokens, out, stream);
-  }
-  switch (t.type) {
-    case GgmlType::kF32: return LaunchEmbed<GgmlType::kF32, false>(t, d_token, n_tokens, out, stream);
-    case GgmlType::kF16: return LaunchEmbed<GgmlType::kF16, false>(t, d_token, n_tokens, out, stream);
-    case GgmlType::kBF16: return LaunchEmbed<GgmlType::kBF16, false>(t, d_token, n_tokens, out, stream);
-    case GgmlType::kQ8_0: return LaunchEmbed<GgmlType::kQ8_0, false>(t, d_token, n_tokens, out, stream);
-    case GgmlType::kQ5_0: return LaunchEmbed<GgmlType::kQ5_0, false>(t, d_token, n_tokens, out, stream);
-    case GgmlType::kQ4_K: return LaunchEmbed<GgmlType::kQ4_K, false>(t, d_token, n_tokens, out, stream);
-    case GgmlType::kQ6_K: return LaunchEmbed<GgmlType::kQ6_K, false>(t, d_token, n_tokens, out, stream);
-    default:
-      return absl::UnimplementedError(
-          absl::StrCat("EmbedRows: no device dequant for type ", traits.name));
-  }
+  return VisitDeviceFormat(t.type, t.layout, "EmbedRows", [&](auto type, auto dpl) {
+    return LaunchEmbed<decltype(type)::value, decltype(dpl)::value>(t, d_token, n_tokens, out, stream);
+  });
 }
 
 }  // namespace dpl::kernels

@@ -1,0 +1,54 @@
+// Programmatic dependent launch (Hopper PDL) for the decode step's chain of
+// kernels, in one place: the device side (wait for the previous kernel,
+// release the next one) and the host launch that asks for it.
+//
+// A kernel launched with `pdl` may start while the kernel before it on the
+// stream is still running; it must not read that kernel's outputs (nor write
+// what that kernel reads) before GridDependencyWait() returns, which is when
+// the previous grid has finished and its memory is visible. Work that does
+// not depend on it (loading weights, which never change) goes before the
+// wait: that is what overlaps the previous kernel's tail. Without `pdl` the
+// launch is an ordinary stream-ordered one and the wait returns at once, so
+// the same kernel serves both. Every kernel that may be launched with `pdl`
+// calls GridDependencyWait() before its first dependent access, and
+// GridLaunchDependents() once its own wait has returned, so at most one grid
+// waits ahead of the running one (a release at the very start would let a
+// chain of waiting grids pile onto the SMs).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "kernels/cuda_check.h"
+
+namespace dpl::kernels {
+
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void GridLaunchDependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic
+// dependent launch when `pdl` (cudaLaunchKernelEx with
+// cudaLaunchAttributeProgrammaticStreamSerialization; a captured graph keeps
+// it as a programmatic edge). Checks the launch.
+template <typename... KArgs, typename... Args>
+absl::Status LaunchKernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t stream, bool pdl, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  DPL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+  return absl::OkStatus();
+}
+
+}  // namespace dpl::kernels

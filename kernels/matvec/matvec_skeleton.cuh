@@ -1,0 +1,202 @@
+// The one matvec kernel skeleton (MatVecT) and its geometry dispatch, for
+// the per-family translation units (matvec_float.cu, matvec_q32.cu,
+// matvec_kquant.cu) that instantiate it for their types: explicit
+// instantiations per family so nvcc builds them in parallel. Internal to
+// kernels/matvec.
+//
+// Geometry (matvec_geometry.h): 8 lanes per row, 4 rows per warp; the
+// skeleton takes the token tile, k-split, load depth and pipelining as
+// template knobs, and PlanMatVec picks them per matrix (matvec_plan.h).
+//
+// Accumulation order (fixed, relied on by the dpl-vs-raw bitwise test): each
+// lane sums its steps in ascending order (step it, then it+1), then the 8 lanes
+// of a row are combined by xor-shuffles over distances 4, 2, 1.
+#pragma once
+
+#include "kernels/launch.cuh"
+#include "kernels/matvec/matvec_kernels.h"
+#include "kernels/matvec/matvec_traits.cuh"
+
+namespace dpl::kernels {
+
+using MatVecKernelFn = void (*)(MatVecArgs);
+
+// The instantiation of `kernel` for geometry g, or nullptr when `kernel` is
+// not one of this translation unit's family (each defined in its .cu).
+MatVecKernelFn PickFloatMatVec(MatVecKernel kernel, const MatVecGeometry& g);
+MatVecKernelFn PickQ32MatVec(MatVecKernel kernel, const MatVecGeometry& g);
+MatVecKernelFn PickKQuantMatVec(MatVecKernel kernel, const MatVecGeometry& g);
+
+namespace matvec_detail {
+
+template <class U, int T, int D>
+__device__ __forceinline__ void DotSteps(const typename U::Regs (&r)[D], const bool (&ok)[D],
+                                         const XView (&xv)[T], int nt, int it, int p,
+                                         float (&acc)[T]) {
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    if (T == 1 || t < nt) {
+#pragma unroll
+      for (int k = 0; k < D; ++k) {
+        if (ok[k]) acc[t] += U::Dot(r[k], xv[t], it + k, p);
+      }
+    }
+  }
+}
+
+template <class U, int D>
+__device__ __forceinline__ void LoadSteps(typename U::Regs (&r)[D], bool (&ok)[D],
+                                          const uint8_t* wrow, const MatVecArgs& a, int it,
+                                          int steps, int p) {
+#pragma unroll
+  for (int k = 0; k < D; ++k) ok[k] = it + k < steps && U::Load(r[k], wrow, a, it + k, p);
+}
+
+// Part m of a grouped launch, field by field (a computed index into the
+// kernel's parameter array would go through local memory).
+__device__ __forceinline__ MatVecPart PartOf(const MatVecArgs& a, int m) {
+  MatVecPart p = a.part[0];
+  if (m == 1) p = a.part[1];
+  if (m == 2) p = a.part[2];
+  return p;
+}
+
+// ---------------------------------------------------------------------------
+// The skeleton, for every type U and geometry (matvec_geometry.h):
+//   y[t, r] = sum over steps of U::Dot (+ bias[r]) (+ residual[t, r])
+// for the T tokens tok0 .. tok0+T-1 of this CTA's tile (grid.x) and the rows
+// of its row block (grid.y, counted across the launch's parts). A CTA holds
+// max(4, KS) warps; KS consecutive warps share one group of 4 rows (warp w:
+// group w / KS, part w % KS), part s takes the D consecutive steps starting
+// at D (s + KS j), and the parts are added in part order through shared
+// memory. Weights are loaded once per tile and dotted with each token's
+// activations. kPipe loads the next D steps before dotting the current D (a
+// register double buffer). Under a programmatic dependent launch the first
+// D steps of weights are loaded before GridDependencyWait (weights do not
+// depend on the previous kernel; x and y do).
+// (~90 lines, one function on purpose: each instantiation is one register
+// allocation, and the order of loads and dots above is easiest to check
+// where it is written out in full.)
+template <class U, int T, int KS, int D, bool kPipe>
+__global__ void __launch_bounds__(32 * WarpsPerCta(KS)) MatVecT(const MatVecArgs a) {
+  constexpr int kWarps = WarpsPerCta(KS);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int p = lane & (kLanesPerRow - 1);
+  const int g = lane / kLanesPerRow;  // row within the group's 4 rows
+  const int split = warp % KS;
+  const int m = (a.n_parts > 1 && static_cast<int>(blockIdx.y) >= a.part[1].row_block0) +
+                (a.n_parts > 2 && static_cast<int>(blockIdx.y) >= a.part[2].row_block0);
+  const MatVecPart P = PartOf(a, m);
+  const int64_t row0 = static_cast<int64_t>(static_cast<int>(blockIdx.y) - P.row_block0) *
+                           RowsPerCta(KS) +
+                       (warp / KS) * kRowsPerWarp;
+  const int64_t row = row0 + g;
+  const bool row_ok = row < P.n_rows;
+  // A single-token launch has one token tile (grid.x == 1): say so to the
+  // compiler, which then keeps no token index in registers.
+  const int tok0 = T == 1 ? 0 : static_cast<int>(blockIdx.x) * T;
+  const int nt = T == 1 ? 1 : min(T, a.n_tokens - tok0);
+  const uint8_t* wrow = P.w + (row_ok ? row : 0) * P.row_stride;  // (row_stride) bytes
+  const int steps = U::Steps(a);
+  typename U::Regs r[D];
+  bool ok[D];
+  const int first = D * split;
+  if (row_ok) LoadSteps<U, D>(r, ok, wrow, a, first, steps, p);
+  GridDependencyWait();
+  GridLaunchDependents();
+  if (KS == 1 && row0 >= P.n_rows) return;  // the whole warp is past the last row
+  XView xv[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) xv[t] = TokenX(a, tok0 + (t < nt ? t : 0));
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  if (row_ok) {
+    if constexpr (kPipe) {
+      int it = first;
+      while (it < steps) {
+        const int nx = it + D * KS;
+        typename U::Regs n[D];
+        bool nok[D];
+        LoadSteps<U, D>(n, nok, wrow, a, nx, steps, p);
+        DotSteps<U, T, D>(r, ok, xv, nt, it, p, acc);
+#pragma unroll
+        for (int k = 0; k < D; ++k) {
+          r[k] = n[k];
+          ok[k] = nok[k];
+        }
+        it = nx;
+      }
+    } else {
+      for (int it = first; it < steps; it += D * KS) {
+        if (it != first) LoadSteps<U, D>(r, ok, wrow, a, it, steps, p);
+        DotSteps<U, T, D>(r, ok, xv, nt, it, p, acc);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    float v = acc[t];
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    acc[t] = v;
+  }
+  if constexpr (KS > 1) {
+    __shared__ float parts[kWarps][T][kRowsPerWarp];  // (warp, token, row) partial sums
+    if (p == 0) {
+#pragma unroll
+      for (int t = 0; t < T; ++t) parts[warp][t][g] = acc[t];
+    }
+    __syncthreads();
+    if (split != 0) return;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      float v = parts[warp][t][g];
+#pragma unroll
+      for (int k = 1; k < KS; ++k) v += parts[warp + k][t][g];
+      acc[t] = v;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    if (row_ok && p == 0 && (T == 1 || t < nt)) {
+      const int64_t o = static_cast<int64_t>(tok0 + t) * P.n_rows + row;
+      float v = acc[t];
+      if (P.bias != nullptr) v += P.bias[row];
+      if (P.residual != nullptr) v += P.residual[o];  // may alias y: read before write
+      P.y[o] = v;
+    }
+  }
+}
+
+template <class U, int KS>
+MatVecKernelFn PickDecode(int depth, bool pipe) {
+  if (pipe) return depth == 1 ? MatVecT<U, 1, KS, 1, true> : nullptr;
+  switch (depth) {
+    case 1: return MatVecT<U, 1, KS, 1, false>;
+    case 2: return MatVecT<U, 1, KS, 2, false>;
+    case 4: return MatVecT<U, 1, KS, 4, false>;
+  }
+  return nullptr;
+}
+
+// The instantiation of U for geometry g (IsCompiledGeometry(g) checked by
+// the caller).
+template <class U>
+MatVecKernelFn PickGeometry(const MatVecGeometry& g) {
+  if (g.token_tile == kTokenTile) {
+    return g.ksplit == 1 ? MatVecT<U, kTokenTile, 1, 2, false> : MatVecT<U, kTokenTile, 4, 2, false>;
+  }
+  switch (g.ksplit) {
+    case 1: return PickDecode<U, 1>(g.depth, g.pipe);
+    case 2: return PickDecode<U, 2>(g.depth, g.pipe);
+    case 4: return PickDecode<U, 4>(g.depth, g.pipe);
+    case 8: return PickDecode<U, 8>(g.depth, g.pipe);
+  }
+  return nullptr;
+}
+
+}  // namespace matvec_detail
+}  // namespace dpl::kernels
