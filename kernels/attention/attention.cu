@@ -5,9 +5,11 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_split.h"
 #include "kernels/cuda_check.h"
+#include "kernels/launch.cuh"
 
 namespace dpl::kernels {
 namespace {
@@ -90,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
     const float* __restrict__ q,         // (n_head, HD)
     const __half* __restrict__ k_cache,  // (n_head_kv, n_ctx, HD)
     const __half* __restrict__ v_cache,  // (n_head_kv, n_ctx, HD)
-    const int* __restrict__ d_pos, int n_ctx, int max_splits, float scale_log2,
+    const int* __restrict__ d_pos, int n_ctx, int window, int max_splits, float scale_log2,
     float* __restrict__ ws_acc,  // (n_head, max_splits, HD)
     float* __restrict__ ws_ml) {  // (n_head, max_splits, 2): (m, l)
   constexpr int LPR = HD / 8;
@@ -105,15 +107,16 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   __shared__ __align__(16) float s_p[kTileT][8];  // [t][g] scores, then probabilities
   __shared__ float s_scale[8];
 
-  int kv_len = *d_pos + 1;
-  kv_len = kv_len < n_ctx ? kv_len : n_ctx;
-  kv_len = kv_len > 1 ? kv_len : 1;
-  const int n_act = AttnActiveSplits(kv_len, max_splits);
+  // Launched as a programmatic dependent (of RoPE, which wrote q and the
+  // cache row) when the decode step uses PDL; a no-op otherwise.
+  GridDependencyWait();
+  const AttnKeys keys = AttnKeyRange(*d_pos, n_ctx, window);
+  const int n_act = AttnActiveSplits(keys.len, max_splits);
   const int s = blockIdx.x, kvh = blockIdx.y;
   if (s >= n_act) return;
-  const int chunk = AttnChunk(kv_len, n_act);
-  const int t_begin = s * chunk;
-  const int t_end = min(kv_len, t_begin + chunk);
+  const int chunk = AttnChunk(keys.len, n_act);
+  const int t_begin = keys.lo + s * chunk;
+  const int t_end = min(keys.lo + keys.len, t_begin + chunk);
   const int n_tiles = t_end > t_begin ? (t_end - t_begin + kTileT - 1) / kTileT : 0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row_lane = tid % LPR, grp = tid / LPR;
@@ -281,7 +284,7 @@ template <int HD>
 __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
     const float* __restrict__ ws_acc,  // (n_head, max_splits, HD)
     const float* __restrict__ ws_ml,   // (n_head, max_splits, 2)
-    const int* __restrict__ d_pos, int n_ctx, int max_splits,
+    const int* __restrict__ d_pos, int n_ctx, int window, int max_splits,
     float* __restrict__ out) {  // (n_head, HD)
   __shared__ float s_w[1024];   // max_splits <= 1024 (checked by the planner)
   __shared__ float s_red[kCombineParts][HD];
@@ -289,11 +292,9 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
   // Launched as a programmatic dependent of the split kernel: block here
   // until that grid has completed and its partials are visible (a no-op
   // when launched normally).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  int kv_len = *d_pos + 1;
-  kv_len = kv_len < n_ctx ? kv_len : n_ctx;
-  kv_len = kv_len > 1 ? kv_len : 1;
-  const int n_act = AttnActiveSplits(kv_len, max_splits);
+  GridDependencyWait();
+  GridLaunchDependents();
+  const int n_act = AttnActiveSplits(AttnKeyRange(*d_pos, n_ctx, window).len, max_splits);
   const int h = blockIdx.x, tid = threadIdx.x;
   const float* ml = ws_ml + (size_t)h * max_splits * 2;
   if (tid < 32) {
@@ -334,8 +335,8 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
   }
 }
 
-using SplitFn = void (*)(const float*, const __half*, const __half*, const int*, int, int, float,
-                         float*, float*);
+using SplitFn = void (*)(const float*, const __half*, const __half*, const int*, int, int, int,
+                         float, float*, float*);
 
 template <int HD>
 SplitFn PickSplitT(int group) {
@@ -369,7 +370,8 @@ SplitChoice PickSplit(int head_dim, int group) {
 }  // namespace
 
 absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_kv, int head_dim,
-                                                        int n_ctx, const DecodeTuning& tuning) {
+                                                        int n_ctx, int window,
+                                                        const DecodeTuning& tuning) {
   const int num_sms = tuning.num_sms;
   if (n_head <= 0 || n_head_kv <= 0 || n_ctx <= 0 || num_sms <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -379,6 +381,9 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   if (head_dim != 64 && head_dim != 128) {
     return absl::UnimplementedError(
         absl::StrCat("decode attention: head_dim ", head_dim, " (kernels exist for 64 and 128)"));
+  }
+  if (window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("decode attention: window ", window, " < 0"));
   }
   if (n_head % n_head_kv != 0 || n_head / n_head_kv > 8) {
     return absl::UnimplementedError(absl::StrCat(
@@ -390,6 +395,7 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   plan.n_head_kv = n_head_kv;
   plan.head_dim = head_dim;
   plan.n_ctx = n_ctx;
+  plan.window = window;
   // One full wave: as many split blocks as fit on the GPU at once.
   const int group = n_head / n_head_kv;
   const SplitChoice split = PickSplit(head_dim, group);
@@ -409,11 +415,14 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   int want = (per_sm * num_sms + n_head_kv - 1) / n_head_kv;
   if (tuning.attn_splits > 0) want = tuning.attn_splits;
   if (want > 1024) want = 1024;  // the combine kernel's weight table
-  const int by_ctx = (n_ctx + kAttnMinChunk - 1) / kAttnMinChunk;
+  // Never more splits than the keys a query can see need.
+  const int keys = window > 0 && window < n_ctx ? window : n_ctx;
+  const int by_ctx = (keys + kAttnMinChunk - 1) / kAttnMinChunk;
   plan.max_splits = want < by_ctx ? want : by_ctx;
   if (plan.max_splits < 1) plan.max_splits = 1;
   plan.workspace_floats = static_cast<uint64_t>(n_head) * plan.max_splits * (head_dim + 2);
   plan.pdl = tuning.attn_pdl;
+  plan.step_pdl = tuning.pdl;
   return plan;
 }
 
@@ -449,30 +458,18 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
       done.store(true, std::memory_order_relaxed);
     }
   }
-  split.fn<<<dim3(plan.max_splits, plan.n_head_kv), kThreads, split.smem, stream>>>(
-      q, kc, vc, d_pos, plan.n_ctx, plan.max_splits, scale_log2, ws_acc, ws_ml);
-  DPL_CUDA_CHECK_LAUNCH();
+  DPL_RETURN_IF_ERROR(LaunchKernel(split.fn, dim3(plan.max_splits, plan.n_head_kv), dim3(kThreads),
+                                   split.smem, stream, plan.step_pdl, q, kc, vc, d_pos, plan.n_ctx,
+                                   plan.window, plan.max_splits, scale_log2, ws_acc, ws_ml));
   // The combine kernel goes out as a programmatic dependent launch (Hopper
   // PDL): its launch overlaps the split kernel's tail, and griddepcontrol.wait
   // inside it orders the reads of the partials after the split grid.
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(plan.n_head);
-  cfg.blockDim = dim3(plan.head_dim * kCombineParts);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = plan.pdl ? 1 : 0;
-  if (plan.head_dim == 64) {
-    DPL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, AttnCombineKernel<64>, ws_acc, ws_ml, d_pos,
-                                      plan.n_ctx, plan.max_splits, out));
-  } else {
-    DPL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, AttnCombineKernel<128>, ws_acc, ws_ml, d_pos,
-                                      plan.n_ctx, plan.max_splits, out));
-  }
-  return absl::OkStatus();
+  const dim3 grid(plan.n_head), block(plan.head_dim * kCombineParts);
+  return plan.head_dim == 64
+             ? LaunchKernel(AttnCombineKernel<64>, grid, block, 0, stream, plan.pdl, ws_acc, ws_ml,
+                            d_pos, plan.n_ctx, plan.window, plan.max_splits, out)
+             : LaunchKernel(AttnCombineKernel<128>, grid, block, 0, stream, plan.pdl, ws_acc,
+                            ws_ml, d_pos, plan.n_ctx, plan.window, plan.max_splits, out);
 }
 
 }  // namespace dpl::kernels

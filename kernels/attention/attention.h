@@ -26,8 +26,11 @@ struct DecodeAttentionPlan {
   // Floats of the caller-allocated workspace: per query head and split,
   // head_dim accumulators plus (max, sum).
   uint64_t workspace_floats = 0;
-  // The combine kernel as a programmatic dependent launch (DecodeTuning).
+  int window = 0;      // > 0: sliding window, the query sees its last `window` keys only
+  // The combine kernel as a programmatic dependent launch (DecodeTuning::attn_pdl).
   bool pdl = true;
+  // The split kernel as one (DecodeTuning::pdl: the whole step's chain).
+  bool step_pdl = false;
 };
 
 // Chooses max_splits so that n_head_kv * max_splits split blocks fill one
@@ -37,9 +40,11 @@ struct DecodeAttentionPlan {
 // ceil(n_ctx / kAttnMinChunk). Errors: head_dim not 64/128, n_head not a
 // multiple of n_head_kv, group (n_head / n_head_kv) above 8, sizes <= 0.
 absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_kv, int head_dim,
-                                                        int n_ctx, const DecodeTuning& tuning);
+                                                        int n_ctx, int window,
+                                                        const DecodeTuning& tuning);
 
-// out = softmax(q k^T / sqrt(head_dim)) v over keys 0..min(*d_pos, n_ctx-1).
+// out = softmax(q k^T / sqrt(head_dim)) v over keys 0..min(*d_pos, n_ctx-1)
+// (with plan.window > 0: the last `window` of them, AttnKeyRange).
 //   q:         (n_head, head_dim) floats (already rotated)
 //   k_cache:   (n_head_kv, n_ctx, head_dim) f16 bits, rows 0..pos valid
 //   v_cache:   (n_head_kv, n_ctx, head_dim) f16 bits

@@ -33,7 +33,7 @@ dpl::kernels::DecodeTuning g_tuning;
 
 void Bench(const char* name, int n_head, int n_head_kv, int depth, int n_layers) {
   const int hd = 128, n_ctx = 32768;
-  auto plan = dpl::kernels::PlanDecodeAttention(n_head, n_head_kv, hd, n_ctx, g_tuning);
+  auto plan = dpl::kernels::PlanDecodeAttention(n_head, n_head_kv, hd, n_ctx, /*window=*/0, g_tuning);
   if (!plan.ok()) {
     std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
     std::exit(1);

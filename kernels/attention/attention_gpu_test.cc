@@ -35,7 +35,8 @@ struct Setup {
   uint16_t* dv = nullptr;
 };
 
-void MakeCache(Setup& s, int len) {
+// Rows [lo, len) random; the others hold huge values: reading them would show.
+void MakeCache(Setup& s, int len, int lo = 0) {
   std::mt19937 rng(len * 31 + s.hd);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const size_t n = size_t(s.n_head_kv) * s.n_ctx * s.hd;
@@ -45,8 +46,7 @@ void MakeCache(Setup& s, int len) {
     for (int p = 0; p < s.n_ctx; ++p) {
       for (int e = 0; e < s.hd; ++e) {
         const size_t i = (size_t(h) * s.n_ctx + p) * s.hd + e;
-        // Rows past the current length hold huge values: reading them would show.
-        const bool live = p < len;
+        const bool live = p < len && p >= lo;
         s.k[i] = formats::F32ToF16(live ? u(rng) : 60000.0f);
         s.v[i] = formats::F32ToF16(live ? u(rng) : 60000.0f);
       }
@@ -58,14 +58,15 @@ void MakeCache(Setup& s, int len) {
   CUDA_OK(cudaMemcpy(s.dv, s.v.data(), n * 2, cudaMemcpyHostToDevice));
 }
 
-std::vector<double> Reference(const Setup& s, const std::vector<float>& q, int len) {
+// softmax(q K[lo..len)^T / sqrt(hd)) V[lo..len) in float64.
+std::vector<double> Reference(const Setup& s, const std::vector<float>& q, int len, int lo = 0) {
   const int g = s.n_head / s.n_head_kv;
   std::vector<double> out(size_t(s.n_head) * s.hd, 0.0);
   std::vector<double> sc(len);
   for (int h = 0; h < s.n_head; ++h) {
     const int kvh = h / g;
     double mx = -1e300;
-    for (int p = 0; p < len; ++p) {
+    for (int p = lo; p < len; ++p) {
       double d = 0;
       const uint16_t* kr = &s.k[(size_t(kvh) * s.n_ctx + p) * s.hd];
       for (int e = 0; e < s.hd; ++e) d += double(q[h * s.hd + e]) * formats::F16ToF32(kr[e]);
@@ -73,8 +74,8 @@ std::vector<double> Reference(const Setup& s, const std::vector<float>& q, int l
       mx = std::max(mx, sc[p]);
     }
     double l = 0;
-    for (int p = 0; p < len; ++p) l += (sc[p] = std::exp(sc[p] - mx));
-    for (int p = 0; p < len; ++p) {
+    for (int p = lo; p < len; ++p) l += (sc[p] = std::exp(sc[p] - mx));
+    for (int p = lo; p < len; ++p) {
       const uint16_t* vr = &s.v[(size_t(kvh) * s.n_ctx + p) * s.hd];
       for (int e = 0; e < s.hd; ++e) out[h * s.hd + e] += sc[p] / l * formats::F16ToF32(vr[e]);
     }
@@ -82,15 +83,19 @@ std::vector<double> Reference(const Setup& s, const std::vector<float>& q, int l
   return out;
 }
 
-void RunCase(int n_head, int n_head_kv, int hd, int n_ctx, int len, float q_scale) {
+// window > 0: a sliding window, the query at position len - 1 sees keys
+// max(0, len - window) .. len - 1 only.
+void RunCase(int n_head, int n_head_kv, int hd, int n_ctx, int len, float q_scale, int window = 0) {
   CAPTURE(n_head);
   CAPTURE(n_head_kv);
   CAPTURE(hd);
   CAPTURE(len);
-  auto plan = PlanDecodeAttention(n_head, n_head_kv, hd, n_ctx, Tuning());
+  CAPTURE(window);
+  auto plan = PlanDecodeAttention(n_head, n_head_kv, hd, n_ctx, window, Tuning());
   REQUIRE(plan.ok());
+  const int lo = window > 0 && len > window ? len - window : 0;
   Setup s{n_head, n_head_kv, hd, n_ctx, {}, {}};
-  MakeCache(s, len);
+  MakeCache(s, len, lo);
   std::mt19937 rng(len + 7);
   std::normal_distribution<float> nd(0.0f, q_scale);
   std::vector<float> q(size_t(n_head) * hd);
@@ -113,10 +118,10 @@ void RunCase(int n_head, int n_head_kv, int hd, int n_ctx, int len, float q_scal
   CUDA_OK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
   for (int i = 0; i < 16; ++i) REQUIRE(got[n_out + i] == kSentinel);
   got.resize(n_out);
-  const double err = NormErr(got, Reference(s, q, len));
+  const double err = NormErr(got, Reference(s, q, len, lo));
   MESSAGE("attention heads " << n_head << "/" << n_head_kv << " hd " << hd << " len " << len
-                             << " q_scale " << q_scale << " (max_splits " << plan->max_splits
-                             << "): normalized error " << err);
+                             << " window " << window << " q_scale " << q_scale << " (max_splits "
+                             << plan->max_splits << "): normalized error " << err);
   CHECK(err < 2e-4);
   cudaFree(dq), cudaFree(dout), cudaFree(dws), cudaFree(dpos), cudaFree(s.dk), cudaFree(s.dv);
 }
@@ -130,6 +135,12 @@ TEST_CASE("decode attention, GQA 5:1 (Qwen2.5-14B)") {
   for (int len : {1, 7, 3254, 32768}) RunCase(40, 8, 128, 32768, len, 1.0f);
 }
 
+TEST_CASE("decode attention with a sliding window (Mistral: 4096)") {
+  for (int len : {1, 100, 4096, 4097, 5000, 9000}) RunCase(32, 8, 128, 16384, len, 1.0f, 4096);
+  RunCase(14, 2, 64, 1024, 1000, 2.0f, 1);  // each query sees itself only
+  RunCase(28, 4, 128, 4096, 3254, 1.0f, 33);
+}
+
 TEST_CASE("decode attention, head_dim 64 and other groups") {
   RunCase(14, 2, 64, 4096, 1000, 2.0f);  // Qwen2.5-0.5B shape
   RunCase(32, 8, 128, 8192, 5000, 2.0f);  // group 4
@@ -138,7 +149,7 @@ TEST_CASE("decode attention, head_dim 64 and other groups") {
 
 TEST_CASE("decode attention in a CUDA graph follows d_pos across replays") {
   const int n_ctx = 4096;
-  auto plan = PlanDecodeAttention(28, 4, 128, n_ctx, Tuning());
+  auto plan = PlanDecodeAttention(28, 4, 128, n_ctx, /*window=*/0, Tuning());
   REQUIRE(plan.ok());
   Setup s{28, 4, 128, n_ctx, {}, {}};
   MakeCache(s, n_ctx);
@@ -179,15 +190,15 @@ TEST_CASE("decode attention in a CUDA graph follows d_pos across replays") {
 TEST_CASE("PlanDecodeAttention rejects unsupported shapes") {
   const DecodeTuning t = Tuning();
   const int sms = t.num_sms;
-  CHECK(!PlanDecodeAttention(28, 4, 96, 4096, t).ok());
-  CHECK(!PlanDecodeAttention(28, 3, 128, 4096, t).ok());
-  CHECK(!PlanDecodeAttention(64, 4, 128, 4096, t).ok());  // group 16
-  auto p = PlanDecodeAttention(28, 4, 128, 32768, t);
+  CHECK(!PlanDecodeAttention(28, 4, 96, 4096, /*window=*/0, t).ok());
+  CHECK(!PlanDecodeAttention(28, 3, 128, 4096, /*window=*/0, t).ok());
+  CHECK(!PlanDecodeAttention(64, 4, 128, 4096, /*window=*/0, t).ok());  // group 16
+  auto p = PlanDecodeAttention(28, 4, 128, 32768, /*window=*/0, t);
   REQUIRE(p.ok());
   // One wave of split blocks: at least one per SM, never past n_ctx / 32.
   CHECK(p->n_head_kv * p->max_splits >= sms);
   CHECK(p->max_splits <= 32768 / 32);
-  auto small = PlanDecodeAttention(28, 4, 128, 100, t);
+  auto small = PlanDecodeAttention(28, 4, 128, 100, /*window=*/0, t);
   REQUIRE(small.ok());
   CHECK(small->max_splits == 4);  // ceil(100 / 32)
   CHECK(small->workspace_floats == 28ull * 4 * 130);
@@ -195,7 +206,7 @@ TEST_CASE("PlanDecodeAttention rejects unsupported shapes") {
   DecodeTuning forced = t;
   forced.attn_splits = 7;
   forced.attn_pdl = false;
-  auto f = PlanDecodeAttention(28, 4, 128, 32768, forced);
+  auto f = PlanDecodeAttention(28, 4, 128, 32768, /*window=*/0, forced);
   REQUIRE(f.ok());
   CHECK(f->max_splits == 7);
   CHECK(!f->pdl);

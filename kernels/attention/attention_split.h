@@ -33,4 +33,20 @@ DPL_ATTN_HD int AttnActiveSplits(int kv_len, int max_splits) {
 
 DPL_ATTN_HD int AttnChunk(int kv_len, int n_active) { return (kv_len + n_active - 1) / n_active; }
 
+// The keys a decode query at position *d_pos attends: [lo, lo + len) with
+// len >= 1, i.e. 0 .. pos (capped to the cache), or its last `window` of
+// them with a sliding window (window > 0). Splits divide the len keys from
+// lo; the split and combine kernels both derive it from d_pos.
+struct AttnKeys {
+  int lo;
+  int len;
+};
+DPL_ATTN_HD AttnKeys AttnKeyRange(int pos, int n_ctx, int window) {
+  int end = pos + 1;
+  end = end < n_ctx ? end : n_ctx;
+  end = end > 1 ? end : 1;
+  const int lo = window > 0 && end > window ? end - window : 0;
+  return {lo, end - lo};
+}
+
 }  // namespace dpl::kernels

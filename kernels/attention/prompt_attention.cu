@@ -174,6 +174,9 @@ __device__ __forceinline__ void IssueTile(__half* dst,                         /
 // Causal mask: a select to -inf (never a multiply), only in tiles that cross
 // the diagonal of some row of the CTA. Key tiles wholly past a warp's last
 // row limit are skipped by that warp (uniform branch; barriers stay outside).
+// With a sliding window W (kWindow), row position P sees keys P - W + 1 .. P:
+// the CTA starts at the key tile of its first row's lower limit, warps skip
+// tiles wholly below theirs, and both limits are applied in every tile.
 //
 // Registers (nvcc 13.0, sm_90a): 243 for HD 128, 134 for HD 64, no spills;
 // with 69.6 KB of shared memory HD 128 runs 2 CTAs (8 warps) per SM.
@@ -183,12 +186,12 @@ __device__ __forceinline__ void IssueTile(__half* dst,                         /
 //
 // (One kernel body on purpose: the pipeline, the fragments and the softmax
 // state share one register budget.)
-template <int HD>
+template <int HD, bool kWindow>
 __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
     const float* __restrict__ q,          // (n_tokens, n_head, HD)
     const __half* __restrict__ k_cache,   // (n_head_kv, n_ctx, HD)
     const __half* __restrict__ v_cache,   // (n_head_kv, n_ctx, HD)
-    int n_head, int group, int n_ctx, int p0, int n_tokens, float scale_log2,
+    int n_head, int group, int n_ctx, int p0, int n_tokens, int window, float scale_log2,
     float* __restrict__ out) {            // (n_tokens, n_head, HD)
   using Geo = TileGeometry<HD>;
   constexpr int kLd = Geo::kLd;
@@ -210,18 +213,20 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gid = lane >> 2, tig = lane & 3;
 
-  // Keys this CTA needs: 0 .. p0 + (its last real token).
+  // Keys this CTA needs: 0 (with a window: its first row's lower limit) ..
+  // p0 + (its last real token).
   const int kv_len = p0 + min(m0 + kBlockM, n_tokens);
   const int n_kt = (kv_len + kBlockN - 1) / kBlockN;
+  const int j_first = kWindow ? max(0, p0 + m0 - window + 1) / kBlockN : 0;
   const __half* kh = k_cache + static_cast<size_t>(kvh) * n_ctx * HD;
   const __half* vh = v_cache + static_cast<size_t>(kvh) * n_ctx * HD;
 
   // Prologue: tile 0's copies go out before the Q loads. cp.async groups are
   // committed in the fixed order K_j, V_j (empty groups past the last tile),
   // so "at most 3 pending" means K_j landed and "at most 2" means V_j landed.
-  IssueTile<HD>(s_kv, kh, 0, kv_len, tid);
+  IssueTile<HD>(s_kv, kh, j_first * kBlockN, kv_len, tid);
   CpAsyncCommit();
-  IssueTile<HD>(s_kv + kStages * Geo::kTileHalves, vh, 0, kv_len, tid);
+  IssueTile<HD>(s_kv + kStages * Geo::kTileHalves, vh, j_first * kBlockN, kv_len, tid);
   CpAsyncCommit();
 
   const int row_lo = m0 + warp * 16 + gid;  // token of c0/c1 (and a0/a2); row_lo + 8: c2/c3
@@ -231,6 +236,9 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   const int lim_hi = p0 + tok_hi;
   const int warp_lim = p0 + min(m0 + warp * 16 + 15, n_tokens - 1);  // largest limit in the warp
   const int cta_min_lim = p0 + m0;                                    // smallest limit in the CTA
+  // With a window: the first key each row attends, and the warp's smallest.
+  const int low_lo = lim_lo - window + 1, low_hi = lim_hi - window + 1;
+  const int warp_low = p0 + min(m0 + warp * 16, n_tokens - 1) - window + 1;
 
   uint32_t qa[kDimSteps][4];
   {
@@ -263,8 +271,8 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   // V, transposed: matrix i is keys kk*16 + (lane & 7) + 8 (i & 1), dims dp*16 + 8 (i >> 1).
   const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
 
-  for (int j = 0; j < n_kt; ++j) {
-    const int st = j & 1;
+  for (int j = j_first; j < n_kt; ++j) {
+    const int st = (j - j_first) & 1;
     const int j0 = j * kBlockN;
     // Refill the other stage with tile j + 1 (it was last read in iteration
     // j - 1, which ended with a barrier).
@@ -278,7 +286,8 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
     }
     CpAsyncCommit();
 
-    const bool active = j0 <= warp_lim;  // some key of this tile is visible to this warp
+    // Some key of this tile is visible to this warp.
+    const bool active = j0 <= warp_lim && (!kWindow || j0 + kBlockN - 1 >= warp_low);
     uint32_t pa[kKeySteps][4];           // P as A fragments, k-step = 16 keys
 
     CpAsyncWait<3>();  // K_j landed (this thread's copies)
@@ -298,7 +307,7 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
           Mma16816(s[nt], qa[2 * kp + 1], b[2], b[3]);
         }
       }
-      if (j0 + kBlockN - 1 > cta_min_lim) {  // the tile crosses some row's diagonal
+      if (kWindow || j0 + kBlockN - 1 > cta_min_lim) {  // the tile crosses some row's diagonal
 #pragma unroll
         for (int nt = 0; nt < kKeyTiles; ++nt) {
           const int key = j0 + nt * 8 + 2 * tig;
@@ -306,6 +315,12 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
           s[nt][1] = key + 1 > lim_lo ? -INFINITY : s[nt][1];
           s[nt][2] = key > lim_hi ? -INFINITY : s[nt][2];
           s[nt][3] = key + 1 > lim_hi ? -INFINITY : s[nt][3];
+          if constexpr (kWindow) {
+            s[nt][0] = key < low_lo ? -INFINITY : s[nt][0];
+            s[nt][1] = key + 1 < low_lo ? -INFINITY : s[nt][1];
+            s[nt][2] = key < low_hi ? -INFINITY : s[nt][2];
+            s[nt][3] = key + 1 < low_hi ? -INFINITY : s[nt][3];
+          }
         }
       }
       float mx_lo = m_lo, mx_hi = m_hi;
@@ -320,8 +335,8 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
       // A row with every key so far masked keeps m = -inf; subtracting 0
       // instead keeps 2^(-inf - m) = 0 rather than 2^(-inf + inf) = NaN.
-      // (With tiles taken from key 0 every row sees key 0 first, so this is a
-      // guard, not a path the current schedule takes.)
+      // (Without a window every row sees key 0 first; with one, a row's
+      // first tiles may lie wholly below its window.)
       const float ms_lo = mx_lo == -INFINITY ? 0.0f : mx_lo * scale_log2;
       const float ms_hi = mx_hi == -INFINITY ? 0.0f : mx_hi * scale_log2;
       const float alpha_lo = exp2f(m_lo * scale_log2 - ms_lo);  // 0 on the first tile
@@ -374,8 +389,8 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-  // l >= 1: every written row attends key 0, so its m is finite and the key
-  // holding the max adds 2^0.
+  // l >= 1: every written row attends at least its own key, so its m is
+  // finite and the key holding the max adds 2^0.
   const float inv_lo = 1.0f / l_lo, inv_hi = 1.0f / l_hi;
   if (row_lo < n_tokens) {
     float* dst = out + (static_cast<size_t>(row_lo) * n_head + h) * HD + 2 * tig;
@@ -393,7 +408,7 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   }
 }
 
-template <int HD>
+template <int HD, bool kWindow>
 absl::Status LaunchPromptAttn(const PromptAttentionShape& shape, const float* q,
                               const __half* k_cache, const __half* v_cache, int p0, int n_tokens,
                               float* out, cudaStream_t stream) {
@@ -403,16 +418,16 @@ absl::Status LaunchPromptAttn(const PromptAttentionShape& shape, const float* q,
     // (so captured calls normally make no extra API call).
     static std::atomic<bool> opted_in{false};
     if (!opted_in.load(std::memory_order_relaxed)) {
-      DPL_CUDA_CHECK(cudaFuncSetAttribute(PromptAttnKernel<HD>,
+      DPL_CUDA_CHECK(cudaFuncSetAttribute(PromptAttnKernel<HD, kWindow>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
       opted_in.store(true, std::memory_order_relaxed);
     }
   }
   const int n_qtiles = (n_tokens + kBlockM - 1) / kBlockM;
   const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(HD)));
-  PromptAttnKernel<HD><<<dim3(shape.n_head, n_qtiles), kThreads, kSmem, stream>>>(
+  PromptAttnKernel<HD, kWindow><<<dim3(shape.n_head, n_qtiles), kThreads, kSmem, stream>>>(
       q, k_cache, v_cache, shape.n_head, shape.n_head / shape.n_head_kv, shape.n_ctx, p0,
-      n_tokens, scale_log2, out);
+      n_tokens, shape.window, scale_log2, out);
   DPL_CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }
@@ -468,8 +483,16 @@ absl::Status PromptAttention(const PromptAttentionShape& shape, const float* q,
   }
   const auto* kc = reinterpret_cast<const __half*>(k_cache);
   const auto* vc = reinterpret_cast<const __half*>(v_cache);
-  if (shape.head_dim == 64) return LaunchPromptAttn<64>(shape, q, kc, vc, p0, n_tokens, out, stream);
-  return LaunchPromptAttn<128>(shape, q, kc, vc, p0, n_tokens, out, stream);
+  if (shape.window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt attention: window ", shape.window, " < 0"));
+  }
+  const bool w = shape.window > 0;
+  if (shape.head_dim == 64) {
+    return w ? LaunchPromptAttn<64, true>(shape, q, kc, vc, p0, n_tokens, out, stream)
+             : LaunchPromptAttn<64, false>(shape, q, kc, vc, p0, n_tokens, out, stream);
+  }
+  return w ? LaunchPromptAttn<128, true>(shape, q, kc, vc, p0, n_tokens, out, stream)
+           : LaunchPromptAttn<128, false>(shape, q, kc, vc, p0, n_tokens, out, stream);
 }
 
 }  // namespace dpl::kernels

@@ -22,10 +22,12 @@ struct PromptAttentionShape {
   int n_head_kv = 0;  // kv heads; n_head % n_head_kv == 0 (GQA: query head h reads kv head h / (n_head / n_head_kv))
   int head_dim = 0;   // 64 or 128
   int n_ctx = 0;      // cache rows per kv head
+  int window = 0;     // > 0: sliding window, each query sees its last `window` keys only
 };
 
-// For t < n_tokens, query token t sits at position p0 + t and attends causally to keys 0..p0+t:
-//   out[t][h] = softmax(q[t][h] . K[kvh][0..p0+t]^T / sqrt(head_dim)) V[kvh][0..p0+t]
+// For t < n_tokens, query token t sits at position P = p0 + t and attends causally to keys
+// lo..P (lo = 0, or max(0, P - window + 1) with a sliding window):
+//   out[t][h] = softmax(q[t][h] . K[kvh][lo..P]^T / sqrt(head_dim)) V[kvh][lo..P]
 //   q:        (n_tokens, n_head, head_dim) f32, already rotated; 8-byte aligned
 //   k_cache, v_cache: this layer's (n_head_kv, n_ctx, head_dim) f16 bits, 16-byte aligned;
 //             rows 0..p0+n_tokens-1 valid, rows after that may hold any bits (stale or NaN):

@@ -43,7 +43,8 @@ constexpr double kMaxErr = 2e-3;
 struct Case {
   int n_head, n_head_kv, hd;
   int p0, n_tokens;
-  int slack;  // NaN cache rows past p0 + n_tokens (n_ctx = p0 + n_tokens + slack)
+  int slack;       // NaN cache rows past p0 + n_tokens (n_ctx = p0 + n_tokens + slack)
+  int window = 0;  // > 0: sliding window; rows below every query's window hold huge values
 };
 
 struct Result {
@@ -51,7 +52,8 @@ struct Result {
   double err_row_max = 0;  // largest NormErr of one (token, head) row
 };
 
-// out[t][h] = softmax(q[t][h] . K[kvh][0..p0+t] / sqrt(hd)) V[kvh][0..p0+t], in float64.
+// out[t][h] = softmax(q[t][h] . K[kvh][lo..p0+t] / sqrt(hd)) V[kvh][lo..p0+t], in float64
+// (lo = 0, or max(0, p0 + t - window + 1)).
 std::vector<double> Reference(const Case& c, int n_ctx, const std::vector<float>& q,
                               const std::vector<float>& kf,   // (n_head_kv, n_ctx, hd) f16 values
                               const std::vector<float>& vf) {
@@ -61,11 +63,12 @@ std::vector<double> Reference(const Case& c, int n_ctx, const std::vector<float>
   const double scale = 1.0 / std::sqrt(double(hd));
   for (int t = 0; t < c.n_tokens; ++t) {
     const int n_keys = c.p0 + t + 1;
+    const int lo = c.window > 0 ? std::max(0, n_keys - c.window) : 0;
     for (int h = 0; h < c.n_head; ++h) {
       const int kvh = h / group;
       for (int e = 0; e < hd; ++e) qd[e] = q[(size_t(t) * c.n_head + h) * hd + e];
       double mx = -1e300;
-      for (int p = 0; p < n_keys; ++p) {
+      for (int p = lo; p < n_keys; ++p) {
         const float* kr = &kf[(size_t(kvh) * n_ctx + p) * hd];
         double d0 = 0, d1 = 0, d2 = 0, d3 = 0;  // four chains: the reference is the slow part
         for (int e = 0; e < hd; e += 4) {
@@ -78,9 +81,9 @@ std::vector<double> Reference(const Case& c, int n_ctx, const std::vector<float>
         mx = std::max(mx, sc[p]);
       }
       double l = 0;
-      for (int p = 0; p < n_keys; ++p) l += (sc[p] = std::exp(sc[p] - mx));
+      for (int p = lo; p < n_keys; ++p) l += (sc[p] = std::exp(sc[p] - mx));
       std::fill(acc.begin(), acc.end(), 0.0);
-      for (int p = 0; p < n_keys; ++p) {
+      for (int p = lo; p < n_keys; ++p) {
         const float* vr = &vf[(size_t(kvh) * n_ctx + p) * hd];
         const double w = sc[p];
         for (int e = 0; e < hd; ++e) acc[e] += w * vr[e];
@@ -102,6 +105,9 @@ Result RunCase(const Case& c) {
   const int hd = c.hd;
   const int n_ctx = c.p0 + c.n_tokens + c.slack;
   const int n_valid = c.p0 + c.n_tokens;
+  // Below every query's window: finite but huge (a key read there that was
+  // not masked would dominate its row; NaN would also poison masked P V).
+  const int first_seen = c.window > 0 ? std::max(0, c.p0 - c.window + 1) : 0;
   std::mt19937 rng(uint32_t(c.p0 * 131 + c.n_tokens * 7 + c.n_head * 3 + hd));
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
 
@@ -112,8 +118,10 @@ Result RunCase(const Case& c) {
     for (int p = 0; p < n_ctx; ++p) {
       for (int e = 0; e < hd; ++e) {
         const size_t i = (size_t(kvh) * n_ctx + p) * hd + e;
-        k[i] = p < n_valid ? formats::F32ToF16(u(rng)) : kF16NaN;
-        v[i] = p < n_valid ? formats::F32ToF16(u(rng)) : kF16NaN;
+        const uint16_t fill = p < first_seen ? formats::F32ToF16(60000.0f) : kF16NaN;
+        const bool live = p < n_valid && p >= first_seen;
+        k[i] = live ? formats::F32ToF16(u(rng)) : fill;
+        v[i] = live ? formats::F32ToF16(u(rng)) : fill;
         kf[i] = formats::F16ToF32(k[i]);
         vf[i] = formats::F16ToF32(v[i]);
       }
@@ -127,7 +135,7 @@ Result RunCase(const Case& c) {
   GuardedArray<float> dq(q);
   GuardedArray<uint16_t> dk(k), dv(v);
   GuardedArray<float> dout(size_t(c.n_tokens) * c.n_head * hd);
-  const PromptAttentionShape shape{c.n_head, c.n_head_kv, hd, n_ctx};
+  const PromptAttentionShape shape{c.n_head, c.n_head_kv, hd, n_ctx, c.window};
   STATUS_OK(PromptAttention(shape, dq.get(), dk.get(), dv.get(), c.p0, c.n_tokens, dout.get(), 0));
   const std::vector<float> got = dout.Download();  // syncs, checks the sentinels
   const std::vector<double> ref = Reference(c, n_ctx, q, kf, vf);
@@ -145,7 +153,7 @@ Result RunCase(const Case& c) {
   }
   MESSAGE("prompt attention heads " << c.n_head << "/" << c.n_head_kv << " hd " << hd << " p0 "
                                     << c.p0 << " n_tokens " << c.n_tokens << " slack " << c.slack
-                                    << ": normalized error " << r.err_all << " (worst row "
+                                    << " window " << c.window << ": normalized error " << r.err_all << " (worst row "
                                     << r.err_row_max << ")");
   CHECK(r.err_all <= kMaxErr);
   CHECK(r.err_row_max <= kMaxErr);
@@ -160,6 +168,14 @@ TEST_CASE("prompt attention, head_dim 128, GQA 7:1, later chunks") {
   RunCase({28, 4, 128, 3254, 512, 64});  // p0 not a multiple of 64: diagonal crosses two key tiles
   RunCase({28, 4, 128, 1000, 37, 64});   // one partial query tile
   RunCase({28, 4, 128, 1000, 37, 0});    // the chunk ends at the last cache row (n_ctx = p0 + n)
+}
+
+TEST_CASE("prompt attention with a sliding window") {
+  RunCase({32, 8, 128, 0, 512, 64, 100});      // the window ends inside the chunk
+  RunCase({32, 8, 128, 4000, 300, 64, 4096});  // Mistral's 4096, a chunk past it
+  RunCase({32, 8, 128, 3254, 512, 64, 64});    // one key tile wide, p0 not tile-aligned
+  RunCase({14, 2, 64, 1000, 37, 0, 1});        // each token sees itself only
+  RunCase({28, 4, 128, 100, 200, 64, 5000});   // wider than everything: plain causal
 }
 
 TEST_CASE("prompt attention, other GQA groups") {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_check.h"
 #include "kernels/dequant.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/ops/ops.h"
 
 namespace dpl::kernels {
@@ -75,16 +76,22 @@ __device__ __forceinline__ void Rotate(double x0, double x1, double theta, doubl
 
 // Blocks x in [0, n_head): rotate q head x in place. Blocks [n_head, n_head +
 // n_head_kv): rotate k head j, write it (f16) to k_cache[j][pos] and v head j
-// to v_cache[j][pos]. Thread i handles rotation pair i (< n_rot / 2), then the
-// pass-through elements [n_rot, head_dim) in a strided loop.
+// to v_cache[j][pos]. With a norm weight (qwen3), each head is first
+// RMS-normed: x = x * w / sqrt(mean(x^2) + eps) over its head_dim values.
+// Thread i handles rotation pair i (< n_rot / 2), then the pass-through
+// elements [n_rot, head_dim) in a strided loop.
 // blockIdx.y = token t of the batch: q, k, v and d_pos advanced to row t.
 __global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,  // (n_tokens)
                              const double* inv_freq,  // (n_rot / 2)
+                             HeadNorms norms,
                              float* q,                // (n_tokens, n_head, head_dim)
                              const float* k,          // (n_tokens, n_head_kv, head_dim)
                              const float* v,          // (n_tokens, n_head_kv, head_dim)
                              __half* k_cache,         // (n_head_kv, n_ctx, head_dim)
                              __half* v_cache) {       // (n_head_kv, n_ctx, head_dim)
+  __shared__ float scratch[32];
+  GridDependencyWait();
+  GridLaunchDependents();
   const int t = blockIdx.y;
   const int pos = d_pos[t];
   const size_t q_row = static_cast<size_t>(t) * sh.n_head * sh.head_dim;
@@ -99,11 +106,24 @@ __global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,  // (n
   const bool write_cache = !is_q && pos >= 0 && pos < sh.n_ctx;
   const size_t cache_row = (static_cast<size_t>(head) * sh.n_ctx + (write_cache ? pos : 0)) * hd;
   const float* src = is_q ? q + static_cast<size_t>(head) * hd : k + static_cast<size_t>(head) * hd;
+  const int i0 = neox ? i : 2 * i;
+  const int i1 = neox ? i + half_rot : 2 * i + 1;
+  float x0 = 0.f, x1 = 0.f;
+  if (i < half_rot) x0 = src[i0], x1 = src[i1];
+  // The head's RMSNorm scale (every thread takes part in the sum).
+  const float* nw = is_q ? norms.q : norms.k;  // (head_dim) or null
+  float scale = 1.0f;
+  if (nw != nullptr) {
+    float ss = x0 * x0 + x1 * x1;
+    for (int e = sh.n_rot + i; e < hd; e += blockDim.x) ss += src[e] * src[e];
+    ss = BlockSum(ss, scratch);
+    // IEEE sqrt and division (not rsqrtf), as RmsNorm.
+    scale = 1.0f / sqrtf(ss / static_cast<float>(hd) + norms.eps);
+  }
+  auto normed = [&](float x, int e) { return nw != nullptr ? (x * scale) * nw[e] : x; };
   if (i < half_rot) {
-    const int i0 = neox ? i : 2 * i;
-    const int i1 = neox ? i + half_rot : 2 * i + 1;
     double r0, r1;
-    Rotate(src[i0], src[i1], static_cast<double>(pos) * inv_freq[i], &r0, &r1);
+    Rotate(normed(x0, i0), normed(x1, i1), static_cast<double>(pos) * inv_freq[i], &r0, &r1);
     if (is_q) {
       // In place: each pair is read and written by this thread only.
       q[static_cast<size_t>(head) * hd + i0] = static_cast<float>(r0);
@@ -113,8 +133,18 @@ __global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,  // (n
       k_cache[cache_row + i1] = __double2half(r1);
     }
   }
+  if (is_q) {
+    if (nw != nullptr) {  // pass-through elements, normed in place (read above, by this thread)
+      for (int e = sh.n_rot + i; e < hd; e += blockDim.x) {
+        q[static_cast<size_t>(head) * hd + e] = normed(src[e], e);
+      }
+    }
+    return;
+  }
   if (!write_cache) return;
-  for (int e = sh.n_rot + i; e < hd; e += blockDim.x) k_cache[cache_row + e] = __float2half_rn(src[e]);
+  for (int e = sh.n_rot + i; e < hd; e += blockDim.x) {
+    k_cache[cache_row + e] = __float2half_rn(normed(src[e], e));
+  }
   const float* vr = v + static_cast<size_t>(head) * hd;
   for (int e = i; e < hd; e += blockDim.x) v_cache[cache_row + e] = __float2half_rn(vr[e]);
 }
@@ -195,8 +225,9 @@ absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n,
 }
 
 absl::Status RopeWriteKv(const RopeKvShape& sh, RopeStyle style, const int* d_pos,
-                         const double* inv_freq, float* q, const float* k, const float* v,
-                         uint16_t* k_cache, uint16_t* v_cache, int n_tokens, cudaStream_t stream) {
+                         const double* inv_freq, const HeadNorms& norms, float* q, const float* k,
+                         const float* v, uint16_t* k_cache, uint16_t* v_cache, int n_tokens,
+                         cudaStream_t stream, bool pdl) {
   if (sh.n_head <= 0 || sh.n_head_kv <= 0 || sh.head_dim <= 0 || sh.head_dim % 2 != 0 ||
       sh.head_dim > 256 || sh.n_rot <= 0 || sh.n_rot % 2 != 0 || sh.n_rot > sh.head_dim ||
       sh.n_ctx <= 0) {
@@ -207,17 +238,18 @@ absl::Status RopeWriteKv(const RopeKvShape& sh, RopeStyle style, const int* d_po
   if (!d_pos || !inv_freq || !q || !k || !v || !k_cache || !v_cache) {
     return absl::InvalidArgumentError("RopeWriteKv: null pointer");
   }
+  if ((norms.q == nullptr) != (norms.k == nullptr)) {
+    return absl::InvalidArgumentError("RopeWriteKv: a q norm without a k norm, or the reverse");
+  }
   if (n_tokens <= 0 || n_tokens > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("RopeWriteKv: n_tokens ", n_tokens, " is outside [1, 65535]"));
   }
   const int threads = ((sh.head_dim / 2 + 31) / 32) * 32;
   const dim3 grid(sh.n_head + sh.n_head_kv, n_tokens);
-  RopeKvKernel<<<grid, threads, 0, stream>>>(
-      sh, style == RopeStyle::kNeox, d_pos, inv_freq, q, k, v,
-      reinterpret_cast<__half*>(k_cache), reinterpret_cast<__half*>(v_cache));
-  DPL_CUDA_CHECK_LAUNCH();
-  return absl::OkStatus();
+  return LaunchKernel(RopeKvKernel, grid, dim3(threads), 0, stream, pdl, sh,
+                      style == RopeStyle::kNeox, d_pos, inv_freq, norms, q, k, v,
+                      reinterpret_cast<__half*>(k_cache), reinterpret_cast<__half*>(v_cache));
 }
 
 absl::Status EmbedRows(const WeightMatrix& t, const int* d_token, int n_tokens, float* out,

@@ -46,6 +46,10 @@ using model::RopeStyle;  // kAdjacent (llama) or kNeox (qwen2): model/hparams.h
 //             every token.
 // A position outside [0, n_ctx) rotates q but writes no cache row (a graph
 // kernel cannot report an error; the caller must never step past n_ctx).
+// With norms.q and norms.k (qwen3's attn_q_norm / attn_k_norm, both or
+// neither), every head of q and of k is first RMS-normed over its head_dim
+// values, x = x * w / sqrt(mean(x^2) + eps) in float32 as RmsNorm, then
+// rotated. `pdl`: a programmatic dependent launch (kernels/launch.cuh).
 struct RopeKvShape {
   int n_head = 0;
   int n_head_kv = 0;
@@ -53,20 +57,25 @@ struct RopeKvShape {
   int n_rot = 0;     // even, <= head_dim (usually == head_dim)
   int n_ctx = 0;     // cache rows per kv head
 };
+struct HeadNorms {
+  const float* q = nullptr;  // (head_dim) or null
+  const float* k = nullptr;  // (head_dim) or null
+  float eps = 0.f;
+};
 absl::Status RopeWriteKv(const RopeKvShape& shape, RopeStyle style, const int* d_pos,
-                         const double* inv_freq, float* q, const float* k, const float* v,
-                         uint16_t* k_cache, uint16_t* v_cache, int n_tokens,
-                         cudaStream_t stream);
+                         const double* inv_freq, const HeadNorms& norms, float* q, const float* k,
+                         const float* v, uint16_t* k_cache, uint16_t* v_cache, int n_tokens,
+                         cudaStream_t stream, bool pdl = false);
 
 // out[t] = dequantized row d_tokens[t] of the embedding table, float32, for
 // t < n_tokens (one launch for a prompt chunk).
 //   table:    (n_rows, row_stride) bytes in `layout` (raw GGUF blocks, or dpl
 //             q6_K planes); d_tokens: (n_tokens) ints, device memory;
 //   out:      (n_tokens, n_cols) floats.
-// Types: f32, f16, bf16, q8_0, q5_0, q4_K, q6_K (raw or dpl). Values are
-// bit-identical to formats::DequantizeRow (same float32 operation order, no
-// FMA contraction, kernels/dequant.cuh). A token id outside [0, n_rows)
-// writes NaN to every value of its row.
+// Types: every format of kernels/dequant.cuh (VisitDeviceFormat), in its
+// raw or dpl layout. Values are bit-identical to formats::DequantizeRow (same
+// float32 operation order, no FMA contraction). A token id outside
+// [0, n_rows) writes NaN to every value of its row.
 absl::Status EmbedRows(const WeightMatrix& table, const int* d_tokens, int n_tokens, float* out,
                        cudaStream_t stream);
 

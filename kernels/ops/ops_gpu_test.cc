@@ -108,9 +108,10 @@ TEST_CASE("SwiGlu matches float64") {
   cudaFree(dg), cudaFree(du), cudaFree(dout);
 }
 
-// RoPE + KV write for tokens at `positions` (one launch), against float64.
+// RoPE + KV write for tokens at `positions` (one launch), against float64;
+// with `head_norm`, qwen3's per-head q/k RMSNorm first.
 void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
-             const std::vector<int>& positions, int n_ctx) {
+             const std::vector<int>& positions, int n_ctx, bool head_norm = false) {
   const int n = static_cast<int>(positions.size());
   CAPTURE(positions[0]);
   CAPTURE(n);
@@ -130,20 +131,32 @@ void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
   uint16_t* dkc = Upload(cache_init);
   uint16_t* dvc = Upload(cache_init);
   int* dpos = Upload(positions);
+  const float eps = 1e-6f;
+  const std::vector<float> qn = RandomFloats(hd, 21, 1.0f, 0.3f), kn = RandomFloats(hd, 22, 1.0f, 0.3f);
+  float* dqn = Upload(qn);
+  float* dkn = Upload(kn);
+  const HeadNorms norms = head_norm ? HeadNorms{dqn, dkn, eps} : HeadNorms{};
   RopeKvShape sh{n_head, n_head_kv, hd, n_rot, n_ctx};
-  STATUS_OK(RopeWriteKv(sh, style, dpos, dinv, dq, dk, dv, dkc, dvc, n, 0));
+  STATUS_OK(RopeWriteKv(sh, style, dpos, dinv, norms, dq, dk, dv, dkc, dvc, n, 0));
   CUDA_OK(cudaDeviceSynchronize());
-  // x: (n, heads, hd), token t rotated by positions[t].
-  auto rope_ref = [&](const std::vector<float>& x, int heads) {
+  // x: (n, heads, hd), token t's heads RMS-normed by w (head_norm), then
+  // rotated by positions[t].
+  auto rope_ref = [&](const std::vector<float>& x, int heads, const std::vector<float>& w) {
     std::vector<double> r(x.begin(), x.end());
     for (int tok = 0; tok < n; ++tok) {
       for (int h = 0; h < heads; ++h) {
         const size_t row = (size_t(tok) * heads + h) * hd;
+        if (head_norm) {
+          double ss = 0;
+          for (int e = 0; e < hd; ++e) ss += r[row + e] * r[row + e];
+          const double sc = 1.0 / std::sqrt(ss / hd + eps);
+          for (int e = 0; e < hd; ++e) r[row + e] = r[row + e] * sc * w[e];
+        }
         for (int i = 0; i < n_rot / 2; ++i) {
           const int i0 = style == RopeStyle::kNeox ? i : 2 * i;
           const int i1 = style == RopeStyle::kNeox ? i + n_rot / 2 : 2 * i + 1;
           const double t = double(positions[tok]) * (*inv)[i];
-          const double x0 = x[row + i0], x1 = x[row + i1];
+          const double x0 = r[row + i0], x1 = r[row + i1];
           r[row + i0] = x0 * std::cos(t) - x1 * std::sin(t);
           r[row + i1] = x0 * std::sin(t) + x1 * std::cos(t);
         }
@@ -151,8 +164,8 @@ void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
     }
     return r;
   };
-  const double eq = NormErr(Download(dq, q.size()), rope_ref(q, n_head));
-  auto kref = rope_ref(k, n_head_kv);
+  const double eq = NormErr(Download(dq, q.size()), rope_ref(q, n_head, qn));
+  auto kref = rope_ref(k, n_head_kv, kn);
   auto kc = Download(dkc, cache_elems);
   auto vc = Download(dvc, cache_elems);
   std::vector<float> kgot(k.size());
@@ -174,8 +187,9 @@ void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
     }
   }
   const double ek = NormErr(kgot, kref);
-  MESSAGE("rope " << std::string(style == RopeStyle::kNeox ? "neox" : "adjacent") << " pos="
-                  << positions[0] << " tokens=" << n << " n_rot=" << n_rot << ": q error " << eq
+  MESSAGE("rope " << std::string(style == RopeStyle::kNeox ? "neox" : "adjacent")
+                  << (head_norm ? " +head norm" : "") << " pos=" << positions[0]
+                  << " tokens=" << n << " n_rot=" << n_rot << ": q error " << eq
                   << ", k (f16 cache) error " << ek);
   CHECK(eq < 1e-6);
   CHECK(ek < 5e-4);
@@ -183,7 +197,7 @@ void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
   CheckSentinel(dkc, cache_elems);
   CheckSentinel(dvc, cache_elems);
   cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dinv), cudaFree(dkc), cudaFree(dvc),
-      cudaFree(dpos);
+      cudaFree(dpos), cudaFree(dqn), cudaFree(dkn);
 }
 
 TEST_CASE("RopeWriteKv: both styles, precise angles at long positions, cache rows") {
@@ -192,6 +206,12 @@ TEST_CASE("RopeWriteKv: both styles, precise angles at long positions, cache row
     RunRope(st, 14, 2, 64, 64, {100}, 4096);
     RunRope(st, 8, 2, 128, 64, {5000}, 8192);  // partial rotation: tail passes through
   }
+}
+
+TEST_CASE("RopeWriteKv with qwen3's per-head q/k norms") {
+  for (int pos : {0, 3253}) RunRope(RopeStyle::kNeox, 32, 8, 128, 128, {pos}, 4096, true);
+  RunRope(RopeStyle::kNeox, 8, 2, 128, 64, {5, 6, 7}, 64, true);  // partial rotation: tail normed too
+  RunRope(RopeStyle::kAdjacent, 14, 2, 64, 64, {100}, 4096, true);
 }
 
 TEST_CASE("RopeWriteKv: a prompt chunk in one launch") {

@@ -49,12 +49,6 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   }
   DPL_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::BindModel(*index_));
   hp_ = desc.hp;
-  if (hp_.qk_norm || hp_.sliding_window > 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        path, ": ", hp_.arch_name, hp_.qk_norm ? " (per-head q/k norm)" : "",
-        hp_.sliding_window > 0 ? " with a sliding window" : "",
-        " is not implemented on the GPU yet; use --device cpu"));
-  }
   bytes_per_token_ = desc.bytes_per_token;
   if (options.n_ctx < 0 || options.n_ctx > kMaxContext) {
     return absl::InvalidArgumentError(
@@ -127,6 +121,9 @@ absl::Status CudaDecoder::BindWeights(const model::ModelDesc& desc) {
     L.bk = vec(t.bk);
     L.bv = vec(t.bv);
     L.bo = vec(t.bo);
+    L.head_norms = {vec(t.q_norm), vec(t.k_norm), static_cast<float>(hp_.rms_eps)};
+    DPL_ASSIGN_OR_RETURN(L.qkv, kernels::PlanMatVecGroups({L.wq.w, L.wk.w, L.wv.w}, tuning_));
+    DPL_ASSIGN_OR_RETURN(L.gate_up, kernels::PlanMatVecGroups({L.w_gate.w, L.w_up.w}, tuning_));
   }
   output_norm_ = vec(desc.output_norm);
   return Annotate(matrix(desc.output, &out_), absl::StrCat("tensor '", desc.output->name, "'"));
@@ -145,12 +142,13 @@ absl::Status CudaDecoder::Allocate() {
   DPL_ASSIGN_OR_RETURN(attn_plan_, kernels::PlanDecodeAttention(
                                        static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
                                        static_cast<int>(hp_.head_dim), static_cast<int>(n_ctx_),
-                                       tuning_));
+                                       static_cast<int>(hp_.sliding_window), tuning_));
   rope_shape_ = {static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
                  static_cast<int>(hp_.head_dim), static_cast<int>(hp_.n_rot),
                  static_cast<int>(n_ctx_)};
   prompt_attn_ = {static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
-                  static_cast<int>(hp_.head_dim), static_cast<int>(n_ctx_)};
+                  static_cast<int>(hp_.head_dim), static_cast<int>(n_ctx_),
+                  static_cast<int>(hp_.sliding_window)};
   // The tensor-core path's f16 scratch: activations of a chunk, and the
   // largest layer matrix (the lm head, larger, goes through it in row blocks).
   w_f16_elems_ = 0;
@@ -231,32 +229,67 @@ absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) 
   const float eps = static_cast<float>(hp_.rms_eps);
   cudaStream_t s = stream_.get();
   Buffers& b = buf_;
-  // Products over `rows` tokens run on tensor cores from gemm_min_tokens on.
+  // Products over `rows` tokens run on tensor cores from gemm_min_tokens on
+  // (activations in f16), else on the dp4a matvec (activations in int8),
+  // whose kernels go out as programmatic dependent launches when the tuning
+  // says so (the decode step's chain).
   auto tensor_cores = [&](int rows) {
     return gemm_.has_value() && rows >= tuning_.gemm_min_tokens;
   };
+  const bool pdl = tuning_.pdl && !tensor_cores(n);
   // Prepares x (rows tokens of `cols` values) once for the products that
   // read it: f16 for tensor cores, int8 blocks for the dp4a matvec.
   auto prepare = [&](const float* x, int cols, int rows) {
     if (tensor_cores(rows)) {
       return kernels::ConvertToF16(x, static_cast<int64_t>(rows) * cols, b.x_f16, s);
     }
-    return kernels::QuantizeActivations(x, cols, rows, &b.qx, s);
+    return kernels::QuantizeActivations(x, cols, rows, &b.qx, s, pdl);
   };
-  // y = W x (+ bias) (+ residual) for the rows tokens in x.
-  auto mm = [&](const Matrix& m, const float* x, float* y, const float* bias,
-                const float* residual, int rows) {
+  // h = rmsnorm(x) * w, prepared (fused into one launch on the dp4a path).
+  auto norm_prepare = [&](const float* x, const float* w, int rows) -> absl::Status {
+    if (!tensor_cores(rows)) {
+      return kernels::NormQuantizeActivations(x, w, eps, E, rows, b.h, &b.qx, s, pdl);
+    }
+    DPL_RETURN_IF_ERROR(kernels::RmsNorm(x, w, b.h, rows, E, eps, s));
+    return prepare(b.h, E, rows);
+  };
+  // y = W x (+ bias) (+ residual) for the rows tokens in x (prepared).
+  auto mm = [&](const Matrix& m, const float* x, const kernels::MatVecOut& out, int rows) {
     if (tensor_cores(rows)) {
-      return gemm_->Run(m.w, b.x_f16, rows, y, bias, residual, b.w_f16, w_f16_elems_);
+      return gemm_->Run(m.w, b.x_f16, rows, out.y, out.bias, out.residual, b.w_f16, w_f16_elems_);
     }
     kernels::MatVecIo io;
     io.x = x;
     io.qx = &b.qx;
     io.n_tokens = rows;
-    io.y = y;
-    io.bias = bias;
-    io.residual = residual;
+    io.y = out.y;
+    io.bias = out.bias;
+    io.residual = out.residual;
     return kernels::RunMatVec(m.w, m.plan, io, s);
+  };
+  // The products of matrices that read the same x (Q/K/V, gate/up): on the
+  // dp4a path one launch per group of equal kernels (PlanMatVecGroups).
+  auto mm_group = [&](const std::vector<kernels::MatVecGroupPlan>& groups, const Matrix* const* ms,
+                      const kernels::MatVecOut* outs, const float* x) -> absl::Status {
+    for (const kernels::MatVecGroupPlan& g : groups) {
+      if (tensor_cores(n)) {
+        for (int i : g.members) DPL_RETURN_IF_ERROR(mm(*ms[i], x, outs[i], n));
+        continue;
+      }
+      const kernels::WeightMatrix* ws[kernels::kMaxMatVecParts];
+      kernels::MatVecOut os[kernels::kMaxMatVecParts];
+      for (size_t k = 0; k < g.members.size(); ++k) {
+        ws[k] = &ms[g.members[k]]->w;
+        os[k] = outs[g.members[k]];
+      }
+      kernels::MatVecIo io;
+      io.x = x;
+      io.qx = &b.qx;
+      io.n_tokens = n;
+      DPL_RETURN_IF_ERROR(kernels::RunMatVecGroup(absl::MakeConstSpan(ws, g.members.size()), g.plan,
+                                                  absl::MakeConstSpan(os, g.members.size()), io, s));
+    }
+    return absl::OkStatus();
   };
 
   DPL_RETURN_IF_ERROR(kernels::EmbedRows(embed_, b.tokens, n, b.x, s));
@@ -265,13 +298,13 @@ absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) 
     uint16_t* k_cache = b.kv + kv_layout_.KOffset(static_cast<int>(l));
     uint16_t* v_cache = b.kv + kv_layout_.VOffset(static_cast<int>(l));
     // Attention block.
-    DPL_RETURN_IF_ERROR(kernels::RmsNorm(b.x, L.attn_norm, b.h, n, E, eps, s));
-    DPL_RETURN_IF_ERROR(prepare(b.h, E, n));
-    DPL_RETURN_IF_ERROR(mm(L.wq, b.h, b.q, L.bq, nullptr, n));
-    DPL_RETURN_IF_ERROR(mm(L.wk, b.h, b.k, L.bk, nullptr, n));
-    DPL_RETURN_IF_ERROR(mm(L.wv, b.h, b.v, L.bv, nullptr, n));
-    DPL_RETURN_IF_ERROR(kernels::RopeWriteKv(rope_shape_, hp_.rope_style, b.positions,
-                                             b.inv_freq, b.q, b.k, b.v, k_cache, v_cache, n, s));
+    DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.attn_norm, n));
+    const Matrix* qkv[3] = {&L.wq, &L.wk, &L.wv};
+    const kernels::MatVecOut qkv_out[3] = {{b.q, L.bq, nullptr}, {b.k, L.bk, nullptr}, {b.v, L.bv, nullptr}};
+    DPL_RETURN_IF_ERROR(mm_group(L.qkv, qkv, qkv_out, b.h));
+    DPL_RETURN_IF_ERROR(kernels::RopeWriteKv(rope_shape_, hp_.rope_style, b.positions, b.inv_freq,
+                                             L.head_norms, b.q, b.k, b.v, k_cache, v_cache, n, s,
+                                             pdl));
     if (n == 1) {  // flash-decoding, its position read on the device
       DPL_RETURN_IF_ERROR(kernels::DecodeAttention(attn_plan_, b.q, k_cache, v_cache, b.positions,
                                                    b.attn_ws, b.att, s));
@@ -280,22 +313,25 @@ absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) 
                                                    n, b.att, s));
     }
     DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
-    DPL_RETURN_IF_ERROR(mm(L.wo, b.att, b.x, L.bo, b.x, n));  // x += Wo a
+    DPL_RETURN_IF_ERROR(mm(L.wo, b.att, {b.x, L.bo, b.x}, n));  // x += Wo a
     // Feed-forward block.
-    DPL_RETURN_IF_ERROR(kernels::RmsNorm(b.x, L.ffn_norm, b.h, n, E, eps, s));
-    DPL_RETURN_IF_ERROR(prepare(b.h, E, n));
-    DPL_RETURN_IF_ERROR(mm(L.w_gate, b.h, b.gate, nullptr, nullptr, n));
-    DPL_RETURN_IF_ERROR(mm(L.w_up, b.h, b.up, nullptr, nullptr, n));
-    DPL_RETURN_IF_ERROR(kernels::SwiGlu(b.gate, b.up, b.gate, static_cast<int64_t>(n) * F, s));
-    DPL_RETURN_IF_ERROR(prepare(b.gate, F, n));
-    DPL_RETURN_IF_ERROR(mm(L.w_down, b.gate, b.x, nullptr, b.x, n));  // x += Wdown g
+    DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.ffn_norm, n));
+    const Matrix* gate_up[2] = {&L.w_gate, &L.w_up};
+    const kernels::MatVecOut gate_up_out[2] = {{b.gate, nullptr, nullptr}, {b.up, nullptr, nullptr}};
+    DPL_RETURN_IF_ERROR(mm_group(L.gate_up, gate_up, gate_up_out, b.h));
+    if (tensor_cores(n)) {  // g = silu(gate) * up, in place
+      DPL_RETURN_IF_ERROR(kernels::SwiGlu(b.gate, b.up, b.gate, static_cast<int64_t>(n) * F, s));
+      DPL_RETURN_IF_ERROR(prepare(b.gate, F, n));
+    } else {
+      DPL_RETURN_IF_ERROR(kernels::SwiGluQuantizeActivations(b.gate, b.up, F, n, b.gate, &b.qx, s, pdl));
+    }
+    DPL_RETURN_IF_ERROR(mm(L.w_down, b.gate, {b.x, nullptr, b.x}, n));  // x += Wdown g
   }
   // LM head: every token's logits, or the last token's only.
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
-  DPL_RETURN_IF_ERROR(kernels::RmsNorm(b.x + first * E, output_norm_, b.h, rows, E, eps, s));
-  DPL_RETURN_IF_ERROR(prepare(b.h, E, rows));
-  return mm(out_, b.h, b.logits, nullptr, nullptr, rows);
+  DPL_RETURN_IF_ERROR(norm_prepare(b.x + first * E, output_norm_, rows));
+  return mm(out_, b.h, {b.logits, nullptr, nullptr}, rows);
 }
 
 absl::Status CudaDecoder::EnqueueStep(const kernels::SamplingParams* sample) {

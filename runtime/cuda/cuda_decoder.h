@@ -5,15 +5,17 @@
 // the token and position live in device memory, so nothing is re-captured
 // as the context grows.
 //
-// One step, top to bottom (llama / qwen2):
+// One step, top to bottom (llama / qwen2 / qwen3):
 //   x = embed(token)
-//   per layer:  h = rmsnorm(x) * attn_norm
-//               q, k, v = Wq h + bq, Wk h + bk, Wv h + bv
-//               rope(q, k, pos); cache[pos] = (k, v)
-//               a = attention(q, cache[0..pos])
+//   per layer:  h = rmsnorm(x) * attn_norm                (fused with h's int8 quantization)
+//               q, k, v = Wq h + bq, Wk h + bk, Wv h + bv  (one launch per weight kernel)
+//               qwen3: q, k = per-head rmsnorm(q) * q_norm, rmsnorm(k) * k_norm
+//               rope(q, k, pos); cache[pos] = (k, v)     (one launch, norms included)
+//               a = attention(q, cache[0..pos])          (sliding window: cache[pos-W+1..pos])
 //               x = Wo a + x
 //               h = rmsnorm(x) * ffn_norm
-//               x = Wdown (silu(Wgate h) * (Wup h)) + x
+//               g, u = Wgate h, Wup h                    (one launch)
+//               x = Wdown (silu(g) * u) + x              (SwiGLU fused with quantization)
 //   logits = Wout (rmsnorm(x) * output_norm)
 // Prompts run the same math over chunks of up to `max_batch` tokens: from
 // tuning.gemm_min_tokens tokens on, each matrix product dequantizes W to f16
@@ -116,6 +118,10 @@ class CudaDecoder : public generate::Decoder {
   };
   struct Layer {
     Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    // The matvec launches over {wq, wk, wv} and over {w_gate, w_up}: one per
+    // weight kernel (PlanMatVecGroups; members index the braces).
+    std::vector<kernels::MatVecGroupPlan> qkv, gate_up;
+    kernels::HeadNorms head_norms;     // qwen3's q/k norms, or nulls
     const float* attn_norm = nullptr;  // (n_embd)
     const float* ffn_norm = nullptr;   // (n_embd)
     const float* bq = nullptr;         // (q_dim) or null
