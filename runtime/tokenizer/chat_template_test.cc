@@ -56,6 +56,98 @@ constexpr char kLlama3Template[] =
     "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
 
+// Qwen3's template (Qwen3-8B's tokenizer_config.json), as GGUF stores it.
+constexpr char kQwen3Template[] = R"JINJA({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+)JINJA";
+
 formats::Metadata LoadMetadata(const std::string& rel) {
   auto gguf = formats::GgufFile::Open(testing::SharedDir() + "/" + rel);
   REQUIRE_MESSAGE(gguf.ok(), gguf.status().ToString());
@@ -156,6 +248,141 @@ TEST_CASE("ChatML through the Qwen tokenizer: no BOS, stops at <|im_end|>") {
   CHECK(stops == std::vector<int32_t>{151643, 151645});
 }
 
+// --reasoning-budget 0.
+const ChatOptions kNoThinking = [] {
+  ChatOptions o;
+  o.enable_thinking = false;
+  return o;
+}();
+
+// The expected texts below are what Jinja2 renders from kQwen3Template for
+// the same messages (checked with Python's jinja2 when this test was written).
+const std::vector<ChatMessage> kQwen3Turns = {
+    {"system", "You are terse."},
+    {"user", "What is 2+2?"},
+    {"assistant", "<think>\nSimple arithmetic.\n</think>\n\n4"},
+    {"user", "And 3+3?"},
+};
+const std::string kQwen3TurnsText =
+    "<|im_start|>system\nYou are terse.<|im_end|>\n"
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+    "<|im_start|>assistant\n4<|im_end|>\n"  // reasoning of a past turn dropped
+    "<|im_start|>user\nAnd 3+3?<|im_end|>\n";
+
+TEST_CASE("Qwen3 template: detected; past reasoning stripped; thinking switch") {
+  auto t = ChatTemplate::Detect(kQwen3Template);
+  REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+  CHECK(t->family() == ChatFamily::kQwen3);
+  CHECK(ChatFamilyName(t->family()) == "qwen3");
+  CHECK(t->has_thinking());
+  CHECK(t->default_system_prompt().empty());
+
+  auto thinking = t->Render(kQwen3Turns, true);
+  REQUIRE(thinking.ok());
+  CHECK(*thinking == kQwen3TurnsText + "<|im_start|>assistant\n");
+
+  auto no_thinking = t->Render(kQwen3Turns, true, kNoThinking);
+  REQUIRE(no_thinking.ok());
+  CHECK(*no_thinking == kQwen3TurnsText + "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+
+  // Without the generation prompt the switch changes nothing.
+  CHECK(*t->Render(kQwen3Turns, false) == kQwen3TurnsText);
+  CHECK(*t->Render(kQwen3Turns, false, kNoThinking) == kQwen3TurnsText);
+
+  // No system turn: none is inserted (unlike Qwen2.5).
+  CHECK(*t->Render({{"user", "Hi"}}, true) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+
+  // Same as by name.
+  auto by_name = ChatTemplate::FromName("qwen3");
+  REQUIRE(by_name.ok());
+  CHECK(by_name->family() == ChatFamily::kQwen3);
+  CHECK(*by_name->Render(kQwen3Turns, true) == *thinking);
+}
+
+TEST_CASE("Qwen3: assistant turns after the last user message keep their <think> block") {
+  auto t = ChatTemplate::FromName("qwen3");
+  REQUIRE(t.ok());
+  // The final message keeps its reasoning, and gets an empty block if it has none.
+  CHECK(*t->Render({{"user", "Hi"}, {"assistant", "<think>\nGreet back.\n</think>\n\nHello!"}}, false) ==
+        "<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nGreet back.\n</think>\n\nHello!<|im_end|>\n");
+  CHECK(*t->Render({{"user", "Hi"}, {"assistant", "Hello!"}}, false) ==
+        "<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nHello!<|im_end|>\n");
+
+  // The answer is what follows the last </think>, leading newlines dropped;
+  // other white space stays.
+  CHECK(*t->Render({{"user", "Q"},
+                    {"assistant", "\n<think>\nA\n</think>\nB</think>\n\nC"},
+                    {"user", "Q2"},
+                    {"assistant", "  plain  "}},
+                   true) ==
+        "<|im_start|>user\nQ<|im_end|>\n"
+        "<|im_start|>assistant\nC<|im_end|>\n"
+        "<|im_start|>user\nQ2<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n  plain  <|im_end|>\n"
+        "<|im_start|>assistant\n");
+
+  // A user message that is a wrapped tool result is not a query: the turns
+  // after the real question keep their reasoning when they have some.
+  CHECK(*t->Render({{"user", "Q"},
+                    {"assistant", "<think>r</think>A1"},
+                    {"user", "<tool_response>\n{}\n</tool_response>"},
+                    {"assistant", "<think>\nr2\n</think>\n\nA2"}},
+                   false) ==
+        "<|im_start|>user\nQ<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nr\n</think>\n\nA1<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n{}\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n");
+  CHECK(*t->Render({{"user", "Q"},
+                    {"assistant", "no reasoning"},
+                    {"user", "<tool_response>x</tool_response>"},
+                    {"assistant", "<think>\nr2\n</think>\n\nA2"}},
+                   false) ==
+        "<|im_start|>user\nQ<|im_end|>\n"
+        "<|im_start|>assistant\nno reasoning<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>x</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n");
+
+  // A system message that is not first is a turn where it stands.
+  CHECK(*t->Render({{"user", "a"}, {"system", "late system"}}, true) ==
+        "<|im_start|>user\na<|im_end|>\n<|im_start|>system\nlate system<|im_end|>\n"
+        "<|im_start|>assistant\n");
+}
+
+TEST_CASE("Qwen3 through the Qwen tokenizer: ChatML ids and stops, no BOS") {
+  auto tok = Tokenizer::FromMetadata(LoadMetadata("vocab/ggml-vocab-qwen2.gguf"));
+  REQUIRE(tok.ok());
+  auto t = ChatTemplate::Detect(kQwen3Template);
+  REQUIRE(t.ok());
+  auto ids = EncodeChat(*tok, *t, kQwen3Turns, true, kNoThinking);
+  REQUIRE(ids.ok());
+  CHECK((*ids)[0] == 151644);                                // <|im_start|>
+  CHECK(std::count(ids->begin(), ids->end(), 151643) == 0);  // no BOS (= <|endoftext|>)
+  CHECK(std::count(ids->begin(), ids->end(), 151644) == 5);
+  CHECK(std::count(ids->begin(), ids->end(), 151645) == 4);  // <|im_end|>
+  CHECK(tok->Decode(*ids) == kQwen3TurnsText + "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  CHECK(t->StopTokens(*tok) == std::vector<int32_t>{151643, 151645});
+}
+
+TEST_CASE("ChatML and Llama 3 have no thinking switch: the option changes nothing") {
+  for (const char* jinja : {kChatMLTemplate, kLlama3Template}) {
+    auto t = ChatTemplate::Detect(jinja);
+    REQUIRE(t.ok());
+    CHECK(!t->has_thinking());
+    CHECK(*t->Render(kTwoTurns, true, kNoThinking) ==
+          *t->Render(kTwoTurns, true));
+  }
+  // ChatML that merely mentions <think> (QwQ-style, no enable_thinking) stays ChatML.
+  auto qwq = ChatTemplate::Detect(
+      "{%- for message in messages %}{%- if message.role == 'assistant' %}{%- set content = "
+      "message.content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}{{ '<|im_start|>' + "
+      "message.role + '\\n' + content + '<|im_end|>\\n' }}{%- endfor %}{%- if "
+      "add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}");
+  REQUIRE(qwq.ok());
+  CHECK(qwq->family() == ChatFamily::kChatML);
+}
+
 TEST_CASE("overrides, unknown templates and bad conversations are clear errors") {
   auto llama = ChatTemplate::FromMetadata(formats::Metadata{}, "llama3");
   REQUIRE(llama.ok());
@@ -164,16 +391,17 @@ TEST_CASE("overrides, unknown templates and bad conversations are clear errors")
 
   auto none = ChatTemplate::FromMetadata(formats::Metadata{});
   REQUIRE(!none.ok());
-  CHECK(none.status().message().find("chatml, llama3") != absl::string_view::npos);
+  CHECK(none.status().message().find(ChatTemplateNames()) != absl::string_view::npos);
 
   auto bad_name = ChatTemplate::FromName("vicuna");
   REQUIRE(!bad_name.ok());
   CHECK(bad_name.status().message().find("vicuna") != absl::string_view::npos);
-  CHECK(bad_name.status().message().find("chatml, llama3") != absl::string_view::npos);
+  CHECK(bad_name.status().message().find(ChatTemplateNames()) != absl::string_view::npos);
+  CHECK(ChatTemplateNames() == "chatml, llama3, qwen3");
 
   auto unknown = ChatTemplate::Detect("{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}");
   REQUIRE(!unknown.ok());
-  CHECK(unknown.status().message().find("chatml, llama3") != absl::string_view::npos);
+  CHECK(unknown.status().message().find(ChatTemplateNames()) != absl::string_view::npos);
 
   // The override wins over the model's own template.
   formats::Metadata meta;
