@@ -21,6 +21,15 @@ constexpr FamilyName kFamilies[] = {
     {ChatFamily::kChatML, "chatml"},
     {ChatFamily::kLlama3, "llama3"},
     {ChatFamily::kQwen3, "qwen3"},
+    {ChatFamily::kMistralV7, "mistral-v7"},
+    {ChatFamily::kMistralV7Tekken, "mistral-v7-tekken"},
+    {ChatFamily::kMistralV3, "mistral-v3"},
+    {ChatFamily::kMistralV3Tekken, "mistral-v3-tekken"},
+    {ChatFamily::kMistralV1, "mistral-v1"},
+    {ChatFamily::kLlama2, "llama2"},
+    {ChatFamily::kLlama2Sys, "llama2-sys"},
+    {ChatFamily::kLlama2SysBos, "llama2-sys-bos"},
+    {ChatFamily::kLlama2SysStrip, "llama2-sys-strip"},
 };
 
 constexpr absl::string_view kImStart = "<|im_start|>";
@@ -29,6 +38,9 @@ constexpr absl::string_view kStartHeader = "<|start_header_id|>";
 constexpr absl::string_view kEndHeader = "<|end_header_id|>";
 constexpr absl::string_view kThinkOpen = "<think>";
 constexpr absl::string_view kThinkClose = "</think>";
+constexpr absl::string_view kInst = "[INST]";
+constexpr absl::string_view kEndInst = "[/INST]";
+constexpr absl::string_view kEos = "</s>";
 constexpr absl::string_view kQwen25System =
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 
@@ -143,6 +155,78 @@ std::string RenderQwen3(const std::vector<ChatMessage>& messages, bool add_gener
   return out;
 }
 
+// llama.cpp's mistral-v7 and mistral-v7-tekken (no spaces).
+std::string RenderMistralV7(const std::vector<ChatMessage>& messages, bool tekken) {
+  const absl::string_view sp = tekken ? "" : " ";
+  std::string out;
+  for (const ChatMessage& m : messages) {
+    if (m.role == "system") {
+      absl::StrAppend(&out, "[SYSTEM_PROMPT]", sp, m.content, "[/SYSTEM_PROMPT]");
+    } else if (m.role == "user") {
+      absl::StrAppend(&out, kInst, sp, m.content, kEndInst);
+    } else {
+      absl::StrAppend(&out, sp, m.content, kEos);
+    }
+  }
+  return out;
+}
+
+// llama.cpp's mistral-v1, mistral-v3 and mistral-v3-tekken: a turn is opened
+// by the first message after the previous assistant answer, so a system
+// message lands in the [INST] of the user message that follows it.
+std::string RenderMistralV3(const std::vector<ChatMessage>& messages, ChatFamily family) {
+  const absl::string_view lead = family == ChatFamily::kMistralV1 ? " " : "";
+  const absl::string_view trail = family == ChatFamily::kMistralV3Tekken ? "" : " ";
+  const bool trim_assistant = family == ChatFamily::kMistralV3;
+  std::string out;
+  bool in_turn = false;
+  for (const ChatMessage& m : messages) {
+    if (!in_turn) {
+      absl::StrAppend(&out, lead, kInst, trail);
+      in_turn = true;
+    }
+    if (m.role == "system") {
+      absl::StrAppend(&out, m.content, "\n\n");
+    } else if (m.role == "user") {
+      absl::StrAppend(&out, m.content, lead, kEndInst);
+    } else {
+      absl::StrAppend(&out, trail, trim_assistant ? TrimAsciiSpace(m.content) : m.content, kEos);
+      in_turn = false;
+    }
+  }
+  return out;
+}
+
+// llama.cpp's llama2 family. The first "[INST] " is written up front (the
+// BOS before it comes from the tokenizer).
+std::string RenderLlama2(const std::vector<ChatMessage>& messages, ChatFamily family) {
+  const bool sys_block = family != ChatFamily::kLlama2;
+  const bool bos_inside = family == ChatFamily::kLlama2SysBos;
+  const bool strip = family == ChatFamily::kLlama2SysStrip;
+  std::string out = "[INST] ";
+  bool in_turn = true;
+  for (const ChatMessage& m : messages) {
+    const absl::string_view content = strip ? TrimAsciiSpace(m.content) : m.content;
+    if (!in_turn) {
+      absl::StrAppend(&out, bos_inside ? "<s>[INST] " : "[INST] ");
+      in_turn = true;
+    }
+    if (m.role == "system") {
+      if (sys_block) {
+        absl::StrAppend(&out, "<<SYS>>\n", content, "\n<</SYS>>\n\n");
+      } else {
+        absl::StrAppend(&out, content, "\n");
+      }
+    } else if (m.role == "user") {
+      absl::StrAppend(&out, content, " ", kEndInst);
+    } else {
+      absl::StrAppend(&out, content, kEos);
+      in_turn = false;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::string_view ChatFamilyName(ChatFamily family) {
@@ -188,12 +272,34 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Detect(absl::string_view jinja) {
       t.family_ = ChatFamily::kChatML;
       t.default_system_ = FindDefaultSystemPrompt(jinja);
     }
+  } else if (absl::StartsWith(jinja, "mistral") || has(kInst)) {
+    // llama.cpp's order of tests (llm_chat_detect_template).
+    if (has("[SYSTEM_PROMPT]")) {
+      t.family_ = ChatFamily::kMistralV7;
+    } else if (has("' [INST] ' + system_message") || has("[AVAILABLE_TOOLS]")) {
+      if (has(" [INST]")) {
+        t.family_ = ChatFamily::kMistralV1;
+      } else if (has("\"[INST]\"")) {
+        t.family_ = ChatFamily::kMistralV3Tekken;
+      } else {
+        t.family_ = ChatFamily::kMistralV3;
+      }
+    } else if (has("content.strip()")) {
+      t.family_ = ChatFamily::kLlama2SysStrip;
+    } else if (has("bos_token + '[INST]")) {
+      t.family_ = ChatFamily::kLlama2SysBos;
+    } else if (has("<<SYS>>")) {
+      t.family_ = ChatFamily::kLlama2Sys;
+    } else {
+      t.family_ = ChatFamily::kLlama2;
+    }
   } else if (has(kStartHeader) && has(kEndHeader)) {
     t.family_ = ChatFamily::kLlama3;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tokenizer.chat_template is none of the known families (no \"", kImStart, "\", \"",
-        kStartHeader, "\"); override it with one of: ", ChatTemplateNames()));
+        "tokenizer.chat_template is of no family dpl knows (it has none of \"", kImStart,
+        "\", \"", kInst, "\", \"", kStartHeader,
+        "\"); override it with one of: ", ChatTemplateNames()));
   }
   return t;
 }
@@ -242,6 +348,21 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
         absl::StrAppend(&out, kStartHeader, "assistant", kEndHeader, "\n\n");
       }
       break;
+    case ChatFamily::kMistralV7:
+    case ChatFamily::kMistralV7Tekken:
+      out = RenderMistralV7(messages, family_ == ChatFamily::kMistralV7Tekken);
+      break;
+    case ChatFamily::kMistralV3:
+    case ChatFamily::kMistralV3Tekken:
+    case ChatFamily::kMistralV1:
+      out = RenderMistralV3(messages, family_);
+      break;
+    case ChatFamily::kLlama2:
+    case ChatFamily::kLlama2Sys:
+    case ChatFamily::kLlama2SysBos:
+    case ChatFamily::kLlama2SysStrip:
+      out = RenderLlama2(messages, family_);
+      break;
   }
   return out;
 }
@@ -256,6 +377,17 @@ std::vector<int32_t> ChatTemplate::StopTokens(const Tokenizer& tokenizer) const 
       break;
     case ChatFamily::kLlama3:
       texts = {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"};
+      break;
+    case ChatFamily::kMistralV7:
+    case ChatFamily::kMistralV7Tekken:
+    case ChatFamily::kMistralV3:
+    case ChatFamily::kMistralV3Tekken:
+    case ChatFamily::kMistralV1:
+    case ChatFamily::kLlama2:
+    case ChatFamily::kLlama2Sys:
+    case ChatFamily::kLlama2SysBos:
+    case ChatFamily::kLlama2SysStrip:
+      texts = {kEos};
       break;
   }
   for (absl::string_view text : texts) {

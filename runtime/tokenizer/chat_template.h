@@ -29,10 +29,44 @@
 //     <|end_header_id|>\n\n". Detected by "<|start_header_id|>" and
 //     "<|end_header_id|>".
 //
+// The [INST] families are rendered as llama.cpp's built-in (non-Jinja)
+// renderer writes them, for every template that contains "[INST]" (or is
+// named "mistral..."). They have no generation prompt: the text ends with
+// "[/INST]" after the last user message, where the assistant answers, and an
+// assistant turn ends with "</s>". Stops: the tokenizer's EOS and "</s>".
+// (The tokenizer does not read Mistral's own vocabularies yet: SentencePiece,
+// or tekken's pre-tokenizer.)
+//
+//   mistral-v7 (Mistral Large 2411, Mistral Small 3.x): "[SYSTEM_PROMPT]
+//     {system}[/SYSTEM_PROMPT]", "[INST] {user}[/INST]", " {assistant}</s>".
+//     Detected by "[SYSTEM_PROMPT]". mistral-v7-tekken is the same without
+//     the spaces; as in llama.cpp only its name selects it (Mistral Small
+//     3.x's tekken templates are detected as mistral-v7).
+//
+//   mistral-v3, mistral-v3-tekken, mistral-v1 (the official templates that
+//     have "[AVAILABLE_TOOLS]" or "' [INST] ' + system_message"): every
+//     turn opens with "[INST] " (v3-tekken "[INST]", v1 " [INST] "); a
+//     system message is written there followed by "\n\n", so it is
+//     prepended to the next user message; user: "{user}[/INST]" (v1
+//     "{user} [/INST]"); assistant: " {assistant}</s>" (v3 trims the
+//     assistant text, v3-tekken has no space). v1 is told by " [INST]",
+//     v3-tekken by "\"[INST]\"", else v3. Why the system prompt goes first:
+//     llama.cpp's renderer does so (Mistral's own v3 Jinja puts it before the
+//     last user message), and it keeps a chat's earlier turns, and so its
+//     cached prefix, unchanged from one turn to the next.
+//
+//   llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip (any other [INST]
+//     template: Mistral 7B v0.1/v0.2, Llama 2): "[INST] " opens a turn,
+//     "{user} [/INST]" closes it, "{assistant}</s>" ends it. llama2 writes
+//     a system message as "{system}\n"; the -sys variants (templates with
+//     "<<SYS>>") as "<<SYS>>\n{system}\n<</SYS>>\n\n"; -sys-bos (templates
+//     with "bos_token + '[INST]") opens every later turn with "<s>[INST] ";
+//     -sys-strip (templates with "content.strip()") trims every message.
+//
 // BOS rule (llama.cpp's): the rendered text never starts with BOS; the caller
 // tokenizes it with add_bos = tokenizer.adds_bos_by_default() and
-// parse_special = true, so Llama 3 gets exactly one <|begin_of_text|> and Qwen
-// none. EncodeChat does exactly that.
+// parse_special = true, so Llama 3 and Mistral get exactly one leading BOS
+// (<|begin_of_text|>, <s>) and Qwen none. EncodeChat does exactly that.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +84,15 @@ enum class ChatFamily : uint8_t {
   kChatML,
   kQwen3,
   kLlama3,
+  kMistralV7,
+  kMistralV7Tekken,
+  kMistralV3,
+  kMistralV3Tekken,
+  kMistralV1,
+  kLlama2,
+  kLlama2Sys,
+  kLlama2SysBos,
+  kLlama2SysStrip,
 };
 // The family's name, as FromName accepts it ("chatml", "qwen3", ...).
 absl::string_view ChatFamilyName(ChatFamily family);
@@ -90,7 +133,8 @@ class ChatTemplate {
   // Empty when the template inserts none.
   const std::string& default_system_prompt() const { return default_system_; }
 
-  // The prompt text (without a leading BOS) for `messages`. Errors: empty
+  // The prompt text (without a leading BOS) for `messages`. The [INST]
+  // families ignore add_generation_prompt (they have none). Errors: empty
   // conversation, a role other than system/user/assistant.
   absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
                                      bool add_generation_prompt,
@@ -99,7 +143,7 @@ class ChatTemplate {
   // Ids that end the assistant's turn: the tokenizer's end-of-generation ids
   // plus this family's end-of-turn texts found in the vocabulary
   // (ChatML, Qwen3: <|im_end|>, <|endoftext|>; Llama 3: <|eot_id|>,
-  // <|eom_id|>, <|end_of_text|>). Sorted, unique.
+  // <|eom_id|>, <|end_of_text|>; [INST] families: </s>). Sorted, unique.
   std::vector<int32_t> StopTokens(const Tokenizer& tokenizer) const;
 
  private:

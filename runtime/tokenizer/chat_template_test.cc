@@ -5,9 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "formats/gguf.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "runtime/tokenizer/unicode.h"
 #include "tests/shared_dir.h"
 
 namespace dpl::tokenizer {
@@ -383,6 +385,271 @@ TEST_CASE("ChatML and Llama 3 have no thinking switch: the option changes nothin
   CHECK(qwq->family() == ChatFamily::kChatML);
 }
 
+// The conversation of llama.cpp's tests/test-chat-template.cpp; the expected
+// texts of the [INST] families below are that test's (llama.cpp's built-in
+// renderer), except for llama2-sys and mistral-v7-tekken, which it does not
+// test: those follow from the same rules.
+const std::vector<ChatMessage> kLlamaCppTurns = {
+    {"system", "You are a helpful assistant"},
+    {"user", "Hello"},
+    {"assistant", "Hi there"},
+    {"user", "Who are you"},
+    {"assistant", "   I am an assistant   "},
+    {"user", "Another question"},
+};
+
+// Mistral Large 2411's template ("v7").
+constexpr char kMistralV7Template[] = R"JINJA({{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ '[SYSTEM_PROMPT] ' + message['content'] + '[/SYSTEM_PROMPT]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'] + eos_token }}{% else %}{{ raise_exception('Only user, system and assistant roles are supported!') }}{% endif %}{% endfor %})JINJA";
+
+// Mistral Small 3.1's template ("v7-tekken"), the lines that write text.
+constexpr char kMistralSmall31Excerpt[] = R"JINJA({{- bos_token }}
+{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS] [" }}
+        {%- endif %}
+        {%- if message['content'] is string %}
+        {{- '[INST]' + message['content'] + '[/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {%- if message['content'] is string %}
+            {{- message['content'] + eos_token }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+)JINJA";
+
+// Mistral Large 2407's template ("v3"), the user and assistant branches.
+constexpr char kMistralV3Excerpt[] = R"JINJA({{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS] [" }}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST] " + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"]|trim + eos_token}}
+    {%- endif %}
+{%- endfor %}
+)JINJA";
+
+// Mistral Nemo 2407's template ("v3-tekken"), the same branches.
+constexpr char kMistralV3TekkenExcerpt[] = R"JINJA({{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS][" }}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST]" + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST]" + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message["role"] == "assistant" %}
+        {{- message["content"] + eos_token}}
+    {%- endif %}
+{%- endfor %}
+)JINJA";
+
+// Mistral 7B Instruct v0.2's later template ("v1", with a system prompt).
+constexpr char kMistralV1Template[] = R"JINJA({%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\n\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token}}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+)JINJA";
+
+// Mistral 7B Instruct v0.1/v0.2's first template (no system prompt): llama2.
+constexpr char kMistralOldTemplate[] = R"JINJA({{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %})JINJA";
+
+// Llama 2 style templates: <<SYS>> only (llama2-sys), BOS inside the history
+// (TheBloke/FusionNet_34Bx2_MoE: llama2-sys-bos), stripped messages
+// (bofenghuang/vigogne-2-70b-chat: llama2-sys-strip); excerpts.
+constexpr char kLlama2SysExcerpt[] = R"JINJA({% if message['role'] == 'system' %}{{ '[INST] <<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ message['content'] + ' [/INST]' }}{% endif %})JINJA";
+constexpr char kLlama2SysBosExcerpt[] = R"JINJA({%- if idx > 1 -%}
+{{- bos_token + '[INST] ' + messages[idx]['content'] + ' [/INST]' -}}
+{%- else -%}
+{{- messages[idx]['content'] + ' [/INST]' -}}
+{%- endif -%}
+{% elif messages[idx]['role'] == 'system' %}
+{{- '[INST] <<SYS>>\n' + messages[idx]['content'] + '\n<</SYS>>\n\n' -}})JINJA";
+constexpr char kLlama2SysStripExcerpt[] = R"JINJA({% if message['role'] == 'user' %}{{ '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'system' %}{{ '<<SYS>>\n' + content.strip() + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %})JINJA";
+
+struct InstCase {
+  const char* jinja;
+  ChatFamily family;
+  const char* name;
+  std::string expect;  // kLlamaCppTurns rendered
+};
+
+const std::vector<InstCase>& InstCases() {
+  static const std::vector<InstCase> cases = {
+      {kMistralV7Template, ChatFamily::kMistralV7, "mistral-v7",
+       "[SYSTEM_PROMPT] You are a helpful assistant[/SYSTEM_PROMPT][INST] Hello[/INST] Hi "
+       "there</s>[INST] Who are you[/INST]    I am an assistant   </s>[INST] Another "
+       "question[/INST]"},
+      {nullptr, ChatFamily::kMistralV7Tekken, "mistral-v7-tekken",
+       "[SYSTEM_PROMPT]You are a helpful assistant[/SYSTEM_PROMPT][INST]Hello[/INST]Hi "
+       "there</s>[INST]Who are you[/INST]   I am an assistant   </s>[INST]Another "
+       "question[/INST]"},
+      {kMistralV3Excerpt, ChatFamily::kMistralV3, "mistral-v3",
+       "[INST] You are a helpful assistant\n\nHello[/INST] Hi there</s>[INST] Who are "
+       "you[/INST] I am an assistant</s>[INST] Another question[/INST]"},
+      {kMistralV3TekkenExcerpt, ChatFamily::kMistralV3Tekken, "mistral-v3-tekken",
+       "[INST]You are a helpful assistant\n\nHello[/INST]Hi there</s>[INST]Who are "
+       "you[/INST]   I am an assistant   </s>[INST]Another question[/INST]"},
+      {kMistralV1Template, ChatFamily::kMistralV1, "mistral-v1",
+       " [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s> [INST] Who are you "
+       "[/INST]    I am an assistant   </s> [INST] Another question [/INST]"},
+      {kMistralOldTemplate, ChatFamily::kLlama2, "llama2",
+       "[INST] You are a helpful assistant\nHello [/INST]Hi there</s>[INST] Who are you "
+       "[/INST]   I am an assistant   </s>[INST] Another question [/INST]"},
+      {kLlama2SysExcerpt, ChatFamily::kLlama2Sys, "llama2-sys",
+       "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi "
+       "there</s>[INST] Who are you [/INST]   I am an assistant   </s>[INST] Another question "
+       "[/INST]"},
+      {kLlama2SysBosExcerpt, ChatFamily::kLlama2SysBos, "llama2-sys-bos",
+       "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi "
+       "there</s><s>[INST] Who are you [/INST]   I am an assistant   </s><s>[INST] Another "
+       "question [/INST]"},
+      {kLlama2SysStripExcerpt, ChatFamily::kLlama2SysStrip, "llama2-sys-strip",
+       "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi "
+       "there</s>[INST] Who are you [/INST]I am an assistant</s>[INST] Another question "
+       "[/INST]"},
+  };
+  return cases;
+}
+
+TEST_CASE("[INST] templates: detected as llama.cpp does, rendered as llama.cpp renders them") {
+  for (const InstCase& c : InstCases()) {
+    CAPTURE(c.name);
+    if (c.jinja != nullptr) {
+      auto t = ChatTemplate::Detect(c.jinja);
+      REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+      CHECK(ChatFamilyName(t->family()) == c.name);
+      CHECK(t->family() == c.family);
+    }
+    auto t = ChatTemplate::FromName(c.name);
+    REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+    CHECK(t->family() == c.family);
+    CHECK(ChatFamilyName(t->family()) == c.name);
+    CHECK(!t->has_thinking());
+    CHECK(t->default_system_prompt().empty());
+    auto text = t->Render(kLlamaCppTurns, true);
+    REQUIRE(text.ok());
+    CHECK(*text == c.expect);
+    // No generation prompt: the text ends where the assistant answers.
+    CHECK(*t->Render(kLlamaCppTurns, false) == c.expect);
+    CHECK(*t->Render(kLlamaCppTurns, true, kNoThinking) == c.expect);
+  }
+  // Mistral Small 3.x spells v7 without spaces, but llama.cpp detects every
+  // [SYSTEM_PROMPT] template as mistral-v7; so do we.
+  auto small = ChatTemplate::Detect(kMistralSmall31Excerpt);
+  REQUIRE(small.ok());
+  CHECK(small->family() == ChatFamily::kMistralV7);
+  // A template that is only a name starting with "mistral" goes the [INST] way.
+  auto mistral = ChatTemplate::Detect("mistral");
+  REQUIRE(mistral.ok());
+  CHECK(mistral->family() == ChatFamily::kLlama2);
+}
+
+TEST_CASE("mistral-v3: a system message opens the next user message's [INST]") {
+  auto v3 = ChatTemplate::FromName("mistral-v3");
+  REQUIRE(v3.ok());
+  CHECK(*v3->Render({{"user", "a"}, {"assistant", " b "}, {"system", "s"}, {"user", "c"}}, true) ==
+        "[INST] a[/INST] b</s>[INST] s\n\nc[/INST]");
+  auto v7 = ChatTemplate::FromName("mistral-v7");
+  REQUIRE(v7.ok());
+  CHECK(*v7->Render({{"user", "a"}, {"assistant", "b"}, {"system", "s"}, {"user", "c"}}, true) ==
+        "[INST] a[/INST] b</s>[SYSTEM_PROMPT] s[/SYSTEM_PROMPT][INST] c[/INST]");
+}
+
+// A Mistral-like byte-level vocabulary: the 256 byte symbols, then <unk>,
+// <s>, </s> and the [INST] control tokens; BOS added by default.
+formats::Metadata MistralLikeVocab() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    AppendUtf8(ByteToCodepoint(uint8_t(b)), s);
+    tokens.push_back(s);
+  }
+  std::vector<int32_t> types(256, 1);  // normal
+  for (const char* special :
+       {"<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"}) {
+    tokens.push_back(special);
+    types.push_back(tokens.back() == "<unk>" ? 2 : 3);  // unknown, control
+  }
+  formats::Metadata m;
+  m.Set("general.architecture", formats::MetaValue::String("llama"));
+  m.Set("tokenizer.ggml.model", formats::MetaValue::String("gpt2"));
+  m.Set("tokenizer.ggml.pre", formats::MetaValue::String("llama-bpe"));
+  m.Set("tokenizer.ggml.tokens", formats::MetaValue::StringArray(tokens));
+  m.Set("tokenizer.ggml.token_type", formats::MetaValue::I32Array(types));
+  m.Set("tokenizer.ggml.merges", formats::MetaValue::StringArray({}));
+  m.Set("tokenizer.ggml.bos_token_id", formats::MetaValue::U32(257));
+  m.Set("tokenizer.ggml.eos_token_id", formats::MetaValue::U32(258));
+  m.Set("tokenizer.ggml.add_bos_token", formats::MetaValue::Bool(true));
+  m.Set("tokenizer.chat_template", formats::MetaValue::String(kMistralV7Template));
+  return m;
+}
+
+TEST_CASE("[INST] families through a Mistral-like tokenizer: one BOS, </s> ends a turn") {
+  constexpr int32_t kBos = 257, kEosId = 258, kInstId = 259, kEndInstId = 260, kSys = 261;
+  const formats::Metadata meta = MistralLikeVocab();
+  auto tok = Tokenizer::FromMetadata(meta);
+  REQUIRE_MESSAGE(tok.ok(), tok.status().ToString());
+  REQUIRE(tok->adds_bos_by_default());
+  auto v7 = ChatTemplate::FromMetadata(meta);
+  REQUIRE_MESSAGE(v7.ok(), v7.status().ToString());
+  CHECK(v7->family() == ChatFamily::kMistralV7);
+  auto ids = EncodeChat(*tok, *v7, kLlamaCppTurns, true);
+  REQUIRE(ids.ok());
+  CHECK((*ids)[0] == kBos);
+  CHECK((*ids)[1] == kSys);
+  CHECK(std::count(ids->begin(), ids->end(), kBos) == 1);
+  CHECK(std::count(ids->begin(), ids->end(), kInstId) == 3);
+  CHECK(std::count(ids->begin(), ids->end(), kEndInstId) == 3);
+  CHECK(std::count(ids->begin(), ids->end(), kEosId) == 2);  // after each answer
+  CHECK(ids->back() == kEndInstId);
+  CHECK(tok->Decode(*ids) == "<s>" + InstCases()[0].expect);
+  CHECK(v7->StopTokens(*tok) == std::vector<int32_t>{kEosId});
+
+  // llama2-sys-bos writes <s> inside the history: a BOS id per later turn.
+  auto bos = ChatTemplate::FromName("llama2-sys-bos");
+  REQUIRE(bos.ok());
+  auto bos_ids = EncodeChat(*tok, *bos, kLlamaCppTurns, true);
+  REQUIRE(bos_ids.ok());
+  CHECK((*bos_ids)[0] == kBos);
+  CHECK(std::count(bos_ids->begin(), bos_ids->end(), kBos) == 3);
+  CHECK(bos->StopTokens(*tok) == std::vector<int32_t>{kEosId});
+}
+
 TEST_CASE("overrides, unknown templates and bad conversations are clear errors") {
   auto llama = ChatTemplate::FromMetadata(formats::Metadata{}, "llama3");
   REQUIRE(llama.ok());
@@ -397,9 +664,24 @@ TEST_CASE("overrides, unknown templates and bad conversations are clear errors")
   REQUIRE(!bad_name.ok());
   CHECK(bad_name.status().message().find("vicuna") != absl::string_view::npos);
   CHECK(bad_name.status().message().find(ChatTemplateNames()) != absl::string_view::npos);
-  CHECK(ChatTemplateNames() == "chatml, llama3, qwen3");
+  CHECK(ChatTemplateNames() ==
+        "chatml, llama3, qwen3, mistral-v7, mistral-v7-tekken, mistral-v3, mistral-v3-tekken, "
+        "mistral-v1, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip");
+  // Every listed name is accepted by FromName and names its family back.
+  for (absl::string_view name : absl::StrSplit(ChatTemplateNames(), ", ")) {
+    auto t = ChatTemplate::FromName(name);
+    REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+    CHECK(ChatFamilyName(t->family()) == name);
+    // llama.cpp accepts a family name in place of a template text.
+    auto named = ChatTemplate::Detect(name);
+    REQUIRE(named.ok());
+    CHECK(named->family() == t->family());
+  }
 
-  auto unknown = ChatTemplate::Detect("{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}");
+  // Gemma's template: a family dpl does not have.
+  auto unknown = ChatTemplate::Detect(
+      "{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\\n' + "
+      "message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}");
   REQUIRE(!unknown.ok());
   CHECK(unknown.status().message().find(ChatTemplateNames()) != absl::string_view::npos);
 
