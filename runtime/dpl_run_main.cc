@@ -3,7 +3,7 @@
 //
 //   dpl-run -m MODEL -p "text" [-n N] [--temp T] [--top-k K] ...
 //   dpl-run -m MODEL --tokens 1,2,3 --all-logits --dump-logits OUT.f32
-//   dpl-run -m MODEL -cnv [-sys "..."] [--single-turn -p "..."]
+//   dpl-run -m MODEL -cnv [-sys "..."] [--single-turn -p "..."] [--reasoning-budget 0]
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +24,7 @@
 
 #include <cxxopts.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "cli/cli.h"
@@ -102,8 +103,12 @@ void AddFlags(cxxopts::Options& options) {
       ("cnv,conversation", "chat: read user turns from standard input")
       ("single-turn", "chat: answer the -p prompt once and exit")
       ("sys,system-prompt", "chat: system message", cxxopts::value<std::string>())
-      ("chat-template", "chat: chatml or llama3 (default: from the model)",
+      ("chat-template",
+       absl::StrCat("chat: one of ", dpl::tokenizer::ChatTemplateNames(), " (default: from the model)"),
        cxxopts::value<std::string>()->default_value(""))
+      ("reasoning-budget",
+       "chat: thinking allowed, -1 unrestricted or 0 off (qwen3; other templates ignore it)",
+       cxxopts::value<int32_t>()->default_value("-1"))
       ("tokens", "evaluate these token ids (comma-separated) instead of a prompt",
        cxxopts::value<std::string>())
       ("all-logits", "with --tokens: keep the logits of every position")
@@ -254,6 +259,16 @@ absl::Status CheckFlags(const cxxopts::ParseResult& args) {
   if (args.count("single-turn") && !args.count("prompt") && !args.count("file")) {
     return absl::InvalidArgumentError("--single-turn answers the -p (or -f) prompt: give one");
   }
+  // llama.cpp's --reasoning-budget takes only these two values too.
+  if (const int32_t budget = args["reasoning-budget"].as<int32_t>(); budget != -1 && budget != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--reasoning-budget ", budget, ": only -1 (unrestricted thinking) and 0 (thinking off) "
+        "are supported"));
+  }
+  // A bad --chat-template name is reported before the model loads.
+  if (const std::string name = args["chat-template"].as<std::string>(); !name.empty()) {
+    DPL_RETURN_IF_ERROR(dpl::tokenizer::ChatTemplate::FromName(name).status());
+  }
   return absl::OkStatus();
 }
 
@@ -265,6 +280,8 @@ absl::Status RunChat(const cxxopts::ParseResult& args, Loaded& l, const std::str
   DPL_ASSIGN_OR_RETURN(const dpl::tokenizer::ChatTemplate tmpl,
                        dpl::tokenizer::ChatTemplate::FromMetadata(
                            l.index->metadata(), args["chat-template"].as<std::string>()));
+  dpl::tokenizer::ChatOptions options;
+  options.enable_thinking = args["reasoning-budget"].as<int32_t>() != 0;  // checked: -1 or 0
   std::vector<dpl::tokenizer::ChatMessage> messages;
   if (args.count("system-prompt")) messages.push_back({"system", args["system-prompt"].as<std::string>()});
   std::vector<int32_t> history;  // ids in the decoder's cache
@@ -284,7 +301,7 @@ absl::Status RunChat(const cxxopts::ParseResult& args, Loaded& l, const std::str
     first = false;
     messages.push_back({"user", user});
     DPL_ASSIGN_OR_RETURN(const std::vector<int32_t> ids,
-                         dpl::tokenizer::EncodeChat(tok, tmpl, messages, true));
+                         dpl::tokenizer::EncodeChat(tok, tmpl, messages, true, options));
     size_t common = 0;
     while (common < history.size() && common < ids.size() && history[common] == ids[common]) ++common;
     if (common == ids.size()) --common;  // always feed at least one token

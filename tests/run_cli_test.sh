@@ -47,6 +47,23 @@ fi
 if [[ $? -eq 0 ]] && grep -q "generated: .* 4 tokens" "$tmp/single.err"; then ok "dpl-run --single-turn"; else
   bad "dpl-run --single-turn"; cat "$tmp/single.err"; fi
 
+# --reasoning-budget 0 (thinking off): with the qwen3 template the prompt gains
+# Qwen3's empty "<think>\n\n</think>\n\n"; ChatML has no thinking and
+# accepts the flag unchanged.
+prompt_tokens() {  # ARGS...: the prompt's token count from the timing block
+  "$run" -m "$tmp/chat.dpl" --device cpu --single-turn -p "Hi" -n 1 --temp 0 "$@" 2>&1 >/dev/null |
+    sed -n 's|.*prompt: .*/ *\([0-9]*\) tokens.*|\1|p'
+}
+think_on=$(prompt_tokens --chat-template qwen3)
+think_off=$(prompt_tokens --chat-template qwen3 --reasoning-budget 0)
+chatml_on=$(prompt_tokens)
+chatml_off=$(prompt_tokens --reasoning-budget 0)
+if [[ -n $think_on && -n $think_off && $think_off -gt $think_on && -n $chatml_on && $chatml_on == "$chatml_off" ]]; then
+  ok "dpl-run --reasoning-budget 0: qwen3 prompt $think_on -> $think_off tokens, chatml unchanged ($chatml_on)"
+else
+  bad "dpl-run --reasoning-budget 0: qwen3 '$think_on' -> '$think_off', chatml '$chatml_on' -> '$chatml_off'"
+fi
+
 expect_error() {  # NAME PATTERN CMD...
   local name=$1 pattern=$2; shift 2
   "$@" >"$tmp/out.txt" 2>"$tmp/err.txt"
@@ -65,6 +82,14 @@ expect_error "dpl-run: corrupt model" "not a model file" "$run" -m "$tmp/out.txt
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   expect_error "dpl-run: the default device needs a GPU" "no CUDA device" "$run" -m "$m" --tokens 1
 fi
+for budget in 5 -2 1024; do
+  expect_error "dpl-run: --reasoning-budget $budget" \
+    "--reasoning-budget $budget: only -1 (unrestricted thinking) and 0 (thinking off)" \
+    "$run" -m "$tmp/chat.dpl" --device cpu --single-turn -p hi --reasoning-budget "$budget"
+done
+expect_error "dpl-run: unknown --chat-template" \
+  'unknown chat template "vicuna"; choose one of: chatml, llama3, qwen3, mistral-v7' \
+  "$run" -m "$tmp/chat.dpl" --device cpu --single-turn -p hi --chat-template vicuna
 expect_error "dpl-tokenize: vocabulary-less model" "no vocabulary" "$tokenize" -m "$m" -p hi
 
 echo "run_cli_test: $fails failure(s)"

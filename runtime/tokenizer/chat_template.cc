@@ -3,15 +3,44 @@
 #include <algorithm>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 
 namespace dpl::tokenizer {
 namespace {
 
-constexpr absl::string_view kChoices = "chatml, llama3";
+// Every family once: its name (FromName, ChatFamilyName, the choices listed
+// in errors and in dpl-run's --help).
+struct FamilyName {
+  ChatFamily family;
+  absl::string_view name;
+};
+constexpr FamilyName kFamilies[] = {
+    {ChatFamily::kChatML, "chatml"},
+    {ChatFamily::kLlama3, "llama3"},
+    {ChatFamily::kQwen3, "qwen3"},
+    {ChatFamily::kMistralV7, "mistral-v7"},
+    {ChatFamily::kMistralV7Tekken, "mistral-v7-tekken"},
+    {ChatFamily::kMistralV3, "mistral-v3"},
+    {ChatFamily::kMistralV3Tekken, "mistral-v3-tekken"},
+    {ChatFamily::kMistralV1, "mistral-v1"},
+    {ChatFamily::kLlama2, "llama2"},
+    {ChatFamily::kLlama2Sys, "llama2-sys"},
+    {ChatFamily::kLlama2SysBos, "llama2-sys-bos"},
+    {ChatFamily::kLlama2SysStrip, "llama2-sys-strip"},
+};
+
 constexpr absl::string_view kImStart = "<|im_start|>";
+constexpr absl::string_view kImEnd = "<|im_end|>";
 constexpr absl::string_view kStartHeader = "<|start_header_id|>";
+constexpr absl::string_view kEndHeader = "<|end_header_id|>";
+constexpr absl::string_view kThinkOpen = "<think>";
+constexpr absl::string_view kThinkClose = "</think>";
+constexpr absl::string_view kInst = "[INST]";
+constexpr absl::string_view kEndInst = "[/INST]";
+constexpr absl::string_view kEos = "</s>";
 constexpr absl::string_view kQwen25System =
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 
@@ -52,42 +81,225 @@ absl::string_view TrimAsciiSpace(absl::string_view s) {
   return s.substr(b, e - b + 1);
 }
 
+// Python's str.lstrip("\n") / rstrip("\n") / strip("\n"), as Qwen3's
+// template applies them: newlines only, not other white space.
+absl::string_view LStripNewlines(absl::string_view s) {
+  while (!s.empty() && s.front() == '\n') s.remove_prefix(1);
+  return s;
+}
+absl::string_view RStripNewlines(absl::string_view s) {
+  while (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return s;
+}
+
+void AppendChatMLTurn(absl::string_view role, absl::string_view content, std::string* out) {
+  absl::StrAppend(out, kImStart, role, "\n", content, kImEnd, "\n");
+}
+
+// Qwen3's template, message by message (without tools: dpl has none).
+//   last_query: the last user message that is not a wrapped tool result
+//     ("<tool_response>...</tool_response>"); the last message if none.
+//   system first: a plain ChatML turn before the loop; a later system
+//     message is a plain turn where it stands.
+//   assistant: with "</think>" in it, the answer is what follows the last
+//     "</think>" (leading newlines dropped) and the reasoning what precedes
+//     the first one (trailing newlines dropped), after its last "<think>"
+//     (leading newlines dropped). After last_query, and when it is the final
+//     message or has reasoning, it is written with its <think> block;
+//     otherwise as its answer alone.
+std::string RenderQwen3(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                        bool enable_thinking) {
+  size_t last_query = messages.size() - 1;
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string& c = messages[i].content;
+    const bool tool_result =
+        absl::StartsWith(c, "<tool_response>") && absl::EndsWith(c, "</tool_response>");
+    if (messages[i].role == "user" && !tool_result) {
+      last_query = i;
+      break;
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role != "assistant") {
+      AppendChatMLTurn(m.role, m.content, &out);
+      continue;
+    }
+    absl::string_view answer = m.content;
+    absl::string_view reasoning;
+    const size_t first_close = answer.find(kThinkClose);
+    if (first_close != absl::string_view::npos) {
+      const absl::string_view whole = m.content;
+      answer = LStripNewlines(whole.substr(whole.rfind(kThinkClose) + kThinkClose.size()));
+      reasoning = RStripNewlines(whole.substr(0, first_close));
+      const size_t open = reasoning.rfind(kThinkOpen);
+      if (open != absl::string_view::npos) reasoning.remove_prefix(open + kThinkOpen.size());
+      reasoning = LStripNewlines(reasoning);
+    }
+    absl::StrAppend(&out, kImStart, "assistant\n");
+    if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
+      // (The template's reasoning.strip("\n") is a no-op here: both ends are
+      // stripped already.)
+      absl::StrAppend(&out, kThinkOpen, "\n", reasoning, "\n", kThinkClose, "\n\n",
+                      LStripNewlines(answer));
+    } else {
+      absl::StrAppend(&out, answer);
+    }
+    absl::StrAppend(&out, kImEnd, "\n");
+  }
+  if (add_generation_prompt) {
+    absl::StrAppend(&out, kImStart, "assistant\n");
+    if (!enable_thinking) absl::StrAppend(&out, kThinkOpen, "\n\n", kThinkClose, "\n\n");
+  }
+  return out;
+}
+
+// llama.cpp's mistral-v7 and mistral-v7-tekken (no spaces).
+std::string RenderMistralV7(const std::vector<ChatMessage>& messages, bool tekken) {
+  const absl::string_view sp = tekken ? "" : " ";
+  std::string out;
+  for (const ChatMessage& m : messages) {
+    if (m.role == "system") {
+      absl::StrAppend(&out, "[SYSTEM_PROMPT]", sp, m.content, "[/SYSTEM_PROMPT]");
+    } else if (m.role == "user") {
+      absl::StrAppend(&out, kInst, sp, m.content, kEndInst);
+    } else {
+      absl::StrAppend(&out, sp, m.content, kEos);
+    }
+  }
+  return out;
+}
+
+// llama.cpp's mistral-v1, mistral-v3 and mistral-v3-tekken: a turn is opened
+// by the first message after the previous assistant answer, so a system
+// message lands in the [INST] of the user message that follows it.
+std::string RenderMistralV3(const std::vector<ChatMessage>& messages, ChatFamily family) {
+  const absl::string_view lead = family == ChatFamily::kMistralV1 ? " " : "";
+  const absl::string_view trail = family == ChatFamily::kMistralV3Tekken ? "" : " ";
+  const bool trim_assistant = family == ChatFamily::kMistralV3;
+  std::string out;
+  bool in_turn = false;
+  for (const ChatMessage& m : messages) {
+    if (!in_turn) {
+      absl::StrAppend(&out, lead, kInst, trail);
+      in_turn = true;
+    }
+    if (m.role == "system") {
+      absl::StrAppend(&out, m.content, "\n\n");
+    } else if (m.role == "user") {
+      absl::StrAppend(&out, m.content, lead, kEndInst);
+    } else {
+      absl::StrAppend(&out, trail, trim_assistant ? TrimAsciiSpace(m.content) : m.content, kEos);
+      in_turn = false;
+    }
+  }
+  return out;
+}
+
+// llama.cpp's llama2 family. The first "[INST] " is written up front (the
+// BOS before it comes from the tokenizer).
+std::string RenderLlama2(const std::vector<ChatMessage>& messages, ChatFamily family) {
+  const bool sys_block = family != ChatFamily::kLlama2;
+  const bool bos_inside = family == ChatFamily::kLlama2SysBos;
+  const bool strip = family == ChatFamily::kLlama2SysStrip;
+  std::string out = "[INST] ";
+  bool in_turn = true;
+  for (const ChatMessage& m : messages) {
+    const absl::string_view content = strip ? TrimAsciiSpace(m.content) : m.content;
+    if (!in_turn) {
+      absl::StrAppend(&out, bos_inside ? "<s>[INST] " : "[INST] ");
+      in_turn = true;
+    }
+    if (m.role == "system") {
+      if (sys_block) {
+        absl::StrAppend(&out, "<<SYS>>\n", content, "\n<</SYS>>\n\n");
+      } else {
+        absl::StrAppend(&out, content, "\n");
+      }
+    } else if (m.role == "user") {
+      absl::StrAppend(&out, content, " ", kEndInst);
+    } else {
+      absl::StrAppend(&out, content, kEos);
+      in_turn = false;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::string_view ChatFamilyName(ChatFamily family) {
-  switch (family) {
-    case ChatFamily::kChatML:
-      return "chatml";
-    case ChatFamily::kLlama3:
-      return "llama3";
+  for (const FamilyName& f : kFamilies) {
+    if (f.family == family) return f.name;
   }
   return "?";
 }
 
+const std::string& ChatTemplateNames() {
+  static const std::string* const names = [] {
+    std::vector<absl::string_view> v;
+    for (const FamilyName& f : kFamilies) v.push_back(f.name);
+    return new std::string(absl::StrJoin(v, ", "));
+  }();
+  return *names;
+}
+
 absl::StatusOr<ChatTemplate> ChatTemplate::FromName(absl::string_view name) {
-  ChatTemplate t;
-  if (name == "chatml") {
-    t.family_ = ChatFamily::kChatML;
-  } else if (name == "llama3") {
-    t.family_ = ChatFamily::kLlama3;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown chat template \"", name, "\"; choose one of: ", kChoices));
+  for (const FamilyName& f : kFamilies) {
+    if (f.name != name) continue;
+    ChatTemplate t;
+    t.family_ = f.family;
+    return t;
   }
-  return t;
+  return absl::InvalidArgumentError(absl::StrCat("unknown chat template \"", name,
+                                                 "\"; choose one of: ", ChatTemplateNames()));
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Detect(absl::string_view jinja) {
+  // llama.cpp accepts a family name in place of a template.
+  if (absl::StatusOr<ChatTemplate> named = FromName(jinja); named.ok()) return named;
+  auto has = [jinja](absl::string_view marker) { return absl::StrContains(jinja, marker); };
   ChatTemplate t;
-  if (jinja.find(kImStart) != absl::string_view::npos) {
-    t.family_ = ChatFamily::kChatML;
-    t.default_system_ = FindDefaultSystemPrompt(jinja);
-  } else if (jinja.find(kStartHeader) != absl::string_view::npos) {
+  if (has(kImStart)) {
+    // Qwen3 tells itself apart by its thinking switch. QwQ and Qwen3-2507
+    // templates handle <think> too but have no switch (QwQ also opens
+    // <think> in its generation prompt): they stay plain ChatML, as in
+    // llama.cpp's non-Jinja path.
+    if (has(kThinkOpen) && has(kThinkClose) && has("enable_thinking")) {
+      t.family_ = ChatFamily::kQwen3;
+    } else {
+      t.family_ = ChatFamily::kChatML;
+      t.default_system_ = FindDefaultSystemPrompt(jinja);
+    }
+  } else if (absl::StartsWith(jinja, "mistral") || has(kInst)) {
+    // llama.cpp's order of tests (llm_chat_detect_template).
+    if (has("[SYSTEM_PROMPT]")) {
+      t.family_ = ChatFamily::kMistralV7;
+    } else if (has("' [INST] ' + system_message") || has("[AVAILABLE_TOOLS]")) {
+      if (has(" [INST]")) {
+        t.family_ = ChatFamily::kMistralV1;
+      } else if (has("\"[INST]\"")) {
+        t.family_ = ChatFamily::kMistralV3Tekken;
+      } else {
+        t.family_ = ChatFamily::kMistralV3;
+      }
+    } else if (has("content.strip()")) {
+      t.family_ = ChatFamily::kLlama2SysStrip;
+    } else if (has("bos_token + '[INST]")) {
+      t.family_ = ChatFamily::kLlama2SysBos;
+    } else if (has("<<SYS>>")) {
+      t.family_ = ChatFamily::kLlama2Sys;
+    } else {
+      t.family_ = ChatFamily::kLlama2;
+    }
+  } else if (has(kStartHeader) && has(kEndHeader)) {
     t.family_ = ChatFamily::kLlama3;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tokenizer.chat_template is neither ChatML (no \"", kImStart, "\") nor Llama 3 (no \"",
-        kStartHeader, "\"); override it with one of: ", kChoices));
+        "tokenizer.chat_template is of no family dpl knows (it has none of \"", kImStart,
+        "\", \"", kInst, "\", \"", kStartHeader,
+        "\"); override it with one of: ", ChatTemplateNames()));
   }
   return t;
 }
@@ -98,14 +310,15 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromMetadata(const formats::Metadata&
   constexpr absl::string_view kKey = "tokenizer.chat_template";
   if (meta.Find(kKey) == nullptr) {
     return absl::NotFoundError(absl::StrCat("the model has no ", kKey,
-                                            "; choose a chat template: ", kChoices));
+                                            "; choose a chat template: ", ChatTemplateNames()));
   }
   DPL_ASSIGN_OR_RETURN(const absl::string_view jinja, meta.GetString(kKey));
   return Detect(jinja);
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
-                                                 bool add_generation_prompt) const {
+                                                 bool add_generation_prompt,
+                                                 const ChatOptions& options) const {
   if (messages.empty()) return absl::InvalidArgumentError("chat: the conversation is empty");
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
@@ -118,21 +331,37 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
   switch (family_) {
     case ChatFamily::kChatML:
       if (!default_system_.empty() && messages[0].role != "system") {
-        absl::StrAppend(&out, kImStart, "system\n", default_system_, "<|im_end|>\n");
+        AppendChatMLTurn("system", default_system_, &out);
       }
-      for (const ChatMessage& m : messages) {
-        absl::StrAppend(&out, kImStart, m.role, "\n", m.content, "<|im_end|>\n");
-      }
+      for (const ChatMessage& m : messages) AppendChatMLTurn(m.role, m.content, &out);
       if (add_generation_prompt) absl::StrAppend(&out, kImStart, "assistant\n");
+      break;
+    case ChatFamily::kQwen3:
+      out = RenderQwen3(messages, add_generation_prompt, options.enable_thinking);
       break;
     case ChatFamily::kLlama3:
       for (const ChatMessage& m : messages) {
-        absl::StrAppend(&out, kStartHeader, m.role, "<|end_header_id|>\n\n",
+        absl::StrAppend(&out, kStartHeader, m.role, kEndHeader, "\n\n",
                         TrimAsciiSpace(m.content), "<|eot_id|>");
       }
       if (add_generation_prompt) {
-        absl::StrAppend(&out, kStartHeader, "assistant<|end_header_id|>\n\n");
+        absl::StrAppend(&out, kStartHeader, "assistant", kEndHeader, "\n\n");
       }
+      break;
+    case ChatFamily::kMistralV7:
+    case ChatFamily::kMistralV7Tekken:
+      out = RenderMistralV7(messages, family_ == ChatFamily::kMistralV7Tekken);
+      break;
+    case ChatFamily::kMistralV3:
+    case ChatFamily::kMistralV3Tekken:
+    case ChatFamily::kMistralV1:
+      out = RenderMistralV3(messages, family_);
+      break;
+    case ChatFamily::kLlama2:
+    case ChatFamily::kLlama2Sys:
+    case ChatFamily::kLlama2SysBos:
+    case ChatFamily::kLlama2SysStrip:
+      out = RenderLlama2(messages, family_);
       break;
   }
   return out;
@@ -141,10 +370,25 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
 std::vector<int32_t> ChatTemplate::StopTokens(const Tokenizer& tokenizer) const {
   std::vector<int32_t> ids = tokenizer.end_of_generation_ids();
   std::vector<absl::string_view> texts;
-  if (family_ == ChatFamily::kChatML) {
-    texts = {"<|im_end|>", "<|endoftext|>"};
-  } else {
-    texts = {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"};
+  switch (family_) {
+    case ChatFamily::kChatML:
+    case ChatFamily::kQwen3:
+      texts = {kImEnd, "<|endoftext|>"};
+      break;
+    case ChatFamily::kLlama3:
+      texts = {"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"};
+      break;
+    case ChatFamily::kMistralV7:
+    case ChatFamily::kMistralV7Tekken:
+    case ChatFamily::kMistralV3:
+    case ChatFamily::kMistralV3Tekken:
+    case ChatFamily::kMistralV1:
+    case ChatFamily::kLlama2:
+    case ChatFamily::kLlama2Sys:
+    case ChatFamily::kLlama2SysBos:
+    case ChatFamily::kLlama2SysStrip:
+      texts = {kEos};
+      break;
   }
   for (absl::string_view text : texts) {
     const int32_t id = tokenizer.FindToken(text);
@@ -158,12 +402,13 @@ std::vector<int32_t> ChatTemplate::StopTokens(const Tokenizer& tokenizer) const 
 absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer& tokenizer,
                                                 const ChatTemplate& chat_template,
                                                 const std::vector<ChatMessage>& messages,
-                                                bool add_generation_prompt) {
+                                                bool add_generation_prompt,
+                                                const ChatOptions& options) {
   if (!tokenizer.has_vocab()) {
     return absl::FailedPreconditionError(
         "chat needs a tokenizer vocabulary; this model has ids only");
   }
-  DPL_ASSIGN_OR_RETURN(const std::string text, chat_template.Render(messages, add_generation_prompt));
+  DPL_ASSIGN_OR_RETURN(const std::string text, chat_template.Render(messages, add_generation_prompt, options));
   return tokenizer.Encode(text, tokenizer.adds_bos_by_default(), /*parse_special=*/true);
 }
 

@@ -5,9 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "formats/gguf.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
+#include "runtime/tokenizer/unicode.h"
 #include "tests/shared_dir.h"
 
 namespace dpl::tokenizer {
@@ -55,6 +57,98 @@ constexpr char kLlama3Template[] =
     "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
     "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+
+// Qwen3's template (Qwen3-8B's tokenizer_config.json), as GGUF stores it.
+constexpr char kQwen3Template[] = R"JINJA({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+)JINJA";
 
 formats::Metadata LoadMetadata(const std::string& rel) {
   auto gguf = formats::GgufFile::Open(testing::SharedDir() + "/" + rel);
@@ -156,6 +250,406 @@ TEST_CASE("ChatML through the Qwen tokenizer: no BOS, stops at <|im_end|>") {
   CHECK(stops == std::vector<int32_t>{151643, 151645});
 }
 
+// --reasoning-budget 0.
+const ChatOptions kNoThinking = [] {
+  ChatOptions o;
+  o.enable_thinking = false;
+  return o;
+}();
+
+// The expected texts below are what Jinja2 renders from kQwen3Template for
+// the same messages (checked with Python's jinja2 when this test was written).
+const std::vector<ChatMessage> kQwen3Turns = {
+    {"system", "You are terse."},
+    {"user", "What is 2+2?"},
+    {"assistant", "<think>\nSimple arithmetic.\n</think>\n\n4"},
+    {"user", "And 3+3?"},
+};
+const std::string kQwen3TurnsText =
+    "<|im_start|>system\nYou are terse.<|im_end|>\n"
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+    "<|im_start|>assistant\n4<|im_end|>\n"  // reasoning of a past turn dropped
+    "<|im_start|>user\nAnd 3+3?<|im_end|>\n";
+
+TEST_CASE("Qwen3 template: detected; past reasoning stripped; thinking switch") {
+  auto t = ChatTemplate::Detect(kQwen3Template);
+  REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+  CHECK(t->family() == ChatFamily::kQwen3);
+  CHECK(ChatFamilyName(t->family()) == "qwen3");
+  CHECK(t->has_thinking());
+  CHECK(t->default_system_prompt().empty());
+
+  auto thinking = t->Render(kQwen3Turns, true);
+  REQUIRE(thinking.ok());
+  CHECK(*thinking == kQwen3TurnsText + "<|im_start|>assistant\n");
+
+  auto no_thinking = t->Render(kQwen3Turns, true, kNoThinking);
+  REQUIRE(no_thinking.ok());
+  CHECK(*no_thinking == kQwen3TurnsText + "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+
+  // Without the generation prompt the switch changes nothing.
+  CHECK(*t->Render(kQwen3Turns, false) == kQwen3TurnsText);
+  CHECK(*t->Render(kQwen3Turns, false, kNoThinking) == kQwen3TurnsText);
+
+  // No system turn: none is inserted (unlike Qwen2.5).
+  CHECK(*t->Render({{"user", "Hi"}}, true) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+
+  // Same as by name.
+  auto by_name = ChatTemplate::FromName("qwen3");
+  REQUIRE(by_name.ok());
+  CHECK(by_name->family() == ChatFamily::kQwen3);
+  CHECK(*by_name->Render(kQwen3Turns, true) == *thinking);
+}
+
+TEST_CASE("Qwen3: assistant turns after the last user message keep their <think> block") {
+  auto t = ChatTemplate::FromName("qwen3");
+  REQUIRE(t.ok());
+  // The final message keeps its reasoning, and gets an empty block if it has none.
+  CHECK(*t->Render({{"user", "Hi"}, {"assistant", "<think>\nGreet back.\n</think>\n\nHello!"}}, false) ==
+        "<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nGreet back.\n</think>\n\nHello!<|im_end|>\n");
+  CHECK(*t->Render({{"user", "Hi"}, {"assistant", "Hello!"}}, false) ==
+        "<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nHello!<|im_end|>\n");
+
+  // The answer is what follows the last </think>, leading newlines dropped;
+  // other white space stays.
+  CHECK(*t->Render({{"user", "Q"},
+                    {"assistant", "\n<think>\nA\n</think>\nB</think>\n\nC"},
+                    {"user", "Q2"},
+                    {"assistant", "  plain  "}},
+                   true) ==
+        "<|im_start|>user\nQ<|im_end|>\n"
+        "<|im_start|>assistant\nC<|im_end|>\n"
+        "<|im_start|>user\nQ2<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n  plain  <|im_end|>\n"
+        "<|im_start|>assistant\n");
+
+  // A user message that is a wrapped tool result is not a query: the turns
+  // after the real question keep their reasoning when they have some.
+  CHECK(*t->Render({{"user", "Q"},
+                    {"assistant", "<think>r</think>A1"},
+                    {"user", "<tool_response>\n{}\n</tool_response>"},
+                    {"assistant", "<think>\nr2\n</think>\n\nA2"}},
+                   false) ==
+        "<|im_start|>user\nQ<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nr\n</think>\n\nA1<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n{}\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n");
+  CHECK(*t->Render({{"user", "Q"},
+                    {"assistant", "no reasoning"},
+                    {"user", "<tool_response>x</tool_response>"},
+                    {"assistant", "<think>\nr2\n</think>\n\nA2"}},
+                   false) ==
+        "<|im_start|>user\nQ<|im_end|>\n"
+        "<|im_start|>assistant\nno reasoning<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>x</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n");
+
+  // A system message that is not first is a turn where it stands.
+  CHECK(*t->Render({{"user", "a"}, {"system", "late system"}}, true) ==
+        "<|im_start|>user\na<|im_end|>\n<|im_start|>system\nlate system<|im_end|>\n"
+        "<|im_start|>assistant\n");
+}
+
+TEST_CASE("Qwen3 through the Qwen tokenizer: ChatML ids and stops, no BOS") {
+  auto tok = Tokenizer::FromMetadata(LoadMetadata("vocab/ggml-vocab-qwen2.gguf"));
+  REQUIRE(tok.ok());
+  auto t = ChatTemplate::Detect(kQwen3Template);
+  REQUIRE(t.ok());
+  auto ids = EncodeChat(*tok, *t, kQwen3Turns, true, kNoThinking);
+  REQUIRE(ids.ok());
+  CHECK((*ids)[0] == 151644);                                // <|im_start|>
+  CHECK(std::count(ids->begin(), ids->end(), 151643) == 0);  // no BOS (= <|endoftext|>)
+  CHECK(std::count(ids->begin(), ids->end(), 151644) == 5);
+  CHECK(std::count(ids->begin(), ids->end(), 151645) == 4);  // <|im_end|>
+  CHECK(tok->Decode(*ids) == kQwen3TurnsText + "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  CHECK(t->StopTokens(*tok) == std::vector<int32_t>{151643, 151645});
+}
+
+TEST_CASE("ChatML and Llama 3 have no thinking switch: the option changes nothing") {
+  for (const char* jinja : {kChatMLTemplate, kLlama3Template}) {
+    auto t = ChatTemplate::Detect(jinja);
+    REQUIRE(t.ok());
+    CHECK(!t->has_thinking());
+    CHECK(*t->Render(kTwoTurns, true, kNoThinking) ==
+          *t->Render(kTwoTurns, true));
+  }
+  // ChatML that merely mentions <think> (QwQ-style, no enable_thinking) stays ChatML.
+  auto qwq = ChatTemplate::Detect(
+      "{%- for message in messages %}{%- if message.role == 'assistant' %}{%- set content = "
+      "message.content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}{{ '<|im_start|>' + "
+      "message.role + '\\n' + content + '<|im_end|>\\n' }}{%- endfor %}{%- if "
+      "add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}");
+  REQUIRE(qwq.ok());
+  CHECK(qwq->family() == ChatFamily::kChatML);
+}
+
+// The conversation of llama.cpp's tests/test-chat-template.cpp; the expected
+// texts of the [INST] families below are that test's (llama.cpp's built-in
+// renderer), except for llama2-sys and mistral-v7-tekken, which it does not
+// test: those follow from the same rules.
+const std::vector<ChatMessage> kLlamaCppTurns = {
+    {"system", "You are a helpful assistant"},
+    {"user", "Hello"},
+    {"assistant", "Hi there"},
+    {"user", "Who are you"},
+    {"assistant", "   I am an assistant   "},
+    {"user", "Another question"},
+};
+
+// Mistral Large 2411's template ("v7").
+constexpr char kMistralV7Template[] = R"JINJA({{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ '[SYSTEM_PROMPT] ' + message['content'] + '[/SYSTEM_PROMPT]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'] + eos_token }}{% else %}{{ raise_exception('Only user, system and assistant roles are supported!') }}{% endif %}{% endfor %})JINJA";
+
+// Mistral Small 3.1's template ("v7-tekken"), the lines that write text.
+constexpr char kMistralSmall31Excerpt[] = R"JINJA({{- bos_token }}
+{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS] [" }}
+        {%- endif %}
+        {%- if message['content'] is string %}
+        {{- '[INST]' + message['content'] + '[/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {%- if message['content'] is string %}
+            {{- message['content'] + eos_token }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+)JINJA";
+
+// Mistral Large 2407's template ("v3"), the user and assistant branches.
+constexpr char kMistralV3Excerpt[] = R"JINJA({{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS] [" }}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST] " + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"]|trim + eos_token}}
+    {%- endif %}
+{%- endfor %}
+)JINJA";
+
+// Mistral Nemo 2407's template ("v3-tekken"), the same branches.
+constexpr char kMistralV3TekkenExcerpt[] = R"JINJA({{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS][" }}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST]" + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST]" + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message["role"] == "assistant" %}
+        {{- message["content"] + eos_token}}
+    {%- endif %}
+{%- endfor %}
+)JINJA";
+
+// Mistral 7B Instruct v0.2's later template ("v1", with a system prompt).
+constexpr char kMistralV1Template[] = R"JINJA({%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\n\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token}}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+)JINJA";
+
+// Mistral 7B Instruct v0.1/v0.2's first template (no system prompt): llama2.
+constexpr char kMistralOldTemplate[] = R"JINJA({{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %})JINJA";
+
+// Llama 2 style templates: <<SYS>> only (llama2-sys), BOS inside the history
+// (TheBloke/FusionNet_34Bx2_MoE: llama2-sys-bos), stripped messages
+// (bofenghuang/vigogne-2-70b-chat: llama2-sys-strip); excerpts.
+constexpr char kLlama2SysExcerpt[] = R"JINJA({% if message['role'] == 'system' %}{{ '[INST] <<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ message['content'] + ' [/INST]' }}{% endif %})JINJA";
+constexpr char kLlama2SysBosExcerpt[] = R"JINJA({%- if idx > 1 -%}
+{{- bos_token + '[INST] ' + messages[idx]['content'] + ' [/INST]' -}}
+{%- else -%}
+{{- messages[idx]['content'] + ' [/INST]' -}}
+{%- endif -%}
+{% elif messages[idx]['role'] == 'system' %}
+{{- '[INST] <<SYS>>\n' + messages[idx]['content'] + '\n<</SYS>>\n\n' -}})JINJA";
+constexpr char kLlama2SysStripExcerpt[] = R"JINJA({% if message['role'] == 'user' %}{{ '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'system' %}{{ '<<SYS>>\n' + content.strip() + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %})JINJA";
+
+struct InstCase {
+  const char* jinja;
+  ChatFamily family;
+  const char* name;
+  std::string expect;  // kLlamaCppTurns rendered
+};
+
+const std::vector<InstCase>& InstCases() {
+  static const std::vector<InstCase> cases = {
+      {kMistralV7Template, ChatFamily::kMistralV7, "mistral-v7",
+       "[SYSTEM_PROMPT] You are a helpful assistant[/SYSTEM_PROMPT][INST] Hello[/INST] Hi "
+       "there</s>[INST] Who are you[/INST]    I am an assistant   </s>[INST] Another "
+       "question[/INST]"},
+      {nullptr, ChatFamily::kMistralV7Tekken, "mistral-v7-tekken",
+       "[SYSTEM_PROMPT]You are a helpful assistant[/SYSTEM_PROMPT][INST]Hello[/INST]Hi "
+       "there</s>[INST]Who are you[/INST]   I am an assistant   </s>[INST]Another "
+       "question[/INST]"},
+      {kMistralV3Excerpt, ChatFamily::kMistralV3, "mistral-v3",
+       "[INST] You are a helpful assistant\n\nHello[/INST] Hi there</s>[INST] Who are "
+       "you[/INST] I am an assistant</s>[INST] Another question[/INST]"},
+      {kMistralV3TekkenExcerpt, ChatFamily::kMistralV3Tekken, "mistral-v3-tekken",
+       "[INST]You are a helpful assistant\n\nHello[/INST]Hi there</s>[INST]Who are "
+       "you[/INST]   I am an assistant   </s>[INST]Another question[/INST]"},
+      {kMistralV1Template, ChatFamily::kMistralV1, "mistral-v1",
+       " [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s> [INST] Who are you "
+       "[/INST]    I am an assistant   </s> [INST] Another question [/INST]"},
+      {kMistralOldTemplate, ChatFamily::kLlama2, "llama2",
+       "[INST] You are a helpful assistant\nHello [/INST]Hi there</s>[INST] Who are you "
+       "[/INST]   I am an assistant   </s>[INST] Another question [/INST]"},
+      {kLlama2SysExcerpt, ChatFamily::kLlama2Sys, "llama2-sys",
+       "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi "
+       "there</s>[INST] Who are you [/INST]   I am an assistant   </s>[INST] Another question "
+       "[/INST]"},
+      {kLlama2SysBosExcerpt, ChatFamily::kLlama2SysBos, "llama2-sys-bos",
+       "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi "
+       "there</s><s>[INST] Who are you [/INST]   I am an assistant   </s><s>[INST] Another "
+       "question [/INST]"},
+      {kLlama2SysStripExcerpt, ChatFamily::kLlama2SysStrip, "llama2-sys-strip",
+       "[INST] <<SYS>>\nYou are a helpful assistant\n<</SYS>>\n\nHello [/INST]Hi "
+       "there</s>[INST] Who are you [/INST]I am an assistant</s>[INST] Another question "
+       "[/INST]"},
+  };
+  return cases;
+}
+
+TEST_CASE("[INST] templates: detected as llama.cpp does, rendered as llama.cpp renders them") {
+  for (const InstCase& c : InstCases()) {
+    CAPTURE(c.name);
+    if (c.jinja != nullptr) {
+      auto t = ChatTemplate::Detect(c.jinja);
+      REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+      CHECK(ChatFamilyName(t->family()) == c.name);
+      CHECK(t->family() == c.family);
+    }
+    auto t = ChatTemplate::FromName(c.name);
+    REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+    CHECK(t->family() == c.family);
+    CHECK(ChatFamilyName(t->family()) == c.name);
+    CHECK(!t->has_thinking());
+    CHECK(t->default_system_prompt().empty());
+    auto text = t->Render(kLlamaCppTurns, true);
+    REQUIRE(text.ok());
+    CHECK(*text == c.expect);
+    // No generation prompt: the text ends where the assistant answers.
+    CHECK(*t->Render(kLlamaCppTurns, false) == c.expect);
+    CHECK(*t->Render(kLlamaCppTurns, true, kNoThinking) == c.expect);
+  }
+  // Mistral Small 3.x spells v7 without spaces, but llama.cpp detects every
+  // [SYSTEM_PROMPT] template as mistral-v7; so do we.
+  auto small = ChatTemplate::Detect(kMistralSmall31Excerpt);
+  REQUIRE(small.ok());
+  CHECK(small->family() == ChatFamily::kMistralV7);
+  // A template that is only a name starting with "mistral" goes the [INST] way.
+  auto mistral = ChatTemplate::Detect("mistral");
+  REQUIRE(mistral.ok());
+  CHECK(mistral->family() == ChatFamily::kLlama2);
+}
+
+TEST_CASE("mistral-v3: a system message opens the next user message's [INST]") {
+  auto v3 = ChatTemplate::FromName("mistral-v3");
+  REQUIRE(v3.ok());
+  CHECK(*v3->Render({{"user", "a"}, {"assistant", " b "}, {"system", "s"}, {"user", "c"}}, true) ==
+        "[INST] a[/INST] b</s>[INST] s\n\nc[/INST]");
+  auto v7 = ChatTemplate::FromName("mistral-v7");
+  REQUIRE(v7.ok());
+  CHECK(*v7->Render({{"user", "a"}, {"assistant", "b"}, {"system", "s"}, {"user", "c"}}, true) ==
+        "[INST] a[/INST] b</s>[SYSTEM_PROMPT] s[/SYSTEM_PROMPT][INST] c[/INST]");
+}
+
+// A Mistral-like byte-level vocabulary: the 256 byte symbols, then <unk>,
+// <s>, </s> and the [INST] control tokens; BOS added by default.
+formats::Metadata MistralLikeVocab() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    AppendUtf8(ByteToCodepoint(uint8_t(b)), s);
+    tokens.push_back(s);
+  }
+  std::vector<int32_t> types(256, 1);  // normal
+  for (const char* special :
+       {"<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"}) {
+    tokens.push_back(special);
+    types.push_back(tokens.back() == "<unk>" ? 2 : 3);  // unknown, control
+  }
+  formats::Metadata m;
+  m.Set("general.architecture", formats::MetaValue::String("llama"));
+  m.Set("tokenizer.ggml.model", formats::MetaValue::String("gpt2"));
+  m.Set("tokenizer.ggml.pre", formats::MetaValue::String("llama-bpe"));
+  m.Set("tokenizer.ggml.tokens", formats::MetaValue::StringArray(tokens));
+  m.Set("tokenizer.ggml.token_type", formats::MetaValue::I32Array(types));
+  m.Set("tokenizer.ggml.merges", formats::MetaValue::StringArray({}));
+  m.Set("tokenizer.ggml.bos_token_id", formats::MetaValue::U32(257));
+  m.Set("tokenizer.ggml.eos_token_id", formats::MetaValue::U32(258));
+  m.Set("tokenizer.ggml.add_bos_token", formats::MetaValue::Bool(true));
+  m.Set("tokenizer.chat_template", formats::MetaValue::String(kMistralV7Template));
+  return m;
+}
+
+TEST_CASE("[INST] families through a Mistral-like tokenizer: one BOS, </s> ends a turn") {
+  constexpr int32_t kBos = 257, kEosId = 258, kInstId = 259, kEndInstId = 260, kSys = 261;
+  const formats::Metadata meta = MistralLikeVocab();
+  auto tok = Tokenizer::FromMetadata(meta);
+  REQUIRE_MESSAGE(tok.ok(), tok.status().ToString());
+  REQUIRE(tok->adds_bos_by_default());
+  auto v7 = ChatTemplate::FromMetadata(meta);
+  REQUIRE_MESSAGE(v7.ok(), v7.status().ToString());
+  CHECK(v7->family() == ChatFamily::kMistralV7);
+  auto ids = EncodeChat(*tok, *v7, kLlamaCppTurns, true);
+  REQUIRE(ids.ok());
+  CHECK((*ids)[0] == kBos);
+  CHECK((*ids)[1] == kSys);
+  CHECK(std::count(ids->begin(), ids->end(), kBos) == 1);
+  CHECK(std::count(ids->begin(), ids->end(), kInstId) == 3);
+  CHECK(std::count(ids->begin(), ids->end(), kEndInstId) == 3);
+  CHECK(std::count(ids->begin(), ids->end(), kEosId) == 2);  // after each answer
+  CHECK(ids->back() == kEndInstId);
+  CHECK(tok->Decode(*ids) == "<s>" + InstCases()[0].expect);
+  CHECK(v7->StopTokens(*tok) == std::vector<int32_t>{kEosId});
+
+  // llama2-sys-bos writes <s> inside the history: a BOS id per later turn.
+  auto bos = ChatTemplate::FromName("llama2-sys-bos");
+  REQUIRE(bos.ok());
+  auto bos_ids = EncodeChat(*tok, *bos, kLlamaCppTurns, true);
+  REQUIRE(bos_ids.ok());
+  CHECK((*bos_ids)[0] == kBos);
+  CHECK(std::count(bos_ids->begin(), bos_ids->end(), kBos) == 3);
+  CHECK(bos->StopTokens(*tok) == std::vector<int32_t>{kEosId});
+}
+
 TEST_CASE("overrides, unknown templates and bad conversations are clear errors") {
   auto llama = ChatTemplate::FromMetadata(formats::Metadata{}, "llama3");
   REQUIRE(llama.ok());
@@ -164,16 +658,32 @@ TEST_CASE("overrides, unknown templates and bad conversations are clear errors")
 
   auto none = ChatTemplate::FromMetadata(formats::Metadata{});
   REQUIRE(!none.ok());
-  CHECK(none.status().message().find("chatml, llama3") != absl::string_view::npos);
+  CHECK(none.status().message().find(ChatTemplateNames()) != absl::string_view::npos);
 
   auto bad_name = ChatTemplate::FromName("vicuna");
   REQUIRE(!bad_name.ok());
   CHECK(bad_name.status().message().find("vicuna") != absl::string_view::npos);
-  CHECK(bad_name.status().message().find("chatml, llama3") != absl::string_view::npos);
+  CHECK(bad_name.status().message().find(ChatTemplateNames()) != absl::string_view::npos);
+  CHECK(ChatTemplateNames() ==
+        "chatml, llama3, qwen3, mistral-v7, mistral-v7-tekken, mistral-v3, mistral-v3-tekken, "
+        "mistral-v1, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip");
+  // Every listed name is accepted by FromName and names its family back.
+  for (absl::string_view name : absl::StrSplit(ChatTemplateNames(), ", ")) {
+    auto t = ChatTemplate::FromName(name);
+    REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+    CHECK(ChatFamilyName(t->family()) == name);
+    // llama.cpp accepts a family name in place of a template text.
+    auto named = ChatTemplate::Detect(name);
+    REQUIRE(named.ok());
+    CHECK(named->family() == t->family());
+  }
 
-  auto unknown = ChatTemplate::Detect("{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}");
+  // Gemma's template: a family dpl does not have.
+  auto unknown = ChatTemplate::Detect(
+      "{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\\n' + "
+      "message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}");
   REQUIRE(!unknown.ok());
-  CHECK(unknown.status().message().find("chatml, llama3") != absl::string_view::npos);
+  CHECK(unknown.status().message().find(ChatTemplateNames()) != absl::string_view::npos);
 
   // The override wins over the model's own template.
   formats::Metadata meta;
