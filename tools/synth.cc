@@ -259,12 +259,33 @@ constexpr double kBlockJitterMs = 1.0 + 0.25 / 12.0;
 inline float BlockJitter(Rng& rng) { return 0.75f + 0.5f * rng.Uniform(); }
 
 // Value ranges of the sub-block scales drawn below.
-constexpr int kQ4KScLo = 32, kQ4KScHi = 63;    // 6-bit, top bit set
+constexpr int kQ4KScLo = 32, kQ4KScHi = 63;    // 6-bit, top bit set (q4_K, q5_K)
 constexpr int kQ6KScLo = 64, kQ6KScHi = 127;   // |int8|, random sign
+constexpr int kQ3KScLo = 16, kQ3KScHi = 31;    // |signed 6-bit|, random sign (q3_K, iq4_xs)
+constexpr int kQ2KScLo = 8, kQ2KScHi = 15;     // 4-bit, top bit set
 
 inline void PutHalf(uint8_t* p, float v) {
   const uint16_t h = formats::F32ToF16(v);
   std::memcpy(p, &h, 2);
+}
+
+// A random sign and block jitter on d_base, for the 32-weight types whose
+// quants have a nonzero mean (q4_0, q5_0, q8_0, iq4_nl).
+float SignedScale(Rng& rng, float d_base) {
+  const uint64_t r = rng.Next();
+  const float d = d_base * (0.75f + 0.5f * static_cast<float>(r >> 40) / 16777216.0f);
+  return (r & 1) ? -d : d;
+}
+
+// The 12 scale bytes of q4_K and q5_K with scale sc[j] and min m_j = sc[j]
+// for each sub-block j (the packing quant-blocks.md documents).
+void PackKScalesMinsEqual(const uint8_t sc[8], uint8_t* s) {
+  for (int k = 0; k < 4; ++k) {
+    const uint8_t hi = sc[k + 4];
+    s[k] = static_cast<uint8_t>(sc[k] | ((hi >> 4) << 6));      // sc_k, top of sc_{k+4}
+    s[k + 4] = static_cast<uint8_t>(sc[k] | ((hi >> 4) << 6));  // m_k = sc_k, top of m_{k+4}
+    s[k + 8] = static_cast<uint8_t>((hi & 0xF) | ((hi & 0xF) << 4));  // low sc/m_{k+4}
+  }
 }
 
 // q4_K: w = d * sc_j * q - dmin * m_j with q uniform in 0..15 (random
@@ -277,14 +298,98 @@ void FillQ4K(Rng& rng, float d_base, uint8_t* blk) {  // 144 bytes
   uint8_t sc[8];
   const uint64_t r = rng.Next();
   for (int j = 0; j < 8; ++j) sc[j] = static_cast<uint8_t>(kQ4KScLo + ((r >> (5 * j)) & 31));
-  uint8_t* s = blk + 4;  // scales[12]; the packing quant-blocks.md documents
-  for (int k = 0; k < 4; ++k) {
-    const uint8_t hi = sc[k + 4];
-    s[k] = static_cast<uint8_t>(sc[k] | ((hi >> 4) << 6));      // sc_k, top of sc_{k+4}
-    s[k + 4] = static_cast<uint8_t>(sc[k] | ((hi >> 4) << 6));  // m_k = sc_k, top of m_{k+4}
-    s[k + 8] = static_cast<uint8_t>((hi & 0xF) | ((hi & 0xF) << 4));  // low sc/m_{k+4}
-  }
+  PackKScalesMinsEqual(sc, blk + 4);  // scales[12]
   rng.Fill(blk + 16, 128);
+}
+
+// q5_K: as q4_K with a fifth bit per weight (qh): q uniform in 0..31, m_j =
+// sc_j, dmin = 15.5 d, so w = d * sc_j * (q - 15.5) and E[w^2] = d^2 E[sc^2]
+// (32^2 - 1)/12.
+void FillQ5K(Rng& rng, float d_base, uint8_t* blk) {  // 176 bytes
+  const float d = d_base * BlockJitter(rng);
+  PutHalf(blk, d);                                                    // d
+  PutHalf(blk + 2, 15.5f * formats::F16ToF32(formats::F32ToF16(d)));  // dmin
+  uint8_t sc[8];
+  const uint64_t r = rng.Next();
+  for (int j = 0; j < 8; ++j) sc[j] = static_cast<uint8_t>(kQ4KScLo + ((r >> (5 * j)) & 31));
+  PackKScalesMinsEqual(sc, blk + 4);  // scales[12]
+  rng.Fill(blk + 16, 32 + 128);       // qh[32], qs[128]
+}
+
+// q3_K: q = (2 low bits) - (high bit ? 0 : 4), uniform in -4..3 (random
+// hmask and qs): E[q^2] = 5.5. Sub-block scales |sc| in 16..31 with a random
+// sign (zero mean, as the -0.5 mean of q cancels across sub-blocks).
+void FillQ3K(Rng& rng, float d_base, uint8_t* blk) {  // 110 bytes
+  rng.Fill(blk, 32 + 64);  // hmask[32], qs[64]
+  uint8_t* scales = blk + 96;  // 16 signed 6-bit scales, stored as sc + 32
+  std::memset(scales, 0, 12);
+  const uint64_t mags = rng.Next(), signs = rng.Next();
+  for (int k = 0; k < 16; ++k) {
+    const int mag = kQ3KScLo + static_cast<int>((mags >> (4 * k)) & 15);
+    const int sc = ((signs >> k) & 1) ? -mag : mag;
+    const int u = sc + 32;  // 1..16 or 48..63
+    scales[k % 8] |= static_cast<uint8_t>((u & 0xF) << (4 * (k / 8)));
+    scales[8 + k % 4] |= static_cast<uint8_t>((u >> 4) << (2 * (k / 4)));
+  }
+  PutHalf(blk + 108, d_base * BlockJitter(rng));  // d
+}
+
+// q2_K: q uniform in 0..3 (random qs), sub-block scale sc in 8..15 and min
+// m = sc with dmin = 1.5 d: w = d * sc * (q - 1.5), E[(q - 1.5)^2] = 1.25.
+void FillQ2K(Rng& rng, float d_base, uint8_t* blk) {  // 84 bytes
+  const uint64_t r = rng.Next();
+  for (int k = 0; k < 16; ++k) {
+    const int sc = kQ2KScLo + static_cast<int>((r >> (3 * k)) & 7);
+    blk[k] = static_cast<uint8_t>(sc | (sc << 4));  // scales[16]: sc low nibble, m high
+  }
+  rng.Fill(blk + 16, 64);  // qs[64]
+  const float d = d_base * BlockJitter(rng);
+  PutHalf(blk + 80, d);                                               // d
+  PutHalf(blk + 82, 1.5f * formats::F16ToF32(formats::F32ToF16(d)));  // dmin
+}
+
+// q4_0 / iq4_nl: random nibbles, random sign of d. q4_0: w = d (q - 8),
+// E[(q - 8)^2] = 21.5; iq4_nl: w = d kvalues[q], E = MeanSquareIq4Nl().
+void FillQ4_0(Rng& rng, float d_base, uint8_t* blk) {  // 18 bytes, also iq4_nl
+  PutHalf(blk, SignedScale(rng, d_base));
+  rng.Fill(blk + 2, 16);
+}
+
+// q4_1 / q5_1: w = d q + m with m = -(2^bits - 1)/2 d, zero mean:
+// E[w^2] = d^2 (4^bits - 1)/12 (21.25 and 85.25).
+template <int kBits>
+void FillQ4_1Q5_1(Rng& rng, float d_base, uint8_t* blk) {  // 20 or 24 bytes
+  const float d = d_base * BlockJitter(rng);
+  PutHalf(blk, d);
+  PutHalf(blk + 2, -0.5f * ((1 << kBits) - 1) * formats::F16ToF32(formats::F32ToF16(d)));
+  rng.Fill(blk + 4, kBits == 5 ? 4 + 16 : 16);  // [qh[4]], qs[16]
+}
+
+// iq4_xs: 8 sub-blocks, signed 6-bit scales |ls| in 16..31 with random
+// signs, random nibbles: w = d ls kvalues[q], E = E[ls^2] MeanSquareIq4Nl().
+void FillIQ4XS(Rng& rng, float d_base, uint8_t* blk) {  // 136 bytes
+  PutHalf(blk, d_base * BlockJitter(rng));  // d
+  uint16_t scales_h = 0;
+  uint8_t* scales_l = blk + 4;
+  std::memset(scales_l, 0, 4);
+  const uint64_t r = rng.Next();
+  for (int j = 0; j < 8; ++j) {
+    const int mag = kQ3KScLo + static_cast<int>((r >> (4 * j)) & 15);
+    const int ls = ((r >> (32 + j)) & 1) ? -mag : mag;
+    const int u = ls + 32;
+    scales_l[j / 2] |= static_cast<uint8_t>((u & 0xF) << (4 * (j % 2)));
+    scales_h = static_cast<uint16_t>(scales_h | ((u >> 4) << (2 * j)));
+  }
+  blk[2] = static_cast<uint8_t>(scales_h & 0xFF);  // little-endian u16
+  blk[3] = static_cast<uint8_t>(scales_h >> 8);
+  rng.Fill(blk + 8, 128);  // qs[128]
+}
+
+// Mean of kvalues[q]^2 for q uniform in 0..15.
+constexpr double MeanSquareIq4Nl() {
+  double s = 0;
+  for (int8_t v : formats::kIq4NlValues) s += double(v) * v;
+  return s / 16;
 }
 
 // q6_K: w = d * sc * (q - 32), q uniform in 0..63 (random bytes); random
@@ -302,15 +407,11 @@ void FillQ6K(Rng& rng, float d_base, uint8_t* blk) {  // 210 bytes
 // q5_0 / q8_0: random quants, random sign of d. E[(q-16)^2] = 85.5 for
 // q5_0 (q in 0..31), E[q^2] = 5461.5 for q8_0 (q in -128..127).
 void FillQ5_0(Rng& rng, float d_base, uint8_t* blk) {  // 22 bytes
-  const uint64_t r = rng.Next();
-  const float d = d_base * (0.75f + 0.5f * static_cast<float>(r >> 40) / 16777216.0f);
-  PutHalf(blk, (r & 1) ? -d : d);
+  PutHalf(blk, SignedScale(rng, d_base));
   rng.Fill(blk + 2, 20);
 }
 void FillQ8_0(Rng& rng, float d_base, uint8_t* blk) {  // 34 bytes
-  const uint64_t r = rng.Next();
-  const float d = d_base * (0.75f + 0.5f * static_cast<float>(r >> 40) / 16777216.0f);
-  PutHalf(blk, (r & 1) ? -d : d);
+  PutHalf(blk, SignedScale(rng, d_base));
   rng.Fill(blk + 2, 32);
 }
 
@@ -325,9 +426,26 @@ float BaseScale(GgmlType type, double sigma) {
       return static_cast<float>(
           sigma / std::sqrt(341.5 * MeanSquare(kQ6KScLo, kQ6KScHi) * kBlockJitterMs));
     }
+    case GgmlType::kQ5_K:
+      return static_cast<float>(
+          sigma / std::sqrt(85.25 * MeanSquare(kQ4KScLo, kQ4KScHi) * kBlockJitterMs));
+    case GgmlType::kQ3_K:
+      return static_cast<float>(
+          sigma / std::sqrt(5.5 * MeanSquare(kQ3KScLo, kQ3KScHi) * kBlockJitterMs));
+    case GgmlType::kQ2_K:
+      return static_cast<float>(
+          sigma / std::sqrt(1.25 * MeanSquare(kQ2KScLo, kQ2KScHi) * kBlockJitterMs));
+    case GgmlType::kIQ4_XS:
+      return static_cast<float>(
+          sigma / std::sqrt(MeanSquareIq4Nl() * MeanSquare(kQ3KScLo, kQ3KScHi) * kBlockJitterMs));
+    case GgmlType::kQ4_0: return static_cast<float>(sigma / std::sqrt(21.5 * kBlockJitterMs));
+    case GgmlType::kQ4_1: return static_cast<float>(sigma / std::sqrt(21.25 * kBlockJitterMs));
     case GgmlType::kQ5_0: return static_cast<float>(sigma / std::sqrt(85.5 * kBlockJitterMs));
+    case GgmlType::kQ5_1: return static_cast<float>(sigma / std::sqrt(85.25 * kBlockJitterMs));
     case GgmlType::kQ8_0: return static_cast<float>(sigma / std::sqrt(5461.5 * kBlockJitterMs));
-    default: return static_cast<float>(sigma);
+    case GgmlType::kIQ4_NL:
+      return static_cast<float>(sigma / std::sqrt(MeanSquareIq4Nl() * kBlockJitterMs));
+    default: return static_cast<float>(sigma);  // f32, f16, bf16: N(0, 1) times sigma
   }
 }
 
@@ -349,30 +467,46 @@ void FillRows(const PlannedTensor& t, uint64_t seed, uint64_t row_begin, uint64_
   const float base = BaseScale(type, sigma);
   const uint64_t tensor_key = Mix64(seed ^ Mix64(NameHash(t.spec.name)));
 
+  // One filler per block type, for blocks of block_bytes at a base scale.
+  void (*fill_block)(Rng&, float, uint8_t*) = nullptr;
+  switch (type) {
+    case GgmlType::kQ4_K: fill_block = FillQ4K; break;
+    case GgmlType::kQ5_K: fill_block = FillQ5K; break;
+    case GgmlType::kQ6_K: fill_block = FillQ6K; break;
+    case GgmlType::kQ3_K: fill_block = FillQ3K; break;
+    case GgmlType::kQ2_K: fill_block = FillQ2K; break;
+    case GgmlType::kQ4_0:
+    case GgmlType::kIQ4_NL: fill_block = FillQ4_0; break;
+    case GgmlType::kQ4_1: fill_block = FillQ4_1Q5_1<4>; break;
+    case GgmlType::kQ5_0: fill_block = FillQ5_0; break;
+    case GgmlType::kQ5_1: fill_block = FillQ4_1Q5_1<5>; break;
+    case GgmlType::kQ8_0: fill_block = FillQ8_0; break;
+    case GgmlType::kIQ4_XS: fill_block = FillIQ4XS; break;
+    default: break;  // f32, f16, bf16 below (PlanTensors makes no other type)
+  }
+
   for (uint64_t r = 0; r < n_rows; ++r) {
     // One generator per row, so any split of the rows gives the same bytes.
     Rng rng(Mix64(tensor_key + (row_begin + r) * 0xD1B54A32D192ED03ull));
     uint8_t* row = out + r * row_bytes;  // (n_blocks, block_bytes)
+    if (fill_block != nullptr) {
+      for (uint64_t b = 0; b < n_blocks; ++b) fill_block(rng, base, row + b * tr.block_bytes);
+      continue;
+    }
     switch (type) {
-      case GgmlType::kQ4_K:
-        for (uint64_t b = 0; b < n_blocks; ++b) FillQ4K(rng, base, row + b * 144);
-        break;
-      case GgmlType::kQ6_K:
-        for (uint64_t b = 0; b < n_blocks; ++b) FillQ6K(rng, base, row + b * 210);
-        break;
-      case GgmlType::kQ5_0:
-        for (uint64_t b = 0; b < n_blocks; ++b) FillQ5_0(rng, base, row + b * 22);
-        break;
-      case GgmlType::kQ8_0:
-        for (uint64_t b = 0; b < n_blocks; ++b) FillQ8_0(rng, base, row + b * 34);
-        break;
       case GgmlType::kF16:
         for (uint64_t i = 0; i < ne0; ++i) {
           const uint16_t h = formats::F32ToF16(center + base * rng.Normal());
           std::memcpy(row + 2 * i, &h, 2);
         }
         break;
-      default:  // kF32 (PlanTensors makes no other type)
+      case GgmlType::kBF16:
+        for (uint64_t i = 0; i < ne0; ++i) {
+          const uint16_t h = formats::F32ToBf16(center + base * rng.Normal());
+          std::memcpy(row + 2 * i, &h, 2);
+        }
+        break;
+      default:  // kF32
         for (uint64_t i = 0; i < ne0; ++i) {
           const float v = center + base * rng.Normal();
           std::memcpy(row + 4 * i, &v, 4);

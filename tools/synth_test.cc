@@ -119,6 +119,25 @@ std::vector<float> DequantRows(GgmlType type, const uint8_t* data, uint64_t n_el
   return out;
 }
 
+// Byte offsets of the f16 scale fields in one block (ggml-common.h).
+std::vector<uint32_t> HalfScaleOffsets(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1: return {0, 2};   // d, dmin (m)
+    case GgmlType::kQ6_K: return {208};    // d after ql, qh, scales
+    case GgmlType::kQ3_K: return {108};    // d after hmask, qs, scales
+    case GgmlType::kQ2_K: return {80, 82};  // d, dmin after scales, qs
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ8_0:
+    case GgmlType::kIQ4_NL:
+    case GgmlType::kIQ4_XS: return {0};    // d first
+    default: return {};
+  }
+}
+
 struct Stats {
   double mean = 0, std = 0;
   bool finite = true;
@@ -273,6 +292,21 @@ TEST_CASE("weights are zero-mean with std 0.5/sqrt(row length)") {
       {"output.weight", GgmlType::kQ6_K, 5120, TensorRole::kMatrix},
       {"blk.0.attn_q.weight", GgmlType::kQ5_0, 896, TensorRole::kMatrix},
       {"token_embd.weight", GgmlType::kQ8_0, 896, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kQ8_0, 4096, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kQ5_K, 4096, TensorRole::kMatrix},
+      {"blk.0.ffn_down.weight", GgmlType::kQ5_K, 14336, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kQ3_K, 4096, TensorRole::kMatrix},
+      {"blk.0.ffn_down.weight", GgmlType::kQ3_K, 18944, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kQ2_K, 3584, TensorRole::kMatrix},
+      {"blk.0.ffn_up.weight", GgmlType::kQ2_K, 5120, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kQ4_0, 4096, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kQ4_1, 4096, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kQ5_1, 4096, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kQ5_1, 896, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kIQ4_NL, 4096, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kIQ4_XS, 3584, TensorRole::kMatrix},
+      {"blk.0.ffn_down.weight", GgmlType::kIQ4_XS, 14336, TensorRole::kMatrix},
+      {"blk.0.attn_q.weight", GgmlType::kBF16, 4096, TensorRole::kMatrix},
       {"blk.0.attn_q.weight", GgmlType::kF16, 1024, TensorRole::kMatrix},
       {"blk.0.attn_q.weight", GgmlType::kF32, 1024, TensorRole::kMatrix},
       {"blk.0.attn_norm.weight", GgmlType::kF32, 3584, TensorRole::kNorm},
@@ -288,7 +322,15 @@ TEST_CASE("weights are zero-mean with std 0.5/sqrt(row length)") {
     const uint64_t row_bytes = c.ne0 / tr.block_elems * tr.block_bytes;
     std::vector<uint8_t> buf(n_rows * row_bytes);
     FillRows(t, 7, 0, n_rows, buf.data());
-    const Stats s = StatsOf(DequantRows(c.type, buf.data(), c.ne0 * n_rows));
+    // Each row through the row dequantizer the runtime's reference uses.
+    std::vector<float> values(c.ne0 * n_rows);
+    for (uint64_t r = 0; r < n_rows; ++r) {
+      const absl::Status st = formats::DequantizeRow(c.type, formats::TensorLayout::kRaw,
+                                                     buf.data() + r * row_bytes, c.ne0,
+                                                     values.data() + r * c.ne0);
+      REQUIRE_MESSAGE(st.ok(), st.ToString());
+    }
+    const Stats s = StatsOf(values);
     CHECK(s.finite);
     if (c.role == TensorRole::kMatrix) {
       const double want = 0.5 / std::sqrt(double(c.ne0));
@@ -303,33 +345,33 @@ TEST_CASE("weights are zero-mean with std 0.5/sqrt(row length)") {
       CHECK(std::fabs(s.mean) < 0.005);
       CHECK(s.std == doctest::Approx(0.02).epsilon(0.2));
     }
-    // Every half scale is finite (no NaN/Inf bit patterns anywhere).
+    // Every half scale is finite (no NaN/Inf bit patterns anywhere), at the
+    // offsets of ggml-common.h's block structs.
     for (uint64_t b = 0; b < buf.size() / tr.block_bytes; ++b) {
       const uint8_t* blk = buf.data() + b * tr.block_bytes;
-      if (c.type == GgmlType::kQ4_K) {
-        REQUIRE(std::isfinite(F16At(blk)));
-        REQUIRE(std::isfinite(F16At(blk + 2)));
-      } else if (c.type == GgmlType::kQ6_K) {
-        REQUIRE(std::isfinite(F16At(blk + 208)));
-      }
+      for (uint32_t off : HalfScaleOffsets(c.type)) REQUIRE(std::isfinite(F16At(blk + off)));
     }
   }
 }
 
 TEST_CASE("FillRows gives the same bytes for any split of the rows") {
-  PlannedTensor t{{"blk.1.ffn_up.weight", {512, 40}, GgmlType::kQ4_K}, TensorRole::kMatrix};
-  const uint64_t row_bytes = 2 * 144;
-  std::vector<uint8_t> whole(40 * row_bytes), parts(40 * row_bytes);
-  FillRows(t, 11, 0, 40, whole.data());
-  FillRows(t, 11, 0, 13, parts.data());
-  FillRows(t, 11, 13, 27, parts.data() + 13 * row_bytes);
-  CHECK(whole == parts);
-  std::vector<uint8_t> other(40 * row_bytes);
-  FillRows(t, 12, 0, 40, other.data());
-  CHECK(whole != other);
-  t.spec.name = "blk.1.ffn_gate.weight";  // another tensor, other data
-  FillRows(t, 11, 0, 40, other.data());
-  CHECK(whole != other);
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ3_K, GgmlType::kIQ4_XS, GgmlType::kBF16}) {
+    CAPTURE(TypeName(type));
+    PlannedTensor t{{"blk.1.ffn_up.weight", {512, 40}, type}, TensorRole::kMatrix};
+    const formats::GgmlTypeTraits tr = formats::TraitsOf(type);
+    const uint64_t row_bytes = 512 / tr.block_elems * tr.block_bytes;
+    std::vector<uint8_t> whole(40 * row_bytes), parts(40 * row_bytes);
+    FillRows(t, 11, 0, 40, whole.data());
+    FillRows(t, 11, 0, 13, parts.data());
+    FillRows(t, 11, 13, 27, parts.data() + 13 * row_bytes);
+    CHECK(whole == parts);
+    std::vector<uint8_t> other(40 * row_bytes);
+    FillRows(t, 12, 0, 40, other.data());
+    CHECK(whole != other);
+    t.spec.name = "blk.1.ffn_gate.weight";  // another tensor, other data
+    FillRows(t, 11, 0, 40, other.data());
+    CHECK(whole != other);
+  }
 }
 
 absl::StatusOr<SynthResult> Synth(const std::string& preset, const std::string& out,
