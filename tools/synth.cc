@@ -61,6 +61,44 @@ GgmlType Q4KMType(model::TensorKind kind, uint32_t layer, uint32_t n_layer, uint
   return t;
 }
 
+std::vector<float> Llama3RopeFactors(const Llama3RopeScaling& sc, double rope_base,
+                                     uint32_t n_rot) {
+  // convert_hf_to_gguf.py: inverse frequencies base^(-i/n_rot) in float32
+  // (torch), then per pair a wavelength 2 pi / freq compared with the
+  // original context over high_freq_factor (shorter: 1) and over
+  // low_freq_factor (longer: factor), and in between
+  // 1 / ((1 - smooth) / factor + smooth) with
+  // smooth = (original_context / wavelength - low) / (high - low).
+  // Why the blend is in double: that reproduces llama.cpp's
+  // small-llama31-q4km oracle bit for bit (float32 arithmetic there is one
+  // ulp off in 3 of its 6 blended factors).
+  const double low_wavelen = sc.original_context / sc.low_freq_factor;
+  const double high_wavelen = sc.original_context / sc.high_freq_factor;
+  const double two_pi = 2.0 * 3.14159265358979323846;
+  const double base = static_cast<float>(rope_base);  // a float32 in the file and in torch
+  std::vector<float> out;
+  out.reserve(n_rot / 2);
+  for (uint32_t i = 0; i < n_rot; i += 2) {
+    const float exponent = static_cast<float>(i) / static_cast<float>(n_rot);
+    // The float32 power, rounded once from the double one.
+    const float power = static_cast<float>(std::pow(base, static_cast<double>(exponent)));
+    const float inv_freq = 1.0f / power;
+    const double wavelen = two_pi / static_cast<double>(inv_freq);
+    double f;
+    if (wavelen < high_wavelen) {
+      f = 1.0;
+    } else if (wavelen > low_wavelen) {
+      f = sc.factor;
+    } else {
+      const double smooth = (sc.original_context / wavelen - sc.low_freq_factor) /
+                            (sc.high_freq_factor - sc.low_freq_factor);
+      f = 1.0 / ((1.0 - smooth) / sc.factor + smooth);
+    }
+    out.push_back(static_cast<float>(f));
+  }
+  return out;
+}
+
 namespace {
 
 // The preset as the model description reads it.
@@ -82,10 +120,12 @@ model::Hparams PresetHparams(const Preset& p) {
   return hp;
 }
 
-// Of the optional tensors, a preset has the QKV biases (qwen2) or none.
+// Of the optional tensors, a preset has the QKV biases (qwen2) and
+// rope_freqs.weight (Llama 3.1), or none.
 bool PresetHas(const Preset& p, const model::TensorSpec& s) {
   using model::TensorKind;
   if (!s.optional) return true;
+  if (s.kind == TensorKind::kRopeFreqs) return p.llama3_rope.has_value();
   return p.qkv_bias && (s.kind == TensorKind::kAttnQBias || s.kind == TensorKind::kAttnKBias ||
                         s.kind == TensorKind::kAttnVBias);
 }
@@ -93,8 +133,10 @@ bool PresetHas(const Preset& p, const model::TensorSpec& s) {
 TensorRole RoleOf(const model::TensorSpec& s) {
   using model::TensorKind;
   if (s.matrix) return TensorRole::kMatrix;
+  if (s.kind == TensorKind::kRopeFreqs) return TensorRole::kFixed;
   const bool norm = s.kind == TensorKind::kAttnNorm || s.kind == TensorKind::kFfnNorm ||
-                    s.kind == TensorKind::kOutputNorm;
+                    s.kind == TensorKind::kOutputNorm || s.kind == TensorKind::kAttnQNorm ||
+                    s.kind == TensorKind::kAttnKNorm;
   return norm ? TensorRole::kNorm : TensorRole::kBias;
 }
 
@@ -115,7 +157,15 @@ absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ft
     if (!PresetHas(p, s)) continue;
     const uint64_t ne0 = static_cast<uint64_t>(s.n_cols);
     if (!s.matrix) {
-      plan.push_back({{s.name, {ne0}, GgmlType::kF32}, RoleOf(s)});
+      PlannedTensor t{{s.name, {ne0}, GgmlType::kF32}, RoleOf(s), {}};
+      if (t.role == TensorRole::kFixed) {  // rope_freqs.weight [n_rot / 2]
+        t.values = Llama3RopeFactors(*p.llama3_rope, p.rope_base, p.head_dim);
+        if (t.values.size() != ne0) {
+          return absl::InternalError(absl::StrCat("preset ", p.name, ": ", t.values.size(),
+                                                  " rope factors for ", s.name, " [", ne0, "]"));
+        }
+      }
+      plan.push_back(std::move(t));
       continue;
     }
     const GgmlType type =
@@ -128,7 +178,8 @@ absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ft
           absl::StrCat("preset ", p.name, ": tensor ", s.name, " has rows of ", ne0,
                        " weights, not a whole number of ", std::string(tr.name), " blocks"));
     }
-    plan.push_back({{s.name, {ne0, static_cast<uint64_t>(s.n_rows)}, type}, TensorRole::kMatrix});
+    plan.push_back(
+        {{s.name, {ne0, static_cast<uint64_t>(s.n_rows)}, type}, TensorRole::kMatrix, {}});
   }
   return plan;
 }
@@ -187,13 +238,17 @@ formats::Metadata BuildMetadata(const Preset& p, Ftype ftype, const Vocab* vocab
   m.Set(a + "feed_forward_length", MetaValue::U32(p.n_ff));
   m.Set(a + "attention.head_count", MetaValue::U32(p.n_head));
   m.Set(a + "attention.head_count_kv", MetaValue::U32(p.n_head_kv));
+  m.Set(a + "rope.freq_base", MetaValue::F32(p.rope_base));
+  m.Set(a + "attention.layer_norm_rms_epsilon", MetaValue::F32(p.rms_eps));
   if (uint64_t{p.head_dim} * p.n_head != p.n_embd) {
-    // llama.cpp assumes n_embd / n_head unless told otherwise.
+    // llama.cpp assumes n_embd / n_head unless told otherwise; its converter
+    // writes these after the epsilon (as small-qwen3-q4km has them).
     m.Set(a + "attention.key_length", MetaValue::U32(p.head_dim));
     m.Set(a + "attention.value_length", MetaValue::U32(p.head_dim));
   }
-  m.Set(a + "rope.freq_base", MetaValue::F32(p.rope_base));
-  m.Set(a + "attention.layer_norm_rms_epsilon", MetaValue::F32(p.rms_eps));
+  if (p.sliding_window != 0) {
+    m.Set(a + "attention.sliding_window", MetaValue::U32(p.sliding_window));
+  }
   m.Set("general.file_type", MetaValue::U32(static_cast<uint32_t>(ftype)));
   return m;
 }
@@ -467,6 +522,10 @@ void FillRows(const PlannedTensor& t, uint64_t seed, uint64_t row_begin, uint64_
   const float base = BaseScale(type, sigma);
   const uint64_t tensor_key = Mix64(seed ^ Mix64(NameHash(t.spec.name)));
 
+  if (t.role == TensorRole::kFixed) {  // f32 values given by the plan
+    std::memcpy(out, t.values.data() + row_begin * ne0, n_rows * ne0 * sizeof(float));
+    return;
+  }
   // One filler per block type, for blocks of block_bytes at a base scale.
   void (*fill_block)(Rng&, float, uint8_t*) = nullptr;
   switch (type) {

@@ -21,6 +21,16 @@
 
 namespace dpl::synth {
 
+// Llama 3.1's "llama3" RoPE scaling (config.json's rope_scaling), which
+// llama.cpp's convert_hf_to_gguf.py stores as a rope_freqs.weight tensor of
+// one factor per rotated pair (Llama3RopeFactors).
+struct Llama3RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  uint32_t original_context = 8192;  // original_max_position_embeddings
+};
+
 // A model shape. Names and key names follow llama.cpp (`{arch}.*`).
 struct Preset {
   std::string name;         // "qwen2.5-7b", "tiny-llama", ...
@@ -37,6 +47,8 @@ struct Preset {
   float rms_eps = 0;
   bool tied = false;        // no output.weight; the lm head is token_embd
   bool qkv_bias = false;    // qwen2: attn_{q,k,v}.bias
+  uint32_t sliding_window = 0;  // {arch}.attention.sliding_window; 0: not written
+  std::optional<Llama3RopeScaling> llama3_rope;  // writes rope_freqs.weight
   std::string note;         // one line for --list
 };
 
@@ -45,6 +57,12 @@ const std::vector<Preset>& Presets();
 // The preset of that name, or NotFound listing the known names.
 absl::StatusOr<Preset> FindPreset(std::string_view name);
 
+// rope_freqs.weight for a rotary width of n_rot: n_rot / 2 factors, 1 for the
+// fast pairs, `factor` for the slow ones and a smooth blend between them, as
+// convert_hf_to_gguf.py computes them (LlamaModel.generate_extra_tensors).
+std::vector<float> Llama3RopeFactors(const Llama3RopeScaling& scaling, double rope_base,
+                                     uint32_t n_rot);
+
 // What the matrices become (general.file_type ids of llama.cpp).
 enum class Ftype : uint32_t { kF32 = 0, kF16 = 1, kQ4_K_M = 15 };
 // "q4_k_m" (also "Q4_K_M"), "f16", "f32".
@@ -52,11 +70,17 @@ absl::StatusOr<Ftype> ParseFtype(std::string_view name);
 std::string_view FtypeName(Ftype ftype);
 
 // What a tensor holds; decides how its values are drawn.
-enum class TensorRole { kMatrix, kNorm, kBias };
+enum class TensorRole {
+  kMatrix,  // random weights, std 0.5/sqrt(row length)
+  kNorm,    // RMSNorm weights around 1
+  kBias,    // small random biases
+  kFixed,   // exactly PlannedTensor::values (rope_freqs.weight)
+};
 
 struct PlannedTensor {
   formats::GgufTensorSpec spec;  // name, ne (ne[0] = row length), type
   TensorRole role = TensorRole::kMatrix;
+  std::vector<float> values;     // kFixed only: every element, row after row
 };
 
 // llama.cpp's Q4_K_M choice for one weight matrix (llama_tensor_get_type):
@@ -72,9 +96,9 @@ formats::GgmlType Q4KMType(model::TensorKind kind, uint32_t layer, uint32_t n_la
 bool UseMoreBits(uint32_t layer, uint32_t n_layer);
 
 // The tensor list of model::TensorSpecs (names, shapes, llama.cpp's order)
-// with, of the optional tensors, the QKV biases where the preset has them,
-// each matrix of the ftype's type. Errors on shapes that the chosen types
-// cannot hold (row length not a whole number of blocks).
+// with, of the optional tensors, the QKV biases and rope_freqs.weight where
+// the preset has them, each matrix of the ftype's type. Errors on shapes
+// that the chosen types cannot hold (row length not a whole number of blocks).
 absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ftype);
 
 // Data section bytes of a plan: every tensor padded to `alignment`.
@@ -91,7 +115,8 @@ absl::StatusOr<Vocab> LoadVocab(const std::string& path);
 
 // The metadata of a synthetic model, keys in the order of llama.cpp's files
 // (general.architecture, tokenizer.*, [{arch}.vocab_size], general.name,
-// hyper-parameters, general.file_type). Without a vocab:
+// hyper-parameters, [key_length, value_length], [sliding_window],
+// general.file_type). Without a vocab:
 // tokenizer.ggml.model = "none" and {arch}.vocab_size = p.n_vocab.
 formats::Metadata BuildMetadata(const Preset& p, Ftype ftype, const Vocab* vocab);
 

@@ -208,6 +208,8 @@ TEST_CASE("presets reproduce the oracle files' headers") {
       {"tiny-qwen2", Ftype::kQ4_K_M, "tiny-qwen2-vocab-q4km.gguf", true},
       {"ora-llama", Ftype::kF32, "ora-llama-f32.gguf", false},
       {"ora-qwen2", Ftype::kF32, "ora-qwen2-f32.gguf", false},
+      {"small-qwen3", Ftype::kQ4_K_M, "small-qwen3-q4km.gguf", false},
+      {"small-llama31", Ftype::kQ4_K_M, "small-llama31-q4km.gguf", false},
   };
   for (const Case& c : cases) {
     CAPTURE(c.preset);
@@ -233,6 +235,92 @@ TEST_CASE("presets reproduce the oracle files' headers") {
     REQUIRE(h.ok());
     CHECK(h->bytes.size() + PlanDataBytes(plan) == oracle->file_size());
   }
+}
+
+// convert_hf_to_gguf.py's llama3 factors, bit for bit as the oracle holds
+// them (head_dim 128, base 500000: the same as Llama-3.1-8B's).
+TEST_CASE("rope_freqs.weight holds Llama 3.1's frequency factors") {
+  absl::StatusOr<GgufFile> oracle = GgufFile::Open(Oracle("small-llama31-q4km.gguf"));
+  REQUIRE_MESSAGE(oracle.ok(), oracle.status().ToString());
+  const formats::GgufTensorInfo* want = oracle->FindTensor("rope_freqs.weight");
+  REQUIRE(want != nullptr);
+  REQUIRE(want->n_bytes == 64 * sizeof(float));
+  for (const char* name : {"small-llama31", "llama3.1-8b"}) {
+    CAPTURE(name);
+    const std::vector<PlannedTensor> plan = MustPlan(MustPreset(name), Ftype::kQ4_K_M);
+    const auto rf = std::find_if(plan.begin(), plan.end(), [](const PlannedTensor& t) {
+      return t.spec.name == "rope_freqs.weight";
+    });
+    REQUIRE(rf != plan.end());
+    CHECK(rf->role == TensorRole::kFixed);
+    CHECK(rf->spec.ne == std::vector<uint64_t>{64});
+    std::vector<uint8_t> got(64 * sizeof(float));
+    FillRows(*rf, 123, 0, 1, got.data());  // fixed values: the seed does not matter
+    CHECK(std::memcmp(got.data(), oracle->TensorData(*want), got.size()) == 0);
+  }
+  const std::vector<float> f = Llama3RopeFactors(Llama3RopeScaling{}, 500000.0, 128);
+  REQUIRE(f.size() == 64);
+  CHECK(f.front() == 1.0f);   // wavelength 2 pi: far below 8192 / 4
+  CHECK(f.back() == 8.0f);    // longer than 8192: divided by the full factor
+  for (size_t i = 1; i < f.size(); ++i) CHECK(f[i] >= f[i - 1]);
+  // Presets without llama3 scaling have no rope_freqs.weight.
+  for (const PlannedTensor& t : MustPlan(MustPreset("llama3-8b"), Ftype::kQ4_K_M)) {
+    CHECK(t.spec.name != "rope_freqs.weight");
+  }
+}
+
+TEST_CASE("qwen3 and Mistral presets: shapes and the keys the model reads") {
+  const Preset q8 = MustPreset("qwen3-8b");
+  CHECK(q8.arch == model::Arch::kQwen3);
+  const std::vector<PlannedTensor> plan = MustPlan(q8, Ftype::kQ4_K_M);
+  CHECK(plan.size() == 1 + 36 * 11 + 2);  // 9 per layer and q/k norms, output_norm, output
+  const auto find = [&plan](const std::string& name) -> const PlannedTensor& {
+    const auto it = std::find_if(plan.begin(), plan.end(),
+                                 [&](const PlannedTensor& t) { return t.spec.name == name; });
+    REQUIRE_MESSAGE(it != plan.end(), name);
+    return *it;
+  };
+  CHECK(find("blk.0.attn_q.weight").spec.ne == std::vector<uint64_t>{4096, 4096});
+  CHECK(find("blk.0.attn_k.weight").spec.ne == std::vector<uint64_t>{4096, 1024});
+  CHECK(find("blk.35.ffn_down.weight").spec.ne == std::vector<uint64_t>{12288, 4096});
+  CHECK(find("blk.0.attn_q_norm.weight").spec.ne == std::vector<uint64_t>{128});
+  CHECK(find("blk.0.attn_q_norm.weight").role == TensorRole::kNorm);
+  CHECK(find("output.weight").spec.ne == std::vector<uint64_t>{4096, 151936});
+  for (const PlannedTensor& t : plan) CHECK(t.spec.name.find(".bias") == std::string::npos);
+  const std::vector<PlannedTensor> p14 = MustPlan(MustPreset("qwen3-14b"), Ftype::kQ4_K_M);
+  CHECK(p14.size() == 1 + 40 * 11 + 2);
+  CHECK(p14[2].spec.name == "blk.0.attn_q.weight");
+  CHECK(p14[2].spec.ne == std::vector<uint64_t>{5120, 5120});
+
+  // key_length only where head_dim * n_head != n_embd (tiny-qwen3: 4 x 128).
+  const formats::Metadata mq = BuildMetadata(MustPreset("tiny-qwen3"), Ftype::kQ4_K_M, nullptr);
+  CHECK(mq.GetUint("qwen3.attention.key_length").value() == 128);
+  CHECK(BuildMetadata(q8, Ftype::kQ4_K_M, nullptr).Find("qwen3.attention.key_length") ==
+        nullptr);
+
+  const Preset mistral = MustPreset("mistral-7b");
+  const formats::Metadata mm = BuildMetadata(mistral, Ftype::kQ4_K_M, nullptr);
+  CHECK(mm.GetString("general.architecture").value() == "llama");
+  CHECK(mm.GetUint("llama.attention.sliding_window").value() == 4096);
+  CHECK(mm.GetFloat("llama.rope.freq_base").value() == 10000.0);
+  CHECK(mm.GetUint("llama.context_length").value() == 32768);
+  CHECK(mm.GetUint("general.file_type").value() == 15);
+  CHECK(MustPlan(mistral, Ftype::kQ4_K_M).front().spec.ne == std::vector<uint64_t>{4096, 32000});
+  CHECK(BuildMetadata(MustPreset("llama3-8b"), Ftype::kQ4_K_M, nullptr)
+            .Find("llama.attention.sliding_window") == nullptr);
+
+  // The model description reads the window back from a written file.
+  SynthOptions o;
+  o.preset = MustPreset("tiny-llama");
+  o.preset.sliding_window = 64;
+  o.seed = 3;
+  const std::string path = testing::TempDir() + "/tiny-swa.gguf";
+  REQUIRE(WriteSyntheticModel(o, path).ok());
+  absl::StatusOr<std::shared_ptr<formats::ModelFile>> mf = formats::ModelFile::OpenIndex(path);
+  REQUIRE_MESSAGE(mf.ok(), mf.status().ToString());
+  absl::StatusOr<model::ModelDesc> desc = model::BindModel(**mf);
+  REQUIRE_MESSAGE(desc.ok(), desc.status().ToString());
+  CHECK(desc->hp.sliding_window == 64);
 }
 
 TEST_CASE("real presets: Q4_K_M sizes match llama.cpp's files") {
@@ -317,7 +405,7 @@ TEST_CASE("weights are zero-mean with std 0.5/sqrt(row length)") {
     CAPTURE(TypeName(c.type));
     CAPTURE(c.ne0);
     const uint64_t n_rows = 8;
-    PlannedTensor t{{c.name, {c.ne0, n_rows}, c.type}, c.role};
+    PlannedTensor t{{c.name, {c.ne0, n_rows}, c.type}, c.role, {}};
     const formats::GgmlTypeTraits tr = formats::TraitsOf(c.type);
     const uint64_t row_bytes = c.ne0 / tr.block_elems * tr.block_bytes;
     std::vector<uint8_t> buf(n_rows * row_bytes);
@@ -357,7 +445,7 @@ TEST_CASE("weights are zero-mean with std 0.5/sqrt(row length)") {
 TEST_CASE("FillRows gives the same bytes for any split of the rows") {
   for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ3_K, GgmlType::kIQ4_XS, GgmlType::kBF16}) {
     CAPTURE(TypeName(type));
-    PlannedTensor t{{"blk.1.ffn_up.weight", {512, 40}, type}, TensorRole::kMatrix};
+    PlannedTensor t{{"blk.1.ffn_up.weight", {512, 40}, type}, TensorRole::kMatrix, {}};
     const formats::GgmlTypeTraits tr = formats::TraitsOf(type);
     const uint64_t row_bytes = 512 / tr.block_elems * tr.block_bytes;
     std::vector<uint8_t> whole(40 * row_bytes), parts(40 * row_bytes);
@@ -386,52 +474,57 @@ absl::StatusOr<SynthResult> Synth(const std::string& preset, const std::string& 
 }
 
 TEST_CASE("written models parse back with the planned tensors and metadata") {
-  for (const char* name : {"tiny-llama", "tiny-qwen2", "small-qwen2", "small-llama"}) {
-    for (Ftype ftype : {Ftype::kQ4_K_M, Ftype::kF16, Ftype::kF32}) {
-      CAPTURE(name);
-      CAPTURE(FtypeName(ftype));
-      const std::string path =
-          testing::TempDir() + "/" + name + "-" + std::string(FtypeName(ftype)) + ".gguf";
-      absl::StatusOr<SynthResult> r = Synth(name, path, 5, 3, ftype);
-      REQUIRE_MESSAGE(r.ok(), r.status().ToString());
-      CHECK(NoTempFileBeside(path));
-      absl::StatusOr<GgufFile> f = GgufFile::Open(path);
-      REQUIRE_MESSAGE(f.ok(), f.status().ToString());
-      const Preset p = MustPreset(name);
-      const std::vector<PlannedTensor> plan = MustPlan(p, ftype);
-      CheckPlanMatchesFile(plan, *f);
-      CheckSameMetadata(BuildMetadata(p, ftype, nullptr), f->metadata());
-      CHECK(f->version() == 3);
-      CHECK(r->n_tensors == plan.size());
-      CHECK(r->file_bytes == f->file_size());
-      CHECK(f->metadata().GetUint("general.file_type").value() == static_cast<uint32_t>(ftype));
-      CHECK(f->metadata().GetString("tokenizer.ggml.model").value() == "none");
-      CHECK(f->metadata().GetUint(std::string(model::ArchName(p.arch)) + ".vocab_size").value() == 2048);
-      // The runtime's model description accepts what dpl-synth writes.
-      absl::StatusOr<std::shared_ptr<formats::ModelFile>> mf = formats::ModelFile::OpenIndex(path);
-      REQUIRE_MESSAGE(mf.ok(), mf.status().ToString());
-      absl::StatusOr<model::ModelDesc> desc = model::BindModel(**mf);
-      REQUIRE_MESSAGE(desc.ok(), desc.status().ToString());
-      CHECK((desc->layers[0].bq != nullptr) == p.qkv_bias);
+  std::vector<std::pair<std::string, Ftype>> runs;
+  for (const char* name : {"tiny-llama", "tiny-qwen2", "small-qwen2", "small-llama", "tiny-qwen3",
+                           "small-qwen3", "small-llama31"}) {
+    for (Ftype ftype : {Ftype::kQ4_K_M, Ftype::kF16, Ftype::kF32}) runs.push_back({name, ftype});
+  }
+  for (const auto& [name, ftype] : runs) {
+    CAPTURE(name);
+    CAPTURE(FtypeName(ftype));
+    const std::string path =
+        testing::TempDir() + "/" + name + "-" + std::string(FtypeName(ftype)) + ".gguf";
+    absl::StatusOr<SynthResult> r = Synth(name, path, 5, 3, ftype);
+    REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+    CHECK(NoTempFileBeside(path));
+    absl::StatusOr<GgufFile> f = GgufFile::Open(path);
+    REQUIRE_MESSAGE(f.ok(), f.status().ToString());
+    const Preset p = MustPreset(name);
+    const std::vector<PlannedTensor> plan = MustPlan(p, ftype);
+    CheckPlanMatchesFile(plan, *f);
+    CheckSameMetadata(BuildMetadata(p, ftype, nullptr), f->metadata());
+    CHECK(f->version() == 3);
+    CHECK(r->n_tensors == plan.size());
+    CHECK(r->file_bytes == f->file_size());
+    CHECK(f->metadata().GetUint("general.file_type").value() == static_cast<uint32_t>(ftype));
+    CHECK(f->metadata().GetString("tokenizer.ggml.model").value() == "none");
+    CHECK(f->metadata().GetUint(std::string(model::ArchName(p.arch)) + ".vocab_size").value() == 2048);
+    // The runtime's model description accepts what dpl-synth writes.
+    absl::StatusOr<std::shared_ptr<formats::ModelFile>> mf = formats::ModelFile::OpenIndex(path);
+    REQUIRE_MESSAGE(mf.ok(), mf.status().ToString());
+    absl::StatusOr<model::ModelDesc> desc = model::BindModel(**mf);
+    REQUIRE_MESSAGE(desc.ok(), desc.status().ToString());
+    CHECK((desc->layers[0].bq != nullptr) == p.qkv_bias);
+    CHECK((desc->layers[0].q_norm != nullptr) == (p.arch == model::Arch::kQwen3));
+    CHECK((desc->rope_freqs != nullptr) == p.llama3_rope.has_value());
 
-      // The data in the file is what FillRows makes, and dequantizes sanely.
-      const formats::GgufTensorInfo* q = f->FindTensor("blk.1.attn_q.weight");
-      REQUIRE(q != nullptr);
-      std::vector<uint8_t> want(q->n_bytes);
-      const auto planned = std::find_if(plan.begin(), plan.end(), [](const PlannedTensor& t) {
-        return t.spec.name == "blk.1.attn_q.weight";
-      });
-      REQUIRE(planned != plan.end());
-      FillRows(*planned, 5, 0, q->n_rows, want.data());
-      CHECK(std::memcmp(f->TensorData(*q), want.data(), want.size()) == 0);
-      const Stats s = StatsOf(DequantRows(q->type, f->TensorData(*q), q->n_elements));
-      CHECK(s.finite);
-      CHECK(s.std == doctest::Approx(0.5 / std::sqrt(double(q->ne[0]))).epsilon(0.3));
-      const formats::GgufTensorInfo* norm = f->FindTensor("output_norm.weight");
-      REQUIRE(norm != nullptr);
-      CHECK(StatsOf(DequantRows(GgmlType::kF32, f->TensorData(*norm), norm->n_elements)).mean ==
-            doctest::Approx(1.0).epsilon(0.05));
-    }
+    // The data in the file is what FillRows makes, and dequantizes sanely.
+    const formats::GgufTensorInfo* q = f->FindTensor("blk.1.attn_q.weight");
+    REQUIRE(q != nullptr);
+    std::vector<uint8_t> want(q->n_bytes);
+    const auto planned = std::find_if(plan.begin(), plan.end(), [](const PlannedTensor& t) {
+      return t.spec.name == "blk.1.attn_q.weight";
+    });
+    REQUIRE(planned != plan.end());
+    FillRows(*planned, 5, 0, q->n_rows, want.data());
+    CHECK(std::memcmp(f->TensorData(*q), want.data(), want.size()) == 0);
+    const Stats s = StatsOf(DequantRows(q->type, f->TensorData(*q), q->n_elements));
+    CHECK(s.finite);
+    CHECK(s.std == doctest::Approx(0.5 / std::sqrt(double(q->ne[0]))).epsilon(0.3));
+    const formats::GgufTensorInfo* norm = f->FindTensor("output_norm.weight");
+    REQUIRE(norm != nullptr);
+    CHECK(StatsOf(DequantRows(GgmlType::kF32, f->TensorData(*norm), norm->n_elements)).mean ==
+          doctest::Approx(1.0).epsilon(0.05));
   }
 }
 
@@ -519,9 +612,10 @@ TEST_CASE("dpl-synth command line") {
   const std::string dir = testing::TempDir();
   RunResult r = Run("--list");
   CHECK(r.status == 0);
-  CHECK(r.out.find("qwen2.5-14b") != std::string::npos);
-  CHECK(r.out.find("tiny-llama") != std::string::npos);
-
+  for (const char* name : {"qwen2.5-14b", "tiny-llama", "qwen3-8b", "qwen3-14b", "llama3.1-8b",
+                           "mistral-7b", "tiny-qwen3"}) {
+    CHECK_MESSAGE(r.out.find(name) != std::string::npos, name);
+  }
   r = Run("tiny-llama " + dir + "/cli1.gguf --seed 9 --threads 1");
   CHECK(r.status == 0);
   CHECK(r.out.find("21 tensors") != std::string::npos);
