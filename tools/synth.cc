@@ -20,46 +20,157 @@ namespace dpl::synth {
 using formats::GgmlType;
 using formats::MetaValue;
 
-// ------------------------------------------------------------ presets ----
+// ------------------------------------------------------------ ftypes ----
+
+namespace {
+
+struct FtypeInfo {
+  Ftype ftype;
+  const char* name;  // llama-quantize's name, lower case
+  GgmlType base;     // llama_ftype_get_default_type
+};
+constexpr FtypeInfo kFtypes[] = {
+    {Ftype::kQ4_K_M, "q4_k_m", GgmlType::kQ4_K},  {Ftype::kQ5_K_M, "q5_k_m", GgmlType::kQ5_K},
+    {Ftype::kQ6_K, "q6_k", GgmlType::kQ6_K},      {Ftype::kQ8_0, "q8_0", GgmlType::kQ8_0},
+    {Ftype::kQ4_0, "q4_0", GgmlType::kQ4_0},      {Ftype::kQ4_1, "q4_1", GgmlType::kQ4_1},
+    {Ftype::kQ5_0, "q5_0", GgmlType::kQ5_0},      {Ftype::kQ5_1, "q5_1", GgmlType::kQ5_1},
+    {Ftype::kIQ4_NL, "iq4_nl", GgmlType::kIQ4_NL}, {Ftype::kIQ4_XS, "iq4_xs", GgmlType::kIQ4_XS},
+    {Ftype::kQ3_K_M, "q3_k_m", GgmlType::kQ3_K},  {Ftype::kQ2_K, "q2_k", GgmlType::kQ2_K},
+    {Ftype::kBF16, "bf16", GgmlType::kBF16},      {Ftype::kF16, "f16", GgmlType::kF16},
+    {Ftype::kF32, "f32", GgmlType::kF32},
+};
+
+const FtypeInfo& InfoOf(Ftype ftype) {
+  for (const FtypeInfo& f : kFtypes) {
+    if (f.ftype == ftype) return f;
+  }
+  return kFtypes[0];  // unreachable: every Ftype has a row
+}
+
+}  // namespace
+
+const std::vector<Ftype>& Ftypes() {
+  static const std::vector<Ftype>* ftypes = [] {
+    auto* v = new std::vector<Ftype>;
+    for (const FtypeInfo& f : kFtypes) v->push_back(f.ftype);
+    return v;
+  }();
+  return *ftypes;
+}
+
+std::string KnownFtypeNames() {
+  std::string names;
+  for (const FtypeInfo& f : kFtypes) absl::StrAppend(&names, names.empty() ? "" : ", ", f.name);
+  return names;
+}
 
 absl::StatusOr<Ftype> ParseFtype(std::string_view name) {
   const std::string lower = absl::AsciiStrToLower(std::string(name));
-  if (lower == "q4_k_m") return Ftype::kQ4_K_M;
-  if (lower == "f16") return Ftype::kF16;
-  if (lower == "f32") return Ftype::kF32;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown ftype '", std::string(name), "' (known: q4_k_m, f16, f32)"));
+  for (const FtypeInfo& f : kFtypes) {
+    if (lower == f.name) return f.ftype;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown ftype '", std::string(name),
+                                                 "' (known: ", KnownFtypeNames(), ")"));
 }
 
-std::string_view FtypeName(Ftype ftype) {
-  switch (ftype) {
-    case Ftype::kQ4_K_M: return "q4_k_m";
-    case Ftype::kF16: return "f16";
-    case Ftype::kF32: return "f32";
-  }
-  return "?";
-}
+std::string_view FtypeName(Ftype ftype) { return InfoOf(ftype).name; }
+
+GgmlType FtypeBaseType(Ftype ftype) { return InfoOf(ftype).base; }
 
 bool UseMoreBits(uint32_t layer, uint32_t n_layer) {
   const int64_t i = layer, n = n_layer;
   return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
-GgmlType Q4KMType(model::TensorKind kind, uint32_t layer, uint32_t n_layer, uint64_t row_len,
-                  bool tied) {
-  using model::TensorKind;
-  GgmlType t = GgmlType::kQ4_K;
-  if (kind == TensorKind::kOutput || (tied && kind == TensorKind::kTokenEmbd)) {
-    t = GgmlType::kQ6_K;
-  } else if ((kind == TensorKind::kAttnV || kind == TensorKind::kFfnDown) &&
-             UseMoreBits(layer, n_layer)) {
-    t = GgmlType::kQ6_K;
+namespace {
+
+// llama.cpp's fallback for a row length that is not a whole number of the
+// chosen type's blocks (tensor_type_fallback): a 32-weight type of about the
+// same size, else f16. A 32-weight type that does not fit either is left for
+// PlanTensors to refuse (llama.cpp gives up there too). q2_K and q3_K go to
+// iq4_nl, as in llama.cpp's releases so far; its current master
+// (tensor_type_fallback) sends them to q4_0 instead.
+GgmlType FallbackType(GgmlType t, uint64_t row_len) {
+  if (row_len % formats::TraitsOf(t).block_elems == 0) return t;
+  GgmlType f;
+  switch (t) {
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+    case GgmlType::kIQ4_XS: f = GgmlType::kIQ4_NL; break;
+    case GgmlType::kQ4_K: f = GgmlType::kQ5_0; break;
+    case GgmlType::kQ5_K: f = GgmlType::kQ5_1; break;
+    case GgmlType::kQ6_K: f = GgmlType::kQ8_0; break;
+    default: return t;
   }
-  // k-quants need whole 256-weight super-blocks per row; llama.cpp then
-  // picks a 32-block type of similar size.
-  if (row_len % 256 != 0) t = t == GgmlType::kQ6_K ? GgmlType::kQ8_0 : GgmlType::kQ5_0;
-  return t;
+  return row_len % formats::TraitsOf(f).block_elems == 0 ? f : GgmlType::kF16;
 }
+
+}  // namespace
+
+// The rules of llama_tensor_get_type (src/llama-quant.cpp) that decide the
+// types of a dense llama/qwen2/qwen3 model in the ftypes above, with no
+// imatrix, no --pure and no type overrides:
+//   - the lm head (output.weight, or token_embd when tied): q8_0 for q8_0 or
+//     when rows are not whole base-type blocks, otherwise q6_K;
+//   - token_embd (untied), attn_q, attn_k, ffn_gate, ffn_up: the base type
+//     (llama.cpp changes attn_q/attn_k only for IQ3_XS, IQ3_XXS, IQ2_S/M and
+//     8-expert models, ffn_gate/ffn_up only for IQ3_XS);
+//   - attn_v: q2_k -> q4_K if n_gqa >= 4 else q3_K; q3_k_m -> q5_K on layers
+//     0-1, else q4_K; iq4_nl/iq4_xs -> q5_K if n_gqa >= 4; q4_k_m/q5_k_m ->
+//     q6_K where use_more_bits;
+//   - ffn_down: q2_k -> q3_K; q3_k_m -> q5_K below n_layer/16, else q4_K;
+//     iq4_nl/iq4_xs -> q5_K below n_layer/8; q4_k_m/q5_k_m -> q6_K where
+//     use_more_bits;
+//   - attn_output: q2_k -> q3_K, q3_k_m -> q4_K;
+//   - then FallbackType for rows that are not whole blocks.
+// Not modelled (no preset has them): Falcon's rules, the 70B attn_v bump,
+// MoE experts, fused attn_qkv. With these rules the tensor types of
+// llama-quantize's own mini-llama files (shared/oracle) come out tensor for
+// tensor, and the bytes per token of the 7B-14B presets match llama.cpp's
+// files within 1% (synth_test: qwen2.5-7b with the qwen2 vocabulary gives
+// 4.36 / 5.07 / 5.82 / 7.54 GiB for Q4_K_M / Q5_K_M / Q6_K / Q8_0, the sizes
+// of llama.cpp's own files measured on the H200).
+GgmlType MatrixType(Ftype ftype, model::TensorKind kind, uint32_t layer, uint64_t row_len,
+                    const MixShape& shape) {
+  using model::TensorKind;
+  const GgmlType base = FtypeBaseType(ftype);
+  // llama.cpp runs its rules only when the base type is quantized.
+  if (base == GgmlType::kF32 || base == GgmlType::kF16 || base == GgmlType::kBF16) return base;
+  const bool more_bits = UseMoreBits(layer, shape.n_layer);
+  const bool k_medium = ftype == Ftype::kQ4_K_M || ftype == Ftype::kQ5_K_M;
+  const bool iq4 = ftype == Ftype::kIQ4_NL || ftype == Ftype::kIQ4_XS;
+  GgmlType t = base;
+  if (kind == TensorKind::kOutput || (shape.tied && kind == TensorKind::kTokenEmbd)) {
+    const bool whole = row_len % formats::TraitsOf(base).block_elems == 0;
+    t = (!whole || base == GgmlType::kQ8_0) ? GgmlType::kQ8_0 : GgmlType::kQ6_K;
+  } else if (kind == TensorKind::kAttnV) {
+    if (ftype == Ftype::kQ2_K) {
+      t = shape.n_gqa >= 4 ? GgmlType::kQ4_K : GgmlType::kQ3_K;
+    } else if (ftype == Ftype::kQ3_K_M) {
+      t = layer < 2 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+    } else if (iq4 && shape.n_gqa >= 4) {
+      t = GgmlType::kQ5_K;
+    } else if (k_medium && more_bits) {
+      t = GgmlType::kQ6_K;
+    }
+  } else if (kind == TensorKind::kFfnDown) {
+    if (ftype == Ftype::kQ2_K) {
+      t = GgmlType::kQ3_K;
+    } else if (ftype == Ftype::kQ3_K_M) {
+      t = layer < shape.n_layer / 16 ? GgmlType::kQ5_K : GgmlType::kQ4_K;
+    } else if (k_medium && more_bits) {
+      t = GgmlType::kQ6_K;
+    } else if (iq4 && layer < shape.n_layer / 8) {
+      t = GgmlType::kQ5_K;
+    }
+  } else if (kind == TensorKind::kAttnOutput) {
+    if (ftype == Ftype::kQ2_K) t = GgmlType::kQ3_K;
+    if (ftype == Ftype::kQ3_K_M) t = GgmlType::kQ4_K;
+  }
+  return FallbackType(t, row_len);
+}
+
+// ------------------------------------------------------------ presets ----
 
 std::vector<float> Llama3RopeFactors(const Llama3RopeScaling& sc, double rope_base,
                                      uint32_t n_rot) {
@@ -152,6 +263,7 @@ absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ft
     return absl::InvalidArgumentError(absl::StrCat("preset ", p.name, ": n_head ", p.n_head,
                                                    " not a multiple of n_head_kv ", p.n_head_kv));
   }
+  const MixShape mix{p.n_layer, p.n_head / p.n_head_kv, p.tied};
   std::vector<PlannedTensor> plan;
   for (const model::TensorSpec& s : model::TensorSpecs(PresetHparams(p), p.tied)) {
     if (!PresetHas(p, s)) continue;
@@ -168,10 +280,7 @@ absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ft
       plan.push_back(std::move(t));
       continue;
     }
-    const GgmlType type =
-        ftype == Ftype::kF32   ? GgmlType::kF32
-        : ftype == Ftype::kF16 ? GgmlType::kF16
-                               : Q4KMType(s.kind, std::max(s.layer, 0), p.n_layer, ne0, p.tied);
+    const GgmlType type = MatrixType(ftype, s.kind, std::max(s.layer, 0), ne0, mix);
     const formats::GgmlTypeTraits tr = formats::TraitsOf(type);
     if (ne0 % tr.block_elems != 0) {
       return absl::InvalidArgumentError(

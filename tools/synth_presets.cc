@@ -108,7 +108,7 @@ Preset Mistral(std::string name, uint32_t n_embd, uint32_t n_layer, uint32_t n_h
 std::vector<Preset> MakePresets() {
   return {
       Qwen2("qwen2.5-0.5b", 896, 24, 14, 2, 64, 4864, 151936, 32768, /*tied=*/true,
-            "Qwen2.5-0.5B shapes (tied; 896-wide rows fall back to q5_0/q8_0)"),
+            "Qwen2.5-0.5B shapes (tied; 896-wide rows take 32-weight fallbacks)"),
       Qwen2("qwen2.5-7b", 3584, 28, 28, 4, 128, 18944, 152064, 32768, /*tied=*/false,
             "Qwen2.5-7B shapes (llama.cpp Q4_K_M: 4.36 GiB)"),
       Qwen2("qwen2.5-14b", 5120, 48, 40, 8, 128, 13824, 152064, 32768, /*tied=*/false,
@@ -134,6 +134,8 @@ std::vector<Preset> MakePresets() {
       Qwen3("small-qwen3", 512, 3, 8, 2, 128, 1536, 2048, 40960, /*tied=*/true,
             "test shape of oracle small-qwen3-q4km"),
       Llama31("small-llama31", 512, 3, 4, 2, 1536, 2048, "test shape of oracle small-llama31-q4km"),
+      Llama("mini-llama", 512, 2, 8, 2, 1024, 2048, 4096,
+            "test shape of the oracle mini-llama-* files (llama-quantize's type mixes)"),
       Llama("ora-llama", 256, 2, 4, 2, 768, 2048, 4096,
             "test shape of oracle ora-llama-f32 (--ftype f32)"),
       Qwen2("ora-qwen2", 256, 2, 2, 1, 128, 768, 2048, 4096, /*tied=*/true,

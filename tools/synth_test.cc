@@ -10,11 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "formats/dequant.h"
 #include "formats/gguf.h"
 #include "formats/model_file.h"
@@ -171,6 +173,11 @@ TEST_CASE("half conversion rounds to nearest and keeps subnormals") {
   }
 }
 
+// The Q4_K_M choice for a matrix of a Qwen2.5-7B-like model (n_gqa 7).
+GgmlType Q4KM(TensorKind kind, uint32_t layer, uint32_t n_layer, uint64_t row_len, bool tied) {
+  return MatrixType(Ftype::kQ4_K_M, kind, layer, row_len, MixShape{n_layer, 7, tied});
+}
+
 TEST_CASE("llama.cpp's use_more_bits and Q4_K_M choices") {
   // n = 28 (Qwen2.5-7B): layers 0-2, 24-27 and i = 5, 8, ..., 23.
   std::vector<uint32_t> more;
@@ -180,17 +187,192 @@ TEST_CASE("llama.cpp's use_more_bits and Q4_K_M choices") {
   CHECK(more == std::vector<uint32_t>{0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27});
   CHECK(!UseMoreBits(0, 2));
   CHECK(UseMoreBits(1, 2));
-  CHECK(Q4KMType(TensorKind::kAttnV, 0, 28, 3584, false) == GgmlType::kQ6_K);
-  CHECK(Q4KMType(TensorKind::kAttnV, 3, 28, 3584, false) == GgmlType::kQ4_K);
-  CHECK(Q4KMType(TensorKind::kFfnDown, 5, 28, 18944, false) == GgmlType::kQ6_K);
-  CHECK(Q4KMType(TensorKind::kAttnK, 0, 28, 3584, false) == GgmlType::kQ4_K);
-  CHECK(Q4KMType(TensorKind::kTokenEmbd, 0, 28, 3584, false) == GgmlType::kQ4_K);
-  CHECK(Q4KMType(TensorKind::kTokenEmbd, 0, 28, 3584, true) == GgmlType::kQ6_K);
-  CHECK(Q4KMType(TensorKind::kOutput, 0, 28, 3584, false) == GgmlType::kQ6_K);
+  CHECK(Q4KM(TensorKind::kAttnV, 0, 28, 3584, false) == GgmlType::kQ6_K);
+  CHECK(Q4KM(TensorKind::kAttnV, 3, 28, 3584, false) == GgmlType::kQ4_K);
+  CHECK(Q4KM(TensorKind::kFfnDown, 5, 28, 18944, false) == GgmlType::kQ6_K);
+  CHECK(Q4KM(TensorKind::kAttnK, 0, 28, 3584, false) == GgmlType::kQ4_K);
+  CHECK(Q4KM(TensorKind::kTokenEmbd, 0, 28, 3584, false) == GgmlType::kQ4_K);
+  CHECK(Q4KM(TensorKind::kTokenEmbd, 0, 28, 3584, true) == GgmlType::kQ6_K);
+  CHECK(Q4KM(TensorKind::kOutput, 0, 28, 3584, false) == GgmlType::kQ6_K);
   // 896-wide rows (Qwen2.5-0.5B) are no whole number of 256-blocks.
-  CHECK(Q4KMType(TensorKind::kAttnQ, 3, 24, 896, true) == GgmlType::kQ5_0);
-  CHECK(Q4KMType(TensorKind::kTokenEmbd, 0, 24, 896, true) == GgmlType::kQ8_0);
-  CHECK(Q4KMType(TensorKind::kFfnDown, 0, 24, 4864, true) == GgmlType::kQ6_K);
+  CHECK(Q4KM(TensorKind::kAttnQ, 3, 24, 896, true) == GgmlType::kQ5_0);
+  CHECK(Q4KM(TensorKind::kTokenEmbd, 0, 24, 896, true) == GgmlType::kQ8_0);
+  CHECK(Q4KM(TensorKind::kFfnDown, 0, 24, 4864, true) == GgmlType::kQ6_K);
+}
+
+// A plan's tensor types, counted by type name.
+std::map<std::string, int> TypeCounts(const std::vector<PlannedTensor>& plan) {
+  std::map<std::string, int> counts;
+  for (const PlannedTensor& t : plan) {
+    if (t.role == TensorRole::kMatrix) ++counts[TypeName(t.spec.type)];
+  }
+  return counts;
+}
+
+TEST_CASE("ftype names, ids and base types are llama.cpp's") {
+  CHECK(Ftypes().size() == 15);
+  CHECK(Ftypes().front() == Ftype::kQ4_K_M);
+  for (Ftype f : Ftypes()) {
+    CAPTURE(FtypeName(f));
+    CHECK(ParseFtype(FtypeName(f)).value() == f);
+    CHECK(ParseFtype(absl::AsciiStrToUpper(std::string(FtypeName(f)))).value() == f);
+  }
+  // LLAMA_FTYPE_* of llama.h.
+  CHECK(static_cast<uint32_t>(Ftype::kQ5_K_M) == 17);
+  CHECK(static_cast<uint32_t>(Ftype::kQ6_K) == 18);
+  CHECK(static_cast<uint32_t>(Ftype::kQ8_0) == 7);
+  CHECK(static_cast<uint32_t>(Ftype::kQ4_0) == 2);
+  CHECK(static_cast<uint32_t>(Ftype::kQ3_K_M) == 12);
+  CHECK(static_cast<uint32_t>(Ftype::kIQ4_XS) == 30);
+  CHECK(static_cast<uint32_t>(Ftype::kBF16) == 32);
+  CHECK(FtypeBaseType(Ftype::kQ3_K_M) == GgmlType::kQ3_K);
+  CHECK(FtypeBaseType(Ftype::kIQ4_NL) == GgmlType::kIQ4_NL);
+  const absl::StatusOr<Ftype> bad = ParseFtype("q4_k_s");
+  REQUIRE(!bad.ok());
+  for (const char* known : {"q4_k_m", "q5_k_m", "q6_k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+                            "iq4_nl", "iq4_xs", "q3_k_m", "q2_k", "bf16", "f16", "f32"}) {
+    CHECK_MESSAGE(bad.status().message().find(known) != std::string::npos, known);
+  }
+}
+
+// llama-quantize wrote the six mini-llama files from one f16 model: every
+// tensor's type (and general.file_type) must be what the rules give.
+TEST_CASE("type mixes match llama-quantize's own files tensor for tensor") {
+  struct Case {
+    const char* oracle;
+    Ftype ftype;
+  };
+  const Case cases[] = {
+      {"mini-llama-q5km.gguf", Ftype::kQ5_K_M}, {"mini-llama-q6k.gguf", Ftype::kQ6_K},
+      {"mini-llama-q80.gguf", Ftype::kQ8_0},    {"mini-llama-q40.gguf", Ftype::kQ4_0},
+      {"mini-llama-iq4xs.gguf", Ftype::kIQ4_XS}, {"mini-llama-q3km.gguf", Ftype::kQ3_K_M},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.oracle);
+    absl::StatusOr<GgufFile> oracle = GgufFile::Open(Oracle(c.oracle));
+    REQUIRE_MESSAGE(oracle.ok(), oracle.status().ToString());
+    CHECK(oracle->metadata().GetUint("general.file_type").value() ==
+          static_cast<uint32_t>(c.ftype));
+    const std::vector<PlannedTensor> plan = MustPlan(MustPreset("mini-llama"), c.ftype);
+    CHECK(plan.size() == oracle->tensors().size());
+    for (const PlannedTensor& t : plan) {
+      CAPTURE(t.spec.name);
+      const formats::GgufTensorInfo* got = oracle->FindTensor(t.spec.name);
+      REQUIRE(got != nullptr);
+      CHECK(TypeName(t.spec.type) == TypeName(got->type));
+      CHECK(ShapeString(t.spec.ne) ==
+            ShapeString(std::vector<uint64_t>(got->ne.begin(), got->ne.begin() + got->n_dims)));
+    }
+  }
+}
+
+TEST_CASE("type mix of every ftype for a 28-layer, n_gqa 7 model") {
+  // Qwen2.5-7B: 198 matrices (token_embd, 7 per layer, output). use_more_bits
+  // holds on 14 of the 28 layers; 28/8 = 3, 28/16 = 1.
+  using Counts = std::map<std::string, int>;
+  const std::pair<Ftype, Counts> cases[] = {
+      {Ftype::kQ4_K_M, {{"q4_K", 169}, {"q6_K", 29}}},
+      {Ftype::kQ5_K_M, {{"q5_K", 169}, {"q6_K", 29}}},
+      {Ftype::kQ6_K, {{"q6_K", 198}}},
+      {Ftype::kQ8_0, {{"q8_0", 198}}},
+      {Ftype::kQ4_0, {{"q4_0", 197}, {"q6_K", 1}}},
+      {Ftype::kQ4_1, {{"q4_1", 197}, {"q6_K", 1}}},
+      {Ftype::kQ5_0, {{"q5_0", 197}, {"q6_K", 1}}},
+      {Ftype::kQ5_1, {{"q5_1", 197}, {"q6_K", 1}}},
+      // attn_v q5_K (n_gqa >= 4), ffn_down q5_K on layers 0-2.
+      {Ftype::kIQ4_NL, {{"iq4_nl", 166}, {"q5_K", 31}, {"q6_K", 1}}},
+      {Ftype::kIQ4_XS, {{"iq4_xs", 166}, {"q5_K", 31}, {"q6_K", 1}}},
+      // attn_v q5_K on layers 0-1 else q4_K, ffn_down q5_K on layer 0 else
+      // q4_K, attn_output q4_K.
+      {Ftype::kQ3_K_M, {{"q3_K", 113}, {"q4_K", 81}, {"q5_K", 3}, {"q6_K", 1}}},
+      // attn_v q4_K (n_gqa >= 4), ffn_down and attn_output q3_K.
+      {Ftype::kQ2_K, {{"q2_K", 113}, {"q3_K", 56}, {"q4_K", 28}, {"q6_K", 1}}},
+      {Ftype::kBF16, {{"bf16", 198}}},
+      {Ftype::kF16, {{"f16", 198}}},
+      {Ftype::kF32, {{"f32", 198}}},
+  };
+  for (const auto& [ftype, want] : cases) {
+    CAPTURE(FtypeName(ftype));
+    const std::vector<PlannedTensor> plan = MustPlan(MustPreset("qwen2.5-7b"), ftype);
+    CHECK(TypeCounts(plan) == want);
+    for (const PlannedTensor& t : plan) {  // vectors stay f32 in every mix
+      if (t.role != TensorRole::kMatrix) CHECK(t.spec.type == GgmlType::kF32);
+    }
+  }
+  const MixShape q7{28, 7, false};
+  CHECK(MatrixType(Ftype::kQ3_K_M, TensorKind::kAttnV, 1, 3584, q7) == GgmlType::kQ5_K);
+  CHECK(MatrixType(Ftype::kQ3_K_M, TensorKind::kAttnV, 2, 3584, q7) == GgmlType::kQ4_K);
+  CHECK(MatrixType(Ftype::kQ3_K_M, TensorKind::kFfnDown, 0, 18944, q7) == GgmlType::kQ5_K);
+  CHECK(MatrixType(Ftype::kIQ4_XS, TensorKind::kFfnDown, 2, 18944, q7) == GgmlType::kQ5_K);
+  CHECK(MatrixType(Ftype::kIQ4_XS, TensorKind::kFfnDown, 3, 18944, q7) == GgmlType::kIQ4_XS);
+  CHECK(MatrixType(Ftype::kQ5_K_M, TensorKind::kAttnQ, 0, 3584, q7) == GgmlType::kQ5_K);
+  CHECK(MatrixType(Ftype::kQ5_K_M, TensorKind::kAttnK, 0, 3584, q7) == GgmlType::kQ5_K);
+  // n_gqa below 4: attn_v keeps q3_K (q2_k) and the base type (iq4_*).
+  const MixShape q2{28, 2, false};
+  CHECK(MatrixType(Ftype::kQ2_K, TensorKind::kAttnV, 5, 3584, q2) == GgmlType::kQ3_K);
+  CHECK(MatrixType(Ftype::kIQ4_NL, TensorKind::kAttnV, 5, 3584, q2) == GgmlType::kIQ4_NL);
+  // Tied: token_embd is the lm head.
+  CHECK(MatrixType(Ftype::kQ5_K_M, TensorKind::kTokenEmbd, 0, 3584, {28, 7, true}) ==
+        GgmlType::kQ6_K);
+  CHECK(MatrixType(Ftype::kQ8_0, TensorKind::kTokenEmbd, 0, 3584, {28, 7, true}) ==
+        GgmlType::kQ8_0);
+  CHECK(MatrixType(Ftype::kBF16, TensorKind::kOutput, 0, 3584, q7) == GgmlType::kBF16);
+}
+
+TEST_CASE("rows that are not whole 256-blocks fall back as llama.cpp does") {
+  // Qwen2.5-0.5B: 896-wide rows (3.5 blocks of 256), ffn_down 4864 = 19 x 256.
+  const MixShape s{24, 7, true};
+  CHECK(MatrixType(Ftype::kQ5_K_M, TensorKind::kAttnQ, 3, 896, s) == GgmlType::kQ5_1);
+  CHECK(MatrixType(Ftype::kQ5_K_M, TensorKind::kAttnV, 0, 896, s) == GgmlType::kQ8_0);
+  CHECK(MatrixType(Ftype::kQ5_K_M, TensorKind::kFfnDown, 1, 4864, s) == GgmlType::kQ6_K);
+  CHECK(MatrixType(Ftype::kQ3_K_M, TensorKind::kAttnQ, 3, 896, s) == GgmlType::kIQ4_NL);
+  CHECK(MatrixType(Ftype::kQ2_K, TensorKind::kAttnK, 3, 896, s) == GgmlType::kIQ4_NL);
+  CHECK(MatrixType(Ftype::kIQ4_XS, TensorKind::kFfnUp, 3, 896, s) == GgmlType::kIQ4_NL);
+  CHECK(MatrixType(Ftype::kQ6_K, TensorKind::kAttnQ, 3, 896, s) == GgmlType::kQ8_0);
+  // The lm head of a 32-block mix: q6_K, then q8_0 for 896-wide rows.
+  CHECK(MatrixType(Ftype::kQ4_0, TensorKind::kTokenEmbd, 0, 896, s) == GgmlType::kQ8_0);
+  CHECK(MatrixType(Ftype::kQ4_0, TensorKind::kTokenEmbd, 0, 1024, s) == GgmlType::kQ6_K);
+  // Rows that no fallback holds: f16 for k-quants, an error from PlanTensors
+  // for 32-block types.
+  CHECK(MatrixType(Ftype::kQ4_K_M, TensorKind::kAttnQ, 0, 80, s) == GgmlType::kF16);
+  Preset odd = MustPreset("tiny-llama");
+  odd.n_embd = 240;  // 7.5 blocks of 32
+  odd.head_dim = 60;
+  const absl::StatusOr<std::vector<PlannedTensor>> plan = PlanTensors(odd, Ftype::kQ8_0);
+  REQUIRE(!plan.ok());
+  CHECK(plan.status().message().find("not a whole number of q8_0 blocks") != std::string::npos);
+  for (Ftype f : Ftypes()) {
+    CAPTURE(FtypeName(f));
+    CHECK(PlanTensors(MustPreset("qwen2.5-0.5b"), f).ok());
+  }
+}
+
+// llama.cpp's files of the qwen2.5-7b shape with the qwen2 vocabulary,
+// measured on the H200 (docs anchors): Q4_K_M 4.36, Q5_K_M 5.07, Q6_K 5.82,
+// Q8_0 7.54 GiB. The synthetic files' sizes (header with that vocabulary
+// plus the planned tensors) must land within 1.5%; in fact they round to
+// the same hundredth.
+TEST_CASE("qwen2.5-7b file sizes of the k-quant and q8_0 mixes match llama.cpp's files") {
+  absl::StatusOr<Vocab> vocab = LoadVocab(testing::SharedDir() + "/vocab/ggml-vocab-qwen2.gguf");
+  REQUIRE_MESSAGE(vocab.ok(), vocab.status().ToString());
+  Preset p = MustPreset("qwen2.5-7b");
+  p.n_vocab = vocab->n_vocab;
+  const double gib = double(1ull << 30);
+  const std::pair<Ftype, double> cases[] = {
+      {Ftype::kQ4_K_M, 4.36}, {Ftype::kQ5_K_M, 5.07}, {Ftype::kQ6_K, 5.82}, {Ftype::kQ8_0, 7.54}};
+  for (const auto& [ftype, want] : cases) {
+    CAPTURE(FtypeName(ftype));
+    const std::vector<PlannedTensor> plan = MustPlan(p, ftype);
+    std::vector<formats::GgufTensorSpec> specs;
+    for (const PlannedTensor& t : plan) specs.push_back(t.spec);
+    absl::StatusOr<formats::GgufHeader> h =
+        formats::BuildGgufHeader(BuildMetadata(p, ftype, &*vocab), specs);
+    REQUIRE(h.ok());
+    const double file_gib = (h->bytes.size() + PlanDataBytes(plan)) / gib;
+    CAPTURE(file_gib);
+    CHECK(std::fabs(file_gib / want - 1) < 0.015);
+    CHECK(std::lround(file_gib * 100) == std::lround(want * 100));
+  }
 }
 
 // The oracle files were written by llama.cpp's own tooling: the presets must
@@ -299,12 +481,12 @@ TEST_CASE("qwen3 and Mistral presets: shapes and the keys the model reads") {
         nullptr);
 
   const Preset mistral = MustPreset("mistral-7b");
-  const formats::Metadata mm = BuildMetadata(mistral, Ftype::kQ4_K_M, nullptr);
+  const formats::Metadata mm = BuildMetadata(mistral, Ftype::kQ5_K_M, nullptr);
   CHECK(mm.GetString("general.architecture").value() == "llama");
   CHECK(mm.GetUint("llama.attention.sliding_window").value() == 4096);
   CHECK(mm.GetFloat("llama.rope.freq_base").value() == 10000.0);
   CHECK(mm.GetUint("llama.context_length").value() == 32768);
-  CHECK(mm.GetUint("general.file_type").value() == 15);
+  CHECK(mm.GetUint("general.file_type").value() == 17);
   CHECK(MustPlan(mistral, Ftype::kQ4_K_M).front().spec.ne == std::vector<uint64_t>{4096, 32000});
   CHECK(BuildMetadata(MustPreset("llama3-8b"), Ftype::kQ4_K_M, nullptr)
             .Find("llama.attention.sliding_window") == nullptr);
@@ -475,9 +657,12 @@ absl::StatusOr<SynthResult> Synth(const std::string& preset, const std::string& 
 
 TEST_CASE("written models parse back with the planned tensors and metadata") {
   std::vector<std::pair<std::string, Ftype>> runs;
-  for (const char* name : {"tiny-llama", "tiny-qwen2", "small-qwen2", "small-llama", "tiny-qwen3",
-                           "small-qwen3", "small-llama31"}) {
+  for (const char* name : {"tiny-qwen2", "small-qwen2", "small-llama", "small-qwen3",
+                           "small-llama31"}) {
     for (Ftype ftype : {Ftype::kQ4_K_M, Ftype::kF16, Ftype::kF32}) runs.push_back({name, ftype});
+  }
+  for (const char* name : {"tiny-llama", "tiny-qwen3"}) {  // every mix, every block type
+    for (Ftype ftype : Ftypes()) runs.push_back({name, ftype});
   }
   for (const auto& [name, ftype] : runs) {
     CAPTURE(name);
@@ -567,7 +752,7 @@ TEST_CASE("bad vocab files are refused and leave no output") {
   CHECK(!FileExists(path));
   CHECK(NoTempFileBeside(path));
   CHECK(!FindPreset("qwen9").ok());
-  CHECK(!ParseFtype("q8_0").ok());
+  CHECK(!ParseFtype("q4_k_s").ok());
   CHECK(ParseFtype("Q4_K_M").value() == Ftype::kQ4_K_M);
 }
 
@@ -583,6 +768,13 @@ TEST_CASE("output is a function of the seed only, not of the thread count") {
   const std::string d = ReadFile(dir + "/d.gguf");
   CHECK(a.size() == d.size());
   CHECK(a != d);
+  // The new block types (q3_K, q4_K, q5_K, q6_K here; iq4_xs, q5_K) too.
+  for (Ftype ftype : {Ftype::kQ3_K_M, Ftype::kIQ4_XS}) {
+    CAPTURE(FtypeName(ftype));
+    REQUIRE(Synth("small-qwen3", dir + "/e.gguf", 42, 1, ftype).ok());
+    REQUIRE(Synth("small-qwen3", dir + "/f.gguf", 42, 7, ftype).ok());
+    CHECK(ReadFile(dir + "/e.gguf") == ReadFile(dir + "/f.gguf"));
+  }
 }
 
 // ---- the command line
@@ -616,6 +808,26 @@ TEST_CASE("dpl-synth command line") {
                            "mistral-7b", "tiny-qwen3"}) {
     CHECK_MESSAGE(r.out.find(name) != std::string::npos, name);
   }
+  r = Run("--help");
+  CHECK(r.status == 0);
+  for (Ftype f : Ftypes()) {  // cxxopts wraps the list; each name is whole
+    const std::string name(FtypeName(f));
+    const bool listed = r.out.find(" " + name + ",") != std::string::npos ||
+                        r.out.find(" " + name + " (default") != std::string::npos;
+    CHECK_MESSAGE(listed, name);
+  }
+
+  r = Run("tiny-qwen3 " + dir + "/cli5.gguf --ftype Q5_K_M");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("q5_k_m") != std::string::npos);
+  {
+    absl::StatusOr<GgufFile> g = GgufFile::Open(dir + "/cli5.gguf");
+    REQUIRE(g.ok());
+    CHECK(g->metadata().GetUint("general.file_type").value() == 17);
+    CHECK(TypeName(g->FindTensor("blk.0.attn_q.weight")->type) == "q5_K");
+    CHECK(TypeName(g->FindTensor("blk.1.attn_v.weight")->type) == "q6_K");  // use_more_bits(1, 2)
+  }
+
   r = Run("tiny-llama " + dir + "/cli1.gguf --seed 9 --threads 1");
   CHECK(r.status == 0);
   CHECK(r.out.find("21 tensors") != std::string::npos);
@@ -645,6 +857,7 @@ TEST_CASE("dpl-synth command line") {
   const Bad bads[] = {
       {"nope " + dir + "/x.gguf", "unknown preset 'nope'"},
       {"tiny-llama " + dir + "/x.gguf --ftype q3_k", "unknown ftype 'q3_k'"},
+      {"tiny-llama " + dir + "/x.gguf --ftype q3_k", "known: " + KnownFtypeNames()},
       {"tiny-llama " + dir + "/x.gguf --vocab " + dir + "/missing.gguf", "missing.gguf"},
       {"tiny-llama " + dir + "/x.gguf --vocab " + Oracle("small-llama-q4km.gguf"),
        "no tokenizer.ggml.tokens"},
