@@ -90,10 +90,6 @@ void DequantQ5_1(const uint8_t* __restrict b, float* __restrict out) {
   }
 }
 
-// The 16 non-linear levels of iq4_nl and iq4_xs (ggml's kvalues_iq4nl).
-constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                     1,    13,   25,  38,  53,  69,  89,  113};
-
 // iq4_nl block (18 bytes): d:f16, qs:u8[16], nibbles as in q4_0 (element j
 // low nibble of qs[j], element j + 16 high nibble). w = d * kvalues[q].
 void DequantIQ4_NL(const uint8_t* __restrict b, float* __restrict out) {

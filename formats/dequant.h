@@ -29,6 +29,11 @@ uint16_t F32ToF16(float f);
 float Bf16ToF32(uint16_t h);
 uint16_t F32ToBf16(float f);
 
+// The 16 non-linear levels of iq4_nl and iq4_xs (ggml's kvalues_iq4nl): a
+// 4-bit q stands for d * kIq4NlValues[q] (times the sub-block scale in iq4_xs).
+inline constexpr int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
 // True when DequantizeBlocks/DequantizeRow handle this type.
 bool IsDequantSupported(GgmlType type);
 

@@ -1,5 +1,7 @@
 // dpl-synth PRESET OUT.gguf [--vocab VOCAB.gguf | --no-vocab N] [--tied]
-//           [--ftype q4_k_m|f16|f32] [--seed N] [--threads N]
+//           [--ftype FTYPE] [--seed N] [--threads N]
+// FTYPE: q4_k_m (default), q5_k_m, q6_k, q8_0, q4_0, q4_1, q5_0, q5_1,
+// iq4_nl, iq4_xs, q3_k_m, q2_k, bf16, f16, f32 (llama-quantize's mixes).
 // Writes a random-weight GGUF v3 model of a known shape; see tools/synth.h.
 // OUT.gguf appears whole or not at all (formats/output_file.h): an error or
 // a terminating signal removes the unfinished temporary file.
@@ -40,6 +42,8 @@ int main(int argc, char** argv) {
   cxxopts::Options options("dpl-synth",
                            "Writes a random-weight GGUF with llama.cpp's tensor set, metadata and "
                            "type mix for a model shape.");
+  const std::string ftype_help =
+      "llama-quantize's type mix: " + dpl::synth::KnownFtypeNames();
   options.positional_help("PRESET OUT.gguf");
   options.add_options()
       ("list", "list the presets and exit")
@@ -49,7 +53,7 @@ int main(int argc, char** argv) {
        cxxopts::value<uint32_t>())
       ("tied", "no output.weight: the lm head is token_embd")
       ("untied", "give a tied preset its own output.weight")
-      ("ftype", "q4_k_m, f16 or f32", cxxopts::value<std::string>()->default_value("q4_k_m"))
+      ("ftype", ftype_help, cxxopts::value<std::string>()->default_value("q4_k_m"))
       ("seed", "random seed", cxxopts::value<uint64_t>()->default_value("1"))
       ("threads", "generator threads (0: all cores, or 1..1024); the output does not depend on it",
        cxxopts::value<unsigned>()->default_value("0"))
