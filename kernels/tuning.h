@@ -37,6 +37,10 @@ struct DecodeTuning {
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input.
   bool pdl = false;
+  // Matrices that read the same activations (Q/K/V, gate/up) share one
+  // matvec launch per weight kernel (PlanMatVecGroups); false: one launch
+  // per matrix (A/B).
+  bool group_matvecs = true;
 };
 
 }  // namespace dpl::kernels

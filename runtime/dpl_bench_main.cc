@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <string>
 #include <iostream>
 #include <vector>
@@ -108,10 +109,12 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
   const dpl::kernels::DecodeTuning& t = dec.tuning();
   std::printf("model: %s (%.2f GiB), weight bytes per token %.3f GB, read bandwidth %.0f GB/s "
               "-> roofline %.1f t/s; load %.2f GB/s\n"
-              "tuning: %d SMs, q6_K decode CTAs/SM %d, attention <= %d blocks/SM, splits %s, pdl %d\n\n",
+              "tuning: %d SMs, q6_K decode CTAs/SM %d, attention <= %d blocks/SM, splits %s, "
+              "combine pdl %d, step pdl %d, grouped matvecs %d\n\n",
               path.c_str(), gib, dec.weight_bytes_per_token() / 1e9, bw / 1e9, roof_tps,
               dec.memory().load.gb_per_s(), t.num_sms, t.q6k_ctas_per_sm, t.attn_max_blocks_per_sm,
-              t.attn_splits > 0 ? absl::StrCat(t.attn_splits).c_str() : "one wave", t.attn_pdl ? 1 : 0);
+              t.attn_splits > 0 ? absl::StrCat(t.attn_splits).c_str() : "one wave", t.attn_pdl ? 1 : 0,
+              t.pdl ? 1 : 0, t.group_matvecs ? 1 : 0);
   std::printf("| test | t/s | roofline |\n|---|---:|---:|\n");
   for (const Row& r : rows) {
     const auto [m, sd] = MeanStd(r.tps);
@@ -121,15 +124,21 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 }
 
 // A/B switches (environment, documented in README): DPL_ATTN_PDL=0 launches
-// the attention combine plainly, DPL_ATTN_SPLITS=N forces N splits per kv head.
+// the attention combine plainly, DPL_ATTN_SPLITS=N forces N splits per kv
+// head, DPL_PDL=0|1 the decode step's kernels as programmatic dependent
+// launches or not, DPL_GROUP=0 one matvec launch per matrix instead of one
+// per group (Q/K/V, gate/up).
 absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   DPL_ASSIGN_OR_RETURN(dpl::kernels::DecodeTuning t, dpl::kernels::DecodeTuningForDevice());
-  if (const char* e = std::getenv("DPL_ATTN_PDL"); e != nullptr && *e != '\0') {
-    t.attn_pdl = std::atoi(e) != 0;
-  }
-  if (const char* e = std::getenv("DPL_ATTN_SPLITS"); e != nullptr && *e != '\0') {
-    t.attn_splits = std::atoi(e);
-  }
+  auto flag = [](const char* name, auto* field) {
+    if (const char* e = std::getenv(name); e != nullptr && *e != '\0') {
+      *field = static_cast<std::remove_pointer_t<decltype(field)>>(std::atoi(e));
+    }
+  };
+  flag("DPL_ATTN_PDL", &t.attn_pdl);
+  flag("DPL_ATTN_SPLITS", &t.attn_splits);
+  flag("DPL_PDL", &t.pdl);
+  flag("DPL_GROUP", &t.group_matvecs);
   return t;
 }
 

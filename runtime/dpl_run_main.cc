@@ -345,6 +345,15 @@ absl::Status Run(const cxxopts::ParseResult& args) {
       return absl::InvalidArgumentError("no prompt: use -p TEXT, -f FILE, --tokens or -cnv");
     }
     const dpl::tokenizer::Tokenizer& tok = *l.tok;
+    // A text that cannot fit is refused before it is tokenized (a 10 MB
+    // prompt takes seconds to encode; its byte count alone says it is too long).
+    const int64_t at_least =
+        tok.MinTokensFor(static_cast<int64_t>(prompt.size()), tok.adds_bos_by_default());
+    if (at_least > l.decoder->n_ctx()) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "the prompt (", prompt.size(), " bytes: at least ", at_least,
+          " tokens) is longer than the context (", l.decoder->n_ctx(), " tokens; use -c to enlarge it)"));
+    }
     const std::vector<int32_t> ids = tok.Encode(prompt, tok.adds_bos_by_default(), true);
     dpl::generate::GenerateRequest req;
     req.prompt = ids;

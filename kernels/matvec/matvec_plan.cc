@@ -178,7 +178,7 @@ absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const W
                                                      ws[i].n_cols, " columns, not ",
                                                      ws[0].n_cols));
     }
-    size_t g = 0;
+    size_t g = tuning.group_matvecs ? 0 : groups.size();
     while (g < groups.size() && (groups[g].plan.kernel != own.kernel ||
                                  groups[g].members.size() >= static_cast<size_t>(kMaxMatVecParts))) {
       ++g;

@@ -41,8 +41,9 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
 // span; every member has the group's kernel, and the group's decode
 // geometry is planned for the members' total rows (RunMatVecGroup launches
 // them as one grid). Matrices with the same kernel share a launch, at most
-// kMaxMatVecParts per launch, in their input order; errors as PlanMatVec's,
-// or matrices of different widths.
+// kMaxMatVecParts per launch, in their input order (tuning.group_matvecs
+// false: one launch each); errors as PlanMatVec's, or matrices of different
+// widths.
 struct MatVecGroupPlan {
   std::vector<int> members;
   MatVecPlan plan;

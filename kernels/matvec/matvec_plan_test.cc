@@ -214,6 +214,13 @@ TEST_CASE("PlanMatVecGroups: one launch per kernel, planned for the total height
   CHECK((*g)[0].members == std::vector<int>{0, 2});
   // Different widths cannot share x.
   CHECK(!PlanMatVecGroups({q, Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 4096)}, t).ok());
+  // Ungrouped (A/B): one launch per matrix.
+  DecodeTuning apart = t;
+  apart.group_matvecs = false;
+  g = PlanMatVecGroups({q, k, k}, apart);
+  REQUIRE(g.ok());
+  CHECK(g->size() == 3);
+  CHECK((*g)[2].plan.decode == DecodeGeometryFor(MatVecKernel::kQ4K, 512, t));
   // pdl comes from the tuning.
   DecodeTuning pdl = t;
   pdl.pdl = true;

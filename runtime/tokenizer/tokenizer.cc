@@ -255,6 +255,11 @@ absl::Status UnsupportedModel(absl::string_view model) {
 
 }  // namespace
 
+int64_t Tokenizer::MinTokensFor(int64_t n_bytes, bool add_bos) const {
+  if (vocab_ == nullptr || max_text_bytes_ <= 0 || n_bytes <= 0) return 0;
+  return (n_bytes + max_text_bytes_ - 1) / max_text_bytes_ + (add_bos && bos_id_ != kNoToken ? 1 : 0);
+}
+
 absl::StatusOr<Tokenizer> Tokenizer::FromMetadata(const formats::Metadata& meta) {
   std::string model = "none";
   if (meta.Find(kModelKey) != nullptr) {
@@ -268,6 +273,9 @@ absl::StatusOr<Tokenizer> Tokenizer::FromMetadata(const formats::Metadata& meta)
     DPL_ASSIGN_OR_RETURN(t.vocab_, LoadBpeVocab(meta));
     t.n_vocab_ = static_cast<int32_t>(t.vocab_->texts.size());
     t.pre_ = t.vocab_->pre;
+    for (const std::string& text : t.vocab_->texts) {
+      t.max_text_bytes_ = std::max<int64_t>(t.max_text_bytes_, static_cast<int64_t>(text.size()));
+    }
   } else {
     return UnsupportedModel(model);
   }

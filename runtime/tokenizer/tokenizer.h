@@ -72,6 +72,14 @@ class Tokenizer {
   // Concatenated pieces.
   std::string Decode(absl::Span<const int32_t> ids) const;
 
+  // Fewest tokens Encode can give for `n_bytes` of text: no piece is longer
+  // than the longest token text in the vocabulary (a byte-level BPE piece
+  // has at most as many bytes as its stored text), so a caller can refuse a
+  // text too long for its context without tokenizing it (ceil(n_bytes /
+  // longest text), plus the BOS when added). A vocabulary-less model reads
+  // no text: 0.
+  int64_t MinTokensFor(int64_t n_bytes, bool add_bos) const;
+
   // EOS, EOT, EOM from metadata, plus control/user-defined tokens whose text
   // is a known end-of-turn marker (<|im_end|>, <|eot_id|>, <|eom_id|>,
   // <|endoftext|>, <|end_of_text|>).
@@ -101,6 +109,7 @@ class Tokenizer {
  private:
   std::shared_ptr<const Vocab> vocab_;  // null for a vocabulary-less model
   int32_t n_vocab_ = 0;
+  int64_t max_text_bytes_ = 0;  // longest token text of the vocabulary
   PreTokenizer pre_ = PreTokenizer::kNone;
   bool add_bos_ = false;
   bool add_eos_ = false;

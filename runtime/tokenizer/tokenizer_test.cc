@@ -199,6 +199,27 @@ TEST_CASE("digits: llama3 groups by three, qwen2 splits each") {
   CHECK(qwen.Encode("\xd9\xa3\xd9\xa4", false, false) == three);
 }
 
+TEST_CASE("MinTokensFor never exceeds what Encode gives") {
+  for (const char* vocab : {"vocab/ggml-vocab-qwen2.gguf", "vocab/ggml-vocab-llama-bpe.gguf"}) {
+    const Tokenizer& t = TokenizerOf(vocab);
+    CAPTURE(vocab);
+    // The vocabulary's longest texts (runs of spaces, dashes, ...) are what
+    // compress best, so try them, and ordinary text.
+    for (const std::string& text :
+         {std::string(100000, ' '), std::string(5000, '-'), std::string(20000, 'a'),
+          ReadFile(testing::SharedDir() + "/vocab/ggml-vocab-qwen2.gguf.inp")}) {
+      for (bool bos : {false, true}) {
+        const int64_t bound = t.MinTokensFor(static_cast<int64_t>(text.size()), bos);
+        const int64_t got = static_cast<int64_t>(t.Encode(text, bos, true).size());
+        CHECK(bound >= 1);
+        CHECK(bound <= got);
+      }
+    }
+  }
+  // 10 MB can never fit 256 positions: refused without encoding it.
+  CHECK(TokenizerOf("vocab/ggml-vocab-qwen2.gguf").MinTokensFor(10000000, false) > 256);
+}
+
 TEST_CASE("invalid UTF-8 tokenizes as U+FFFD, like llama.cpp") {
   const Tokenizer& qwen = TokenizerOf("vocab/ggml-vocab-qwen2.gguf");
   CHECK(qwen.Encode("a\xff", false, false) == qwen.Encode("a\xef\xbf\xbd", false, false));
