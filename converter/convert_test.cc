@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <xxhash.h>
 
 #include "converter/convert.h"
@@ -189,10 +190,16 @@ TEST_CASE("--layout dpl: every type with planes in dpl, version 2, verified bit 
   struct Case {
     const char* file;
     std::map<formats::GgmlType, uint64_t> dpl;  // tensors per type
+    std::vector<std::string> plane_lines;       // dpl-inspect's, in type id order
   } cases[] = {
-      {"mini-llama-q80", {{formats::GgmlType::kQ8_0, 16}}},
-      {"mini-llama-q40", {{formats::GgmlType::kQ4_0, 15}, {formats::GgmlType::kQ6_K, 1}}},
-      {"mini-llama-q3km", {{formats::GgmlType::kQ3_K, 9}, {formats::GgmlType::kQ6_K, 1}}},
+      {"mini-llama-q80", {{formats::GgmlType::kQ8_0, 16}},
+       {"  q8_0 dpl: qs[32] | d[2] per block, rows padded to 16 B\n"}},
+      {"mini-llama-q40", {{formats::GgmlType::kQ4_0, 15}, {formats::GgmlType::kQ6_K, 1}},
+       {"  q4_0 dpl: qs[16] | d[2] per block, rows padded to 16 B\n",
+        "  q6_K dpl: ql[128] | qh[64] | scales[16] | d[2] per block, rows padded to 16 B\n"}},
+      {"mini-llama-q3km", {{formats::GgmlType::kQ3_K, 9}, {formats::GgmlType::kQ6_K, 1}},
+       {"  q3_K dpl: hmask[32] | qs[64] | scales[12] | d[2] per block, rows padded to 16 B\n",
+        "  q6_K dpl: ql[128] | qh[64] | scales[16] | d[2] per block, rows padded to 16 B\n"}},
   };
   for (const Case& c : cases) {
     CAPTURE(c.file);
@@ -234,6 +241,32 @@ TEST_CASE("--layout dpl: every type with planes in dpl, version 2, verified bit 
         std::vector<uint8_t> back(t.row_stride);
         REQUIRE(formats::DplRowToRaw(t.type, d->data + r * d->row_stride, nbe, back.data()).ok());
         CHECK(std::memcmp(back.data(), t.data + r * t.row_stride, t.row_stride) == 0);
+      }
+      // dpl-inspect: version 2, one planes line per dpl type, a JSON array.
+      std::ostringstream text, json;
+      REQUIRE(Inspect(out, {}, text).ok());
+      CHECK(text.str().find(compress ? ".dpl v2 (compressed)" : ".dpl v2,") != std::string::npos);
+      std::string lines = "\ndpl planes:\n";
+      for (const std::string& l : c.plane_lines) lines += l;
+      CHECK_MESSAGE(text.str().find(lines) != std::string::npos, text.str());
+      InspectOptions jopt;
+      jopt.json = true;
+      REQUIRE(Inspect(out, jopt, json).ok());
+      const nlohmann::json j = nlohmann::json::parse(json.str());
+      CHECK(j["version"] == 2);
+      REQUIRE(j["planes"].size() == c.dpl.size());
+      auto want = c.dpl.begin();
+      for (const nlohmann::json& p : j["planes"]) {
+        const formats::DplPlaneSpec spec = formats::DplPlanesOf(want->first);
+        CHECK(p["type"] == formats::TraitsOf(want->first).name);
+        CHECK(p["row_alignment"] == 16);
+        REQUIRE(p["planes"].size() == spec.n);
+        for (uint32_t k = 0; k < spec.n; ++k) {
+          CHECK(p["planes"][k]["field"] == spec.f[k].name);
+          CHECK(p["planes"][k]["raw_offset"] == spec.f[k].offset);
+          CHECK(p["planes"][k]["bytes"] == spec.f[k].bytes);
+        }
+        ++want;
       }
     }
   }
@@ -599,6 +632,8 @@ TEST_CASE("dpl-inspect reports metadata, tensors and totals; checksums on demand
   REQUIRE(Inspect(out, opt, text).ok());
   const std::string s = text.str();
   CHECK(s.find(".dpl v1") != std::string::npos);
+  CHECK(s.find("\ndpl planes:\n  q6_K dpl: ql[128] | qh[64] | scales[16] | d[2] per block, rows padded to 16 B\n") !=
+        std::string::npos);
   CHECK(s.find("tokenizer.ggml.tokens") != std::string::npos);
   CHECK(s.find("[string x 151936]") != std::string::npos);  // summarized, not dumped
   CHECK(s.find(" dpl ") != std::string::npos);
@@ -610,6 +645,12 @@ TEST_CASE("dpl-inspect reports metadata, tensors and totals; checksums on demand
   REQUIRE(Inspect(out, opt, json).ok());
   CHECK(json.str().find("\"container\": \"dpl\"") != std::string::npos);
   CHECK(json.str().find("\"layout\": \"dpl\"") != std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(json.str());
+  CHECK(j["version"] == 1);
+  REQUIRE(j["planes"].size() == 1);
+  CHECK(j["planes"][0]["type"] == "q6_K");
+  CHECK(j["planes"][0]["planes"][3]["field"] == "d");
+  CHECK(j["planes"][0]["planes"][3]["raw_offset"] == 208);
 
   std::ostringstream ignored;
   InspectOptions gguf_opt;
