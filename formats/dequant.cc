@@ -230,7 +230,7 @@ void DequantIQ4_XS(const uint8_t* __restrict b, float* __restrict out) {
   }
 }
 
-// One q6_K block from its four fields (wherever the layout keeps them):
+// One q6_K block from its four fields (DequantQ6_K: a raw block's):
 // ql:u8[128], qh:u8[64], sc:i8[16], d:f16. w = (d * sc_s) * (q - 32).
 void DequantQ6_KFields(const uint8_t* __restrict ql, const uint8_t* __restrict qh,
                        const uint8_t* __restrict sc_bytes, const uint8_t* __restrict d_bytes,
