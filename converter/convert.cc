@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <future>
 #include <thread>
 #include <vector>
@@ -20,9 +21,11 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "formats/byte_reader.h"
+#include "formats/dpl_layout.h"
+#include "formats/model_file.h"
 #include "formats/output_file.h"
 #include "formats/parallel_for.h"
-#include "formats/q6k_dpl.h"
+#include "model/model.h"
 
 namespace dpl::converter {
 namespace {
@@ -36,6 +39,37 @@ using formats::GgufTensorInfo;
 using formats::TensorLayout;
 
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// --layout auto, one row per type with dpl planes. Decided per type by the
+// H200 kernel bench: the raw and the dpl matvec of the same matrix
+// (kernels/matvec matvec_bench; outputs bit-identical, matvec_gpu_test), the
+// faster layout wins. q6_K: dpl 24.7 us vs raw 48.5 us on 7B ffn_down
+// (docs/PERF.md). The others are raw until their dpl kernels are measured;
+// a type that measures faster in dpl is one word on its line.
+struct AutoLayoutRow {
+  GgmlType type;
+  TensorLayout layout;
+};
+constexpr AutoLayoutRow kAutoLayout[] = {
+    {GgmlType::kQ6_K, TensorLayout::kDpl},  // measured: dpl 2x faster
+    {GgmlType::kQ8_0, TensorLayout::kRaw},  // not measured yet
+    {GgmlType::kQ4_0, TensorLayout::kRaw},  // not measured yet
+    {GgmlType::kQ4_1, TensorLayout::kRaw},  // not measured yet
+    {GgmlType::kQ5_0, TensorLayout::kRaw},  // not measured yet
+    {GgmlType::kQ5_1, TensorLayout::kRaw},  // not measured yet
+    {GgmlType::kQ2_K, TensorLayout::kRaw},  // not measured yet
+    {GgmlType::kQ3_K, TensorLayout::kRaw},  // not measured yet
+    {GgmlType::kIQ4_NL, TensorLayout::kRaw},  // not measured yet
+    {GgmlType::kIQ4_XS, TensorLayout::kRaw},  // not measured yet
+};
+
+constexpr bool AutoLayoutRowsValid() {
+  for (const AutoLayoutRow& r : kAutoLayout) {
+    if (!formats::HasDplPlanes(r.type)) return false;
+  }
+  return true;
+}
+static_assert(AutoLayoutRowsValid(), "kAutoLayout lists only types with dpl planes");
 
 // The uncompressed form is written in chunks of this size, two in flight.
 constexpr uint64_t kPlainChunkBytes = 64ull << 20;
@@ -225,10 +259,11 @@ absl::Status CheckCancel(const std::atomic<bool>* cancel) {
   return absl::OkStatus();
 }
 
-// The table of the output: every tensor's geometry from the GGUF, q6_K in the
-// dpl layout, offsets 256-aligned in GGUF order. Sets *data_bytes to the
+// The table of the output: every tensor's geometry from the GGUF, its layout
+// from `policy`, offsets 256-aligned in GGUF order. Sets *data_bytes to the
 // region's size.
-absl::StatusOr<std::vector<DplTensorEntry>> PlanEntries(const GgufFile& gguf, uint64_t* data_bytes) {
+absl::StatusOr<std::vector<DplTensorEntry>> PlanEntries(const GgufFile& gguf, LayoutPolicy policy,
+                                                        uint64_t* data_bytes) {
   std::vector<DplTensorEntry> entries;
   entries.reserve(gguf.tensors().size());
   uint64_t cursor = 0;
@@ -236,7 +271,7 @@ absl::StatusOr<std::vector<DplTensorEntry>> PlanEntries(const GgufFile& gguf, ui
     DplTensorEntry e;
     e.geometry() = t.geometry();
     e.name = t.name;
-    e.layout = t.type == GgmlType::kQ6_K ? TensorLayout::kDpl : TensorLayout::kRaw;
+    e.layout = LayoutFor(policy, t.type);
     DPL_ASSIGN_OR_RETURN(e.row_stride, formats::RowStrideFor(e.type, e.layout, e.ne[0]));
     e.n_bytes = e.n_rows * e.row_stride;
     e.offset = AlignUp(cursor, formats::kDplTensorAlignment);
@@ -264,6 +299,7 @@ DplHeader PlanHeader(const std::vector<DplTensorEntry>& entries, const std::stri
                      const std::string& meta_z, uint64_t meta_count, uint64_t data_bytes,
                      const ConvertOptions& opt) {
   DplHeader h;
+  h.version = formats::DplVersionFor(entries);
   h.flags = opt.compress ? formats::kDplFlagCompressed : 0;
   h.meta_offset = formats::kDplHeaderBytes;
   h.meta_stored_bytes = meta_z.size();
@@ -293,10 +329,10 @@ absl::StatusOr<uint64_t> StreamTensor(const DplTensorEntry& e, const uint8_t* sr
                                                                 &XXH3_freeState);
   XXH3_64bits_reset(xxh.get());
   if (e.layout == TensorLayout::kDpl) {
-    const uint64_t nbe = e.ne[0] / formats::kQ6KBlockElems;
+    const uint64_t nbe = e.ne[0] / formats::TraitsOf(e.type).block_elems;
     std::vector<uint8_t> row(e.row_stride, 0);
     for (uint64_t r = 0; r < e.n_rows; ++r) {
-      formats::Q6KRowToDpl(src + r * src_stride, nbe, row.data());
+      DPL_RETURN_IF_ERROR(formats::RowToDpl(e.type, src + r * src_stride, nbe, row.data()));
       XXH3_64bits_update(xxh.get(), row.data(), row.size());
       DPL_RETURN_IF_ERROR(sink.Append(row.data(), row.size()));
       if ((r & 1023) == 0) DPL_RETURN_IF_ERROR(CheckCancel(opt.cancel));
@@ -397,6 +433,39 @@ absl::StatusOr<VerifyStats> VerifyOutput(const GgufFile& gguf, const formats::Ou
 
 }  // namespace
 
+absl::string_view LayoutPolicyName(LayoutPolicy policy) {
+  switch (policy) {
+    case LayoutPolicy::kAuto: return "auto";
+    case LayoutPolicy::kRaw: return "raw";
+    case LayoutPolicy::kDpl: return "dpl";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<LayoutPolicy> LayoutPolicyFromName(absl::string_view name) {
+  for (LayoutPolicy p : {LayoutPolicy::kRaw, LayoutPolicy::kDpl, LayoutPolicy::kAuto}) {
+    if (name == LayoutPolicyName(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--layout '", name, "' is not one of raw, dpl, auto"));
+}
+
+TensorLayout AutoLayout(GgmlType type) {
+  for (const AutoLayoutRow& r : kAutoLayout) {
+    if (r.type == type) return r.layout;
+  }
+  return TensorLayout::kRaw;
+}
+
+TensorLayout LayoutFor(LayoutPolicy policy, GgmlType type) {
+  switch (policy) {
+    case LayoutPolicy::kAuto: return AutoLayout(type);
+    case LayoutPolicy::kDpl: return formats::HasDplPlanes(type) ? TensorLayout::kDpl : TensorLayout::kRaw;
+    case LayoutPolicy::kRaw: break;
+  }
+  return TensorLayout::kRaw;
+}
+
 absl::StatusOr<ConvertStats> ConvertGgufToDpl(const std::string& in_path,
                                               const std::string& out_path,
                                               const ConvertOptions& opt) {
@@ -404,7 +473,15 @@ absl::StatusOr<ConvertStats> ConvertGgufToDpl(const std::string& in_path,
   DPL_ASSIGN_OR_RETURN(const int threads, PlanThreads(opt));
   DPL_ASSIGN_OR_RETURN(const GgufFile gguf, GgufFile::Open(in_path));
   uint64_t data_bytes = 0;
-  DPL_ASSIGN_OR_RETURN(std::vector<DplTensorEntry> entries, PlanEntries(gguf, &data_bytes));
+  DPL_ASSIGN_OR_RETURN(std::vector<DplTensorEntry> entries, PlanEntries(gguf, opt.layout, &data_bytes));
+  // Any GGUF converts; tensors the GPU cannot run are said once, up front.
+  uint64_t n_gpu_warnings = 0;
+  for (const DplTensorEntry& e : entries) {
+    const absl::Status gpu = model::CheckGpuType(e.name, e.type);
+    if (gpu.ok()) continue;
+    ++n_gpu_warnings;
+    if (opt.warn) *opt.warn << "warning: " << gpu.message() << "\n";
+  }
   std::string meta_raw;
   DPL_ASSIGN_OR_RETURN(const std::string meta_z, CompressMetadata(gguf.metadata(), &meta_raw));
   DplHeader h = PlanHeader(entries, meta_raw, meta_z, gguf.metadata().size(), data_bytes, opt);
@@ -433,7 +510,13 @@ absl::StatusOr<ConvertStats> ConvertGgufToDpl(const std::string& in_path,
   DPL_RETURN_IF_ERROR(out.Commit());
 
   stats.n_tensors = entries.size();
-  for (const DplTensorEntry& e : entries) stats.n_dpl_tensors += e.layout == TensorLayout::kDpl;
+  for (const DplTensorEntry& e : entries) {
+    if (e.layout != TensorLayout::kDpl) continue;
+    ++stats.n_dpl_tensors;
+    ++stats.n_dpl_by_type[e.type];
+  }
+  stats.version = h.version;
+  stats.n_gpu_warnings = n_gpu_warnings;
   stats.input_bytes = gguf.file_size();
   stats.output_bytes = h.file_bytes;
   stats.data_bytes = data_bytes;
@@ -445,7 +528,7 @@ absl::StatusOr<ConvertStats> ConvertGgufToDpl(const std::string& in_path,
 namespace {
 
 // Proves that the tensor `e` of the .dpl (its logical region `region`) holds
-// the GGUF tensor `src` exactly. Returns the q6_K rows restored from dpl.
+// the GGUF tensor `src` exactly. Returns the rows restored from dpl.
 absl::StatusOr<uint64_t> VerifyTensor(const GgufFile& gguf, const GgufTensorInfo& src,
                                       const DplFile& dpl, const DplTensorEntry& e,
                                       const uint8_t* region) {
@@ -463,13 +546,15 @@ absl::StatusOr<uint64_t> VerifyTensor(const GgufFile& gguf, const GgufTensorInfo
     return 0;
   }
   if (e.layout != TensorLayout::kDpl) return absl::DataLossError(absl::StrCat(tw, ": unexpected layout"));
-  const uint64_t nbe = src.ne[0] / formats::kQ6KBlockElems;
+  const formats::GgmlTypeTraits tr = formats::TraitsOf(src.type);
+  const uint64_t nbe = src.ne[0] / tr.block_elems;
   std::vector<uint8_t> restored(src.row_stride);
   for (uint64_t r = 0; r < src.n_rows; ++r) {
     const uint8_t* row = have + r * e.row_stride;
-    formats::DplRowToQ6K(row, nbe, restored.data());
+    DPL_RETURN_IF_ERROR(dpl::Annotate(formats::DplRowToRaw(src.type, row, nbe, restored.data()), tw));
     if (std::memcmp(restored.data(), want + r * src.row_stride, src.row_stride) != 0) {
-      return absl::DataLossError(absl::StrCat(tw, " row ", r, ": q6_K blocks differ after undoing dpl"));
+      return absl::DataLossError(
+          absl::StrCat(tw, " row ", r, ": ", tr.name, " blocks differ after undoing dpl"));
     }
     for (uint64_t p = src.row_stride; p < e.row_stride; ++p) {
       if (row[p] != 0) return absl::DataLossError(absl::StrCat(tw, " row ", r, ": nonzero row padding"));
@@ -492,6 +577,13 @@ absl::StatusOr<VerifyStats> VerifyConversion(const GgufFile& gguf, const DplFile
     return absl::DataLossError(absl::StrCat("tensor count ", dpl.tensors().size(), " != ",
                                             gguf.tensors().size()));
   }
+  // The lowest version that holds the layouts: q6_K-only files stay version 1.
+  const uint32_t want_version = formats::DplVersionFor(dpl.tensors());
+  if (dpl.header().version != want_version) {
+    return absl::DataLossError(absl::StrCat("format version ", dpl.header().version,
+                                            ", but its tensors' layouts make it version ",
+                                            want_version));
+  }
   std::vector<uint8_t> inflated;
   const uint8_t* region = dpl.data_region();
   if (region == nullptr) {
@@ -510,6 +602,26 @@ absl::StatusOr<VerifyStats> VerifyConversion(const GgufFile& gguf, const DplFile
     ++vs.n_tensors;
   }
   return vs;
+}
+
+absl::Status CheckRunnable(const std::string& path) {
+  DPL_ASSIGN_OR_RETURN(const std::shared_ptr<formats::ModelFile> file,
+                       formats::ModelFile::OpenIndex(path));
+  DPL_RETURN_IF_ERROR(model::BindModel(*file).status());
+  absl::Status first;
+  int n_more = 0;
+  for (const formats::TensorView& t : file->tensors()) {
+    const absl::Status s = model::CheckGpuType(t.name, t.type);
+    if (s.ok()) continue;
+    if (first.ok()) {
+      first = s;
+    } else {
+      ++n_more;
+    }
+  }
+  if (n_more == 0) return first;
+  return absl::Status(first.code(), absl::StrCat(first.message(), "; and ", n_more,
+                                                 " more tensor(s), warned about above"));
 }
 
 }  // namespace dpl::converter

@@ -1,10 +1,12 @@
-// GGUF -> .dpl conversion: every q6_K tensor rewritten into the dense
-// split-plane layout, every other tensor copied byte for byte, metadata
-// preserved whole. The output appears whole or not at all (formats::OutputFile).
+// GGUF -> .dpl conversion: the tensors whose type the layout policy picks
+// (by default AutoLayout's table: q6_K) rewritten into the dense split-plane
+// (dpl) layout, every other tensor copied byte for byte, metadata preserved
+// whole. The output appears whole or not at all (formats::OutputFile).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -18,7 +20,28 @@ namespace dpl::converter {
 // Compression workers: --threads takes 0 (all cores) or 1..kMaxThreads.
 inline constexpr int kMaxThreads = 1024;
 
+// Which tensors get the dpl layout (dpl-convert --layout).
+enum class LayoutPolicy {
+  kAuto,  // AutoLayout's per-type table (the default)
+  kRaw,   // every tensor raw
+  kDpl,   // every tensor of a type with dpl planes (A/B benchmarks, tests)
+};
+
+// "auto", "raw", "dpl".
+absl::string_view LayoutPolicyName(LayoutPolicy policy);
+// The policy called `name`; InvalidArgument naming it and the three choices.
+absl::StatusOr<LayoutPolicy> LayoutPolicyFromName(absl::string_view name);
+
+// --layout auto's choice for a tensor of `type`: one row per type with dpl
+// planes in convert.cc, decided by the H200 kernel bench (raw vs dpl matvec
+// of the same matrix, bit-identical outputs); kRaw for every other type.
+formats::TensorLayout AutoLayout(formats::GgmlType type);
+
+// The layout `policy` gives a tensor of `type`.
+formats::TensorLayout LayoutFor(LayoutPolicy policy, formats::GgmlType type);
+
 struct ConvertOptions {
+  LayoutPolicy layout = LayoutPolicy::kAuto;
   // Store the data region as independent zstd frames of `frame_bytes`
   // (the shipping form); the default is the uncompressed, mappable form.
   bool compress = false;
@@ -36,6 +59,9 @@ struct ConvertOptions {
   bool verify = false;
   // Per-tensor lines and the summary go here (nullptr: silent).
   std::ostream* log = nullptr;
+  // One "warning: ..." line per tensor whose type the CUDA runtime has no
+  // kernel for (model::CheckGpuType); the conversion goes on (nullptr: none).
+  std::ostream* warn = nullptr;
   // Polled while writing and verifying: when set, the conversion stops
   // (kCancelled) and nothing is written.
   const std::atomic<bool>* cancel = nullptr;
@@ -43,13 +69,16 @@ struct ConvertOptions {
 
 struct VerifyStats {
   uint64_t n_tensors = 0;
-  uint64_t n_dpl_rows = 0;   // q6_K rows restored from dpl and compared
+  uint64_t n_dpl_rows = 0;   // rows restored from dpl (every type) and compared
   uint64_t bytes_compared = 0;
 };
 
 struct ConvertStats {
   uint64_t n_tensors = 0;
   uint64_t n_dpl_tensors = 0;
+  std::map<formats::GgmlType, uint64_t> n_dpl_by_type;  // the dpl tensors per type
+  uint32_t version = 0;       // the .dpl format version written (DplVersionFor)
+  uint64_t n_gpu_warnings = 0;  // tensors of a type the CUDA runtime has no kernel for
   uint64_t input_bytes = 0;   // GGUF file size
   uint64_t output_bytes = 0;  // .dpl file size
   uint64_t data_bytes = 0;    // logical data region
@@ -69,11 +98,20 @@ absl::StatusOr<ConvertStats> ConvertGgufToDpl(const std::string& in_path,
                                               const ConvertOptions& options);
 
 // Proves that `dpl` holds `gguf` exactly: the same metadata, the same tensor
-// set, shapes and types; undoing the dpl layout restores every q6_K block bit
-// for bit (and row padding is zero); every other tensor is byte-identical;
-// every stored checksum matches. `cancel` is polled between tensors.
+// set, shapes and types; undoing the dpl layout restores every block of every
+// dpl tensor bit for bit, whatever its type (and row padding is zero); every
+// other tensor is byte-identical; every stored checksum matches; the file's
+// version is the one its layouts need (formats::DplVersionFor). `cancel` is
+// polled between tensors.
 absl::StatusOr<VerifyStats> VerifyConversion(const formats::GgufFile& gguf,
                                              const formats::DplFile& dpl,
                                              const std::atomic<bool>* cancel = nullptr);
+
+// Whether the CUDA runtime can run the converted model at `path`: OK when
+// model::BindModel accepts it (architecture, hyperparameters, tensor set and
+// shapes) and the GPU has kernels for every tensor's type; else the first
+// reason, plus how many more tensors the per-tensor warnings named
+// (model::CheckGpuType, the same message). dpl-convert prints it as a note.
+absl::Status CheckRunnable(const std::string& path);
 
 }  // namespace dpl::converter

@@ -5,16 +5,24 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include "converter/convert.h"
 #include "converter/inspect.h"
+#include "formats/dpl_layout.h"
 #include "formats/model_file.h"
-#include "formats/q6k_dpl.h"
+#include "model/model_testing.h"
 #include "tests/shared_dir.h"
 
 namespace dpl::converter {
@@ -23,6 +31,11 @@ namespace fs = std::filesystem;
 
 std::string Oracle(const std::string& name) { return testing::SharedDir() + "/oracle/" + name; }
 std::string Tmp(const std::string& name) { return testing::TempDir() + "/" + name; }
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
 
 void Verify(const std::string& gguf_path, const std::string& dpl_path) {
   auto gguf = formats::GgufFile::Open(gguf_path);
@@ -45,16 +58,18 @@ bool NoTempLeft(const std::string& out) {
   return true;
 }
 
-TEST_CASE("every oracle and vocab GGUF converts and verifies bit for bit, both forms") {
+TEST_CASE("every oracle and vocab GGUF converts and verifies bit for bit, both forms, both layouts") {
   int n = 0;
   for (const char* sub : {"oracle", "vocab"}) {
     for (const auto& e : fs::directory_iterator(fs::path(testing::SharedDir()) / sub)) {
       if (e.path().extension() != ".gguf") continue;
       const std::string in = e.path().string();
       CAPTURE(in);
-      for (bool compress : {false, true}) {
+      for (int form = 0; form < 3; ++form) {
+        const bool compress = form == 1;
         ConvertOptions opt;
         opt.compress = compress;
+        opt.layout = form == 2 ? LayoutPolicy::kDpl : LayoutPolicy::kAuto;
         opt.frame_bytes = 1 << 20;
         opt.threads = 2;
         const std::string out = Tmp(e.path().stem().string() + (compress ? ".z.dpl" : ".dpl"));
@@ -88,13 +103,231 @@ TEST_CASE("q6_K tensors get the dpl layout with 16-byte rows; the rest stay raw 
       ++n_dpl;
       CHECK(d->layout == formats::TensorLayout::kDpl);
       CHECK(d->row_stride % 16 == 0);
-      CHECK(d->row_stride == formats::DplQ6KRowStride(t.ne[0] / 256));
+      CHECK(d->row_stride == formats::DplRowStride(formats::GgmlType::kQ6_K, t.ne[0] / 256));
     } else {
       CHECK(d->layout == formats::TensorLayout::kRaw);
       CHECK(d->n_bytes == t.n_bytes);
     }
   }
   CHECK(n_dpl > 0);
+}
+
+TEST_CASE("--layout: names, and auto's table (q6_K in dpl, every other type raw)") {
+  for (const char* name : {"auto", "raw", "dpl"}) {
+    auto p = LayoutPolicyFromName(name);
+    REQUIRE(p.ok());
+    CHECK(LayoutPolicyName(*p) == name);
+  }
+  const auto bad = LayoutPolicyFromName("planes");
+  CHECK(std::string(bad.status().message()) == "--layout 'planes' is not one of raw, dpl, auto");
+  int n_types = 0, n_dpl_types = 0;
+  for (uint32_t id = 0; id < 64; ++id) {
+    const std::optional<formats::GgmlTypeTraits> tr = formats::FindGgmlType(id);
+    if (!tr) continue;
+    CAPTURE(tr->name);
+    ++n_types;
+    const bool planes = formats::HasDplPlanes(tr->type);
+    n_dpl_types += planes;
+    CHECK(AutoLayout(tr->type) == (tr->type == formats::GgmlType::kQ6_K ? formats::TensorLayout::kDpl
+                                                                        : formats::TensorLayout::kRaw));
+    CHECK(LayoutFor(LayoutPolicy::kAuto, tr->type) == AutoLayout(tr->type));
+    CHECK(LayoutFor(LayoutPolicy::kRaw, tr->type) == formats::TensorLayout::kRaw);
+    CHECK(LayoutFor(LayoutPolicy::kDpl, tr->type) ==
+          (planes ? formats::TensorLayout::kDpl : formats::TensorLayout::kRaw));
+  }
+  CHECK(n_types == 32);
+  CHECK(n_dpl_types == 10);
+}
+
+// XXH3-64 of `n` bytes at `at` of a file's `bytes`.
+uint64_t HashRange(const std::string& bytes, uint64_t at, uint64_t n) {
+  REQUIRE(at + n <= bytes.size());
+  return XXH3_64bits(bytes.data() + at, n);
+}
+
+template <typename T>
+T Field(const std::string& bytes, uint64_t at) {
+  T v;
+  std::memcpy(&v, bytes.data() + at, sizeof v);
+  return v;
+}
+
+TEST_CASE("--layout auto writes version 1, byte for byte what the q6_K-only converter wrote") {
+  // The tensor table and the data region of each Q4_K_M oracle as the
+  // converter of e374fad (q6_K-only dpl) wrote them: XXH3-64 of the table
+  // bytes and of the data region (the metadata frame is zstd's, proven
+  // identical to the GGUF's by VerifyConversion).
+  struct Golden {
+    const char* file;
+    uint64_t table_xxh3, data_xxh3, data_bytes;
+  } goldens[] = {
+      {"small-llama-q4km", 0x99281a88b8f90faeull, 0xc25f2bb685f9c36cull, 9672704},
+      {"small-qwen2-q4km", 0x99d13f03d81ee28dull, 0xede203224b1d14beull, 6461440},
+      {"tiny-qwen2-vocab-q4km", 0x320b64947b16bfc1ull, 0xa020d880c3b3bb90ull, 34753536},
+      {"small-qwen3-q4km", 0xfa9a8be170753d01ull, 0x3eeae1661561ee73ull, 7336960},
+      {"small-llama31-q4km", 0xaf1190de68d389e1ull, 0xf77872e5505d1810ull, 7039232},
+  };
+  for (const Golden& g : goldens) {
+    CAPTURE(g.file);
+    const std::string out = Tmp(std::string(g.file) + ".auto.dpl");
+    auto stats = ConvertGgufToDpl(Oracle(std::string(g.file) + ".gguf"), out, {});
+    REQUIRE_MESSAGE(stats.ok(), stats.status().ToString());
+    CHECK(stats->version == 1);
+    CHECK(stats->n_dpl_by_type.size() == 1);
+    CHECK(stats->n_dpl_by_type.count(formats::GgmlType::kQ6_K) == 1);
+    const std::string bytes = ReadAll(out);
+    CHECK(Field<uint32_t>(bytes, 8) == 1);  // version
+    const uint64_t table_offset = Field<uint64_t>(bytes, 56), table_bytes = Field<uint64_t>(bytes, 64);
+    const uint64_t data_offset = Field<uint64_t>(bytes, 104), data_bytes = Field<uint64_t>(bytes, 112);
+    CHECK(data_bytes == g.data_bytes);
+    CHECK(HashRange(bytes, table_offset, table_bytes) == g.table_xxh3);
+    CHECK(HashRange(bytes, data_offset, bytes.size() - data_offset) == g.data_xxh3);
+    Verify(Oracle(std::string(g.file) + ".gguf"), out);
+  }
+}
+
+TEST_CASE("--layout dpl: every type with planes in dpl, version 2, verified bit for bit") {
+  struct Case {
+    const char* file;
+    std::map<formats::GgmlType, uint64_t> dpl;  // tensors per type
+    std::vector<std::string> plane_lines;       // dpl-inspect's, in type id order
+  } cases[] = {
+      {"mini-llama-q80", {{formats::GgmlType::kQ8_0, 16}},
+       {"  q8_0 dpl: qs[32] | d[2] per block, rows padded to 16 B\n"}},
+      {"mini-llama-q40", {{formats::GgmlType::kQ4_0, 15}, {formats::GgmlType::kQ6_K, 1}},
+       {"  q4_0 dpl: qs[16] | d[2] per block, rows padded to 16 B\n",
+        "  q6_K dpl: ql[128] | qh[64] | scales[16] | d[2] per block, rows padded to 16 B\n"}},
+      {"mini-llama-q3km", {{formats::GgmlType::kQ3_K, 9}, {formats::GgmlType::kQ6_K, 1}},
+       {"  q3_K dpl: hmask[32] | qs[64] | scales[12] | d[2] per block, rows padded to 16 B\n",
+        "  q6_K dpl: ql[128] | qh[64] | scales[16] | d[2] per block, rows padded to 16 B\n"}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.file);
+    const std::string in = Oracle(std::string(c.file) + ".gguf");
+    for (bool compress : {false, true}) {
+      CAPTURE(compress);
+      const std::string out = Tmp(std::string(c.file) + (compress ? ".dpl.z.dpl" : ".dpl.dpl"));
+      ConvertOptions opt;
+      opt.layout = LayoutPolicy::kDpl;
+      opt.verify = true;
+      opt.compress = compress;
+      opt.frame_bytes = 1 << 20;
+      auto stats = ConvertGgufToDpl(in, out, opt);
+      REQUIRE_MESSAGE(stats.ok(), stats.status().ToString());
+      CHECK(stats->version == 2);
+      CHECK(stats->n_dpl_by_type == c.dpl);
+      REQUIRE(stats->verify.has_value());
+      CHECK(stats->verify->n_dpl_rows > 0);
+      Verify(in, out);
+      auto gguf = formats::ModelFile::Open(in);
+      auto dpl = formats::ModelFile::Open(out);
+      REQUIRE(gguf.ok());
+      REQUIRE(dpl.ok());
+      CHECK((*dpl)->dpl_file()->header().version == 2);
+      for (const formats::TensorView& t : (*gguf)->tensors()) {
+        CAPTURE(t.name);
+        const formats::TensorView* d = (*dpl)->Find(t.name);
+        REQUIRE(d != nullptr);
+        const formats::GgmlTypeTraits tr = formats::TraitsOf(t.type);
+        if (!formats::HasDplPlanes(t.type)) {
+          CHECK(d->layout == formats::TensorLayout::kRaw);
+          continue;
+        }
+        CHECK(d->layout == formats::TensorLayout::kDpl);
+        const uint64_t nbe = t.ne[0] / tr.block_elems;
+        CHECK(d->row_stride == ((nbe * tr.block_bytes + 15) & ~uint64_t{15}));
+        // The last row undone equals the GGUF's.
+        const uint64_t r = t.n_rows - 1;
+        std::vector<uint8_t> back(t.row_stride);
+        REQUIRE(formats::DplRowToRaw(t.type, d->data + r * d->row_stride, nbe, back.data()).ok());
+        CHECK(std::memcmp(back.data(), t.data + r * t.row_stride, t.row_stride) == 0);
+      }
+      // dpl-inspect: version 2, one planes line per dpl type, a JSON array.
+      std::ostringstream text, json;
+      REQUIRE(Inspect(out, {}, text).ok());
+      CHECK(text.str().find(compress ? ".dpl v2 (compressed)" : ".dpl v2,") != std::string::npos);
+      std::string lines = "\ndpl planes:\n";
+      for (const std::string& l : c.plane_lines) lines += l;
+      CHECK_MESSAGE(text.str().find(lines) != std::string::npos, text.str());
+      InspectOptions jopt;
+      jopt.json = true;
+      REQUIRE(Inspect(out, jopt, json).ok());
+      const nlohmann::json j = nlohmann::json::parse(json.str());
+      CHECK(j["version"] == 2);
+      REQUIRE(j["planes"].size() == c.dpl.size());
+      auto want = c.dpl.begin();
+      for (const nlohmann::json& p : j["planes"]) {
+        const formats::DplPlaneSpec spec = formats::DplPlanesOf(want->first);
+        CHECK(p["type"] == formats::TraitsOf(want->first).name);
+        CHECK(p["row_alignment"] == 16);
+        REQUIRE(p["planes"].size() == spec.n);
+        for (uint32_t k = 0; k < spec.n; ++k) {
+          CHECK(p["planes"][k]["field"] == spec.f[k].name);
+          CHECK(p["planes"][k]["raw_offset"] == spec.f[k].offset);
+          CHECK(p["planes"][k]["bytes"] == spec.f[k].bytes);
+        }
+        ++want;
+      }
+    }
+  }
+}
+
+TEST_CASE("--layout raw: every tensor raw, version 1, the GGUF's bytes") {
+  const std::string in = Oracle("mini-llama-q6k.gguf");
+  const std::string out = Tmp("raw.dpl");
+  ConvertOptions opt;
+  opt.layout = LayoutPolicy::kRaw;
+  opt.verify = true;
+  auto stats = ConvertGgufToDpl(in, out, opt);
+  REQUIRE_MESSAGE(stats.ok(), stats.status().ToString());
+  CHECK(stats->version == 1);
+  CHECK(stats->n_dpl_tensors == 0);
+  CHECK(stats->verify->n_dpl_rows == 0);
+  auto dpl = formats::ModelFile::Open(out);
+  REQUIRE(dpl.ok());
+  for (const formats::TensorView& t : (*dpl)->tensors()) CHECK(t.layout == formats::TensorLayout::kRaw);
+}
+
+TEST_CASE("a tensor type without a GPU kernel: one warning line naming it, the conversion goes on") {
+  const std::string in = Tmp("iq2xxs.gguf");
+  const absl::Status written = model::testing::WriteVariant(
+      Oracle("small-llama-q4km.gguf"), in,
+      [](formats::Metadata&, std::vector<model::testing::TensorEdit>& ts) {
+        for (const char* name : {"blk.0.attn_q.weight", "blk.1.ffn_up.weight"}) {
+          model::testing::TensorEdit* t = model::testing::FindEdit(ts, name);
+          REQUIRE(t != nullptr);
+          t->spec.type = formats::GgmlType::kIQ2_XXS;
+          t->source = "";  // zeros
+        }
+      });
+  REQUIRE_MESSAGE(written.ok(), written.ToString());
+  std::ostringstream warn;
+  ConvertOptions opt;
+  opt.warn = &warn;
+  opt.verify = true;
+  const std::string out = Tmp("iq2xxs.dpl");
+  auto stats = ConvertGgufToDpl(in, out, opt);
+  REQUIRE_MESSAGE(stats.ok(), stats.status().ToString());
+  CHECK(stats->n_gpu_warnings == 2);
+  CHECK(warn.str() ==
+        "warning: tensor 'blk.0.attn_q.weight' is iq2_xxs, which the CUDA runtime has no kernel for "
+        "(it runs f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, bf16)\n"
+        "warning: tensor 'blk.1.ffn_up.weight' is iq2_xxs, which the CUDA runtime has no kernel for "
+        "(it runs f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, bf16)\n");
+  Verify(in, out);
+  // dpl-convert's closing note says the same, once.
+  const absl::Status note = CheckRunnable(out);
+  CHECK(note.code() == absl::StatusCode::kUnimplemented);
+  CHECK(std::string(note.message()) ==
+        "tensor 'blk.0.attn_q.weight' is iq2_xxs, which the CUDA runtime has no kernel for "
+        "(it runs f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, "
+        "iq4_xs, bf16); and 1 more tensor(s), warned about above");
+  // Its twin, the unedited model: no warning, no note.
+  std::ostringstream none;
+  opt.warn = &none;
+  REQUIRE(ConvertGgufToDpl(Oracle("small-llama-q4km.gguf"), out, opt).ok());
+  CHECK(none.str().empty());
+  CHECK(CheckRunnable(out).ok());
 }
 
 TEST_CASE("a failed conversion leaves no output and keeps an existing file") {
@@ -135,11 +368,6 @@ TEST_CASE("cancellation stops the conversion and leaves nothing behind") {
   CHECK(stats.status().code() == absl::StatusCode::kCancelled);
   CHECK(!fs::exists(out));
   CHECK(NoTempLeft(out));
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
 bool Has(const absl::Status& s, const std::string& text) {
@@ -360,6 +588,41 @@ TEST_CASE("verify catches a tampered or mismatched file") {
   CHECK(!VerifyConversion(*other, *dpl).ok());
 }
 
+TEST_CASE("verify refuses a file stamped with the wrong version") {
+  const std::string in = Oracle("mini-llama-q80.gguf");
+  auto gguf = formats::GgufFile::Open(in);
+  REQUIRE(gguf.ok());
+  for (LayoutPolicy policy : {LayoutPolicy::kDpl, LayoutPolicy::kAuto}) {
+    CAPTURE(LayoutPolicyName(policy));
+    const std::string out = Tmp(absl::StrCat("version-", LayoutPolicyName(policy), ".dpl"));
+    ConvertOptions opt;
+    opt.layout = policy;
+    REQUIRE(ConvertGgufToDpl(in, out, opt).ok());
+    std::string bytes = ReadAll(out);
+    const uint32_t version = Field<uint32_t>(bytes, 8);
+    CHECK(version == (policy == LayoutPolicy::kDpl ? 2u : 1u));
+    {
+      auto dpl = formats::DplFile::Open(out);
+      REQUIRE(dpl.ok());
+      CHECK(VerifyConversion(*gguf, *dpl).ok());  // the twin
+    }
+    // Version 1 -> 2 is a valid file (version 2 allows what 1 did), but not
+    // what the converter writes; 2 -> 1 no reader accepts.
+    if (version == 1) {
+      const uint32_t two = 2;
+      std::memcpy(bytes.data() + 8, &two, 4);
+      const uint64_t h = XXH3_64bits(bytes.data(), 248);
+      std::memcpy(bytes.data() + 248, &h, 8);
+      std::ofstream(out, std::ios::binary | std::ios::trunc) << bytes;
+      auto dpl = formats::DplFile::Open(out);
+      REQUIRE_MESSAGE(dpl.ok(), dpl.status().ToString());
+      auto vs = VerifyConversion(*gguf, *dpl);
+      CHECK(std::string(vs.status().message()) ==
+            "format version 2, but its tensors' layouts make it version 1");
+    }
+  }
+}
+
 TEST_CASE("dpl-inspect reports metadata, tensors and totals; checksums on demand") {
   const std::string out = Tmp("inspect.dpl");
   REQUIRE(ConvertGgufToDpl(Oracle("tiny-qwen2-vocab-q4km.gguf"), out, {}).ok());
@@ -369,6 +632,8 @@ TEST_CASE("dpl-inspect reports metadata, tensors and totals; checksums on demand
   REQUIRE(Inspect(out, opt, text).ok());
   const std::string s = text.str();
   CHECK(s.find(".dpl v1") != std::string::npos);
+  CHECK(s.find("\ndpl planes:\n  q6_K dpl: ql[128] | qh[64] | scales[16] | d[2] per block, rows padded to 16 B\n") !=
+        std::string::npos);
   CHECK(s.find("tokenizer.ggml.tokens") != std::string::npos);
   CHECK(s.find("[string x 151936]") != std::string::npos);  // summarized, not dumped
   CHECK(s.find(" dpl ") != std::string::npos);
@@ -380,6 +645,12 @@ TEST_CASE("dpl-inspect reports metadata, tensors and totals; checksums on demand
   REQUIRE(Inspect(out, opt, json).ok());
   CHECK(json.str().find("\"container\": \"dpl\"") != std::string::npos);
   CHECK(json.str().find("\"layout\": \"dpl\"") != std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(json.str());
+  CHECK(j["version"] == 1);
+  REQUIRE(j["planes"].size() == 1);
+  CHECK(j["planes"][0]["type"] == "q6_K");
+  CHECK(j["planes"][0]["planes"][3]["field"] == "d");
+  CHECK(j["planes"][0]["planes"][3]["raw_offset"] == 208);
 
   std::ostringstream ignored;
   InspectOptions gguf_opt;

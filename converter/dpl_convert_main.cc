@@ -1,20 +1,21 @@
-// dpl-convert IN.gguf OUT.dpl [--verify] [--compress] ...
+// dpl-convert IN.gguf OUT.dpl [--layout auto|raw|dpl] [--verify] [--compress] ...
 // Rewrites a GGUF model into the .dpl layout (docs/FORMAT.md).
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include <cxxopts.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "cli/cli.h"
 #include "converter/convert.h"
-#include "formats/model_file.h"
 #include "formats/output_file.h"
-#include "model/model.h"
 
 namespace {
 
@@ -27,18 +28,17 @@ constexpr char kDescription[] =
     "signal). --verify reads the temporary file back before the rename: a failed or interrupted\n"
     "verify writes nothing. A closed standard output (dpl-convert ... | head) does not stop\n"
     "the conversion. Refused: OUT.dpl being the input (also through a link), an existing\n"
-    "read-only OUT.dpl, a directory or device there, and option values out of range.";
-
-// The converter rewrites any GGUF; the runtime runs what model::BindModel
-// accepts (architecture, hyperparameters, tensor set and shapes).
-absl::Status CheckRunnable(const std::string& path) {
-  DPL_ASSIGN_OR_RETURN(const std::shared_ptr<dpl::formats::ModelFile> file,
-                       dpl::formats::ModelFile::OpenIndex(path));
-  return dpl::model::BindModel(*file).status();
-}
+    "read-only OUT.dpl, a directory or device there, and option values out of range.\n\n"
+    "--layout picks the tensors that get the dense split-plane (dpl) layout: auto (default)\n"
+    "the per-type choice of the kernel bench (q6_K today; the file stays format version 1),\n"
+    "raw none, dpl every tensor whose type has one (docs/FORMAT.md's table; a file with dpl\n"
+    "on any type but q6_K is format version 2). A tensor whose type the CUDA runtime has no\n"
+    "kernel for is converted with a warning on stderr.";
 
 absl::StatusOr<dpl::converter::ConvertOptions> OptionsFrom(const cxxopts::ParseResult& args) {
   dpl::converter::ConvertOptions opt;
+  DPL_ASSIGN_OR_RETURN(opt.layout,
+                       dpl::converter::LayoutPolicyFromName(args["layout"].as<std::string>()));
   opt.compress = args.count("compress") > 0;
   opt.compress_level = args["level"].as<int>();
   const uint64_t frame_mib = args["frame-mib"].as<uint64_t>();
@@ -50,14 +50,25 @@ absl::StatusOr<dpl::converter::ConvertOptions> OptionsFrom(const cxxopts::ParseR
   opt.threads = args["threads"].as<int>();
   opt.verify = args.count("verify") > 0;
   opt.log = args.count("quiet") ? nullptr : &std::cout;
+  opt.warn = &std::cerr;
   return opt;
+}
+
+// "q6_K 7, q8_0 14", or "none".
+std::string DplTypes(const dpl::converter::ConvertStats& stats) {
+  std::vector<std::string> parts;
+  for (const auto& [type, n] : stats.n_dpl_by_type) {
+    parts.push_back(absl::StrCat(dpl::formats::TraitsOf(type).name, " ", n));
+  }
+  return parts.empty() ? "none" : absl::StrJoin(parts, ", ");
 }
 
 void PrintSummary(const dpl::converter::ConvertStats& stats, bool compress) {
   std::cout << absl::StrFormat(
-      "converted %d tensors (%d q6_K -> dpl): %.1f MB in, %.1f MB out (data %.1f MB) in %.2f s, %.0f MB/s\n",
-      stats.n_tensors, stats.n_dpl_tensors, stats.input_bytes / 1e6, stats.output_bytes / 1e6,
-      stats.data_bytes / 1e6, stats.seconds, stats.input_bytes / 1e6 / std::max(stats.seconds, 1e-9));
+      "converted %d tensors (%d -> dpl: %s; format version %d): %.1f MB in, %.1f MB out (data %.1f MB) in %.2f s, %.0f MB/s\n",
+      stats.n_tensors, stats.n_dpl_tensors, DplTypes(stats), stats.version,
+      stats.input_bytes / 1e6, stats.output_bytes / 1e6, stats.data_bytes / 1e6, stats.seconds,
+      stats.input_bytes / 1e6 / std::max(stats.seconds, 1e-9));
   if (compress) {
     std::cout << absl::StrFormat("compressed: data region %.1f MB -> %.1f MB file, ratio %.3f (%d threads)\n",
                                  stats.data_bytes / 1e6, stats.output_bytes / 1e6,
@@ -66,7 +77,7 @@ void PrintSummary(const dpl::converter::ConvertStats& stats, bool compress) {
   }
   if (stats.verify) {
     std::cout << absl::StrFormat(
-        "verify: OK: metadata identical, %d tensors, %d q6_K rows restored bit for bit from dpl, "
+        "verify: OK: metadata identical, %d tensors, %d rows restored bit for bit from dpl, "
         "%.1f MB compared, all checksums match\n",
         stats.verify->n_tensors, stats.verify->n_dpl_rows, stats.verify->bytes_compared / 1e6);
   }
@@ -79,7 +90,7 @@ absl::Status Convert(const cxxopts::ParseResult& args) {
   DPL_ASSIGN_OR_RETURN(const dpl::converter::ConvertStats stats,
                        dpl::converter::ConvertGgufToDpl(in, out, opt));
   PrintSummary(stats, opt.compress);
-  if (const absl::Status s = CheckRunnable(out); !s.ok()) {
+  if (const absl::Status s = dpl::converter::CheckRunnable(out); !s.ok()) {
     std::cout << "note: the runtime cannot run this model yet: " << s.message() << "\n";
   }
   return absl::OkStatus();
@@ -92,6 +103,8 @@ int main(int argc, char** argv) {
   cxxopts::Options& options = cmd.options();
   options.positional_help("IN.gguf OUT.dpl");
   options.add_options()
+      ("layout", "which tensors get the dpl layout: auto (the bench's per-type choice), raw, dpl",
+       cxxopts::value<std::string>()->default_value("auto"))
       ("verify", "prove the result restores the GGUF bit for bit before it is written")
       ("compress", "store the data region as independent zstd frames (shipping form)")
       ("level", "zstd level for --compress (zstd's range)", cxxopts::value<int>()->default_value("3"))

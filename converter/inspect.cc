@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "formats/dpl_file.h"
+#include "formats/dpl_layout.h"
 #include "formats/gguf.h"
 #include "formats/model_file.h"
 
@@ -133,6 +135,30 @@ Tallies TallyOf(const formats::ModelFile& model, uint64_t* total_bytes) {
   return tally;
 }
 
+// The types the file stores in the dpl layout, by type id.
+std::set<formats::GgmlType> DplTypesOf(const formats::ModelFile& model) {
+  std::set<formats::GgmlType> types;
+  for (const formats::TensorView& t : model.tensors()) {
+    if (t.layout == formats::TensorLayout::kDpl) types.insert(t.type);
+  }
+  return types;
+}
+
+// {"type": "q8_0", "planes": [{"field": "qs", "raw_offset": 2, "bytes": 32}, ...],
+//  "row_alignment": 16}: one type's dpl row (formats::DplPlanesOf).
+Json JsonPlanes(formats::GgmlType type) {
+  const formats::DplPlaneSpec spec = formats::DplPlanesOf(type);
+  Json planes = Json::array();
+  for (uint32_t p = 0; p < spec.n; ++p) {
+    planes.push_back({{"field", spec.f[p].name},
+                      {"raw_offset", spec.f[p].offset},
+                      {"bytes", spec.f[p].bytes}});
+  }
+  return {{"type", formats::TraitsOf(type).name},
+          {"planes", std::move(planes)},
+          {"row_alignment", formats::kDplRowAlignment}};
+}
+
 void WriteJson(const std::string& path, const formats::ModelFile& model, const ContainerFacts& facts,
                const InspectOptions& opt, std::ostream& out) {
   uint64_t total_bytes;
@@ -160,6 +186,8 @@ void WriteJson(const std::string& path, const formats::ModelFile& model, const C
         {{"type", key.first}, {"layout", key.second}, {"tensors", y.tensors}, {"bytes", y.bytes}});
   }
   j["total_bytes"] = total_bytes;
+  Json& planes = j["planes"] = Json::array();
+  for (formats::GgmlType type : DplTypesOf(model)) planes.push_back(JsonPlanes(type));
   // Invalid UTF-8 (a hostile metadata string or key) becomes U+FFFD: the
   // output is always valid JSON.
   out << j.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
@@ -193,6 +221,13 @@ void WriteText(const std::string& path, const formats::ModelFile& model, const C
   }
   out << absl::StrFormat("  total  %5d tensors %14d bytes (%.2f GiB)\n", model.tensors().size(),
                          total_bytes, total_bytes / 1073741824.0);
+  const std::set<formats::GgmlType> dpl_types = DplTypesOf(model);
+  if (!dpl_types.empty()) out << "\ndpl planes:\n";
+  for (formats::GgmlType type : dpl_types) {
+    out << absl::StrFormat("  %s dpl: %s per block, rows padded to %d B\n",
+                           formats::TraitsOf(type).name, formats::DplPlanesString(type),
+                           formats::kDplRowAlignment);
+  }
   if (!facts.checksum_line.empty()) out << "\n" << facts.checksum_line << "\n";
 }
 

@@ -1,5 +1,7 @@
-// dpl-inspect: a readable (or JSON) account of a GGUF or .dpl file: header,
-// metadata (long arrays summarized), tensor table, bytes per type and layout.
+// dpl-inspect: a readable (or JSON) account of a GGUF or .dpl file: header
+// (a .dpl's format version too), metadata (long arrays summarized), tensor
+// table, bytes per type and layout, and the planes of every type the file
+// stores in the dpl layout.
 #pragma once
 
 #include <ostream>

@@ -47,6 +47,36 @@ TEST_CASE("--json writes valid JSON from invalid UTF-8 metadata") {
   CHECK(j["tensors"][1]["name"] == "b.weight");
 }
 
+TEST_CASE("a version 2 .dpl: the version, and one planes line and JSON entry per dpl type") {
+  const std::string path = WriteTemp("v2.dpl", hostile::ValidDplV2().Build());
+  std::ostringstream text;
+  REQUIRE(Inspect(path, {}, text).ok());
+  CHECK(text.str().find(": .dpl v2, ") != std::string::npos);
+  CHECK(text.str().find("\ndpl planes:\n"
+                        "  q4_0 dpl: qs[16] | d[2] per block, rows padded to 16 B\n"
+                        "  q8_0 dpl: qs[32] | d[2] per block, rows padded to 16 B\n"
+                        "  q6_K dpl: ql[128] | qh[64] | scales[16] | d[2] per block, rows padded to 16 B\n") !=
+        std::string::npos);
+  InspectOptions opt;
+  opt.json = true;
+  std::ostringstream out;
+  REQUIRE(Inspect(path, opt, out).ok());
+  const nlohmann::json j = nlohmann::json::parse(out.str());
+  CHECK(j["version"] == 2);
+  REQUIRE(j["planes"].size() == 3);
+  CHECK(j["planes"][1] == nlohmann::json::parse(
+                              R"({"type": "q8_0", "planes": [{"field": "qs", "raw_offset": 2, "bytes": 32},
+                                  {"field": "d", "raw_offset": 0, "bytes": 2}], "row_alignment": 16})"));
+  // A GGUF has no dpl tensors: no planes line, an empty array.
+  hostile::RawGguf g = hostile::ValidGguf();
+  const std::string gguf = WriteTemp("planes.gguf", g.Build());
+  std::ostringstream gtext, gjson;
+  REQUIRE(Inspect(gguf, {}, gtext).ok());
+  CHECK(gtext.str().find("dpl planes") == std::string::npos);
+  REQUIRE(Inspect(gguf, opt, gjson).ok());
+  CHECK(nlohmann::json::parse(gjson.str())["planes"].empty());
+}
+
 // Inspect in a child process under `max_address_bytes` and 10 s.
 formats::BoundedRun InspectBounded(const std::string& path, const InspectOptions& opt,
                                    uint64_t max_address_bytes) {

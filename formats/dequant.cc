@@ -3,7 +3,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "formats/q6k_dpl.h"
+#include "base/status_macros.h"
+#include "formats/dpl_layout.h"
 
 namespace dpl::formats {
 namespace {
@@ -225,7 +226,7 @@ void DequantIQ4_XS(const uint8_t* __restrict b, float* __restrict out) {
   }
 }
 
-// One q6_K block from its four fields (wherever the layout keeps them):
+// One q6_K block from its four fields (DequantQ6_K: a raw block's):
 // ql:u8[128], qh:u8[64], sc:i8[16], d:f16. w = (d * sc_s) * (q - 32).
 void DequantQ6_KFields(const uint8_t* __restrict ql, const uint8_t* __restrict qh,
                        const uint8_t* __restrict sc_bytes, const uint8_t* __restrict d_bytes,
@@ -258,6 +259,10 @@ void DequantQ6_KFields(const uint8_t* __restrict ql, const uint8_t* __restrict q
 void DequantQ6_K(const uint8_t* b, float* out) {
   DequantQ6_KFields(b + kQ6KQlOffset, b + kQ6KQhOffset, b + kQ6KScOffset, b + kQ6KDOffset, out);
 }
+
+// The largest block of a type with a dpl layout (q6_K's); DequantizeRow
+// gathers one block at a time into a buffer of this size.
+constexpr uint32_t kMaxDplBlockBytes = kQ6KBlockBytes;
 
 // One block of a quantized type: `block` (block_bytes) -> `out` (block_elems).
 using BlockFn = void (*)(const uint8_t* block, float* out);
@@ -383,23 +388,29 @@ absl::Status DequantizeRow(GgmlType type, TensorLayout layout, const uint8_t* ro
     case TensorLayout::kRaw:
       return DequantizeBlocks(type, row, n_elems, out);
     case TensorLayout::kDpl: {
-      if (type != GgmlType::kQ6_K) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "dequantize: layout dpl_q6k holds only q6_K, not ", TraitsOf(type).name));
+      DPL_RETURN_IF_ERROR(dpl::Annotate(CheckDplType(type), "dequantize (layout dpl)"));
+      const GgmlTypeTraits tr = TraitsOf(type);
+      if (n_elems % tr.block_elems != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("dequantize ", tr.name, " (dpl): ", n_elems,
+                                                       " elements is not a whole number of blocks"));
       }
-      if (n_elems % kQ6KBlockElems != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "dequantize q6_K (dpl_q6k): ", n_elems, " elements is not a whole number of blocks"));
+      // Each block gathered back from the planes into its raw bytes, then the
+      // raw block dequantizer: the dpl path gives the raw path's floats by
+      // construction.
+      const uint64_t nbe = n_elems / tr.block_elems;
+      const DplPlaneSpec spec = DplPlanesOf(type);
+      const BlockFn fn = BlockDequantizer(type);
+      if (fn == nullptr || tr.block_bytes > kMaxDplBlockBytes) {
+        return absl::UnimplementedError(
+            absl::StrCat("dequantize: unsupported tensor type ", tr.name, " (dpl)"));
       }
-      const uint64_t nbe = n_elems / kQ6KBlockElems;
-      const Q6KPlanes pl = Q6KDplPlanes(nbe);
-      const uint8_t* ql = row + pl.ql;  // (nbe, 128)
-      const uint8_t* qh = row + pl.qh;  // (nbe, 64)
-      const uint8_t* sc = row + pl.sc;  // (nbe, 16)
-      const uint8_t* d = row + pl.d;    // (nbe, 2)
+      uint8_t block[kMaxDplBlockBytes];
       for (uint64_t i = 0; i < nbe; ++i) {
-        DequantQ6_KFields(ql + i * kQ6KQlBytes, qh + i * kQ6KQhBytes, sc + i * kQ6KScBytes,
-                          d + i * kQ6KDBytes, out + i * kQ6KBlockElems);
+        for (uint32_t p = 0; p < spec.n; ++p) {
+          const BlockField& f = spec.f[p];
+          std::memcpy(block + f.offset, row + DplPlaneOffset(spec, p, nbe) + i * f.bytes, f.bytes);
+        }
+        fn(block, out + i * tr.block_elems);
       }
       return absl::OkStatus();
     }

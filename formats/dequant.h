@@ -47,7 +47,8 @@ absl::Status DequantizeBlocks(GgmlType type, const uint8_t* blocks, uint64_t n_e
 
 // Dequantizes one row of `n_elems` weights stored in `layout`; `row` points at
 // the start of the row (TensorView::data + r * row_stride). kRaw is the GGUF
-// block sequence; kDpl is only valid for q6_K (see model_file.h).
+// block sequence; kDpl the dense split-plane row of any type with a dpl layout
+// (HasDplPlanes; formats/tensor_layout.h), same floats as its raw blocks.
 absl::Status DequantizeRow(GgmlType type, TensorLayout layout, const uint8_t* row,
                            uint64_t n_elems, float* out);
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "formats/ggml_types.h"
-#include "formats/q6k_dpl.h"
+#include "formats/dpl_layout.h"
 #include "tests/shared_dir.h"
 
 namespace dpl::formats {
@@ -75,40 +75,43 @@ TEST_CASE("every oracle TYPE.blocks dequantizes bit for bit to TYPE.f32") {
   }
 }
 
-TEST_CASE("q6_K through the dpl layout gives identical floats") {
-  const std::vector<uint8_t> blocks = ReadAll(DequantDir() + "/q6_K.blocks");
-  const uint64_t n_blocks = blocks.size() / kQ6KBlockBytes;
-  REQUIRE(n_blocks >= 4);
-  // Rows of several block counts, including ones whose stride needs padding.
-  for (uint64_t nbe : {uint64_t{1}, uint64_t{3}, uint64_t{4}, n_blocks}) {
-    CAPTURE(nbe);
-    const uint64_t stride = DplQ6KRowStride(nbe);
-    CHECK(stride % 16 == 0);
-    CHECK(stride >= nbe * 210);
-    CHECK(stride < nbe * 210 + 16);
-    for (uint64_t first = 0; first + nbe <= n_blocks; first += nbe) {
-      const uint8_t* raw = blocks.data() + first * kQ6KBlockBytes;
-      std::vector<uint8_t> dpl(stride, 0xAB);
-      Q6KRowToDpl(raw, nbe, dpl.data());
-      for (uint64_t b = nbe * 210; b < stride; ++b) REQUIRE(dpl[b] == 0);
-      // Block i's fields sit at ql+128i, qh+64i, sc+16i, d+2i.
-      const uint64_t last = nbe - 1;
-      CHECK(std::memcmp(dpl.data() + 128 * last, raw + 210 * last, 128) == 0);
-      CHECK(std::memcmp(dpl.data() + 128 * nbe + 64 * last, raw + 210 * last + 128, 64) == 0);
-      CHECK(std::memcmp(dpl.data() + 192 * nbe + 16 * last, raw + 210 * last + 192, 16) == 0);
-      CHECK(std::memcmp(dpl.data() + 208 * nbe + 2 * last, raw + 210 * last + 208, 2) == 0);
-
-      std::vector<float> want(nbe * 256), got(nbe * 256);
-      REQUIRE(DequantizeRow(GgmlType::kQ6_K, TensorLayout::kRaw, raw, nbe * 256, want.data()).ok());
-      REQUIRE(DequantizeRow(GgmlType::kQ6_K, TensorLayout::kDpl, dpl.data(), nbe * 256,
-                            got.data()).ok());
-      REQUIRE(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
-
-      std::vector<uint8_t> back(nbe * 210);
-      DplRowToQ6K(dpl.data(), nbe, back.data());
-      REQUIRE(std::memcmp(back.data(), raw, back.size()) == 0);
+TEST_CASE("every type with a dpl layout: dequant(dpl(row)) == dequant(row) bit for bit") {
+  std::set<std::string> seen;
+  for (const auto& entry : std::filesystem::directory_iterator(DequantDir())) {
+    if (entry.path().extension() != ".blocks") continue;
+    const std::string name = entry.path().stem().string();
+    const std::optional<GgmlType> type = GgmlTypeFromName(name);
+    REQUIRE(type.has_value());
+    if (!HasDplPlanes(*type)) continue;
+    CAPTURE(name);
+    const GgmlTypeTraits tr = TraitsOf(*type);
+    const std::vector<uint8_t> blocks = ReadAll(entry.path().string());
+    const uint64_t n_blocks = blocks.size() / tr.block_bytes;
+    REQUIRE(n_blocks >= 4);
+    // The oracle's blocks as rows of several block counts, including ones
+    // whose stride needs padding.
+    for (uint64_t nbe : {uint64_t{1}, uint64_t{3}, uint64_t{4}, n_blocks}) {
+      CAPTURE(nbe);
+      const uint64_t n = nbe * tr.block_elems;
+      for (uint64_t first = 0; first + nbe <= n_blocks; first += nbe) {
+        const uint8_t* raw = blocks.data() + first * tr.block_bytes;
+        std::vector<uint8_t> dpl(DplRowStride(*type, nbe));
+        REQUIRE(RowToDpl(*type, raw, nbe, dpl.data()).ok());
+        std::vector<float> want(n), got(n);
+        REQUIRE(DequantizeRow(*type, TensorLayout::kRaw, raw, n, want.data()).ok());
+        REQUIRE(DequantizeRow(*type, TensorLayout::kDpl, dpl.data(), n, got.data()).ok());
+        REQUIRE(std::memcmp(want.data(), got.data(), n * 4) == 0);
+      }
     }
+    seen.insert(name);
   }
+  // Every type with a dpl layout has oracle blocks, so each was checked.
+  for (const char* name : {"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q6_K",
+                           "iq4_nl", "iq4_xs"}) {
+    CAPTURE(name);
+    CHECK(seen.count(name) == 1);
+  }
+  CHECK(seen.size() == 10);
 }
 
 TEST_CASE("F16 conversions: exact widening, round-to-nearest-even narrowing") {
@@ -185,7 +188,10 @@ TEST_CASE("errors name the type") {
   CHECK(s.message().find("q8_0") != absl::string_view::npos);
   s = DequantizeRow(GgmlType::kQ4_K, TensorLayout::kDpl, blocks, 256, out);
   CHECK(!s.ok());
-  CHECK(s.message().find("q4_K") != absl::string_view::npos);
+  CHECK(s.message().find("type q4_K has no dpl layout") != absl::string_view::npos);
+  s = DequantizeRow(GgmlType::kQ8_0, TensorLayout::kDpl, blocks, 48, out);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message().find("q8_0 (dpl): 48 elements") != absl::string_view::npos);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "formats/byte_reader.h"
+#include "formats/dpl_layout.h"
 #include "formats/mapped_file.h"
 
 namespace dpl::formats {
@@ -111,9 +112,10 @@ absl::StatusOr<DplHeader> ParseHeader(const uint8_t* data, uint64_t size) {
   }
   DplHeader h;
   h.version = GetAt<uint32_t>(data, kOffVersion);
-  if (h.version != kDplVersion) {
+  if (h.version < kDplMinVersion || h.version > kDplMaxVersion) {
     return Bad("format version", kOffVersion,
-               absl::StrCat(h.version, " is not supported (this build reads ", kDplVersion, ")"));
+               absl::StrCat(h.version, " is not supported (this reader knows versions ",
+                            kDplMinVersion, " to ", kDplMaxVersion, ")"));
   }
   h.header_xxh3 = GetAt<uint64_t>(data, kOffHeaderXxh3);
   if (XXH3_64bits(data, kHeaderChecksummedBytes) != h.header_xxh3) {
@@ -194,6 +196,27 @@ absl::StatusOr<Metadata> ParseMetadata(const uint8_t* data, const DplHeader& h) 
   return meta;
 }
 
+// Layout 1 (dpl) on `type` in a file of `version`: version 1 allows it on
+// q6_K only, version 2 on every type with a dpl layout. `at` is the file
+// offset of the layout field.
+absl::Status CheckLayoutAllowed(GgmlType type, TensorLayout layout, uint32_t version,
+                                const std::string& tw, uint64_t at) {
+  if (layout != TensorLayout::kDpl) return absl::OkStatus();
+  if (const absl::Status planes = CheckDplType(type); !planes.ok()) {
+    return Bad(absl::StrCat(tw, " layout"), at, planes.message());
+  }
+  // Why: version 1 readers know only q6_K's planes. Any other dpl tensor
+  // raises the version, so an old reader refuses the file at its version
+  // field instead of reading planes as blocks.
+  if (version < kDplVersionAnyDpl && type != GgmlType::kQ6_K) {
+    return Bad(absl::StrCat(tw, " layout"), at,
+               absl::StrCat("dpl on ", TraitsOf(type).name, " needs format version ",
+                            kDplVersionAnyDpl, "; this file is version ", version,
+                            ", where only q6_K may use it"));
+  }
+  return absl::OkStatus();
+}
+
 // The shape and geometry of one entry, checked against the layout's stride
 // and the data region; `at` is the file offset of the fixed part.
 absl::Status ReadGeometry(const FixedEntry& fx, uint64_t at, const std::string& tw,
@@ -205,6 +228,7 @@ absl::Status ReadGeometry(const FixedEntry& fx, uint64_t at, const std::string& 
     return Bad(absl::StrCat(tw, " layout"), at + 4, absl::StrCat("unknown layout ", fx.layout));
   }
   t.layout = static_cast<TensorLayout>(fx.layout);
+  DPL_RETURN_IF_ERROR(CheckLayoutAllowed(t.type, t.layout, h.version, tw, at + 4));
   if (fx.n_dims == 0 || fx.n_dims > 4) {
     return Bad(absl::StrCat(tw, " n_dims"), at + 8, absl::StrCat(fx.n_dims, " (1..4)"));
   }
@@ -382,9 +406,7 @@ absl::StatusOr<uint64_t> RowStrideFor(GgmlType type, TensorLayout layout, uint64
   if (layout != TensorLayout::kRaw && layout != TensorLayout::kDpl) {
     return absl::InvalidArgumentError(absl::StrCat("unknown layout ", static_cast<uint32_t>(layout)));
   }
-  if (layout == TensorLayout::kDpl && type != GgmlType::kQ6_K) {
-    return absl::InvalidArgumentError(absl::StrCat("layout dpl_q6k needs type q6_K, not ", tr.name));
-  }
+  if (layout == TensorLayout::kDpl) DPL_RETURN_IF_ERROR(dpl::Annotate(CheckDplType(type), "layout dpl"));
   const uint64_t blocks = ne0 / tr.block_elems;
   uint64_t bytes;
   if (!CheckedMul(blocks, tr.block_bytes, &bytes) ||
@@ -392,6 +414,13 @@ absl::StatusOr<uint64_t> RowStrideFor(GgmlType type, TensorLayout layout, uint64
     return absl::InvalidArgumentError("row size overflows");
   }
   return LayoutRowStride(layout, blocks, tr.block_bytes);
+}
+
+uint32_t DplVersionFor(const std::vector<DplTensorEntry>& tensors) {
+  for (const DplTensorEntry& t : tensors) {
+    if (t.layout == TensorLayout::kDpl && t.type != GgmlType::kQ6_K) return kDplVersionAnyDpl;
+  }
+  return kDplVersionQ6KDpl;
 }
 
 std::string EncodeDplHeader(const DplHeader& h) {

@@ -11,7 +11,8 @@
 //
 // Why: the runtime maps the file and copies the data region into one device
 // allocation as it is; a tensor's device pointer is base + offset. Every
-// layout decision (dpl q6_K planes, alignment) was made by the converter.
+// layout decision (which tensors get the dpl planes, alignment) was made by
+// the converter.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,15 @@
 namespace dpl::formats {
 
 inline constexpr char kDplMagic[8] = {'D', 'P', 'L', 'M', 'O', 'D', 'E', 'L'};
-inline constexpr uint32_t kDplVersion = 1;
+// Format versions (docs/FORMAT.md, "Versioning"). Version 1 allows layout 1
+// (dpl) on q6_K only; version 2 on every type with a dpl layout. A writer
+// stamps the lowest version that holds its tensors (DplVersionFor), so a file
+// whose only dpl tensors are q6_K stays loadable by version-1 readers.
+inline constexpr uint32_t kDplVersionQ6KDpl = 1;
+inline constexpr uint32_t kDplVersionAnyDpl = 2;
+// The versions this reader knows: kDplMinVersion..kDplMaxVersion.
+inline constexpr uint32_t kDplMinVersion = kDplVersionQ6KDpl;
+inline constexpr uint32_t kDplMaxVersion = kDplVersionAnyDpl;
 inline constexpr uint64_t kDplHeaderBytes = 256;
 inline constexpr uint64_t kDplDataAlignment = 4096;    // data region start
 inline constexpr uint64_t kDplTensorAlignment = 256;   // every tensor offset
@@ -52,7 +61,7 @@ inline constexpr uint64_t kZstdMaxRatio = 32768;
 
 // The 256-byte header's fields (docs/FORMAT.md, "Header"; all little-endian).
 struct DplHeader {
-  uint32_t version = kDplVersion;
+  uint32_t version = kDplVersionQ6KDpl;  // writers: DplVersionFor(tensors)
   uint32_t flags = 0;
   uint64_t file_bytes = 0;
   uint64_t meta_offset = 0;
@@ -82,9 +91,13 @@ struct DplTensorEntry : TensorGeometry {
 };
 
 // Bytes of one row of `ne0` elements of `type` in `layout` (LayoutRowStride);
-// error when the combination is not allowed (dpl_q6k needs q6_K), the row is
-// not whole blocks or its size overflows.
+// error when the combination is not allowed (dpl needs a type with a dpl
+// layout, CheckDplType), the row is not whole blocks or its size overflows.
 absl::StatusOr<uint64_t> RowStrideFor(GgmlType type, TensorLayout layout, uint64_t ne0);
+
+// The version a file holding `tensors` must carry: kDplVersionAnyDpl when a
+// tensor other than q6_K uses the dpl layout, else kDplVersionQ6KDpl.
+uint32_t DplVersionFor(const std::vector<DplTensorEntry>& tensors);
 
 class DplFile {
  public:

@@ -11,10 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "formats/dpl_file.h"
 #include "formats/hostile_files.h"
 #include "formats/hostile_test_util.h"
-#include "formats/q6k_dpl.h"
+#include "formats/dpl_layout.h"
 
 namespace dpl::formats {
 namespace {
@@ -74,7 +75,9 @@ const std::vector<HostileDpl>& Cases() {
   static const std::vector<HostileDpl> cases = {
       Image("BAD_MAGIC", [](std::string& im) { im[0] = 'X'; }, "not a .dpl file"),
       Image("TRUNCATED_HEADER", [](std::string& im) { im.resize(100); }, "truncated header"),
-      Image("BAD_VERSION", PokeHeader<uint32_t>(8, 2), "2 is not supported"),
+      Image("BAD_VERSION_3", PokeHeader<uint32_t>(8, 3),
+            "invalid format version at offset 8: 3 is not supported (this reader knows versions 1 to 2)"),
+      Image("BAD_VERSION_0", PokeHeader<uint32_t>(8, 0), "0 is not supported"),
       Image("HEADER_CHECKSUM", [](std::string& im) { im[20] ^= 1; }, "header checksum"),
       Image("INDEX_CHECKSUM", [](std::string& im) { im[300] ^= 1; }, "index checksum"),
       Image("TRUNCATED_DATA", [](std::string& im) { im.resize(im.size() - 1); }, "file size mismatch"),
@@ -99,7 +102,8 @@ const std::vector<HostileDpl>& Cases() {
       Header("FEWER_TENSORS_THAN_TABLE", [](DplHeader& h) { h.n_tensors = 2; }, "trailing bytes"),
       Table("UNKNOWN_TYPE", [](Entries& es) { es[0].type = static_cast<GgmlType>(5); }, "unknown ggml type id 5"),
       Table("UNKNOWN_LAYOUT", [](Entries& es) { es[0].layout = static_cast<TensorLayout>(9); }, "unknown layout 9"),
-      Table("LAYOUT_NEEDS_Q6K", [](Entries& es) { es[2].layout = TensorLayout::kDpl; }, "needs type q6_K"),
+      Table("DPL_ON_Q4_K", [](Entries& es) { es[2].layout = TensorLayout::kDpl; },
+            "layout at offset "),  // the whole message: "the layout errors name ..." below
       Table("ROW_STRIDE_WRONG", [](Entries& es) { es[1].row_stride = 420; es[1].n_bytes = 840; }, "row stride"),
       Table("N_BYTES_WRONG", [](Entries& es) { es[1].n_bytes += 16; }, "byte size"),
       Table("N_DIMS_ZERO", [](Entries& es) { es[0].n_dims = 0; }, "n_dims"),
@@ -154,6 +158,43 @@ const std::vector<HostileDpl>& Cases() {
   return cases;
 }
 
+// Issue 9's rules on the version 2 base (ValidDplV2: q6_K, q8_0 and q4_0
+// planes), each beside its passing twin.
+const std::vector<HostileDpl>& V2Cases() {
+  static const std::vector<HostileDpl> cases = {
+      {"Q8_0_PLANES_IN_VERSION_1",
+       [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.version = 1; }; },
+       [](DplSpec& s) { s.patch_header = [](DplHeader& h) { h.version = 2; }; },
+       "dpl on q8_0 needs format version 2; this file is version 1, where only q6_K may use it"},
+      {"Q4_0_PLANES_IN_VERSION_1",
+       [](DplSpec& s) {
+         s.entries.erase(s.entries.begin() + 3);  // w8.weight
+         s.patch_header = [](DplHeader& h) { h.version = 1; };
+       },
+       [](DplSpec& s) { s.entries.erase(s.entries.begin() + 3); },
+       "dpl on q4_0 needs format version 2; this file is version 1"},
+      // The twin of "version 1 allows q6_K only": q6_K planes alone in a
+      // version 1 file (and in a version 2 file, the corruption's own twin).
+      {"Q6K_PLANES_ONLY_VERSION_3",
+       [](DplSpec& s) {
+         s.entries.resize(3);
+         s.patch_header = [](DplHeader& h) { h.version = 3; };
+       },
+       [](DplSpec& s) {
+         s.entries.resize(3);
+         s.patch_header = [](DplHeader& h) { h.version = 1; };
+       },
+       "3 is not supported (this reader knows versions 1 to 2)"},
+      Table("DPL_ON_F32", [](Entries& es) { es[0].layout = TensorLayout::kDpl; },
+            "type f32 has no dpl layout"),
+      Table("Q8_0_DPL_WITH_RAW_STRIDE", [](Entries& es) { es[3].row_stride = 68; es[3].n_bytes = 136; },
+            "68 but q8_0/dpl rows of 64 take 80"),
+      Table("Q4_0_DPL_PARTIAL_BLOCK", [](Entries& es) { es[4].ne[0] = 80; }, "row length 80 is not a whole number of q4_0 blocks"),
+      Table("Q8_0_DPL_N_BYTES_RAW", [](Entries& es) { es[3].n_bytes = 136; }, "byte size"),
+  };
+  return cases;
+}
+
 TEST_CASE("the valid base .dpl parses, both forms") {
   for (bool compressed : {false, true}) {
     DplSpec s = ValidBase();
@@ -164,6 +205,7 @@ TEST_CASE("the valid base .dpl parses, both forms") {
     REQUIRE(f->tensors().size() == 3);
     CHECK(f->FindTensor("w6.weight")->layout == TensorLayout::kDpl);
     CHECK(f->FindTensor("w6.weight")->row_stride == DplQ6KRowStride(2));
+    CHECK(f->header().version == 1);
     CHECK(*f->metadata().GetUint("llama.block_count") == 1);
     std::string region(s.data.size(), '\0');
     const uint8_t* r = f->data_region();
@@ -179,6 +221,76 @@ TEST_CASE("the valid base .dpl parses, both forms") {
 TEST_CASE("hostile .dpl files are rejected with a named error; their twins pass") {
   CheckHostileCases<DplSpec>(Cases(), ValidBase,
                              [](const DplSpec& s) { return ParseImage(s.Build()).status(); });
+}
+
+TEST_CASE("version 2 rules: rejected with a named error; their twins pass") {
+  CheckHostileCases<DplSpec>(V2Cases(), hostile::ValidDplV2,
+                             [](const DplSpec& s) { return ParseImage(s.Build()).status(); });
+}
+
+// File offset of entry `i`'s layout field in an image built from `s` (the
+// table offset read from the header, then the entries before it).
+uint64_t LayoutFieldAt(const std::string& image, const DplSpec& s, size_t i) {
+  uint64_t at;
+  std::memcpy(&at, image.data() + 56, 8);  // table_offset
+  for (size_t k = 0; k < i; ++k) at += DplTensorEntryBytes(s.entries[k]);
+  return at + 4 + s.entries[i].name.size() + 4;  // name_len, name, ggml_type
+}
+
+TEST_CASE("the layout errors name the tensor, the type, the version and the byte offset") {
+  {
+    DplSpec s = hostile::ValidDplV2();
+    s.patch_header = [](DplHeader& h) { h.version = 1; };
+    const std::string image = s.Build();
+    const absl::Status st = ParseImage(image).status();
+    CHECK(std::string(st.message()) ==
+          absl::StrCat("invalid tensor 'w8.weight' layout at offset ", LayoutFieldAt(image, s, 3),
+                       ": dpl on q8_0 needs format version 2; this file is version 1, where only "
+                       "q6_K may use it"));
+  }
+  {
+    DplSpec s = ValidBase();
+    s.patch_entries = [](Entries& es) { es[2].layout = TensorLayout::kDpl; };
+    const std::string image = s.Build();
+    const absl::Status st = ParseImage(image).status();
+    CHECK(std::string(st.message()) ==
+          absl::StrCat("invalid tensor 'w4.weight' layout at offset ", LayoutFieldAt(image, s, 2),
+                       ": type q4_K has no dpl layout (it is defined for q4_0, q4_1, q5_0, q5_1, "
+                       "q8_0, q2_K, q3_K, q6_K, iq4_nl, iq4_xs)"));
+  }
+}
+
+TEST_CASE("writers stamp the lowest version that holds the tensors; version 2 reads version 1's") {
+  DplSpec v1 = ValidBase(), v2 = hostile::ValidDplV2();
+  CHECK(DplVersionFor(v1.entries) == 1);  // q6_K planes only
+  CHECK(DplVersionFor(v2.entries) == 2);
+  v2.entries.erase(v2.entries.begin() + 3);
+  CHECK(DplVersionFor(v2.entries) == 2);  // q4_0 planes alone
+  v2.entries.pop_back();
+  CHECK(DplVersionFor(v2.entries) == 1);
+  CHECK(DplVersionFor({}) == 1);
+  for (bool compressed : {false, true}) {
+    CAPTURE(compressed);
+    DplSpec s = hostile::ValidDplV2();
+    s.compressed = compressed;
+    auto f = ParseImage(s.Build());
+    REQUIRE_MESSAGE(f.ok(), f.status().ToString());
+    CHECK(f->header().version == 2);
+    REQUIRE(f->tensors().size() == 5);
+    const DplTensorEntry* w8 = f->FindTensor("w8.weight");
+    CHECK(w8->layout == TensorLayout::kDpl);
+    CHECK(w8->row_stride == DplRowStride(GgmlType::kQ8_0, 2));
+    CHECK(w8->row_stride == 80);
+    CHECK(f->FindTensor("w40.weight")->row_stride == 64);
+    CHECK(f->VerifyChecksums(2).ok());
+    // Layout 1 on q6_K alone is valid at either version.
+    DplSpec q6 = ValidBase();
+    q6.compressed = compressed;
+    q6.patch_header = [](DplHeader& h) { h.version = 2; };
+    auto g = ParseImage(q6.Build());
+    REQUIRE_MESSAGE(g.ok(), g.status().ToString());
+    CHECK(g->header().version == 2);
+  }
 }
 
 TEST_CASE("a corrupt data byte fails its tensor's checksum, not the parse") {
@@ -222,24 +334,6 @@ TEST_CASE("every truncation is rejected; single-byte flips never crash") {
     auto f = ParseImage(m);
     if (i < kDplHeaderBytes + 64) CHECK(!f.ok());  // header and index are checksummed
   }
-}
-
-TEST_CASE("q6_K dpl transform round trips and matches the documented planes") {
-  constexpr uint64_t nbe = 3;
-  std::vector<uint8_t> raw(nbe * 210);
-  for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<uint8_t>(i * 17 + 3);
-  std::vector<uint8_t> dpl(DplQ6KRowStride(nbe), 0);
-  CHECK(dpl.size() == 640);  // 630 rounded up to 16
-  Q6KRowToDpl(raw.data(), nbe, dpl.data());
-  // Block 1's fields at ql + 128, qh + 64, sc + 16, d + 2 of their planes.
-  CHECK(std::memcmp(&dpl[128], &raw[210], 128) == 0);
-  CHECK(std::memcmp(&dpl[nbe * 128 + 64], &raw[210 + 128], 64) == 0);
-  CHECK(std::memcmp(&dpl[nbe * 192 + 16], &raw[210 + 192], 16) == 0);
-  CHECK(std::memcmp(&dpl[nbe * 208 + 2], &raw[210 + 208], 2) == 0);
-  for (size_t p = nbe * 210; p < dpl.size(); ++p) CHECK(dpl[p] == 0);
-  std::vector<uint8_t> back(raw.size());
-  DplRowToQ6K(dpl.data(), nbe, back.data());
-  CHECK(back == raw);
 }
 
 }  // namespace

@@ -103,6 +103,7 @@ std::string DplSpec::Build() const {
   if (compressed) frames = Frames(data, frame_bytes);
   if (patch_frames) patch_frames(frames);
   DplHeader h;
+  h.version = DplVersionFor(es);
   h.flags = compressed ? kDplFlagCompressed : 0;
   h.meta_offset = kDplHeaderBytes;
   h.meta_stored_bytes = meta_z.size();
@@ -174,6 +175,15 @@ DplSpec ValidDpl() {
   return s;
 }
 
+DplSpec ValidDplV2() {
+  DplSpec s = ValidDpl();
+  s.entries.push_back(Entry("w8.weight", GgmlType::kQ8_0, TensorLayout::kDpl, {64, 2}, 1792));  // 2 x 80
+  s.entries.push_back(Entry("w40.weight", GgmlType::kQ4_0, TensorLayout::kDpl, {96, 1}, 2048));  // 64
+  s.data.resize(2304);
+  for (size_t i = 0; i < s.data.size(); ++i) s.data[i] = static_cast<char>(i * 131 + 7);
+  return s;
+}
+
 std::string ZeroZstdFrame(uint64_t n) {
   constexpr uint64_t kBlock = 128 * 1024;
   std::string z = U32(0xFD2FB528);  // magic
@@ -196,8 +206,9 @@ constexpr uint64_t kGiB = 1ull << 30;
 
 CraftedFile Dpl(const std::string& name, const std::function<void(DplSpec&)>& corrupt,
                 const std::string& expect, bool compressed,
-                const std::function<void(DplSpec&)>& twin_edit = nullptr) {
-  DplSpec bad = ValidDpl(), twin = ValidDpl();
+                const std::function<void(DplSpec&)>& twin_edit = nullptr,
+                DplSpec (*base)() = ValidDpl) {
+  DplSpec bad = base(), twin = base();
   bad.compressed = twin.compressed = compressed;
   corrupt(bad);
   if (twin_edit) twin_edit(twin);
@@ -266,6 +277,14 @@ std::vector<CraftedFile> DplCrafted() {
   out.push_back(Dpl("DPL_TENSOR_NAME_INVALID_UTF8", [](DplSpec& s) {
     s.entries[1].name = "w6.\xff\xfeweight";
   }, "byte 0xff is not valid UTF-8", false));
+  // Issue 9: q8_0 and q4_0 planes stamped version 1, which a version-1
+  // reader would take for raw blocks; the twin is the same file as version 2.
+  out.push_back(Dpl("DPL_Q8_0_PLANES_IN_VERSION_1", [](DplSpec& s) {
+    s.patch_header = [](DplHeader& h) { h.version = kDplVersionQ6KDpl; };
+  }, "tensor 'w8.weight' layout at offset", false, nullptr, ValidDplV2));
+  out.push_back(Dpl("DPL_VERSION_3", [](DplSpec& s) {
+    s.patch_header = [](DplHeader& h) { h.version = 3; };
+  }, "3 is not supported (this reader knows versions 1 to 2)", true, nullptr, ValidDplV2));
   return out;
 }
 

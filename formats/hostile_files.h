@@ -72,9 +72,14 @@ struct DplSpec {
 DplTensorEntry Entry(const std::string& name, GgmlType type, TensorLayout layout,
                      std::vector<uint64_t> ne, uint64_t offset);
 
-// Valid .dpl base: an f32 vector, a q6_K matrix in dpl layout (2 rows of
-// 512), a q4_K matrix; data region filled with a byte pattern.
+// Valid .dpl base, format version 1: an f32 vector, a q6_K matrix in dpl
+// layout (2 rows of 512), a q4_K matrix; data region filled with a byte
+// pattern. Build() stamps the version its entries need (DplVersionFor).
 DplSpec ValidDpl();
+
+// Valid version 2 base: ValidDpl plus a q8_0 (2 rows of 64) and a q4_0 (1
+// row of 96) matrix in dpl layout.
+DplSpec ValidDplV2();
 
 // A zstd frame of `n` zero bytes made of RLE blocks (4 bytes per 128 KiB),
 // its content size in the header: what a "zip bomb" frame looks like, built
@@ -94,7 +99,8 @@ struct CraftedFile {
 // hyperparameters are model_test's): the frame-count wrap, one-byte frames
 // declaring 2^40, a valid 4 GiB zero region in a tiny file, 100,000
 // metadata keys (valid: must parse fast), metadata declaring 400 MB, NUL and
-// invalid-UTF-8 tensor names in both containers.
+// invalid-UTF-8 tensor names in both containers; and issue 9's versions:
+// q8_0 planes in a version 1 file, an unknown version 3 (twins: version 2).
 std::vector<CraftedFile> CraftedFiles();
 
 }  // namespace dpl::formats::hostile

@@ -84,14 +84,20 @@ const T* FindNamed(const std::vector<T>& tensors, absl::string_view name) {
 // the narrow fields (scales) follow, packed: a lane's scales for several
 // consecutive blocks are one load. It is a pure byte move (same values).
 
-// One field of a block: where it sits in a raw GGUF block and its size.
+// Rows in the dpl layout are padded to a multiple of this many bytes.
+inline constexpr uint64_t kDplRowAlignment = 16;
+
+// One plane's field of a block: where it sits in a raw GGUF block, its size,
+// and its name in ggml's block struct (adjacent fields that share a plane
+// are joined by '+', as "d+m").
 struct BlockField {
   uint32_t offset;  // bytes from the block start
   uint32_t bytes;
+  const char* name;
 };
 
 // The planes of a type's dpl rows, in row order (n == 0: the type has no dpl
-// layout). The fields tile the raw block exactly.
+// layout). The fields tile the raw block exactly (tensor_layout_test).
 struct DplPlaneSpec {
   uint32_t n = 0;
   BlockField f[4] = {};
@@ -110,16 +116,18 @@ struct DplPlaneSpec {
 //   iq4_xs 136 B: d scales_h scales_l[4] qs[128]   -> qs | d,scales_h,scales_l
 DPL_HD constexpr DplPlaneSpec DplPlanesOf(GgmlType type) {
   switch (type) {
-    case GgmlType::kQ6_K: return {4, {{0, 128}, {128, 64}, {192, 16}, {208, 2}}};
-    case GgmlType::kQ8_0: return {2, {{2, 32}, {0, 2}}};
+    case GgmlType::kQ6_K:
+      return {4, {{0, 128, "ql"}, {128, 64, "qh"}, {192, 16, "scales"}, {208, 2, "d"}}};
+    case GgmlType::kQ8_0: return {2, {{2, 32, "qs"}, {0, 2, "d"}}};
     case GgmlType::kQ4_0:
-    case GgmlType::kIQ4_NL: return {2, {{2, 16}, {0, 2}}};
-    case GgmlType::kQ4_1: return {2, {{4, 16}, {0, 4}}};
-    case GgmlType::kQ5_0: return {3, {{6, 16}, {2, 4}, {0, 2}}};
-    case GgmlType::kQ5_1: return {3, {{8, 16}, {4, 4}, {0, 4}}};
-    case GgmlType::kQ3_K: return {4, {{0, 32}, {32, 64}, {96, 12}, {108, 2}}};
-    case GgmlType::kQ2_K: return {3, {{16, 64}, {0, 16}, {80, 4}}};
-    case GgmlType::kIQ4_XS: return {2, {{8, 128}, {0, 8}}};
+    case GgmlType::kIQ4_NL: return {2, {{2, 16, "qs"}, {0, 2, "d"}}};
+    case GgmlType::kQ4_1: return {2, {{4, 16, "qs"}, {0, 4, "d+m"}}};
+    case GgmlType::kQ5_0: return {3, {{6, 16, "qs"}, {2, 4, "qh"}, {0, 2, "d"}}};
+    case GgmlType::kQ5_1: return {3, {{8, 16, "qs"}, {4, 4, "qh"}, {0, 4, "d+m"}}};
+    case GgmlType::kQ3_K:
+      return {4, {{0, 32, "hmask"}, {32, 64, "qs"}, {96, 12, "scales"}, {108, 2, "d"}}};
+    case GgmlType::kQ2_K: return {3, {{16, 64, "qs"}, {0, 16, "scales"}, {80, 4, "d+dmin"}}};
+    case GgmlType::kIQ4_XS: return {2, {{8, 128, "qs"}, {0, 8, "d+scales_h+scales_l"}}};
     default: return {};
   }
 }
@@ -131,6 +139,9 @@ DPL_HD constexpr uint64_t DplPlaneOffset(const DplPlaneSpec& spec, uint32_t i, u
   for (uint32_t k = 0; k < i && k < spec.n; ++k) off += nbe * spec.f[k].bytes;
   return off;
 }
+
+// True when `type` has a dpl layout (DplPlanesOf describes it).
+DPL_HD constexpr bool HasDplPlanes(GgmlType type) { return DplPlanesOf(type).n > 0; }
 
 // ggml's block_q6_K: 256 weights in 210 bytes, fields in this order.
 inline constexpr uint32_t kQ6KBlockElems = 256;
@@ -162,8 +173,9 @@ DPL_HD constexpr Q6KPlanes Q6KDplPlanes(uint64_t blocks_per_row) {
 // checked that the layout fits the type and that the product cannot overflow.
 DPL_HD constexpr uint64_t LayoutRowStride(TensorLayout layout, uint64_t blocks,
                                           uint64_t block_bytes) {
-  return layout == TensorLayout::kDpl ? (blocks * block_bytes + 15) & ~uint64_t{15}
-                                      : blocks * block_bytes;
+  return layout == TensorLayout::kDpl
+             ? (blocks * block_bytes + kDplRowAlignment - 1) & ~(kDplRowAlignment - 1)
+             : blocks * block_bytes;
 }
 
 // Bytes from one dpl q6_K row of nbe blocks to the next: (nbe * 210 + 15) & ~15.

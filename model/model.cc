@@ -1,11 +1,13 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "formats/ggml_types.h"
 
@@ -383,6 +385,33 @@ absl::StatusOr<ModelDesc> BindModel(const formats::ModelFile& model) {
   if (d.tied) d.output = d.token_embd;
   DPL_RETURN_IF_ERROR(CheckNoOtherTensors(model, specs, d.hp));
   return d;
+}
+
+namespace {
+
+// GpuHasKernelFor's list, in ggml's id order.
+constexpr formats::GgmlType kGpuTypes[] = {
+    formats::GgmlType::kF32,  formats::GgmlType::kF16,    formats::GgmlType::kQ4_0,
+    formats::GgmlType::kQ4_1, formats::GgmlType::kQ5_0,   formats::GgmlType::kQ5_1,
+    formats::GgmlType::kQ8_0, formats::GgmlType::kQ2_K,   formats::GgmlType::kQ3_K,
+    formats::GgmlType::kQ4_K, formats::GgmlType::kQ5_K,   formats::GgmlType::kQ6_K,
+    formats::GgmlType::kIQ4_NL, formats::GgmlType::kIQ4_XS, formats::GgmlType::kBF16,
+};
+
+}  // namespace
+
+bool GpuHasKernelFor(formats::GgmlType type) {
+  return std::find(std::begin(kGpuTypes), std::end(kGpuTypes), type) != std::end(kGpuTypes);
+}
+
+absl::Status CheckGpuType(absl::string_view tensor, formats::GgmlType type) {
+  if (GpuHasKernelFor(type)) return absl::OkStatus();
+  std::vector<absl::string_view> names;
+  for (formats::GgmlType t : kGpuTypes) names.push_back(formats::TraitsOf(t).name);
+  return absl::UnimplementedError(absl::StrCat("tensor '", tensor, "' is ",
+                                               formats::TraitsOf(type).name,
+                                               ", which the CUDA runtime has no kernel for (it runs ",
+                                               absl::StrJoin(names, ", "), ")"));
 }
 
 }  // namespace dpl::model

@@ -122,4 +122,15 @@ struct ModelDesc {
 // each backend checks what it can run.
 absl::StatusOr<ModelDesc> BindModel(const formats::ModelFile& model);
 
+// The weight types the CUDA runtime has kernels for (a decode matvec, the
+// prompt path's f16 dequantization and the embedding gather): f32, f16, bf16,
+// q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs.
+// The one list: dpl-convert warns about a tensor of any other type, and its
+// closing note (the runtime cannot run this model) says the same.
+bool GpuHasKernelFor(formats::GgmlType type);
+
+// OK, or Unimplemented naming the tensor and its type: "tensor 'NAME' is
+// iq2_xxs, which the CUDA runtime has no kernel for (it runs f32, f16, ...)".
+absl::Status CheckGpuType(absl::string_view tensor, formats::GgmlType type);
+
 }  // namespace dpl::model

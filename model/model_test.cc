@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -341,6 +342,22 @@ TEST_CASE("a tied model's head is its embedding, read every step") {
   CHECK(d->hp.rope_style == RopeStyle::kNeox);
   CHECK(d->hp.head_dim == 128);
   CHECK(d->bytes_per_token > d->token_embd->n_bytes);
+}
+
+TEST_CASE("the CUDA runtime's weight types: the list, and the error naming tensor and type") {
+  std::vector<std::string> gpu;
+  for (uint32_t id = 0; id < 64; ++id) {
+    const std::optional<formats::GgmlTypeTraits> tr = formats::FindGgmlType(id);
+    if (tr && GpuHasKernelFor(tr->type)) gpu.emplace_back(tr->name);
+  }
+  CHECK(gpu == std::vector<std::string>{"f32", "f16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K",
+                                        "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs", "bf16"});
+  CHECK(CheckGpuType("blk.0.attn_q.weight", formats::GgmlType::kQ4_K).ok());
+  const absl::Status s = CheckGpuType("blk.0.attn_q.weight", formats::GgmlType::kIQ2_XXS);
+  CHECK(s.code() == absl::StatusCode::kUnimplemented);
+  CHECK(std::string(s.message()) ==
+        "tensor 'blk.0.attn_q.weight' is iq2_xxs, which the CUDA runtime has no kernel for (it runs "
+        "f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, bf16)");
 }
 
 }  // namespace

@@ -35,6 +35,13 @@ check "convert prints a summary" grep -q "MB/s" "$tmp/conv.txt"
 "$convert" "$tmp/m.gguf" "$tmp/mz.dpl" --compress --verify >"$tmp/convz.txt" 2>&1
 check "convert --compress reports the ratio" grep -q "ratio" "$tmp/convz.txt"
 check "compressed form verifies" grep -q "verify: OK" "$tmp/convz.txt"
+check "convert --layout auto stays format version 1" grep -q "format version 1" "$tmp/conv.txt"
+"$convert" "$tmp/m.gguf" "$tmp/md.dpl" --layout dpl --verify >"$tmp/convd.txt" 2>&1
+# tiny-qwen2 is q4_K and q6_K: q4_K has no dpl planes, so still version 1.
+check "convert --layout dpl: q6_K only has planes here" grep -q "(3 -> dpl: q6_K 3; format version 1)" "$tmp/convd.txt"
+check "convert --layout dpl verifies" grep -q "verify: OK" "$tmp/convd.txt"
+"$convert" -q "$tmp/m.gguf" "$tmp/mr.dpl" --layout raw >"$tmp/convr.txt" 2>&1
+check "convert --layout raw: no dpl tensor" grep -q "(0 -> dpl: none; format version 1)" "$tmp/convr.txt"
 "$inspect" "$tmp/m.dpl" --verify-checksums >"$tmp/insp.txt" 2>&1
 check "inspect verifies checksums" grep -q "checksums: all" "$tmp/insp.txt"
 "$inspect" "$tmp/m.gguf" --json >"$tmp/insp.json" 2>&1
@@ -44,6 +51,9 @@ expect_error "convert: missing input" "cannot open" "$convert" "$tmp/nope.gguf" 
 check "convert: no partial output" test ! -e "$tmp/x.dpl"
 expect_error "convert: missing arguments" "expected IN.gguf and OUT.dpl" "$convert" "$tmp/m.gguf"
 expect_error "convert: unknown flag" "Option" "$convert" --bogus "$tmp/m.gguf" "$tmp/x.dpl"
+expect_error "convert: bad --layout" "--layout 'planes' is not one of raw, dpl, auto" \
+  "$convert" --layout planes "$tmp/m.gguf" "$tmp/x.dpl"
+check "convert: no output after a bad --layout" test ! -e "$tmp/x.dpl"
 head -c 3000 "$tmp/m.gguf" >"$tmp/trunc.gguf"
 expect_error "convert: truncated GGUF" "trunc.gguf" "$convert" "$tmp/trunc.gguf" "$tmp/x.dpl"
 check "convert: no partial output after a bad input" test ! -e "$tmp/x.dpl"

@@ -18,7 +18,6 @@
 #include "formats/dequant.h"
 #include "formats/dpl_file.h"
 #include "formats/ggml_types.h"
-#include "formats/q6k_dpl.h"
 
 namespace dpl::reference {
 
@@ -124,8 +123,6 @@ void HeadNorm(const std::vector<double>& w, int64_t n_heads, double eps, double*
     RmsNorm(x, w, eps, x);
   }
 }
-
-// Bytes one row of `n_cols` weights occupies in `layout` (before padding).
 
 // Checks a tensor's type, layout and byte geometry for row-wise dequantization.
 absl::Status CheckDequantizable(const TensorView& t) {
