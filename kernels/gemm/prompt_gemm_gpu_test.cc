@@ -42,25 +42,11 @@ std::string TypeName(GgmlType t, TensorLayout l) {
   return absl::StrCat(formats::TraitsOf(t).name, l == TensorLayout::kDpl ? " dpl" : "");
 }
 
-// A random matrix: matvec_test_util's (random block bytes, sane f16
-// scales), plus bf16, which it does not make. Bytes past a row's weights
-// (extra_stride) hold 0xA5 garbage.
+// A random matrix (matvec_test_util: dpl-synth's blocks). Bytes past a
+// row's weights (extra_stride) hold 0xA5 garbage.
 HostMatrix MakeMatrix(GgmlType type, TensorLayout layout, int64_t n_rows, int64_t n_cols,
                       int64_t extra_stride, uint64_t seed) {
-  if (type != GgmlType::kBF16) {
-    return testutil::RandomMatrix(type, layout, n_rows, n_cols, extra_stride, seed);
-  }
-  HostMatrix m{type, layout, n_rows, n_cols, 2 * n_cols + extra_stride, {}, {}};
-  m.bytes.assign(static_cast<size_t>(n_rows * m.row_stride), 0xA5);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.f, 0.5f);
-  for (int64_t r = 0; r < n_rows; ++r) {
-    for (int64_t j = 0; j < n_cols; ++j) {
-      const uint16_t h = formats::F32ToBf16(normal(rng));
-      std::memcpy(m.bytes.data() + r * m.row_stride + 2 * j, &h, 2);
-    }
-  }
-  return m;
+  return testutil::RandomMatrix(type, layout, n_rows, n_cols, extra_stride, seed);
 }
 
 using testutil::DevMatrix;
@@ -120,10 +106,19 @@ struct TypeCase {
   TensorLayout layout;
 };
 const TypeCase kAllTypes[] = {
-    {GgmlType::kF32, TensorLayout::kRaw},  {GgmlType::kF16, TensorLayout::kRaw},
-    {GgmlType::kBF16, TensorLayout::kRaw}, {GgmlType::kQ8_0, TensorLayout::kRaw},
-    {GgmlType::kQ5_0, TensorLayout::kRaw}, {GgmlType::kQ4_K, TensorLayout::kRaw},
-    {GgmlType::kQ6_K, TensorLayout::kRaw}, {GgmlType::kQ6_K, TensorLayout::kDpl},
+    {GgmlType::kF32, TensorLayout::kRaw},    {GgmlType::kF16, TensorLayout::kRaw},
+    {GgmlType::kBF16, TensorLayout::kRaw},   {GgmlType::kQ8_0, TensorLayout::kRaw},
+    {GgmlType::kQ8_0, TensorLayout::kDpl},   {GgmlType::kQ4_0, TensorLayout::kRaw},
+    {GgmlType::kQ4_0, TensorLayout::kDpl},   {GgmlType::kQ4_1, TensorLayout::kRaw},
+    {GgmlType::kQ4_1, TensorLayout::kDpl},   {GgmlType::kQ5_0, TensorLayout::kRaw},
+    {GgmlType::kQ5_0, TensorLayout::kDpl},   {GgmlType::kQ5_1, TensorLayout::kRaw},
+    {GgmlType::kQ5_1, TensorLayout::kDpl},   {GgmlType::kIQ4_NL, TensorLayout::kRaw},
+    {GgmlType::kIQ4_NL, TensorLayout::kDpl}, {GgmlType::kQ2_K, TensorLayout::kRaw},
+    {GgmlType::kQ2_K, TensorLayout::kDpl},   {GgmlType::kQ3_K, TensorLayout::kRaw},
+    {GgmlType::kQ3_K, TensorLayout::kDpl},   {GgmlType::kQ4_K, TensorLayout::kRaw},
+    {GgmlType::kQ5_K, TensorLayout::kRaw},   {GgmlType::kQ6_K, TensorLayout::kRaw},
+    {GgmlType::kQ6_K, TensorLayout::kDpl},   {GgmlType::kIQ4_XS, TensorLayout::kRaw},
+    {GgmlType::kIQ4_XS, TensorLayout::kDpl},
 };
 
 TEST_CASE("DequantizeRowsF16: bit-identical to f16(DequantizeRow), every type and layout") {
@@ -139,6 +134,10 @@ TEST_CASE("DequantizeRowsF16: bit-identical to f16(DequantizeRow), every type an
   }
 }
 
+// Float weights: rows or outputs the 8-wide loads cannot read go through the
+// per-element kernel, same bits. Block weights: every tensor of a .dpl file
+// is aligned (256-byte offsets, whole-block or 16-byte strides), so a
+// misaligned one is refused, naming the alignment, rather than read slowly.
 TEST_CASE("DequantizeRowsF16: the per-element fallback gives the same bits") {
   struct Case {
     GgmlType type;
@@ -152,17 +151,12 @@ TEST_CASE("DequantizeRowsF16: the per-element fallback gives the same bits") {
       {GgmlType::kBF16, TensorLayout::kRaw, 100, 0, 0, "n_cols % 8 != 0"},
       {GgmlType::kF32, TensorLayout::kRaw, 512, 4, 0, "stride % 16 != 0"},
       {GgmlType::kF16, TensorLayout::kRaw, 512, 2, 0, "stride % 16 != 0"},
-      {GgmlType::kQ8_0, TensorLayout::kRaw, 96, 1, 0, "odd stride"},
-      {GgmlType::kQ5_0, TensorLayout::kRaw, 96, 1, 0, "odd stride"},
-      {GgmlType::kQ4_K, TensorLayout::kRaw, 512, 4, 0, "stride % 8 != 0"},
-      {GgmlType::kQ6_K, TensorLayout::kRaw, 512, 1, 0, "odd stride"},
-      {GgmlType::kQ6_K, TensorLayout::kDpl, 512, 4, 0, "stride % 8 != 0"},
-      {GgmlType::kQ4_K, TensorLayout::kRaw, 512, 0, 1, "output not 16-byte aligned"},
-      {GgmlType::kQ6_K, TensorLayout::kDpl, 768, 0, 3, "output not 16-byte aligned"},
+      {GgmlType::kF16, TensorLayout::kRaw, 512, 0, 1, "output not 16-byte aligned"},
       // Vector path with padded strides (the loads must skip the garbage).
       {GgmlType::kQ8_0, TensorLayout::kRaw, 96, 2, 0, "padded stride"},
       {GgmlType::kQ4_K, TensorLayout::kRaw, 512, 16, 0, "padded stride"},
       {GgmlType::kQ6_K, TensorLayout::kDpl, 1280, 16, 0, "padded stride"},
+      {GgmlType::kQ3_K, TensorLayout::kDpl, 1280, 16, 0, "padded stride"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.why);
@@ -170,6 +164,22 @@ TEST_CASE("DequantizeRowsF16: the per-element fallback gives the same bits") {
     DevMatrix dm(m);
     CheckDequant(m, dm, 0, 67, c.out_offset);
     CheckDequant(m, dm, 5, 31, c.out_offset);
+  }
+  const Case refused[] = {
+      {GgmlType::kQ8_0, TensorLayout::kRaw, 96, 1, 0, "odd stride"},
+      {GgmlType::kQ4_K, TensorLayout::kRaw, 512, 4, 0, "stride % 16 != 0"},
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 512, 4, 0, "stride % 16 != 0"},
+      {GgmlType::kQ5_1, TensorLayout::kRaw, 512, 4, 0, "stride % 8 != 0"},
+      {GgmlType::kQ4_K, TensorLayout::kRaw, 512, 0, 1, "output not 16-byte aligned"},
+  };
+  for (const Case& c : refused) {
+    CAPTURE(c.why);
+    const HostMatrix m = MakeMatrix(c.type, c.layout, 67, c.n_cols, c.extra_stride, 5);
+    DevMatrix dm(m);
+    GuardedArray<uint16_t> out(static_cast<size_t>(c.out_offset + 67 * c.n_cols));
+    const absl::Status st = DequantizeRowsF16(dm.w, 0, 67, out.get() + c.out_offset, nullptr);
+    CHECK(!st.ok());
+    CHECK_MESSAGE(st.message().find("-byte aligned") != absl::string_view::npos, st.ToString());
   }
 }
 
@@ -372,13 +382,13 @@ TEST_CASE("PromptGemm / DequantizeRowsF16 / ConvertToF16: errors name the proble
   expect(gemm.Run(w, x, 1, y, nullptr, nullptr, nullptr, 256), "null");
   expect(gemm.Run(w, x, 1, y, nullptr, nullptr, scratch, 255), "scratch of 255");
   WeightMatrix bad = w;
-  bad.type = GgmlType::kQ4_0;
-  bad.row_stride = 18 * 8;
-  expect(gemm.Run(bad, x, 1, y, nullptr, nullptr, scratch, 256), "q4_0");
-  expect(DequantizeRowsF16(bad, 0, 1, scratch, nullptr), "q4_0");
+  bad.type = GgmlType::kIQ2_XXS;
+  bad.row_stride = 66;
+  expect(gemm.Run(bad, x, 1, y, nullptr, nullptr, scratch, 256), "iq2_xxs");
+  expect(DequantizeRowsF16(bad, 0, 1, scratch, nullptr), "iq2_xxs");
   bad = w;
   bad.layout = TensorLayout::kDpl;
-  expect(gemm.Run(bad, x, 1, y, nullptr, nullptr, scratch, 256), "dpl_q6k");
+  expect(gemm.Run(bad, x, 1, y, nullptr, nullptr, scratch, 256), "q4_K has no dpl layout");
   bad = w;
   bad.row_stride = 143;
   expect(gemm.Run(bad, x, 1, y, nullptr, nullptr, scratch, 256), "row_stride 143");

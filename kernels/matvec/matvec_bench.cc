@@ -9,7 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <cstdlib>
+#include <deque>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -72,6 +75,7 @@ absl::Status SweepGeometries(const Shape& s, MatVecPlan plan, double bytes, doub
     for (int depth : {1, 2, 4}) {
       for (bool pipe : {false, true}) {
         plan.decode = {1, ks, depth, pipe};
+        if (!IsCompiledGeometry(plan.decode)) continue;
         float ms = 0;
         DPL_RETURN_IF_ERROR(time_loop(plan, false, &ms));
         const double u = ms * 1e3 / iters;
@@ -193,6 +197,79 @@ int BenchShape(const Shape& s, const DecodeTuning& tuning, MatVecScratch* scratc
   cudaFree(dw);
   return 0;
 }
+// Q/K/V (or gate/up) of one 7B layer: one grouped launch per kernel
+// (PlanMatVecGroups) against one launch per matrix, weights rotated past L2
+// as above. Prints microseconds per layer's worth of launches.
+int BenchGroup(const char* name, const std::vector<std::tuple<GgmlType, TensorLayout, int64_t>>& ms,
+               int64_t n_cols, const DecodeTuning& tuning, MatVecScratch* scratch, int64_t l2_bytes) {
+  std::vector<WeightMatrix> ws;
+  std::vector<uint8_t*> bufs;
+  int64_t bytes = 0;
+  for (const auto& [type, layout, rows] : ms) {
+    const testutil::HostMatrix m = testutil::RandomMatrix(type, layout, rows, n_cols, 0, 7);
+    bytes += static_cast<int64_t>(m.bytes.size());
+    WeightMatrix w{nullptr, type, layout, rows, n_cols, m.row_stride};
+    ws.push_back(w);
+    uint8_t* d = nullptr;
+    const int64_t copies = 16;
+    BENCH_CUDA(cudaMalloc(&d, m.bytes.size() * copies));
+    for (int64_t c = 0; c < copies; ++c) {
+      BENCH_CUDA(cudaMemcpy(d + c * m.bytes.size(), m.bytes.data(), m.bytes.size(), cudaMemcpyHostToDevice));
+    }
+    bufs.push_back(d);
+  }
+  const int64_t copies = std::max<int64_t>(1, std::min<int64_t>(16, 3 * l2_bytes / bytes + 1));
+  float *dx = nullptr, *dy = nullptr;
+  BENCH_CUDA(cudaMalloc(&dx, n_cols * 4));
+  BENCH_CUDA(cudaMemset(dx, 0, n_cols * 4));
+  BENCH_CUDA(cudaMalloc(&dy, 3 * 32768 * 4));
+  BENCH_OK(QuantizeActivations(dx, n_cols, 1, scratch, nullptr));
+  for (bool grouped : {true, false}) {
+    DecodeTuning t = tuning;
+    t.group_matvecs = grouped;
+    const absl::StatusOr<std::vector<MatVecGroupPlan>> plans = PlanMatVecGroups(ws, t);
+    BENCH_OK(plans.status());
+    MatVecIo io;
+    io.x = dx;
+    io.qx = scratch;
+    io.n_tokens = 1;
+    cudaEvent_t e0, e1;
+    BENCH_CUDA(cudaEventCreate(&e0));
+    BENCH_CUDA(cudaEventCreate(&e1));
+    const int iters = 200;
+    float ms_total = 0;
+    for (int warm = 0; warm < 2; ++warm) {
+      BENCH_CUDA(cudaEventRecord(e0));
+      for (int i = 0; i < iters; ++i) {
+        for (const MatVecGroupPlan& g : *plans) {
+          std::vector<const WeightMatrix*> members;
+          std::vector<WeightMatrix> copy(ws);
+          std::vector<MatVecOut> outs;
+          for (int k : g.members) {
+            copy[k].data = bufs[k] + (i % copies) * copy[k].n_rows * copy[k].row_stride;
+            outs.push_back({dy + 32768 * outs.size(), nullptr, nullptr});
+          }
+          for (int k : g.members) members.push_back(&copy[k]);
+          BENCH_OK(RunMatVecGroup(members, g.plan, outs, io, nullptr));
+        }
+      }
+      BENCH_CUDA(cudaEventRecord(e1));
+      BENCH_CUDA(cudaEventSynchronize(e1));
+      BENCH_CUDA(cudaEventElapsedTime(&ms_total, e0, e1));
+    }
+    const double us = ms_total * 1e3 / iters;
+    std::printf("group %-28s %s: %zu launches, %7.2f us, %7.1f GB/s (%.1f%%)\n", name,
+                grouped ? "grouped" : "separate", plans->size(), us, bytes / (us * 1e-6) / 1e9,
+                100.0 * bytes / (us * 1e-6) / 1e9 / kPeakGBs);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  for (uint8_t* d : bufs) cudaFree(d);
+  cudaFree(dx);
+  cudaFree(dy);
+  return 0;
+}
+
 int Main() {
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -206,7 +283,7 @@ int Main() {
   absl::StatusOr<DeviceBuffer<uint8_t>> scratch_mem = DeviceBuffer<uint8_t>::Allocate(*scratch_bytes);
   BENCH_OK(scratch_mem.status());
   MatVecScratch scratch = MatVecScratchIn(scratch_mem->get(), 18944, 512);
-  const Shape shapes[] = {
+  std::vector<Shape> shapes = {
       // Qwen2.5-7B (hidden 3584, ffn 18944, kv 512, vocab 152064)
       {"7B ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584, 1},
       {"7B ffn_down q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 18944, 1},
@@ -222,16 +299,50 @@ int Main() {
       {"14B ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 5120, 13824, 1},
       {"14B lm_head q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 152064, 5120, 1},
       {"14B attn_q/o q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 5120, 5120, 1},
-      // Other types, same big shape.
-      {"q8_0 18944x3584", GgmlType::kQ8_0, TensorLayout::kRaw, 18944, 3584, 1},
-      {"q5_0 18944x3584", GgmlType::kQ5_0, TensorLayout::kRaw, 18944, 3584, 1},
       {"f16 18944x3584", GgmlType::kF16, TensorLayout::kRaw, 18944, 3584, 1},
+      {"bf16 18944x3584", GgmlType::kBF16, TensorLayout::kRaw, 18944, 3584, 1},
       {"f32 3584x3584", GgmlType::kF32, TensorLayout::kRaw, 3584, 3584, 1},
       // Prompt processing: 512 tokens through the tiled kernel.
       {"7B ffn_gate q4_K x512tok", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584, 512},
       {"7B ffn_down q6_K x512tok", GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944, 512},
   };
+  // Every other block type on the 7B layer shapes, raw and (where it has
+  // planes) dpl: what the converter's choice of layout per type rests on
+  // (kAutoLayout in converter/convert.cc).
+  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                     GgmlType::kQ5_1, GgmlType::kIQ4_NL, GgmlType::kQ2_K, GgmlType::kQ3_K,
+                     GgmlType::kQ5_K, GgmlType::kIQ4_XS}) {
+    for (TensorLayout l : {TensorLayout::kRaw, TensorLayout::kDpl}) {
+      if (l == TensorLayout::kDpl && formats::DplPlanesOf(t).n == 0) continue;
+      static std::deque<std::string> names;  // Shape holds a char*: a deque never moves them
+      for (const auto& [what, rows, cols] : {std::tuple{"ffn_gate/up", 18944, 3584},
+                                             std::tuple{"ffn_down", 3584, 18944},
+                                             std::tuple{"attn_q/o", 3584, 3584}}) {
+        names.push_back(absl::StrCat("7B ", what, " ", formats::TraitsOf(t).name,
+                                     l == TensorLayout::kDpl ? " dpl" : " raw"));
+        shapes.push_back({names.back().c_str(), t, l, rows, cols, 1});
+      }
+    }
+  }
+  const char* only = std::getenv("DPL_MATVEC_BENCH_ONLY");  // substring filter on shape names
+  if (only == nullptr || std::strstr("group", only) != nullptr) {
+    using T = GgmlType;
+    using L = TensorLayout;
+    if (BenchGroup("7B q/k/v q4_K", {{T::kQ4_K, L::kRaw, 3584}, {T::kQ4_K, L::kRaw, 512}, {T::kQ4_K, L::kRaw, 512}},
+                   3584, *tuning, &scratch, prop.l2CacheSize) != 0 ||
+        BenchGroup("7B q/k q4_K + v q6_K", {{T::kQ4_K, L::kRaw, 3584}, {T::kQ4_K, L::kRaw, 512}, {T::kQ6_K, L::kDpl, 512}},
+                   3584, *tuning, &scratch, prop.l2CacheSize) != 0 ||
+        BenchGroup("7B gate/up q4_K", {{T::kQ4_K, L::kRaw, 18944}, {T::kQ4_K, L::kRaw, 18944}}, 3584, *tuning,
+                   &scratch, prop.l2CacheSize) != 0 ||
+        BenchGroup("7B q/k/v q8_0 dpl", {{T::kQ8_0, L::kDpl, 3584}, {T::kQ8_0, L::kDpl, 512}, {T::kQ8_0, L::kDpl, 512}},
+                   3584, *tuning, &scratch, prop.l2CacheSize) != 0 ||
+        BenchGroup("8B q/k/v q4_K (qwen3)", {{T::kQ4_K, L::kRaw, 4096}, {T::kQ4_K, L::kRaw, 1024}, {T::kQ4_K, L::kRaw, 1024}},
+                   4096, *tuning, &scratch, prop.l2CacheSize) != 0) {
+      return 1;
+    }
+  }
   for (const Shape& s : shapes) {
+    if (only != nullptr && std::strstr(s.name, only) == nullptr) continue;
     if (BenchShape(s, *tuning, &scratch, prop.l2CacheSize) != 0) return 1;
   }
   return 0;

@@ -1,7 +1,9 @@
 // GPU tests of the matvec kernels (tags gpu, manual): every type and layout
 // against a float64 CPU reference built from formats::DequantizeRow, the
-// dpl-vs-raw q6_K bitwise gate, fused bias/residual, the token-tiled variant
-// vs the single-token kernel, and sentinels after every output.
+// dpl-vs-raw bitwise gate of every type with planes, grouped launches vs one
+// launch per matrix (bitwise), the fused norm/SwiGLU quantization, fused
+// bias/residual, the token-tiled variant vs the single-token kernel, and
+// sentinels after every output.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -9,7 +11,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <array>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -73,7 +77,21 @@ std::vector<double> RefMatVec(const std::vector<float>& w, int64_t n_rows, int64
   return y;
 }
 
-bool IsQuantized(GgmlType t) { return t != GgmlType::kF32 && t != GgmlType::kF16; }
+bool IsQuantized(GgmlType t) {
+  return t != GgmlType::kF32 && t != GgmlType::kF16 && t != GgmlType::kBF16;
+}
+
+// Every block type the GPU runs, and whether it has a dpl layout.
+struct TypeInfo {
+  GgmlType type;
+  bool dpl;
+};
+constexpr TypeInfo kBlockTypes[] = {
+    {GgmlType::kQ8_0, true},   {GgmlType::kQ4_0, true},  {GgmlType::kQ4_1, true},
+    {GgmlType::kQ5_0, true},   {GgmlType::kQ5_1, true},  {GgmlType::kIQ4_NL, true},
+    {GgmlType::kQ2_K, true},   {GgmlType::kQ3_K, true},  {GgmlType::kQ4_K, false},
+    {GgmlType::kQ5_K, false},  {GgmlType::kQ6_K, true},  {GgmlType::kIQ4_XS, true},
+};
 
 // The plan of `w` on this GPU.
 MatVecPlan PlanFor(const WeightMatrix& w) {
@@ -111,7 +129,10 @@ std::vector<MatVecGeometry> AllDecodeGeometries(const MatVecPlan& plan) {
   std::vector<MatVecGeometry> all = {plan.decode};
   for (int ks : {1, 2, 4, 8}) {
     for (int depth : {1, 2, 4}) {
-      for (bool pipe : {false, true}) all.push_back({1, ks, depth, pipe});
+      for (bool pipe : {false, true}) {
+        const MatVecGeometry g{1, ks, depth, pipe};
+        if (IsCompiledGeometry(g)) all.push_back(g);
+      }
     }
   }
   return all;
@@ -176,79 +197,222 @@ struct ScratchHolder {
 
 TEST_CASE("matvec: every type vs float64 reference, sentinels intact") {
   ScratchHolder sh;
-  const Case cases[] = {
+  std::vector<Case> cases = {
       {GgmlType::kF32, TensorLayout::kRaw, 67, 99, 0},       // scalar path (n_cols % 4 != 0)
       {GgmlType::kF32, TensorLayout::kRaw, 301, 512, 0},
       {GgmlType::kF32, TensorLayout::kRaw, 1000, 4096, 16},
       {GgmlType::kF16, TensorLayout::kRaw, 67, 100, 0},      // scalar path
       {GgmlType::kF16, TensorLayout::kRaw, 301, 896, 0},
       {GgmlType::kF16, TensorLayout::kRaw, 513, 3584, 0},
-      {GgmlType::kQ8_0, TensorLayout::kRaw, 129, 32, 0},     // 1 block per row
-      {GgmlType::kQ8_0, TensorLayout::kRaw, 67, 96, 0},      // 102-byte rows: 2-byte aligned
-      {GgmlType::kQ8_0, TensorLayout::kRaw, 301, 896, 0},
-      {GgmlType::kQ8_0, TensorLayout::kRaw, 1003, 4864, 2},
-      {GgmlType::kQ5_0, TensorLayout::kRaw, 129, 32, 0},
-      {GgmlType::kQ5_0, TensorLayout::kRaw, 67, 96, 0},      // 66-byte rows
-      {GgmlType::kQ5_0, TensorLayout::kRaw, 301, 896, 0},
-      {GgmlType::kQ5_0, TensorLayout::kRaw, 1003, 4864, 0},
-      {GgmlType::kQ4_K, TensorLayout::kRaw, 67, 256, 0},
-      {GgmlType::kQ4_K, TensorLayout::kRaw, 301, 3584, 0},
-      {GgmlType::kQ4_K, TensorLayout::kRaw, 1003, 4608, 16},
-      {GgmlType::kQ6_K, TensorLayout::kRaw, 67, 256, 0},     // nbe 1 (odd)
-      {GgmlType::kQ6_K, TensorLayout::kRaw, 301, 3584, 0},
-      {GgmlType::kQ6_K, TensorLayout::kRaw, 203, 1280, 0},   // nbe 5
-      {GgmlType::kQ6_K, TensorLayout::kDpl, 67, 256, 0},
-      {GgmlType::kQ6_K, TensorLayout::kDpl, 301, 3584, 0},
-      {GgmlType::kQ6_K, TensorLayout::kDpl, 203, 1280, 0},
-      {GgmlType::kQ6_K, TensorLayout::kDpl, 61, 18944, 0},
+      {GgmlType::kBF16, TensorLayout::kRaw, 67, 100, 0},     // scalar path
+      {GgmlType::kBF16, TensorLayout::kRaw, 513, 3584, 0},
       // Large row counts (every k-split/depth variant runs on each case).
       {GgmlType::kF32, TensorLayout::kRaw, 8451, 64, 0},
       {GgmlType::kF16, TensorLayout::kRaw, 8453, 128, 0},
-      {GgmlType::kQ8_0, TensorLayout::kRaw, 8455, 96, 0},
-      {GgmlType::kQ5_0, TensorLayout::kRaw, 8457, 96, 0},
-      {GgmlType::kQ4_K, TensorLayout::kRaw, 8459, 512, 0},
-      {GgmlType::kQ6_K, TensorLayout::kRaw, 8461, 256, 0},
-      {GgmlType::kQ6_K, TensorLayout::kDpl, 8461, 768, 0},
   };
+  // Every block type and layout: one block per row, odd block counts,
+  // realistic widths, a padded stride, and many rows.
+  for (const TypeInfo& t : kBlockTypes) {
+    const bool k256 = formats::TraitsOf(t.type).block_elems == 256;
+    for (TensorLayout l : {TensorLayout::kRaw, TensorLayout::kDpl}) {
+      if (l == TensorLayout::kDpl && !t.dpl) continue;
+      if (k256) {
+        for (const Case& c : {Case{t.type, l, 67, 256, 0}, Case{t.type, l, 203, 1280, 0},
+                              Case{t.type, l, 301, 3584, 16}, Case{t.type, l, 61, 18944, 0},
+                              Case{t.type, l, 8459, 512, 0}}) {
+          cases.push_back(c);
+        }
+      } else {
+        for (const Case& c : {Case{t.type, l, 129, 32, 0}, Case{t.type, l, 67, 96, 0},
+                              Case{t.type, l, 301, 896, 16}, Case{t.type, l, 1003, 4864, 0},
+                              Case{t.type, l, 8455, 96, 0}}) {
+          cases.push_back(c);
+        }
+      }
+    }
+  }
   for (const Case& c : cases) {
+    CAPTURE(formats::TraitsOf(c.type).name);
+    CAPTURE(static_cast<int>(c.layout));
     CAPTURE(c.n_rows);
     CAPTURE(c.n_cols);
     CheckCase(c, &sh.s);
   }
 }
 
-TEST_CASE("matvec: q6_K dpl and raw layouts give bit-identical outputs") {
+TEST_CASE("matvec: dpl and raw layouts give bit-identical outputs, for every type with planes") {
   ScratchHolder sh;
-  const int64_t shapes[][2] = {{67, 256},   {301, 3584},  {203, 1280},
-                               {64, 18944}, {1000, 5120}, {8461, 768}};
-  for (const auto& s : shapes) {
-    const HostMatrix dpl = testutil::RandomMatrix(GgmlType::kQ6_K, TensorLayout::kDpl, s[0],
-                                                  s[1], 0, 777 + s[0]);
-    HostMatrix raw{GgmlType::kQ6_K, TensorLayout::kRaw, s[0], s[1], s[1] / 256 * 210, dpl.raw, {}};
-    DevMatrix ddpl(dpl), draw(raw);
-    MatVecPlan pdpl = PlanFor(ddpl.w), praw = PlanFor(draw.w);
-    REQUIRE(pdpl.decode == praw.decode);  // the layouts must take the same geometry
-    for (int64_t n_tokens : {int64_t{1}, int64_t{13}}) {
-     // Tokens > 1 run the prompt geometry: the decode loop runs once for them.
-     std::vector<MatVecGeometry> geometries = AllDecodeGeometries(pdpl);
-     if (n_tokens > 1) geometries.resize(1);
-     for (const MatVecGeometry& g : geometries) {
-      pdpl.decode = praw.decode = g;
-      const std::vector<float> x = RandomX(s[1] * n_tokens, 5 + s[1]);
-      DevFloats dx(s[1] * n_tokens), ya(s[0] * n_tokens), yb(s[0] * n_tokens);
-      dx.Upload(x);
-      STATUS_OK(Run(ddpl.w, pdpl, dx.get(), n_tokens, ya.get(), nullptr, nullptr, &sh.s));
-      STATUS_OK(Run(draw.w, praw, dx.get(), n_tokens, yb.get(), nullptr, nullptr, &sh.s));
-      const std::vector<float> a = ya.Download(), b = yb.Download();
-      for (float v : a) REQUIRE(std::isfinite(v));
-      const bool same = std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-      std::printf("[bitwise] q6_K dpl vs raw %ldx%ld tokens %ld %s: %s\n", static_cast<long>(s[0]),
-                  static_cast<long>(s[1]), static_cast<long>(n_tokens), GeometryName(g).c_str(),
-                  same ? "identical" : "DIFFERENT");
-      CHECK_MESSAGE(same, "dpl vs raw differ at " << s[0] << "x" << s[1] << " tokens "
-                                                  << n_tokens << " " << GeometryName(g));
-     }
+  for (const TypeInfo& t : kBlockTypes) {
+    if (!t.dpl) continue;
+    const bool k256 = formats::TraitsOf(t.type).block_elems == 256;
+    const std::vector<std::array<int64_t, 2>> shapes =
+        k256 ? std::vector<std::array<int64_t, 2>>{{67, 256}, {301, 3584}, {203, 1280}, {64, 18944}, {1000, 5120}, {8461, 768}}
+             : std::vector<std::array<int64_t, 2>>{{129, 32}, {67, 96}, {301, 3584}, {64, 18944}, {8461, 800}};
+    for (const auto& s : shapes) {
+      const HostMatrix dpl = testutil::RandomMatrix(t.type, TensorLayout::kDpl, s[0], s[1], 0, 777 + s[0]);
+      const HostMatrix raw = testutil::RawTwin(dpl);
+      DevMatrix ddpl(dpl), draw(raw);
+      MatVecPlan pdpl = PlanFor(ddpl.w), praw = PlanFor(draw.w);
+      REQUIRE(pdpl.decode == praw.decode);  // the layouts must take the same geometry
+      for (int64_t n_tokens : {int64_t{1}, int64_t{5}}) {
+        // Tokens > 1 run the prompt geometry: the decode loop runs once for them.
+        std::vector<MatVecGeometry> geometries = AllDecodeGeometries(pdpl);
+        if (n_tokens > 1) geometries.resize(1);
+        for (const MatVecGeometry& g : geometries) {
+          pdpl.decode = praw.decode = g;
+          const std::vector<float> x = RandomX(s[1] * n_tokens, 5 + s[1]);
+          DevFloats dx(s[1] * n_tokens), ya(s[0] * n_tokens), yb(s[0] * n_tokens);
+          dx.Upload(x);
+          STATUS_OK(Run(ddpl.w, pdpl, dx.get(), n_tokens, ya.get(), nullptr, nullptr, &sh.s));
+          STATUS_OK(Run(draw.w, praw, dx.get(), n_tokens, yb.get(), nullptr, nullptr, &sh.s));
+          const std::vector<float> a = ya.Download(), b = yb.Download();
+          for (float v : a) REQUIRE(std::isfinite(v));
+          const bool same = std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+          std::printf("[bitwise] %s dpl vs raw %ldx%ld tokens %ld %s: %s\n",
+                      std::string(formats::TraitsOf(t.type).name).c_str(), static_cast<long>(s[0]),
+                      static_cast<long>(s[1]), static_cast<long>(n_tokens), GeometryName(g).c_str(),
+                      same ? "identical" : "DIFFERENT");
+          CHECK_MESSAGE(same, formats::TraitsOf(t.type).name << " dpl vs raw differ at " << s[0]
+                                                             << "x" << s[1] << " tokens " << n_tokens
+                                                             << " " << GeometryName(g));
+        }
+      }
     }
+  }
+}
+
+// Q, K, V of one launch (and gate/up) against a launch per matrix with the
+// group's plan: the grid only moves the row blocks, so the bits are equal.
+TEST_CASE("matvec: a grouped launch equals one launch per matrix, bit for bit") {
+  ScratchHolder sh;
+  const absl::StatusOr<DecodeTuning> tuning = DecodeTuningForDevice();
+  REQUIRE(tuning.ok());
+  struct Group {
+    std::vector<std::pair<GgmlType, TensorLayout>> types;
+    std::vector<int64_t> rows;
+    int64_t n_cols;
+  };
+  const Group groups[] = {
+      {{{GgmlType::kQ4_K, TensorLayout::kRaw}, {GgmlType::kQ4_K, TensorLayout::kRaw}, {GgmlType::kQ6_K, TensorLayout::kDpl}},
+       {3584, 512, 512}, 3584},  // a Q4_K_M layer's Q, K, V: two launches
+      {{{GgmlType::kQ8_0, TensorLayout::kDpl}, {GgmlType::kQ8_0, TensorLayout::kDpl}, {GgmlType::kQ8_0, TensorLayout::kDpl}},
+       {1024, 256, 256}, 512},
+      {{{GgmlType::kQ5_K, TensorLayout::kRaw}, {GgmlType::kQ5_K, TensorLayout::kRaw}}, {1536, 1536}, 512},  // gate, up
+      {{{GgmlType::kF16, TensorLayout::kRaw}, {GgmlType::kF16, TensorLayout::kRaw}, {GgmlType::kF16, TensorLayout::kRaw}},
+       {67, 13, 301}, 896},
+  };
+  for (const Group& gr : groups) {
+    const int64_t n_cols = gr.n_cols;
+    std::vector<HostMatrix> hm;
+    std::vector<std::unique_ptr<DevMatrix>> dm;
+    std::vector<WeightMatrix> ws;
+    for (size_t i = 0; i < gr.types.size(); ++i) {
+      hm.push_back(testutil::RandomMatrix(gr.types[i].first, gr.types[i].second, gr.rows[i], n_cols, 0, 90 + i));
+      dm.push_back(std::make_unique<DevMatrix>(hm.back()));
+      ws.push_back(dm.back()->w);
+    }
+    const absl::StatusOr<std::vector<MatVecGroupPlan>> plans = PlanMatVecGroups(ws, *tuning);
+    REQUIRE(plans.ok());
+    for (int64_t n_tokens : {int64_t{1}, int64_t{3}}) {
+      const std::vector<float> x = RandomX(n_cols * n_tokens, 91);
+      DevFloats dx(n_cols * n_tokens);
+      dx.Upload(x);
+      std::vector<std::unique_ptr<DevFloats>> grouped, alone, bias;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        grouped.push_back(std::make_unique<DevFloats>(gr.rows[i] * n_tokens));
+        alone.push_back(std::make_unique<DevFloats>(gr.rows[i] * n_tokens));
+        bias.push_back(std::make_unique<DevFloats>(gr.rows[i]));
+        bias.back()->Upload(RandomX(gr.rows[i], 92 + i));
+      }
+      for (const MatVecGroupPlan& g : *plans) {
+        MatVecIo io;
+        io.x = dx.get();
+        io.n_tokens = n_tokens;
+        if (UsesQuantizedActivations(g.plan.kernel)) {
+          STATUS_OK(QuantizeActivations(dx.get(), n_cols, n_tokens, &sh.s, nullptr));
+          io.qx = &sh.s;
+        }
+        std::vector<const WeightMatrix*> members;
+        std::vector<MatVecOut> outs;
+        for (int i : g.members) {
+          members.push_back(&ws[i]);
+          outs.push_back({grouped[i]->get(), bias[i]->get(), nullptr});
+        }
+        STATUS_OK(RunMatVecGroup(members, g.plan, outs, io, nullptr));
+        for (int i : g.members) {
+          STATUS_OK(Run(ws[i], g.plan, dx.get(), n_tokens, alone[i]->get(), bias[i]->get(), nullptr, &sh.s));
+        }
+      }
+      for (size_t i = 0; i < ws.size(); ++i) {
+        const std::vector<float> a = grouped[i]->Download(), b = alone[i]->Download();
+        for (float v : a) REQUIRE(std::isfinite(v));
+        CHECK_MESSAGE(std::memcmp(a.data(), b.data(), a.size() * 4) == 0,
+                      "matrix " << i << " of a " << ws.size() << "-matrix group, tokens " << n_tokens);
+      }
+    }
+    std::printf("[group] %zu matrices in %zu launches: grouped == separate\n", ws.size(), plans->size());
+  }
+}
+
+// NormQuantizeActivations and SwiGluQuantizeActivations against float64
+// norms/SwiGLU, and their int8 blocks against QuantizeActivations of their
+// own float output (the same quantizer: bit for bit).
+TEST_CASE("fused RMSNorm / SwiGLU + quantization") {
+  ScratchHolder a, b;
+  for (int n : {512, 3584, 5120}) {
+    for (int rows : {1, 3}) {
+      const float eps = 1e-6f;
+      const std::vector<float> x = RandomX(int64_t{n} * rows, n + rows), w = RandomX(n, n + 7);
+      DevFloats dx(int64_t{n} * rows), dw(n), dh(int64_t{n} * rows);
+      dx.Upload(x);
+      dw.Upload(w);
+      STATUS_OK(NormQuantizeActivations(dx.get(), dw.get(), eps, n, rows, dh.get(), &a.s, nullptr));
+      const std::vector<float> h = dh.Download();
+      std::vector<double> ref(h.size());
+      for (int r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int i = 0; i < n; ++i) ss += double(x[r * n + i]) * x[r * n + i];
+        const double sc = 1.0 / std::sqrt(ss / n + eps);
+        for (int i = 0; i < n; ++i) ref[r * n + i] = x[r * n + i] * sc * w[i];
+      }
+      const double err = NormErr(h.data(), ref);
+      CHECK(err < 2e-6);
+      STATUS_OK(QuantizeActivations(dh.get(), n, rows, &b.s, nullptr));
+      const size_t nq = size_t(n) * rows, nb = nq / 32;
+      std::vector<int8_t> qa(nq), qb(nq);
+      std::vector<float> da(nb), db(nb), sa(nb), sb(nb);
+      CUDA_OK(cudaMemcpy(qa.data(), a.s.q, nq, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(qb.data(), b.s.q, nq, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(da.data(), a.s.d, nb * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(db.data(), b.s.d, nb * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(sa.data(), a.s.s, nb * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(sb.data(), b.s.s, nb * 4, cudaMemcpyDeviceToHost));
+      CHECK(qa == qb);
+      CHECK(da == db);
+      CHECK(sa == sb);
+      std::printf("[fused] rmsnorm+quantize n=%d rows=%d: norm err %.2e, int8 blocks identical\n", n, rows, err);
+    }
+  }
+  for (int n : {1536, 18944}) {
+    const std::vector<float> g = RandomX(n, 3), u = RandomX(n, 4);
+    DevFloats dg(n), du(n), dout(n);
+    dg.Upload(g);
+    du.Upload(u);
+    STATUS_OK(SwiGluQuantizeActivations(dg.get(), du.get(), n, 1, dout.get(), &a.s, nullptr));
+    const std::vector<float> got = dout.Download();
+    std::vector<double> ref(n);
+    for (int i = 0; i < n; ++i) ref[i] = g[i] / (1.0 + std::exp(-double(g[i]))) * u[i];
+    const double err = NormErr(got.data(), ref);
+    CHECK(err < 2e-6);
+    STATUS_OK(QuantizeActivations(dout.get(), n, 1, &b.s, nullptr));
+    std::vector<int8_t> qa(n), qb(n);
+    CUDA_OK(cudaMemcpy(qa.data(), a.s.q, n, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(qb.data(), b.s.q, n, cudaMemcpyDeviceToHost));
+    CHECK(qa == qb);
+    // In place (g == gate), as the decoder runs it.
+    STATUS_OK(SwiGluQuantizeActivations(dg.get(), du.get(), n, 1, dg.get(), &a.s, nullptr));
+    CHECK(dg.Download() == got);
+    std::printf("[fused] swiglu+quantize n=%d: err %.2e, int8 blocks identical, in place identical\n", n, err);
   }
 }
 
@@ -357,7 +521,7 @@ TEST_CASE("matvec: every k-split agrees on the same matrix") {
     STATUS_OK(Run(dm.w, plan, dx.get(), 1, ya.get(), nullptr, nullptr, &sh.s));
     const std::vector<float> a = ya.Download();
     for (int ks : {2, 4, 8}) {
-      plan.decode = {1, ks, 2, ks != 4};
+      plan.decode = ks != 4 ? MatVecGeometry{1, ks, 1, true} : MatVecGeometry{1, ks, 2, false};
       STATUS_OK(Run(dm.w, plan, dx.get(), 1, yb.get(), nullptr, nullptr, &sh.s));
       const std::vector<float> b = yb.Download();
       std::vector<double> bd(b.begin(), b.end());
@@ -375,15 +539,15 @@ TEST_CASE("matvec: errors name the problem") {
   DevFloats buf(1024);
   WeightMatrix w;
   w.data = buf.get();
-  w.type = GgmlType::kQ4_0;
+  w.type = GgmlType::kIQ2_XXS;
   w.n_rows = 4;
-  w.n_cols = 32;
-  w.row_stride = 18;
+  w.n_cols = 256;
+  w.row_stride = 66;
   const absl::StatusOr<DecodeTuning> tuning = DecodeTuningForDevice();
   REQUIRE(tuning.ok());
   absl::Status st = PlanMatVec(w, *tuning).status();
   CHECK(!st.ok());
-  CHECK(st.ToString().find("q4_0") != std::string::npos);
+  CHECK(st.ToString().find("iq2_xxs") != std::string::npos);
   w.type = GgmlType::kQ4_K;
   w.n_cols = 256;
   w.row_stride = 144;

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "formats/dequant.h"
-#include "formats/q6k_dpl.h"
 #include "kernels/gpu_test.h"
+#include "kernels/matvec/matvec_test_util.h"
 #include "kernels/ops/kv_cache.h"
 #include "kernels/ops/ops.h"
 
@@ -223,85 +223,45 @@ TEST_CASE("RopeWriteKv: a prompt chunk in one launch") {
   }
 }
 
-// Random bytes for a quantized row with sane f16 scales at the given offsets.
-void FillBlocks(std::vector<uint8_t>& bytes, size_t block_bytes, std::vector<size_t> f16_offsets,
-                std::mt19937& rng) {
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
-  for (auto& b : bytes) b = byte(rng);
-  for (size_t blk = 0; blk + block_bytes <= bytes.size(); blk += block_bytes) {
-    for (size_t off : f16_offsets) {
-      const uint16_t h = F32ToF16(scale(rng));
-      bytes[blk + off] = h & 0xFF;
-      bytes[blk + off + 1] = h >> 8;
-    }
-  }
-}
-
-TEST_CASE("EmbedRows is bit-identical to formats::DequantizeRow") {
-  std::mt19937 rng(5);
+TEST_CASE("EmbedRows is bit-identical to formats::DequantizeRow, every type and layout") {
   struct Case {
     GgmlType type;
     TensorLayout layout;
     int n_cols;
   };
-  const Case cases[] = {
-      {GgmlType::kF32, TensorLayout::kRaw, 896},   {GgmlType::kF16, TensorLayout::kRaw, 896},
-      {GgmlType::kBF16, TensorLayout::kRaw, 896},  {GgmlType::kQ8_0, TensorLayout::kRaw, 896},
-      {GgmlType::kQ5_0, TensorLayout::kRaw, 896},  {GgmlType::kQ4_K, TensorLayout::kRaw, 3584},
-      {GgmlType::kQ6_K, TensorLayout::kRaw, 3584}, {GgmlType::kQ6_K, TensorLayout::kDpl, 3584},
-  };
+  std::vector<Case> cases = {{GgmlType::kF32, TensorLayout::kRaw, 896},
+                             {GgmlType::kF16, TensorLayout::kRaw, 896},
+                             {GgmlType::kBF16, TensorLayout::kRaw, 896},
+                             {GgmlType::kF16, TensorLayout::kRaw, 100}};  // not a multiple of 8
+  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                     GgmlType::kQ5_1, GgmlType::kIQ4_NL, GgmlType::kQ2_K, GgmlType::kQ3_K,
+                     GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kIQ4_XS}) {
+    const int n_cols = formats::TraitsOf(t).block_elems == 256 ? 3584 : 896;
+    cases.push_back({t, TensorLayout::kRaw, n_cols});
+    if (formats::DplPlanesOf(t).n > 0) cases.push_back({t, TensorLayout::kDpl, n_cols});
+  }
   const int n_rows = 6, token = 4;
   for (const Case& c : cases) {
-    const auto tr = formats::TraitsOf(c.type);
-    CAPTURE(std::string(tr.name));
+    CAPTURE(std::string(formats::TraitsOf(c.type).name));
     CAPTURE(int(c.layout));
-    const size_t raw_row = size_t(c.n_cols) / tr.block_elems * tr.block_bytes;
-    std::vector<uint8_t> raw(raw_row * n_rows);
-    switch (c.type) {
-      case GgmlType::kF32: {
-        auto f = RandomFloats(size_t(c.n_cols) * n_rows, 3);
-        std::memcpy(raw.data(), f.data(), raw.size());
-        break;
-      }
-      case GgmlType::kF16:
-      case GgmlType::kBF16: {
-        auto f = RandomFloats(size_t(c.n_cols) * n_rows, 4);
-        for (size_t i = 0; i < f.size(); ++i) {
-          const uint16_t h = c.type == GgmlType::kF16 ? F32ToF16(f[i]) : formats::F32ToBf16(f[i]);
-          raw[2 * i] = h & 0xFF;
-          raw[2 * i + 1] = h >> 8;
-        }
-        break;
-      }
-      case GgmlType::kQ8_0: FillBlocks(raw, 34, {0}, rng); break;
-      case GgmlType::kQ5_0: FillBlocks(raw, 22, {0}, rng); break;
-      case GgmlType::kQ4_K: FillBlocks(raw, 144, {0, 2}, rng); break;
-      default: FillBlocks(raw, 210, {208}, rng); break;
-    }
-    std::vector<uint8_t> table = raw;
-    uint64_t stride = raw_row;
-    if (c.layout == TensorLayout::kDpl) {
-      const uint64_t nbe = c.n_cols / 256;
-      stride = formats::DplQ6KRowStride(nbe);
-      table.assign(stride * n_rows, 0);
-      for (int r = 0; r < n_rows; ++r) formats::Q6KRowToDpl(&raw[r * raw_row], nbe, &table[r * stride]);
-    }
+    const testutil::HostMatrix m = testutil::RandomMatrix(c.type, c.layout, n_rows, c.n_cols, 0, 5);
     // Rows for tokens 4, 0 and 5 in one launch, then an out-of-range id.
     const std::vector<int> tokens = {token, 0, n_rows - 1, n_rows};
     const int n_tok = static_cast<int>(tokens.size());
     const size_t n_out = size_t(n_tok) * c.n_cols;
-    uint8_t* dtable = Upload(table);
+    uint8_t* dtable = Upload(m.bytes);
     int* dtok = Upload(tokens);
     float* dout = Upload(std::vector<float>(n_out, 0.0f));
-    const WeightMatrix t{dtable, c.type, c.layout, n_rows, c.n_cols, static_cast<int64_t>(stride)};
+    const WeightMatrix t{dtable, c.type, c.layout, n_rows, c.n_cols, m.row_stride};
     STATUS_OK(EmbedRows(t, dtok, n_tok, dout, 0));
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = Download(dout, n_out);
     std::vector<float> ref(c.n_cols);
     int mismatches = 0;
     for (int i = 0; i + 1 < n_tok; ++i) {
-      REQUIRE(formats::DequantizeRow(c.type, c.layout, &table[tokens[i] * stride], c.n_cols, ref.data()).ok());
+      REQUIRE(formats::DequantizeRow(c.type, c.layout, &m.bytes[tokens[i] * m.row_stride], c.n_cols,
+                                     ref.data())
+                  .ok());
       for (int j = 0; j < c.n_cols; ++j) mismatches += std::memcmp(&got[i * c.n_cols + j], &ref[j], 4) != 0;
     }
     CHECK(mismatches == 0);
@@ -313,7 +273,9 @@ TEST_CASE("EmbedRows is bit-identical to formats::DequantizeRow") {
   }
   const WeightMatrix bad{reinterpret_cast<uint8_t*>(256), GgmlType::kQ4_K, TensorLayout::kDpl, 4,
                          3584, 144 * 14};
-  CHECK(!EmbedRows(bad, reinterpret_cast<int*>(256), 1, reinterpret_cast<float*>(256), 0).ok());
+  const absl::Status st = EmbedRows(bad, reinterpret_cast<int*>(256), 1, reinterpret_cast<float*>(256), 0);
+  CHECK(!st.ok());
+  CHECK(st.message().find("q4_K has no dpl layout") != std::string::npos);
 }
 
 }  // namespace

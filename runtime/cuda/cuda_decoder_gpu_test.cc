@@ -16,7 +16,9 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "converter/convert.h"
+#include "model/model_testing.h"
 #include "runtime/cuda/cuda_decoder.h"
 #include "runtime/reference/reference_model.h"
 #include "tests/shared_dir.h"
@@ -25,8 +27,13 @@
 namespace dpl::runtime {
 namespace {
 
-std::string MakeDpl(const std::string& preset, synth::Ftype ftype = synth::Ftype::kQ4_K_M) {
-  const std::string name = preset + std::string(synth::FtypeName(ftype));
+// A dpl-synth model converted with `layout`; `window` > 0 writes
+// {arch}.attention.sliding_window into a copy of its metadata first.
+std::string MakeDpl(const std::string& preset, synth::Ftype ftype = synth::Ftype::kQ4_K_M,
+                    converter::LayoutPolicy layout = converter::LayoutPolicy::kAuto,
+                    uint32_t window = 0) {
+  const std::string name = absl::StrCat(preset, std::string(synth::FtypeName(ftype)), "-l",
+                                        static_cast<int>(layout), "-w", window);
   const std::string gguf = testing::TempDir() + "/" + name + ".gguf";
   const std::string dpl = testing::TempDir() + "/" + name + ".dpl";
   synth::SynthOptions so;
@@ -34,7 +41,20 @@ std::string MakeDpl(const std::string& preset, synth::Ftype ftype = synth::Ftype
   so.ftype = ftype;
   so.seed = 11;
   REQUIRE(synth::WriteSyntheticModel(so, gguf).ok());
-  REQUIRE(converter::ConvertGgufToDpl(gguf, dpl, {}).ok());
+  std::string src = gguf;
+  if (window > 0) {
+    src = gguf + ".window.gguf";
+    const std::string arch(model::ArchName(so.preset.arch));
+    REQUIRE(model::testing::WriteVariant(gguf, src,
+                                         [&](formats::Metadata& m, std::vector<model::testing::TensorEdit>&) {
+                                           m.Set(arch + ".attention.sliding_window",
+                                                 formats::MetaValue::U32(window));
+                                         })
+                .ok());
+  }
+  converter::ConvertOptions co;
+  co.layout = layout;
+  REQUIRE(converter::ConvertGgufToDpl(src, dpl, co).ok());
   return dpl;
 }
 
@@ -104,9 +124,63 @@ void CompareWithReference(const std::string& path, int n_tokens, double limit) {
 }
 
 TEST_CASE("logits follow the CPU reference") {
-  for (const char* preset : {"small-llama", "small-qwen2", "tiny-llama"}) {
+  for (const char* preset : {"small-llama", "small-qwen2", "tiny-llama", "tiny-qwen3", "small-qwen3",
+                             "small-llama31"}) {
     CAPTURE(preset);
     CompareWithReference(MakeDpl(preset), 16, 0.04);
+  }
+}
+
+// Every weight-type mix the GPU runs, raw and with every type's dpl planes.
+TEST_CASE("logits follow the CPU reference for every ftype and layout") {
+  using synth::Ftype;
+  for (Ftype f : {Ftype::kQ5_K_M, Ftype::kQ6_K, Ftype::kQ8_0, Ftype::kQ4_0, Ftype::kQ4_1,
+                  Ftype::kQ5_0, Ftype::kQ5_1, Ftype::kIQ4_NL, Ftype::kIQ4_XS, Ftype::kQ3_K_M,
+                  Ftype::kQ2_K, Ftype::kBF16}) {
+    for (converter::LayoutPolicy l : {converter::LayoutPolicy::kRaw, converter::LayoutPolicy::kDpl}) {
+      CAPTURE(synth::FtypeName(f));
+      CAPTURE(static_cast<int>(l));
+      CompareWithReference(MakeDpl("small-llama", f, l), 8, 0.04);
+    }
+  }
+}
+
+// The dpl layout moves bytes only: the same model converted raw and dpl
+// gives the same bits through the decode step (graph) and the prompt path
+// (tensor cores and dp4a chunks).
+TEST_CASE("raw and dpl conversions of a model give bit-identical logits") {
+  using synth::Ftype;
+  for (Ftype f : {Ftype::kQ4_K_M, Ftype::kQ8_0, Ftype::kQ3_K_M, Ftype::kIQ4_XS, Ftype::kQ5_1}) {
+    CAPTURE(synth::FtypeName(f));
+    auto raw = CudaDecoder::Create(MakeDpl("small-qwen2", f, converter::LayoutPolicy::kRaw), {});
+    auto dpl = CudaDecoder::Create(MakeDpl("small-qwen2", f, converter::LayoutPolicy::kDpl), {});
+    REQUIRE_MESSAGE(raw.ok(), raw.status().ToString());
+    REQUIRE_MESSAGE(dpl.ok(), dpl.status().ToString());
+    const std::vector<int32_t> prompt = Tokens(70, (*raw)->n_vocab());
+    std::vector<float> a, b, all_a, all_b;
+    REQUIRE((*raw)->Eval(prompt, &a, &all_a).ok());
+    REQUIRE((*dpl)->Eval(prompt, &b, &all_b).ok());
+    CHECK(all_a == all_b);
+    for (int32_t t : Tokens(5, (*raw)->n_vocab())) {
+      const int32_t one[1] = {t};
+      REQUIRE((*raw)->Eval(one, &a, nullptr).ok());
+      REQUIRE((*dpl)->Eval(one, &b, nullptr).ok());
+      CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+    }
+  }
+}
+
+void ComparePromptChunkings(const std::string& path, int n_tokens);  // below
+
+// Mistral-style sliding windows on the GPU: decode steps and prompt chunks
+// (tensor cores) against the CPU reference, with windows that bite (2, 5)
+// and one as wide as the prompt.
+TEST_CASE("a sliding window follows the CPU reference, decode and prompt") {
+  for (uint32_t w : {2u, 5u, 40u}) {
+    CAPTURE(w);
+    const std::string path = MakeDpl("small-llama", synth::Ftype::kQ4_K_M, converter::LayoutPolicy::kAuto, w);
+    CompareWithReference(path, 16, 0.04);
+    ComparePromptChunkings(path, 40);
   }
 }
 

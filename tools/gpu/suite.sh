@@ -24,14 +24,21 @@ if [[ $what == kernels || $what == all ]]; then
 fi
 
 if [[ $what == e2e || $what == all ]]; then
-  for spec in ora-llama-f32:0.005 ora-qwen2-f32:0.005 small-llama-q4km:0.04 small-qwen2-q4km:0.04; do
-    name=${spec%%:*} limit=${spec#*:}
+  # NAME:LIMIT[:ROWS] (ROWS: the oracle holds the last ROWS positions only);
+  # every layout: the converter's choice, and every type with planes in dpl.
+  for spec in ora-llama-f32:0.005 ora-qwen2-f32:0.005 small-llama-q4km:0.04 small-qwen2-q4km:0.04 \
+              small-qwen3-q4km:0.04 small-llama31-q4km:0.04:32 mini-llama-q5km:0.04 mini-llama-q6k:0.04 \
+              mini-llama-q80:0.04 mini-llama-q40:0.04 mini-llama-iq4xs:0.04 mini-llama-q3km:0.04; do
+    IFS=: read -r name limit rows <<<"$spec"
     [[ -f shared/oracle/$name.gguf ]] || continue
-    ./dpl-convert -q "shared/oracle/$name.gguf" "$tmp/$name.dpl" >/dev/null
-    tokens=$(tr -d ' \n' <"shared/oracle/$name.tokens")
-    check "e2e $name (cuda vs llama.cpp, limit $limit)" bash -c \
-      "./dpl-run -m $tmp/$name.dpl --tokens $tokens --all-logits --dump-logits $tmp/$name.f32 >/dev/null &&
-       ./compare_logits $tmp/$name.f32 shared/oracle/$name.logits.f32 $limit"
+    for layout in auto dpl; do
+      ./dpl-convert -q --layout $layout "shared/oracle/$name.gguf" "$tmp/$name.dpl" >/dev/null
+      tokens=$(tr -d ' \n' <"shared/oracle/$name.tokens")
+      check "e2e $name --layout $layout (cuda vs llama.cpp, limit $limit)" bash -c \
+        "./dpl-run -m $tmp/$name.dpl -c 4096 --tokens $tokens --all-logits --dump-logits $tmp/$name.f32 >/dev/null &&
+         ./compare_logits $tmp/$name.f32 shared/oracle/$name.logits.f32 $limit $rows"
+      rm -f "$tmp/$name.f32"
+    done
   done
   v=shared/oracle/tiny-qwen2-vocab-q4km
   if [[ -f $v.gguf ]]; then
