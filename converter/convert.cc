@@ -43,24 +43,28 @@ uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 // --layout auto, one row per type with dpl planes. Decided per type by the
 // H200 kernel bench: the raw and the dpl matvec of the same matrix
 // (kernels/matvec matvec_bench; outputs bit-identical, matvec_gpu_test), the
-// faster layout wins. q6_K: dpl 24.7 us vs raw 48.5 us on 7B ffn_down
-// (docs/PERF.md). The others are raw until their dpl kernels are measured;
-// a type that measures faster in dpl is one word on its line.
+// faster layout wins; switching a type is one word on its line.
 struct AutoLayoutRow {
   GgmlType type;
   TensorLayout layout;
 };
+// Measured on the H200 (2026-12-02, matvec_bench: the same matvec math on
+// both layouts, bit-identical outputs; best geometry of each, microseconds
+// for the Qwen2.5-7B shapes ffn_gate 18944x3584 / ffn_down 3584x18944 /
+// attn_q 3584x3584; docs/PERF.md).
 constexpr AutoLayoutRow kAutoLayout[] = {
-    {GgmlType::kQ6_K, TensorLayout::kDpl},  // measured: dpl 2x faster
-    {GgmlType::kQ8_0, TensorLayout::kRaw},  // not measured yet
-    {GgmlType::kQ4_0, TensorLayout::kRaw},  // not measured yet
-    {GgmlType::kQ4_1, TensorLayout::kRaw},  // not measured yet
-    {GgmlType::kQ5_0, TensorLayout::kRaw},  // not measured yet
-    {GgmlType::kQ5_1, TensorLayout::kRaw},  // not measured yet
-    {GgmlType::kQ2_K, TensorLayout::kRaw},  // not measured yet
-    {GgmlType::kQ3_K, TensorLayout::kRaw},  // not measured yet
-    {GgmlType::kIQ4_NL, TensorLayout::kRaw},  // not measured yet
-    {GgmlType::kIQ4_XS, TensorLayout::kRaw},  // not measured yet
+    {GgmlType::kQ6_K, TensorLayout::kDpl},    // 49.0 -> 19.0 us (ffn_down)
+    {GgmlType::kQ8_0, TensorLayout::kDpl},    // 57.3 -> 22.5, 56.0 -> 24.6, 13.3 -> 7.2
+    {GgmlType::kQ4_0, TensorLayout::kDpl},    // 33.6 -> 14.4, 33.5 -> 15.3, 9.2 -> 5.4
+    {GgmlType::kQ4_1, TensorLayout::kDpl},    // 29.5 -> 15.4, 29.4 -> 16.7, 8.1 -> 5.6
+    {GgmlType::kQ5_0, TensorLayout::kDpl},    // 47.3 -> 16.3, 47.5 -> 18.7, 11.4 -> 6.2
+    {GgmlType::kQ5_1, TensorLayout::kDpl},    // 25.2 -> 16.2, 27.4 -> 18.2, 7.7 -> 5.9
+    {GgmlType::kQ2_K, TensorLayout::kDpl},    // 19.0 -> 13.6, 19.6 -> 14.2, 6.6 -> 5.0
+    {GgmlType::kQ3_K, TensorLayout::kDpl},    // 28.9 -> 17.9, 29.7 -> 15.9, 8.7 -> 5.9
+    {GgmlType::kIQ4_NL, TensorLayout::kDpl},  // 34.5 -> 18.5, 35.4 -> 20.6, 9.6 -> 6.2
+    // 136-byte blocks are 8-byte aligned already: 20.1 vs 20.0, 21.7 vs
+    // 20.8, 6.5 vs 7.9 (dpl slower): no consistent gain, so raw.
+    {GgmlType::kIQ4_XS, TensorLayout::kRaw},
 };
 
 constexpr bool AutoLayoutRowsValid() {

@@ -112,7 +112,7 @@ TEST_CASE("q6_K tensors get the dpl layout with 16-byte rows; the rest stay raw 
   CHECK(n_dpl > 0);
 }
 
-TEST_CASE("--layout: names, and auto's table (q6_K in dpl, every other type raw)") {
+TEST_CASE("--layout: names, and auto's table (dpl for every type with planes but iq4_xs)") {
   for (const char* name : {"auto", "raw", "dpl"}) {
     auto p = LayoutPolicyFromName(name);
     REQUIRE(p.ok());
@@ -128,8 +128,9 @@ TEST_CASE("--layout: names, and auto's table (q6_K in dpl, every other type raw)
     ++n_types;
     const bool planes = formats::HasDplPlanes(tr->type);
     n_dpl_types += planes;
-    CHECK(AutoLayout(tr->type) == (tr->type == formats::GgmlType::kQ6_K ? formats::TensorLayout::kDpl
-                                                                        : formats::TensorLayout::kRaw));
+    CHECK(AutoLayout(tr->type) == (planes && tr->type != formats::GgmlType::kIQ4_XS
+                                       ? formats::TensorLayout::kDpl
+                                       : formats::TensorLayout::kRaw));
     CHECK(LayoutFor(LayoutPolicy::kAuto, tr->type) == AutoLayout(tr->type));
     CHECK(LayoutFor(LayoutPolicy::kRaw, tr->type) == formats::TensorLayout::kRaw);
     CHECK(LayoutFor(LayoutPolicy::kDpl, tr->type) ==
@@ -592,7 +593,8 @@ TEST_CASE("verify refuses a file stamped with the wrong version") {
   const std::string in = Oracle("mini-llama-q80.gguf");
   auto gguf = formats::GgufFile::Open(in);
   REQUIRE(gguf.ok());
-  for (LayoutPolicy policy : {LayoutPolicy::kDpl, LayoutPolicy::kAuto}) {
+  // q8_0 in dpl (auto, or forced) needs version 2; all raw is version 1.
+  for (LayoutPolicy policy : {LayoutPolicy::kDpl, LayoutPolicy::kAuto, LayoutPolicy::kRaw}) {
     CAPTURE(LayoutPolicyName(policy));
     const std::string out = Tmp(absl::StrCat("version-", LayoutPolicyName(policy), ".dpl"));
     ConvertOptions opt;
@@ -600,7 +602,7 @@ TEST_CASE("verify refuses a file stamped with the wrong version") {
     REQUIRE(ConvertGgufToDpl(in, out, opt).ok());
     std::string bytes = ReadAll(out);
     const uint32_t version = Field<uint32_t>(bytes, 8);
-    CHECK(version == (policy == LayoutPolicy::kDpl ? 2u : 1u));
+    CHECK(version == (policy == LayoutPolicy::kRaw ? 1u : 2u));
     {
       auto dpl = formats::DplFile::Open(out);
       REQUIRE(dpl.ok());

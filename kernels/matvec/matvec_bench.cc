@@ -208,8 +208,6 @@ int BenchGroup(const char* name, const std::vector<std::tuple<GgmlType, TensorLa
   for (const auto& [type, layout, rows] : ms) {
     const testutil::HostMatrix m = testutil::RandomMatrix(type, layout, rows, n_cols, 0, 7);
     bytes += static_cast<int64_t>(m.bytes.size());
-    WeightMatrix w{nullptr, type, layout, rows, n_cols, m.row_stride};
-    ws.push_back(w);
     uint8_t* d = nullptr;
     const int64_t copies = 16;
     BENCH_CUDA(cudaMalloc(&d, m.bytes.size() * copies));
@@ -217,6 +215,7 @@ int BenchGroup(const char* name, const std::vector<std::tuple<GgmlType, TensorLa
       BENCH_CUDA(cudaMemcpy(d + c * m.bytes.size(), m.bytes.data(), m.bytes.size(), cudaMemcpyHostToDevice));
     }
     bufs.push_back(d);
+    ws.push_back(WeightMatrix{d, type, layout, rows, n_cols, m.row_stride});
   }
   const int64_t copies = std::max<int64_t>(1, std::min<int64_t>(16, 3 * l2_bytes / bytes + 1));
   float *dx = nullptr, *dy = nullptr;

@@ -63,6 +63,10 @@ absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const W
 //   one wave (tuning.q6k_ctas_per_sm * num_sms CTAs): 3584 rows k-split 4
 //   24.7 -> 19.3 us; 5120 rows k-split 2 20.9 -> 20.6 (k-split 4 there is
 //   1.4 waves: 25 us).
+//  q5_K (2026-12-02 sweep): from 8192 rows depth 1 without pipe (its
+//   48-byte register step pipelined costs occupancy: 18944x3584 18.4 us vs
+//   23.9 pipelined), below that as q4_K (3584x18944 ks4 d1 pipe 19.7 us).
+//  q8_0 dpl from 16384 rows: depth 4 (18944x3584: 22.7 us vs 24.6 at 2).
 //  Otherwise (lm heads of >= 65536 rows: many waves, 82-91% of HBM already;
 //   512-row attn_k/v: ~4.9 us whatever the geometry, launch-bound; other
 //   types): k-split 4 below 16384 rows, depth 4 from 65536 rows, else 2,

@@ -21,6 +21,7 @@ const void* Addr(uintptr_t a) { return reinterpret_cast<const void*>(a); }
 // The H200's facts (132 SMs, 7 resident q6_K decode CTAs per SM).
 DecodeTuning H200() {
   DecodeTuning t;
+  t.pdl = false;
   t.num_sms = 132;
   t.q6k_ctas_per_sm = 7;
   return t;
@@ -177,6 +178,11 @@ TEST_CASE("decode geometry per type and height reproduces the H200 sweep") {
   small.num_sms = 66;
   CHECK(DecodeGeometryFor(MatVecKernel::kQ6KDpl, 3584, small) == MatVecGeometry{1, 2, 1, true});
   CHECK(DecodeGeometryFor(MatVecKernel::kQ6KDpl, 5120, small) == plain_short);
+  // q5_K: no pipe from 8192 rows; q8_0 dpl: depth 4 from 16384 rows.
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ5K, 18944, t) == MatVecGeometry{1, 1, 1, false});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ5K, 3584, t) == MatVecGeometry{1, 4, 1, true});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ8_0Dpl, 18944, t) == MatVecGeometry{1, 1, 4, false});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ8_0Dpl, 3584, t) == plain_short);
   // Other types keep the plain geometry.
   CHECK(DecodeGeometryFor(MatVecKernel::kQ8_0, 3584, t) == plain_short);
   CHECK(DecodeGeometryFor(MatVecKernel::kQ8_0, 18944, t) == plain_long);
@@ -225,7 +231,8 @@ TEST_CASE("PlanMatVecGroups: one launch per kernel, planned for the total height
   DecodeTuning pdl = t;
   pdl.pdl = true;
   CHECK(PlanMatVec(q, pdl)->pdl);
-  CHECK(!PlanMatVec(q, t)->pdl);
+  pdl.pdl = false;
+  CHECK(!PlanMatVec(q, pdl)->pdl);
 }
 
 TEST_CASE("MatVecGridFor covers every row and token, within CUDA limits") {

@@ -6,20 +6,26 @@
 #     (A/B against a baseline build's dpl-run and dpl-bench, see ab.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-targets=(
+tools=(
+  //runtime:dpl-run //runtime:dpl-bench //runtime:dpl-tokenize //tools:dpl-synth
+  //converter:dpl-convert //tests:compare_logits
+)
+tests=(
   //kernels/matvec:matvec_gpu_test //kernels/matvec:matvec_bench
   //kernels/ops:ops_gpu_test //kernels/attention:attention_gpu_test //kernels/attention:attention_bench
   //kernels/attention:prompt_attention_gpu_test //kernels/gemm:prompt_gemm_gpu_test //kernels/gemm:gemm_bench
   //kernels/sampling:sampling_gpu_test //kernels:cuda_handles_gpu_test
   //runtime/cuda:device_weights_gpu_test //runtime/cuda:cuda_decoder_gpu_test
-  //runtime:dpl-run //runtime:dpl-bench //runtime:dpl-tokenize //tools:dpl-synth
-  //converter:dpl-convert //tests:compare_logits
 )
+# DPL_STAGE_TOOLS_ONLY=1: the tools alone (no test or bench binaries), to
+# leave the carry's room for oracle models (e2e, dpl-bench, startup.sh).
+targets=("${tools[@]}")
+[[ -n ${DPL_STAGE_TOOLS_ONLY:-} ]] || targets+=("${tests[@]}")
 if ! log=$(bazel build "${targets[@]}" 2>&1); then
   echo "$log" | grep -E "ERROR|error:" >&2
   exit 1
 fi
-out=.gpu/suite
+out=${DPL_STAGE_DIR:-.gpu/suite}
 rm -rf "$out" && mkdir -p "$out/shared/oracle"
 bin=$(bazel info bazel-bin 2>/dev/null)
 mkdir -p "$out/bin"
@@ -33,8 +39,9 @@ tar -C "$out/bin" -czf "$out/bin.tar.gz" . && rm -rf "$out/bin"
 shared=${DPL_SHARED_DIR:-../shared}
 # Under the 64 MiB a call may carry: the four small oracle models, and the
 # vocabulary model only when asked (it is 39 MB).
-# DPL_STAGE_ORACLES overrides the list (room for a baseline's binaries).
-for m in ${DPL_STAGE_ORACLES:-ora-llama-f32 ora-qwen2-f32 small-llama-q4km small-qwen2-q4km} ${WITH_VOCAB_MODEL:+tiny-qwen2-vocab-q4km}; do
+# DPL_STAGE_ORACLES overrides the list (room for a baseline's binaries; ""
+# packs none). DPL_STAGE_DIR: where (default .gpu/suite).
+for m in ${DPL_STAGE_ORACLES-ora-llama-f32 ora-qwen2-f32 small-llama-q4km small-qwen2-q4km} ${WITH_VOCAB_MODEL:+tiny-qwen2-vocab-q4km}; do
   cp "$shared/oracle/$m".* "$out/shared/oracle/"
 done
 if [[ -n ${1:-} ]]; then  # a baseline build's binaries for ab.sh
@@ -46,5 +53,5 @@ fi
 # the 3254-token prompt of startup.sh.
 # (gzipped: 5.7 -> 2.5 MB of the 64 MiB; suite.sh and startup.sh unpack it).
 mkdir -p "$out/shared/vocab" && gzip -c "$shared/vocab/ggml-vocab-qwen2.gguf" >"$out/shared/vocab/ggml-vocab-qwen2.gguf.gz"
-cp tools/gpu/env.sh tools/gpu/suite.sh tools/gpu/ab.sh tools/gpu/startup.sh tools/gpu/prompt-3254.txt "$out/"
+cp tools/gpu/env.sh tools/gpu/suite.sh tools/gpu/ab.sh tools/gpu/startup.sh tools/gpu/types.sh tools/gpu/prompt-3254.txt "$out/"
 du -sh "$out"

@@ -12,10 +12,10 @@ export DPL_SHARED_DIR=$dir/shared
 source ./env.sh
 tmp=$(mktemp -d /tmp/dpl-gpu.XXXXXX)
 passed=0 failed=0
-check() {  # NAME CMD...: runs CMD, output to the log
+check() {  # NAME CMD...: runs CMD (at most DPL_CHECK_TIMEOUT s, default 150), output to the log
   local name=$1; shift
   echo "---- $name: $*"
-  if timeout 150 "$@"; then echo "ok   $name"; passed=$((passed + 1)); else echo "FAIL $name"; failed=$((failed + 1)); fi
+  if timeout "${DPL_CHECK_TIMEOUT:-150}" "$@"; then echo "ok   $name"; passed=$((passed + 1)); else echo "FAIL $name"; failed=$((failed + 1)); fi
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 
