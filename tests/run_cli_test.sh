@@ -13,13 +13,17 @@ fails=0
 ok() { echo "ok   $1"; }
 bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 
-for spec in ora-llama-f32:0.002 ora-qwen2-f32:0.002 small-llama-q4km:0.03 small-qwen2-q4km:0.03; do
-  name=${spec%%:*} limit=${spec#*:}
+# NAME:LIMIT[:ROWS]: every oracle model, converted (the runtime's layouts);
+# ROWS: the oracle holds the last ROWS positions only.
+for spec in ora-llama-f32:0.002 ora-qwen2-f32:0.002 small-llama-q4km:0.03 small-qwen2-q4km:0.03 \
+            small-qwen3-q4km:0.03 small-llama31-q4km:0.03:32 mini-llama-q5km:0.03 mini-llama-q6k:0.03 \
+            mini-llama-q80:0.03 mini-llama-q40:0.03 mini-llama-iq4xs:0.03 mini-llama-q3km:0.03; do
+  IFS=: read -r name limit rows <<<"$spec"
   "$convert" -q "$shared/oracle/$name.gguf" "$tmp/$name.dpl" >/dev/null || { bad "convert $name"; continue; }
   tokens=$(tr -d ' \n' <"$shared/oracle/$name.tokens")
-  if "$run" -m "$tmp/$name.dpl" --device cpu --tokens "$tokens" --all-logits \
+  if "$run" -m "$tmp/$name.dpl" --device cpu -c 4096 --tokens "$tokens" --all-logits \
       --dump-logits "$tmp/$name.f32" >/dev/null 2>&1 &&
-     "$compare" "$tmp/$name.f32" "$shared/oracle/$name.logits.f32" "$limit"; then
+     "$compare" "$tmp/$name.f32" "$shared/oracle/$name.logits.f32" "$limit" $rows; then
     ok "dpl-run --device cpu $name within $limit of llama.cpp"
   else
     bad "dpl-run --device cpu $name"

@@ -67,6 +67,47 @@ __device__ __forceinline__ XView TokenX(const MatVecArgs& a, int t) {
   return v;
 }
 
+// The q4_K / q5_K step of lane p (chunk c = p / 2: sub-blocks 2c, 2c + 1)
+// from its two integer dots dl, dh and the block header hdr (d|dmin,
+// scales[0..11]):  d * (sc_2c xd_2c dl + sc_2c+1 xd_2c+1 dh) - dmin * (m_2c
+// xs_2c + m_2c+1 xs_2c+1), the min term added once, by the even lane.
+__device__ __forceinline__ float KScaledSum(const uint4& hdr, const XView& x, int it, int p, int dl,
+                                            int dh) {
+  const int c = p >> 1;
+  const int k = 2 * (c & 1);  // byte index into the scale words (see below)
+  // 6-bit scale/min of sub-blocks j = 2c, 2c+1 (scales s[0..11] in hdr.y..w):
+  //   j < 4:  sc = s[j] & 63,  m = s[j+4] & 63
+  //   j >= 4: sc = (s[j+4] & 15) | (s[j-4] >> 6) << 4,  m = (s[j+4] >> 4) | (s[j] >> 6) << 4
+  // For c < 2, s[j] is byte k of hdr.y and s[j+4] byte k of hdr.z; for c >= 2,
+  // s[j+4], s[j-4], s[j] are byte k of hdr.w, hdr.y, hdr.z (k = 2 (c & 1)).
+  uint32_t sc0, sc1, m0, m1;
+  const uint32_t y0 = Byte(hdr.y, k), y1 = Byte(hdr.y, k + 1);
+  const uint32_t z0 = Byte(hdr.z, k), z1 = Byte(hdr.z, k + 1);
+  if (c < 2) {
+    sc0 = y0 & 63;
+    sc1 = y1 & 63;
+    m0 = z0 & 63;
+    m1 = z1 & 63;
+  } else {
+    const uint32_t w0 = Byte(hdr.w, k), w1 = Byte(hdr.w, k + 1);
+    sc0 = (w0 & 15) | ((y0 >> 6) << 4);
+    sc1 = (w1 & 15) | ((y1 >> 6) << 4);
+    m0 = (w0 >> 4) | ((z0 >> 6) << 4);
+    m1 = (w1 >> 4) | ((z1 >> 6) << 4);
+  }
+  const float d = Half(hdr.x & 0xFFFFu);
+  const float dmin = Half(hdr.x >> 16);
+  const int xb = it * 8 + 2 * c;
+  const float2 dd = __ldg(reinterpret_cast<const float2*>(x.d + xb));
+  float v = d * (static_cast<float>(sc0) * dd.x * static_cast<float>(dl) +
+                 static_cast<float>(sc1) * dd.y * static_cast<float>(dh));
+  if ((p & 1) == 0) {
+    const float2 ss = __ldg(reinterpret_cast<const float2*>(x.s + xb));
+    v -= dmin * (static_cast<float>(m0) * ss.x + static_cast<float>(m1) * ss.y);
+  }
+  return v;
+}
+
 // ---------------------------------------------------------------------------
 // q4_K (raw GGUF, 144-byte blocks: d f16, dmin f16, scales[12], qs[128]).
 //   w = d * sc_j * q - dmin * m_j        (sub-block j of 32 weights, q 4-bit)
@@ -91,7 +132,6 @@ struct Q4K {
   __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
     const int c = p >> 1;
     const int t0 = (p & 1) * 16;
-    const int k = 2 * (c & 1);  // byte index into the scale words (see below)
     const int8_t* xp = x.q + static_cast<int64_t>(it) * 256 + 64 * c + t0;
     const int4 xl = LdX16(xp);
     const int4 xh = LdX16(xp + 32);
@@ -104,37 +144,7 @@ struct Q4K {
     dh = __dp4a(static_cast<int>((r.qs.y >> 4) & 0x0F0F0F0Fu), xh.y, dh);
     dh = __dp4a(static_cast<int>((r.qs.z >> 4) & 0x0F0F0F0Fu), xh.z, dh);
     dh = __dp4a(static_cast<int>((r.qs.w >> 4) & 0x0F0F0F0Fu), xh.w, dh);
-    // 6-bit scale/min of sub-blocks j = 2c, 2c+1 (scales s[0..11] in hdr.y..w):
-    //   j < 4:  sc = s[j] & 63,  m = s[j+4] & 63
-    //   j >= 4: sc = (s[j+4] & 15) | (s[j-4] >> 6) << 4,  m = (s[j+4] >> 4) | (s[j] >> 6) << 4
-    // For c < 2, s[j] is byte k of hdr.y and s[j+4] byte k of hdr.z; for c >= 2,
-    // s[j+4], s[j-4], s[j] are byte k of hdr.w, hdr.y, hdr.z (k = 2 (c & 1)).
-    uint32_t sc0, sc1, m0, m1;
-    const uint32_t y0 = Byte(r.hdr.y, k), y1 = Byte(r.hdr.y, k + 1);
-    const uint32_t z0 = Byte(r.hdr.z, k), z1 = Byte(r.hdr.z, k + 1);
-    if (c < 2) {
-      sc0 = y0 & 63;
-      sc1 = y1 & 63;
-      m0 = z0 & 63;
-      m1 = z1 & 63;
-    } else {
-      const uint32_t w0 = Byte(r.hdr.w, k), w1 = Byte(r.hdr.w, k + 1);
-      sc0 = (w0 & 15) | ((y0 >> 6) << 4);
-      sc1 = (w1 & 15) | ((y1 >> 6) << 4);
-      m0 = (w0 >> 4) | ((z0 >> 6) << 4);
-      m1 = (w1 >> 4) | ((z1 >> 6) << 4);
-    }
-    const float d = Half(r.hdr.x & 0xFFFFu);
-    const float dmin = Half(r.hdr.x >> 16);
-    const int xb = it * 8 + 2 * c;
-    const float2 dd = __ldg(reinterpret_cast<const float2*>(x.d + xb));
-    float v = d * (static_cast<float>(sc0) * dd.x * static_cast<float>(dl) +
-                   static_cast<float>(sc1) * dd.y * static_cast<float>(dh));
-    if ((p & 1) == 0) {
-      const float2 ss = __ldg(reinterpret_cast<const float2*>(x.s + xb));
-      v -= dmin * (static_cast<float>(m0) * ss.x + static_cast<float>(m1) * ss.y);
-    }
-    return v;
+    return KScaledSum(r.hdr, x, it, p, dl, dh);
   }
 };
 
@@ -579,7 +589,6 @@ struct Q5K {
   __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
     const int c = p >> 1;
     const int t0 = (p & 1) * 16;
-    const int k = 2 * (c & 1);
     const int8_t* xp = x.q + static_cast<int64_t>(it) * 256 + 64 * c + t0;
     const int4 xl = LdX16(xp);
     const int4 xh = LdX16(xp + 32);
@@ -600,33 +609,7 @@ struct Q5K {
     dh = __dp4a(static_cast<int>(hi[1]), xh.y, dh);
     dh = __dp4a(static_cast<int>(hi[2]), xh.z, dh);
     dh = __dp4a(static_cast<int>(hi[3]), xh.w, dh);
-    // Scales and mins exactly as Q4K (same 12-byte packing).
-    uint32_t sc0, sc1, m0, m1;
-    const uint32_t y0 = Byte(r.hdr.y, k), y1 = Byte(r.hdr.y, k + 1);
-    const uint32_t z0 = Byte(r.hdr.z, k), z1 = Byte(r.hdr.z, k + 1);
-    if (c < 2) {
-      sc0 = y0 & 63;
-      sc1 = y1 & 63;
-      m0 = z0 & 63;
-      m1 = z1 & 63;
-    } else {
-      const uint32_t w0 = Byte(r.hdr.w, k), w1 = Byte(r.hdr.w, k + 1);
-      sc0 = (w0 & 15) | ((y0 >> 6) << 4);
-      sc1 = (w1 & 15) | ((y1 >> 6) << 4);
-      m0 = (w0 >> 4) | ((z0 >> 6) << 4);
-      m1 = (w1 >> 4) | ((z1 >> 6) << 4);
-    }
-    const float d = Half(r.hdr.x & 0xFFFFu);
-    const float dmin = Half(r.hdr.x >> 16);
-    const int xb = it * 8 + 2 * c;
-    const float2 dd = __ldg(reinterpret_cast<const float2*>(x.d + xb));
-    float v = d * (static_cast<float>(sc0) * dd.x * static_cast<float>(dl) +
-                   static_cast<float>(sc1) * dd.y * static_cast<float>(dh));
-    if ((p & 1) == 0) {
-      const float2 ss = __ldg(reinterpret_cast<const float2*>(x.s + xb));
-      v -= dmin * (static_cast<float>(m0) * ss.x + static_cast<float>(m1) * ss.y);
-    }
-    return v;
+    return KScaledSum(r.hdr, x, it, p, dl, dh);
   }
 };
 
