@@ -30,7 +30,7 @@ constexpr char kDescription[] =
     "the conversion. Refused: OUT.dpl being the input (also through a link), an existing\n"
     "read-only OUT.dpl, a directory or device there, and option values out of range.\n\n"
     "--layout picks the tensors that get the dense split-plane (dpl) layout: auto (default)\n"
-    "the per-type choice of the kernel bench (q6_K today; the file stays format version 1),\n"
+    "the per-type choice of the kernel bench (every type with planes but iq4_xs),\n"
     "raw none, dpl every tensor whose type has one (docs/FORMAT.md's table; a file with dpl\n"
     "on any type but q6_K is format version 2). A tensor whose type the CUDA runtime has no\n"
     "kernel for is converted with a warning on stderr.";
