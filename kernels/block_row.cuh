@@ -143,6 +143,22 @@ struct BlockRow {
       return row + i * kBlockBytes + kOffset;
     }
   }
+  // The first 4 bytes of field kF of block i, as one little-endian word.
+  template <uint32_t kF>
+  __device__ __forceinline__ uint32_t Word(int64_t i) const {
+    uint32_t w[1];
+    LdWords<1, (Align(kF) < 4 ? Align(kF) : 4)>(Field<kF>(i), w);
+    return w[0];
+  }
+  // A scale field of block i: d (2 bytes, f16 bits) or, kWide, d | m << 16.
+  template <uint32_t kF, bool kWide = false>
+  __device__ __forceinline__ uint32_t Scale(int64_t i) const {
+    if constexpr (kWide) {
+      return Word<kF>(i);
+    } else {
+      return LdW2(Field<kF>(i));
+    }
+  }
 };
 
 }  // namespace dpl::kernels

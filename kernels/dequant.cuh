@@ -114,17 +114,13 @@ struct BlockFormat {
     LdWords<2, kAlign>(r.template Field<kF>(b) + off, w);
   }
   template <uint32_t kF>
-  __device__ static uint32_t Word(const Row& r, int64_t b) {  // 4 bytes at field kF (>= 4 bytes long)
-    constexpr int kAlign = A(kF) < 4 ? A(kF) : 4;
-    uint32_t w[1];
-    LdWords<1, kAlign>(r.template Field<kF>(b), w);
-    return w[0];
+  __device__ static uint32_t Word(const Row& r, int64_t b) {  // 4 bytes at field kF
+    return r.template Word<kF>(b);
   }
   template <uint32_t kF>
-  __device__ static uint32_t Half(const Row& r, int64_t b, int off = 0) {  // 2 bytes
-    return LdW2(r.template Field<kF>(b) + off);
+  __device__ static uint32_t Half(const Row& r, int64_t b) {  // 2 bytes at field kF
+    return r.template Scale<kF>(b);
   }
-
 };
 
 // ---- 32-weight blocks. Element e of a block: nibble formats take the low

@@ -307,7 +307,7 @@ struct Q8_0 {
     if (b >= a.n_cols / 32) return false;
     const Row w{row, a.n_cols / 32};
     LdWords<4, Row::Align(kQs)>(w.template Field<kQs>(b) + 16 * (p & 1), r.q);
-    r.d = LdW2(w.template Field<kD>(b));
+    r.d = w.template Scale<kD>(b);
     return true;
   }
   __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
@@ -345,13 +345,7 @@ struct Nib4 {
     if (b >= a.n_cols / 32) return false;
     const Row w{row, a.n_cols / 32};
     LdWords<4, Row::Align(kQs)>(w.template Field<kQs>(b), r.q);
-    if constexpr (kMin) {
-      uint32_t dm[1];
-      LdWords<1, (Row::Align(kD) < 4 ? Row::Align(kD) : 4)>(w.template Field<kD>(b), dm);
-      r.d = dm[0];
-    } else {
-      r.d = LdW2(w.template Field<kD>(b));
-    }
+    r.d = w.template Scale<kD, kMin>(b);
     return true;
   }
   __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
@@ -400,17 +394,10 @@ struct Nib5 {
     const int b = 8 * it + p;
     if (b >= a.n_cols / 32) return false;
     const Row w{row, a.n_cols / 32};
-    uint32_t qh[1], qs[4];
-    LdWords<1, (Row::Align(kQh) < 4 ? Row::Align(kQh) : 4)>(w.template Field<kQh>(b), qh);
+    uint32_t qs[4];
     LdWords<4, Row::Align(kQs)>(w.template Field<kQs>(b), qs);
-    r.w[0] = qh[0], r.w[1] = qs[0], r.w[2] = qs[1], r.w[3] = qs[2], r.w[4] = qs[3];
-    if constexpr (kMin) {
-      uint32_t dm[1];
-      LdWords<1, (Row::Align(kD) < 4 ? Row::Align(kD) : 4)>(w.template Field<kD>(b), dm);
-      r.d = dm[0];
-    } else {
-      r.d = LdW2(w.template Field<kD>(b));
-    }
+    r.w[0] = w.template Word<kQh>(b), r.w[1] = qs[0], r.w[2] = qs[1], r.w[3] = qs[2], r.w[4] = qs[3];
+    r.d = w.template Scale<kD, kMin>(b);
     return true;
   }
   __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
@@ -477,13 +464,12 @@ struct K23 {
     if constexpr (kQ3) {
       LdWords<4, Row::Align(kHmask)>(w.template Field<kHmask>(b) + l0, r.hm);
       LdWords<3, (Row::Align(kScales) < 4 ? Row::Align(kScales) : 4)>(w.template Field<kScales>(b), r.sc);
-      r.d = LdW2(w.template Field<kD>(b));
+      r.d = w.template Scale<kD>(b);
     } else {
-      uint32_t sc[2], dm[1];
+      uint32_t sc[2];
       LdWords<2, Row::Align(kScales)>(w.template Field<kScales>(b) + 8 * c, sc);
-      LdWords<1, (Row::Align(kDm) < 4 ? Row::Align(kDm) : 4)>(w.template Field<kDm>(b), dm);
       r.sc[0] = sc[0], r.sc[1] = sc[1], r.sc[2] = 0;
-      r.d = dm[0];
+      r.d = w.template Scale<kDm, true>(b);
     }
     return true;
   }
