@@ -3,8 +3,9 @@
 // weights of a row are computed from its blocks (DeviceFormat::Load8), in
 // the raw GGUF layout or the dpl split planes (kernels/block_row.cuh finds
 // the fields). The prompt GEMM's f16 dequant (kernels/gemm) stores what Load8
-// gives; the embedding gather (kernels/ops) does the same per 8 columns, and
-// DequantElem picks one element out of its group.
+// gives; the embedding gather (kernels/ops) does the same per 8 columns;
+// float formats also read single elements (FloatElem) where rows are not
+// aligned for the vector loads.
 //
 // Bit-exactness: every float step is an explicit __fmul_rn / __fadd_rn /
 // __fsub_rn, which nvcc never contracts into an FMA, so the float32 rounding
@@ -383,21 +384,25 @@ struct DeviceFormat<GgmlType::kIQ4_XS, kDpl> : BlockFormat<GgmlType::kIQ4_XS, kD
   }
 };
 
-// Element j of one row of n_cols weights (row: the row's first byte). Float
-// formats read the element alone (byte loads: any 2- or 4-aligned row);
-// block formats dequantize its group of 8 and pick it.
-template <GgmlType kType, bool kDpl>
-__device__ float DequantElem(const uint8_t* row, int64_t j, int64_t n_cols) {
+// Whether a format is a plain float (f32, f16, bf16): read one element at a
+// time where a row is not aligned for Load8's vector loads.
+constexpr bool IsFloatFormat(GgmlType t) {
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16;
+}
+
+// Element j of one row of a float format (row: the row's first byte; byte
+// loads, so any 2- or 4-aligned row). Block formats have no per-element
+// path: their rows are always aligned (whole blocks from a 256-byte aligned
+// tensor) and go through Load8.
+template <GgmlType kType>
+__device__ float FloatElem(const uint8_t* row, int64_t j) {
+  static_assert(IsFloatFormat(kType), "FloatElem: f32, f16 or bf16 only");
   if constexpr (kType == GgmlType::kF32) {
     return reinterpret_cast<const float*>(row)[j];
   } else if constexpr (kType == GgmlType::kF16) {
     return F16BitsToFloat(static_cast<uint32_t>(row[2 * j] | (row[2 * j + 1] << 8)));
-  } else if constexpr (kType == GgmlType::kBF16) {
-    return Bf16BitsToFloat(static_cast<uint32_t>(row[2 * j] | (row[2 * j + 1] << 8)));
   } else {
-    float v[8];
-    DeviceFormat<kType, kDpl>::Load8(row, j & ~int64_t{7}, n_cols, v);
-    return v[j & 7];
+    return Bf16BitsToFloat(static_cast<uint32_t>(row[2 * j] | (row[2 * j + 1] << 8)));
   }
 }
 

@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreads)
 // The same values one element per thread, for what the 8-wide loads cannot
 // read: rows or an output not aligned for them, n_cols % 8 != 0 (f32, f16,
 // bf16 only; block types are whole blocks of 32 or 256).
-template <GgmlType kType, bool kDpl>
+template <GgmlType kType>
 __global__ void DequantF16ScalarKernel(const uint8_t* __restrict__ w,  // (n_rows, row_stride)
                                        int64_t row_stride, int64_t n_rows, int64_t n_cols,
                                        __half* __restrict__ out) {  // (n_rows, n_cols)
@@ -99,7 +99,7 @@ __global__ void DequantF16ScalarKernel(const uint8_t* __restrict__ w,  // (n_row
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / n_cols, j = i - r * n_cols;
-    out[i] = __float2half_rn(DequantElem<kType, kDpl>(w + r * row_stride, j, n_cols));
+    out[i] = __float2half_rn(FloatElem<kType>(w + r * row_stride, j));
   }
 }
 
@@ -120,17 +120,16 @@ absl::Status LaunchDequant(const WeightMatrix& w, int64_t row_begin, int64_t n_r
   const int64_t gpr = w.n_cols / kGroup;
   const bool vector_ok = w.n_cols % kGroup == 0 && Aligned(base, kAlign) &&
                          w.row_stride % kAlign == 0 && Aligned(out, 16) && gpr < (1 << 30);
-  constexpr bool kFloat =
-      kType == GgmlType::kF32 || kType == GgmlType::kF16 || kType == GgmlType::kBF16;
-  if (!vector_ok && !kFloat) {
-    // Never for a tensor of a .dpl file: its rows start 256-byte aligned
-    // plus whole blocks.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DequantizeRowsF16: ", formats::TraitsOf(kType).name, " rows must be ", kAlign,
-        "-byte aligned (data and row_stride) and the output 16-byte aligned"));
-  }
-  if (!vector_ok) {
-    DequantF16ScalarKernel<kType, kDpl><<<StrideBlocks(n_rows * w.n_cols), kThreads, 0, stream>>>(
+  if constexpr (!IsFloatFormat(kType)) {
+    if (!vector_ok) {
+      // Never for a tensor of a .dpl file: its rows start 256-byte aligned
+      // plus whole blocks.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DequantizeRowsF16: ", formats::TraitsOf(kType).name, " rows must be ", kAlign,
+          "-byte aligned (data and row_stride) and the output 16-byte aligned"));
+    }
+  } else if (!vector_ok) {
+    DequantF16ScalarKernel<kType><<<StrideBlocks(n_rows * w.n_cols), kThreads, 0, stream>>>(
         base, w.row_stride, n_rows, w.n_cols, reinterpret_cast<__half*>(out));
     DPL_CUDA_CHECK_LAUNCH();
     return absl::OkStatus();

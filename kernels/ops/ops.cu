@@ -159,7 +159,7 @@ __global__ void EmbedKernel(const uint8_t* table,  // (n_rows, row_stride) bytes
                             uint64_t row_stride, int64_t n_rows, int64_t n_cols,
                             const int* d_tokens,   // (n_tokens)
                             float* out) {          // (n_tokens, n_cols)
-  constexpr bool kFloat = kType == GgmlType::kF32 || kType == GgmlType::kF16 || kType == GgmlType::kBF16;
+  constexpr bool kFloat = IsFloatFormat(kType);
   constexpr int kPer = kFloat ? 1 : 8;
   const int token = d_tokens[blockIdx.y];
   out += blockIdx.y * n_cols;
@@ -170,7 +170,7 @@ __global__ void EmbedKernel(const uint8_t* table,  // (n_rows, row_stride) bytes
     if (bad) {
       for (int i = 0; i < kPer; ++i) out[j + i] = __int_as_float(0x7fc00000);
     } else if constexpr (kFloat) {
-      out[j] = DequantElem<kType, kDpl>(row, j, n_cols);
+      out[j] = FloatElem<kType>(row, j);
     } else {
       float v[8];
       DeviceFormat<kType, kDpl>::Load8(row, j, n_cols, v);
@@ -182,8 +182,7 @@ __global__ void EmbedKernel(const uint8_t* table,  // (n_rows, row_stride) bytes
 template <GgmlType kType, bool kDpl>
 absl::Status LaunchEmbed(const WeightMatrix& t, const int* d_token, int n_tokens, float* out,
                          cudaStream_t s) {
-  constexpr bool kFloat = kType == GgmlType::kF32 || kType == GgmlType::kF16 || kType == GgmlType::kBF16;
-  if constexpr (!kFloat) {
+  if constexpr (!IsFloatFormat(kType)) {
     constexpr int kAlign = DeviceFormat<kType, kDpl>::kRowAlign;
     if (reinterpret_cast<uintptr_t>(t.data) % kAlign != 0 || t.row_stride % kAlign != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -192,7 +191,7 @@ absl::Status LaunchEmbed(const WeightMatrix& t, const int* d_token, int n_tokens
     }
   }
   const int threads = 256;
-  const int64_t per_block = threads * (kFloat ? 1 : 8);
+  const int64_t per_block = threads * (IsFloatFormat(kType) ? 1 : 8);
   const dim3 grid(static_cast<unsigned>((t.n_cols + per_block - 1) / per_block), n_tokens);
   EmbedKernel<kType, kDpl><<<grid, threads, 0, s>>>(static_cast<const uint8_t*>(t.data),
                                                    t.row_stride, t.n_rows, t.n_cols, d_token,
