@@ -25,6 +25,21 @@ __device__ __forceinline__ uint4 LdW16(const uint8_t* p) {
       : "l"(p));
   return v;
 }
+// The same load with the L2::256B prefetch hint: a miss fetches the whole
+// 256-byte span (8 sectors) holding p, not only p's sectors. Why: a q4_K
+// warp step reads four rows' 144-byte blocks at a row stride apart, so the
+// next step's bytes of each row are in the span already requested.
+// Measured on the H200 (probe sweep, 2026-12-02, q4_K, best geometry):
+// 3584x18944 17.5 -> 16.2 us, 5120x13824 16.1 -> 15.1, 37888x3584 27.0 ->
+// 26.1; on q6_K dpl rows it costs 1-4% (19.1 -> 19.3, 111 -> 116 us), so
+// only the q4_K trait uses it.
+__device__ __forceinline__ uint4 LdW16Span(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
 __device__ __forceinline__ uint2 LdW8(const uint8_t* p) {
   uint2 v;
   asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));

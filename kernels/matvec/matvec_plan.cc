@@ -199,8 +199,11 @@ absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const W
 
 MatVecGeometry DecodeGeometryFor(MatVecKernel kernel, int64_t n_rows, const DecodeTuning& tuning) {
   const MatVecGeometry plain = {1, n_rows < 16384 ? 4 : 1, n_rows >= 65536 ? 4 : 2, false};
+  if (n_rows >= 65536 && (kernel == MatVecKernel::kQ6KDpl || kernel == MatVecKernel::kQ6KRaw)) {
+    return {1, 1, 1, false};
+  }
   if (n_rows >= 65536 || n_rows < 2048) return plain;
-  if (kernel == MatVecKernel::kQ4K) return {1, n_rows >= 8192 ? 1 : 4, 1, true};
+  if (kernel == MatVecKernel::kQ4K) return {1, n_rows >= 6144 ? 2 : 4, 1, true};
   if (kernel == MatVecKernel::kQ5K) return n_rows >= 8192 ? MatVecGeometry{1, 1, 1, false} : MatVecGeometry{1, 4, 1, true};
   if (kernel == MatVecKernel::kQ8_0Dpl && n_rows >= 16384) return {1, 1, 4, false};
   if (kernel == MatVecKernel::kQ6KDpl || kernel == MatVecKernel::kQ6KRaw) {

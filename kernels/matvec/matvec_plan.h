@@ -51,27 +51,30 @@ struct MatVecGroupPlan {
 absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const WeightMatrix> ws,
                                                               const DecodeTuning& tuning);
 
-// The single-token geometry per kernel and matrix height, from the H200
-// sweep of matvec_bench (2026-11-30, every k-split/depth/pipe, one binary):
-//  q4_K, 2048..65535 rows: depth 1 pipelined (48 registers: 10 CTAs/SM, so
-//   18944 rows = 1184 CTAs is one wave with 2 steps in flight per lane):
-//   18944x3584 16.95 -> 14.8 us, 13824x5120 18.9 -> 16.8; below 8192 rows
-//   k-split 4: 5120x13824 25.3 -> 16.2, 3584x18944 20.4 -> 17.7, 5120^2
-//   12.5 -> 8.1.
+// The single-token geometry per kernel and matrix height (launch height:
+// a grouped launch's total rows), from H200 sweeps of every k-split, depth
+// and pipe on one binary (matvec_bench 2026-11-30; the q4_K and q6_K rows
+// re-swept 2026-12-02 on the grouped heights, docs/PERF.md):
+//  q4_K, 2048..65535 rows: depth 1 pipelined (2 steps in flight per lane at
+//   48 registers), k-split 2 from 6144 rows, else 4: 27648x5120 (14B gate/up)
+//   ks1 35.9 / ks2 27.8 / ks4 28.7 us; 37888x3584 (7B gate/up) 27.1 / 27.0 /
+//   29.2; 7168x5120 ks2 10.0 / ks4 11.9; 4608x3584 7.4 / 6.5; 5120x13824
+//   20.4 / 16.1; 3584x18944 27.8 / 17.5.
 //  q6_K (raw and dpl alike: their outputs are compared bit for bit),
 //   2048..65535 rows: depth 1 pipelined, the largest k-split whose grid is
 //   one wave (tuning.q6k_ctas_per_sm * num_sms CTAs): 3584 rows k-split 4
 //   24.7 -> 19.3 us; 5120 rows k-split 2 20.9 -> 20.6 (k-split 4 there is
-//   1.4 waves: 25 us).
+//   1.4 waves: 25 us). From 65536 rows (lm heads) depth 1, no split, no
+//   pipe: 152064x3584 111 us vs 120 at depth 4 (91.6% of HBM), 152064x5120
+//   172 vs 185.
 //  q5_K (2026-12-02 sweep): from 8192 rows depth 1 without pipe (its
 //   48-byte register step pipelined costs occupancy: 18944x3584 18.4 us vs
 //   23.9 pipelined), below that as q4_K (3584x18944 ks4 d1 pipe 19.7 us).
 //  q8_0 dpl from 16384 rows: depth 4 (18944x3584: 22.7 us vs 24.6 at 2).
-//  Otherwise (lm heads of >= 65536 rows: many waves, 82-91% of HBM already;
-//   512-row attn_k/v: ~4.9 us whatever the geometry, launch-bound; other
-//   types): k-split 4 below 16384 rows, depth 4 from 65536 rows, else 2,
-//   no pipe. (13824x5120 q4_K 18.8 us with k-split vs 19.8 without;
-//   152064x3584 q6_K dpl 112-119 us at depth 4 vs 120 at 2.)
+//  Otherwise (lm heads of other types; 512-row attn_k/v: ~4.9 us whatever
+//   the geometry, launch-bound; other types): k-split 4 below 16384 rows,
+//   depth 4 from 65536 rows, else 2, no pipe. (13824x5120 q4_K 18.8 us with
+//   k-split vs 19.8 without.)
 MatVecGeometry DecodeGeometryFor(MatVecKernel kernel, int64_t n_rows, const DecodeTuning& tuning);
 
 // Grid of a launch: x = token tiles, y = row blocks of RowsPerCta(ksplit)

@@ -160,13 +160,17 @@ TEST_CASE("decode geometry per type and height reproduces the H200 sweep") {
   const DecodeTuning t = H200();
   const MatVecGeometry plain_long = {1, 1, 2, false}, plain_short = {1, 4, 2, false};
   const MatVecGeometry head = {1, 1, 4, false};
-  // lm heads: many waves, depth 4, no k-split, whatever the type.
-  CHECK(DecodeGeometryFor(MatVecKernel::kQ6KDpl, 152064, t) == head);
+  // lm heads: many waves, no k-split; q6_K depth 1, other types depth 4.
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ6KDpl, 152064, t) == MatVecGeometry{1, 1, 1, false});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ6KRaw, 152064, t) == MatVecGeometry{1, 1, 1, false});
   CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 152064, t) == head);
   // 512-row attn_k/v: launch-bound, k-split 4.
   CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 512, t) == plain_short);
-  // q4_K mid-size: depth 1 pipelined, k-split 4 below 8192 rows.
-  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 18944, t) == MatVecGeometry{1, 1, 1, true});
+  // q4_K mid-size: depth 1 pipelined, k-split 2 from 6144 rows, else 4.
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 37888, t) == MatVecGeometry{1, 2, 1, true});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 27648, t) == MatVecGeometry{1, 2, 1, true});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 7168, t) == MatVecGeometry{1, 2, 1, true});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 5120, t) == MatVecGeometry{1, 4, 1, true});
   CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 3584, t) == MatVecGeometry{1, 4, 1, true});
   // q6_K: the largest k-split whose grid is one wave of 7 x 132 CTAs.
   CHECK(DecodeGeometryFor(MatVecKernel::kQ6KDpl, 3584, t) == MatVecGeometry{1, 4, 1, true});

@@ -125,8 +125,8 @@ struct Q4K {
   __device__ static int Steps(const MatVecArgs& a) { return a.n_cols / 256; }
   __device__ static bool Load(Regs& r, const uint8_t* row, const MatVecArgs& a, int it, int p) {
     const uint8_t* blk = row + static_cast<int64_t>(it) * 144;
-    r.hdr = LdW16(blk);
-    r.qs = LdW16(blk + 16 + 16 * p);
+    r.hdr = LdW16Span(blk);
+    r.qs = LdW16Span(blk + 16 + 16 * p);
     return true;
   }
   __device__ static float Dot(const Regs& r, const XView& x, int it, int p) {
