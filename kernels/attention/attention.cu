@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_split.h"
+#include "kernels/act_quant.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/launch.cuh"
 
@@ -285,7 +286,8 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
     const float* __restrict__ ws_acc,  // (n_head, max_splits, HD)
     const float* __restrict__ ws_ml,   // (n_head, max_splits, 2)
     const int* __restrict__ d_pos, int n_ctx, int window, int max_splits,
-    float* __restrict__ out) {  // (n_head, HD)
+    float* __restrict__ out,  // (n_head, HD)
+    QuantOut quant) {         // (n_head * HD) as int8 blocks, or q == null
   __shared__ float s_w[1024];   // max_splits <= 1024 (checked by the planner)
   __shared__ float s_red[kCombineParts][HD];
   __shared__ float s_scalar[2];
@@ -331,7 +333,11 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
     float t = 0.0f;
 #pragma unroll
     for (int p = 0; p < kCombineParts; ++p) t += s_red[p][d];
-    out[(size_t)h * HD + d] = t / s_scalar[0];
+    const float o = t / s_scalar[0];
+    out[(size_t)h * HD + d] = o;
+    // Each warp of part 0 holds 32 consecutive outputs: one activation
+    // block of the Wo matvec that reads them (one launch fewer per layer).
+    if (quant.q != nullptr) QuantizeBlock32(o, ((size_t)h * HD + d) / 32, quant);
   }
 }
 
@@ -428,10 +434,15 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
 
 absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
                              const uint16_t* k_cache, const uint16_t* v_cache, const int* d_pos,
-                             float* workspace, float* out, cudaStream_t stream) {
+                             float* workspace, float* out, cudaStream_t stream,
+                             const QuantOut* quant) {
   if (!q || !k_cache || !v_cache || !d_pos || !workspace || !out) {
     return absl::InvalidArgumentError("decode attention: null pointer");
   }
+  if (quant != nullptr && (!quant->q || !quant->d || !quant->s)) {
+    return absl::InvalidArgumentError("decode attention: a quantized output with null buffers");
+  }
+  const QuantOut qout = quant != nullptr ? *quant : QuantOut{};
   if (plan.max_splits <= 0 || plan.n_head_kv <= 0 || plan.n_head % plan.n_head_kv != 0) {
     return absl::InvalidArgumentError("decode attention: plan not from PlanDecodeAttention");
   }
@@ -467,9 +478,9 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
   const dim3 grid(plan.n_head), block(plan.head_dim * kCombineParts);
   return plan.head_dim == 64
              ? LaunchKernel(AttnCombineKernel<64>, grid, block, 0, stream, plan.pdl, ws_acc, ws_ml,
-                            d_pos, plan.n_ctx, plan.window, plan.max_splits, out)
+                            d_pos, plan.n_ctx, plan.window, plan.max_splits, out, qout)
              : LaunchKernel(AttnCombineKernel<128>, grid, block, 0, stream, plan.pdl, ws_acc,
-                            ws_ml, d_pos, plan.n_ctx, plan.window, plan.max_splits, out);
+                            ws_ml, d_pos, plan.n_ctx, plan.window, plan.max_splits, out, qout);
 }
 
 }  // namespace dpl::kernels

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "kernels/act_quant.h"
 #include "kernels/tuning.h"
 
 namespace dpl::kernels {
@@ -50,8 +51,13 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
 //   v_cache:   (n_head_kv, n_ctx, head_dim) f16 bits
 //   workspace: (plan.workspace_floats) floats, scratch
 //   out:       (n_head, head_dim) floats
+//   quant:     null, or where out is also written as int8 activation blocks
+//              (kernels/act_quant.h: n_head * head_dim / 32 blocks), bit for
+//              bit what QuantizeActivations(out) would write; the combine
+//              kernel does it, so the Wo matvec needs no quantize launch.
 absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
                              const uint16_t* k_cache, const uint16_t* v_cache, const int* d_pos,
-                             float* workspace, float* out, cudaStream_t stream);
+                             float* workspace, float* out, cudaStream_t stream,
+                             const QuantOut* quant = nullptr);
 
 }  // namespace dpl::kernels

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/device_tuning.h"
 #include "kernels/gpu_test.h"
+#include "kernels/matvec/matvec.h"
 
 namespace dpl::kernels {
 namespace {
@@ -85,6 +87,40 @@ std::vector<double> Reference(const Setup& s, const std::vector<float>& q, int l
 
 // window > 0: a sliding window, the query at position len - 1 sees keys
 // max(0, len - window) .. len - 1 only.
+std::vector<uint8_t> DownloadBytes(const void* d, size_t n) {
+  std::vector<uint8_t> h(n);
+  CUDA_OK(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// The same call with `quant`: out unchanged bit for bit (`want`), and the
+// int8 blocks equal to QuantizeActivations of out.
+void CheckQuantizedOutput(const DecodeAttentionPlan& plan, const float* dq, const Setup& s,
+                          const int* dpos, float* dws, const std::vector<float>& want) {
+  const int64_t n_out = static_cast<int64_t>(want.size());
+  auto bytes = MatVecScratchBytes(n_out, 1);
+  REQUIRE(bytes.ok());
+  void *ma, *mb;
+  float* dout;
+  CUDA_OK(cudaMalloc(&ma, *bytes));
+  CUDA_OK(cudaMalloc(&mb, *bytes));
+  CUDA_OK(cudaMalloc(&dout, n_out * 4));
+  MatVecScratch fused = MatVecScratchIn(ma, n_out, 1), plain = MatVecScratchIn(mb, n_out, 1);
+  auto target = QuantizeInto(n_out, 1, &fused);
+  REQUIRE(target.ok());
+  STATUS_OK(DecodeAttention(plan, dq, s.dk, s.dv, dpos, dws, dout, 0, &*target));
+  STATUS_OK(QuantizeActivations(dout, n_out, 1, &plain, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> got(n_out);
+  CUDA_OK(cudaMemcpy(got.data(), dout, n_out * 4, cudaMemcpyDeviceToHost));
+  CHECK(std::memcmp(got.data(), want.data(), n_out * 4) == 0);
+  const size_t nb = n_out / 32;
+  CHECK(DownloadBytes(fused.q, n_out) == DownloadBytes(plain.q, n_out));
+  CHECK(DownloadBytes(fused.d, nb * 4) == DownloadBytes(plain.d, nb * 4));
+  CHECK(DownloadBytes(fused.s, nb * 4) == DownloadBytes(plain.s, nb * 4));
+  cudaFree(ma), cudaFree(mb), cudaFree(dout);
+}
+
 void RunCase(int n_head, int n_head_kv, int hd, int n_ctx, int len, float q_scale, int window = 0) {
   CAPTURE(n_head);
   CAPTURE(n_head_kv);
@@ -123,6 +159,7 @@ void RunCase(int n_head, int n_head_kv, int hd, int n_ctx, int len, float q_scal
                              << " window " << window << " q_scale " << q_scale << " (max_splits "
                              << plan->max_splits << "): normalized error " << err);
   CHECK(err < 2e-4);
+  CheckQuantizedOutput(*plan, dq, s, dpos, dws, got);
   cudaFree(dq), cudaFree(dout), cudaFree(dws), cudaFree(dpos), cudaFree(s.dk), cudaFree(s.dv);
 }
 

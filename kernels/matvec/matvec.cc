@@ -71,6 +71,13 @@ absl::Status QuantizeActivations(const float* x, int64_t n_cols, int64_t n_token
   return absl::OkStatus();
 }
 
+absl::StatusOr<QuantOut> QuantizeInto(int64_t n_cols, int64_t n_tokens, MatVecScratch* scratch) {
+  DPL_RETURN_IF_ERROR(CheckScratch("quantized output", n_cols, n_tokens, scratch));
+  scratch->n_cols = n_cols;
+  scratch->n_tokens = n_tokens;
+  return OutOf(*scratch);
+}
+
 absl::Status NormQuantizeActivations(const float* x, const float* w, float eps, int64_t n_cols,
                                      int64_t n_tokens, float* h, MatVecScratch* scratch,
                                      cudaStream_t stream, bool pdl) {

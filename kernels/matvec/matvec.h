@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/act_quant.h"
 #include "kernels/matvec/matvec_plan.h"
 
 namespace dpl::kernels {
@@ -51,6 +52,12 @@ MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens);
 // launch (kernels/launch.cuh), as the decode step's kernels are.
 absl::Status QuantizeActivations(const float* x, int64_t n_cols, int64_t n_tokens,
                                  MatVecScratch* scratch, cudaStream_t stream, bool pdl = false);
+
+// The scratch as the output of another kernel that writes quantized
+// activations itself (the attention combine, DecodeAttention's `quant`):
+// checks that (n_tokens, n_cols) fits, records that shape as
+// QuantizeActivations does, and returns the device pointers to write.
+absl::StatusOr<QuantOut> QuantizeInto(int64_t n_cols, int64_t n_tokens, MatVecScratch* scratch);
 
 // h = x * w / sqrt(mean(x^2) + eps) per token row (RMSNorm), written as
 // float32 (for float-weight kernels) and quantized into `scratch`, in one

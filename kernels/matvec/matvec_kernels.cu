@@ -15,33 +15,13 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cuda_check.h"
+#include "kernels/act_quant.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/matvec/matvec_kernels.h"
 #include "kernels/matvec/matvec_skeleton.cuh"
 
 namespace dpl::kernels {
 namespace {
-
-// One warp quantizes one block of 32 values (lane i holds v_i):
-//   d = max|v| / 127,  q_i = clamp(rint(v_i / d), -127, 127)  (0 when d == 0),
-//   s = d * sum_i q_i
-__device__ __forceinline__ void QuantizeBlock32(float v, int64_t blk, const QuantOut& out) {
-  const int lane = threadIdx.x & 31;
-  float amax = fabsf(v);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const float dv = amax / 127.0f;
-  int qi = 0;
-  if (amax > 0.f) qi = max(-127, min(127, __float2int_rn(v / dv)));
-  out.q[blk * 32 + lane] = static_cast<int8_t>(qi);
-  int sum = qi;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (lane == 0) {
-    out.d[blk] = dv;
-    out.s[blk] = dv * static_cast<float>(sum);
-  }
-}
 
 constexpr int kActThreads = 256;             // 8 warps: 8 blocks of 32 per CTA
 constexpr int kActBlocksPerCta = kActThreads / 32;

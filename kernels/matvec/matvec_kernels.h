@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/act_quant.h"
 #include "kernels/matvec/matvec_geometry.h"
 
 namespace dpl::kernels {
@@ -51,17 +52,8 @@ absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& args, const Mat
 // (the CUDA occupancy API): what DecodeTuning records at load.
 absl::StatusOr<int> MatVecCtasPerSm(MatVecKernel kernel, const MatVecGeometry& g);
 
-// The int8 activations every quantized kernel reads, per block of 32 values
-// (one warp each, QuantizeBlock32 in matvec_kernels.cu):
-//   d = max|v| / 127,  q_i = clamp(rint(v_i / d), -127, 127)  (0 when d == 0),
-//   s = d * sum_i q_i   (the q4_K min term uses it)
-// q: (n_tokens, n_cols) int8, d and s: (n_tokens, n_cols / 32) floats.
-struct QuantOut {
-  int8_t* q = nullptr;
-  float* d = nullptr;
-  float* s = nullptr;
-};
-
+// The int8 activations every quantized kernel reads: QuantOut
+// (kernels/act_quant.h), one warp per block of 32 values (QuantizeBlock32).
 // v = x: n_blocks consecutive blocks of 32 floats.
 absl::Status LaunchQuantizeActivations(const float* x, int64_t n_blocks, const QuantOut& out,
                                        bool pdl, cudaStream_t stream);

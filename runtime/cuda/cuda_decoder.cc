@@ -306,13 +306,19 @@ absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) 
                                              L.head_norms, b.q, b.k, b.v, k_cache, v_cache, n, s,
                                              pdl));
     if (n == 1) {  // flash-decoding, its position read on the device
+      // a, and on the dp4a path a's int8 blocks for Wo, from the combine.
+      std::optional<kernels::QuantOut> aq;
+      if (!tensor_cores(n)) {
+        DPL_ASSIGN_OR_RETURN(aq, kernels::QuantizeInto(Q, n, &b.qx));
+      }
       DPL_RETURN_IF_ERROR(kernels::DecodeAttention(attn_plan_, b.q, k_cache, v_cache, b.positions,
-                                                   b.attn_ws, b.att, s));
+                                                   b.attn_ws, b.att, s, aq ? &*aq : nullptr));
+      if (!aq) DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
     } else {  // causal flash attention over the chunk
       DPL_RETURN_IF_ERROR(kernels::PromptAttention(prompt_attn_, b.q, k_cache, v_cache, first_pos,
                                                    n, b.att, s));
+      DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
     }
-    DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
     DPL_RETURN_IF_ERROR(mm(L.wo, b.att, {b.x, L.bo, b.x}, n));  // x += Wo a
     // Feed-forward block.
     DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.ffn_norm, n));
