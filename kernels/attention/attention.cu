@@ -108,9 +108,12 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   __shared__ __align__(16) float s_p[kTileT][8];  // [t][g] scores, then probabilities
   __shared__ float s_scale[8];
 
-  // Launched as a programmatic dependent (of RoPE, which wrote q and the
-  // cache row) when the decode step uses PDL; a no-op otherwise.
-  GridDependencyWait();
+  // Launched as a programmatic dependent of RoPE when the decode step uses
+  // PDL (a no-op otherwise). RoPE writes q and the cache row of position p
+  // only; d_pos and the rows before p were written by earlier steps, so the
+  // position is read, and every split whose chunk ends before p issues its
+  // first tiles, before the wait: their K/V loads overlap RoPE. The split
+  // holding p waits first.
   const AttnKeys keys = AttnKeyRange(*d_pos, n_ctx, window);
   const int n_act = AttnActiveSplits(keys.len, max_splits);
   const int s = blockIdx.x, kvh = blockIdx.y;
@@ -125,6 +128,8 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   const __half* vh = v_cache + (size_t)kvh * n_ctx * HD;
 
   // Prologue: the first kStages tiles' copies go out before anything else.
+  const bool holds_current = t_end == keys.lo + keys.len;
+  if (holds_current) GridDependencyWait();
 #pragma unroll
   for (int j = 0; j < kStages; ++j) {
     const int t = t_begin + j * kTileT;
@@ -134,6 +139,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
     if (j < n_tiles) IssueRows<HD>(s_kv + (2 * j + 1) * kTileHalves, vh, t, n, tid);
     CpAsyncCommit();
   }
+  if (!holds_current) GridDependencyWait();
   // The combine kernel (launched as a programmatic dependent) may start its
   // launch now; it waits for this grid's completion before reading partials.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

@@ -46,6 +46,10 @@ __global__ void __launch_bounds__(kActThreads)
                        float* __restrict__ h,  // (n_tokens, n)
                        QuantOut out) {
   __shared__ float partial[kActBlocksPerCta];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int b = blockIdx.x * kActBlocksPerCta + warp;  // block of 32 within the row
+  const int i = b * 32 + lane;
+  const float wi = b * 32 < n ? w[i] : 0.f;  // the weights do not depend on the previous kernel
   GridDependencyWait();
   GridLaunchDependents();
   const int64_t t = blockIdx.y;
@@ -57,7 +61,6 @@ __global__ void __launch_bounds__(kActThreads)
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   if (lane == 0) partial[warp] = ss;
   __syncthreads();
   float total = 0.f;
@@ -65,10 +68,8 @@ __global__ void __launch_bounds__(kActThreads)
   for (int k = 0; k < kActBlocksPerCta; ++k) total += partial[k];
   // IEEE sqrt and division (not rsqrtf) keep the scale within 1 ulp.
   const float scale = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
-  const int b = blockIdx.x * kActBlocksPerCta + warp;  // block of 32 within the row
-  if (b * 32 >= n) return;                             // warp-uniform
-  const int i = b * 32 + lane;
-  const float v = (xr[i] * scale) * w[i];
+  if (b * 32 >= n) return;  // warp-uniform
+  const float v = (xr[i] * scale) * wi;
   h[t * n + i] = v;
   QuantizeBlock32(v, t * (n / 32) + b, out);
 }
