@@ -27,6 +27,11 @@ struct DecodeTuning {
   // (Hopper PDL), overlapping its launch with the split kernel's tail.
   // Measured neutral; false launches it plainly (A/B).
   bool attn_pdl = true;
+  // Under PDL, the split kernel's blocks whose keys end before the current
+  // position issue their first K/V tiles before waiting on RoPE (the rows
+  // they read were written by earlier steps); false: every block waits first
+  // (A/B: dpl-bench DPL_ATTN_EARLY=0).
+  bool attn_early_kv = true;
   // Products over at least this many tokens multiply on tensor cores
   // (weights dequantized to f16, cuBLAS); fewer run the dp4a matvec in
   // token tiles. gemm_bench on the H200 (7B/14B q4_K and q6_K dpl shapes):

@@ -94,6 +94,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
     const __half* __restrict__ k_cache,  // (n_head_kv, n_ctx, HD)
     const __half* __restrict__ v_cache,  // (n_head_kv, n_ctx, HD)
     const int* __restrict__ d_pos, int n_ctx, int window, int max_splits, float scale_log2,
+    bool early_kv,
     float* __restrict__ ws_acc,  // (n_head, max_splits, HD)
     float* __restrict__ ws_ml) {  // (n_head, max_splits, 2): (m, l)
   constexpr int LPR = HD / 8;
@@ -111,9 +112,9 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   // Launched as a programmatic dependent of RoPE when the decode step uses
   // PDL (a no-op otherwise). RoPE writes q and the cache row of position p
   // only; d_pos and the rows before p were written by earlier steps, so the
-  // position is read, and every split whose chunk ends before p issues its
-  // first tiles, before the wait: their K/V loads overlap RoPE. The split
-  // holding p waits first.
+  // position is read, and (early_kv) every split whose chunk ends before p
+  // issues its first tiles, before the wait: their K/V loads overlap RoPE.
+  // The split holding p waits first.
   const AttnKeys keys = AttnKeyRange(*d_pos, n_ctx, window);
   const int n_act = AttnActiveSplits(keys.len, max_splits);
   const int s = blockIdx.x, kvh = blockIdx.y;
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   const __half* vh = v_cache + (size_t)kvh * n_ctx * HD;
 
   // Prologue: the first kStages tiles' copies go out before anything else.
-  const bool holds_current = t_end == keys.lo + keys.len;
+  const bool holds_current = !early_kv || t_end == keys.lo + keys.len;
   if (holds_current) GridDependencyWait();
 #pragma unroll
   for (int j = 0; j < kStages; ++j) {
@@ -348,7 +349,7 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
 }
 
 using SplitFn = void (*)(const float*, const __half*, const __half*, const int*, int, int, int,
-                         float, float*, float*);
+                         float, bool, float*, float*);
 
 template <int HD>
 SplitFn PickSplitT(int group) {
@@ -435,6 +436,7 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   plan.workspace_floats = static_cast<uint64_t>(n_head) * plan.max_splits * (head_dim + 2);
   plan.pdl = tuning.attn_pdl;
   plan.step_pdl = tuning.pdl;
+  plan.early_kv = tuning.attn_early_kv;
   return plan;
 }
 
@@ -477,7 +479,8 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
   }
   DPL_RETURN_IF_ERROR(LaunchKernel(split.fn, dim3(plan.max_splits, plan.n_head_kv), dim3(kThreads),
                                    split.smem, stream, plan.step_pdl, q, kc, vc, d_pos, plan.n_ctx,
-                                   plan.window, plan.max_splits, scale_log2, ws_acc, ws_ml));
+                                   plan.window, plan.max_splits, scale_log2, plan.early_kv,
+                                   ws_acc, ws_ml));
   // The combine kernel goes out as a programmatic dependent launch (Hopper
   // PDL): its launch overlaps the split kernel's tail, and griddepcontrol.wait
   // inside it orders the reads of the partials after the split grid.

@@ -32,6 +32,9 @@ struct DecodeAttentionPlan {
   bool pdl = true;
   // The split kernel as one (DecodeTuning::pdl: the whole step's chain).
   bool step_pdl = false;
+  // Splits not holding the current position load their first K/V tiles
+  // before waiting on RoPE (DecodeTuning::attn_early_kv).
+  bool early_kv = true;
 };
 
 // Chooses max_splits so that n_head_kv * max_splits split blocks fill one
