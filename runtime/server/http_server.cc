@@ -157,10 +157,10 @@ struct HttpServer::Handlers {
         [st](bool) { st->stream->Cancel(); });  // ended, finished or not: nothing more to generate
   }
 
-  void Chat(const httplib::Request& req, httplib::Response& res) {
+  void Chat(const std::string& body, httplib::Response& res) {
     std::optional<Served> m = Model(res);
     if (!m) return;
-    absl::StatusOr<ChatRequest> r = ParseChatRequest(req.body);
+    absl::StatusOr<ChatRequest> r = ParseChatRequest(body);
     if (!r.ok()) return ReplyError(res, r.status());
     if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
     if (m->chat == nullptr) {
@@ -179,10 +179,10 @@ struct HttpServer::Handlers {
     Answer(res, *std::move(stream), r->params, true);
   }
 
-  void Completion(const httplib::Request& req, httplib::Response& res) {
+  void Completion(const std::string& body, httplib::Response& res) {
     std::optional<Served> m = Model(res);
     if (!m) return;
-    absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(req.body);
+    absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(body);
     if (!r.ok()) return ReplyError(res, r.status());
     if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
     std::vector<int32_t> ids = r->prompt_ids;
@@ -215,20 +215,20 @@ struct HttpServer::Handlers {
                                             {"n_slots", e.n_slots()}}}}})}});
   }
 
-  void Tokenize(const httplib::Request& req, httplib::Response& res) {
+  void Tokenize(const std::string& body, httplib::Response& res) {
     std::optional<Served> m = Model(res);
     if (!m) return;
-    auto r = ParseTokenizeRequest(req.body);
+    auto r = ParseTokenizeRequest(body);
     if (!r.ok()) return ReplyError(res, r.status());
     const std::vector<int32_t> ids =
         m->tok->Encode(r->first, r->second && m->tok->adds_bos_by_default(), true);
     Reply(res, 200, {{"tokens", ids}});
   }
 
-  void Detokenize(const httplib::Request& req, httplib::Response& res) {
+  void Detokenize(const std::string& body, httplib::Response& res) {
     std::optional<Served> m = Model(res);
     if (!m) return;
-    auto ids = ParseDetokenizeRequest(req.body);
+    auto ids = ParseDetokenizeRequest(body);
     if (!ids.ok()) return ReplyError(res, ids.status());
     for (int32_t id : *ids) {
       if (id >= m->tok->n_vocab()) {
@@ -311,8 +311,10 @@ absl::Status HttpServer::Bind() {
         res.status == 404   ? absl::NotFoundError(absl::StrCat("no endpoint ", req.method, " ", req.path))
         : res.status == 413 ? absl::InvalidArgumentError("the request body is too large")
                             : absl::InvalidArgumentError(absl::StrCat("HTTP ", res.status));
+    json body = ErrorJson(s);
+    body["error"]["code"] = res.status;
     const int status = res.status;
-    res.set_content(Dump(ErrorJson(s)), "application/json");
+    res.set_content(Dump(body), "application/json");
     res.status = status;
     return httplib::Server::HandlerResponse::Handled;
   }));
@@ -326,15 +328,33 @@ absl::Status HttpServer::Bind() {
     }
     ReplyError(res, absl::InternalError(absl::StrCat("internal error: ", what)));
   });
-  http_->Post("/v1/chat/completions", [h](const httplib::Request& q, httplib::Response& r) { h->Chat(q, r); });
-  http_->Post("/chat/completions", [h](const httplib::Request& q, httplib::Response& r) { h->Chat(q, r); });
-  http_->Post("/v1/completions", [h](const httplib::Request& q, httplib::Response& r) { h->Completion(q, r); });
-  http_->Post("/completions", [h](const httplib::Request& q, httplib::Response& r) { h->Completion(q, r); });
+  // POST handlers read their body themselves: httplib would parse a body
+  // sent as application/x-www-form-urlencoded (curl -d's default) as a form
+  // and refuse it beyond 8 KiB.
+  auto post = [this](const char* path, std::function<void(const std::string&, httplib::Response&)> f) {
+    http_->Post(path, [f](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& read) {
+      std::string body;
+      if (!read([&body](const char* data, size_t n) {
+            body.append(data, n);
+            return body.size() <= kMaxBodyBytes;
+          })) {
+        res.status = 413;
+        return;  // the error handler writes the body
+      }
+      f(body, res);
+    });
+  };
+  for (const char* path : {"/v1/chat/completions", "/chat/completions"}) {
+    post(path, [h](const std::string& b, httplib::Response& r) { h->Chat(b, r); });
+  }
+  for (const char* path : {"/v1/completions", "/completions"}) {
+    post(path, [h](const std::string& b, httplib::Response& r) { h->Completion(b, r); });
+  }
+  post("/tokenize", [h](const std::string& b, httplib::Response& r) { h->Tokenize(b, r); });
+  post("/detokenize", [h](const std::string& b, httplib::Response& r) { h->Detokenize(b, r); });
   http_->Get("/v1/models", [h](const httplib::Request&, httplib::Response& r) { h->Models(r); });
   http_->Get("/models", [h](const httplib::Request&, httplib::Response& r) { h->Models(r); });
   http_->Get("/health", [h](const httplib::Request&, httplib::Response& r) { h->Health(r); });
-  http_->Post("/tokenize", [h](const httplib::Request& q, httplib::Response& r) { h->Tokenize(q, r); });
-  http_->Post("/detokenize", [h](const httplib::Request& q, httplib::Response& r) { h->Detokenize(q, r); });
   http_->Get("/metrics", [h](const httplib::Request&, httplib::Response& r) { h->Metrics(r); });
 
   if (options_.port == 0) {
