@@ -154,6 +154,19 @@ absl::StatusOr<std::string> Content(const json& content, size_t i) {
   return text;
 }
 
+// An array of token ids (non-negative int32; the vocabulary is checked later).
+absl::StatusOr<std::vector<int32_t>> TokenIds(const json& array, const char* field) {
+  std::vector<int32_t> ids;
+  for (const json& id : array) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return FieldError(field, "must hold token ids (non-negative integers; one prompt only)");
+    }
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return ids;
+}
+
 }  // namespace
 
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
@@ -198,13 +211,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
     r.prompt_text = (*prompt)[0].get<std::string>();
   } else if (prompt->is_array() && !prompt->empty()) {
     r.has_ids = true;
-    for (const json& id : *prompt) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-          id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-        return FieldError("prompt", "must be a string or an array of token ids (one prompt only)");
-      }
-      r.prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
-    }
+    DPL_ASSIGN_OR_RETURN(r.prompt_ids, TokenIds(*prompt, "prompt"));
   } else {
     return FieldError("prompt", "must be a string or a non-empty array of token ids");
   }
@@ -224,15 +231,7 @@ absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(absl::string_view bo
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
   const json* tokens = Field(j, "tokens");
   if (tokens == nullptr || !tokens->is_array()) return FieldError("tokens", "must be an array of token ids");
-  std::vector<int32_t> ids;
-  for (const json& id : *tokens) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-      return FieldError("tokens", "must be an array of token ids");
-    }
-    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
-  }
-  return ids;
+  return TokenIds(*tokens, "tokens");
 }
 
 int HttpStatus(const absl::Status& status) {
