@@ -11,7 +11,10 @@ packages=(
   libxxhash-dev        # XXH3-64 tensor checksums
   libcxxopts-dev       # command-line parsing
   doctest-dev          # unit tests
-  nlohmann-json3-dev   # dpl-inspect --json (header-only)
+  nlohmann-json3-dev   # dpl-inspect --json, dpl-server (header-only)
+  libcpp-httplib-dev   # dpl-server's HTTP (cpp-httplib; Debian's is a shared library)
+  curl                 # tests/server_e2e_test
+  nodejs               # (and its npm) tests/server_e2e_test drives dpl-server with the npm openai client
   clang                # libFuzzer targets (formats/fuzz)
   libclang-rt-14-dev   # libFuzzer and sanitizer runtimes
 )
@@ -27,6 +30,14 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The official OpenAI client (npm "openai", pinned by package-lock.json) for
+# tests/server_e2e_test, into the git-ignored tools/server-test/node_modules.
+server_test="$(cd "$(dirname "$0")" && pwd)/server-test"
+if [[ ! -f $server_test/node_modules/openai/package.json ]]; then
+  echo "setup: installing the npm openai client into tools/server-test/node_modules"
+  (cd "$server_test" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
 
 if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then

@@ -1,0 +1,164 @@
+// dpl-server: an OpenAI-compatible HTTP server (llama-server's flag names).
+//
+//   dpl-server -m MODEL [--host 127.0.0.1] [--port 8080] [-c 4096] [-np 1]
+//              [--api-key KEY] [--device cpu] [--queue 64] [-ub 512] ...
+//
+// It listens at once and loads the model on a background thread (/health
+// answers 503 until then). SIGTERM or SIGINT: stop accepting, end the open
+// streams, exit 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <cxxopts.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "cli/cli.h"
+#include "formats/model_file.h"
+#include "runtime/server/cpu_engine.h"
+#include "runtime/server/http_server.h"
+#include "runtime/tokenizer/chat_template.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace {
+
+void AddFlags(cxxopts::Options& options) {
+  options.add_options()
+      ("m,model", "model file (GGUF or .dpl)", cxxopts::value<std::string>())
+      ("a,alias", "the model's name in the API (default: the file name)", cxxopts::value<std::string>())
+      ("host", "address to listen on", cxxopts::value<std::string>()->default_value("127.0.0.1"))
+      ("port", "port to listen on (0: any free one, printed)", cxxopts::value<int>()->default_value("8080"))
+      ("c,ctx-size", "context positions per slot (0: the model's, capped at 4096)",
+       cxxopts::value<int64_t>()->default_value("4096"))
+      ("parallel", "slots: sequences decoded together (-np)", cxxopts::value<int>()->default_value("1"))
+      ("queue", "requests that may wait for a slot; one more gets 503",
+       cxxopts::value<int>()->default_value("64"))
+      ("api-key", "require Authorization: Bearer KEY (all but /health)", cxxopts::value<std::string>())
+      ("device", "cpu (the float64 reference) or cuda (not built yet: the batched GPU engine)",
+       cxxopts::value<std::string>()->default_value("cuda"))
+      ("t,threads", "CPU threads (0: all)", cxxopts::value<int>()->default_value("0"))
+      ("chat-template",
+       absl::StrCat("one of ", dpl::tokenizer::ChatTemplateNames(), " (default: from the model, else chatml)"),
+       cxxopts::value<std::string>()->default_value(""))
+      ("ubatch-size", "prompt tokens per engine call between decode steps (-ub)",
+       cxxopts::value<int>()->default_value("512"));
+}
+
+absl::Status CheckFlags(const cxxopts::ParseResult& args) {
+  auto range = [](absl::string_view flag, double v, double lo, double hi) -> absl::Status {
+    if (v >= lo && v <= hi) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", v, " is out of range [", lo, ", ", hi, "]"));
+  };
+  if (!args.count("model")) return absl::InvalidArgumentError("no model: use -m MODEL");
+  DPL_RETURN_IF_ERROR(range("--port", args["port"].as<int>(), 0, 65535));
+  DPL_RETURN_IF_ERROR(range("-c", args["ctx-size"].as<int64_t>(), 0, 1 << 24));  // the runtime's kMaxContext
+  DPL_RETURN_IF_ERROR(range("-np", args["parallel"].as<int>(), 1, 1024));
+  DPL_RETURN_IF_ERROR(range("--queue", args["queue"].as<int>(), 0, 1 << 16));
+  DPL_RETURN_IF_ERROR(range("-t", args["threads"].as<int>(), 0, 1024));
+  DPL_RETURN_IF_ERROR(range("-ub", args["ubatch-size"].as<int>(), 1, 8192));
+  if (const std::string name = args["chat-template"].as<std::string>(); !name.empty()) {
+    DPL_RETURN_IF_ERROR(dpl::tokenizer::ChatTemplate::FromName(name).status());
+  }
+  const std::string device = args["device"].as<std::string>();
+  if (device == "cuda") {
+    return absl::UnimplementedError(
+        "--device cuda: the batched GPU engine is not built yet (issue 12); use --device cpu");
+  }
+  if (device != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown device '", device, "' (expected cuda or cpu)"));
+  }
+  return absl::OkStatus();
+}
+
+// The model on the CPU device: every slot a reference model over one mapping.
+absl::StatusOr<dpl::server::ServedModel> LoadCpu(const cxxopts::ParseResult& args) {
+  DPL_ASSIGN_OR_RETURN(std::shared_ptr<dpl::formats::ModelFile> file,
+                       dpl::formats::ModelFile::Open(args["model"].as<std::string>()));
+  dpl::server::ServedModel m;
+  DPL_ASSIGN_OR_RETURN(dpl::tokenizer::Tokenizer tok, dpl::tokenizer::Tokenizer::FromMetadata(file->metadata()));
+  m.tokenizer = std::make_unique<dpl::tokenizer::Tokenizer>(std::move(tok));
+  if (m.tokenizer->has_vocab()) {
+    const std::string name = args["chat-template"].as<std::string>();
+    auto tmpl = dpl::tokenizer::ChatTemplate::FromMetadata(file->metadata(), name);
+    // Like llama-server: a model without a known template gets ChatML.
+    if (!tmpl.ok() && name.empty()) tmpl = dpl::tokenizer::ChatTemplate::FromName("chatml");
+    DPL_RETURN_IF_ERROR(tmpl.status());
+    m.chat_template = *tmpl;
+  }
+  dpl::server::CpuEngineOptions eo;
+  eo.n_slots = args["parallel"].as<int>();
+  eo.n_ctx = args["ctx-size"].as<int64_t>();
+  eo.threads = args["threads"].as<int>();
+  DPL_ASSIGN_OR_RETURN(m.engine, dpl::server::CpuEngine::Load(file, eo));
+  return m;
+}
+
+absl::Status Run(const cxxopts::ParseResult& args) {
+  DPL_RETURN_IF_ERROR(CheckFlags(args));
+  const std::string path = args["model"].as<std::string>();
+  dpl::server::ServerOptions o;
+  o.host = args["host"].as<std::string>();
+  o.port = args["port"].as<int>();
+  if (args.count("api-key")) o.api_key = args["api-key"].as<std::string>();
+  // Accepted "model" values: the alias, the path as given, the file name and
+  // its stem ("tiny.gguf", "tiny").
+  const std::filesystem::path p(path);
+  o.model_id = args.count("alias") ? args["alias"].as<std::string>() : p.filename().string();
+  o.model_names = {o.model_id, path, p.filename().string(), p.stem().string()};
+  o.n_slots = args["parallel"].as<int>();
+  o.scheduler.max_queue = args["queue"].as<int>();
+  o.scheduler.prefill_chunk = args["ubatch-size"].as<int>();
+
+  // SIGTERM and SIGINT go to one watcher thread (sigwait), never to a handler.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // inherited by every thread made below
+  signal(SIGPIPE, SIG_IGN);                            // a gone client is a failed write
+
+  dpl::server::HttpServer server(o);
+  DPL_RETURN_IF_ERROR(server.Bind());
+  std::fprintf(stderr, "dpl-server: listening on http://%s:%d (loading %s)\n", o.host.c_str(), server.port(),
+               path.c_str());
+  server.StartLoading([&args, &o] {
+    auto m = LoadCpu(args);
+    if (m.ok()) {
+      std::fprintf(stderr, "dpl-server: %s loaded: %d slots of %lld positions (cpu)\n", o.model_id.c_str(),
+                   m->engine->n_slots(), static_cast<long long>(m->engine->n_ctx()));
+    }
+    return m;
+  });
+  std::atomic<bool> served{false};
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (!served) std::fprintf(stderr, "dpl-server: signal %d: stopping\n", sig);
+    server.Stop();
+  });
+  const absl::Status s = server.Serve();
+  served = true;
+  pthread_kill(watcher.native_handle(), SIGTERM);  // wakes the watcher if no signal came
+  watcher.join();
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dpl::cli::Command cmd("dpl-server", "OpenAI-compatible HTTP server for a GGUF or .dpl model");
+  AddFlags(cmd.options());
+  cmd.AddSingleDashAlias("-np", "parallel");
+  cmd.AddSingleDashAlias("-ub", "ubatch-size");
+  if (!cmd.Parse(argc, argv)) return cmd.exit_code();
+  const absl::Status s = Run(cmd.args());
+  if (!s.ok()) return cmd.Fail(s);
+  std::fprintf(stderr, "dpl-server: stopped\n");
+  return 0;
+}

@@ -1,0 +1,60 @@
+// The model as the server's scheduler sees it: n_slots() independent
+// sequences, each with its own KV cache region of n_ctx() positions, all
+// active ones decoded together in ONE step.
+//
+// Sampling happens inside the engine, and the engine feeds each slot's last
+// sampled token back itself, so a GPU engine can sample on the device, keep
+// the pending tokens there and launch one captured graph per step: the host
+// reads back only the sampled ids. Today's implementation is the CPU
+// reference (cpu_engine.h), which loops over the slots; the GPU engine
+// (issue 12's batched step: every weight read once per step for all slots)
+// implements this same interface.
+//
+// A slot's life: Prefill(slot, chunk, false) ... Prefill(slot, chunk, true)
+// -> first token; then Step({..., slot, ...}) -> one token per call; then
+// Release(slot). Calls come from one thread (the scheduler's).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/sampling/sampling_util.h"
+
+namespace dpl::server {
+
+using SamplerParams = kernels::SamplingParams;
+
+class BatchEngine {
+ public:
+  virtual ~BatchEngine() = default;
+  virtual int n_slots() const = 0;
+  virtual int64_t n_ctx() const = 0;  // positions per slot
+  virtual int32_t n_vocab() const = 0;
+
+  // Starts (or continues) a slot's prompt: runs `tokens` into the slot's
+  // cache at its next positions. When `last` is true, samples the first
+  // generated token with `params` (the slot's whole prompt is the history of
+  // the repetition penalty), keeps it pending for the next Step and returns
+  // it; otherwise returns -1. The scheduler splits long prompts into chunks so
+  // that other slots' decode steps are not stalled for long. Errors: a slot
+  // out of range, a token outside the vocabulary, a full cache, non-finite
+  // logits.
+  virtual absl::StatusOr<int32_t> Prefill(int slot, absl::Span<const int32_t> tokens, bool last,
+                                          const SamplerParams& params) = 0;
+
+  // One decode step for `slots` (distinct; each has a sampled token pending
+  // and a free position): runs every slot's pending token, samples the next
+  // one with the slot's params and writes it to next[i] (next.size() ==
+  // slots.size()), where it stays pending. An error fails the whole step.
+  virtual absl::Status Step(absl::Span<const int> slots, absl::Span<int32_t> next) = 0;
+
+  // Positions the slot's cache holds (prompt plus the tokens Step has run).
+  virtual int64_t n_past(int slot) const = 0;
+
+  // The slot's cache becomes empty; its next Prefill starts a new sequence.
+  virtual void Release(int slot) = 0;
+};
+
+}  // namespace dpl::server

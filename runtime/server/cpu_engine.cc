@@ -1,0 +1,106 @@
+#include "runtime/server/cpu_engine.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "runtime/generate/generate.h"
+
+namespace dpl::server {
+
+absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Load(std::shared_ptr<formats::ModelFile> file,
+                                                           const CpuEngineOptions& options) {
+  if (options.n_slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("n_slots ", options.n_slots, ": need at least 1"));
+  }
+  std::unique_ptr<CpuEngine> e(new CpuEngine());
+  reference::ReferenceOptions ro;
+  ro.threads = options.threads;
+  ro.n_ctx = options.n_ctx;
+  ro.max_resident_bytes = options.max_resident_bytes / options.n_slots;
+  e->slots_.resize(options.n_slots);
+  for (int i = 0; i < options.n_slots; ++i) {
+    auto model = reference::ReferenceModel::Load(file, ro);
+    if (!model.ok()) return Annotate(model.status(), absl::StrCat("slot ", i));
+    e->slots_[i].model = *std::move(model);
+  }
+  e->n_ctx_ = e->slots_[0].model->n_ctx();
+  e->n_vocab_ = e->slots_[0].model->n_vocab();
+  return e;
+}
+
+absl::Status CpuEngine::CheckSlot(int slot) const {
+  if (slot < 0 || slot >= n_slots()) {
+    return absl::InvalidArgumentError(absl::StrCat("slot ", slot, " is outside [0, ", n_slots(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t CpuEngine::n_past(int slot) const {
+  return CheckSlot(slot).ok() ? slots_[slot].model->n_past() : 0;
+}
+
+absl::StatusOr<std::vector<float>> CpuEngine::Run(Slot& s, int32_t token) {
+  const int64_t pos = s.model->n_past();
+  if (pos >= n_ctx_) {
+    return absl::OutOfRangeError(absl::StrCat("the slot's context of ", n_ctx_, " positions is full"));
+  }
+  if (token < 0 || token >= n_vocab_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token id ", token, " is outside the vocabulary [0, ", n_vocab_, ")"));
+  }
+  DPL_ASSIGN_OR_RETURN(std::vector<float> logits, s.model->Forward(token, pos));
+  DPL_RETURN_IF_ERROR(generate::CheckFinite(logits, pos));
+  return logits;
+}
+
+absl::StatusOr<int32_t> CpuEngine::Prefill(int slot, absl::Span<const int32_t> tokens, bool last,
+                                           const SamplerParams& params) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  Slot& s = slots_[slot];
+  if (tokens.empty()) return absl::InvalidArgumentError("Prefill: no tokens");
+  if (s.model->n_past() + static_cast<int64_t>(tokens.size()) > n_ctx_) {
+    return absl::OutOfRangeError(absl::StrCat(s.model->n_past() + tokens.size(),
+                                              " positions do not fit the slot's context of ", n_ctx_));
+  }
+  std::vector<float> logits;
+  for (int32_t t : tokens) {
+    DPL_ASSIGN_OR_RETURN(logits, Run(s, t));
+    s.prompt.push_back(t);
+  }
+  if (!last) return -1;
+  s.sampler = std::make_unique<generate::Sampler>(params);
+  for (int32_t t : s.prompt) s.sampler->Accept(t);
+  s.pending = s.sampler->Sample(logits);
+  s.sampler->Accept(s.pending);
+  return s.pending;
+}
+
+absl::Status CpuEngine::Step(absl::Span<const int> slots, absl::Span<int32_t> next) {
+  if (slots.size() != next.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("Step: ", slots.size(), " slots but ",
+                                                   next.size(), " outputs"));
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    DPL_RETURN_IF_ERROR(CheckSlot(slots[i]));
+    Slot& s = slots_[slots[i]];
+    if (s.pending < 0 || s.sampler == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("Step: slot ", slots[i], " has no pending token"));
+    }
+    absl::StatusOr<std::vector<float>> logits = Run(s, s.pending);
+    if (!logits.ok()) return Annotate(logits.status(), absl::StrCat("slot ", slots[i]));
+    s.pending = s.sampler->Sample(*logits);
+    s.sampler->Accept(s.pending);
+    next[i] = s.pending;
+  }
+  return absl::OkStatus();
+}
+
+void CpuEngine::Release(int slot) {
+  if (!CheckSlot(slot).ok()) return;
+  Slot& s = slots_[slot];
+  s.model->Reset();
+  s.sampler.reset();
+  s.prompt.clear();
+  s.pending = -1;
+}
+
+}  // namespace dpl::server

@@ -1,0 +1,60 @@
+// The CPU reference device as a BatchEngine: one reference::ReferenceModel
+// (its own KV cache) and one host generate::Sampler per slot, all sharing the
+// mmapped model file. Step runs the slots one after the other: the float64
+// reference is the oracle, not a fast path; the GPU engine batches them.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "formats/model_file.h"
+#include "runtime/generate/sampler.h"
+#include "runtime/reference/reference_model.h"
+#include "runtime/server/batch_engine.h"
+
+namespace dpl::server {
+
+struct CpuEngineOptions {
+  int n_slots = 1;
+  int64_t n_ctx = 4096;  // positions per slot (0: the model's, capped at 4096)
+  int threads = 0;       // per slot's reference model (0: all cores); only one runs at a time
+  // Weights each slot's reference dequantizes to float32 at load (see
+  // reference::ReferenceOptions): the budget is shared, so with many slots
+  // big models fall back to dequantizing rows on the fly.
+  uint64_t max_resident_bytes = uint64_t{2} << 30;
+};
+
+class CpuEngine : public BatchEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<CpuEngine>> Load(std::shared_ptr<formats::ModelFile> file,
+                                                         const CpuEngineOptions& options);
+
+  int n_slots() const override { return static_cast<int>(slots_.size()); }
+  int64_t n_ctx() const override { return n_ctx_; }
+  int32_t n_vocab() const override { return n_vocab_; }
+  absl::StatusOr<int32_t> Prefill(int slot, absl::Span<const int32_t> tokens, bool last,
+                                  const SamplerParams& params) override;
+  absl::Status Step(absl::Span<const int> slots, absl::Span<int32_t> next) override;
+  int64_t n_past(int slot) const override;
+  void Release(int slot) override;
+
+ private:
+  struct Slot {
+    std::unique_ptr<reference::ReferenceModel> model;
+    std::unique_ptr<generate::Sampler> sampler;  // set by the prompt's last chunk
+    std::vector<int32_t> prompt;                 // the history for the repetition penalty
+    int32_t pending = -1;                        // sampled, not yet run
+  };
+  CpuEngine() = default;
+  absl::Status CheckSlot(int slot) const;
+  // Runs `token` at the slot's next position; the logits of it.
+  absl::StatusOr<std::vector<float>> Run(Slot& s, int32_t token);
+
+  std::vector<Slot> slots_;
+  int64_t n_ctx_ = 0;
+  int32_t n_vocab_ = 0;
+};
+
+}  // namespace dpl::server

@@ -1,0 +1,322 @@
+#include "runtime/server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace dpl::server {
+namespace {
+
+using nlohmann::json;
+
+absl::Status FieldError(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("'", field, "' ", what));
+}
+
+absl::StatusOr<json> ParseObject(absl::string_view body) {
+  json j;
+  try {
+    j = json::parse(body.begin(), body.end());
+  } catch (const json::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("the body is not valid JSON (byte ", e.byte, ")"));
+  }
+  if (!j.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
+  return j;
+}
+
+// The field, or null when absent (JSON null counts as absent, as in OpenAI's API).
+const json* Field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+// A number in [lo, hi] into *out; absent leaves *out.
+absl::Status Number(const json& obj, const char* name, double lo, double hi, float* out) {
+  const json* v = Field(obj, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_number()) return FieldError(name, "must be a number");
+  const double d = v->get<double>();
+  if (!(d >= lo && d <= hi)) return FieldError(name, absl::StrCat("must be in [", lo, ", ", hi, "]"));
+  *out = static_cast<float>(d);
+  return absl::OkStatus();
+}
+
+// An integer in [lo, hi] into *out; absent leaves *out.
+absl::Status Integer(const json& obj, const char* name, int64_t lo, int64_t hi, int64_t* out) {
+  const json* v = Field(obj, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_number_integer()) {
+    // 2.0 is an integer to a JavaScript client.
+    if (v->is_number_float() && std::nearbyint(v->get<double>()) == v->get<double>() &&
+        std::fabs(v->get<double>()) < 9e15) {
+      *out = static_cast<int64_t>(v->get<double>());
+    } else {
+      return FieldError(name, "must be an integer");
+    }
+  } else if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    *out = u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+               ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(u);
+  } else {
+    *out = v->get<int64_t>();
+  }
+  if (*out < lo || *out > hi) return FieldError(name, absl::StrCat("must be in [", lo, ", ", hi, "]"));
+  return absl::OkStatus();
+}
+
+absl::Status Bool(const json& obj, const char* name, bool* out) {
+  const json* v = Field(obj, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_boolean()) return FieldError(name, "must be true or false");
+  *out = v->get<bool>();
+  return absl::OkStatus();
+}
+
+// The fields both generation endpoints take.
+absl::StatusOr<GenerationParams> ParseParams(const json& j) {
+  GenerationParams p;
+  if (const json* m = Field(j, "model")) {
+    if (!m->is_string()) return FieldError("model", "must be a string");
+    p.model = m->get<std::string>();
+  }
+  int64_t n = 1;
+  DPL_RETURN_IF_ERROR(Integer(j, "n", 1, 1, &n));  // one choice per request
+  // max_completion_tokens is the newer name; either works, the newer wins.
+  for (const char* name : {"max_tokens", "max_completion_tokens"}) {
+    int64_t v = -1;
+    DPL_RETURN_IF_ERROR(Integer(j, name, 0, std::numeric_limits<int32_t>::max(), &v));
+    if (v >= 0) p.max_tokens = static_cast<int32_t>(v);
+  }
+  SamplerParams& s = p.sampling;
+  DPL_RETURN_IF_ERROR(Number(j, "temperature", 0, 1e6, &s.temperature));
+  DPL_RETURN_IF_ERROR(Number(j, "top_p", 0, 1, &s.top_p));
+  DPL_RETURN_IF_ERROR(Number(j, "min_p", 0, 1, &s.min_p));
+  DPL_RETURN_IF_ERROR(Number(j, "repeat_penalty", 1e-6, 1e6, &s.repeat_penalty));
+  int64_t top_k = s.top_k, last_n = s.repeat_last_n;
+  DPL_RETURN_IF_ERROR(Integer(j, "top_k", 0, 1 << 30, &top_k));
+  DPL_RETURN_IF_ERROR(Integer(j, "repeat_last_n", 0, 1 << 20, &last_n));
+  s.top_k = static_cast<int32_t>(top_k);
+  s.repeat_last_n = static_cast<int32_t>(last_n);
+  if (Field(j, "seed") != nullptr) {
+    int64_t seed = 0;
+    DPL_RETURN_IF_ERROR(Integer(j, "seed", std::numeric_limits<int64_t>::min(),
+                                std::numeric_limits<int64_t>::max(), &seed));
+    // -1 is llama.cpp's "random".
+    if (seed != -1) {
+      s.seed = static_cast<uint64_t>(seed);
+      p.seed_given = true;
+    }
+  }
+  // The host and device samplers have no presence or frequency penalty.
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    float v = 0;
+    DPL_RETURN_IF_ERROR(Number(j, name, -2, 2, &v));
+    if (v != 0) return FieldError(name, "is not supported (only 0); repeat_penalty is");
+  }
+  if (const json* stop = Field(j, "stop")) {
+    if (stop->is_string()) {
+      p.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const json& s : *stop) {
+        if (!s.is_string()) return FieldError("stop", "must be a string or an array of strings");
+        p.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return FieldError("stop", "must be a string or an array of strings");
+    }
+  }
+  DPL_RETURN_IF_ERROR(Bool(j, "stream", &p.stream));
+  DPL_RETURN_IF_ERROR(Bool(j, "ignore_eos", &p.ignore_eos));
+  if (const json* so = Field(j, "stream_options")) {
+    if (!so->is_object()) return FieldError("stream_options", "must be an object");
+    const absl::Status s = Bool(*so, "include_usage", &p.include_usage);
+    if (!s.ok()) return FieldError("stream_options.include_usage", "must be true or false");
+  }
+  return p;
+}
+
+// A message's content: a string, or an array of {"type": "text", "text": ...} parts.
+absl::StatusOr<std::string> Content(const json& content, size_t i) {
+  const std::string field = absl::StrCat("messages[", i, "].content");
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return FieldError(field, "must be a string or an array of text parts");
+  std::string text;
+  for (const json& part : content) {
+    const json* type = part.is_object() ? Field(part, "type") : nullptr;
+    const json* t = part.is_object() ? Field(part, "text") : nullptr;
+    if (type == nullptr || *type != "text" || t == nullptr || !t->is_string()) {
+      return FieldError(field, "parts must be {\"type\": \"text\", \"text\": string} (only text is supported)");
+    }
+    text += t->get<std::string>();
+  }
+  return text;
+}
+
+// An array of token ids (non-negative int32; the vocabulary is checked later).
+absl::StatusOr<std::vector<int32_t>> TokenIds(const json& array, const char* field) {
+  std::vector<int32_t> ids;
+  for (const json& id : array) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return FieldError(field, "must hold token ids (non-negative integers; one prompt only)");
+    }
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return ids;
+}
+
+}  // namespace
+
+absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
+  DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
+  ChatRequest r;
+  DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
+  const json* messages = Field(j, "messages");
+  if (messages == nullptr) return FieldError("messages", "is required");
+  if (!messages->is_array() || messages->empty()) return FieldError("messages", "must be a non-empty array");
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string field = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return FieldError(field, "must be an object");
+    const json* role = Field(m, "role");
+    if (role == nullptr || !role->is_string()) return FieldError(field + ".role", "must be a string");
+    std::string r_name = role->get<std::string>();
+    if (r_name == "developer") r_name = "system";  // OpenAI's newer name for it
+    if (r_name != "system" && r_name != "user" && r_name != "assistant") {
+      return FieldError(field + ".role", "must be system, developer, user or assistant");
+    }
+    const json* content = Field(m, "content");
+    std::string text;
+    if (content != nullptr) {
+      DPL_ASSIGN_OR_RETURN(text, Content(*content, i));
+    } else if (r_name != "assistant") {
+      return FieldError(field + ".content", "is required");
+    }
+    r.messages.push_back({std::move(r_name), std::move(text)});
+  }
+  return r;
+}
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body) {
+  DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
+  CompletionRequest r;
+  DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
+  const json* prompt = Field(j, "prompt");
+  if (prompt == nullptr) return FieldError("prompt", "is required");
+  if (prompt->is_string()) {
+    r.prompt_text = prompt->get<std::string>();
+  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+    r.prompt_text = (*prompt)[0].get<std::string>();
+  } else if (prompt->is_array() && !prompt->empty()) {
+    r.has_ids = true;
+    DPL_ASSIGN_OR_RETURN(r.prompt_ids, TokenIds(*prompt, "prompt"));
+  } else {
+    return FieldError("prompt", "must be a string or a non-empty array of token ids");
+  }
+  return r;
+}
+
+absl::StatusOr<std::pair<std::string, bool>> ParseTokenizeRequest(absl::string_view body) {
+  DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
+  const json* content = Field(j, "content");
+  if (content == nullptr || !content->is_string()) return FieldError("content", "must be a string");
+  bool add_special = false;
+  DPL_RETURN_IF_ERROR(Bool(j, "add_special", &add_special));
+  return std::make_pair(content->get<std::string>(), add_special);
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(absl::string_view body) {
+  DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
+  const json* tokens = Field(j, "tokens");
+  if (tokens == nullptr || !tokens->is_array()) return FieldError("tokens", "must be an array of token ids");
+  return TokenIds(*tokens, "tokens");
+}
+
+int HttpStatus(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition: return 400;
+    case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kUnavailable: return 503;
+    default: return 500;
+  }
+}
+
+json ErrorJson(const absl::Status& status) {
+  const int code = HttpStatus(status);
+  const char* type = code == 400   ? "invalid_request_error"
+                     : code == 401 ? "authentication_error"
+                     : code == 404 ? "not_found_error"
+                     : code == 503 ? "unavailable_error"
+                                   : "server_error";
+  return {{"error", {{"message", std::string(status.message())}, {"type", type}, {"code", code}}}};
+}
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json UsageJson(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+namespace {
+json Envelope(const ResponseHead& head, const char* object) {
+  return {{"id", head.id}, {"object", object}, {"created", head.created}, {"model", head.model}};
+}
+}  // namespace
+
+json ChatCompletionJson(const ResponseHead& head, const std::string& text, FinishReason finish,
+                        int64_t prompt_tokens, int64_t completion_tokens) {
+  json j = Envelope(head, "chat.completion");
+  j["choices"] = json::array({{{"index", 0},
+                               {"message", {{"role", "assistant"}, {"content", text}}},
+                               {"finish_reason", FinishReasonName(finish)}}});
+  j["usage"] = UsageJson(prompt_tokens, completion_tokens);
+  return j;
+}
+
+json CompletionJson(const ResponseHead& head, const std::string& text, FinishReason finish,
+                    int64_t prompt_tokens, int64_t completion_tokens) {
+  json j = Envelope(head, "text_completion");
+  j["choices"] = json::array(
+      {{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", FinishReasonName(finish)}}});
+  j["usage"] = UsageJson(prompt_tokens, completion_tokens);
+  return j;
+}
+
+json ChatChunkJson(const ResponseHead& head, bool first, const std::string& text,
+                   const FinishReason* finish) {
+  json j = Envelope(head, "chat.completion.chunk");
+  json delta = json::object();
+  if (first) delta["role"] = "assistant";
+  if (!text.empty() || (first && finish == nullptr)) delta["content"] = text;
+  j["choices"] = json::array({{{"index", 0},
+                               {"delta", delta},
+                               {"finish_reason", finish ? json(FinishReasonName(*finish)) : json()}}});
+  return j;
+}
+
+json CompletionChunkJson(const ResponseHead& head, const std::string& text, const FinishReason* finish) {
+  json j = Envelope(head, "text_completion");
+  j["choices"] = json::array({{{"index", 0},
+                               {"text", text},
+                               {"logprobs", nullptr},
+                               {"finish_reason", finish ? json(FinishReasonName(*finish)) : json()}}});
+  return j;
+}
+
+json UsageChunkJson(const ResponseHead& head, bool chat, int64_t prompt_tokens, int64_t completion_tokens) {
+  json j = Envelope(head, chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = json::array();
+  j["usage"] = UsageJson(prompt_tokens, completion_tokens);
+  return j;
+}
+
+}  // namespace dpl::server

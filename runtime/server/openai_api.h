@@ -1,0 +1,95 @@
+// The OpenAI HTTP API's JSON, without HTTP: request bodies parsed into
+// structs (every error an InvalidArgument naming the field), responses and
+// stream chunks built, errors as OpenAI's {"error": {message, type, code}}.
+// http_server.cc is the only user; the unit tests drive it directly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/server/batch_engine.h"
+#include "runtime/server/scheduler.h"
+#include "runtime/tokenizer/chat_template.h"
+
+namespace dpl::server {
+
+// What /v1/chat/completions and /v1/completions share.
+struct GenerationParams {
+  std::string model;            // empty: not given
+  SamplerParams sampling;       // llama-server's defaults for fields not given
+  bool seed_given = false;      // otherwise the caller picks a random seed
+  int32_t max_tokens = -1;      // max_tokens or max_completion_tokens; -1: not given
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;   // stream_options.include_usage
+  bool ignore_eos = false;      // llama-server's extension
+};
+
+struct ChatRequest {
+  GenerationParams params;
+  std::vector<tokenizer::ChatMessage> messages;
+};
+
+struct CompletionRequest {
+  GenerationParams params;
+  bool has_ids = false;         // the prompt was an array of token ids
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+};
+
+// Body parsers. Errors (InvalidArgument) name the field: "bad JSON at byte
+// 12: ...", "'messages' is required", "'temperature' must be a number",
+// "'n' must be 1", "'presence_penalty' is not supported (only 0)".
+// Supported: model, messages (system/developer/user/assistant; content a
+// string or an array of {"type": "text"} parts), prompt (string, array of
+// one string, or array of ids), max_tokens, max_completion_tokens,
+// temperature, top_p, top_k, min_p, seed, stop (string or array),
+// repeat_penalty, repeat_last_n, presence_penalty and frequency_penalty (0
+// only), n (1 only), stream, stream_options.include_usage, ignore_eos.
+absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
+// POST /tokenize {"content": text, "add_special": bool=false}.
+absl::StatusOr<std::pair<std::string, bool>> ParseTokenizeRequest(absl::string_view body);
+// POST /detokenize {"tokens": [ids]}.
+absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(absl::string_view body);
+
+// The HTTP status of an error (InvalidArgument/OutOfRange 400,
+// Unauthenticated 401, NotFound 404, ResourceExhausted/Unavailable 503,
+// anything else 500) and its OpenAI body.
+int HttpStatus(const absl::Status& status);
+nlohmann::json ErrorJson(const absl::Status& status);
+
+// Serializes; invalid UTF-8 (a model may emit any bytes) becomes U+FFFD.
+std::string Dump(const nlohmann::json& j);
+
+// The response envelope of one request.
+struct ResponseHead {
+  std::string id;       // "chatcmpl-..." or "cmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+nlohmann::json UsageJson(int64_t prompt_tokens, int64_t completion_tokens);
+// Whole responses (stream = false).
+nlohmann::json ChatCompletionJson(const ResponseHead& head, const std::string& text,
+                                  FinishReason finish, int64_t prompt_tokens,
+                                  int64_t completion_tokens);
+nlohmann::json CompletionJson(const ResponseHead& head, const std::string& text,
+                              FinishReason finish, int64_t prompt_tokens,
+                              int64_t completion_tokens);
+// Stream chunks: `finish` null for a content chunk. The chat stream's first
+// chunk carries delta.role = "assistant" (`first`).
+nlohmann::json ChatChunkJson(const ResponseHead& head, bool first, const std::string& text,
+                             const FinishReason* finish);
+nlohmann::json CompletionChunkJson(const ResponseHead& head, const std::string& text,
+                                   const FinishReason* finish);
+// The usage chunk of stream_options.include_usage: empty choices.
+nlohmann::json UsageChunkJson(const ResponseHead& head, bool chat, int64_t prompt_tokens,
+                              int64_t completion_tokens);
+
+}  // namespace dpl::server

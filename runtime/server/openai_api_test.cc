@@ -1,0 +1,149 @@
+// The OpenAI JSON layer: requests parsed with llama-server's defaults, every
+// bad field refused naming it, errors mapped to their HTTP status, responses
+// and chunks in OpenAI's shape, invalid UTF-8 serialized safely.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "runtime/server/openai_api.h"
+
+namespace dpl::server {
+namespace {
+
+using nlohmann::json;
+
+std::string ErrorOf(absl::string_view body) {
+  auto r = ParseChatRequest(body);
+  REQUIRE(!r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(r.status().message());
+}
+
+TEST_CASE("a chat request with every field") {
+  auto r = ParseChatRequest(R"({"model": "m", "messages": [
+      {"role": "developer", "content": "be brief"},
+      {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+      {"role": "assistant", "content": null}],
+    "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 3,
+    "min_p": 0.1, "seed": 42, "stop": "x", "repeat_penalty": 1.1, "n": 1,
+    "presence_penalty": 0, "stream": true, "stream_options": {"include_usage": true},
+    "ignore_eos": true})");
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  CHECK(r->params.model == "m");
+  CHECK(r->messages.size() == 3);
+  CHECK(r->messages[0].role == "system");
+  CHECK(r->messages[1].content == "hi there");
+  CHECK(r->messages[2].content.empty());
+  CHECK(r->params.max_tokens == 7);
+  CHECK(r->params.sampling.temperature == doctest::Approx(0.5));
+  CHECK(r->params.sampling.top_k == 3);
+  CHECK(r->params.sampling.seed == 42);
+  CHECK(r->params.seed_given);
+  CHECK(r->params.stop == std::vector<std::string>{"x"});
+  CHECK(r->params.stream);
+  CHECK(r->params.include_usage);
+  CHECK(r->params.ignore_eos);
+
+  auto d = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b"]})");
+  REQUIRE(d.ok());
+  CHECK(d->params.max_tokens == -1);
+  CHECK(d->params.sampling.temperature == doctest::Approx(0.8));  // llama-server's defaults
+  CHECK(d->params.sampling.top_k == 40);
+  CHECK(!d->params.seed_given);
+  CHECK(!d->params.stream);
+  CHECK(d->params.stop.size() == 2);
+}
+
+TEST_CASE("bad chat requests name the field") {
+  CHECK(ErrorOf("{").find("not valid JSON") != std::string::npos);
+  CHECK(ErrorOf("[1]").find("JSON object") != std::string::npos);
+  CHECK(ErrorOf("{}").find("'messages' is required") != std::string::npos);
+  CHECK(ErrorOf(R"({"messages": "hi"})").find("'messages'") != std::string::npos);
+  CHECK(ErrorOf(R"({"messages": [{"content": "hi"}]})").find("messages[0].role") != std::string::npos);
+  CHECK(ErrorOf(R"({"messages": [{"role": "tool", "content": "x"}]})").find("messages[0].role") !=
+        std::string::npos);
+  CHECK(ErrorOf(R"({"messages": [{"role": "user"}]})").find("messages[0].content") != std::string::npos);
+  CHECK(ErrorOf(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})")
+            .find("messages[0].content") != std::string::npos);
+  const std::string ok = R"("messages": [{"role": "user", "content": "hi"}])";
+  auto with = [&](const std::string& field) { return ErrorOf("{" + ok + ", " + field + "}"); };
+  CHECK(with(R"("temperature": "hot")").find("'temperature' must be a number") != std::string::npos);
+  CHECK(with(R"("temperature": -1)").find("'temperature' must be in") != std::string::npos);
+  CHECK(with(R"("top_p": 2)").find("'top_p'") != std::string::npos);
+  CHECK(with(R"("top_k": 1.5)").find("'top_k' must be an integer") != std::string::npos);
+  CHECK(with(R"("max_tokens": -5)").find("'max_tokens'") != std::string::npos);
+  CHECK(with(R"("max_tokens": "10")").find("'max_tokens'") != std::string::npos);
+  CHECK(with(R"("n": 2)").find("'n'") != std::string::npos);
+  CHECK(with(R"("stop": 3)").find("'stop'") != std::string::npos);
+  CHECK(with(R"("stream": "yes")").find("'stream'") != std::string::npos);
+  CHECK(with(R"("stream_options": {"include_usage": 1})").find("stream_options.include_usage") !=
+        std::string::npos);
+  CHECK(with(R"("presence_penalty": 0.5)").find("'presence_penalty' is not supported") != std::string::npos);
+  CHECK(with(R"("frequency_penalty": 1)").find("'frequency_penalty' is not supported") != std::string::npos);
+  CHECK(with(R"("model": 5)").find("'model'") != std::string::npos);
+  CHECK(ParseChatRequest("{" + ok + R"(, "seed": 18446744073709551615})").ok());  // clamped
+  CHECK(with(R"("seed": "x")").find("'seed'") != std::string::npos);
+}
+
+TEST_CASE("completion, tokenize and detokenize bodies") {
+  auto t = ParseCompletionRequest(R"({"prompt": "once"})");
+  REQUIRE(t.ok());
+  CHECK(!t->has_ids);
+  CHECK(t->prompt_text == "once");
+  auto ids = ParseCompletionRequest(R"({"prompt": [1, 2, 3], "max_tokens": 2})");
+  REQUIRE(ids.ok());
+  CHECK(ids->has_ids);
+  CHECK(ids->prompt_ids == std::vector<int32_t>{1, 2, 3});
+  CHECK(ParseCompletionRequest(R"({"prompt": ["once"]})")->prompt_text == "once");
+  for (const char* bad : {R"({})", R"({"prompt": 5})", R"({"prompt": []})", R"({"prompt": [1, -2]})",
+                          R"({"prompt": ["a", "b"]})", R"({"prompt": [1.5]})"}) {
+    auto r = ParseCompletionRequest(bad);
+    CHECK_MESSAGE(!r.ok(), bad);
+    if (!r.ok()) CHECK(std::string(r.status().message()).find("'prompt'") != std::string::npos);
+  }
+  auto tk = ParseTokenizeRequest(R"({"content": "hi", "add_special": true})");
+  REQUIRE(tk.ok());
+  CHECK(tk->first == "hi");
+  CHECK(tk->second);
+  CHECK(!ParseTokenizeRequest(R"({"content": 1})").ok());
+  CHECK(*ParseDetokenizeRequest(R"({"tokens": [4, 5]})") == std::vector<int32_t>{4, 5});
+  CHECK(!ParseDetokenizeRequest(R"({"tokens": ["a"]})").ok());
+  CHECK(!ParseDetokenizeRequest(R"({"tokens": 4})").ok());
+}
+
+TEST_CASE("errors, responses and chunks in OpenAI's shape") {
+  CHECK(HttpStatus(absl::InvalidArgumentError("x")) == 400);
+  CHECK(HttpStatus(absl::OutOfRangeError("x")) == 400);
+  CHECK(HttpStatus(absl::UnauthenticatedError("x")) == 401);
+  CHECK(HttpStatus(absl::NotFoundError("x")) == 404);
+  CHECK(HttpStatus(absl::ResourceExhaustedError("x")) == 503);
+  CHECK(HttpStatus(absl::UnavailableError("x")) == 503);
+  CHECK(HttpStatus(absl::InternalError("x")) == 500);
+  const json e = ErrorJson(absl::NotFoundError("no such model"));
+  CHECK(e["error"]["message"] == "no such model");
+  CHECK(e["error"]["code"] == 404);
+  CHECK(e["error"]["type"] == "not_found_error");
+
+  const ResponseHead head{"chatcmpl-1", 1700000000, "tiny"};
+  const json c = ChatCompletionJson(head, "hello", FinishReason::kLength, 3, 2);
+  CHECK(c["object"] == "chat.completion");
+  CHECK(c["choices"][0]["message"]["role"] == "assistant");
+  CHECK(c["choices"][0]["message"]["content"] == "hello");
+  CHECK(c["choices"][0]["finish_reason"] == "length");
+  CHECK(c["usage"]["total_tokens"] == 5);
+  const json first = ChatChunkJson(head, true, "", nullptr);
+  CHECK(first["choices"][0]["delta"]["role"] == "assistant");
+  CHECK(first["choices"][0]["finish_reason"].is_null());
+  const FinishReason stop = FinishReason::kStop;
+  const json last = ChatChunkJson(head, false, "", &stop);
+  CHECK(last["choices"][0]["finish_reason"] == "stop");
+  CHECK(last["choices"][0]["delta"].empty());
+  CHECK(UsageChunkJson(head, true, 1, 2)["choices"].empty());
+  CHECK(CompletionJson(head, "t", stop, 1, 1)["choices"][0]["text"] == "t");
+  // Invalid UTF-8 from the model is replaced, never thrown on.
+  CHECK(Dump(json{{"s", std::string("a\xff\xc3")}}) == "{\"s\":\"a\xef\xbf\xbd\xef\xbf\xbd\"}");
+}
+
+}  // namespace
+}  // namespace dpl::server

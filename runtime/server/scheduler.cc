@@ -1,0 +1,270 @@
+#include "runtime/server/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace dpl::server {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+const char* FinishReasonName(FinishReason reason) {
+  return reason == FinishReason::kLength ? "length" : "stop";
+}
+
+std::vector<StreamEvent> RequestStream::Wait(absl::Duration timeout) {
+  std::vector<StreamEvent> out;
+  mu_.LockWhenWithTimeout(absl::Condition(this, &RequestStream::HasEvents), timeout);
+  while (!events_.empty()) {
+    out.push_back(std::move(events_.front()));
+    events_.pop_front();
+  }
+  mu_.Unlock();
+  return out;
+}
+
+void RequestStream::Push(StreamEvent e) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back(std::move(e));
+}
+
+// A request that holds a slot (engine thread only).
+struct Scheduler::Active {
+  GenerationRequest request;
+  std::shared_ptr<RequestStream> stream;
+  int slot = -1;
+  size_t prefilled = 0;     // prompt tokens in the slot's cache
+  bool decoding = false;    // the prompt is in; a sampled token is pending
+  int64_t completion = 0;   // tokens generated (stop tokens excluded)
+  TextStream text;
+  bool done = false;
+
+  Active(Queued q, int slot_id, const tokenizer::Tokenizer& tok)
+      : request(std::move(q.request)), stream(std::move(q.stream)), slot(slot_id),
+        text(tok, request.stop) {}
+};
+
+Scheduler::Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer,
+                     SchedulerOptions options)
+    : engine_(engine), tokenizer_(tokenizer), options_(options) {
+  for (int s = engine.n_slots() - 1; s >= 0; --s) free_slots_.push_back(s);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Scheduler::~Scheduler() { Shutdown(); }
+
+void Scheduler::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+SchedulerMetrics Scheduler::metrics() const {
+  absl::MutexLock lock(&mu_);
+  SchedulerMetrics m = metrics_;
+  m.processing = running_;
+  m.deferred = static_cast<int>(queue_.size());
+  return m;
+}
+
+absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerationRequest r) {
+  const int64_t n_ctx = engine_.n_ctx();
+  const int64_t n_prompt = static_cast<int64_t>(r.prompt.size());
+  if (r.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int32_t id : r.prompt) {
+    if (id < 0 || id >= engine_.n_vocab()) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is outside the vocabulary [0, ",
+                                                     engine_.n_vocab(), ")"));
+    }
+  }
+  if (r.max_tokens < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens ", r.max_tokens, " is negative"));
+  }
+  if (n_prompt > n_ctx) {
+    return absl::OutOfRangeError(absl::StrCat("the prompt (", n_prompt,
+                                              " tokens) is longer than the context of a slot (",
+                                              n_ctx, " tokens; -c sets it)"));
+  }
+  if (r.max_tokens > 0 && n_prompt + r.max_tokens > n_ctx) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "the prompt (", n_prompt, " tokens) and max_tokens (", r.max_tokens, ") need ",
+        n_prompt + r.max_tokens, " positions; the context of a slot has ", n_ctx, " (-c sets it)"));
+  }
+  auto stream = std::make_shared<RequestStream>();
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("the server is shutting down");
+  // Requests the free slots do not take wait; at most max_queue of them.
+  if (static_cast<int64_t>(queue_.size()) >=
+      static_cast<int64_t>(free_slots_.size()) + options_.max_queue) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server is busy: all ", engine_.n_slots(), " slots are in use and ", options_.max_queue,
+        " requests are waiting (-np and --queue set these)"));
+  }
+  ++metrics_.requests_total;
+  queue_.push_back({std::move(r), stream});
+  return stream;
+}
+
+bool Scheduler::Admit(std::vector<std::unique_ptr<Active>>& active) {
+  auto has_work = [this, &active]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shutdown_ || !active.empty() || (!queue_.empty() && !free_slots_.empty());
+  };
+  absl::MutexLock lock(&mu_);
+  // Wakes on Submit and Shutdown (their mutations of the guarded state);
+  // the timeout is only a safety net.
+  mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Seconds(1));
+  if (shutdown_) return false;
+  while (!queue_.empty() && !free_slots_.empty()) {
+    const int slot = free_slots_.back();
+    free_slots_.pop_back();
+    active.push_back(std::make_unique<Active>(std::move(queue_.front()), slot, tokenizer_));
+    queue_.pop_front();
+    ++running_;
+  }
+  return true;
+}
+
+void Scheduler::Finish(Active& a, FinishReason reason, absl::Status error) {
+  StreamEvent e;
+  if (error.ok()) e.text = a.text.Flush();
+  e.final = true;
+  e.finish = reason;
+  e.error = std::move(error);
+  e.prompt_tokens = static_cast<int64_t>(a.request.prompt.size());
+  e.completion_tokens = a.completion;
+  engine_.Release(a.slot);
+  a.done = true;
+  {
+    absl::MutexLock lock(&mu_);
+    free_slots_.push_back(a.slot);
+    --running_;
+  }
+  a.stream->Push(std::move(e));  // last: the metrics show the slot free when the client hears
+}
+
+bool Scheduler::Take(Active& a, int32_t token) {
+  if (!a.request.ignore_eos && a.request.stop_tokens.contains(token)) {
+    Finish(a, FinishReason::kStop, absl::OkStatus());
+    return true;
+  }
+  ++a.completion;
+  bool stopped = false;
+  std::string piece = a.text.Push(token, &stopped);
+  if (!piece.empty()) {
+    StreamEvent e;
+    e.text = std::move(piece);
+    a.stream->Push(std::move(e));
+  }
+  if (stopped) {
+    Finish(a, FinishReason::kStop, absl::OkStatus());
+  } else if ((a.request.max_tokens >= 0 && a.completion >= a.request.max_tokens) ||
+             engine_.n_past(a.slot) >= engine_.n_ctx()) {
+    // The pending token has no position left to run at: the context is full.
+    Finish(a, FinishReason::kLength, absl::OkStatus());
+  }
+  return a.done;
+}
+
+void Scheduler::PrefillChunk(Active& a) {
+  const std::vector<int32_t>& prompt = a.request.prompt;
+  const size_t n = std::min(prompt.size() - a.prefilled, static_cast<size_t>(options_.prefill_chunk));
+  const bool last = a.prefilled + n == prompt.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<int32_t> first = engine_.Prefill(
+      a.slot, absl::MakeConstSpan(prompt).subspan(a.prefilled, n), last, a.request.sampling);
+  {
+    absl::MutexLock lock(&mu_);
+    metrics_.prompt_seconds += SecondsSince(t0);
+    if (first.ok()) metrics_.prompt_tokens_total += n;
+  }
+  if (!first.ok()) {
+    Finish(a, FinishReason::kStop, first.status());
+    return;
+  }
+  a.prefilled += n;
+  if (!last) return;
+  a.decoding = true;
+  if (a.request.max_tokens == 0) {
+    Finish(a, FinishReason::kLength, absl::OkStatus());
+    return;
+  }
+  if (!Take(a, *first)) return;
+}
+
+void Scheduler::DecodeStep(std::vector<std::unique_ptr<Active>>& active) {
+  std::vector<int> slots;
+  std::vector<Active*> who;
+  for (auto& a : active) {
+    if (a->decoding && !a->done) {
+      slots.push_back(a->slot);
+      who.push_back(a.get());
+    }
+  }
+  if (slots.empty()) return;
+  std::vector<int32_t> next(slots.size(), -1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status s = engine_.Step(slots, absl::MakeSpan(next));
+  {
+    absl::MutexLock lock(&mu_);
+    metrics_.decode_seconds += SecondsSince(t0);
+    if (s.ok()) {
+      metrics_.decode_tokens += slots.size();
+      metrics_.generated_tokens_total += slots.size();
+    }
+  }
+  for (size_t i = 0; i < who.size(); ++i) {
+    if (!s.ok()) {
+      Finish(*who[i], FinishReason::kStop, s);
+    } else {
+      Take(*who[i], next[i]);
+    }
+  }
+}
+
+void Scheduler::Loop() {
+  std::vector<std::unique_ptr<Active>> active;  // in admission order
+  auto sweep = [&active] {
+    active.erase(std::remove_if(active.begin(), active.end(),
+                                [](const std::unique_ptr<Active>& a) { return a->done; }),
+                 active.end());
+  };
+  while (Admit(active)) {
+    for (auto& a : active) {
+      if (a->stream->cancelled()) Finish(*a, FinishReason::kStop, absl::CancelledError("client gone"));
+    }
+    sweep();
+    for (auto& a : active) {
+      if (!a->decoding) {
+        PrefillChunk(*a);
+        break;  // one chunk per iteration, the oldest prompt first
+      }
+    }
+    DecodeStep(active);
+    sweep();
+  }
+  // Shutting down: every stream ends now.
+  const absl::Status bye = absl::UnavailableError("the server is shutting down");
+  for (auto& a : active) Finish(*a, FinishReason::kStop, bye);
+  std::deque<Queued> queued;
+  {
+    absl::MutexLock lock(&mu_);
+    queued.swap(queue_);
+  }
+  for (Queued& q : queued) {
+    StreamEvent e;
+    e.final = true;
+    e.error = bye;
+    e.prompt_tokens = static_cast<int64_t>(q.request.prompt.size());
+    q.stream->Push(std::move(e));
+  }
+}
+
+}  // namespace dpl::server

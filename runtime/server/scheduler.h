@@ -1,0 +1,144 @@
+// Continuous batching over a BatchEngine. One engine thread owns the engine;
+// HTTP handlers Submit requests and read their streams.
+//
+// Each iteration of the engine thread, between two steps:
+//   1. admit: queued requests take free slots (FIFO);
+//   2. leave: requests whose client went away (RequestStream::Cancel) free
+//      their slot;
+//   3. prefill: ONE chunk (SchedulerOptions::prefill_chunk tokens) of the
+//      oldest request still reading its prompt, so a long prompt delays the
+//      others' next token by one chunk at most;
+//   4. decode: one BatchEngine::Step for every slot that has a token pending.
+// A request leaves when its turn ends (an end-of-generation token, unless
+// ignore_eos), a stop string completes, max_tokens are generated, or its
+// slot's context is full. Requests beyond the slots wait in a bounded queue.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "runtime/server/batch_engine.h"
+#include "runtime/server/text_stream.h"
+#include "runtime/tokenizer/tokenizer.h"
+
+namespace dpl::server {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplerParams sampling;
+  int32_t max_tokens = -1;                   // -1: until a stop or a full context
+  std::vector<std::string> stop;             // stop strings (not part of the text)
+  absl::flat_hash_set<int32_t> stop_tokens;  // end-of-generation ids (not part of the text)
+  bool ignore_eos = false;                   // llama-server's: stop_tokens do not end it
+};
+
+enum class FinishReason { kStop, kLength };  // OpenAI's "stop" and "length"
+const char* FinishReasonName(FinishReason reason);
+
+// What a request's stream delivers, in order: pieces of text, then one final
+// event.
+struct StreamEvent {
+  std::string text;
+  bool final = false;
+  // Final only:
+  FinishReason finish = FinishReason::kStop;
+  absl::Status error;  // not OK: the generation failed (engine error, shutdown)
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// One request's channel from the engine thread to its HTTP handler.
+class RequestStream {
+ public:
+  // The events ready now, waiting up to `timeout` for the first; empty on
+  // timeout.
+  std::vector<StreamEvent> Wait(absl::Duration timeout);
+  // The client is gone: the scheduler frees the slot before its next step.
+  void Cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
+ private:
+  friend class Scheduler;
+  void Push(StreamEvent e);
+  bool HasEvents() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty(); }
+
+  absl::Mutex mu_;
+  std::deque<StreamEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerOptions {
+  int max_queue = 64;        // requests waiting for a slot; one more is refused
+  int prefill_chunk = 256;   // prompt tokens per engine call between decode steps
+};
+
+// Counters since start, for /metrics.
+struct SchedulerMetrics {
+  int64_t requests_total = 0;        // accepted
+  int64_t prompt_tokens_total = 0;   // prefilled
+  int64_t generated_tokens_total = 0;
+  double prompt_seconds = 0;         // engine time in Prefill
+  double decode_seconds = 0;         // engine time in Step
+  int64_t decode_tokens = 0;         // tokens those steps produced
+  int processing = 0;                // requests holding a slot
+  int deferred = 0;                  // requests waiting in the queue
+};
+
+class Scheduler {
+ public:
+  // `engine` and `tokenizer` outlive the scheduler. Starts the engine thread.
+  Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer, SchedulerOptions options);
+  ~Scheduler();  // Shutdown()
+
+  // Checks and queues a request. Errors: InvalidArgument (an empty prompt, an
+  // id outside the vocabulary, max_tokens < -1), OutOfRange (the prompt plus
+  // max_tokens do not fit a slot's context), ResourceExhausted (the queue is
+  // full), Unavailable (shutting down).
+  absl::StatusOr<std::shared_ptr<RequestStream>> Submit(GenerationRequest request);
+
+  // Refuses new requests, ends every queued and running one (its final event
+  // carries Unavailable) and joins the engine thread. Idempotent.
+  void Shutdown();
+
+  SchedulerMetrics metrics() const;
+  const BatchEngine& engine() const { return engine_; }
+
+ private:
+  struct Queued {
+    GenerationRequest request;
+    std::shared_ptr<RequestStream> stream;
+  };
+  struct Active;
+
+  void Loop();
+  // One iteration's admit step; false when shutting down.
+  bool Admit(std::vector<std::unique_ptr<Active>>& active);
+  void PrefillChunk(Active& a);
+  void DecodeStep(std::vector<std::unique_ptr<Active>>& active);
+  // Takes a sampled token; true when the request is finished.
+  bool Take(Active& a, int32_t token);
+  void Finish(Active& a, FinishReason reason, absl::Status error);
+
+  BatchEngine& engine_;
+  const tokenizer::Tokenizer& tokenizer_;
+  const SchedulerOptions options_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);
+  int running_ ABSL_GUARDED_BY(mu_) = 0;  // requests that hold a slot
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  SchedulerMetrics metrics_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace dpl::server

@@ -1,0 +1,202 @@
+// The scheduler on the CPU engine and a tiny model (ids-only vocabulary, so a
+// token's text is "<ID>"): requests decoded together give the text each gives
+// alone, whatever the prompt chunking; stop strings, stop tokens, max_tokens
+// and a full context end them; the queue is bounded; a cancelled request
+// frees its slot; shutdown ends every stream.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/model_file.h"
+#include "runtime/server/cpu_engine.h"
+#include "runtime/server/scheduler.h"
+#include "runtime/tokenizer/tokenizer.h"
+#include "tests/shared_dir.h"
+
+namespace dpl::server {
+namespace {
+
+struct Fixture {
+  std::shared_ptr<formats::ModelFile> file;
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::unique_ptr<CpuEngine> engine;
+
+  explicit Fixture(int slots, int64_t n_ctx = 64) {
+    auto f = formats::ModelFile::Open(testing::SharedDir() + "/oracle/small-qwen2-q4km.gguf");
+    REQUIRE_MESSAGE(f.ok(), f.status().ToString());
+    file = *f;
+    auto t = tokenizer::Tokenizer::FromMetadata(file->metadata());
+    REQUIRE(t.ok());
+    tok = std::make_unique<tokenizer::Tokenizer>(*std::move(t));
+    CpuEngineOptions o;
+    o.n_slots = slots;
+    o.n_ctx = n_ctx;
+    o.threads = 1;
+    auto e = CpuEngine::Load(file, o);
+    REQUIRE(e.ok());
+    engine = *std::move(e);
+  }
+};
+
+struct Result {
+  std::string text;
+  StreamEvent final;
+};
+
+Result Collect(RequestStream& s) {
+  Result r;
+  for (;;) {
+    for (StreamEvent& e : s.Wait(absl::Seconds(30))) {
+      r.text += e.text;
+      if (e.final) {
+        r.final = std::move(e);
+        return r;
+      }
+    }
+  }
+}
+
+GenerationRequest Greedy(std::vector<int32_t> prompt, int32_t max_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+Result RunAlone(const GenerationRequest& r, int prefill_chunk = 256) {
+  Fixture f(1);
+  Scheduler s(*f.engine, *f.tok, {4, prefill_chunk});
+  auto stream = s.Submit(r);
+  REQUIRE(stream.ok());
+  return Collect(**stream);
+}
+
+TEST_CASE("requests decoded together give the text each gives alone") {
+  const std::vector<GenerationRequest> reqs = {Greedy({1, 2, 3, 4, 5}, 5), Greedy({9, 8}, 7),
+                                               Greedy({1, 2, 3}, 4)};
+  std::vector<Result> alone;
+  for (const auto& r : reqs) alone.push_back(RunAlone(r));
+  CHECK(alone[0].text == RunAlone(reqs[0], 2).text);  // prompt in chunks of 2
+
+  Fixture f(2);
+  Scheduler s(*f.engine, *f.tok, {4, 2});
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& r : reqs) {
+    auto st = s.Submit(r);
+    REQUIRE(st.ok());
+    streams.push_back(*st);
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Result got = Collect(*streams[i]);
+    CHECK(got.final.error.ok());
+    CHECK(got.text == alone[i].text);
+    CHECK(got.final.finish == FinishReason::kLength);
+    CHECK(got.final.completion_tokens == reqs[i].max_tokens);
+    CHECK(got.final.prompt_tokens == static_cast<int64_t>(reqs[i].prompt.size()));
+  }
+  const SchedulerMetrics m = s.metrics();
+  CHECK(m.requests_total == 3);
+  CHECK(m.prompt_tokens_total == 10);
+  CHECK(m.generated_tokens_total == 5 + 7 + 4 - 3);  // the first token of each comes from Prefill
+  CHECK(m.processing == 0);
+  CHECK(m.deferred == 0);
+}
+
+TEST_CASE("stop strings, stop tokens, ignore_eos, max_tokens 0 and a full context") {
+  const Result base = RunAlone(Greedy({1, 2, 3}, 6));
+  REQUIRE(base.text.size() > 6);
+  // The pieces are "<ID>": the third token's piece as a stop string.
+  std::vector<std::string> pieces;
+  for (size_t at = 0; at < base.text.size();) {
+    const size_t end = base.text.find('>', at) + 1;
+    pieces.push_back(base.text.substr(at, end - at));
+    at = end;
+  }
+  REQUIRE(pieces.size() == 6);
+  GenerationRequest r = Greedy({1, 2, 3}, 6);
+  const std::string stop = pieces[2] + pieces[3];  // spans two tokens: the first is held back
+  r.stop = {stop};
+  Result got = RunAlone(r);
+  const size_t cut = base.text.find(stop);
+  int64_t tokens_to_stop = 0;  // pieces until the stop string is complete
+  for (size_t len = 0; len < cut + stop.size(); len += pieces[tokens_to_stop++].size()) {}
+  CHECK(got.text == base.text.substr(0, cut));
+  CHECK(got.final.finish == FinishReason::kStop);
+  CHECK(got.final.completion_tokens == tokens_to_stop);
+
+  r = Greedy({1, 2, 3}, 6);
+  r.stop = {pieces[5] + "never"};  // a prefix at the end is released by the end
+  CHECK(RunAlone(r).text == base.text);
+
+  const int32_t first = std::stoi(pieces[0].substr(1));
+  r = Greedy({1, 2, 3}, 6);
+  r.stop_tokens = {first};
+  got = RunAlone(r);
+  CHECK(got.text.empty());
+  CHECK(got.final.finish == FinishReason::kStop);
+  CHECK(got.final.completion_tokens == 0);
+  r.ignore_eos = true;
+  CHECK(RunAlone(r).text == base.text);
+
+  got = RunAlone(Greedy({1, 2, 3}, 0));
+  CHECK(got.text.empty());
+  CHECK(got.final.finish == FinishReason::kLength);
+
+  Fixture f(1, 8);
+  Scheduler s(*f.engine, *f.tok, {});
+  auto st = s.Submit(Greedy({1, 2, 3, 4, 5}, -1));
+  REQUIRE(st.ok());
+  got = Collect(**st);
+  CHECK(got.final.finish == FinishReason::kLength);
+  CHECK(got.final.completion_tokens == 8 - 5 + 1);  // the last sampled token needs no position
+}
+
+TEST_CASE("refusals: empty, out of the vocabulary, longer than the context, a full queue") {
+  Fixture f(1, 16);
+  Scheduler s(*f.engine, *f.tok, {1, 256});
+  CHECK(s.Submit(Greedy({}, 1)).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.Submit(Greedy({1, 99999}, 1)).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.Submit(Greedy(std::vector<int32_t>(17, 1), -1)).status().code() ==
+        absl::StatusCode::kOutOfRange);
+  CHECK(s.Submit(Greedy(std::vector<int32_t>(10, 1), 7)).status().code() ==
+        absl::StatusCode::kOutOfRange);
+  auto a = s.Submit(Greedy({1, 2}, 14));
+  auto b = s.Submit(Greedy({1, 2}, 2));
+  REQUIRE((a.ok() && b.ok()));
+  const absl::Status c = s.Submit(Greedy({1, 2}, 2)).status();
+  CHECK(c.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(Collect(**a).final.completion_tokens == 14);
+  CHECK(Collect(**b).final.completion_tokens == 2);
+}
+
+TEST_CASE("a cancelled request frees its slot; shutdown ends every stream") {
+  Fixture f(1, 512);
+  Scheduler s(*f.engine, *f.tok, {4, 256});
+  auto a = s.Submit(Greedy({1, 2}, 500));
+  auto b = s.Submit(Greedy({3, 4}, 3));
+  REQUIRE((a.ok() && b.ok()));
+  while ((*a)->Wait(absl::Seconds(30)).empty()) {}  // a is generating
+  (*a)->Cancel();
+  const Result rb = Collect(**b);  // b gets the slot
+  CHECK(rb.final.error.ok());
+  CHECK(rb.final.completion_tokens == 3);
+  const Result ra = Collect(**a);
+  CHECK(ra.final.error.code() == absl::StatusCode::kCancelled);
+  CHECK(ra.final.completion_tokens < 500);
+
+  auto c = s.Submit(Greedy({1, 2}, 500));
+  auto d = s.Submit(Greedy({1, 2}, 500));  // queued behind c
+  REQUIRE((c.ok() && d.ok()));
+  while ((*c)->Wait(absl::Seconds(30)).empty()) {}
+  s.Shutdown();
+  CHECK(Collect(**c).final.error.code() == absl::StatusCode::kUnavailable);
+  CHECK(Collect(**d).final.error.code() == absl::StatusCode::kUnavailable);
+  CHECK(s.Submit(Greedy({1}, 1)).status().code() == absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace dpl::server

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# dpl-server end to end on the CPU device and the tiny Qwen2 model of
+# ../shared (its real vocabulary and ChatML template): /health while loading
+# and after, curl streaming and not, every hostile request with its status,
+# several clients at once, a full queue (503), killed clients freeing their
+# slots, the official npm openai client, and SIGTERM with a stream open
+# (the stream ends with [DONE], exit status 0).
+set -u
+repo=$(cd "$(dirname "$(readlink -f tests/shared_anchor.txt)")/.." && pwd)
+shared=${DPL_SHARED_DIR:-$(cd "$repo/.." && pwd)/shared}
+node_modules=${DPL_SERVER_TEST_NODE_MODULES:-$repo/tools/server-test/node_modules}
+server=runtime/dpl-server
+model="$shared/oracle/tiny-qwen2-vocab-q4km.gguf"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+key=test-key
+fails=0
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fails=$((fails + 1)); }
+
+# Two slots of 256 positions, two requests may wait; port 0: any free one.
+"$server" -m "$model" --device cpu --port 0 -np 2 -c 256 --queue 2 -t 2 -ub 16 --api-key "$key" \
+  >"$tmp/server.out" 2>"$tmp/server.err" &
+pid=$!
+port=
+for _ in $(seq 100); do
+  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/server.err")
+  [[ -n $port ]] && break
+  sleep 0.1
+done
+[[ -n $port ]] || { echo "FAIL the server did not start"; cat "$tmp/server.err"; exit 1; }
+url="http://127.0.0.1:$port"
+
+# CODE NAME CURL-ARGS...: the status and the body (in $tmp/body).
+expect() {
+  local want=$1 name=$2; shift 2
+  local got
+  got=$(curl -s -o "$tmp/body" -w '%{http_code}' -H "Authorization: Bearer $key" "$@")
+  if [[ $got == "$want" ]]; then ok "$name: $want"; else bad "$name: got $got, want $want: $(head -c 300 "$tmp/body")"; fi
+}
+body_has() {  # NAME PATTERN
+  if grep -q -- "$2" "$tmp/body"; then ok "$1"; else bad "$1: no '$2' in $(head -c 300 "$tmp/body")"; fi
+}
+
+# Listening before the model is in: 503 "Loading model", then 200.
+first=$(curl -s -w ' %{http_code}' "$url/health")
+case $first in
+  *'"Loading model"'*' 503' | '{"status":"ok"} 200') ok "/health answers while loading: $first" ;;
+  *) bad "/health while loading: $first" ;;
+esac
+for _ in $(seq 300); do
+  [[ $(curl -s -o /dev/null -w '%{http_code}' "$url/health") == 200 ]] && break
+  sleep 0.1
+done
+expect 200 "/health after loading" "$url/health"
+body_has "/health body" '"status":"ok"'
+
+chat() { echo "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"temperature\":0${1:-}}"; }
+C="$url/v1/chat/completions"
+expect 200 "chat, not streamed" "$C" -d "$(chat ',"max_tokens":4')"
+body_has "chat response shape" '"object":"chat.completion"'
+body_has "chat usage" '"completion_tokens":4'
+body_has "chat finish_reason" '"finish_reason":"length"'
+expect 200 "chat, streamed" -N "$C" -d "$(chat ',"max_tokens":3,"stream":true')"
+if [[ $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && grep -q '"chat.completion.chunk"' "$tmp/body" &&
+   grep -q '"finish_reason":"length"' "$tmp/body"; then ok "SSE chunks end with data: [DONE]"
+else bad "SSE stream: $(cat "$tmp/body")"; fi
+expect 200 "completions, text prompt" "$url/v1/completions" -d '{"prompt":"Once upon","max_tokens":2}'
+body_has "completion shape" '"object":"text_completion"'
+expect 200 "completions, token ids" "$url/v1/completions" -d '{"prompt":[9707,1879],"max_tokens":2,"stop":["\n"]}'
+expect 200 "tokenize" "$url/tokenize" -d '{"content":"Hello world"}'
+body_has "tokenize ids" '"tokens":\[9707,1879\]'
+expect 200 "detokenize" "$url/detokenize" -d '{"tokens":[9707,1879]}'
+body_has "detokenize text" '"content":"Hello world"'
+expect 200 "/v1/models" "$url/v1/models"
+body_has "/v1/models id" '"id":"tiny-qwen2-vocab-q4km.gguf"'
+expect 200 "model by its file stem" "$C" -d '{"model":"tiny-qwen2-vocab-q4km","messages":[{"role":"user","content":"Hi"}],"max_tokens":1}'
+
+# Hostile requests: each status, an OpenAI error body naming the problem.
+for auth in "" "Authorization: Bearer nope" "Authorization: $key"; do
+  code=$(curl -s -o "$tmp/body" -w '%{http_code}' ${auth:+-H "$auth"} "$C" -d "$(chat ',"max_tokens":1')")
+  [[ $code == 401 ]] && ok "API key '$auth': 401" || bad "API key '$auth': $code"
+done
+body_has "401 error shape" '"type":"authentication_error"'
+expect 400 "bad JSON" "$C" -d '{"messages": ['
+body_has "bad JSON error shape" '"type":"invalid_request_error"'
+expect 400 "not an object" "$C" -d '[1,2]'
+expect 400 "no messages" "$C" -d '{}'
+body_has "names messages" "'messages' is required"
+expect 400 "messages of the wrong type" "$C" -d '{"messages":"hi"}'
+expect 400 "a message without a role" "$C" -d '{"messages":[{"content":"hi"}]}'
+expect 400 "temperature a string" "$C" -d "$(chat ',"temperature":"hot"')"
+body_has "names temperature" "'temperature'"
+expect 400 "max_tokens negative" "$C" -d "$(chat ',"max_tokens":-3')"
+expect 400 "n = 2" "$C" -d "$(chat ',"n":2')"
+expect 400 "presence_penalty unsupported" "$C" -d "$(chat ',"presence_penalty":0.5')"
+body_has "names presence_penalty" "'presence_penalty' is not supported"
+expect 404 "unknown model" "$C" -d '{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}'
+expect 400 "prompt + max_tokens beyond the context" "$C" -d "$(chat ',"max_tokens":1000')"
+body_has "names the context" "context of a slot"
+long=$(head -c 20000 /dev/zero | tr '\0' 'a')
+expect 400 "prompt longer than the context" "$url/v1/completions" -d "{\"prompt\":\"$long\"}"
+expect 400 "token id outside the vocabulary" "$url/v1/completions" -d '{"prompt":[1,999999999]}'
+expect 400 "detokenize outside the vocabulary" "$url/detokenize" -d '{"tokens":[999999999]}'
+expect 404 "unknown endpoint" "$url/v2/anything"
+head -c 4096 "$model" >"$tmp/garbage"
+expect 400 "binary garbage" "$C" --data-binary @"$tmp/garbage"
+expect 413 "a body over 16 MiB" "$C" --data-binary @"$model"
+expect 200 "still serving after all that" "$C" -d "$(chat ',"max_tokens":1')"
+
+# Several clients at once: 2 slots and 2 waiting, all answered.
+for i in 1 2 3 4; do
+  curl -s -o "$tmp/multi$i" -w '%{http_code}' -H "Authorization: Bearer $key" "$url/v1/completions" \
+    -d "{\"prompt\":\"Story $i\",\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true}" >"$tmp/multi$i.code" &
+done
+wait_ok=1
+for i in 1 2 3 4; do
+  while [[ ! -s $tmp/multi$i.code ]]; do sleep 0.1; done
+done
+sleep 0.2
+for i in 1 2 3 4; do
+  [[ $(cat "$tmp/multi$i.code") == 200 ]] && grep -q '"completion_tokens":6' "$tmp/multi$i" || wait_ok=0
+done
+[[ $wait_ok == 1 ]] && ok "4 clients on 2 slots: all 200 with 6 tokens" || bad "4 clients: $(cat "$tmp"/multi*.code)"
+
+# A full queue: 2 long streams hold the slots, 2 wait, the 5th gets 503;
+# then the 4 clients are killed and every slot frees.
+metric() { curl -s -H "Authorization: Bearer $key" "$url/metrics" | sed -n "s/^dpl:$1 //p"; }
+long_pids=()
+for i in 1 2 3 4; do
+  curl -sN -H "Authorization: Bearer $key" "$url/v1/completions" \
+    -d '{"prompt":"Long","max_tokens":200,"ignore_eos":true,"stream":true}' >"$tmp/long$i" &
+  long_pids+=($!)
+done
+for _ in $(seq 100); do
+  [[ $(metric requests_processing) == 2 && $(metric requests_deferred) == 2 ]] && break
+  sleep 0.1
+done
+expect 503 "queue full" "$C" -d "$(chat ',"max_tokens":1')"
+body_has "queue full error" '"type":"unavailable_error"'
+kill "${long_pids[@]}" 2>/dev/null
+wait "${long_pids[@]}" 2>/dev/null
+freed=0
+for _ in $(seq 100); do
+  [[ $(metric requests_processing) == 0 && $(metric requests_deferred) == 0 ]] && { freed=1; break; }
+  sleep 0.1
+done
+[[ $freed == 1 ]] && ok "killed clients free their slots (processing 0, deferred 0)" ||
+  bad "killed clients: processing $(metric requests_processing), deferred $(metric requests_deferred)"
+generated=$(metric tokens_predicted_total)
+# 4 x 200 tokens would be 800 more; the cancelled streams stopped early.
+[[ -n $generated && ${generated%.*} -lt 600 ]] && ok "cancelled streams stopped generating ($generated tokens in all)" ||
+  bad "cancelled streams: $generated tokens"
+expect 200 "/metrics" "$url/metrics"
+for m in prompt_tokens_total tokens_predicted_total requests_total requests_processing requests_deferred predicted_tokens_seconds; do
+  grep -q "^dpl:$m " "$tmp/body" || bad "/metrics lacks dpl:$m"
+done
+
+# The official OpenAI client library.
+if [[ -f $node_modules/openai/package.json ]]; then
+  NODE_PATH="$node_modules" node "$repo/tools/server-test/openai_client.js" "$url/v1" "$key" \
+    tiny-qwen2-vocab-q4km.gguf >"$tmp/node.out" 2>&1
+  rc=$?
+  cat "$tmp/node.out"
+  fails=$((fails + $(grep -c '^FAIL' "$tmp/node.out")))
+  [[ $rc == 0 ]] || bad "node openai client exit $rc"
+else
+  bad "no npm openai client in $node_modules (tools/setup.sh installs it)"
+fi
+
+# SIGTERM with a stream open: it ends with [DONE], the server exits 0.
+curl -sN -H "Authorization: Bearer $key" "$C" \
+  -d "$(chat ',"max_tokens":200,"ignore_eos":true,"stream":true')" >"$tmp/term.sse" &
+cpid=$!
+for _ in $(seq 100); do grep -q '"content"' "$tmp/term.sse" && break; sleep 0.1; done
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+wait "$cpid"
+[[ $rc == 0 ]] && ok "SIGTERM: exit 0" || bad "SIGTERM: exit $rc"
+if [[ $(tail -c 20 "$tmp/term.sse") == *'data: [DONE]'* ]] && grep -q 'shutting down' "$tmp/term.sse"; then
+  ok "SIGTERM: the open stream ends with an error chunk and [DONE]"
+else
+  bad "SIGTERM stream: $(tail -c 300 "$tmp/term.sse")"
+fi
+
+echo "$fails failures"
+[[ $fails -eq 0 ]]

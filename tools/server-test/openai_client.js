@@ -1,0 +1,105 @@
+// Drives a running dpl-server with the official OpenAI client library (npm
+// "openai"), as an application would: chat and completions, streaming and
+// not, usage, and the errors the client raises for a bad model and a bad key.
+//   node openai_client.js BASE_URL API_KEY MODEL
+// Prints "ok   NAME" / "FAIL NAME" lines; exits 1 on any failure.
+'use strict';
+const OpenAI = require('openai');
+
+const [baseURL, apiKey, model] = process.argv.slice(2);
+let fails = 0;
+const ok = (name) => console.log(`ok   openai client: ${name}`);
+const bad = (name, why) => { console.log(`FAIL openai client: ${name}: ${why}`); fails++; };
+async function check(name, fn) {
+  try { await fn(); ok(name); } catch (e) { bad(name, e && e.stack ? e.stack : e); }
+}
+function expect(cond, what) { if (!cond) throw new Error(what); }
+
+async function main() {
+  const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60000 });
+  const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hello' }];
+
+  await check('chat.completions.create', async () => {
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 4, temperature: 0 });
+    expect(r.object === 'chat.completion', `object ${r.object}`);
+    expect(r.choices.length === 1 && r.choices[0].message.role === 'assistant', 'one assistant choice');
+    expect(typeof r.choices[0].message.content === 'string', 'content');
+    expect(['stop', 'length'].includes(r.choices[0].finish_reason), `finish ${r.choices[0].finish_reason}`);
+    expect(r.usage.completion_tokens <= 4 && r.usage.prompt_tokens > 0, JSON.stringify(r.usage));
+    expect(r.usage.total_tokens === r.usage.prompt_tokens + r.usage.completion_tokens, 'total');
+  });
+
+  await check('chat stream with include_usage', async () => {
+    const stream = await client.chat.completions.create({
+      model, messages, max_tokens: 5, temperature: 0, stream: true, stream_options: { include_usage: true },
+      ignore_eos: true,
+    });
+    let text = '', finish = null, usage = null, chunks = 0;
+    for await (const chunk of stream) {
+      chunks++;
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        if (c.delta && c.delta.content) text += c.delta.content;
+        if (c.finish_reason) finish = c.finish_reason;
+      }
+    }
+    expect(chunks >= 3, `${chunks} chunks`);
+    expect(finish === 'length', `finish ${finish}`);
+    expect(usage && usage.completion_tokens === 5, `usage ${JSON.stringify(usage)}`);
+    // Greedy: the stream's text is the non-streamed answer's.
+    const whole = await client.chat.completions.create({ model, messages, max_tokens: 5, temperature: 0, ignore_eos: true });
+    expect(whole.choices[0].message.content === text, `stream '${text}' vs '${whole.choices[0].message.content}'`);
+  });
+
+  await check('completions.create (text and token ids)', async () => {
+    const r = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 3, temperature: 0 });
+    expect(r.object === 'text_completion' && typeof r.choices[0].text === 'string', JSON.stringify(r));
+    const ids = await client.completions.create({ model, prompt: [9707, 1879], max_tokens: 2, temperature: 0 });
+    expect(ids.usage.prompt_tokens === 2, JSON.stringify(ids.usage));
+  });
+
+  await check('completions stream', async () => {
+    const stream = await client.completions.create({ model, prompt: 'Hi', max_tokens: 3, stream: true, seed: 7 });
+    let finish = null;
+    for await (const chunk of stream) if (chunk.choices[0] && chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+    expect(finish !== null, 'no finish_reason');
+  });
+
+  await check('models.list', async () => {
+    const list = await client.models.list();
+    expect(list.data.some((m) => m.id === model), JSON.stringify(list.data));
+  });
+
+  await check('unknown model: NotFoundError (404)', async () => {
+    try {
+      await client.chat.completions.create({ model: 'no-such-model', messages, max_tokens: 1 });
+    } catch (e) {
+      expect(e instanceof OpenAI.NotFoundError && e.status === 404, `${e.constructor.name} ${e.status}`);
+      return;
+    }
+    throw new Error('no error');
+  });
+
+  await check('bad field: BadRequestError (400) naming it', async () => {
+    try {
+      await client.chat.completions.create({ model, messages, temperature: 'hot' });
+    } catch (e) {
+      expect(e instanceof OpenAI.BadRequestError && /temperature/.test(e.message), `${e.constructor.name} ${e.message}`);
+      return;
+    }
+    throw new Error('no error');
+  });
+
+  await check('wrong API key: AuthenticationError (401)', async () => {
+    const wrong = new OpenAI({ baseURL, apiKey: 'wrong', maxRetries: 0 });
+    try {
+      await wrong.models.list();
+    } catch (e) {
+      expect(e instanceof OpenAI.AuthenticationError && e.status === 401, `${e.constructor.name} ${e.status}`);
+      return;
+    }
+    throw new Error('no error');
+  });
+}
+
+main().then(() => process.exit(fails ? 1 : 0), (e) => { console.log(`FAIL openai client: ${e}`); process.exit(1); });
