@@ -21,7 +21,9 @@
 #include "base/status_macros.h"
 #include "cli/cli.h"
 #include "formats/model_file.h"
+#include "runtime/cuda/cuda_decoder.h"
 #include "runtime/server/cpu_engine.h"
+#include "runtime/server/cuda_engine.h"
 #include "runtime/server/http_server.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -34,13 +36,13 @@ void AddFlags(cxxopts::Options& options) {
       ("a,alias", "the model's name in the API (default: the file name)", cxxopts::value<std::string>())
       ("host", "address to listen on", cxxopts::value<std::string>()->default_value("127.0.0.1"))
       ("port", "port to listen on (0: any free one, printed)", cxxopts::value<int>()->default_value("8080"))
-      ("c,ctx-size", "context positions per slot (0: the model's, capped at 4096)",
+      ("c,ctx-size", "context positions per slot (0: the model's; cpu caps it at 4096)",
        cxxopts::value<int64_t>()->default_value("4096"))
       ("parallel", "slots: sequences decoded together (-np)", cxxopts::value<int>()->default_value("1"))
       ("queue", "requests that may wait for a slot; one more gets 503",
        cxxopts::value<int>()->default_value("64"))
       ("api-key", "require Authorization: Bearer KEY (all but /health)", cxxopts::value<std::string>())
-      ("device", "cpu (the float64 reference) or cuda (not built yet: the batched GPU engine)",
+      ("device", "cuda (one slot until the batched GPU step lands: -np 1) or cpu (the float64 reference)",
        cxxopts::value<std::string>()->default_value("cuda"))
       ("t,threads", "CPU threads (0: all)", cxxopts::value<int>()->default_value("0"))
       ("chat-template",
@@ -66,20 +68,25 @@ absl::Status CheckFlags(const cxxopts::ParseResult& args) {
     DPL_RETURN_IF_ERROR(dpl::tokenizer::ChatTemplate::FromName(name).status());
   }
   const std::string device = args["device"].as<std::string>();
-  if (device == "cuda") {
+  if (device == "cuda" && args["parallel"].as<int>() != 1) {
     return absl::UnimplementedError(
-        "--device cuda: the batched GPU engine is not built yet (issue 12); use --device cpu");
+        "--device cuda decodes one sequence at a time: -np must be 1 (the batched GPU step of "
+        "issue 12 is not built yet; --device cpu takes any -np)");
   }
-  if (device != "cpu") {
+  if (device != "cpu" && device != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("unknown device '", device, "' (expected cuda or cpu)"));
   }
   return absl::OkStatus();
 }
 
-// The model on the CPU device: every slot a reference model over one mapping.
-absl::StatusOr<dpl::server::ServedModel> LoadCpu(const cxxopts::ParseResult& args) {
+// The model, its tokenizer and chat template, on the chosen device: cpu, every
+// slot a reference model over one mapping; cuda, the runtime's decode graph
+// (one slot).
+absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& args) {
+  const std::string path = args["model"].as<std::string>();
+  const bool cuda = args["device"].as<std::string>() == "cuda";
   DPL_ASSIGN_OR_RETURN(std::shared_ptr<dpl::formats::ModelFile> file,
-                       dpl::formats::ModelFile::Open(args["model"].as<std::string>()));
+                       cuda ? dpl::formats::ModelFile::OpenIndex(path) : dpl::formats::ModelFile::Open(path));
   dpl::server::ServedModel m;
   DPL_ASSIGN_OR_RETURN(dpl::tokenizer::Tokenizer tok, dpl::tokenizer::Tokenizer::FromMetadata(file->metadata()));
   m.tokenizer = std::make_unique<dpl::tokenizer::Tokenizer>(std::move(tok));
@@ -90,6 +97,13 @@ absl::StatusOr<dpl::server::ServedModel> LoadCpu(const cxxopts::ParseResult& arg
     if (!tmpl.ok() && name.empty()) tmpl = dpl::tokenizer::ChatTemplate::FromName("chatml");
     DPL_RETURN_IF_ERROR(tmpl.status());
     m.chat_template = *tmpl;
+  }
+  if (cuda) {
+    dpl::runtime::CudaDecoderOptions co;
+    co.n_ctx = args["ctx-size"].as<int64_t>();
+    co.index = file;
+    DPL_ASSIGN_OR_RETURN(m.engine, dpl::server::CudaEngine::Load(path, co));
+    return m;
   }
   dpl::server::CpuEngineOptions eo;
   eo.n_slots = args["parallel"].as<int>();
@@ -128,10 +142,11 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   std::fprintf(stderr, "dpl-server: listening on http://%s:%d (loading %s)\n", o.host.c_str(), server.port(),
                path.c_str());
   server.StartLoading([&args, &o] {
-    auto m = LoadCpu(args);
+    auto m = LoadModel(args);
     if (m.ok()) {
-      std::fprintf(stderr, "dpl-server: %s loaded: %d slots of %lld positions (cpu)\n", o.model_id.c_str(),
-                   m->engine->n_slots(), static_cast<long long>(m->engine->n_ctx()));
+      std::fprintf(stderr, "dpl-server: %s loaded: %d slots of %lld positions (%s)\n", o.model_id.c_str(),
+                   m->engine->n_slots(), static_cast<long long>(m->engine->n_ctx()),
+                   args["device"].as<std::string>().c_str());
     }
     return m;
   });

@@ -183,5 +183,18 @@ else
   bad "SIGTERM stream: $(tail -c 300 "$tmp/term.sse")"
 fi
 
+# The GPU engine has one slot: more is refused before anything loads. Without
+# a GPU (CI), loading fails: exit 1 with the reason, nothing left running.
+"$server" -m "$model" --device cuda -np 2 --port 0 >/dev/null 2>"$tmp/np.err"
+rc=$?
+if [[ $rc == 1 ]] && grep -q -- "-np must be 1" "$tmp/np.err"; then ok "--device cuda -np 2: exit 1, -np named"
+else bad "--device cuda -np 2: exit $rc: $(head -c 300 "$tmp/np.err")"; fi
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  timeout 60 "$server" -m "$model" --device cuda --port 0 >/dev/null 2>"$tmp/nogpu.err"
+  rc=$?
+  if [[ $rc == 1 ]] && grep -qi "cuda\|gpu" "$tmp/nogpu.err"; then ok "--device cuda without a GPU: exit 1 with the reason"
+  else bad "--device cuda without a GPU: exit $rc: $(head -c 300 "$tmp/nogpu.err")"; fi
+fi
+
 echo "$fails failures"
 [[ $fails -eq 0 ]]

@@ -455,18 +455,19 @@ absl::Status CudaDecoder::LaunchGenerationStep(const kernels::SamplingParams& p)
   return EnqueueStep(&p);  // eager: the same kernels, launched one by one
 }
 
-absl::Status CudaDecoder::SampleLoop(const generate::SamplerParams& params,
-                                     absl::Span<const int32_t> history, int32_t max_tokens,
-                                     const std::function<bool(int32_t)>& on_token) {
-  if (n_past_ == 0) return absl::FailedPreconditionError("SampleLoop needs a prompt first");
-  kernels::SamplingParams p = params;
-  p.repeat_last_n = params.repeat_penalty != 1.0f ? std::max(0, params.repeat_last_n) : 0;
-  DPL_RETURN_IF_ERROR(PrepareGenerationGraph(p));
+absl::Status CudaDecoder::StartSampling(const generate::SamplerParams& params,
+                                        absl::Span<const int32_t> history, bool restart_draws,
+                                        kernels::SamplingParams* p) {
+  if (n_past_ == 0) return absl::FailedPreconditionError("sampling needs a prompt first");
+  *p = params;
+  p->repeat_last_n = params.repeat_penalty != 1.0f ? std::max(0, params.repeat_last_n) : 0;
+  DPL_RETURN_IF_ERROR(PrepareGenerationGraph(*p));
   cudaStream_t s = stream_.get();
-  int* h_tokens = h_tokens_.get();
-  // The penalty ring from the history; the RNG counter carries on.
-  if (p.repeat_last_n > 0) {
-    const kernels::RecentRing ring = kernels::MakeRecentRing(history, p.repeat_last_n);
+  // The penalty ring from the history; the RNG counter carries on unless
+  // the caller starts a new sequence of draws.
+  if (restart_draws) DPL_CUDA_CHECK(cudaMemsetAsync(&buf_.sampler->step, 0, sizeof(buf_.sampler->step), s));
+  if (p->repeat_last_n > 0) {
+    const kernels::RecentRing ring = kernels::MakeRecentRing(history, p->repeat_last_n);
     DPL_CUDA_CHECK(cudaMemcpyAsync(ring_.get(), ring.tokens.data(), ring.tokens.size() * sizeof(int),
                                    cudaMemcpyHostToDevice, s));
     const int32_t head_count[2] = {ring.head, ring.count};
@@ -476,10 +477,41 @@ absl::Status CudaDecoder::SampleLoop(const generate::SamplerParams& params,
   const int pos = static_cast<int>(n_past_);
   DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, &pos, sizeof(int), cudaMemcpyHostToDevice, s));
   // The first token comes from the prompt's logits, still in buf_.logits.
-  DPL_RETURN_IF_ERROR(kernels::SampleToken(p, buf_.logits, static_cast<int>(hp_.n_vocab), ring_.get(),
+  DPL_RETURN_IF_ERROR(kernels::SampleToken(*p, buf_.logits, static_cast<int>(hp_.n_vocab), ring_.get(),
                                            buf_.sampler, buf_.sampling_ws, buf_.tokens, s));
-  DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens[0], buf_.tokens, sizeof(int), cudaMemcpyDeviceToHost, s));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_.get()[0], buf_.tokens, sizeof(int), cudaMemcpyDeviceToHost, s));
   DPL_CUDA_CHECK(cudaEventRecord(token_ready_[0].get(), s));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> CudaDecoder::BeginSampling(const generate::SamplerParams& params,
+                                                   absl::Span<const int32_t> history) {
+  kernels::SamplingParams p;
+  DPL_RETURN_IF_ERROR(StartSampling(params, history, /*restart_draws=*/true, &p));
+  DPL_CUDA_CHECK(cudaEventSynchronize(token_ready_[0].get()));
+  return h_tokens_.get()[0];
+}
+
+absl::StatusOr<int32_t> CudaDecoder::NextToken() {
+  if (!gen_params_.has_value()) return absl::FailedPreconditionError("NextToken before BeginSampling");
+  if (n_past_ >= n_ctx_) {
+    return absl::OutOfRangeError(absl::StrCat("the context of ", n_ctx_, " positions is full"));
+  }
+  cudaStream_t s = stream_.get();
+  DPL_RETURN_IF_ERROR(LaunchGenerationStep(*gen_params_));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_.get()[0], buf_.tokens, sizeof(int), cudaMemcpyDeviceToHost, s));
+  DPL_CUDA_CHECK(cudaStreamSynchronize(s));
+  ++n_past_;  // the pending token is now in the cache
+  return h_tokens_.get()[0];
+}
+
+absl::Status CudaDecoder::SampleLoop(const generate::SamplerParams& params,
+                                     absl::Span<const int32_t> history, int32_t max_tokens,
+                                     const std::function<bool(int32_t)>& on_token) {
+  kernels::SamplingParams p;
+  DPL_RETURN_IF_ERROR(StartSampling(params, history, /*restart_draws=*/false, &p));
+  cudaStream_t s = stream_.get();
+  int* h_tokens = h_tokens_.get();
   // Pipeline: the GPU runs step i (feeding token i, sampling token i + 1)
   // while the host waits for token i and streams it: one wait per token.
   for (int32_t i = 0; max_tokens < 0 || i < max_tokens; ++i) {

@@ -98,6 +98,19 @@ class CudaDecoder : public generate::Decoder {
                           int32_t max_tokens,
                           const std::function<bool(int32_t)>& on_token) override;
 
+  // Token at a time (the server's engine, which interleaves requests
+  // between tokens): after Eval() of a prompt, BeginSampling samples the
+  // first token from its last logits (`history`: the ids so far, for the
+  // repetition penalty); each NextToken() then runs the pending token
+  // through the step graph and samples the next one, which stays pending
+  // (n_past() counts the tokens run). The draws start over (RNG counter 0),
+  // so a seed repeats its tokens whatever ran before; SampleLoop carries the
+  // counter on instead (one conversation). One host round trip per token,
+  // where SampleLoop overlaps the host's wait with the next step.
+  absl::StatusOr<int32_t> BeginSampling(const generate::SamplerParams& params,
+                                        absl::Span<const int32_t> history);
+  absl::StatusOr<int32_t> NextToken();
+
   const model::Hparams& hparams() const { return hp_; }
   const kernels::DecodeTuning& tuning() const { return tuning_; }
   const CudaMemoryReport& memory() const { return report_; }
@@ -175,6 +188,14 @@ class CudaDecoder : public generate::Decoder {
   absl::Status PrepareGenerationGraph(const kernels::SamplingParams& params);
   // Launches the generation step: its graph, or eagerly.
   absl::Status LaunchGenerationStep(const kernels::SamplingParams& params);
+  // SampleLoop's and BeginSampling's start: the generation graph for
+  // `params` (repeat_last_n normalized into *p), the penalty ring from
+  // `history`, the RNG counter reset (restart_draws), the position, and the
+  // first token sampled into
+  // buf_.tokens and h_tokens_[0] (token_ready_[0] recorded).
+  absl::Status StartSampling(const generate::SamplerParams& params,
+                             absl::Span<const int32_t> history, bool restart_draws,
+                             kernels::SamplingParams* p);
 
   std::unique_ptr<DeviceWeights> weights_;
   std::shared_ptr<formats::ModelFile> index_;  // metadata and tensor table

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 tools=(
   //runtime:dpl-run //runtime:dpl-bench //runtime:dpl-tokenize //tools:dpl-synth
-  //converter:dpl-convert //tests:compare_logits
+  //converter:dpl-convert //tests:compare_logits //runtime:dpl-server
 )
 tests=(
   //kernels/matvec:matvec_gpu_test //kernels/matvec:matvec_bench
@@ -16,6 +16,7 @@ tests=(
   //kernels/attention:prompt_attention_gpu_test //kernels/gemm:prompt_gemm_gpu_test //kernels/gemm:gemm_bench
   //kernels/sampling:sampling_gpu_test //kernels:cuda_handles_gpu_test
   //runtime/cuda:device_weights_gpu_test //runtime/cuda:cuda_decoder_gpu_test
+  //runtime/server:cuda_engine_gpu_test
 )
 # DPL_STAGE_TOOLS_ONLY=1: the tools alone (no test or bench binaries), to
 # leave the carry's room for oracle models (e2e, dpl-bench, startup.sh).
@@ -53,5 +54,12 @@ fi
 # the 3254-token prompt of startup.sh.
 # (gzipped: 5.7 -> 2.5 MB of the 64 MiB; suite.sh and startup.sh unpack it).
 mkdir -p "$out/shared/vocab" && gzip -c "$shared/vocab/ggml-vocab-qwen2.gguf" >"$out/shared/vocab/ggml-vocab-qwen2.gguf.gz"
-cp tools/gpu/env.sh tools/gpu/suite.sh tools/gpu/ab.sh tools/gpu/startup.sh tools/gpu/types.sh tools/gpu/prompt-3254.txt "$out/"
+cp tools/gpu/env.sh tools/gpu/suite.sh tools/gpu/ab.sh tools/gpu/startup.sh tools/gpu/types.sh \
+   tools/gpu/server.sh tools/gpu/prompt-3254.txt "$out/"
+# dpl-server's shared libraries that Ubuntu's GPU machine may lack (Debian's
+# cpp-httplib and brotli; server.sh puts them on LD_LIBRARY_PATH).
+mkdir -p "$out/serverlib"
+for l in libcpp-httplib.so.0.11 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do
+  cp -L "/lib/x86_64-linux-gnu/$l" "$out/serverlib/"
+done
 du -sh "$out"
