@@ -171,7 +171,8 @@ fi
 curl -sN -H "Authorization: Bearer $key" "$C" \
   -d "$(chat ',"max_tokens":200,"ignore_eos":true,"stream":true')" >"$tmp/term.sse" &
 cpid=$!
-for _ in $(seq 100); do grep -q '"content"' "$tmp/term.sse" && break; sleep 0.1; done
+# (Waits for a generated token: the first chunk's "content" is the empty role delta.)
+for _ in $(seq 100); do grep -q '"content":"[^"]' "$tmp/term.sse" && break; sleep 0.1; done
 kill -TERM "$pid"
 wait "$pid"
 rc=$?

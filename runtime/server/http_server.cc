@@ -8,6 +8,7 @@
 #include <random>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
@@ -114,8 +115,11 @@ struct HttpServer::Handlers {
       std::shared_ptr<RequestStream> stream;
       ResponseHead head;
       bool chat, include_usage, first = true;
+      std::atomic<int>* open;  // HttpServer::open_streams_, released below
     };
-    auto st = std::make_shared<State>(State{std::move(stream), std::move(head), chat, p.include_usage});
+    s.open_streams_.fetch_add(1);
+    auto st = std::make_shared<State>(
+        State{std::move(stream), std::move(head), chat, p.include_usage, true, &s.open_streams_});
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -154,7 +158,10 @@ struct HttpServer::Handlers {
           if (!ok) st->stream->Cancel();  // the client is gone: free the slot
           return ok;
         },
-        [st](bool) { st->stream->Cancel(); });  // ended, finished or not: nothing more to generate
+        [st](bool) {  // ended, finished or not: nothing more to generate
+          st->stream->Cancel();
+          st->open->fetch_sub(1);
+        });
   }
 
   void Chat(const std::string& body, httplib::Response& res) {
@@ -402,8 +409,11 @@ void HttpServer::Stop() {
     stopping_ = true;
     sched = scheduler_;
   }
-  http_->stop();                   // no new connections
-  if (sched) sched->Shutdown();    // every open stream gets its end
+  // Every open stream gets its end (an error chunk, then [DONE]) and writes
+  // it before httplib stops: stop() ends chunked writes where they are.
+  if (sched) sched->Shutdown();
+  for (int i = 0; i < 200 && open_streams_.load() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  http_->stop();  // no new connections; new requests meanwhile got 503
 }
 
 }  // namespace dpl::server

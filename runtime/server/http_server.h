@@ -75,6 +75,10 @@ class HttpServer {
   std::shared_ptr<Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);  // set once loaded
   absl::Status load_error_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Streaming responses not yet released by httplib: Stop waits for them to
+  // write their end ([DONE]) before it stops httplib, which ends chunked
+  // writes at once.
+  std::atomic<int> open_streams_{0};
 };
 
 }  // namespace dpl::server
