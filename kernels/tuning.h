@@ -32,6 +32,13 @@ struct DecodeTuning {
   // they read were written by earlier steps); false: every block waits first
   // (A/B: dpl-bench DPL_ATTN_EARLY=0).
   bool attn_early_kv = true;
+  // The decode step's attention combine also writes Wo's int8 activation
+  // blocks (one quantize launch fewer per layer); false: a separate
+  // QuantizeActivations launch (A/B: dpl-bench DPL_ATTN_QUANT=0). Measured
+  // on the H200 (2026-12-02, builds 8908a8e -> 2e478de, two rounds): 14B
+  // tg128 261.3 -> 262.7, but tg128 @ d3254 227.8 -> 217.2; the 7B gained
+  // at both depths (docs/PERF.md). Why the 14B loses at depth is open.
+  bool attn_quantize_output = true;
   // Products over at least this many tokens multiply on tensor cores
   // (weights dequantized to f16, cuBLAS); fewer run the dp4a matvec in
   // token tiles. gemm_bench on the H200 (7B/14B q4_K and q6_K dpl shapes):

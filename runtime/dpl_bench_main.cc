@@ -125,7 +125,8 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 
 // A/B switches (environment, documented in README): DPL_ATTN_PDL=0 launches
 // the attention combine plainly, DPL_ATTN_EARLY=0 makes every attention split
-// wait on RoPE before its first K/V loads, DPL_ATTN_SPLITS=N forces N splits per kv
+// wait on RoPE before its first K/V loads, DPL_ATTN_QUANT=0 quantizes the
+// attention output in its own launch, DPL_ATTN_SPLITS=N forces N splits per kv
 // head, DPL_PDL=0|1 the decode step's kernels as programmatic dependent
 // launches or not, DPL_GROUP=0 one matvec launch per matrix instead of one
 // per group (Q/K/V, gate/up).
@@ -138,6 +139,7 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   };
   flag("DPL_ATTN_PDL", &t.attn_pdl);
   flag("DPL_ATTN_EARLY", &t.attn_early_kv);
+  flag("DPL_ATTN_QUANT", &t.attn_quantize_output);
   flag("DPL_ATTN_SPLITS", &t.attn_splits);
   flag("DPL_PDL", &t.pdl);
   flag("DPL_GROUP", &t.group_matvecs);

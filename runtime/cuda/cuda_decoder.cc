@@ -308,7 +308,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) 
     if (n == 1) {  // flash-decoding, its position read on the device
       // a, and on the dp4a path a's int8 blocks for Wo, from the combine.
       std::optional<kernels::QuantOut> aq;
-      if (!tensor_cores(n)) {
+      if (!tensor_cores(n) && tuning_.attn_quantize_output) {
         DPL_ASSIGN_OR_RETURN(aq, kernels::QuantizeInto(Q, n, &b.qx));
       }
       DPL_RETURN_IF_ERROR(kernels::DecodeAttention(attn_plan_, b.q, k_cache, v_cache, b.positions,
