@@ -167,6 +167,15 @@ else
   bad "no npm openai client in $node_modules (tools/setup.sh installs it)"
 fi
 
+# The curl load script (the GPU machine has no Node): 3 streams on 2 slots,
+# every stream its 6 tokens, the aggregate counts all 18.
+if "$repo/tools/server_load.sh" --url "$url" --api-key "$key" -n 3 --prompt 8 --gen 6 >"$tmp/load.out" 2>&1 &&
+   grep -q "aggregate: 3 streams, 18 tokens" "$tmp/load.out" && [[ $(grep -c " 6 tokens" "$tmp/load.out") == 3 ]]; then
+  ok "tools/server_load.sh: 3 streams of 6 tokens"
+else
+  bad "tools/server_load.sh: $(cat "$tmp/load.out")"
+fi
+
 # SIGTERM with a stream open: it ends with [DONE], the server exits 0.
 curl -sN -H "Authorization: Bearer $key" "$C" \
   -d "$(chat ',"max_tokens":200,"ignore_eos":true,"stream":true')" >"$tmp/term.sse" &
