@@ -24,6 +24,24 @@
 // cutoff bins hold more (top_k > 2048, or top-k off with a flat
 // distribution), the cutoff rises to the highest-valued bins that fit and
 // state.truncations counts it (the tail beyond them is dropped).
+//
+// Launches (the same kernels serve one row and a batch): Prepare (zeroes the
+// row's workspace header, applies the penalty), Max (argmax; a sampling row
+// also zeroes its histogram), Hist, Cutoff, Collect, Final (greedy: writes the
+// argmax). Every kernel runs grid.y = row (or grid.x = row for the one-block
+// kernels) and reads its row's params on the device.
+//
+// Batched (SampleTokens): one call samples B rows, row r for sequence
+// slots[r], each with its own params, SamplerState and ring, all in device
+// memory: the launch sequence is the same six kernels whatever the params say,
+// so one captured graph serves every step and a slot's params change by a
+// device write, not a re-capture. A greedy row's blocks return at the top of
+// Hist, Cutoff and Collect (it pays the max pass only). Row r's token, state,
+// ring and penalized logits are bit-identical to SampleToken with
+// params[slots[r]] on that row (the grid differs; the results do not depend
+// on it, see kPassBlocks in sampling.cu). Params are used defensively on the
+// device: repeat_last_n is clamped to [0, ring_stride], repeat_penalty <= 0 or
+// NaN is off, temperature NaN is greedy, top_p / min_p NaN are off.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,7 +55,6 @@ namespace dpl::kernels {
 
 inline constexpr int kSamplingMaxCandidates = 2048;
 
-
 // Device-resident sampler state (the caller zeroes it, then uploads the
 // prompt's ring head/count, see MakeRecentRing).
 struct SamplerState {
@@ -48,8 +65,9 @@ struct SamplerState {
   unsigned int pad;
 };
 
-// Bytes of scratch SampleToken needs (independent of n_vocab).
-uint64_t SamplingWorkspaceBytes();
+// Bytes of scratch SampleToken (batch 1) or SampleTokens needs for `batch`
+// rows: a 256-byte multiple, independent of n_vocab (about 530 KiB a row).
+uint64_t SamplingWorkspaceBytes(int batch = 1);
 
 // Samples one token and writes it to *d_token_out; pushes it into the ring.
 //   logits:    (n_vocab) floats; penalized entries are rewritten in place
@@ -59,5 +77,29 @@ uint64_t SamplingWorkspaceBytes();
 absl::Status SampleToken(const SamplingParams& params, float* logits, int n_vocab, int* d_ring,
                          SamplerState* state, void* workspace, int* d_token_out,
                          cudaStream_t stream);
+
+// One batched sampling call; every pointer is device memory.
+struct SampleBatch {
+  const SamplingParams* params = nullptr;  // (n_seqs) per-sequence params, read on the device
+  int n_seqs = 0;                          // sequences (slots) params/states/rings are indexed by
+  // (batch) row r samples for sequence slots[r]; a slot < 0 or >= n_seqs marks
+  // a padding row (nothing written). The other slots of one call must be
+  // distinct (two rows of one sequence would race on its state and ring).
+  const int* slots = nullptr;
+  int batch = 0;                           // rows, 1..65535
+  float* logits = nullptr;                 // (batch, n_vocab); penalized entries rewritten in place
+  int n_vocab = 0;
+  // (n_seqs, ring_stride) penalty rings: sequence s uses rings + s * ring_stride
+  // and min(params[s].repeat_last_n, ring_stride) slots; null when ring_stride is 0
+  int* rings = nullptr;
+  int ring_stride = 0;
+  SamplerState* states = nullptr;          // (n_seqs)
+  void* workspace = nullptr;               // SamplingWorkspaceBytes(batch) bytes, 256-byte aligned
+  int* tokens_out = nullptr;               // (batch) row r's token (padding rows: untouched)
+};
+
+// Samples every row of `b` (six launches, graph-capturable; see the top).
+// Host checks are of pointers and sizes only: the params are not read here.
+absl::Status SampleTokens(const SampleBatch& b, cudaStream_t stream);
 
 }  // namespace dpl::kernels

@@ -1,5 +1,5 @@
-// On-device sampling vs a float64 CPU implementation of the same chain
-// (tags gpu, manual).
+// On-device sampling vs a float64 CPU implementation of the same chain, and
+// the batched call vs SampleToken row by row (tags gpu, manual).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -7,9 +7,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <memory>
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/gpu_test.h"
@@ -286,6 +289,385 @@ TEST_CASE("sampling time on 152064 logits") {
   for (int i = 0; i < 100; ++i) d.Sample(p);
   const double us2 = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t1).count();
   MESSAGE("greedy, 152064 logits, eager launches + sync: " << us2 / 100 << " us per token");
+}
+
+// ---- Batched sampling (SampleTokens) ----
+
+// Device buffers of one batched call: n_seqs sequences (params, states,
+// rings of ring_stride slots), `batch` rows (slots, logits, tokens). The
+// workspace starts as garbage: the kernels must zero what they use.
+struct BatchDev {
+  int n_seqs, batch, n_vocab, ring_stride;
+  testing::GuardedArray<SamplingParams> params;
+  testing::GuardedArray<int> slots;
+  testing::GuardedArray<float> logits;
+  testing::GuardedArray<int> rings;
+  testing::GuardedArray<SamplerState> states;
+  testing::GuardedArray<char> ws;
+  testing::GuardedArray<int> tokens;
+
+  BatchDev(int seqs, int rows, int vocab, int stride)
+      : n_seqs(seqs), batch(rows), n_vocab(vocab), ring_stride(stride), params(seqs),
+        slots(rows), logits(static_cast<size_t>(rows) * vocab),
+        rings(std::max(static_cast<size_t>(seqs) * stride, size_t{1})), states(seqs),
+        ws(SamplingWorkspaceBytes(rows)), tokens(rows) {
+    CUDA_OK(cudaMemset(ws.get(), 0x7f, ws.size()));
+    CUDA_OK(cudaMemset(tokens.get(), 0x5a, tokens.size() * 4));
+  }
+  SampleBatch Batch() const {
+    SampleBatch b;
+    b.params = params.get();
+    b.n_seqs = n_seqs;
+    b.slots = slots.get();
+    b.batch = batch;
+    b.logits = logits.get();
+    b.n_vocab = n_vocab;
+    b.rings = ring_stride > 0 ? rings.get() : nullptr;
+    b.ring_stride = ring_stride;
+    b.states = states.get();
+    b.workspace = ws.get();
+    b.tokens_out = tokens.get();
+    return b;
+  }
+  void Sample(cudaStream_t st = 0) {
+    STATUS_OK(SampleTokens(Batch(), st));
+    CUDA_OK(cudaStreamSynchronize(st));
+  }
+};
+
+bool SameState(const SamplerState& a, const SamplerState& b) {
+  return a.step == b.step && a.ring_head == b.ring_head && a.ring_count == b.ring_count &&
+         a.truncations == b.truncations;
+}
+
+// What SampleToken is given for params the device makes safe (see sampling.h).
+SamplingParams Sanitized(SamplingParams p, int ring_stride) {
+  p.repeat_last_n = std::clamp(p.repeat_last_n, 0, ring_stride);
+  if (!(p.repeat_penalty > 0.0f)) p.repeat_penalty = 1.0f;
+  return p;
+}
+
+// The ids of the `k` largest logits (ties to the lower id).
+std::vector<int> TopIds(const std::vector<float>& l, int k) {
+  std::vector<int> idx(l.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int a, int b) { return l[a] != l[b] ? l[a] > l[b] : a < b; });
+  idx.resize(k);
+  return idx;
+}
+
+TEST_CASE("batched: mixed rows equal SampleToken row by row (tokens, states, rings, logits)") {
+  const int n_vocab = 152064, n_seqs = 12, stride = 64;
+  const float nan = std::nanf("");
+  // {temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed}
+  const std::vector<SamplingParams> seq_params = {
+      {0.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0},           // 0: greedy
+      {0.0f, 40, 0.95f, 0.05f, 1.3f, 16, 0},       // 1: greedy with the penalty
+      {0.9f, 40, 1.0f, 0.0f, 1.0f, 0, 11},         // 2: top-k
+      {1.0f, 0, 0.9f, 0.0f, 1.0f, 0, 12},          // 3: top-p
+      {0.7f, 0, 1.0f, 0.05f, 1.0f, 0, 13},         // 4: min-p
+      {0.8f, 40, 0.95f, 0.05f, 1.1f, 64, 14},      // 5: the default chain, penalty
+      {0.8f, 40, 0.95f, 0.05f, 1.2f, 32, 15},      // 6: another seed, ring of 32
+      {1.5f, 1, 1.0f, 0.0f, 1.0f, 8, 16},          // 7: top_k 1, ring pushes, no penalty
+      {0.8f, 0, 0.9f, 0.0f, -1.0f, 1000, 17},      // 8: bad: ring > stride, penalty <= 0
+      {0.8f, 40, 0.95f, 0.05f, 1.1f, 64, 18},      // 9: no row samples it
+      {1.0f, 200, 0.95f, 0.0f, 1.15f, 8, 19},      // 10: top-k then top-p, penalty
+      {nan, 40, nan, nan, 1.05f, 64, 20},          // 11: NaN temperature: greedy
+  };
+  REQUIRE(static_cast<int>(seq_params.size()) == n_seqs);
+  const std::vector<int> slots = {5, 0, -1, 2, 3, 11, 4, 1, 12, 6, 7, 8, 10};
+  const int batch = static_cast<int>(slots.size());
+  BatchDev bd(n_seqs, batch, n_vocab, stride);
+  bd.params.Upload(seq_params);
+  bd.slots.Upload(slots);
+  std::vector<float> logits(static_cast<size_t>(batch) * n_vocab);
+  for (int r = 0; r < batch; ++r) {
+    const auto l = VocabLogits(n_vocab, 100 + r);
+    std::copy(l.begin(), l.end(), logits.begin() + static_cast<size_t>(r) * n_vocab);
+  }
+  bd.logits.Upload(logits);
+  // Each sequence's history: its row's top tokens (so the penalty matters),
+  // one twice; ring slots past repeat_last_n hold -7 and must stay so.
+  std::vector<int> rings(static_cast<size_t>(n_seqs) * stride, -7);
+  std::vector<SamplerState> states(n_seqs);
+  std::vector<int> row_of(n_seqs, -1);
+  for (int r = 0; r < batch; ++r) {
+    if (slots[r] >= 0 && slots[r] < n_seqs) row_of[slots[r]] = r;
+  }
+  for (int s = 0; s < n_seqs; ++s) {
+    const int n = Sanitized(seq_params[s], stride).repeat_last_n;
+    const int r = row_of[s] >= 0 ? row_of[s] : 0;
+    std::vector<float> l(logits.begin() + static_cast<size_t>(r) * n_vocab,
+                         logits.begin() + static_cast<size_t>(r + 1) * n_vocab);
+    std::vector<int32_t> hist = TopIds(l, 6);
+    hist.push_back(hist[1]);
+    const RecentRing ring = MakeRecentRing(hist, n);
+    std::copy(ring.tokens.begin(), ring.tokens.end(), rings.begin() + s * stride);
+    states[s] = SamplerState{static_cast<unsigned long long>(3 * s), ring.head, ring.count, 0, 0};
+  }
+  bd.rings.Upload(rings);
+  bd.states.Upload(states);
+
+  // The reference: one Dev (SampleToken) per non-padding row, same start.
+  std::vector<std::unique_ptr<Dev>> ref(batch);
+  for (int r = 0; r < batch; ++r) {
+    const int s = slots[r];
+    if (s < 0 || s >= n_seqs) continue;
+    const int n = Sanitized(seq_params[s], stride).repeat_last_n;
+    std::vector<float> l(logits.begin() + static_cast<size_t>(r) * n_vocab,
+                         logits.begin() + static_cast<size_t>(r + 1) * n_vocab);
+    ref[r] = std::make_unique<Dev>(l, n);
+    if (n > 0) CUDA_OK(cudaMemcpy(ref[r]->ring, rings.data() + s * stride, n * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(ref[r]->state, &states[s], sizeof(SamplerState), cudaMemcpyHostToDevice));
+  }
+  const int steps = 4;
+  for (int step = 0; step < steps; ++step) {
+    CAPTURE(step);
+    bd.Sample();
+    const std::vector<int> got = bd.tokens.Download();
+    for (int r = 0; r < batch; ++r) {
+      CAPTURE(r);
+      if (!ref[r]) {
+        CHECK(got[r] == 0x5a5a5a5a);  // padding row: untouched
+        continue;
+      }
+      CHECK(got[r] == ref[r]->Sample(Sanitized(seq_params[slots[r]], stride)));
+    }
+  }
+  const std::vector<float> got_logits = bd.logits.Download();
+  const std::vector<int> got_rings = bd.rings.Download();
+  const std::vector<SamplerState> got_states = bd.states.Download();
+  int sampled_rows = 0;
+  for (int r = 0; r < batch; ++r) {
+    CAPTURE(r);
+    const float* gl = got_logits.data() + static_cast<size_t>(r) * n_vocab;
+    if (!ref[r]) {
+      CHECK(std::equal(gl, gl + n_vocab, logits.begin() + static_cast<size_t>(r) * n_vocab));
+      continue;
+    }
+    const int s = slots[r];
+    std::vector<float> want(n_vocab);
+    CUDA_OK(cudaMemcpy(want.data(), ref[r]->logits, n_vocab * 4, cudaMemcpyDeviceToHost));
+    CHECK(std::memcmp(gl, want.data(), n_vocab * 4) == 0);
+    const SamplerState ws = ref[r]->State();
+    CHECK(SameState(got_states[s], ws));
+    CHECK(got_states[s].truncations == 0u);
+    sampled_rows += got_states[s].step > states[s].step;
+    const std::vector<int> want_ring = ref[r]->Ring();
+    const int n = static_cast<int>(want_ring.size());
+    CHECK(std::equal(want_ring.begin(), want_ring.end(), got_rings.begin() + s * stride));
+    for (int j = n; j < stride; ++j) REQUIRE(got_rings[s * stride + j] == -7);
+  }
+  CHECK(sampled_rows == 8);  // 2, 3, 4, 5, 6, 7, 8, 10 draw; 0, 1, 11 are greedy
+  // Sequence 9 has no row: state and ring as uploaded.
+  CHECK(SameState(got_states[9], states[9]));
+  CHECK(std::equal(got_rings.begin() + 9 * stride, got_rings.begin() + 10 * stride,
+                   rings.begin() + 9 * stride));
+}
+
+// A mixed batch's start for the graph test: 6 sequences, 6 rows (one padding).
+void FillMixed(BatchDev& bd) {
+  const std::vector<SamplingParams> p = {
+      {0.0f, 0, 1.0f, 0.0f, 1.2f, 16, 0},      // greedy with the penalty
+      {0.8f, 40, 0.95f, 0.05f, 1.1f, 32, 1},   // the default chain
+      {1.0f, 0, 0.9f, 0.0f, 1.0f, 8, 2},       // top-p
+      {0.7f, 0, 1.0f, 0.05f, 1.3f, 32, 3},     // min-p
+      {0.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0},       // no row
+      {1.2f, 100, 1.0f, 0.0f, 1.0f, 0, 5},     // top-k
+  };
+  bd.params.Upload(p);
+  bd.slots.Upload({3, 0, -1, 5, 1, 2});
+  std::vector<float> logits;
+  for (int r = 0; r < bd.batch; ++r) {
+    const auto l = VocabLogits(bd.n_vocab, 200 + r);
+    logits.insert(logits.end(), l.begin(), l.end());
+  }
+  bd.logits.Upload(logits);
+  std::vector<int> rings(static_cast<size_t>(bd.n_seqs) * bd.ring_stride, -1);
+  bd.rings.Upload(rings);
+}
+
+TEST_CASE("batched: a captured graph replayed N steps equals N eager calls") {
+  const int n_vocab = 152064, steps = 12;
+  BatchDev g(6, 6, n_vocab, 32), e(6, 6, n_vocab, 32);
+  FillMixed(g);
+  FillMixed(e);
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreate(&st));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  STATUS_OK(SampleTokens(g.Batch(), st));
+  CUDA_OK(cudaStreamEndCapture(st, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int s = 0; s < steps; ++s) {
+    CAPTURE(s);
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    e.Sample();
+    CHECK(g.tokens.Download() == e.tokens.Download());
+  }
+  CHECK(g.logits.Download() == e.logits.Download());
+  CHECK(g.rings.Download() == e.rings.Download());
+  const auto gs = g.states.Download(), es = e.states.Download();
+  for (int i = 0; i < 6; ++i) CHECK(SameState(gs[i], es[i]));
+  CHECK(gs[1].step == uint64_t(steps));
+  CHECK(gs[0].step == 0u);  // greedy: no draws
+  CHECK(gs[0].ring_count == 12);
+  cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaStreamDestroy(st);
+}
+
+TEST_CASE("batched: params changed in device memory between replays, no re-capture") {
+  const int n_vocab = 152064;
+  const auto l = VocabLogits(n_vocab, 31);
+  BatchDev bd(2, 2, n_vocab, 0);  // no rings at all
+  const SamplingParams greedy{0.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0};
+  const SamplingParams sampled{1.5f, 0, 1.0f, 0.05f, 1.0f, 0, 42};
+  bd.params.Upload({greedy, greedy});
+  bd.slots.Upload({1, 0});
+  std::vector<float> two(l);
+  two.insert(two.end(), l.begin(), l.end());
+  bd.logits.Upload(two);
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreate(&st));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  STATUS_OK(SampleTokens(bd.Batch(), st));
+  CUDA_OK(cudaStreamEndCapture(st, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  auto replay = [&] {
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    return bd.tokens.Download();
+  };
+  const int argmax = CpuSample(l, greedy, 0);
+  for (int i = 0; i < 3; ++i) CHECK(replay() == std::vector<int>{argmax, argmax});
+  // Sequence 1 (row 0) now samples: the draws follow the float64 chain.
+  CUDA_OK(cudaMemcpyAsync(bd.params.get() + 1, &sampled, sizeof(sampled), cudaMemcpyHostToDevice, st));
+  std::vector<int> drawn;
+  for (int i = 0; i < 40; ++i) {
+    const std::vector<int> t = replay();
+    CHECK(t[0] == CpuSample(l, sampled, i));
+    CHECK(t[1] == argmax);
+    drawn.push_back(t[0]);
+  }
+  std::sort(drawn.begin(), drawn.end());
+  CHECK(std::unique(drawn.begin(), drawn.end()) - drawn.begin() >= 2);
+  // And back to greedy: the argmax again, the counter stays.
+  CUDA_OK(cudaMemcpyAsync(bd.params.get() + 1, &greedy, sizeof(greedy), cudaMemcpyHostToDevice, st));
+  CHECK(replay() == std::vector<int>{argmax, argmax});
+  const auto s = bd.states.Download();
+  CHECK(s[1].step == 40u);
+  CHECK(s[0].step == 0u);
+  cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaStreamDestroy(st);
+}
+
+TEST_CASE("batched: host checks of pointers and sizes") {
+  BatchDev bd(2, 2, 1000, 4);
+  bd.slots.Upload({0, 1});
+  SampleBatch b = bd.Batch();
+  CHECK(SampleTokens(b, 0).ok());
+  CUDA_OK(cudaDeviceSynchronize());
+  auto bad = [&](auto edit) {
+    SampleBatch c = bd.Batch();
+    edit(c);
+    const absl::Status s = SampleTokens(c, 0);
+    CHECK(absl::IsInvalidArgument(s));
+    CHECK(std::string(s.message()).find("SampleTokens") != std::string::npos);
+  };
+  bad([](SampleBatch& c) { c.params = nullptr; });
+  bad([](SampleBatch& c) { c.slots = nullptr; });
+  bad([](SampleBatch& c) { c.n_vocab = 0; });
+  bad([](SampleBatch& c) { c.batch = 0; });
+  bad([](SampleBatch& c) { c.n_seqs = 0; });
+  bad([](SampleBatch& c) { c.ring_stride = -1; });
+  bad([](SampleBatch& c) { c.rings = nullptr; });
+  bad([](SampleBatch& c) { c.workspace = static_cast<char*>(c.workspace) + 16; });
+  CHECK(SamplingWorkspaceBytes(1) % 256 == 0);
+  CHECK(SamplingWorkspaceBytes(64) == 64 * SamplingWorkspaceBytes(1));
+}
+
+TEST_CASE("batched sampling time on 152064 logits, graph replay") {
+  const int n_vocab = 152064, reps = 200;
+  SamplingParams greedy{0.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0};
+  SamplingParams sampled;  // defaults: 0.8, 40, 0.95, 0.05
+  sampled.repeat_penalty = 1.1f;
+  sampled.repeat_last_n = 64;
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreate(&st));
+  // Replays of one graph: microseconds per replay.
+  auto time_graph = [&](auto&& capture) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    capture();
+    CUDA_OK(cudaStreamEndCapture(st, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 20; ++i) CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
+    return us / reps;
+  };
+  {
+    cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    MESSAGE("device: " << prop.name << ", " << prop.multiProcessorCount << " SMs");
+    // The floor of a 64-row greedy batch: one max pass over 64 rows' bytes
+    // (SampleToken greedy on one row of 64 * 152064 logits: Prepare, Max, Final).
+    Dev big(std::vector<float>(static_cast<size_t>(64) * n_vocab, 0.5f), 0);
+    const double us = time_graph([&] {
+      STATUS_OK(SampleToken(greedy, big.logits, 64 * n_vocab, big.ring, big.state, big.ws,
+                            big.token, st));
+    });
+    MESSAGE("one max pass over 64 x 152064 logits (SampleToken greedy, one row), graph replay: "
+            << us << " us");
+  }
+  {
+    Dev d(VocabLogits(n_vocab, 41), 64);
+    for (const auto& [name, p] : {std::pair{"greedy", greedy}, std::pair{"sampled", sampled}}) {
+      SamplingParams q = p;
+      q.repeat_last_n = 64;
+      const double us = time_graph([&] {
+        STATUS_OK(SampleToken(q, d.logits, n_vocab, d.ring, d.state, d.ws, d.token, st));
+      });
+      MESSAGE("SampleToken " << name << ", graph replay: " << us << " us");
+    }
+  }
+  for (int batch : {1, 16, 64}) {
+    BatchDev bd(batch, batch, n_vocab, 64);
+    std::vector<int> slots(batch);
+    std::iota(slots.begin(), slots.end(), 0);
+    bd.slots.Upload(slots);
+    std::vector<float> logits;
+    for (int r = 0; r < batch; ++r) {
+      const auto l = VocabLogits(n_vocab, 300 + r);
+      logits.insert(logits.end(), l.begin(), l.end());
+    }
+    bd.logits.Upload(logits);
+    bd.rings.Upload(std::vector<int>(static_cast<size_t>(batch) * 64, -1));
+    for (const char* mode : {"greedy", "sampled", "mixed"}) {
+      std::vector<SamplingParams> p(batch, std::string(mode) == "greedy" ? greedy : sampled);
+      if (std::string(mode) == "mixed") {
+        for (int r = 0; r < batch; r += 2) p[r] = greedy;
+      }
+      for (int r = 0; r < batch; ++r) p[r].seed = r;
+      bd.params.Upload(p);
+      const double us = time_graph([&] { STATUS_OK(SampleTokens(bd.Batch(), st)); });
+      const double gbs = static_cast<double>(batch) * n_vocab * 4 / (us * 1e3);
+      MESSAGE("SampleTokens batch " << batch << " " << mode << ", graph replay: " << us
+                                    << " us (" << us / batch << " us per row; one logits read = "
+                                    << gbs << " GB/s)");
+    }
+    const auto s = bd.states.Download();
+    CHECK(s[0].truncations == 0u);
+  }
+  cudaStreamDestroy(st);
 }
 
 }  // namespace
