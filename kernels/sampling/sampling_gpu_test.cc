@@ -651,9 +651,9 @@ TEST_CASE("batched sampling time on 152064 logits, graph replay") {
     }
     bd.logits.Upload(logits);
     bd.rings.Upload(std::vector<int>(static_cast<size_t>(batch) * 64, -1));
-    for (const char* mode : {"greedy", "sampled", "mixed"}) {
-      std::vector<SamplingParams> p(batch, std::string(mode) == "greedy" ? greedy : sampled);
-      if (std::string(mode) == "mixed") {
+    for (const std::string mode : {"greedy", "sampled", "mixed"}) {
+      std::vector<SamplingParams> p(batch, mode == "greedy" ? greedy : sampled);
+      if (mode == "mixed") {
         for (int r = 0; r < batch; r += 2) p[r] = greedy;
       }
       for (int r = 0; r < batch; ++r) p[r].seed = r;
@@ -668,6 +668,41 @@ TEST_CASE("batched sampling time on 152064 logits, graph replay") {
     CHECK(s[0].truncations == 0u);
   }
   cudaStreamDestroy(st);
+}
+
+// One eager call each, for a per-kernel breakdown under ncu:
+//   ncu --clock-control none --metrics gpu__time_duration.sum sampling_gpu_test -tc='batched: kernel*'
+// (launch order: SampleToken sampled, then batch 64 greedy, sampled, mixed;
+// each call Prepare, Max, [Hist, Cutoff, Collect,] Final).
+TEST_CASE("batched: kernel breakdown calls (for ncu)") {
+  const int n_vocab = 152064, batch = 64;
+  SamplingParams greedy{0.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0};
+  SamplingParams sampled;
+  sampled.repeat_penalty = 1.1f;
+  sampled.repeat_last_n = 64;
+  Dev d(VocabLogits(n_vocab, 41), 64);
+  d.Sample(sampled);
+  BatchDev bd(batch, batch, n_vocab, 64);
+  std::vector<int> slots(batch);
+  std::iota(slots.begin(), slots.end(), 0);
+  bd.slots.Upload(slots);
+  std::vector<float> logits;
+  for (int r = 0; r < batch; ++r) {
+    const auto l = VocabLogits(n_vocab, 300 + r);
+    logits.insert(logits.end(), l.begin(), l.end());
+  }
+  bd.logits.Upload(logits);
+  bd.rings.Upload(std::vector<int>(static_cast<size_t>(batch) * 64, -1));
+  for (int mode = 0; mode < 3; ++mode) {
+    std::vector<SamplingParams> p(batch, mode == 0 ? greedy : sampled);
+    for (int r = 0; r < batch; ++r) {
+      if (mode == 2 && r % 2 == 0) p[r] = greedy;
+      p[r].seed = r;
+    }
+    bd.params.Upload(p);
+    bd.Sample();
+  }
+  CHECK(bd.states.Download()[1].step == 2u);
 }
 
 }  // namespace
