@@ -630,7 +630,8 @@ TEST_CASE("batched sampling time on 152064 logits, graph replay") {
   }
   {
     Dev d(VocabLogits(n_vocab, 41), 64);
-    for (const auto& [name, p] : {std::pair{"greedy", greedy}, std::pair{"sampled", sampled}}) {
+    for (const auto& [name, p] : {std::pair{std::string("greedy"), greedy},
+                                  std::pair{std::string("sampled"), sampled}}) {
       SamplingParams q = p;
       q.repeat_last_n = 64;
       const double us = time_graph([&] {
