@@ -35,6 +35,12 @@ TEST_CASE("DeviceBuffer frees its memory; moves transfer ownership") {
   CHECK(huge.status().ToString().find("cudaErrorMemoryAllocation") != std::string::npos);
 }
 
+// seq_pos[0] += 1: a step of one row over sequence 0 (kernels/step).
+absl::Status AdvancePosition(int* seq_pos, cudaStream_t stream) {
+  static testing::GuardedArray<int>* row = new testing::GuardedArray<int>(std::vector<int>{0});
+  return FinishStepRows(row->get(), 1, nullptr, nullptr, seq_pos, stream);
+}
+
 TEST_CASE("a failed allocation is reported once, not by the next launch") {
   CHECK(!DeviceBuffer<float>::Allocate(size_t{1} << 45).ok());
   testing::GuardedArray<int> pos(std::vector<int>{1});
@@ -64,6 +70,29 @@ TEST_CASE("CaptureGraph replays what was enqueued and ends the capture on errors
   STATUS_OK(AdvancePosition(pos.get(), s->get()));
   CUDA_OK(cudaStreamSynchronize(s->get()));
   CHECK(pos.Download()[0] == 12);
+}
+
+TEST_CASE("a batched step's rows: gathered from their sequences, moved on after") {
+  // Rows 0..3 decode sequences 2, (padding), 0, 3; sequence 1 is idle.
+  testing::GuardedArray<int> rows(std::vector<int>{2, -1, 0, 3});
+  testing::GuardedArray<int> seq_token(std::vector<int>{10, 11, 12, 13});
+  testing::GuardedArray<int> seq_pos(std::vector<int>{5, 6, 7, 8});
+  testing::GuardedArray<int> tokens(std::vector<int>(4, -7)), positions(std::vector<int>(4, -7));
+  STATUS_OK(GatherStepRows(rows.get(), seq_token.get(), seq_pos.get(), 4, tokens.get(),
+                           positions.get(), nullptr));
+  CHECK(tokens.Download() == std::vector<int>{12, 0, 10, 13});
+  CHECK(positions.Download() == std::vector<int>{7, -1, 5, 8});
+  testing::GuardedArray<int> sampled(std::vector<int>{20, 21, 22, 23});
+  STATUS_OK(FinishStepRows(rows.get(), 4, sampled.get(), seq_token.get(), seq_pos.get(), nullptr));
+  CHECK(seq_token.Download() == std::vector<int>{22, 11, 20, 23});
+  CHECK(seq_pos.Download() == std::vector<int>{6, 6, 8, 9});
+  // Without sampling (a forward-only step) the tokens stay.
+  STATUS_OK(FinishStepRows(rows.get(), 4, nullptr, seq_token.get(), seq_pos.get(), nullptr));
+  CHECK(seq_token.Download() == std::vector<int>{22, 11, 20, 23});
+  CHECK(seq_pos.Download() == std::vector<int>{7, 6, 9, 10});
+  CHECK(!GatherStepRows(nullptr, seq_token.get(), seq_pos.get(), 4, tokens.get(), positions.get(),
+                        nullptr).ok());
+  CHECK(!FinishStepRows(rows.get(), 0, nullptr, seq_token.get(), seq_pos.get(), nullptr).ok());
 }
 
 }  // namespace

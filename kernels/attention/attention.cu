@@ -28,7 +28,8 @@ __device__ __forceinline__ void HalfsToFloats(const uint4& raw, float* f) {
 }
 
 // ---------------------------------------------------------------------------
-// Split kernel, block (s, kvh): for the G query heads h = kvh * G + g and the
+// Split kernel, block (s, kvh, b): for batch row b (its query, position and
+// sequence region), the G query heads h = kvh * G + g and the
 // positions t in split s's chunk [t_begin, t_end):
 //   x_t = (q_h . k_t) * log2(e) / sqrt(HD)          (scores in the log2 domain)
 //   m = max_t x_t,  l = sum_t 2^(x_t - m),  acc = sum_t 2^(x_t - m) v_t
@@ -90,13 +91,14 @@ __device__ __forceinline__ void IssueRows(__half* dst,                // (kTileT
 // functions would inline back into exactly this.)
 template <int HD, int G>
 __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
-    const float* __restrict__ q,         // (n_head, HD)
-    const __half* __restrict__ k_cache,  // (n_head_kv, n_ctx, HD)
-    const __half* __restrict__ v_cache,  // (n_head_kv, n_ctx, HD)
-    const int* __restrict__ d_pos, int n_ctx, int window, int max_splits, float scale_log2,
-    bool early_kv,
-    float* __restrict__ ws_acc,  // (n_head, max_splits, HD)
-    float* __restrict__ ws_ml) {  // (n_head, max_splits, 2): (m, l)
+    const float* __restrict__ q,         // (batch, n_head, HD)
+    const __half* __restrict__ k_cache,  // (n_seq, n_head_kv, n_ctx, HD)
+    const __half* __restrict__ v_cache,  // (n_seq, n_head_kv, n_ctx, HD)
+    const int* __restrict__ d_pos,       // (batch)
+    const int* __restrict__ d_seq,       // (batch) or null: region 0
+    int n_ctx, int window, int max_splits, float scale_log2, bool early_kv,
+    float* __restrict__ ws_acc,  // (batch, n_head, max_splits, HD)
+    float* __restrict__ ws_ml) {  // (batch, n_head, max_splits, 2): (m, l)
   constexpr int LPR = HD / 8;
   constexpr int NGRP = kThreads / LPR;
   constexpr int kTileHalves = kTileT * HD;
@@ -115,10 +117,18 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   // position is read, and (early_kv) every split whose chunk ends before p
   // issues its first tiles, before the wait: their K/V loads overlap RoPE.
   // The split holding p waits first.
-  const AttnKeys keys = AttnKeyRange(*d_pos, n_ctx, window);
+  const int b = blockIdx.z;
+  const AttnKeys keys = AttnKeyRange(d_pos[b], n_ctx, window);
   const int n_act = AttnActiveSplits(keys.len, max_splits);
   const int s = blockIdx.x, kvh = blockIdx.y;
   if (s >= n_act) return;
+  const int n_head = gridDim.y * G;
+  const int seq = d_seq != nullptr ? max(d_seq[b], 0) : 0;
+  q += (size_t)b * n_head * HD;
+  k_cache += (size_t)seq * gridDim.y * n_ctx * HD;
+  v_cache += (size_t)seq * gridDim.y * n_ctx * HD;
+  ws_acc += (size_t)b * n_head * max_splits * HD;
+  ws_ml += (size_t)b * n_head * max_splits * 2;
   const int chunk = AttnChunk(keys.len, n_act);
   const int t_begin = keys.lo + s * chunk;
   const int t_end = min(keys.lo + keys.len, t_begin + chunk);
@@ -282,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   }
 }
 
-// Combine, block h (query head), kCombineParts * HD threads:
+// Combine, block (h, b) (query head, batch row), kCombineParts * HD threads:
 //   M = max_s m_s,  out[h][d] = sum_s 2^(m_s - M) acc_s[d] / sum_s 2^(m_s - M) l_s
 // The split weights are computed once into shared memory; thread (part, d)
 // sums the splits s = part (mod kCombineParts), 4 loads in flight, then the
@@ -290,11 +300,12 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
 constexpr int kCombineParts = 4;
 template <int HD>
 __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
-    const float* __restrict__ ws_acc,  // (n_head, max_splits, HD)
-    const float* __restrict__ ws_ml,   // (n_head, max_splits, 2)
-    const int* __restrict__ d_pos, int n_ctx, int window, int max_splits,
-    float* __restrict__ out,  // (n_head, HD)
-    QuantOut quant) {         // (n_head * HD) as int8 blocks, or q == null
+    const float* __restrict__ ws_acc,  // (batch, n_head, max_splits, HD)
+    const float* __restrict__ ws_ml,   // (batch, n_head, max_splits, 2)
+    const int* __restrict__ d_pos,     // (batch)
+    int n_ctx, int window, int max_splits,
+    float* __restrict__ out,  // (batch, n_head, HD)
+    QuantOut quant) {         // (batch, n_head * HD) as int8 blocks, or q == null
   __shared__ float s_w[1024];   // max_splits <= 1024 (checked by the planner)
   __shared__ float s_red[kCombineParts][HD];
   __shared__ float s_scalar[2];
@@ -303,9 +314,11 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
   // when launched normally).
   GridDependencyWait();
   GridLaunchDependents();
-  const int n_act = AttnActiveSplits(AttnKeyRange(*d_pos, n_ctx, window).len, max_splits);
-  const int h = blockIdx.x, tid = threadIdx.x;
-  const float* ml = ws_ml + (size_t)h * max_splits * 2;
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const int n_act = AttnActiveSplits(AttnKeyRange(d_pos[b], n_ctx, window).len, max_splits);
+  // Row b's head h: the n_head = gridDim.x heads of a row are consecutive.
+  const size_t bh = (size_t)b * gridDim.x + h;
+  const float* ml = ws_ml + bh * max_splits * 2;
   if (tid < 32) {
     float m = -INFINITY;
     for (int s = tid; s < n_act; s += 32) m = fmaxf(m, ml[2 * s]);
@@ -321,7 +334,7 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
   }
   __syncthreads();
   const int d = tid % HD, part = tid / HD;
-  const float* a = ws_acc + (size_t)h * max_splits * HD + d;
+  const float* a = ws_acc + bh * max_splits * HD + d;
   float acc = 0.0f;
   int s = part;
   for (; s + 3 * kCombineParts < n_act; s += 4 * kCombineParts) {
@@ -341,15 +354,15 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
 #pragma unroll
     for (int p = 0; p < kCombineParts; ++p) t += s_red[p][d];
     const float o = t / s_scalar[0];
-    out[(size_t)h * HD + d] = o;
+    out[bh * HD + d] = o;
     // Each warp of part 0 holds 32 consecutive outputs: one activation
     // block of the Wo matvec that reads them (one launch fewer per layer).
-    if (quant.q != nullptr) QuantizeBlock32(o, ((size_t)h * HD + d) / 32, quant);
+    if (quant.q != nullptr) QuantizeBlock32(o, (bh * HD + d) / 32, quant);
   }
 }
 
-using SplitFn = void (*)(const float*, const __half*, const __half*, const int*, int, int, int,
-                         float, bool, float*, float*);
+using SplitFn = void (*)(const float*, const __half*, const __half*, const int*, const int*, int,
+                         int, int, float, bool, float*, float*);
 
 template <int HD>
 SplitFn PickSplitT(int group) {
@@ -384,12 +397,13 @@ SplitChoice PickSplit(int head_dim, int group) {
 
 absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_kv, int head_dim,
                                                         int n_ctx, int window,
-                                                        const DecodeTuning& tuning) {
+                                                        const DecodeTuning& tuning, int batch) {
   const int num_sms = tuning.num_sms;
-  if (n_head <= 0 || n_head_kv <= 0 || n_ctx <= 0 || num_sms <= 0) {
+  if (n_head <= 0 || n_head_kv <= 0 || n_ctx <= 0 || num_sms <= 0 || batch <= 0 ||
+      batch > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "decode attention: sizes must be positive (n_head=", n_head, ", n_head_kv=", n_head_kv,
-        ", n_ctx=", n_ctx, ", num_sms=", num_sms, ")"));
+        ", n_ctx=", n_ctx, ", num_sms=", num_sms, ", batch=", batch, " of at most 65535)"));
   }
   if (head_dim != 64 && head_dim != 128) {
     return absl::UnimplementedError(
@@ -409,7 +423,9 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   plan.head_dim = head_dim;
   plan.n_ctx = n_ctx;
   plan.window = window;
-  // One full wave: as many split blocks as fit on the GPU at once.
+  plan.batch = batch;
+  // One full wave: as many split blocks as fit on the GPU at once, shared by
+  // the batch's rows.
   const int group = n_head / n_head_kv;
   const SplitChoice split = PickSplit(head_dim, group);
   int per_sm = 0;
@@ -425,7 +441,7 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
     per_sm = 2;
   }
   if (per_sm > tuning.attn_max_blocks_per_sm) per_sm = tuning.attn_max_blocks_per_sm;
-  int want = (per_sm * num_sms + n_head_kv - 1) / n_head_kv;
+  int want = (per_sm * num_sms + n_head_kv * batch - 1) / (n_head_kv * batch);
   if (tuning.attn_splits > 0) want = tuning.attn_splits;
   if (want > 1024) want = 1024;  // the combine kernel's weight table
   // Never more splits than the keys a query can see need.
@@ -433,7 +449,8 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   const int by_ctx = (keys + kAttnMinChunk - 1) / kAttnMinChunk;
   plan.max_splits = want < by_ctx ? want : by_ctx;
   if (plan.max_splits < 1) plan.max_splits = 1;
-  plan.workspace_floats = static_cast<uint64_t>(n_head) * plan.max_splits * (head_dim + 2);
+  plan.workspace_floats =
+      static_cast<uint64_t>(batch) * n_head * plan.max_splits * (head_dim + 2);
   plan.pdl = tuning.attn_pdl;
   plan.step_pdl = tuning.pdl;
   plan.early_kv = tuning.attn_early_kv;
@@ -443,7 +460,7 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
 absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
                              const uint16_t* k_cache, const uint16_t* v_cache, const int* d_pos,
                              float* workspace, float* out, cudaStream_t stream,
-                             const QuantOut* quant) {
+                             const QuantOut* quant, const int* d_seq) {
   if (!q || !k_cache || !v_cache || !d_pos || !workspace || !out) {
     return absl::InvalidArgumentError("decode attention: null pointer");
   }
@@ -451,7 +468,8 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
     return absl::InvalidArgumentError("decode attention: a quantized output with null buffers");
   }
   const QuantOut qout = quant != nullptr ? *quant : QuantOut{};
-  if (plan.max_splits <= 0 || plan.n_head_kv <= 0 || plan.n_head % plan.n_head_kv != 0) {
+  if (plan.max_splits <= 0 || plan.n_head_kv <= 0 || plan.n_head % plan.n_head_kv != 0 ||
+      plan.batch <= 0) {
     return absl::InvalidArgumentError("decode attention: plan not from PlanDecodeAttention");
   }
   const int group = plan.n_head / plan.n_head_kv;
@@ -461,7 +479,8 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
                                                  " group ", group));
   }
   float* ws_acc = workspace;
-  float* ws_ml = workspace + static_cast<uint64_t>(plan.n_head) * plan.max_splits * plan.head_dim;
+  float* ws_ml =
+      workspace + static_cast<uint64_t>(plan.batch) * plan.n_head * plan.max_splits * plan.head_dim;
   const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(plan.head_dim)));
   const auto* kc = reinterpret_cast<const __half*>(k_cache);
   const auto* vc = reinterpret_cast<const __half*>(v_cache);
@@ -477,14 +496,14 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
       done.store(true, std::memory_order_relaxed);
     }
   }
-  DPL_RETURN_IF_ERROR(LaunchKernel(split.fn, dim3(plan.max_splits, plan.n_head_kv), dim3(kThreads),
-                                   split.smem, stream, plan.step_pdl, q, kc, vc, d_pos, plan.n_ctx,
-                                   plan.window, plan.max_splits, scale_log2, plan.early_kv,
-                                   ws_acc, ws_ml));
+  DPL_RETURN_IF_ERROR(LaunchKernel(split.fn, dim3(plan.max_splits, plan.n_head_kv, plan.batch),
+                                   dim3(kThreads), split.smem, stream, plan.step_pdl, q, kc, vc,
+                                   d_pos, d_seq, plan.n_ctx, plan.window, plan.max_splits,
+                                   scale_log2, plan.early_kv, ws_acc, ws_ml));
   // The combine kernel goes out as a programmatic dependent launch (Hopper
   // PDL): its launch overlaps the split kernel's tail, and griddepcontrol.wait
   // inside it orders the reads of the partials after the split grid.
-  const dim3 grid(plan.n_head), block(plan.head_dim * kCombineParts);
+  const dim3 grid(plan.n_head, plan.batch), block(plan.head_dim * kCombineParts);
   return plan.head_dim == 64
              ? LaunchKernel(AttnCombineKernel<64>, grid, block, 0, stream, plan.pdl, ws_acc, ws_ml,
                             d_pos, plan.n_ctx, plan.window, plan.max_splits, out, qout)

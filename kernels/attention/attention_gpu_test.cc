@@ -224,6 +224,90 @@ TEST_CASE("decode attention in a CUDA graph follows d_pos across replays") {
   cudaFree(dq), cudaFree(dout), cudaFree(dws), cudaFree(dpos), cudaFree(s.dk), cudaFree(s.dv);
 }
 
+// A batched call: rows of different sequences (regions of one cache) and
+// lengths, and a padding row (position -1). Each row against the float64
+// reference of its region, and bit for bit the batch-1 call on that region
+// with the same number of splits (a row depends on its own inputs only).
+TEST_CASE("batched decode attention: one row per sequence region") {
+  const int n_head = 28, n_kv = 4, hd = 128, n_ctx = 4096, n_seq = 3;
+  const int lens[n_seq] = {1, 700, 3254};  // region r holds lens[r] live rows
+  std::vector<Setup> regions;
+  for (int r = 0; r < n_seq; ++r) {
+    regions.push_back(Setup{n_head, n_kv, hd, n_ctx, {}, {}});
+    MakeCache(regions.back(), lens[r]);
+  }
+  // The cache as the runtime lays it: (n_seq, n_kv, n_ctx, hd).
+  const size_t region = size_t(n_kv) * n_ctx * hd;
+  uint16_t *dk, *dv;
+  CUDA_OK(cudaMalloc(&dk, n_seq * region * 2));
+  CUDA_OK(cudaMalloc(&dv, n_seq * region * 2));
+  for (int r = 0; r < n_seq; ++r) {
+    CUDA_OK(cudaMemcpy(dk + r * region, regions[r].dk, region * 2, cudaMemcpyDeviceToDevice));
+    CUDA_OK(cudaMemcpy(dv + r * region, regions[r].dv, region * 2, cudaMemcpyDeviceToDevice));
+  }
+  // Rows: region 2 at its end, padding, region 0, region 1.
+  const std::vector<int> seqs = {2, -1, 0, 1};
+  const int batch = static_cast<int>(seqs.size());
+  std::vector<int> pos(batch);
+  for (int b = 0; b < batch; ++b) pos[b] = seqs[b] < 0 ? -1 : lens[seqs[b]] - 1;
+  auto plan = PlanDecodeAttention(n_head, n_kv, hd, n_ctx, /*window=*/0, Tuning(), batch);
+  REQUIRE(plan.ok());
+  auto single = PlanDecodeAttention(n_head, n_kv, hd, n_ctx, 0, Tuning());
+  REQUIRE(single.ok());
+  CHECK(plan->max_splits <= single->max_splits);  // the rows share one wave
+  CHECK(plan->workspace_floats == uint64_t(batch) * n_head * plan->max_splits * (hd + 2));
+  DecodeTuning same = Tuning();
+  same.attn_splits = plan->max_splits;
+  auto one = PlanDecodeAttention(n_head, n_kv, hd, n_ctx, 0, same);
+  REQUIRE(one.ok());
+  REQUIRE(one->max_splits == plan->max_splits);
+
+  const size_t row = size_t(n_head) * hd;
+  std::vector<float> q(batch * row);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (auto& x : q) x = nd(rng);
+  float *dq, *dws, *dout, *dout1;
+  int *dpos, *dseq;
+  CUDA_OK(cudaMalloc(&dq, q.size() * 4));
+  CUDA_OK(cudaMalloc(&dout, q.size() * 4));
+  CUDA_OK(cudaMalloc(&dout1, row * 4));
+  CUDA_OK(cudaMalloc(&dws, plan->workspace_floats * 4));
+  CUDA_OK(cudaMalloc(&dpos, batch * 4));
+  CUDA_OK(cudaMalloc(&dseq, batch * 4));
+  CUDA_OK(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dpos, pos.data(), batch * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dseq, seqs.data(), batch * 4, cudaMemcpyHostToDevice));
+  STATUS_OK(DecodeAttention(*plan, dq, dk, dv, dpos, dws, dout, 0, nullptr, dseq));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> got(q.size());
+  CUDA_OK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+  for (int b = 0; b < batch; ++b) {
+    CAPTURE(b);
+    const std::vector<float> out_b(got.begin() + b * row, got.begin() + (b + 1) * row);
+    if (seqs[b] < 0) {  // padding: finite, nothing else asked of it
+      for (float x : out_b) REQUIRE(std::isfinite(x));
+      continue;
+    }
+    const int r = seqs[b];
+    const std::vector<float> q_b(q.begin() + b * row, q.begin() + (b + 1) * row);
+    const double err = NormErr(out_b, Reference(regions[r], q_b, lens[r]));
+    MESSAGE("batched row " << b << " (region " << r << ", len " << lens[r] << ", max_splits "
+                           << plan->max_splits << "): normalized error " << err);
+    CHECK(err < 2e-4);
+    // The batch-1 call on region r alone (its pointers offset, d_seq null).
+    STATUS_OK(DecodeAttention(*one, dq + b * row, dk + r * region, dv + r * region, dpos + b, dws,
+                              dout1, 0));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> alone(row);
+    CUDA_OK(cudaMemcpy(alone.data(), dout1, row * 4, cudaMemcpyDeviceToHost));
+    CHECK(std::memcmp(alone.data(), out_b.data(), row * 4) == 0);
+  }
+  for (Setup& s : regions) cudaFree(s.dk), cudaFree(s.dv);
+  cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dout1), cudaFree(dws);
+  cudaFree(dpos), cudaFree(dseq);
+}
+
 TEST_CASE("PlanDecodeAttention rejects unsupported shapes") {
   const DecodeTuning t = Tuning();
   const int sms = t.num_sms;
@@ -247,6 +331,8 @@ TEST_CASE("PlanDecodeAttention rejects unsupported shapes") {
   REQUIRE(f.ok());
   CHECK(f->max_splits == 7);
   CHECK(!f->pdl);
+  CHECK(!PlanDecodeAttention(28, 4, 128, 4096, 0, t, 0).ok());
+  CHECK(!PlanDecodeAttention(28, 4, 128, 4096, 0, t, 65536).ok());
 }
 
 }  // namespace

@@ -8,14 +8,16 @@
 namespace dpl::kernels {
 
 absl::StatusOr<KvCacheLayout> MakeKvCacheLayout(int n_layer, int n_kv_head, int n_ctx,
-                                                int head_dim) {
-  if (n_layer <= 0 || n_kv_head <= 0 || n_ctx <= 0 || head_dim <= 0 || head_dim % 2 != 0) {
+                                                int head_dim, int n_seq) {
+  if (n_layer <= 0 || n_kv_head <= 0 || n_ctx <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
+      n_seq <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("KV cache layout: need positive n_layer, n_kv_head, n_ctx and an even "
+        absl::StrCat("KV cache layout: need positive n_layer, n_kv_head, n_ctx, n_seq and an even "
                      "head_dim; got n_layer=",
-                     n_layer, " n_kv_head=", n_kv_head, " n_ctx=", n_ctx, " head_dim=", head_dim));
+                     n_layer, " n_kv_head=", n_kv_head, " n_ctx=", n_ctx, " head_dim=", head_dim,
+                     " n_seq=", n_seq));
   }
-  return KvCacheLayout{n_layer, n_kv_head, n_ctx, head_dim};
+  return KvCacheLayout{n_layer, n_kv_head, n_ctx, head_dim, n_seq};
 }
 
 absl::StatusOr<std::vector<double>> RopeInvFreq(double base, int n_rot, double freq_scale) {

@@ -34,7 +34,24 @@ TEST_CASE("KV cache layout: arrays and rows tile the buffer without overlap") {
   CHECK(layout->RowOffset(1, 3) + 4 == layout->RowOffset(1, 4));
 }
 
+TEST_CASE("KV cache layout: each sequence's region is a single-sequence cache") {
+  auto one = MakeKvCacheLayout(2, 2, 5, 4);
+  auto three = MakeKvCacheLayout(2, 2, 5, 4, 3);
+  REQUIRE(one.ok());
+  REQUIRE(three.ok());
+  CHECK(three->ElemsPerSeq() == one->ElemsPerArray());
+  CHECK(three->ElemsPerArray() == 3 * one->ElemsPerArray());
+  CHECK(three->TotalBytes() == 3 * one->TotalBytes());
+  // Regions follow each other inside a layer's K array; V follows all of K.
+  CHECK(three->SeqOffset(2) == 2 * one->ElemsPerArray());
+  CHECK(three->VOffset(1) - three->KOffset(1) == three->ElemsPerArray());
+  CHECK(three->KOffset(1) == 2 * three->ElemsPerArray());
+  // The last row of the last region ends where V begins.
+  CHECK(three->SeqOffset(2) + three->RowOffset(1, 4) + 4 == three->ElemsPerArray());
+}
+
 TEST_CASE("KV cache layout rejects bad shapes") {
+  CHECK(!MakeKvCacheLayout(2, 4, 16, 128, 0).ok());
   CHECK(!MakeKvCacheLayout(0, 4, 16, 128).ok());
   CHECK(!MakeKvCacheLayout(2, 4, 16, 127).ok());
   CHECK(!MakeKvCacheLayout(2, -1, 16, 128).ok());

@@ -82,18 +82,20 @@ __device__ __forceinline__ void Rotate(double x0, double x1, double theta, doubl
 // elements [n_rot, head_dim) in a strided loop.
 // blockIdx.y = token t of the batch: q, k, v and d_pos advanced to row t.
 __global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,  // (n_tokens)
+                             const int* d_seq,        // (n_tokens) or null
                              const double* inv_freq,  // (n_rot / 2)
                              HeadNorms norms,
                              float* q,                // (n_tokens, n_head, head_dim)
                              const float* k,          // (n_tokens, n_head_kv, head_dim)
                              const float* v,          // (n_tokens, n_head_kv, head_dim)
-                             __half* k_cache,         // (n_head_kv, n_ctx, head_dim)
-                             __half* v_cache) {       // (n_head_kv, n_ctx, head_dim)
+                             __half* k_cache,         // (n_seq, n_head_kv, n_ctx, head_dim)
+                             __half* v_cache) {       // (n_seq, n_head_kv, n_ctx, head_dim)
   __shared__ float scratch[32];
   GridDependencyWait();
   GridLaunchDependents();
   const int t = blockIdx.y;
   const int pos = d_pos[t];
+  const int seq = d_seq != nullptr ? max(d_seq[t], 0) : 0;
   const size_t q_row = static_cast<size_t>(t) * sh.n_head * sh.head_dim;
   const size_t kv_row = static_cast<size_t>(t) * sh.n_head_kv * sh.head_dim;
   q += q_row;
@@ -104,7 +106,8 @@ __global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,  // (n
   const bool is_q = blockIdx.x < sh.n_head;
   const int head = is_q ? blockIdx.x : blockIdx.x - sh.n_head;
   const bool write_cache = !is_q && pos >= 0 && pos < sh.n_ctx;
-  const size_t cache_row = (static_cast<size_t>(head) * sh.n_ctx + (write_cache ? pos : 0)) * hd;
+  const size_t cache_row =
+      ((static_cast<size_t>(seq) * sh.n_head_kv + head) * sh.n_ctx + (write_cache ? pos : 0)) * hd;
   const float* src = is_q ? q + static_cast<size_t>(head) * hd : k + static_cast<size_t>(head) * hd;
   const int i0 = neox ? i : 2 * i;
   const int i1 = neox ? i + half_rot : 2 * i + 1;
@@ -226,7 +229,7 @@ absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n,
 absl::Status RopeWriteKv(const RopeKvShape& sh, RopeStyle style, const int* d_pos,
                          const double* inv_freq, const HeadNorms& norms, float* q, const float* k,
                          const float* v, uint16_t* k_cache, uint16_t* v_cache, int n_tokens,
-                         cudaStream_t stream, bool pdl) {
+                         cudaStream_t stream, bool pdl, const int* d_seq) {
   if (sh.n_head <= 0 || sh.n_head_kv <= 0 || sh.head_dim <= 0 || sh.head_dim % 2 != 0 ||
       sh.head_dim > 256 || sh.n_rot <= 0 || sh.n_rot % 2 != 0 || sh.n_rot > sh.head_dim ||
       sh.n_ctx <= 0) {
@@ -247,7 +250,7 @@ absl::Status RopeWriteKv(const RopeKvShape& sh, RopeStyle style, const int* d_po
   const int threads = ((sh.head_dim / 2 + 31) / 32) * 32;
   const dim3 grid(sh.n_head + sh.n_head_kv, n_tokens);
   return LaunchKernel(RopeKvKernel, grid, dim3(threads), 0, stream, pdl, sh,
-                      style == RopeStyle::kNeox, d_pos, inv_freq, norms, q, k, v,
+                      style == RopeStyle::kNeox, d_pos, d_seq, inv_freq, norms, q, k, v,
                       reinterpret_cast<__half*>(k_cache), reinterpret_cast<__half*>(v_cache));
 }
 

@@ -41,11 +41,16 @@ using model::RopeStyle;  // kAdjacent (llama) or kNeox (qwen2): model/hparams.h
 //   q:        (n_tokens, n_head, head_dim) floats, rotated in place
 //   k, v:     (n_tokens, n_head_kv, head_dim) floats, read only
 //   inv_freq: (n_rot / 2) doubles, device memory
-//   k_cache, v_cache: this layer's (n_head_kv, n_ctx, head_dim) f16 bits;
-//             row p of each kv head is written (rotated k, plain v) for
-//             every token.
+//   k_cache, v_cache: this layer's (n_seq, n_head_kv, n_ctx, head_dim) f16
+//             bits (kernels/ops/kv_cache.h); row p of each kv head of
+//             token t's sequence region is written (rotated k, plain v).
+//   d_seq:    (n_tokens) ints, device memory: token t's region (a batched
+//             decode step, one token per sequence), or null: every token in
+//             region 0 (one sequence, e.g. a prompt chunk: offset the cache
+//             pointers to reach another region). A negative entry means 0.
 // A position outside [0, n_ctx) rotates q but writes no cache row (a graph
-// kernel cannot report an error; the caller must never step past n_ctx).
+// kernel cannot report an error; the caller must never step past n_ctx;
+// padding rows of a batched step use position -1 on purpose).
 // With norms.q and norms.k (qwen3's attn_q_norm / attn_k_norm, both or
 // neither), every head of q and of k is first RMS-normed over its head_dim
 // values, x = x * w / sqrt(mean(x^2) + eps) in float32 as RmsNorm, then
@@ -65,7 +70,7 @@ struct HeadNorms {
 absl::Status RopeWriteKv(const RopeKvShape& shape, RopeStyle style, const int* d_pos,
                          const double* inv_freq, const HeadNorms& norms, float* q, const float* k,
                          const float* v, uint16_t* k_cache, uint16_t* v_cache, int n_tokens,
-                         cudaStream_t stream, bool pdl = false);
+                         cudaStream_t stream, bool pdl = false, const int* d_seq = nullptr);
 
 // out[t] = dequantized row d_tokens[t] of the embedding table, float32, for
 // t < n_tokens (one launch for a prompt chunk).

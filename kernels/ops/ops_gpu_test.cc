@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -110,9 +111,16 @@ TEST_CASE("SwiGlu matches float64") {
 
 // RoPE + KV write for tokens at `positions` (one launch), against float64;
 // with `head_norm`, qwen3's per-head q/k RMSNorm first.
+// With `seqs` (a batched decode step), token t goes to region seqs[t] of a
+// cache of max(seqs) + 1 sequence regions; a token at position -1 (padding)
+// writes nothing.
 void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
-             const std::vector<int>& positions, int n_ctx, bool head_norm = false) {
+             const std::vector<int>& positions, int n_ctx, bool head_norm = false,
+             const std::vector<int>& seqs = {}) {
   const int n = static_cast<int>(positions.size());
+  int n_seq = 1;
+  for (int sq : seqs) n_seq = std::max(n_seq, sq + 1);
+  auto seq_of = [&](int tok) { return seqs.empty() ? 0 : std::max(seqs[tok], 0); };
   CAPTURE(positions[0]);
   CAPTURE(n);
   CAPTURE(n_rot);
@@ -122,7 +130,7 @@ void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
   auto v = RandomFloats(n * kw, 13 + positions[0]);
   auto inv = RopeInvFreq(1000000.0, n_rot);
   REQUIRE(inv.ok());
-  const size_t cache_elems = size_t(n_head_kv) * n_ctx * hd;
+  const size_t cache_elems = size_t(n_seq) * n_head_kv * n_ctx * hd;
   std::vector<uint16_t> cache_init(cache_elems, 0x3C00);  // 1.0
   float* dq = Upload(q);
   float* dk = Upload(k);
@@ -131,13 +139,14 @@ void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
   uint16_t* dkc = Upload(cache_init);
   uint16_t* dvc = Upload(cache_init);
   int* dpos = Upload(positions);
+  int* dseq = seqs.empty() ? nullptr : Upload(seqs);
   const float eps = 1e-6f;
   const std::vector<float> qn = RandomFloats(hd, 21, 1.0f, 0.3f), kn = RandomFloats(hd, 22, 1.0f, 0.3f);
   float* dqn = Upload(qn);
   float* dkn = Upload(kn);
   const HeadNorms norms = head_norm ? HeadNorms{dqn, dkn, eps} : HeadNorms{};
   RopeKvShape sh{n_head, n_head_kv, hd, n_rot, n_ctx};
-  STATUS_OK(RopeWriteKv(sh, style, dpos, dinv, norms, dq, dk, dv, dkc, dvc, n, 0));
+  STATUS_OK(RopeWriteKv(sh, style, dpos, dinv, norms, dq, dk, dv, dkc, dvc, n, 0, false, dseq));
   CUDA_OK(cudaDeviceSynchronize());
   // x: (n, heads, hd), token t's heads RMS-normed by w (head_norm), then
   // rotated by positions[t].
@@ -168,25 +177,40 @@ void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
   auto kref = rope_ref(k, n_head_kv, kn);
   auto kc = Download(dkc, cache_elems);
   auto vc = Download(dvc, cache_elems);
-  std::vector<float> kgot(k.size());
-  std::vector<bool> written(n_ctx, false);
-  for (int pos : positions) written[pos] = true;
+  std::vector<float> kgot;
+  std::vector<double> kref_written;
+  std::vector<bool> written(size_t(n_seq) * n_ctx, false);
+  for (int tok = 0; tok < n; ++tok) {
+    if (positions[tok] >= 0) written[size_t(seq_of(tok)) * n_ctx + positions[tok]] = true;
+  }
+  size_t rows_written = 0;
   for (int tok = 0; tok < n; ++tok) {
     const int pos = positions[tok];
+    if (pos < 0) continue;  // padding: checked below (no row but the written ones changed)
+    const size_t region = size_t(seq_of(tok)) * n_ctx;
     for (int h = 0; h < n_head_kv; ++h) {
+      const size_t row = (size_t(seq_of(tok)) * n_head_kv + h) * n_ctx + pos;
       for (int e = 0; e < hd; ++e) {
         const size_t src = (size_t(tok) * n_head_kv + h) * hd + e;
-        kgot[src] = F16ToF32(kc[(size_t(h) * n_ctx + pos) * hd + e]);
-        REQUIRE(vc[(size_t(h) * n_ctx + pos) * hd + e] == F32ToF16(v[src]));
+        kgot.push_back(F16ToF32(kc[row * hd + e]));
+        kref_written.push_back(kref[src]);
+        REQUIRE(vc[row * hd + e] == F32ToF16(v[src]));
         // Rows no token was at stay untouched.
-        if (pos > 0 && !written[pos - 1]) REQUIRE(kc[(size_t(h) * n_ctx + pos - 1) * hd + e] == 0x3C00);
-        if (pos + 1 < n_ctx && !written[pos + 1]) {
-          REQUIRE(vc[(size_t(h) * n_ctx + pos + 1) * hd + e] == 0x3C00);
-        }
+        if (pos > 0 && !written[region + pos - 1]) REQUIRE(kc[(row - 1) * hd + e] == 0x3C00);
+        if (pos + 1 < n_ctx && !written[region + pos + 1]) REQUIRE(vc[(row + 1) * hd + e] == 0x3C00);
       }
     }
+    ++rows_written;
   }
-  const double ek = NormErr(kgot, kref);
+  // Nothing else changed: count the rows that differ from the initial 1.0.
+  size_t changed = 0;
+  for (size_t r = 0; r < cache_elems / hd; ++r) {
+    bool differs = false;
+    for (int e = 0; e < hd; ++e) differs |= vc[r * hd + e] != 0x3C00 || kc[r * hd + e] != 0x3C00;
+    changed += differs;
+  }
+  CHECK(changed <= rows_written * n_head_kv);
+  const double ek = NormErr(kgot, kref_written);
   MESSAGE("rope " << std::string(style == RopeStyle::kNeox ? "neox" : "adjacent")
                   << (head_norm ? " +head norm" : "") << " pos=" << positions[0]
                   << " tokens=" << n << " n_rot=" << n_rot << ": q error " << eq
@@ -197,7 +221,7 @@ void RunRope(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
   CheckSentinel(dkc, cache_elems);
   CheckSentinel(dvc, cache_elems);
   cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dinv), cudaFree(dkc), cudaFree(dvc),
-      cudaFree(dpos), cudaFree(dqn), cudaFree(dkn);
+      cudaFree(dpos), cudaFree(dqn), cudaFree(dkn), cudaFree(dseq);
 }
 
 TEST_CASE("RopeWriteKv: both styles, precise angles at long positions, cache rows") {
@@ -220,6 +244,14 @@ TEST_CASE("RopeWriteKv: a prompt chunk in one launch") {
   for (RopeStyle st : {RopeStyle::kNeox, RopeStyle::kAdjacent}) {
     RunRope(st, 28, 4, 128, 128, chunk, 4096);
     RunRope(st, 8, 2, 128, 64, {9, 3, 40, 41}, 64);  // any order, partial rotation
+  }
+}
+
+TEST_CASE("RopeWriteKv: a batched step, one token per sequence region, padding writes nothing") {
+  for (RopeStyle st : {RopeStyle::kNeox, RopeStyle::kAdjacent}) {
+    // Regions out of order, one skipped (3), a padding row (position -1).
+    RunRope(st, 28, 4, 128, 128, {17, 0, -1, 4000, 5}, 4096, false, {2, 0, -1, 4, 1});
+    RunRope(st, 32, 8, 128, 128, {9, 3}, 64, true, {1, 0});  // qwen3 head norms
   }
 }
 
