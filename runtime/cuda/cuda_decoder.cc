@@ -57,6 +57,12 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : (hp_.n_ctx_train > 0 ? hp_.n_ctx_train : 4096);
   n_ctx_ = std::min(n_ctx_, kMaxContext);
   max_batch_ = std::max(1, options.max_batch);
+  if (options.n_seq < 1 || options.n_seq > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequences (-np) ", options.n_seq, " out of range [1, 65535]"));
+  }
+  n_past_.assign(options.n_seq, 0);
+  sampling_.assign(options.n_seq, false);
   eager_ = options.eager;
   if (options.tuning.has_value()) {
     tuning_ = *options.tuning;
@@ -75,9 +81,16 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
     DPL_ASSIGN_OR_RETURN(gemm_, kernels::PromptGemm::Create(stream_.get()));
   }
   report_.setup_seconds = lap();
+  // Every step graph a server needs, now: none is captured while serving.
   if (!eager_) {
-    DPL_ASSIGN_OR_RETURN(step_graph_, kernels::CaptureGraph(stream_.get(), [&] {
-                           return EnqueueStep(nullptr);
+    for (Bucket& b : buckets_) {
+      DPL_ASSIGN_OR_RETURN(b.generate, kernels::CaptureGraph(stream_.get(), [&] {
+                             return EnqueueStep(b, /*sample=*/true);
+                           }));
+    }
+    Bucket& one = buckets_.front();
+    DPL_ASSIGN_OR_RETURN(one.forward, kernels::CaptureGraph(stream_.get(), [&] {
+                           return EnqueueStep(one, /*sample=*/false);
                          }));
   }
   report_.graph_seconds = lap();
@@ -132,17 +145,31 @@ absl::Status CudaDecoder::BindWeights(const model::ModelDesc& desc) {
 // Every buffer of a pass, sized from one table and carved from one
 // allocation (256-byte aligned slices), after a check against free memory.
 absl::Status CudaDecoder::Allocate() {
-  const uint64_t T = max_batch_, E = hp_.n_embd, F = hp_.n_ff, Q = hp_.q_dim(),
-                 KV = hp_.kv_dim(), V = hp_.n_vocab;
-  logit_rows_ = std::min(max_batch_, kMaxLogitRows);
+  const int n_seq = this->n_seq();
+  const uint64_t T = std::max(max_batch_, n_seq), S = n_seq, E = hp_.n_embd, F = hp_.n_ff,
+                 Q = hp_.q_dim(), KV = hp_.kv_dim(), V = hp_.n_vocab;
+  logit_rows_ = std::max(std::min(max_batch_, kMaxLogitRows), n_seq);
+  ring_stride_ = static_cast<int>(std::min<int64_t>(n_ctx_, kMaxRing));
   const uint64_t W = std::max({E, F, Q});  // widest matvec input
   DPL_ASSIGN_OR_RETURN(kv_layout_, kernels::MakeKvCacheLayout(
                                        static_cast<int>(hp_.n_layer), static_cast<int>(hp_.n_head_kv),
-                                       static_cast<int>(n_ctx_), static_cast<int>(hp_.head_dim)));
-  DPL_ASSIGN_OR_RETURN(attn_plan_, kernels::PlanDecodeAttention(
-                                       static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
-                                       static_cast<int>(hp_.head_dim), static_cast<int>(n_ctx_),
-                                       static_cast<int>(hp_.sliding_window), tuning_));
+                                       static_cast<int>(n_ctx_), static_cast<int>(hp_.head_dim),
+                                       n_seq));
+  // Step buckets 1, 2, 4, ... and n_seq itself.
+  buckets_.clear();
+  for (int b = 1;; b *= 2) {
+    buckets_.emplace_back();
+    buckets_.back().batch = std::min(b, n_seq);
+    if (b >= n_seq) break;
+  }
+  uint64_t attn_ws_floats = 0;
+  for (Bucket& b : buckets_) {
+    DPL_ASSIGN_OR_RETURN(b.attn, kernels::PlanDecodeAttention(
+                                     static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
+                                     static_cast<int>(hp_.head_dim), static_cast<int>(n_ctx_),
+                                     static_cast<int>(hp_.sliding_window), tuning_, b.batch));
+    attn_ws_floats = std::max(attn_ws_floats, b.attn.workspace_floats);
+  }
   rope_shape_ = {static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
                  static_cast<int>(hp_.head_dim), static_cast<int>(hp_.n_rot),
                  static_cast<int>(n_ctx_)};
@@ -152,7 +179,7 @@ absl::Status CudaDecoder::Allocate() {
   // The tensor-core path's f16 scratch: activations of a chunk, and the
   // largest layer matrix (the lm head, larger, goes through it in row blocks).
   w_f16_elems_ = 0;
-  if (max_batch_ >= tuning_.gemm_min_tokens) {
+  if (static_cast<int>(T) >= tuning_.gemm_min_tokens) {
     for (const Layer& L : layers_) {
       for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
         w_f16_elems_ = std::max(w_f16_elems_, m->w.n_rows * m->w.n_cols);
@@ -172,11 +199,13 @@ absl::Status CudaDecoder::Allocate() {
     void* slot;  // address of the Buffers pointer to set
   } table[] = {
       {T * 4, &b.tokens},          {T * 4, &b.positions},      {hp_.n_rot / 2 * 8, &b.inv_freq},
+      {S * 4, &b.row_seq},         {S * 4, &b.seq_token},      {S * 4, &b.seq_pos},
       {T * E * 4, &b.x},           {T * E * 4, &b.h},          {T * Q * 4, &b.q},
       {T * KV * 4, &b.k},          {T * KV * 4, &b.v},         {T * Q * 4, &b.att},
       {T * F * 4, &b.gate},        {T * F * 4, &b.up},         {static_cast<uint64_t>(logit_rows_) * V * 4, &b.logits},
-      {attn_plan_.workspace_floats * 4, &b.attn_ws},           {kv_layout_.TotalBytes(), &b.kv},
-      {sizeof(kernels::SamplerState), &b.sampler},             {kernels::SamplingWorkspaceBytes(), &b.sampling_ws},
+      {attn_ws_floats * 4, &b.attn_ws},                        {kv_layout_.TotalBytes(), &b.kv},
+      {S * sizeof(kernels::SamplingParams), &b.params},        {S * sizeof(kernels::SamplerState), &b.sampler},
+      {S * ring_stride_ * 4, &b.rings},                        {kernels::SamplingWorkspaceBytes(n_seq), &b.sampling_ws},
       {qx_bytes, &qx_mem},
       {x_f16_bytes, &b.x_f16},     {static_cast<uint64_t>(w_f16_elems_) * 2, &b.w_f16},
   };
@@ -188,8 +217,9 @@ absl::Status CudaDecoder::Allocate() {
   DPL_ASSIGN_OR_RETURN(const auto mem, DeviceMemoryInfo());
   if (total > mem.first) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "not enough device memory: KV cache %.2f GiB (-c %d) + buffers %.2f GiB needed, %.2f GiB free",
-        report_.kv_cache_bytes / 1073741824.0, n_ctx_, report_.scratch_bytes / 1073741824.0,
+        "not enough device memory: KV cache %.2f GiB (-c %d x %d sequences) + buffers %.2f GiB "
+        "needed, %.2f GiB free",
+        report_.kv_cache_bytes / 1073741824.0, n_ctx_, n_seq, report_.scratch_bytes / 1073741824.0,
         mem.first / 1073741824.0));
   }
   DPL_ASSIGN_OR_RETURN(arena_, kernels::DeviceBuffer<uint8_t>::Allocate(total));
@@ -199,9 +229,24 @@ absl::Status CudaDecoder::Allocate() {
     at += align(e.bytes);
   }
   b.qx = kernels::MatVecScratchIn(qx_mem, static_cast<int64_t>(W), static_cast<int64_t>(qx_tokens));
-  DPL_CUDA_CHECK(cudaMemset(b.sampler, 0, sizeof(kernels::SamplerState)));
+  // Sequences start with RNG counter 0, token 0 at position 0, and
+  // parameters that sample greedily: a benchmark step of a sequence that was
+  // never started (TimeDecodeSteps) reads defined values.
+  DPL_CUDA_CHECK(cudaMemset(b.sampler, 0, S * sizeof(kernels::SamplerState)));
+  DPL_CUDA_CHECK(cudaMemset(b.seq_token, 0, S * 4));
+  DPL_CUDA_CHECK(cudaMemset(b.seq_pos, 0, S * 4));
+  DPL_CUDA_CHECK(cudaMemset(b.row_seq, 0xff, S * 4));  // all -1: padding
+  {
+    kernels::SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.repeat_last_n = 0;
+    const std::vector<kernels::SamplingParams> all(S, greedy);
+    DPL_CUDA_CHECK(cudaMemcpy(b.params, all.data(), S * sizeof(greedy), cudaMemcpyHostToDevice));
+  }
   DPL_ASSIGN_OR_RETURN(stream_, kernels::CreateStream());
-  DPL_ASSIGN_OR_RETURN(h_tokens_, kernels::PinnedBuffer<int>::Allocate(2));
+  DPL_ASSIGN_OR_RETURN(h_rows_, kernels::PinnedBuffer<int>::Allocate(n_seq));
+  DPL_ASSIGN_OR_RETURN(h_tokens_, kernels::PinnedBuffer<int>::Allocate(std::max(2, n_seq)));
+  DPL_ASSIGN_OR_RETURN(h_params_, kernels::PinnedBuffer<kernels::SamplingParams>::Allocate(1));
   for (kernels::Event& e : token_ready_) {
     DPL_ASSIGN_OR_RETURN(e, kernels::CreateEvent());
   }
@@ -223,7 +268,8 @@ absl::Status CudaDecoder::InitRope(const model::ModelDesc& desc) {
   return absl::OkStatus();
 }
 
-absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) {
+absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, int first_pos, int seq,
+                                         bool all_logits) {
   const int E = static_cast<int>(hp_.n_embd), F = static_cast<int>(hp_.n_ff);
   const int Q = static_cast<int>(hp_.q_dim());
   const float eps = static_cast<float>(hp_.rms_eps);
@@ -295,8 +341,12 @@ absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) 
   DPL_RETURN_IF_ERROR(kernels::EmbedRows(embed_, b.tokens, n, b.x, s));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    uint16_t* k_cache = b.kv + kv_layout_.KOffset(static_cast<int>(l));
-    uint16_t* v_cache = b.kv + kv_layout_.VOffset(static_cast<int>(l));
+    // A step's rows reach their regions through b.row_seq on the device; a
+    // prompt's tokens all write one region, addressed by its offset.
+    const uint64_t region = step != nullptr ? 0 : kv_layout_.SeqOffset(seq);
+    uint16_t* k_cache = b.kv + kv_layout_.KOffset(static_cast<int>(l)) + region;
+    uint16_t* v_cache = b.kv + kv_layout_.VOffset(static_cast<int>(l)) + region;
+    const int* row_seq = step != nullptr ? b.row_seq : nullptr;
     // Attention block.
     DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.attn_norm, n));
     const Matrix* qkv[3] = {&L.wq, &L.wk, &L.wv};
@@ -304,15 +354,16 @@ absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) 
     DPL_RETURN_IF_ERROR(mm_group(L.qkv, qkv, qkv_out, b.h));
     DPL_RETURN_IF_ERROR(kernels::RopeWriteKv(rope_shape_, hp_.rope_style, b.positions, b.inv_freq,
                                              L.head_norms, b.q, b.k, b.v, k_cache, v_cache, n, s,
-                                             pdl));
-    if (n == 1) {  // flash-decoding, its position read on the device
+                                             pdl, row_seq));
+    if (step != nullptr || n == 1) {  // flash-decoding, one query row per sequence, positions read on the device
       // a, and on the dp4a path a's int8 blocks for Wo, from the combine.
       std::optional<kernels::QuantOut> aq;
       if (!tensor_cores(n) && tuning_.attn_quantize_output) {
         DPL_ASSIGN_OR_RETURN(aq, kernels::QuantizeInto(Q, n, &b.qx));
       }
-      DPL_RETURN_IF_ERROR(kernels::DecodeAttention(attn_plan_, b.q, k_cache, v_cache, b.positions,
-                                                   b.attn_ws, b.att, s, aq ? &*aq : nullptr));
+      const kernels::DecodeAttentionPlan& plan = step != nullptr ? step->attn : buckets_.front().attn;
+      DPL_RETURN_IF_ERROR(kernels::DecodeAttention(plan, b.q, k_cache, v_cache, b.positions,
+                                                   b.attn_ws, b.att, s, aq ? &*aq : nullptr, row_seq));
       if (!aq) DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
     } else {  // causal flash attention over the chunk
       DPL_RETURN_IF_ERROR(kernels::PromptAttention(prompt_attn_, b.q, k_cache, v_cache, first_pos,
@@ -333,50 +384,112 @@ absl::Status CudaDecoder::EnqueueForward(int n, int first_pos, bool all_logits) 
     }
     DPL_RETURN_IF_ERROR(mm(L.w_down, b.gate, {b.x, nullptr, b.x}, n));  // x += Wdown g
   }
-  // LM head: every token's logits, or the last token's only.
+  // LM head: every token's (a step: every row's) logits, or the last token's only.
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
   DPL_RETURN_IF_ERROR(norm_prepare(b.x + first * E, output_norm_, rows));
   return mm(out_, b.h, {b.logits, nullptr, nullptr}, rows);
 }
 
-absl::Status CudaDecoder::EnqueueStep(const kernels::SamplingParams* sample) {
-  DPL_RETURN_IF_ERROR(EnqueueForward(1, /*first_pos=*/-1, false));
-  if (sample != nullptr) {
-    DPL_RETURN_IF_ERROR(kernels::SampleToken(*sample, buf_.logits, static_cast<int>(hp_.n_vocab),
-                                             ring_.get(), buf_.sampler, buf_.sampling_ws,
-                                             buf_.tokens, stream_.get()));
+absl::Status CudaDecoder::EnqueueStep(const Bucket& bucket, bool sample) {
+  Buffers& b = buf_;
+  cudaStream_t s = stream_.get();
+  DPL_RETURN_IF_ERROR(kernels::GatherStepRows(b.row_seq, b.seq_token, b.seq_pos, bucket.batch,
+                                              b.tokens, b.positions, s));
+  DPL_RETURN_IF_ERROR(EnqueueForward(bucket.batch, &bucket, /*first_pos=*/-1, /*seq=*/-1,
+                                     /*all_logits=*/true));
+  if (sample) {
+    kernels::SampleBatch sb;
+    sb.params = b.params;
+    sb.n_seqs = n_seq();
+    sb.slots = b.row_seq;
+    sb.batch = bucket.batch;
+    sb.logits = b.logits;
+    sb.n_vocab = static_cast<int>(hp_.n_vocab);
+    sb.rings = b.rings;
+    sb.ring_stride = ring_stride_;
+    sb.states = b.sampler;
+    sb.workspace = b.sampling_ws;
+    sb.tokens_out = b.tokens;  // the rows' input ids are spent by now
+    DPL_RETURN_IF_ERROR(kernels::SampleTokens(sb, s));
   }
-  // The step moves its own position on, so back-to-back replays decode
-  // consecutive positions (dpl-bench); Eval writes the position anyway.
-  return kernels::AdvancePosition(buf_.positions, stream_.get());
+  // The step moves its sequences on itself, so back-to-back replays decode
+  // consecutive positions (SampleLoop, dpl-bench).
+  return kernels::FinishStepRows(b.row_seq, bucket.batch, sample ? b.tokens : nullptr,
+                                 b.seq_token, b.seq_pos, s);
 }
 
-absl::Status CudaDecoder::RunChunk(absl::Span<const int32_t> tokens, bool all_logits) {
-  const int n = static_cast<int>(tokens.size());
-  std::vector<int> positions(n);
-  for (int t = 0; t < n; ++t) positions[t] = static_cast<int>(n_past_ + t);
-  cudaStream_t s = stream_.get();
-  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.tokens, tokens.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
-  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, positions.data(), n * sizeof(int),
-                                 cudaMemcpyHostToDevice, s));
-  if (n == 1 && !all_logits && step_graph_) {
-    DPL_CUDA_CHECK(cudaGraphLaunch(step_graph_.get(), s));
-  } else {
-    DPL_RETURN_IF_ERROR(EnqueueForward(n, static_cast<int>(n_past_), all_logits));
+absl::Status CudaDecoder::LaunchGenerationStep(const Bucket& bucket) {
+  if (bucket.generate) {
+    DPL_CUDA_CHECK(cudaGraphLaunch(bucket.generate.get(), stream_.get()));
+    return absl::OkStatus();
   }
-  // The host vectors above must outlive the async copies.
-  DPL_CUDA_CHECK(cudaStreamSynchronize(s));
-  n_past_ += n;
+  return EnqueueStep(bucket, /*sample=*/true);  // eager: the same kernels, launched one by one
+}
+
+const CudaDecoder::Bucket& CudaDecoder::BucketFor(int n) const {
+  for (const Bucket& b : buckets_) {
+    if (b.batch >= n) return b;
+  }
+  return buckets_.back();  // n <= n_seq: never reached
+}
+
+absl::Status CudaDecoder::UploadRows(const Bucket& bucket, int n) {
+  int* rows = h_rows_.get();
+  for (int r = n; r < bucket.batch; ++r) rows[r] = -1;
+  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.row_seq, rows, bucket.batch * sizeof(int),
+                                 cudaMemcpyHostToDevice, stream_.get()));
   return absl::OkStatus();
 }
 
-absl::Status CudaDecoder::Eval(absl::Span<const int32_t> tokens, std::vector<float>* last,
-                               std::vector<float>* all) {
+absl::Status CudaDecoder::CheckSeq(int seq) const {
+  if (seq < 0 || seq >= n_seq()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", seq, " is out of range [0, ", n_seq(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::RunChunk(int seq, absl::Span<const int32_t> tokens, bool all_logits) {
+  const int n = static_cast<int>(tokens.size());
+  const int first_pos = static_cast<int>(n_past_[seq]);
+  cudaStream_t s = stream_.get();
+  const Bucket& one = buckets_.front();
+  if (n == 1 && !all_logits && one.forward) {
+    // One token (a host-sampled generation step): bucket 1's forward graph,
+    // the token and position staged as the sequence's pending ones.
+    const int staged[2] = {tokens[0], first_pos};
+    h_rows_.get()[0] = seq;
+    DPL_RETURN_IF_ERROR(UploadRows(one, 1));
+    DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.seq_token + seq, &staged[0], sizeof(int),
+                                   cudaMemcpyHostToDevice, s));
+    DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.seq_pos + seq, &staged[1], sizeof(int),
+                                   cudaMemcpyHostToDevice, s));
+    DPL_CUDA_CHECK(cudaGraphLaunch(one.forward.get(), s));
+    DPL_CUDA_CHECK(cudaStreamSynchronize(s));  // `staged` must outlive the copies
+  } else {
+    std::vector<int> positions(n);
+    for (int t = 0; t < n; ++t) positions[t] = first_pos + t;
+    DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.tokens, tokens.data(), n * sizeof(int),
+                                   cudaMemcpyHostToDevice, s));
+    DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, positions.data(), n * sizeof(int),
+                                   cudaMemcpyHostToDevice, s));
+    DPL_RETURN_IF_ERROR(EnqueueForward(n, /*step=*/nullptr, first_pos, seq, all_logits));
+    DPL_CUDA_CHECK(cudaStreamSynchronize(s));  // the host vectors must outlive the copies
+  }
+  n_past_[seq] += n;
+  last_logits_row_ = all_logits ? n - 1 : 0;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::EvalSeq(int seq, absl::Span<const int32_t> tokens,
+                                  std::vector<float>* last, std::vector<float>* all) {
+  DPL_RETURN_IF_ERROR(CheckSeq(seq));
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens to evaluate");
-  if (n_past_ + static_cast<int64_t>(tokens.size()) > n_ctx_) {
-    return absl::OutOfRangeError(absl::StrCat(n_past_ + tokens.size(), " tokens do not fit in the context of ",
-                                              n_ctx_, " (use -c to enlarge it)"));
+  if (n_past_[seq] + static_cast<int64_t>(tokens.size()) > n_ctx_) {
+    return absl::OutOfRangeError(absl::StrCat(n_past_[seq] + tokens.size(),
+                                              " tokens do not fit in the context of ", n_ctx_,
+                                              " (use -c to enlarge it)"));
   }
   for (int32_t t : tokens) {
     if (t < 0 || t >= hp_.n_vocab) {
@@ -384,17 +497,19 @@ absl::Status CudaDecoder::Eval(absl::Span<const int32_t> tokens, std::vector<flo
           absl::StrCat("token id ", t, " is outside the vocabulary [0, ", hp_.n_vocab, ")"));
     }
   }
+  sampling_[seq] = false;  // a pending token would now be at the wrong position
   const int64_t V = hp_.n_vocab;
   if (all != nullptr) all->clear();
   // Every token's logits fit buf_.logits in chunks of logit_rows_ tokens.
   const size_t step = all != nullptr ? logit_rows_ : max_batch_;
   for (size_t at = 0; at < tokens.size(); at += step) {
     const auto chunk = tokens.subspan(at, std::min<size_t>(step, tokens.size() - at));
-    DPL_RETURN_IF_ERROR(RunChunk(chunk, all != nullptr));
+    DPL_RETURN_IF_ERROR(RunChunk(seq, chunk, all != nullptr));
     if (all != nullptr) {
       const size_t old = all->size();
       all->resize(old + chunk.size() * V);
-      DPL_CUDA_CHECK(cudaMemcpy(all->data() + old, buf_.logits, chunk.size() * V * 4, cudaMemcpyDeviceToHost));
+      DPL_CUDA_CHECK(cudaMemcpy(all->data() + old, buf_.logits, chunk.size() * V * 4,
+                                cudaMemcpyDeviceToHost));
     }
   }
   if (last != nullptr) {
@@ -402,149 +517,232 @@ absl::Status CudaDecoder::Eval(absl::Span<const int32_t> tokens, std::vector<flo
     if (all != nullptr) {
       std::copy(all->end() - V, all->end(), last->begin());
     } else {
-      DPL_CUDA_CHECK(cudaMemcpy(last->data(), buf_.logits, V * 4, cudaMemcpyDeviceToHost));
+      DPL_CUDA_CHECK(cudaMemcpy(last->data(), buf_.logits + last_logits_row_ * V, V * 4,
+                                cudaMemcpyDeviceToHost));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CudaDecoder::TimeDecodeSteps(int n) {
-  if (!step_graph_) return absl::FailedPreconditionError("no captured graph (eager mode)");
-  if (n_past_ + n > n_ctx_) return absl::OutOfRangeError("decode steps past the context");
+absl::Status CudaDecoder::RewindSeq(int seq, int64_t n) {
+  DPL_RETURN_IF_ERROR(CheckSeq(seq));
+  if (n < 0 || n > n_past_[seq]) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot rewind sequence ", seq, " to ", n));
+  }
+  n_past_[seq] = n;  // later positions are overwritten before attention reads them
+  sampling_[seq] = false;
+  return absl::OkStatus();
+}
+
+std::vector<int> CudaDecoder::step_buckets() const {
+  std::vector<int> out;
+  for (const Bucket& b : buckets_) out.push_back(b.batch);
+  return out;
+}
+
+absl::StatusOr<double> CudaDecoder::TimeDecodeSteps(int n, int batch) {
+  if (eager_) return absl::FailedPreconditionError("no captured graph (eager mode)");
+  if (batch < 1 || batch > n_seq()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch ", batch, " is out of range [1, ", n_seq(), "]"));
+  }
+  for (int seq = 0; seq < batch; ++seq) {
+    if (n_past_[seq] + n > n_ctx_) {
+      return absl::OutOfRangeError(absl::StrCat("sequence ", seq, ": ", n,
+                                                " decode steps from position ", n_past_[seq],
+                                                " run past the context of ", n_ctx_));
+    }
+  }
+  // An exact bucket, so that every timed row is a live one.
+  Bucket* bucket = nullptr;
+  for (Bucket& b : buckets_) {
+    if (b.batch == batch) bucket = &b;
+  }
+  if (bucket == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("no step bucket of ", batch, " rows"));
+  }
   cudaStream_t s = stream_.get();
-  const int pos = static_cast<int>(n_past_);
-  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, &pos, sizeof(int), cudaMemcpyHostToDevice, s));
+  if (!bucket->forward) {
+    DPL_ASSIGN_OR_RETURN(bucket->forward, kernels::CaptureGraph(s, [&] {
+                           return EnqueueStep(*bucket, /*sample=*/false);
+                         }));
+  }
+  std::vector<int> pos(batch);
+  for (int seq = 0; seq < batch; ++seq) {
+    h_rows_.get()[seq] = seq;
+    pos[seq] = static_cast<int>(n_past_[seq]);
+  }
+  DPL_RETURN_IF_ERROR(UploadRows(*bucket, batch));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.seq_pos, pos.data(), batch * sizeof(int),
+                                 cudaMemcpyHostToDevice, s));
   DPL_ASSIGN_OR_RETURN(const kernels::Event start, kernels::CreateEvent(cudaEventDefault));
   DPL_ASSIGN_OR_RETURN(const kernels::Event stop, kernels::CreateEvent(cudaEventDefault));
   DPL_CUDA_CHECK(cudaEventRecord(start.get(), s));
-  for (int i = 0; i < n; ++i) DPL_CUDA_CHECK(cudaGraphLaunch(step_graph_.get(), s));
+  for (int i = 0; i < n; ++i) DPL_CUDA_CHECK(cudaGraphLaunch(bucket->forward.get(), s));
   DPL_CUDA_CHECK(cudaEventRecord(stop.get(), s));
   DPL_CUDA_CHECK(cudaEventSynchronize(stop.get()));
   float ms = 0;
   DPL_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-  n_past_ += n;
+  for (int seq = 0; seq < batch; ++seq) {
+    n_past_[seq] += n;
+    sampling_[seq] = false;
+  }
   return ms / 1e3;
 }
 
-absl::Status CudaDecoder::PrepareGenerationGraph(const kernels::SamplingParams& p) {
-  const auto same = [](const kernels::SamplingParams& a, const kernels::SamplingParams& b) {
-    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
-           a.min_p == b.min_p && a.repeat_penalty == b.repeat_penalty &&
-           a.repeat_last_n == b.repeat_last_n && a.seed == b.seed;
-  };
-  if (gen_params_.has_value() && same(*gen_params_, p)) return absl::OkStatus();
-  gen_params_.reset();
-  gen_graph_.reset();
-  if (p.repeat_last_n > static_cast<int>(ring_.size())) {
-    DPL_ASSIGN_OR_RETURN(ring_, kernels::DeviceBuffer<int>::Allocate(p.repeat_last_n));
-  }
-  if (!eager_) {
-    DPL_ASSIGN_OR_RETURN(gen_graph_, kernels::CaptureGraph(stream_.get(), [&] {
-                           return EnqueueStep(&p);
-                         }));
-  }
-  gen_params_ = p;
-  return absl::OkStatus();
-}
-
-absl::Status CudaDecoder::LaunchGenerationStep(const kernels::SamplingParams& p) {
-  if (gen_graph_) {
-    DPL_CUDA_CHECK(cudaGraphLaunch(gen_graph_.get(), stream_.get()));
-    return absl::OkStatus();
-  }
-  return EnqueueStep(&p);  // eager: the same kernels, launched one by one
-}
-
-absl::Status CudaDecoder::StartSampling(const generate::SamplerParams& params,
-                                        absl::Span<const int32_t> history, bool restart_draws,
-                                        kernels::SamplingParams* p) {
-  if (n_past_ == 0) return absl::FailedPreconditionError("sampling needs a prompt first");
-  *p = params;
-  p->repeat_last_n = params.repeat_penalty != 1.0f ? std::max(0, params.repeat_last_n) : 0;
-  DPL_RETURN_IF_ERROR(PrepareGenerationGraph(*p));
+absl::Status CudaDecoder::StartSampling(int seq, const generate::SamplerParams& params,
+                                        absl::Span<const int32_t> history, bool restart_draws) {
+  DPL_RETURN_IF_ERROR(CheckSeq(seq));
+  if (n_past_[seq] == 0) return absl::FailedPreconditionError("sampling needs a prompt first");
+  kernels::SamplingParams& p = h_params_.get()[0];
+  p = params;
+  // The ring holds at most ring_stride_ tokens; no penalty, no ring.
+  p.repeat_last_n = params.repeat_penalty != 1.0f
+                        ? std::clamp(params.repeat_last_n, 0, ring_stride_)
+                        : 0;
   cudaStream_t s = stream_.get();
-  // The penalty ring from the history; the RNG counter carries on unless
-  // the caller starts a new sequence of draws.
-  if (restart_draws) DPL_CUDA_CHECK(cudaMemsetAsync(&buf_.sampler->step, 0, sizeof(buf_.sampler->step), s));
-  if (p->repeat_last_n > 0) {
-    const kernels::RecentRing ring = kernels::MakeRecentRing(history, p->repeat_last_n);
-    DPL_CUDA_CHECK(cudaMemcpyAsync(ring_.get(), ring.tokens.data(), ring.tokens.size() * sizeof(int),
-                                   cudaMemcpyHostToDevice, s));
-    const int32_t head_count[2] = {ring.head, ring.count};
-    DPL_CUDA_CHECK(cudaMemcpyAsync(&buf_.sampler->ring_head, head_count, sizeof(head_count),
+  Buffers& b = buf_;
+  DPL_CUDA_CHECK(cudaMemcpyAsync(b.params + seq, &p, sizeof(p), cudaMemcpyHostToDevice, s));
+  kernels::SamplerState* state = b.sampler + seq;
+  // The RNG counter carries on unless the caller starts a new sequence of draws.
+  if (restart_draws) DPL_CUDA_CHECK(cudaMemsetAsync(&state->step, 0, sizeof(state->step), s));
+  // The penalty ring from the history (empty without a penalty).
+  const kernels::RecentRing ring = kernels::MakeRecentRing(history, p.repeat_last_n);
+  if (!ring.tokens.empty()) {
+    DPL_CUDA_CHECK(cudaMemcpyAsync(b.rings + static_cast<int64_t>(seq) * ring_stride_,
+                                   ring.tokens.data(), ring.tokens.size() * sizeof(int),
                                    cudaMemcpyHostToDevice, s));
   }
-  const int pos = static_cast<int>(n_past_);
-  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, &pos, sizeof(int), cudaMemcpyHostToDevice, s));
-  // The first token comes from the prompt's logits, still in buf_.logits.
-  DPL_RETURN_IF_ERROR(kernels::SampleToken(*p, buf_.logits, static_cast<int>(hp_.n_vocab), ring_.get(),
-                                           buf_.sampler, buf_.sampling_ws, buf_.tokens, s));
-  DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_.get()[0], buf_.tokens, sizeof(int), cudaMemcpyDeviceToHost, s));
+  const int32_t head_count[2] = {ring.head, ring.count};
+  DPL_CUDA_CHECK(cudaMemcpyAsync(&state->ring_head, head_count, sizeof(head_count),
+                                 cudaMemcpyHostToDevice, s));
+  const int pos = static_cast<int>(n_past_[seq]);
+  DPL_CUDA_CHECK(cudaMemcpyAsync(b.seq_pos + seq, &pos, sizeof(int), cudaMemcpyHostToDevice, s));
+  // The first token comes from the prompt's last logits, still in
+  // b.logits, straight into the sequence's pending token.
+  h_rows_.get()[0] = seq;
+  DPL_CUDA_CHECK(cudaMemcpyAsync(b.row_seq, h_rows_.get(), sizeof(int), cudaMemcpyHostToDevice, s));
+  kernels::SampleBatch sb;
+  sb.params = b.params;
+  sb.n_seqs = n_seq();
+  sb.slots = b.row_seq;
+  sb.batch = 1;
+  sb.logits = b.logits + static_cast<int64_t>(last_logits_row_) * hp_.n_vocab;
+  sb.n_vocab = static_cast<int>(hp_.n_vocab);
+  sb.rings = b.rings;
+  sb.ring_stride = ring_stride_;
+  sb.states = b.sampler;
+  sb.workspace = b.sampling_ws;
+  sb.tokens_out = b.seq_token + seq;
+  DPL_RETURN_IF_ERROR(kernels::SampleTokens(sb, s));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_.get()[0], b.seq_token + seq, sizeof(int),
+                                 cudaMemcpyDeviceToHost, s));
   DPL_CUDA_CHECK(cudaEventRecord(token_ready_[0].get(), s));
+  // The host copies above read `head_count` and `pos` when they run.
+  DPL_CUDA_CHECK(cudaStreamSynchronize(s));
+  sampling_[seq] = true;
   return absl::OkStatus();
 }
 
-absl::StatusOr<int32_t> CudaDecoder::BeginSampling(const generate::SamplerParams& params,
+absl::StatusOr<int32_t> CudaDecoder::BeginSampling(int seq, const generate::SamplerParams& params,
                                                    absl::Span<const int32_t> history) {
-  kernels::SamplingParams p;
-  DPL_RETURN_IF_ERROR(StartSampling(params, history, /*restart_draws=*/true, &p));
-  DPL_CUDA_CHECK(cudaEventSynchronize(token_ready_[0].get()));
+  DPL_RETURN_IF_ERROR(StartSampling(seq, params, history, /*restart_draws=*/true));
   return h_tokens_.get()[0];
+}
+
+absl::Status CudaDecoder::StepSeqs(absl::Span<const int> seqs, absl::Span<int32_t> next) {
+  const int k = static_cast<int>(seqs.size());
+  if (k == 0 || k > n_seq()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a step of ", k, " sequences (1 to ", n_seq(), ")"));
+  }
+  if (next.size() != seqs.size()) {
+    return absl::InvalidArgumentError("StepSeqs: one output per sequence");
+  }
+  std::vector<bool> seen(n_seq(), false);
+  for (int seq : seqs) {
+    DPL_RETURN_IF_ERROR(CheckSeq(seq));
+    if (seen[seq]) return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, " twice in a step"));
+    seen[seq] = true;
+    if (!sampling_[seq]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sequence ", seq, ": a step before BeginSampling"));
+    }
+    if (n_past_[seq] >= n_ctx_) {
+      return absl::OutOfRangeError(
+          absl::StrCat("sequence ", seq, ": the context of ", n_ctx_, " positions is full"));
+    }
+  }
+  const Bucket& bucket = BucketFor(k);
+  std::copy(seqs.begin(), seqs.end(), h_rows_.get());
+  DPL_RETURN_IF_ERROR(UploadRows(bucket, k));
+  cudaStream_t s = stream_.get();
+  DPL_RETURN_IF_ERROR(LaunchGenerationStep(bucket));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(h_tokens_.get(), buf_.tokens, k * sizeof(int),
+                                 cudaMemcpyDeviceToHost, s));
+  DPL_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (int i = 0; i < k; ++i) {
+    ++n_past_[seqs[i]];  // its pending token is now in the cache
+    next[i] = h_tokens_.get()[i];
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int32_t> CudaDecoder::NextToken() {
-  if (!gen_params_.has_value()) return absl::FailedPreconditionError("NextToken before BeginSampling");
-  if (n_past_ >= n_ctx_) {
-    return absl::OutOfRangeError(absl::StrCat("the context of ", n_ctx_, " positions is full"));
-  }
-  cudaStream_t s = stream_.get();
-  DPL_RETURN_IF_ERROR(LaunchGenerationStep(*gen_params_));
-  DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_.get()[0], buf_.tokens, sizeof(int), cudaMemcpyDeviceToHost, s));
-  DPL_CUDA_CHECK(cudaStreamSynchronize(s));
-  ++n_past_;  // the pending token is now in the cache
-  return h_tokens_.get()[0];
+  const int seq = 0;
+  int32_t token = 0;
+  DPL_RETURN_IF_ERROR(StepSeqs(absl::MakeConstSpan(&seq, 1), absl::MakeSpan(&token, 1)));
+  return token;
 }
 
 absl::Status CudaDecoder::SampleLoop(const generate::SamplerParams& params,
                                      absl::Span<const int32_t> history, int32_t max_tokens,
                                      const std::function<bool(int32_t)>& on_token) {
-  kernels::SamplingParams p;
-  DPL_RETURN_IF_ERROR(StartSampling(params, history, /*restart_draws=*/false, &p));
+  DPL_RETURN_IF_ERROR(StartSampling(0, params, history, /*restart_draws=*/false));
+  const Bucket& one = buckets_.front();
+  h_rows_.get()[0] = 0;
+  DPL_RETURN_IF_ERROR(UploadRows(one, 1));
   cudaStream_t s = stream_.get();
   int* h_tokens = h_tokens_.get();
+  int64_t& n_past = n_past_[0];
   // Pipeline: the GPU runs step i (feeding token i, sampling token i + 1)
   // while the host waits for token i and streams it: one wait per token.
   for (int32_t i = 0; max_tokens < 0 || i < max_tokens; ++i) {
-    const bool more = (max_tokens < 0 || i + 1 < max_tokens) && n_past_ < n_ctx_;
+    const bool more = (max_tokens < 0 || i + 1 < max_tokens) && n_past < n_ctx_;
     if (more) {
-      DPL_RETURN_IF_ERROR(LaunchGenerationStep(p));
+      DPL_RETURN_IF_ERROR(LaunchGenerationStep(one));
       const int slot = (i + 1) & 1;
-      DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens[slot], buf_.tokens, sizeof(int), cudaMemcpyDeviceToHost, s));
+      DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens[slot], buf_.tokens, sizeof(int),
+                                     cudaMemcpyDeviceToHost, s));
       DPL_CUDA_CHECK(cudaEventRecord(token_ready_[slot].get(), s));
     }
     DPL_CUDA_CHECK(cudaEventSynchronize(token_ready_[i & 1].get()));
     const int32_t token = h_tokens[i & 1];
     if (!on_token(token)) {
       DPL_CUDA_CHECK(cudaStreamSynchronize(s));  // the step already queued finishes
-      if (more) ++n_past_;  // its KV row holds the refused token; callers rewind past it
+      if (more) ++n_past;  // its KV row holds the refused token; callers rewind past it
       return absl::OkStatus();
     }
     if (!more) break;
-    ++n_past_;  // token i is now in the cache (step i ran)
+    ++n_past;  // token i is now in the cache (step i ran)
   }
   DPL_CUDA_CHECK(cudaStreamSynchronize(s));
   return absl::OkStatus();
 }
 
 std::string CudaDecoder::LoadReport() const {
+  std::string buckets;
+  for (const Bucket& b : buckets_) absl::StrAppend(&buckets, buckets.empty() ? "" : ",", b.batch);
   return absl::StrFormat(
-      "cuda: weights %.2f GiB loaded in %.2f s (%.1f GB/s); KV cache %.2f GiB (f16, %d positions); "
-      "buffers %.2f GiB (prompt chunk %d, tensor cores from %d tokens); decode step %s\n"
+      "cuda: weights %.2f GiB loaded in %.2f s (%.1f GB/s); KV cache %.2f GiB (f16, %d sequences x "
+      "%d positions); buffers %.2f GiB (prompt chunk %d, tensor cores from %d tokens); decode "
+      "steps of %s rows %s\n"
       "cuda load stages: init %.0f ms, weights %.0f ms, setup %.0f ms, graph %.0f ms",
       report_.weight_bytes / 1073741824.0, report_.load.seconds, report_.load.gb_per_s(),
-      report_.kv_cache_bytes / 1073741824.0, n_ctx_, report_.scratch_bytes / 1073741824.0,
-      max_batch_, gemm_.has_value() ? tuning_.gemm_min_tokens : max_batch_ + 1,
-      eager_ ? "eager (DPL_EAGER)" : "captured as one CUDA graph", report_.init_seconds * 1e3,
+      report_.kv_cache_bytes / 1073741824.0, n_seq(), n_ctx_,
+      report_.scratch_bytes / 1073741824.0, max_batch_,
+      gemm_.has_value() ? tuning_.gemm_min_tokens : max_batch_ + 1, buckets,
+      eager_ ? "eager (DPL_EAGER)" : "captured as CUDA graphs", report_.init_seconds * 1e3,
       report_.weights_seconds * 1e3, report_.setup_seconds * 1e3, report_.graph_seconds * 1e3);
 }
 
@@ -556,12 +754,6 @@ std::vector<std::pair<std::string, double>> CudaDecoder::LoadStages() const {
            report_.weights_seconds},
           {"setup", report_.setup_seconds},
           {"graph", report_.graph_seconds}};
-}
-
-absl::Status CudaDecoder::Rewind(int64_t n) {
-  if (n < 0 || n > n_past_) return absl::InvalidArgumentError(absl::StrCat("cannot rewind to ", n));
-  n_past_ = n;  // later positions are overwritten before attention reads them
-  return absl::OkStatus();
 }
 
 }  // namespace dpl::runtime

@@ -1,28 +1,38 @@
 // The CUDA device: a .dpl model on one GPU. Weights are one device
 // allocation (DeviceWeights); every activation buffer, the f16 KV cache and
-// the kernels' scratch are one more, carved from one size table at load. A
-// decode step is captured once as a CUDA graph and replayed for every token:
-// the token and position live in device memory, so nothing is re-captured
-// as the context grows.
+// the kernels' scratch are one more, carved from one size table at load.
 //
-// One step, top to bottom (llama / qwen2 / qwen3):
+// Sequences: the cache holds n_seq regions of n_ctx positions (a server's
+// slots; 1 for dpl-run). A decode step runs B rows, row r one token of
+// sequence row_seq[r], and is captured at load as one CUDA graph per batch
+// size bucket (1, 2, 4, ... up to n_seq) and replayed for every token: the
+// rows' tokens, positions, sampling parameters and sampler states live in
+// device memory (kernels/step), so nothing is re-captured as contexts grow,
+// requests come and go or their parameters change. A step of k active
+// sequences takes the smallest bucket >= k; its other rows are padding.
+//
+// One step, top to bottom (llama / qwen2 / qwen3), for the B rows at once:
 //   x = embed(token)
 //   per layer:  h = rmsnorm(x) * attn_norm                (fused with h's int8 quantization)
 //               q, k, v = Wq h + bq, Wk h + bk, Wv h + bv  (one launch per weight kernel)
 //               qwen3: q, k = per-head rmsnorm(q) * q_norm, rmsnorm(k) * k_norm
-//               rope(q, k, pos); cache[pos] = (k, v)     (one launch, norms included)
-//               a = attention(q, cache[0..pos])          (sliding window: cache[pos-W+1..pos])
+//               rope(q, k, pos); cache[seq][pos] = (k, v) (one launch, norms included)
+//               a = attention(q, cache[seq][0..pos])     (sliding window: cache[seq][pos-W+1..pos])
 //               x = Wo a + x
 //               h = rmsnorm(x) * ffn_norm
 //               g, u = Wgate h, Wup h                    (one launch)
 //               x = Wdown (silu(g) * u) + x              (SwiGLU fused with quantization)
 //   logits = Wout (rmsnorm(x) * output_norm)
-// Prompts run the same math over chunks of up to `max_batch` tokens: from
-// tuning.gemm_min_tokens tokens on, each matrix product dequantizes W to f16
-// and multiplies on tensor cores (cuBLAS, kernels/gemm), RoPE and the KV write
-// are one launch for the chunk and attention is one causal flash-attention
-// launch (kernels/attention/prompt_attention.h). Fewer tokens take the dp4a
-// matvec in token tiles (MatVecPlan::prompt).
+//   token = sample(logits) per row, with its sequence's parameters
+// Every weight is read once per step for all rows: below
+// tuning.gemm_min_tokens rows the dp4a matvec runs them as token tiles,
+// from it on each product is dequantize-to-f16 + a cuBLAS GEMM.
+// Prompts run the same math over chunks of up to `max_batch` tokens of one
+// sequence: from tuning.gemm_min_tokens tokens on on tensor cores (cuBLAS,
+// kernels/gemm), RoPE and the KV write are one launch for the chunk and
+// attention is one causal flash-attention launch
+// (kernels/attention/prompt_attention.h). Fewer tokens take the dp4a matvec
+// in token tiles (MatVecPlan::prompt).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,7 +64,10 @@ namespace dpl::runtime {
 inline constexpr int64_t kMaxContext = int64_t{1} << 24;
 
 struct CudaDecoderOptions {
-  int64_t n_ctx = 4096;   // KV cache positions (0: the model's context length)
+  int64_t n_ctx = 4096;   // KV cache positions per sequence (0: the model's context length)
+  // Sequences with their own cache region (the server's -np): batched steps
+  // of up to n_seq rows, a graph per bucket captured at load.
+  int n_seq = 1;
   int max_batch = 2048;   // prompt chunk: tokens per forward pass (llama.cpp's -ub)
   // Debugging: run every step eagerly instead of replaying the graph (dpl-run
   // sets it from DPL_EAGER=1). Same bits either way.
@@ -85,12 +98,15 @@ class CudaDecoder : public generate::Decoder {
   static absl::StatusOr<std::unique_ptr<CudaDecoder>> Create(const std::string& path,
                                                              const CudaDecoderOptions& options);
 
+  // generate::Decoder: one conversation, sequence 0.
   int32_t n_vocab() const override { return static_cast<int32_t>(hp_.n_vocab); }
   int64_t n_ctx() const override { return n_ctx_; }
-  int64_t n_past() const override { return n_past_; }
+  int64_t n_past() const override { return n_past_[0]; }
   absl::Status Eval(absl::Span<const int32_t> tokens, std::vector<float>* last,
-                    std::vector<float>* all) override;
-  absl::Status Rewind(int64_t n) override;
+                    std::vector<float>* all) override {
+    return EvalSeq(0, tokens, last, all);
+  }
+  absl::Status Rewind(int64_t n) override { return RewindSeq(0, n); }
   std::string LoadReport() const override;
   std::vector<std::pair<std::string, double>> LoadStages() const override;
   bool samples_on_device() const override { return true; }
@@ -98,17 +114,32 @@ class CudaDecoder : public generate::Decoder {
                           int32_t max_tokens,
                           const std::function<bool(int32_t)>& on_token) override;
 
-  // Token at a time (the server's engine, which interleaves requests
-  // between tokens): after Eval() of a prompt, BeginSampling samples the
-  // first token from its last logits (`history`: the ids so far, for the
-  // repetition penalty); each NextToken() then runs the pending token
-  // through the step graph and samples the next one, which stays pending
-  // (n_past() counts the tokens run). The draws start over (RNG counter 0),
-  // so a seed repeats its tokens whatever ran before; SampleLoop carries the
-  // counter on instead (one conversation). One host round trip per token,
-  // where SampleLoop overlaps the host's wait with the next step.
-  absl::StatusOr<int32_t> BeginSampling(const generate::SamplerParams& params,
+  // Many sequences (the server's engine). seq is in [0, n_seq()).
+  int n_seq() const { return static_cast<int>(n_past_.size()); }
+  int64_t n_past(int seq) const { return n_past_[seq]; }
+  // Runs `tokens` at the sequence's next positions (a prompt, or a chunk of
+  // one); `last` / `all` as Eval.
+  absl::Status EvalSeq(int seq, absl::Span<const int32_t> tokens, std::vector<float>* last,
+                       std::vector<float>* all);
+  absl::Status RewindSeq(int seq, int64_t n);
+  // After EvalSeq of a prompt: samples the sequence's first token from the
+  // prompt's last logits with `params` (`history`: the ids so far, for the
+  // repetition penalty) and keeps it pending; from then on each StepSeqs
+  // that names the sequence runs its pending token and samples the next.
+  // The draws start over (RNG counter 0), so a seed repeats its tokens
+  // whatever ran before; SampleLoop carries the counter on instead (one
+  // conversation).
+  absl::StatusOr<int32_t> BeginSampling(int seq, const generate::SamplerParams& params,
                                         absl::Span<const int32_t> history);
+  // One batched decode step of the distinct sequences `seqs` (each with a
+  // pending token and a free position): next[i] = seqs[i]'s new token (also
+  // pending now). One graph replay and one host round trip for all of them.
+  absl::Status StepSeqs(absl::Span<const int> seqs, absl::Span<int32_t> next);
+  // The single-sequence forms (sequence 0).
+  absl::StatusOr<int32_t> BeginSampling(const generate::SamplerParams& params,
+                                        absl::Span<const int32_t> history) {
+    return BeginSampling(0, params, history);
+  }
   absl::StatusOr<int32_t> NextToken();
 
   const model::Hparams& hparams() const { return hp_; }
@@ -118,10 +149,15 @@ class CudaDecoder : public generate::Decoder {
   // table, which is read one row per token unless it is also the lm head).
   uint64_t weight_bytes_per_token() const { return bytes_per_token_; }
   bool uses_graph() const { return !eager_; }
-  // Benchmarking: replays the step graph n times back to back from position
-  // n_past() (feeding the token last written to the device), with one sync
-  // at the end; returns the seconds between events around the replays.
-  absl::StatusOr<double> TimeDecodeSteps(int n);
+  // The batch sizes a step graph exists for (ascending, the last >= n_seq).
+  std::vector<int> step_buckets() const;
+  // Benchmarking: replays the forward-only step graph of sequences
+  // 0..batch-1 (batch <= n_seq) n times back to back from their n_past()
+  // (each feeding the token last written for it, nothing sampled), with one
+  // sync at the end; returns the seconds between events around the replays.
+  // The graph of a batch above 1 is captured on first use, outside the
+  // timing.
+  absl::StatusOr<double> TimeDecodeSteps(int n, int batch = 1);
 
  private:
   // A weight matrix and how its matvec launches (planned once at load).
@@ -142,11 +178,22 @@ class CudaDecoder : public generate::Decoder {
     const float* bv = nullptr;         // (kv_dim) or null
     const float* bo = nullptr;         // (n_embd) or null
   };
+  // A decode step of `batch` rows: its attention plan (the rows share one
+  // wave of split blocks) and graphs.
+  struct Bucket {
+    int batch = 0;
+    kernels::DecodeAttentionPlan attn;
+    kernels::GraphExec generate;  // gather, forward, sample, finish (captured at load)
+    kernels::GraphExec forward;   // gather, forward, finish without sampling (1: at load; others on demand)
+  };
   // Device buffers of a forward pass, carved from one allocation (Allocate).
-  // T = max_batch.
+  // T = max(max_batch, n_seq) rows; S = n_seq.
   struct Buffers {
-    int* tokens = nullptr;       // (T) token ids of the current pass
+    int* tokens = nullptr;       // (T) token ids of the current pass (a step: the rows' sampled ids after it)
     int* positions = nullptr;    // (T) their positions
+    int* row_seq = nullptr;      // (S) a step's row -> sequence (< 0: padding), written by the host
+    int* seq_token = nullptr;    // (S) each sequence's pending token
+    int* seq_pos = nullptr;      // (S) each sequence's next position
     double* inv_freq = nullptr;  // (n_rot / 2) RoPE frequencies
     float* x = nullptr;          // (T, n_embd) residual stream
     float* h = nullptr;          // (T, n_embd) normed input of a block
@@ -159,11 +206,13 @@ class CudaDecoder : public generate::Decoder {
     float* logits = nullptr;     // (logit_rows_, n_vocab)
     uint16_t* x_f16 = nullptr;   // (T, max width) f16 activations of the tensor-core path
     uint16_t* w_f16 = nullptr;   // (w_f16_elems_) f16 weight rows of the tensor-core path
-    float* attn_ws = nullptr;    // (attn_plan_.workspace_floats)
-    uint16_t* kv = nullptr;      // kv_layout_: per layer K then V, f16
-    kernels::SamplerState* sampler = nullptr;  // (1), zeroed once: the RNG counter persists
-    void* sampling_ws = nullptr;               // (SamplingWorkspaceBytes()) bytes
-    kernels::MatVecScratch qx;                 // int8 activations (T, max width)
+    float* attn_ws = nullptr;    // (max over buckets of attn.workspace_floats)
+    uint16_t* kv = nullptr;      // kv_layout_: per layer K then V, (S, n_kv_head, n_ctx, head_dim) f16
+    kernels::SamplingParams* params = nullptr;  // (S) each sequence's sampling parameters
+    kernels::SamplerState* sampler = nullptr;   // (S), zeroed once: RNG counters persist
+    int* rings = nullptr;                       // (S, ring_stride_) repetition-penalty rings
+    void* sampling_ws = nullptr;                // (SamplingWorkspaceBytes(S)) bytes
+    kernels::MatVecScratch qx;                  // int8 activations (T, max width)
   };
 
   CudaDecoder() = default;
@@ -171,44 +220,54 @@ class CudaDecoder : public generate::Decoder {
   absl::Status BindWeights(const model::ModelDesc& desc);
   absl::Status Allocate();
   absl::Status InitRope(const model::ModelDesc& desc);
-  // Enqueues the forward pass of the n tokens in buf_.tokens at
-  // buf_.positions (first_pos, first_pos + 1, ... when n > 1; a single
-  // token's position is read on the device, so the step graph serves every
-  // position); logits of the last token (all_logits: of every token) land
-  // in buf_.logits.
-  absl::Status EnqueueForward(int n, int first_pos, bool all_logits);
-  // One decode step of the token in buf_.tokens[0] at buf_.positions[0]:
-  // the forward pass, then (with `sample`) the next token sampled into
-  // buf_.tokens[0], then the position advanced. What the step graph and the
-  // generation graph capture, and what eager mode runs.
-  absl::Status EnqueueStep(const kernels::SamplingParams* sample);
-  absl::Status RunChunk(absl::Span<const int32_t> tokens, bool all_logits);
-  // The generation graph for these sampling parameters (kernel arguments,
-  // so a change of parameters re-captures).
-  absl::Status PrepareGenerationGraph(const kernels::SamplingParams& params);
-  // Launches the generation step: its graph, or eagerly.
-  absl::Status LaunchGenerationStep(const kernels::SamplingParams& params);
-  // SampleLoop's and BeginSampling's start: the generation graph for
-  // `params` (repeat_last_n normalized into *p), the penalty ring from
-  // `history`, the RNG counter reset (restart_draws), the position, and the
-  // first token sampled into
-  // buf_.tokens and h_tokens_[0] (token_ready_[0] recorded).
-  absl::Status StartSampling(const generate::SamplerParams& params,
-                             absl::Span<const int32_t> history, bool restart_draws,
-                             kernels::SamplingParams* p);
+  absl::Status CheckSeq(int seq) const;
+  // Enqueues a forward pass of the n rows in buf_.tokens at buf_.positions
+  // (device memory), in one of two shapes:
+  //   step != null: a decode step, n = step->batch rows, row r one token of
+  //     sequence buf_.row_seq[r]; every row's logits land in buf_.logits.
+  //   step == null: n consecutive tokens of sequence `seq` at first_pos,
+  //     first_pos + 1, ...; the last token's logits (all_logits: every
+  //     token's) land in buf_.logits.
+  absl::Status EnqueueForward(int n, const Bucket* step, int first_pos, int seq, bool all_logits);
+  // One decode step of `bucket`: the rows gathered from their sequences, the
+  // forward pass, (with `sample`) each live row's next token sampled into
+  // buf_.tokens, then the sequences moved on (FinishStepRows). What the step
+  // graphs capture, and what eager mode runs.
+  absl::Status EnqueueStep(const Bucket& bucket, bool sample);
+  // Launches bucket's generation step (its graph, or eagerly).
+  absl::Status LaunchGenerationStep(const Bucket& bucket);
+  // The smallest bucket of at least n rows.
+  const Bucket& BucketFor(int n) const;
+  // Writes h_rows_[0..n) (then -1 up to bucket.batch) to buf_.row_seq.
+  absl::Status UploadRows(const Bucket& bucket, int n);
+  absl::Status RunChunk(int seq, absl::Span<const int32_t> tokens, bool all_logits);
+  // BeginSampling's and SampleLoop's start: the sequence's parameters
+  // (repeat_last_n normalized), penalty ring from `history` and position,
+  // the RNG counter reset (restart_draws), and the first token sampled from
+  // the prompt's last logits into seq_token[seq] and h_tokens_[0]
+  // (token_ready_[0] recorded).
+  absl::Status StartSampling(int seq, const generate::SamplerParams& params,
+                             absl::Span<const int32_t> history, bool restart_draws);
 
   std::unique_ptr<DeviceWeights> weights_;
   std::shared_ptr<formats::ModelFile> index_;  // metadata and tensor table
   model::Hparams hp_;
   kernels::DecodeTuning tuning_;
   int64_t n_ctx_ = 0;
-  int64_t n_past_ = 0;
+  std::vector<int64_t> n_past_;  // (n_seq) positions each sequence's region holds
+  std::vector<bool> sampling_;   // (n_seq) a sampled token is pending (BeginSampling ran)
   int max_batch_ = 0;
   // Rows of buf_.logits: Eval asked for every token's logits runs chunks of
   // at most this many tokens (a 2048-token chunk's logits would take 1.2 GB
-  // for a 152k vocabulary; one row is all a prompt needs otherwise).
+  // for a 152k vocabulary; one row is all a prompt needs otherwise); a step
+  // needs one per row.
   static constexpr int kMaxLogitRows = 512;
   int logit_rows_ = 0;
+  int last_logits_row_ = 0;  // the row of the last EvalSeq's last logits
+  // Penalty ring slots per sequence: repeat_last_n beyond it looks back over
+  // the last ring_stride_ tokens only (min(n_ctx, kMaxRing)).
+  static constexpr int kMaxRing = 8192;
+  int ring_stride_ = 0;
   bool eager_ = false;
   uint64_t bytes_per_token_ = 0;
   CudaMemoryReport report_;
@@ -219,10 +278,10 @@ class CudaDecoder : public generate::Decoder {
   std::vector<Layer> layers_;
   kernels::RopeKvShape rope_shape_;
   kernels::KvCacheLayout kv_layout_;
-  kernels::DecodeAttentionPlan attn_plan_;
   kernels::PromptAttentionShape prompt_attn_;
-  // Tensor-core path for chunks of >= tuning_.gemm_min_tokens tokens (unset
-  // when max_batch is below that): the cuBLAS handle and the f16 weight
+  std::vector<Bucket> buckets_;  // ascending batch
+  // Tensor-core path for products of >= tuning_.gemm_min_tokens rows (unset
+  // when no pass has that many): the cuBLAS handle and the f16 weight
   // scratch size (the largest layer matrix; bigger ones go in row blocks).
   std::optional<kernels::PromptGemm> gemm_;
   int64_t w_f16_elems_ = 0;
@@ -230,14 +289,11 @@ class CudaDecoder : public generate::Decoder {
   kernels::Stream stream_;
   kernels::DeviceBuffer<uint8_t> arena_;  // every buffer of buf_
   Buffers buf_;
-  kernels::GraphExec step_graph_;
 
-  // On-device sampling.
-  kernels::DeviceBuffer<int> ring_;            // (repeat_last_n) recent tokens
-  kernels::PinnedBuffer<int> h_tokens_;        // (2) sampled ids read by the host
+  kernels::PinnedBuffer<int> h_rows_;    // (n_seq) a step's row -> sequence, staged for upload
+  kernels::PinnedBuffer<int> h_tokens_;  // (max(2, n_seq)) sampled ids read by the host
+  kernels::PinnedBuffer<kernels::SamplingParams> h_params_;  // (1) staged for upload
   kernels::Event token_ready_[2];
-  std::optional<kernels::SamplingParams> gen_params_;  // what gen_graph_ samples with
-  kernels::GraphExec gen_graph_;
 };
 
 }  // namespace dpl::runtime
