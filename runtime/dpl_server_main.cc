@@ -42,7 +42,7 @@ void AddFlags(cxxopts::Options& options) {
       ("queue", "requests that may wait for a slot; one more gets 503",
        cxxopts::value<int>()->default_value("64"))
       ("api-key", "require Authorization: Bearer KEY (all but /health)", cxxopts::value<std::string>())
-      ("device", "cuda (one slot until the batched GPU step lands: -np 1) or cpu (the float64 reference)",
+      ("device", "cuda (all slots decode in one batched step) or cpu (the float64 reference)",
        cxxopts::value<std::string>()->default_value("cuda"))
       ("t,threads", "CPU threads (0: all)", cxxopts::value<int>()->default_value("0"))
       ("chat-template",
@@ -68,11 +68,6 @@ absl::Status CheckFlags(const cxxopts::ParseResult& args) {
     DPL_RETURN_IF_ERROR(dpl::tokenizer::ChatTemplate::FromName(name).status());
   }
   const std::string device = args["device"].as<std::string>();
-  if (device == "cuda" && args["parallel"].as<int>() != 1) {
-    return absl::UnimplementedError(
-        "--device cuda decodes one sequence at a time: -np must be 1 (the batched GPU step of "
-        "issue 12 is not built yet; --device cpu takes any -np)");
-  }
   if (device != "cpu" && device != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("unknown device '", device, "' (expected cuda or cpu)"));
   }
@@ -80,8 +75,8 @@ absl::Status CheckFlags(const cxxopts::ParseResult& args) {
 }
 
 // The model, its tokenizer and chat template, on the chosen device: cpu, every
-// slot a reference model over one mapping; cuda, the runtime's decode graph
-// (one slot).
+// slot a reference model over one mapping; cuda, the runtime's decoder with one
+// KV cache region per slot and a step graph per batch-size bucket.
 absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& args) {
   const std::string path = args["model"].as<std::string>();
   const bool cuda = args["device"].as<std::string>() == "cuda";
@@ -101,6 +96,7 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
   if (cuda) {
     dpl::runtime::CudaDecoderOptions co;
     co.n_ctx = args["ctx-size"].as<int64_t>();
+    co.n_seq = args["parallel"].as<int>();
     co.index = file;
     DPL_ASSIGN_OR_RETURN(m.engine, dpl::server::CudaEngine::Load(path, co));
     return m;

@@ -5,17 +5,6 @@
 #include "runtime/generate/generate.h"
 
 namespace dpl::server {
-namespace {
-
-absl::Status CheckSlot(int slot) {
-  if (slot != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slot ", slot, " is outside [0, 1) (the GPU engine has one slot)"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Load(
     const std::string& path, const runtime::CudaDecoderOptions& options) {
@@ -24,18 +13,28 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Load(
   return std::unique_ptr<CudaEngine>(new CudaEngine(std::move(d)));
 }
 
+CudaEngine::CudaEngine(std::unique_ptr<runtime::CudaDecoder> d)
+    : decoder_(std::move(d)), prompts_(decoder_->n_seq()) {}
+
+absl::Status CudaEngine::CheckSlot(int slot) const {
+  if (slot < 0 || slot >= n_slots()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, " is outside [0, ", n_slots(), ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int32_t> CudaEngine::Prefill(int slot, absl::Span<const int32_t> tokens, bool last,
                                             const SamplerParams& params) {
   DPL_RETURN_IF_ERROR(CheckSlot(slot));
   if (tokens.empty()) return absl::InvalidArgumentError("Prefill: no tokens");
-  // Eval checks the ids and the room left in the context.
-  DPL_RETURN_IF_ERROR(decoder_->Eval(tokens, last ? &logits_ : nullptr, nullptr));
-  prompt_.insert(prompt_.end(), tokens.begin(), tokens.end());
+  // EvalSeq checks the ids and the room left in the slot's context.
+  DPL_RETURN_IF_ERROR(decoder_->EvalSeq(slot, tokens, last ? &logits_ : nullptr, nullptr));
+  std::vector<int32_t>& prompt = prompts_[slot];
+  prompt.insert(prompt.end(), tokens.begin(), tokens.end());
   if (!last) return -1;
-  DPL_RETURN_IF_ERROR(generate::CheckFinite(logits_, decoder_->n_past() - 1));
-  DPL_ASSIGN_OR_RETURN(const int32_t first, decoder_->BeginSampling(params, prompt_));
-  pending_ = true;
-  return first;
+  DPL_RETURN_IF_ERROR(generate::CheckFinite(logits_, decoder_->n_past(slot) - 1));
+  return decoder_->BeginSampling(slot, params, prompt);
 }
 
 absl::Status CudaEngine::Step(absl::Span<const int> slots, absl::Span<int32_t> next) {
@@ -44,20 +43,19 @@ absl::Status CudaEngine::Step(absl::Span<const int> slots, absl::Span<int32_t> n
                                                    next.size(), " outputs"));
   }
   if (slots.empty()) return absl::OkStatus();
-  if (slots.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("Step: ", slots.size(), " slots, the GPU engine has one"));
-  }
-  DPL_RETURN_IF_ERROR(CheckSlot(slots[0]));
-  if (!pending_) return absl::FailedPreconditionError("Step: slot 0 has no pending token");
-  DPL_ASSIGN_OR_RETURN(next[0], decoder_->NextToken());
-  return absl::OkStatus();
+  // StepSeqs checks the slots: in range, distinct, each with a pending token
+  // and a free position.
+  return decoder_->StepSeqs(slots, next);
+}
+
+int64_t CudaEngine::n_past(int slot) const {
+  return CheckSlot(slot).ok() ? decoder_->n_past(slot) : 0;
 }
 
 void CudaEngine::Release(int slot) {
   if (!CheckSlot(slot).ok()) return;
-  decoder_->Rewind(0).IgnoreError();  // 0 <= n_past always
-  prompt_.clear();
-  pending_ = false;
+  decoder_->RewindSeq(slot, 0).IgnoreError();  // 0 <= n_past always
+  prompts_[slot].clear();
 }
 
 }  // namespace dpl::server
