@@ -688,6 +688,16 @@ absl::Status CudaDecoder::StepSeqs(absl::Span<const int> seqs, absl::Span<int32_
   return absl::OkStatus();
 }
 
+absl::Status CudaDecoder::StepLogits(int i, std::vector<float>* out) const {
+  if (i < 0 || i >= logit_rows_) {
+    return absl::InvalidArgumentError(absl::StrCat("logits row ", i, " out of range"));
+  }
+  out->resize(hp_.n_vocab);
+  DPL_CUDA_CHECK(cudaMemcpy(out->data(), buf_.logits + static_cast<int64_t>(i) * hp_.n_vocab,
+                            hp_.n_vocab * sizeof(float), cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int32_t> CudaDecoder::NextToken() {
   const int seq = 0;
   int32_t token = 0;

@@ -135,6 +135,9 @@ class CudaDecoder : public generate::Decoder {
   // pending token and a free position): next[i] = seqs[i]'s new token (also
   // pending now). One graph replay and one host round trip for all of them.
   absl::Status StepSeqs(absl::Span<const int> seqs, absl::Span<int32_t> next);
+  // Tests and debugging: the logits row i of the last StepSeqs (seqs[i]'s)
+  // was sampled from, as long as nothing has run since.
+  absl::Status StepLogits(int i, std::vector<float>* out) const;
   // The single-sequence forms (sequence 0).
   absl::StatusOr<int32_t> BeginSampling(const generate::SamplerParams& params,
                                         absl::Span<const int32_t> history) {

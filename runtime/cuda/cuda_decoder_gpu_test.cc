@@ -5,7 +5,8 @@
 //     DPL_TEST_BIG_MODEL (a .dpl; e.g. a 7B-shaped dpl-synth model);
 //   - a batched prompt pass matches token-by-token decoding;
 //   - prompts on tensor cores, in one chunk or several, follow the reference
-//     at every position.
+//     at every position;
+//   - batched steps of many sequences follow the single-sequence step.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -403,6 +404,141 @@ TEST_CASE("the sampling loop stops where the caller says and keeps the cache con
   REQUIRE((*d)->SampleLoop(greedy, prompt, -1, [&](int32_t) { return ++seen < 7; }).ok());
   CHECK(seen == 7);
   CHECK((*d)->n_past() == 5 + 7);  // 6 accepted tokens + the refused one, all fed
+}
+
+}  // namespace
+}  // namespace dpl::runtime
+
+namespace dpl::runtime {
+namespace {
+
+// Batched decode steps against the single-sequence step. Twelve sequences
+// with prompts of different lengths start together; the active set then
+// shrinks and shifts, so steps run in every bucket (12 and 8 on tensor
+// cores, 4 and 1 on the dp4a matvec), with padding rows, and sequences sit
+// out steps while others go on. Every row's logits are compared with a
+// one-sequence decoder fed the same tokens at the same positions: on the
+// dp4a buckets only the attention splits differ (their count follows the
+// batch), on the tensor-core buckets f16 products replace the int8 ones
+// (the prompt path's 4% gate). Each row's token is the argmax of its logits.
+TEST_CASE("a batched step of many sequences follows the single-sequence step, every bucket") {
+  const std::string path = MakeDpl("small-qwen2");
+  const int kSeqs = 12;
+  CudaDecoderOptions bo;
+  bo.n_ctx = 128;
+  bo.n_seq = kSeqs;
+  auto batched = CudaDecoder::Create(path, bo);
+  REQUIRE_MESSAGE(batched.ok(), batched.status().ToString());
+  CudaDecoder& B = **batched;
+  CHECK(B.step_buckets() == std::vector<int>{1, 2, 4, 8, 12});
+  const int gemm_min = B.tuning().gemm_min_tokens;
+  REQUIRE(gemm_min > 4);
+  REQUIRE(gemm_min <= 8);
+  CudaDecoderOptions so;
+  so.n_ctx = 128;
+  auto single = CudaDecoder::Create(path, so);
+  REQUIRE(single.ok());
+  CudaDecoder& A = **single;
+  const int V = B.n_vocab();
+
+  std::vector<std::vector<int32_t>> seq_tokens(kSeqs);  // prompt, then every fed token
+  generate::SamplerParams greedy;
+  greedy.temperature = 0;
+  for (int s = 0; s < kSeqs; ++s) {
+    const std::vector<int32_t> all = Tokens(40, V);
+    seq_tokens[s].assign(all.begin() + s, all.begin() + s + 3 + s);  // 3..14 tokens
+    REQUIRE(B.EvalSeq(s, seq_tokens[s], nullptr, nullptr).ok());
+    auto first = B.BeginSampling(s, greedy, seq_tokens[s]);
+    REQUIRE(first.ok());
+    seq_tokens[s].push_back(*first);
+  }
+  // The schedule: which sequences step, for how many steps.
+  const std::vector<std::pair<std::vector<int>, int>> schedule = {
+      {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 3},  // bucket 12
+      {{0, 2, 4, 6, 8, 10, 11}, 3},                 // bucket 8, one padding row
+      {{1, 5, 9}, 3},                               // bucket 4, one padding row
+      {{11, 3}, 2},                                 // bucket 2, out of order
+      {{7}, 2},                                     // bucket 1
+  };
+  // Per sequence, the step logits in order, to check against A afterwards.
+  std::vector<std::vector<std::vector<float>>> step_logits(kSeqs);
+  std::vector<std::vector<int>> step_bucket(kSeqs);
+  for (const auto& [seqs, steps] : schedule) {
+    int bucket = 0;
+    for (int b : B.step_buckets()) {
+      if (bucket == 0 && b >= static_cast<int>(seqs.size())) bucket = b;
+    }
+    for (int i = 0; i < steps; ++i) {
+      std::vector<int32_t> next(seqs.size());
+      const absl::Status st = B.StepSeqs(seqs, absl::MakeSpan(next));
+      REQUIRE_MESSAGE(st.ok(), st.ToString());
+      for (size_t r = 0; r < seqs.size(); ++r) {
+        std::vector<float> row;
+        REQUIRE(B.StepLogits(static_cast<int>(r), &row).ok());
+        CHECK(next[r] == std::max_element(row.begin(), row.end()) - row.begin());
+        step_logits[seqs[r]].push_back(std::move(row));
+        step_bucket[seqs[r]].push_back(bucket);
+        seq_tokens[seqs[r]].push_back(next[r]);
+      }
+    }
+  }
+  double worst_dp4a = 0, worst_tc = 0;
+  for (int s = 0; s < kSeqs; ++s) {
+    const size_t n_steps = step_logits[s].size();
+    REQUIRE(n_steps > 0);
+    CHECK(B.n_past(s) == static_cast<int64_t>(seq_tokens[s].size() - 1));
+    // A: the prompt (same single chunk as B's), then each fed token alone.
+    const size_t prompt = seq_tokens[s].size() - 1 - n_steps;
+    REQUIRE(A.Rewind(0).ok());
+    REQUIRE(A.Eval(absl::MakeConstSpan(seq_tokens[s]).subspan(0, prompt), nullptr, nullptr).ok());
+    for (size_t i = 0; i < n_steps; ++i) {
+      std::vector<float> want;
+      REQUIRE(A.Eval(absl::MakeConstSpan(&seq_tokens[s][prompt + i], 1), &want, nullptr).ok());
+      const double e = RelRms(step_logits[s][i], want);
+      double& worst = step_bucket[s][i] >= gemm_min ? worst_tc : worst_dp4a;
+      worst = std::max(worst, e);
+    }
+  }
+  std::printf("batched steps vs the single-sequence step, worst relative RMS of a row's logits: "
+              "dp4a buckets %.2e, tensor-core buckets %.2e\n",
+              worst_dp4a, worst_tc);
+  CHECK(worst_dp4a < 1e-4);
+  CHECK(worst_tc < 0.04);
+}
+
+TEST_CASE("batched steps refuse bad sequence sets") {
+  const std::string path = MakeDpl("small-llama");
+  CudaDecoderOptions o;
+  o.n_ctx = 8;
+  o.n_seq = 3;
+  auto d = CudaDecoder::Create(path, o);
+  REQUIRE(d.ok());
+  CudaDecoder& D = **d;
+  CHECK(D.step_buckets() == std::vector<int>{1, 2, 3});
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  generate::SamplerParams greedy;
+  greedy.temperature = 0;
+  for (int s : {0, 1}) {
+    REQUIRE(D.EvalSeq(s, prompt, nullptr, nullptr).ok());
+    REQUIRE(D.BeginSampling(s, greedy, prompt).ok());
+  }
+  std::vector<int32_t> next(4);
+  CHECK(!D.StepSeqs({}, absl::MakeSpan(next).subspan(0, 0)).ok());
+  CHECK(!D.StepSeqs({0, 0}, absl::MakeSpan(next).subspan(0, 2)).ok());     // twice
+  CHECK(!D.StepSeqs({0, 3}, absl::MakeSpan(next).subspan(0, 2)).ok());     // out of range
+  CHECK(!D.StepSeqs({0, 2}, absl::MakeSpan(next).subspan(0, 2)).ok());     // 2 never started
+  CHECK(!D.StepSeqs({0, 1, 2, 0}, absl::MakeSpan(next)).ok());             // more than n_seq
+  CHECK(!D.StepSeqs({0, 1}, absl::MakeSpan(next).subspan(0, 1)).ok());     // outputs
+  CHECK(!D.EvalSeq(3, prompt, nullptr, nullptr).ok());
+  // Sequence 1 fills its context (8 positions: 3 + 5 steps) while 0 stays.
+  for (int i = 0; i < 5; ++i) REQUIRE(D.StepSeqs({1}, absl::MakeSpan(next).subspan(0, 1)).ok());
+  CHECK(!D.StepSeqs({0, 1}, absl::MakeSpan(next).subspan(0, 2)).ok());
+  CHECK(D.n_past(0) == 3);
+  REQUIRE(D.StepSeqs({0}, absl::MakeSpan(next).subspan(0, 1)).ok());
+  CHECK(D.n_past(0) == 4);
+  // Rewinding drops the pending token: a step needs BeginSampling again.
+  REQUIRE(D.RewindSeq(1, 3).ok());
+  CHECK(!D.StepSeqs({1}, absl::MakeSpan(next).subspan(0, 1)).ok());
 }
 
 }  // namespace
