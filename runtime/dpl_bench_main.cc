@@ -1,11 +1,16 @@
 // dpl-bench: llama-bench's shape for the CUDA runtime.
 //   dpl-bench -m MODEL.dpl [-p 512] [-n 128] [-d 0,3254] [-r 3] [-ub 2048] [-o md|json]
+//             [-npl 1,4,16,64 [-npp 128]]
 // Rows, per depth D as llama-bench orders them: ppP (a P-token prompt, in
 // chunks of -ub tokens, from an empty cache), tgN (N decode steps, graph
 // replays back to back), and ppP @ dD / tgN @ dD (the same after a D-token
-// prompt, which is not timed). Each row: mean and standard deviation of tokens/s over -r runs,
-// plus the fraction of the HBM roofline: (weight bytes read per token /
-// read bandwidth measured in this run) over the measured time per token.
+// prompt, which is not timed). With -npl, batched rows as
+// llama-batched-bench counts S_TG: for each B, B sequences each hold an
+// -npp-token prompt (not timed), then N steps decode all B together;
+// tgN xB is B * N tokens over the steps' time (aggregate t/s).
+// Each row: mean and standard deviation of tokens/s over -r runs, plus the
+// fraction of the HBM roofline: (weight bytes read per step / read bandwidth
+// measured in this run) over the measured time per step.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -34,6 +39,7 @@ struct Row {
   std::string test;
   std::vector<double> tps;  // tokens/s per repetition
   bool decode = false;      // roofline applies to decode rows
+  int batch = 1;            // sequences per step (tokens/s counts all of them)
 };
 
 std::pair<double, double> MeanStd(const std::vector<double>& v) {
@@ -87,6 +93,27 @@ absl::StatusOr<std::vector<Row>> MeasureRows(dpl::runtime::CudaDecoder& dec, int
   return rows;
 }
 
+// Per B in `batches`: B sequences each get an n_prompt-token prompt, then
+// n_gen steps decode all of them at once (dec has n_seq >= max B).
+absl::StatusOr<std::vector<Row>> MeasureBatchedRows(dpl::runtime::CudaDecoder& dec, int n_prompt,
+                                                    int n_gen, const std::vector<int>& batches,
+                                                    int reps) {
+  std::vector<Row> rows;
+  for (int batch : batches) {
+    Row row{absl::StrCat("tg", n_gen, " x", batch, " (pp", n_prompt, ")"), {}, true, batch};
+    for (int r = 0; r <= reps; ++r) {
+      for (int seq = 0; seq < batch; ++seq) {
+        DPL_RETURN_IF_ERROR(dec.RewindSeq(seq, 0));
+        DPL_RETURN_IF_ERROR(dec.EvalSeq(seq, Tokens(n_prompt, r * 1000 + seq, dec.n_vocab()), nullptr, nullptr));
+      }
+      DPL_ASSIGN_OR_RETURN(const double sec, dec.TimeDecodeSteps(n_gen, batch));
+      if (r > 0) row.tps.push_back(static_cast<double>(batch) * n_gen / sec);
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
 void PrintRows(const std::string& format, const std::string& path, dpl::runtime::CudaDecoder& dec,
                double bw, const std::vector<Row>& rows) {
   const double roof_tps = bw / dec.weight_bytes_per_token();
@@ -100,7 +127,7 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
       const auto [m, sd] = MeanStd(rows[i].tps);
       std::printf("    {\"test\": \"%s\", \"tokens_per_s\": %.2f, \"stddev\": %.2f%s}%s\n",
                   rows[i].test.c_str(), m, sd,
-                  rows[i].decode ? absl::StrFormat(", \"roofline_fraction\": %.4f", m / roof_tps).c_str() : "",
+                  rows[i].decode ? absl::StrFormat(", \"roofline_fraction\": %.4f", m / rows[i].batch / roof_tps).c_str() : "",
                   i + 1 < rows.size() ? "," : "");
     }
     std::printf("  ]\n}\n");
@@ -119,7 +146,7 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
   for (const Row& r : rows) {
     const auto [m, sd] = MeanStd(r.tps);
     std::printf("| %s | %.2f ± %.2f | %s |\n", r.test.c_str(), m, sd,
-                r.decode ? absl::StrFormat("%.1f%%", 100 * m / roof_tps).c_str() : "");
+                r.decode ? absl::StrFormat("%.1f%%", 100 * m / r.batch / roof_tps).c_str() : "");
   }
 }
 
@@ -153,12 +180,29 @@ absl::Status Bench(const cxxopts::ParseResult& args) {
   const int reps = std::max(1, args["repetitions"].as<int>());
   const std::string format = args["output"].as<std::string>();
   if (format != "md" && format != "json") return absl::InvalidArgumentError("-o must be md or json");
-  std::vector<int> depths;
-  for (absl::string_view d : absl::StrSplit(args["n-depth"].as<std::string>(), ',')) {
-    int v;
-    if (!absl::SimpleAtoi(d, &v) || v < 0) return absl::InvalidArgumentError(absl::StrCat("bad depth '", d, "'"));
-    depths.push_back(v);
+  // A comma-separated list of ints in [lo, hi] ("" : none).
+  auto int_list = [](const std::string& flag, const std::string& text, int lo,
+                     int hi) -> absl::StatusOr<std::vector<int>> {
+    std::vector<int> out;
+    for (absl::string_view d : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+      int v;
+      if (!absl::SimpleAtoi(d, &v) || v < lo || v > hi) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, ": bad value '", d, "' (expected integers in [", lo, ", ", hi, "])"));
+      }
+      out.push_back(v);
+    }
+    return out;
+  };
+  DPL_ASSIGN_OR_RETURN(const std::vector<int> depths,
+                       int_list("-d", args["n-depth"].as<std::string>(), 0, 1 << 24));
+  DPL_ASSIGN_OR_RETURN(const std::vector<int> batches,
+                       int_list("-npl", args["npl"].as<std::string>(), 1, 1024));
+  const int n_batch_prompt = args["npp"].as<int>();
+  if (n_batch_prompt < 1 || n_batch_prompt > 1 << 20) {
+    return absl::InvalidArgumentError(absl::StrCat("-npp ", n_batch_prompt, " is out of range"));
   }
+  if (!batches.empty() && n_gen < 1) return absl::InvalidArgumentError("-npl needs -n >= 1");
   int64_t need = 0;
   for (int d : depths) need = std::max<int64_t>(need, d + std::max(n_prompt, std::max(n_gen, 1)));
   dpl::runtime::CudaDecoderOptions opt;
@@ -169,9 +213,20 @@ absl::Status Bench(const cxxopts::ParseResult& args) {
   }
   DPL_ASSIGN_OR_RETURN(opt.tuning, TuningFromEnv());
   const std::string path = args["model"].as<std::string>();
-  DPL_ASSIGN_OR_RETURN(const auto dec, dpl::runtime::CudaDecoder::Create(path, opt));
+  DPL_ASSIGN_OR_RETURN(auto dec, dpl::runtime::CudaDecoder::Create(path, opt));
   DPL_ASSIGN_OR_RETURN(const double bw, dpl::kernels::MeasureReadBandwidth(4ull << 30, 10));
-  DPL_ASSIGN_OR_RETURN(const std::vector<Row> rows, MeasureRows(*dec, n_prompt, n_gen, depths, reps));
+  DPL_ASSIGN_OR_RETURN(std::vector<Row> rows, MeasureRows(*dec, n_prompt, n_gen, depths, reps));
+  if (!batches.empty()) {
+    // Its own decoder: max(B) cache regions of just the positions a batched
+    // row needs (the depth rows' context times 64 would waste gigabytes).
+    dec.reset();
+    opt.n_seq = *std::max_element(batches.begin(), batches.end());
+    opt.n_ctx = n_batch_prompt + n_gen + 1;
+    DPL_ASSIGN_OR_RETURN(dec, dpl::runtime::CudaDecoder::Create(path, opt));
+    DPL_ASSIGN_OR_RETURN(std::vector<Row> batched,
+                         MeasureBatchedRows(*dec, n_batch_prompt, n_gen, batches, reps));
+    rows.insert(rows.end(), batched.begin(), batched.end());
+  }
   PrintRows(format, path, *dec, bw, rows);
   return absl::OkStatus();
 }
@@ -188,8 +243,13 @@ int main(int argc, char** argv) {
       ("r,repetitions", "runs per row", cxxopts::value<int>()->default_value("3"))
       ("o,output", "md or json", cxxopts::value<std::string>()->default_value("md"))
       ("c,ctx-size", "KV cache positions (0: what the rows need)", cxxopts::value<int64_t>()->default_value("0"))
-      ("ubatch-size", "prompt tokens per forward pass (-ub)", cxxopts::value<int>()->default_value("2048"));
+      ("ubatch-size", "prompt tokens per forward pass (-ub)", cxxopts::value<int>()->default_value("2048"))
+      ("npl", "comma-separated sequence counts for batched tg rows (llama-batched-bench's -npl)",
+       cxxopts::value<std::string>()->default_value(""))
+      ("npp", "prompt tokens per sequence of a batched row", cxxopts::value<int>()->default_value("128"));
   cmd.AddSingleDashAlias("-ub", "ubatch-size");
+  cmd.AddSingleDashAlias("-npl", "npl");
+  cmd.AddSingleDashAlias("-npp", "npp");
   if (!cmd.Parse(argc, argv)) return cmd.exit_code();
   const absl::Status s = Bench(cmd.args());
   return s.ok() ? 0 : cmd.Fail(s);

@@ -5,8 +5,9 @@
 # prompt of exactly PROMPT token ids and exactly GEN generated tokens
 # (ignore_eos), then every stream's time to first token and decode t/s
 # (usage.completion_tokens - 1 over the time from its first to its last
-# chunk), and the aggregate (all generated tokens over the time from the
-# first request to the last answer).
+# chunk), the aggregate (all generated tokens over the time from the first
+# request to the last answer: prompts included) and the decode rate (the
+# sum of the streams' t/s, which counts decoding only).
 #
 #   tools/server_load.sh [--url http://127.0.0.1:8080] [-n 16] [--prompt 128] [--gen 128] [--api-key KEY]
 set -u
@@ -68,8 +69,12 @@ awk -v n="$n" -v gen="$gen" -v dir="$tmp" 'BEGIN {
     if (last > t1) t1 = last
     if (err != "" || toks == 0) { printf "stream %3d: FAILED %s\n", i, err; bad++; continue }
     total += toks
-    printf "stream %3d: ttft %8.1f ms, %4d tokens, %8.2f t/s\n", i, (first - s) * 1e3, toks, (last > first ? (toks - 1) / (last - first) : 0)
+    tps = last > first ? (toks - 1) / (last - first) : 0
+    sum_tps += tps
+    if ((first - s) * 1e3 > max_ttft) max_ttft = (first - s) * 1e3
+    printf "stream %3d: ttft %8.1f ms, %4d tokens, %8.2f t/s\n", i, (first - s) * 1e3, toks, tps
   }
   printf "aggregate: %d streams, %d tokens in %.2f s: %.1f t/s%s\n", n, total, t1 - t0, total / (t1 - t0), bad ? sprintf(" (%d failed)", bad) : ""
+  printf "decode: sum of the streams'"'"' t/s %.1f (%.2f per stream), slowest ttft %.1f ms\n", sum_tps, sum_tps / n, max_ttft
   exit bad > 0
 }'

@@ -553,14 +553,9 @@ absl::StatusOr<double> CudaDecoder::TimeDecodeSteps(int n, int batch) {
                                                 " run past the context of ", n_ctx_));
     }
   }
-  // An exact bucket, so that every timed row is a live one.
-  Bucket* bucket = nullptr;
-  for (Bucket& b : buckets_) {
-    if (b.batch == batch) bucket = &b;
-  }
-  if (bucket == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("no step bucket of ", batch, " rows"));
-  }
+  // The bucket a server's step of `batch` sequences takes (padding rows
+  // included when batch is not a bucket size).
+  Bucket* bucket = &buckets_[&BucketFor(batch) - buckets_.data()];
   cudaStream_t s = stream_.get();
   if (!bucket->forward) {
     DPL_ASSIGN_OR_RETURN(bucket->forward, kernels::CaptureGraph(s, [&] {

@@ -155,11 +155,11 @@ class CudaDecoder : public generate::Decoder {
   // The batch sizes a step graph exists for (ascending, the last >= n_seq).
   std::vector<int> step_buckets() const;
   // Benchmarking: replays the forward-only step graph of sequences
-  // 0..batch-1 (batch <= n_seq) n times back to back from their n_past()
-  // (each feeding the token last written for it, nothing sampled), with one
-  // sync at the end; returns the seconds between events around the replays.
-  // The graph of a batch above 1 is captured on first use, outside the
-  // timing.
+  // 0..batch-1 (batch <= n_seq; the smallest bucket that holds them, as
+  // StepSeqs takes) n times back to back from their n_past() (each feeding
+  // the token last written for it, nothing sampled), with one sync at the
+  // end; returns the seconds between events around the replays. The graph
+  // of a bucket above 1 is captured on first use, outside the timing.
   absl::StatusOr<double> TimeDecodeSteps(int n, int batch = 1);
 
  private:
