@@ -93,13 +93,77 @@ TEST_CASE("the CUDA engine gives the decoder's own tokens, greedy and seeded, sl
   }
 }
 
-// Three slots as a server drives them: requests join between steps (their
-// prompts prefilled while the others are mid-generation), leave when done,
-// and a freed slot takes a new request. Each request's tokens are those of
-// the request run alone through dpl-run's path. The steps run in buckets of
-// 1 to 3 rows, all on the dp4a matvec, where only the attention splits
-// differ from the single-sequence step (relative ~1e-7, far below any
-// greedy margin or sampling threshold these prompts meet).
+// Requests that arrive before given engine steps, as a server drives slots:
+// each takes a free slot (its prompt prefilled in two chunks while the
+// others are mid-generation), decodes in the shared step and leaves when it
+// has its tokens, freeing the slot for the next.
+struct Request {
+  std::vector<int32_t> prompt;
+  SamplerParams params;
+  int n;           // tokens to generate
+  int start_step;  // the engine step before which it arrives
+};
+
+// Each request's tokens. `free_slots` is taken from the back; `reverse_rows`
+// hands Step the active slots in the opposite order.
+std::vector<std::vector<int32_t>> Serve(CudaEngine& e, const std::vector<Request>& reqs,
+                                        std::vector<int> free_slots, bool reverse_rows) {
+  std::vector<std::vector<int32_t>> got(reqs.size());
+  std::vector<int> slot(reqs.size(), -1);
+  std::vector<bool> done(reqs.size(), false);
+  for (int step = 0;; ++step) {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Request& r = reqs[i];
+      if (slot[i] >= 0 || done[i] || step < r.start_step || free_slots.empty()) continue;
+      slot[i] = free_slots.back();
+      free_slots.pop_back();
+      const size_t half = r.prompt.size() / 2;
+      REQUIRE(e.Prefill(slot[i], absl::MakeConstSpan(r.prompt).subspan(0, half), false, r.params).ok());
+      auto t = e.Prefill(slot[i], absl::MakeConstSpan(r.prompt).subspan(half), true, r.params);
+      REQUIRE(t.ok());
+      got[i].push_back(*t);
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (slot[i] >= 0 && static_cast<int>(got[i].size()) == reqs[i].n) {
+        e.Release(slot[i]);
+        CHECK(e.n_past(slot[i]) == 0);
+        free_slots.push_back(slot[i]);
+        slot[i] = -1;
+        done[i] = true;
+      }
+    }
+    std::vector<int> slots, who;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (slot[i] >= 0) {
+        slots.push_back(slot[i]);
+        who.push_back(static_cast<int>(i));
+      }
+    }
+    if (reverse_rows) {
+      std::reverse(slots.begin(), slots.end());
+      std::reverse(who.begin(), who.end());
+    }
+    if (slots.empty()) {
+      if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+      continue;
+    }
+    std::vector<int32_t> next(slots.size());
+    REQUIRE(e.Step(slots, absl::MakeSpan(next)).ok());
+    for (size_t k = 0; k < who.size(); ++k) got[who[k]].push_back(next[k]);
+  }
+  return got;
+}
+
+// Three slots, five requests joining and leaving (steps of 1 to 3 rows).
+//  - Slots are isolated: served again with other slots and rows in another
+//    order, every request (greedy, seeded, penalized) gets the same tokens
+//    bit for bit: a row's result depends on its own sequence only.
+//  - Greedy requests give the tokens of the request alone through dpl-run's
+//    path. (Seeded ones are not compared with it: the batched and the
+//    single step differ in float summation order, which int8 activation
+//    rounding turns into logit differences of up to ~0.6% on this model,
+//    enough to move a draw near a threshold; cuda_decoder_gpu_test bounds
+//    those differences.)
 TEST_CASE("several slots decode together, joining and leaving, each as if alone") {
   const std::string path = MakeModel();
   runtime::CudaDecoderOptions o;
@@ -109,16 +173,6 @@ TEST_CASE("several slots decode together, joining and leaving, each as if alone"
   REQUIRE(engine.ok());
   CudaEngine& e = **engine;
   CHECK(e.n_slots() == 3);
-  REQUIRE(e.decoder().tuning().gemm_min_tokens > 3);
-  struct Request {
-    std::vector<int32_t> prompt;
-    SamplerParams params;
-    int n;            // tokens to generate
-    int start_step;   // the engine step before which it arrives
-    std::vector<int32_t> got;
-    int slot = -1;
-    bool done = false;
-  };
   SamplerParams greedy;
   greedy.temperature = 0;
   SamplerParams seeded;
@@ -128,53 +182,22 @@ TEST_CASE("several slots decode together, joining and leaving, each as if alone"
   penalized.seed = 99;
   penalized.repeat_penalty = 1.3f;
   penalized.temperature = 0.7f;
-  std::vector<Request> reqs = {
+  const std::vector<Request> reqs = {
       {{1, 17, 240, 33, 5, 99, 7, 1000}, greedy, 20, 0},
       {{4, 8, 15, 16, 23, 42}, seeded, 12, 0},
       {{300, 301, 302, 7, 7, 7, 9, 11, 2, 500}, penalized, 16, 3},
-      {{1, 2}, greedy, 10, 5},   // waits for a free slot
+      {{1, 2}, greedy, 10, 5},  // waits for a free slot
       {{77, 78, 79}, seeded, 8, 6},
   };
-  std::vector<int> free_slots = {2, 1, 0};
-  for (int step = 0;; ++step) {
-    // Arrivals take free slots (the prompt in two chunks, as the scheduler may).
-    for (Request& r : reqs) {
-      if (r.slot >= 0 || r.done || step < r.start_step || free_slots.empty()) continue;
-      r.slot = free_slots.back();
-      free_slots.pop_back();
-      const size_t half = r.prompt.size() / 2;
-      REQUIRE(e.Prefill(r.slot, absl::MakeConstSpan(r.prompt).subspan(0, half), false, r.params).ok());
-      auto t = e.Prefill(r.slot, absl::MakeConstSpan(r.prompt).subspan(half), true, r.params);
-      REQUIRE(t.ok());
-      r.got.push_back(*t);
+  const std::vector<std::vector<int32_t>> first = Serve(e, reqs, {2, 1, 0}, false);
+  const std::vector<std::vector<int32_t>> again = Serve(e, reqs, {0, 1, 2}, true);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    INFO("request ", i);
+    CHECK(static_cast<int>(first[i].size()) == reqs[i].n);
+    CHECK(first[i] == again[i]);
+    if (reqs[i].params.temperature <= 0) {
+      CHECK(first[i] == Reference(path, reqs[i].prompt, reqs[i].params, reqs[i].n));
     }
-    // Finished requests leave.
-    for (Request& r : reqs) {
-      if (r.slot >= 0 && static_cast<int>(r.got.size()) == r.n) {
-        e.Release(r.slot);
-        free_slots.push_back(r.slot);
-        r.slot = -1;
-        r.done = true;
-      }
-    }
-    std::vector<int> slots;
-    std::vector<Request*> rows;
-    for (Request& r : reqs) {
-      if (r.slot >= 0) {
-        slots.push_back(r.slot);
-        rows.push_back(&r);
-      }
-    }
-    if (slots.empty()) {
-      if (std::all_of(reqs.begin(), reqs.end(), [](const Request& r) { return r.done; })) break;
-      continue;
-    }
-    std::vector<int32_t> next(slots.size());
-    REQUIRE(e.Step(slots, absl::MakeSpan(next)).ok());
-    for (size_t i = 0; i < rows.size(); ++i) rows[i]->got.push_back(next[i]);
-  }
-  for (const Request& r : reqs) {
-    CHECK(r.got == Reference(path, r.prompt, r.params, r.n));
   }
 }
 
