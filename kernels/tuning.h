@@ -45,6 +45,12 @@ struct DecodeTuning {
   // dequant + GEMM wins from 2..8 tokens on depending on the shape (7B
   // ffn_gate, 8 tokens: 97 us vs 118 us), the dp4a kernel at 1.
   int gemm_min_tokens = 8;
+  // When every matrix of a model has the int8 mma form (q4_K, q6_K:
+  // MatVecMmaSupports), products of 2 up to this many tokens (at most
+  // kMmaMaxTokens) keep int8 activations and run it instead: a batched
+  // decode step and short prompt chunks. Measured on the H200 (gemm_bench,
+  // docs/PERF.md): set where the mma path stops beating dequant + GEMM.
+  int mma_max_tokens = 64;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

@@ -156,7 +156,9 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 // attention output in its own launch, DPL_ATTN_SPLITS=N forces N splits per kv
 // head, DPL_PDL=0|1 the decode step's kernels as programmatic dependent
 // launches or not, DPL_GROUP=0 one matvec launch per matrix instead of one
-// per group (Q/K/V, gate/up).
+// per group (Q/K/V, gate/up), DPL_MMA_MAX=N: a q4_K/q6_K model's products of
+// more than N tokens (and at least gemm_min_tokens) dequantize to f16 for a
+// cuBLAS GEMM instead of the int8 mma matvec (default 64).
 absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   DPL_ASSIGN_OR_RETURN(dpl::kernels::DecodeTuning t, dpl::kernels::DecodeTuningForDevice());
   auto flag = [](const char* name, auto* field) {
@@ -170,6 +172,7 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_ATTN_SPLITS", &t.attn_splits);
   flag("DPL_PDL", &t.pdl);
   flag("DPL_GROUP", &t.group_matvecs);
+  flag("DPL_MMA_MAX", &t.mma_max_tokens);
   return t;
 }
 

@@ -161,6 +161,8 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
   // The prompt geometry never splits k, so for short matrices it sums in a
   // different order than the decode geometry (agreement ~1e-7, not bitwise).
   const MatVecGeometry& g = io.n_tokens == 1 ? plan.decode : plan.prompt;
+  // A few tokens on the tensor cores, where the type has that form.
+  const bool mma = io.n_tokens > 1 && io.n_tokens <= kMmaMaxTokens && MatVecMmaSupports(kernel);
   a.n_parts = static_cast<int>(ws.size());
   int64_t grid_x = 0, blocks = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -170,7 +172,8 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
                                                      " columns, not ", ws[0]->n_cols));
     }
     if (outs[i].y == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null y"));
-    DPL_ASSIGN_OR_RETURN(const MatVecGrid grid, MatVecGridFor(w.n_rows, io.n_tokens, g));
+    DPL_ASSIGN_OR_RETURN(MatVecGrid grid, MatVecGridFor(w.n_rows, io.n_tokens, g));
+    if (mma) grid.y = (w.n_rows + 15) / 16;
     MatVecPart& p = a.part[i];
     p.w = static_cast<const uint8_t*>(w.data);
     p.row_stride = w.row_stride;
@@ -186,6 +189,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", blocks, " row blocks, more than ", kMaxGridY));
   }
+  if (mma) return Annotate(LaunchMatVecMma(kernel, a, blocks, plan.pdl, stream), what);
   return Annotate(LaunchMatVec(kernel, a, g, grid_x, blocks, plan.pdl, stream), what);
 }
 

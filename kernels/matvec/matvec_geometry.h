@@ -64,6 +64,11 @@ inline constexpr int kActBlock = 32;
 // alone (~4.9 us for 1 MB on the H200), ride along with Q.
 inline constexpr int kMaxMatVecParts = 3;
 
+// Products of 2..kMmaMaxTokens tokens whose kernel has a tensor-core form
+// (MatVecMmaSupports, matvec_plan.h) run it (matvec_mma.cu): int8 mma.sync
+// over 16 rows x 8 tokens, every weight read once for all the tokens.
+inline constexpr int kMmaMaxTokens = 64;
+
 // How one launch walks a matrix. One kernel skeleton (MatVecT in
 // matvec_kernels.cu) takes all four knobs as template parameters:
 //  - token_tile: tokens per CTA, 1 (decode) or kTokenTile (prompt).

@@ -48,6 +48,12 @@ struct MatVecArgs {
 absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& args, const MatVecGeometry& g,
                           int64_t grid_x, int64_t grid_y, bool pdl, cudaStream_t stream);
 
+// The tensor-core form of `kernel` (MatVecMmaSupports) for 1..kMmaMaxTokens
+// tokens: grid.y = all parts' row blocks of 16 rows (part k's first at
+// row_block0). Needs the int8 activations and n_cols % 256 == 0.
+absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y, bool pdl,
+                             cudaStream_t stream);
+
 // CTAs of that kernel and geometry resident per SM on the current device
 // (the CUDA occupancy API): what DecodeTuning records at load.
 absl::StatusOr<int> MatVecCtasPerSm(MatVecKernel kernel, const MatVecGeometry& g);

@@ -74,6 +74,10 @@ const char* MatVecKernelName(MatVecKernel k) {
   return i != nullptr ? i->name : "?";
 }
 
+bool MatVecMmaSupports(MatVecKernel k) {
+  return k == MatVecKernel::kQ4K || k == MatVecKernel::kQ6KDpl || k == MatVecKernel::kQ6KRaw;
+}
+
 bool UsesQuantizedActivations(MatVecKernel k) {
   const KernelInfo* i = InfoOf(k);
   return i != nullptr && i->quantized_x;

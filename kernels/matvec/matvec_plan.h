@@ -20,6 +20,12 @@ const char* MatVecKernelName(MatVecKernel k);
 // True when the kernel reads the int8 quantized copy of x (see matvec.h).
 bool UsesQuantizedActivations(MatVecKernel k);
 
+// True when products of 2..kMmaMaxTokens tokens with this kernel's weights
+// run on the int8 tensor cores (matvec_mma.cu): q4_K and q6_K (both
+// layouts, same bits), the types of a Q4_K_M / Q6_K file's matrices. Others
+// take the token tile.
+bool MatVecMmaSupports(MatVecKernel k);
+
 // Smallest legal row stride (bytes) for `type`/`layout` rows of n_cols
 // weights, or 0 when n_cols is not a whole number of blocks.
 int64_t MinRowStride(formats::GgmlType type, formats::TensorLayout layout, int64_t n_cols);

@@ -264,5 +264,19 @@ TEST_CASE("MatVecGridFor covers every row and token, within CUDA limits") {
   CHECK(!MatVecGridFor(10, 9, MatVecGeometry{kTokenTile, 1, 2, true}).ok());
 }
 
+TEST_CASE("the int8 mma form covers the k-quant types of Q4_K_M and Q6_K files only") {
+  CHECK(MatVecMmaSupports(MatVecKernel::kQ4K));
+  CHECK(MatVecMmaSupports(MatVecKernel::kQ6KDpl));
+  CHECK(MatVecMmaSupports(MatVecKernel::kQ6KRaw));
+  for (MatVecKernel k : {MatVecKernel::kF32, MatVecKernel::kF16, MatVecKernel::kQ8_0,
+                         MatVecKernel::kQ8_0Dpl, MatVecKernel::kQ4_0, MatVecKernel::kQ5K,
+                         MatVecKernel::kQ3K}) {
+    CAPTURE(MatVecKernelName(k));
+    CHECK(!MatVecMmaSupports(k));
+  }
+  CHECK(kMmaMaxTokens == 64);
+  CHECK(DecodeTuning{}.mma_max_tokens <= kMmaMaxTokens);
+}
+
 }  // namespace
 }  // namespace dpl::kernels

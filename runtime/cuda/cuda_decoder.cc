@@ -176,10 +176,24 @@ absl::Status CudaDecoder::Allocate() {
   prompt_attn_ = {static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
                   static_cast<int>(hp_.head_dim), static_cast<int>(n_ctx_),
                   static_cast<int>(hp_.sliding_window)};
+  // Passes of up to int8_max_rows_ rows keep int8 activations: the dp4a
+  // matvec, or for 2..tuning.mma_max_tokens rows its tensor-core form when every
+  // matrix has one (q4_K, q6_K dpl: a Q4_K_M or Q6_K file), which beats
+  // dequantize + GEMM there (each weight read once, not dequantized to f16
+  // and read again). Other types move to dequantize + GEMM from
+  // gemm_min_tokens rows, where that wins over their token tile.
+  bool all_mma = kernels::MatVecMmaSupports(out_.plan.kernel);
+  for (const Layer& L : layers_) {
+    for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+      all_mma = all_mma && kernels::MatVecMmaSupports(m->plan.kernel);
+    }
+  }
+  const int mma_rows = std::min(tuning_.mma_max_tokens, kernels::kMmaMaxTokens);
+  int8_max_rows_ = all_mma ? std::max(mma_rows, tuning_.gemm_min_tokens - 1) : tuning_.gemm_min_tokens - 1;
   // The tensor-core path's f16 scratch: activations of a chunk, and the
   // largest layer matrix (the lm head, larger, goes through it in row blocks).
   w_f16_elems_ = 0;
-  if (static_cast<int>(T) >= tuning_.gemm_min_tokens) {
+  if (static_cast<int>(T) > int8_max_rows_) {
     for (const Layer& L : layers_) {
       for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
         w_f16_elems_ = std::max(w_f16_elems_, m->w.n_rows * m->w.n_cols);
@@ -189,8 +203,7 @@ absl::Status CudaDecoder::Allocate() {
   const uint64_t x_f16_bytes = w_f16_elems_ > 0 ? T * W * 2 : 0;
   // The dp4a matvec's int8 activations: only for products below the
   // tensor-core threshold when that path exists.
-  const uint64_t qx_tokens =
-      w_f16_elems_ > 0 ? std::min<uint64_t>(T, std::max(1, tuning_.gemm_min_tokens - 1)) : T;
+  const uint64_t qx_tokens = w_f16_elems_ > 0 ? std::min<uint64_t>(T, std::max(1, int8_max_rows_)) : T;
   DPL_ASSIGN_OR_RETURN(const uint64_t qx_bytes, kernels::MatVecScratchBytes(W, qx_tokens));
   Buffers& b = buf_;
   void* qx_mem = nullptr;  // int8 activations, laid out by MatVecScratchIn
@@ -275,12 +288,13 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, int first_po
   const float eps = static_cast<float>(hp_.rms_eps);
   cudaStream_t s = stream_.get();
   Buffers& b = buf_;
-  // Products over `rows` tokens run on tensor cores from gemm_min_tokens on
-  // (activations in f16), else on the dp4a matvec (activations in int8),
-  // whose kernels go out as programmatic dependent launches when the tuning
-  // says so (the decode step's chain).
+  // Products over more than int8_max_rows_ tokens run dequantize + cuBLAS
+  // (activations in f16), the others on the int8 matvec (dp4a, or its
+  // tensor-core form for 2..kMmaMaxTokens tokens), whose kernels go out as
+  // programmatic dependent launches when the tuning says so (the decode
+  // step's chain).
   auto tensor_cores = [&](int rows) {
-    return gemm_.has_value() && rows >= tuning_.gemm_min_tokens;
+    return gemm_.has_value() && rows > int8_max_rows_;
   };
   const bool pdl = tuning_.pdl && !tensor_cores(n);
   // Prepares x (rows tokens of `cols` values) once for the products that
@@ -740,13 +754,13 @@ std::string CudaDecoder::LoadReport() const {
   for (const Bucket& b : buckets_) absl::StrAppend(&buckets, buckets.empty() ? "" : ",", b.batch);
   return absl::StrFormat(
       "cuda: weights %.2f GiB loaded in %.2f s (%.1f GB/s); KV cache %.2f GiB (f16, %d sequences x "
-      "%d positions); buffers %.2f GiB (prompt chunk %d, tensor cores from %d tokens); decode "
+      "%d positions); buffers %.2f GiB (prompt chunk %d, f16 GEMM from %d tokens); decode "
       "steps of %s rows %s\n"
       "cuda load stages: init %.0f ms, weights %.0f ms, setup %.0f ms, graph %.0f ms",
       report_.weight_bytes / 1073741824.0, report_.load.seconds, report_.load.gb_per_s(),
       report_.kv_cache_bytes / 1073741824.0, n_seq(), n_ctx_,
       report_.scratch_bytes / 1073741824.0, max_batch_,
-      gemm_.has_value() ? tuning_.gemm_min_tokens : max_batch_ + 1, buckets,
+      gemm_.has_value() ? int8_max_rows_ + 1 : max_batch_ + 1, buckets,
       eager_ ? "eager (DPL_EAGER)" : "captured as CUDA graphs", report_.init_seconds * 1e3,
       report_.weights_seconds * 1e3, report_.setup_seconds * 1e3, report_.graph_seconds * 1e3);
 }

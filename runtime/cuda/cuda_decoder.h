@@ -24,15 +24,16 @@
 //               x = Wdown (silu(g) * u) + x              (SwiGLU fused with quantization)
 //   logits = Wout (rmsnorm(x) * output_norm)
 //   token = sample(logits) per row, with its sequence's parameters
-// Every weight is read once per step for all rows: below
-// tuning.gemm_min_tokens rows the dp4a matvec runs them as token tiles,
-// from it on each product is dequantize-to-f16 + a cuBLAS GEMM.
+// Every weight is read once per step for all rows. Activations stay int8
+// up to int8_max_rows_ rows: one row takes the dp4a matvec, 2..64 rows its
+// tensor-core form (int8 mma, kernels/matvec/matvec_mma.cu) when every
+// matrix is q4_K or q6_K dpl, else the dp4a token tile; more rows (and
+// other types from tuning.gemm_min_tokens rows) dequantize to f16 for a
+// cuBLAS GEMM (kernels/gemm).
 // Prompts run the same math over chunks of up to `max_batch` tokens of one
-// sequence: from tuning.gemm_min_tokens tokens on on tensor cores (cuBLAS,
-// kernels/gemm), RoPE and the KV write are one launch for the chunk and
-// attention is one causal flash-attention launch
-// (kernels/attention/prompt_attention.h). Fewer tokens take the dp4a matvec
-// in token tiles (MatVecPlan::prompt).
+// sequence, with the same choice of product path by chunk size; RoPE and
+// the KV write are one launch for the chunk and attention is one causal
+// flash-attention launch (kernels/attention/prompt_attention.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -260,6 +261,8 @@ class CudaDecoder : public generate::Decoder {
   std::vector<int64_t> n_past_;  // (n_seq) positions each sequence's region holds
   std::vector<bool> sampling_;   // (n_seq) a sampled token is pending (BeginSampling ran)
   int max_batch_ = 0;
+  // Products of at most this many rows keep int8 activations (see the top).
+  int int8_max_rows_ = 0;
   // Rows of buf_.logits: Eval asked for every token's logits runs chunks of
   // at most this many tokens (a 2048-token chunk's logits would take 1.2 GB
   // for a 152k vocabulary; one row is all a prompt needs otherwise); a step
@@ -283,7 +286,7 @@ class CudaDecoder : public generate::Decoder {
   kernels::KvCacheLayout kv_layout_;
   kernels::PromptAttentionShape prompt_attn_;
   std::vector<Bucket> buckets_;  // ascending batch
-  // Tensor-core path for products of >= tuning_.gemm_min_tokens rows (unset
+  // f16 GEMM path for products of more than int8_max_rows_ rows (unset
   // when no pass has that many): the cuBLAS handle and the f16 weight
   // scratch size (the largest layer matrix; bigger ones go in row blocks).
   std::optional<kernels::PromptGemm> gemm_;
