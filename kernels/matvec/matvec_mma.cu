@@ -37,10 +37,11 @@ namespace {
 
 constexpr int kMmaWarps = 4;
 
-// c += A (16x32 s8) B (32x8 s8)
+// c += A (16x32 s8) B (32x8 s8). Not volatile: a pure function of its
+// operands, which the compiler may schedule around the loads.
 __device__ __forceinline__ void Mma16832(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -49,7 +50,7 @@ __device__ __forceinline__ void Mma16832(int (&c)[4], uint32_t a0, uint32_t a1, 
 
 // c += A (16x16 s8) B (16x8 s8)
 __device__ __forceinline__ void Mma16816(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
       "{%0,%1,%2,%3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
