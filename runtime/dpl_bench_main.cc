@@ -158,7 +158,7 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 // launches or not, DPL_GROUP=0 one matvec launch per matrix instead of one
 // per group (Q/K/V, gate/up), DPL_MMA_MAX=N: a q4_K/q6_K model's products of
 // more than N tokens (and at least gemm_min_tokens) dequantize to f16 for a
-// cuBLAS GEMM instead of the int8 mma matvec (default 64).
+// cuBLAS GEMM instead of the int8 mma matvec (default 16).
 absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   DPL_ASSIGN_OR_RETURN(dpl::kernels::DecodeTuning t, dpl::kernels::DecodeTuningForDevice());
   auto flag = [](const char* name, auto* field) {

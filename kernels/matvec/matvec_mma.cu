@@ -8,10 +8,11 @@
 // tokens (the dp4a token tile decodes and scales per token: at 8 tokens it
 // costs 6x one token, the mma path ~1x).
 //
-// CTA: 4 warps over the same 16 rows (one m16 tile), warp w taking the
-// 256-weight blocks w, w + 4, ... of every row (a k-split: rows are few
-// per CTA so that mid-size matrices still fill the GPU), then the warps'
-// partial sums added in warp order through shared memory (deterministic).
+// CTA: KW warps (4, or 8 for long rows) over the same 16 rows (one m16
+// tile), warp w taking the 256-weight blocks w, w + KW, ... of every row (a
+// k-split: rows are few per CTA so that mid-size matrices still fill the
+// GPU; q4_K loads each block one ahead of its use), then the warps' partial
+// sums added in warp order through shared memory (deterministic).
 // Each warp holds NT n8 token tiles (8 NT >= n_tokens).
 //
 // Fragments (PTX ISA, mma .s8): lane = 4 g + t.
@@ -35,7 +36,11 @@
 namespace dpl::kernels {
 namespace {
 
-constexpr int kMmaWarps = 4;
+// Warps per CTA (the k-split): 4, or 8 for rows of 32 blocks or more
+// (ffn_down: 74), whose few row blocks (224 for 3584 rows) would otherwise
+// leave the SMs with too few warps in flight.
+constexpr int kMmaWarpsLongRows = 8;
+constexpr int kMmaLongRowBlocks = 32;
 
 // c += A (16x32 s8) B (32x8 s8). Not volatile: a pure function of its
 // operands, which the compiler may schedule around the loads.
@@ -88,18 +93,32 @@ struct Acc {
 
 // q4_K (raw 144-byte blocks): block kb of rows w0 (row g) and w1 (row g+8).
 //   y += d sc_j xd_j dot(q_j, xq_j) - dmin m_j xs_j   per sub-block j of 32
-template <int NT>
-__device__ __forceinline__ void Q4KBlock(const uint8_t* w0, const uint8_t* w1, int kb,
-                                         const Acts& x, int tok0, int g, int t, Acc<NT>& acc) {
+// This thread's bytes of one block: both headers, and 8 quant bytes of each
+// 32-byte chunk per row (loaded one block ahead: Q4KLoad, then Q4KBlock).
+struct Q4KRegs {
+  uint4 h0, h1;
+  uint2 q0[4], q1[4];
+};
+
+__device__ __forceinline__ Q4KRegs Q4KLoad(const uint8_t* w0, const uint8_t* w1, int kb, int t) {
   const uint8_t* b0 = w0 + static_cast<int64_t>(kb) * 144;
   const uint8_t* b1 = w1 + static_cast<int64_t>(kb) * 144;
-  const uint4 h0 = LdW16Span(b0), h1 = LdW16Span(b1);
-  uint2 q0[4], q1[4];
+  Q4KRegs r;
+  r.h0 = LdW16Span(b0);
+  r.h1 = LdW16Span(b1);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    q0[c] = LdW8(b0 + 16 + 32 * c + 8 * t);
-    q1[c] = LdW8(b1 + 16 + 32 * c + 8 * t);
+    r.q0[c] = LdW8(b0 + 16 + 32 * c + 8 * t);
+    r.q1[c] = LdW8(b1 + 16 + 32 * c + 8 * t);
   }
+  return r;
+}
+
+template <int NT>
+__device__ __forceinline__ void Q4KBlock(const Q4KRegs& r, int kb, const Acts& x, int tok0, int g,
+                                         int t, Acc<NT>& acc) {
+  const uint4 &h0 = r.h0, &h1 = r.h1;
+  const uint2 *q0 = r.q0, *q1 = r.q1;
   const float d0 = Half(h0.x & 0xFFFFu), dm0 = Half(h0.x >> 16);
   const float d1 = Half(h1.x & 0xFFFFu), dm1 = Half(h1.x >> 16);
 #pragma unroll
@@ -271,10 +290,10 @@ __device__ __forceinline__ void Q6KBlock(const uint8_t* w0, const uint8_t* w1, i
 }
 
 // grid (token tiles of 8 NT, row blocks of 16 over all parts), 4 warps.
-template <MatVecKernel K, int NT>
-__global__ void __launch_bounds__(32 * kMmaWarps) MatVecMmaKernel(const MatVecArgs a) {
+template <MatVecKernel K, int NT, int KW>
+__global__ void __launch_bounds__(32 * KW) MatVecMmaKernel(const MatVecArgs a) {
   constexpr int T = 8 * NT;
-  __shared__ float partial[kMmaWarps][16][T];  // (warp, row, token)
+  __shared__ float partial[KW][16][T];  // (warp, row, token)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m = (a.n_parts > 1 && static_cast<int>(blockIdx.y) >= a.part[1].row_block0) +
@@ -294,10 +313,18 @@ __global__ void __launch_bounds__(32 * kMmaWarps) MatVecMmaKernel(const MatVecAr
 #pragma unroll
   for (int n = 0; n < NT; ++n) acc.v[n][0] = acc.v[n][1] = acc.v[n][2] = acc.v[n][3] = 0.f;
   if constexpr (K == MatVecKernel::kQ4K) {
-    for (int kb = warp; kb < nbe; kb += kMmaWarps) Q4KBlock<NT>(w0, w1, kb, x, tok0, g, t, acc);
+    if (warp < nbe) {
+      Q4KRegs cur = Q4KLoad(w0, w1, warp, t);
+      for (int kb = warp; kb < nbe; kb += KW) {
+        Q4KRegs next = cur;
+        if (kb + KW < nbe) next = Q4KLoad(w0, w1, kb + KW, t);  // in flight while cur is used
+        Q4KBlock<NT>(cur, kb, x, tok0, g, t, acc);
+        cur = next;
+      }
+    }
   } else {
     constexpr bool kDpl = K == MatVecKernel::kQ6KDpl;
-    for (int kb = warp; kb < nbe; kb += kMmaWarps) Q6KBlock<kDpl, NT>(w0, w1, kb, nbe, x, tok0, g, t, acc);
+    for (int kb = warp; kb < nbe; kb += KW) Q6KBlock<kDpl, NT>(w0, w1, kb, nbe, x, tok0, g, t, acc);
   }
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
@@ -309,13 +336,13 @@ __global__ void __launch_bounds__(32 * kMmaWarps) MatVecMmaKernel(const MatVecAr
   __syncthreads();
   // Thread i writes (row i % 16, token i / 16), ...: 16 consecutive rows of
   // one token per 16 threads.
-  for (int i = threadIdx.x; i < 16 * T; i += 32 * kMmaWarps) {
+  for (int i = threadIdx.x; i < 16 * T; i += 32 * KW) {
     const int r = i & 15, tk = i >> 4;
     const int row = row0 + r, tok = tok0 + tk;
     if (row >= P.n_rows || tok >= a.n_tokens) continue;
     float v = partial[0][r][tk];
 #pragma unroll
-    for (int w = 1; w < kMmaWarps; ++w) v += partial[w][r][tk];
+    for (int w = 1; w < KW; ++w) v += partial[w][r][tk];
     const int64_t o = static_cast<int64_t>(tok) * P.n_rows + row;
     if (P.bias != nullptr) v += P.bias[row];
     if (P.residual != nullptr) v += P.residual[o];  // may alias y: read before write
@@ -323,12 +350,18 @@ __global__ void __launch_bounds__(32 * kMmaWarps) MatVecMmaKernel(const MatVecAr
   }
 }
 
-template <MatVecKernel K>
+template <MatVecKernel K, int KW>
 void (*PickTiles(int n_tokens))(MatVecArgs) {
-  if (n_tokens <= 8) return MatVecMmaKernel<K, 1>;
-  if (n_tokens <= 16) return MatVecMmaKernel<K, 2>;
-  if (n_tokens <= 32) return MatVecMmaKernel<K, 4>;
-  return MatVecMmaKernel<K, 8>;
+  if (n_tokens <= 8) return MatVecMmaKernel<K, 1, KW>;
+  if (n_tokens <= 16) return MatVecMmaKernel<K, 2, KW>;
+  if (n_tokens <= 32) return MatVecMmaKernel<K, 4, KW>;
+  return MatVecMmaKernel<K, 8, KW>;
+}
+
+template <MatVecKernel K>
+void (*PickKernel(int n_tokens, int warps))(MatVecArgs) {
+  return warps == kMmaWarpsLongRows ? PickTiles<K, kMmaWarpsLongRows>(n_tokens)
+                                    : PickTiles<K, 4>(n_tokens);
 }
 
 }  // namespace
@@ -340,15 +373,16 @@ absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_
     return absl::InvalidArgumentError(absl::StrCat("matvec mma: ", args.n_tokens, " tokens, ",
                                                    args.n_cols, " columns or no int8 activations"));
   }
+  const int warps = args.n_cols / 256 >= kMmaLongRowBlocks ? kMmaWarpsLongRows : 4;
   void (*fn)(MatVecArgs) = nullptr;
-  if (kernel == MatVecKernel::kQ4K) fn = PickTiles<MatVecKernel::kQ4K>(args.n_tokens);
-  if (kernel == MatVecKernel::kQ6KDpl) fn = PickTiles<MatVecKernel::kQ6KDpl>(args.n_tokens);
-  if (kernel == MatVecKernel::kQ6KRaw) fn = PickTiles<MatVecKernel::kQ6KRaw>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ4K) fn = PickKernel<MatVecKernel::kQ4K>(args.n_tokens, warps);
+  if (kernel == MatVecKernel::kQ6KDpl) fn = PickKernel<MatVecKernel::kQ6KDpl>(args.n_tokens, warps);
+  if (kernel == MatVecKernel::kQ6KRaw) fn = PickKernel<MatVecKernel::kQ6KRaw>(args.n_tokens, warps);
   if (fn == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("matvec mma: no tensor-core kernel for kernel ", static_cast<int>(kernel)));
   }
-  return LaunchKernel(fn, dim3(1, static_cast<unsigned>(grid_y)), dim3(32 * kMmaWarps), 0, stream,
+  return LaunchKernel(fn, dim3(1, static_cast<unsigned>(grid_y)), dim3(32 * warps), 0, stream,
                       pdl, args);
 }
 

@@ -25,9 +25,10 @@
 //   logits = Wout (rmsnorm(x) * output_norm)
 //   token = sample(logits) per row, with its sequence's parameters
 // Every weight is read once per step for all rows. Activations stay int8
-// up to int8_max_rows_ rows: one row takes the dp4a matvec, 2..64 rows its
-// tensor-core form (int8 mma, kernels/matvec/matvec_mma.cu) when every
-// matrix is q4_K or q6_K dpl, else the dp4a token tile; more rows (and
+// up to int8_max_rows_ rows: one row takes the dp4a matvec, 2 to
+// tuning.mma_max_tokens (16) rows its tensor-core form (int8 mma,
+// kernels/matvec/matvec_mma.cu) when every matrix is q4_K or q6_K, else the
+// dp4a token tile; more rows (and
 // other types from tuning.gemm_min_tokens rows) dequantize to f16 for a
 // cuBLAS GEMM (kernels/gemm).
 // Prompts run the same math over chunks of up to `max_batch` tokens of one
