@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/gpu_test.h"
+#include "kernels/cuda_handles.h"
 #include "kernels/sampling/sampling.h"
 #include "kernels/sampling/sampling_util.h"
 
@@ -314,6 +315,19 @@ struct BatchDev {
     CUDA_OK(cudaMemset(ws.get(), 0x7f, ws.size()));
     CUDA_OK(cudaMemset(tokens.get(), 0x5a, tokens.size() * 4));
   }
+  // Row r samples sequence r from VocabLogits(n_vocab, 300 + r); empty rings.
+  void FillVocabRows() {
+    std::vector<int> s(batch);
+    std::iota(s.begin(), s.end(), 0);
+    slots.Upload(s);
+    std::vector<float> all;
+    for (int r = 0; r < batch; ++r) {
+      const auto l = VocabLogits(n_vocab, 300 + r);
+      all.insert(all.end(), l.begin(), l.end());
+    }
+    logits.Upload(all);
+    rings.Upload(std::vector<int>(rings.size(), -1));
+  }
   SampleBatch Batch() const {
     SampleBatch b;
     b.params = params.get();
@@ -495,12 +509,9 @@ TEST_CASE("batched: a captured graph replayed N steps equals N eager calls") {
   FillMixed(e);
   cudaStream_t st;
   CUDA_OK(cudaStreamCreate(&st));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  STATUS_OK(SampleTokens(g.Batch(), st));
-  CUDA_OK(cudaStreamEndCapture(st, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  absl::StatusOr<GraphExec> graph = CaptureGraph(st, [&] { return SampleTokens(g.Batch(), st); });
+  REQUIRE(graph.ok());
+  cudaGraphExec_t exec = graph->get();
   for (int s = 0; s < steps; ++s) {
     CAPTURE(s);
     CUDA_OK(cudaGraphLaunch(exec, st));
@@ -515,7 +526,7 @@ TEST_CASE("batched: a captured graph replayed N steps equals N eager calls") {
   CHECK(gs[1].step == uint64_t(steps));
   CHECK(gs[0].step == 0u);  // greedy: no draws
   CHECK(gs[0].ring_count == 12);
-  cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaStreamDestroy(st);
+  cudaStreamDestroy(st);
 }
 
 TEST_CASE("batched: params changed in device memory between replays, no re-capture") {
@@ -531,12 +542,9 @@ TEST_CASE("batched: params changed in device memory between replays, no re-captu
   bd.logits.Upload(two);
   cudaStream_t st;
   CUDA_OK(cudaStreamCreate(&st));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  STATUS_OK(SampleTokens(bd.Batch(), st));
-  CUDA_OK(cudaStreamEndCapture(st, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  absl::StatusOr<GraphExec> graph = CaptureGraph(st, [&] { return SampleTokens(bd.Batch(), st); });
+  REQUIRE(graph.ok());
+  cudaGraphExec_t exec = graph->get();
   auto replay = [&] {
     CUDA_OK(cudaGraphLaunch(exec, st));
     CUDA_OK(cudaStreamSynchronize(st));
@@ -561,7 +569,7 @@ TEST_CASE("batched: params changed in device memory between replays, no re-captu
   const auto s = bd.states.Download();
   CHECK(s[1].step == 40u);
   CHECK(s[0].step == 0u);
-  cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaStreamDestroy(st);
+  cudaStreamDestroy(st);
 }
 
 TEST_CASE("batched: host checks of pointers and sizes") {
@@ -642,16 +650,7 @@ TEST_CASE("batched sampling time on 152064 logits, graph replay") {
   }
   for (int batch : {1, 16, 64}) {
     BatchDev bd(batch, batch, n_vocab, 64);
-    std::vector<int> slots(batch);
-    std::iota(slots.begin(), slots.end(), 0);
-    bd.slots.Upload(slots);
-    std::vector<float> logits;
-    for (int r = 0; r < batch; ++r) {
-      const auto l = VocabLogits(n_vocab, 300 + r);
-      logits.insert(logits.end(), l.begin(), l.end());
-    }
-    bd.logits.Upload(logits);
-    bd.rings.Upload(std::vector<int>(static_cast<size_t>(batch) * 64, -1));
+    bd.FillVocabRows();
     for (const std::string mode : {"greedy", "sampled", "mixed"}) {
       std::vector<SamplingParams> p(batch, mode == "greedy" ? greedy : sampled);
       if (mode == "mixed") {
@@ -684,16 +683,7 @@ TEST_CASE("batched: kernel breakdown calls (for ncu)") {
   Dev d(VocabLogits(n_vocab, 41), 64);
   d.Sample(sampled);
   BatchDev bd(batch, batch, n_vocab, 64);
-  std::vector<int> slots(batch);
-  std::iota(slots.begin(), slots.end(), 0);
-  bd.slots.Upload(slots);
-  std::vector<float> logits;
-  for (int r = 0; r < batch; ++r) {
-    const auto l = VocabLogits(n_vocab, 300 + r);
-    logits.insert(logits.end(), l.begin(), l.end());
-  }
-  bd.logits.Upload(logits);
-  bd.rings.Upload(std::vector<int>(static_cast<size_t>(batch) * 64, -1));
+  bd.FillVocabRows();
   for (int mode = 0; mode < 3; ++mode) {
     std::vector<SamplingParams> p(batch, mode == 0 ? greedy : sampled);
     for (int r = 0; r < batch; ++r) {

@@ -517,16 +517,21 @@ TEST_CASE("batched steps of twelve sequences, every bucket, follow the single-se
   CHECK(worst < 0.04);
 }
 
+// A decoder of small-llama with n_seq sequences of n_ctx positions.
+std::unique_ptr<CudaDecoder> SmallLlamaDecoder(int64_t n_ctx, int n_seq) {
+  CudaDecoderOptions o;
+  o.n_ctx = n_ctx;
+  o.n_seq = n_seq;
+  auto d = CudaDecoder::Create(MakeDpl("small-llama"), o);
+  REQUIRE_MESSAGE(d.ok(), d.status().ToString());
+  return std::move(*d);
+}
+
 // Rows of one step with the same prompt (and so the same tokens) give the
 // same bits, whichever rows and regions they sit in.
 TEST_CASE("equal sequences in one batched step give bit-identical rows") {
-  const std::string path = MakeDpl("small-llama");
-  CudaDecoderOptions o;
-  o.n_ctx = 64;
-  o.n_seq = 4;
-  auto d = CudaDecoder::Create(path, o);
-  REQUIRE(d.ok());
-  CudaDecoder& D = **d;
+  const std::unique_ptr<CudaDecoder> d = SmallLlamaDecoder(64, 4);
+  CudaDecoder& D = *d;
   generate::SamplerParams greedy;
   greedy.temperature = 0;
   const std::vector<int32_t> same = {5, 6, 7, 8, 9}, other = {40, 41};
@@ -548,13 +553,8 @@ TEST_CASE("equal sequences in one batched step give bit-identical rows") {
 }
 
 TEST_CASE("batched steps refuse bad sequence sets") {
-  const std::string path = MakeDpl("small-llama");
-  CudaDecoderOptions o;
-  o.n_ctx = 8;
-  o.n_seq = 3;
-  auto d = CudaDecoder::Create(path, o);
-  REQUIRE(d.ok());
-  CudaDecoder& D = **d;
+  const std::unique_ptr<CudaDecoder> d = SmallLlamaDecoder(8, 3);
+  CudaDecoder& D = *d;
   CHECK(D.step_buckets() == std::vector<int>{1, 2, 3});
   const std::vector<int32_t> prompt = {1, 2, 3};
   generate::SamplerParams greedy;
