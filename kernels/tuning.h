@@ -49,8 +49,8 @@ struct DecodeTuning {
   // MatVecMmaSupports), products of 2 up to this many tokens (at most
   // kMmaMaxTokens) keep int8 activations and run it instead of dequantize +
   // GEMM: a batched decode step and short prompt chunks. gemm_bench on the
-  // H200 (2026-12-03, 7B q4_K ffn_gate/up, us): mma 30 / 54 / 98 / 269 at
-  // 4 / 16 / 32 / 64 tokens against dequant + GEMM's flat ~96; dpl-bench's
+  // H200 (2026-12-03, 7B q4_K ffn_gate/up, us): mma 28.5 / 46.4 / 123 / 271
+  // at 4 / 16 / 32 / 64 tokens against dequant + GEMM's flat ~96; dpl-bench's
   // batched rows agree (7B, 32 sequences: 2059 t/s with mma, 2669 with GEMM).
   int mma_max_tokens = 16;
   // The decode step's kernels go out as programmatic dependent launches
