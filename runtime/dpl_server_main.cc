@@ -48,7 +48,7 @@ void AddFlags(cxxopts::Options& options) {
       ("chat-template",
        absl::StrCat("one of ", dpl::tokenizer::ChatTemplateNames(), " (default: from the model, else chatml)"),
        cxxopts::value<std::string>()->default_value(""))
-      ("ubatch-size", "prompt tokens per engine call between decode steps (-ub)",
+      ("ubatch-size", "prompt tokens fed between two decode steps, all prompts together (-ub)",
        cxxopts::value<int>()->default_value("512"));
 }
 

@@ -173,9 +173,9 @@ bool Scheduler::Take(Active& a, int32_t token) {
   return a.done;
 }
 
-void Scheduler::PrefillChunk(Active& a) {
+int Scheduler::PrefillChunk(Active& a, int budget) {
   const std::vector<int32_t>& prompt = a.request.prompt;
-  const size_t n = std::min(prompt.size() - a.prefilled, static_cast<size_t>(options_.prefill_chunk));
+  const size_t n = std::min(prompt.size() - a.prefilled, static_cast<size_t>(budget));
   const bool last = a.prefilled + n == prompt.size();
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<int32_t> first = engine_.Prefill(
@@ -187,16 +187,17 @@ void Scheduler::PrefillChunk(Active& a) {
   }
   if (!first.ok()) {
     Finish(a, FinishReason::kStop, first.status());
-    return;
+    return static_cast<int>(n);
   }
   a.prefilled += n;
-  if (!last) return;
+  if (!last) return static_cast<int>(n);
   a.decoding = true;
   if (a.request.max_tokens == 0) {
     Finish(a, FinishReason::kLength, absl::OkStatus());
-    return;
+    return static_cast<int>(n);
   }
-  if (!Take(a, *first)) return;
+  Take(a, *first);
+  return static_cast<int>(n);
 }
 
 void Scheduler::DecodeStep(std::vector<std::unique_ptr<Active>>& active) {
@@ -241,11 +242,11 @@ void Scheduler::Loop() {
       if (a->stream->cancelled()) Finish(*a, FinishReason::kStop, absl::CancelledError("client gone"));
     }
     sweep();
+    // Prompt tokens, oldest prompt first, up to one chunk's worth in all.
+    int budget = options_.prefill_chunk;
     for (auto& a : active) {
-      if (!a->decoding) {
-        PrefillChunk(*a);
-        break;  // one chunk per iteration, the oldest prompt first
-      }
+      if (budget <= 0) break;
+      if (!a->decoding && !a->done) budget -= PrefillChunk(*a, budget);
     }
     DecodeStep(active);
     sweep();

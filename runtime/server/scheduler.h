@@ -5,9 +5,12 @@
 //   1. admit: queued requests take free slots (FIFO);
 //   2. leave: requests whose client went away (RequestStream::Cancel) free
 //      their slot;
-//   3. prefill: ONE chunk (SchedulerOptions::prefill_chunk tokens) of the
-//      oldest request still reading its prompt, so a long prompt delays the
-//      others' next token by one chunk at most;
+//   3. prefill: at most SchedulerOptions::prefill_chunk prompt tokens in
+//      all, oldest request first: one chunk of a long prompt, or several
+//      short prompts (each its own engine call) until the budget is spent
+//      (llama-server's n_batch), so a burst of arrivals reaches its first
+//      tokens with fewer decode steps in between, and a long prompt still
+//      delays the others' next token by one chunk at most;
 //   4. decode: one BatchEngine::Step for every slot that has a token pending.
 // A request leaves when its turn ends (an end-of-generation token, unless
 // ignore_eos), a stop string completes, max_tokens are generated, or its
@@ -78,7 +81,7 @@ class RequestStream {
 
 struct SchedulerOptions {
   int max_queue = 64;        // requests waiting for a slot; one more is refused
-  int prefill_chunk = 256;   // prompt tokens per engine call between decode steps
+  int prefill_chunk = 256;   // prompt tokens fed between two decode steps (all calls together)
 };
 
 // Counters since start, for /metrics.
@@ -122,7 +125,9 @@ class Scheduler {
   void Loop();
   // One iteration's admit step; false when shutting down.
   bool Admit(std::vector<std::unique_ptr<Active>>& active);
-  void PrefillChunk(Active& a);
+  // Feeds up to `budget` more of a's prompt (one engine call); returns how
+  // many tokens it took.
+  int PrefillChunk(Active& a, int budget);
   void DecodeStep(std::vector<std::unique_ptr<Active>>& active);
   // Takes a sampled token; true when the request is finished.
   bool Take(Active& a, int32_t token);

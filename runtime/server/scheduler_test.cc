@@ -6,10 +6,12 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "formats/model_file.h"
 #include "runtime/server/cpu_engine.h"
 #include "runtime/server/scheduler.h"
@@ -104,6 +106,85 @@ TEST_CASE("requests decoded together give the text each gives alone") {
   CHECK(m.generated_tokens_total == 5 + 7 + 4 - 3);  // the first token of each comes from Prefill
   CHECK(m.processing == 0);
   CHECK(m.deferred == 0);
+}
+
+// The engine calls the scheduler makes, in order: prompt tokens per Prefill
+// (its slot), and a Step as -1.
+class RecordingEngine : public BatchEngine {
+ public:
+  explicit RecordingEngine(BatchEngine& e) : e_(e) {}
+  int n_slots() const override { return e_.n_slots(); }
+  int64_t n_ctx() const override { return e_.n_ctx(); }
+  int32_t n_vocab() const override { return e_.n_vocab(); }
+  absl::StatusOr<int32_t> Prefill(int slot, absl::Span<const int32_t> tokens, bool last,
+                                  const SamplerParams& params) override {
+    Log({slot, static_cast<int>(tokens.size())});
+    return e_.Prefill(slot, tokens, last, params);
+  }
+  absl::Status Step(absl::Span<const int> slots, absl::Span<int32_t> next) override {
+    Log({-1, static_cast<int>(slots.size())});
+    return e_.Step(slots, next);
+  }
+  int64_t n_past(int slot) const override { return e_.n_past(slot); }
+  void Release(int slot) override { e_.Release(slot); }
+  std::vector<std::pair<int, int>> calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  void Log(std::pair<int, int> c) {
+    absl::MutexLock lock(&mu_);
+    calls_.push_back(c);
+  }
+  BatchEngine& e_;
+  absl::Mutex mu_;
+  std::vector<std::pair<int, int>> calls_;  // (slot or -1, tokens or rows)
+};
+
+// Between two steps the scheduler feeds at most prefill_chunk prompt tokens
+// in all: several short prompts go in one after another (a burst of
+// arrivals), a long one in chunks. The texts do not change.
+TEST_CASE("short prompts share one step's prefill budget; a long one goes in chunks") {
+  const std::vector<GenerationRequest> reqs = {Greedy({1, 2, 3}, 3), Greedy({9, 8}, 3),
+                                               Greedy({4, 5, 6, 7}, 3), Greedy({3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, 3)};
+  Fixture f(4);
+  RecordingEngine rec(*f.engine);
+  Scheduler s(rec, *f.tok, {4, 6});
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& r : reqs) {
+    auto st = s.Submit(r);
+    REQUIRE(st.ok());
+    streams.push_back(*st);
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Result got = Collect(*streams[i]);
+    CHECK(got.final.error.ok());
+    CHECK(got.text == RunAlone(reqs[i]).text);
+  }
+  const std::vector<std::pair<int, int>> calls = rec.calls();
+  int fed = 0, back_to_back = 0;
+  std::vector<int> slot_tokens(4, 0), slot_calls(4, 0);
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (calls[i].first < 0) {
+      fed = 0;
+      continue;
+    }
+    fed += calls[i].second;
+    CHECK(fed <= 6);  // the budget between two steps
+    slot_tokens[calls[i].first] += calls[i].second;
+    ++slot_calls[calls[i].first];
+    if (i > 0 && calls[i - 1].first >= 0 && calls[i - 1].first != calls[i].first) ++back_to_back;
+  }
+  std::vector<int> sorted = slot_tokens;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == std::vector<int>{2, 3, 4, 10});  // each prompt whole, in its own slot
+  for (int k = 0; k < 4; ++k) {
+    if (slot_tokens[k] == 10) CHECK(slot_calls[k] >= 2);  // the long prompt in chunks
+  }
+  // Prompts admitted together run in one iteration (the test submits all
+  // four before the first prefill of 3 tokens has finished on the CPU).
+  CHECK(back_to_back >= 1);
 }
 
 TEST_CASE("stop strings, stop tokens, ignore_eos, max_tokens 0 and a full context") {
