@@ -5,8 +5,11 @@
 // of the weights' quants with the int8 activation blocks, scaled per
 // sub-block in float. Here the integer dots of 16 rows x 8 tokens come from
 // one mma.sync, so every weight byte is read and decoded once for all the
-// tokens (the dp4a token tile decodes and scales per token: at 8 tokens it
-// costs 6x one token, the mma path ~1x).
+// tokens. The dp4a token tile decodes and scales per token (7B ffn_gate at 8
+// tokens: ~120 us, 7x one token's 17 us); this path takes 35 us there, 46 at
+// 16, and loses to dequantize + GEMM (~96) from ~24 tokens (gemm_bench,
+// docs/PERF.md): each warp re-reads the activations and their scales, which
+// is what to change next.
 //
 // CTA: KW warps (4, or 8 for long rows) over the same 16 rows (one m16
 // tile), warp w taking the 256-weight blocks w, w + KW, ... of every row (a
