@@ -77,6 +77,17 @@ Result RunAlone(const GenerationRequest& r, int prefill_chunk = 256) {
   return Collect(**stream);
 }
 
+std::vector<std::shared_ptr<RequestStream>> SubmitAll(Scheduler& s,
+                                                      const std::vector<GenerationRequest>& reqs) {
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& r : reqs) {
+    auto st = s.Submit(r);
+    REQUIRE(st.ok());
+    streams.push_back(*st);
+  }
+  return streams;
+}
+
 TEST_CASE("requests decoded together give the text each gives alone") {
   const std::vector<GenerationRequest> reqs = {Greedy({1, 2, 3, 4, 5}, 5), Greedy({9, 8}, 7),
                                                Greedy({1, 2, 3}, 4)};
@@ -86,12 +97,7 @@ TEST_CASE("requests decoded together give the text each gives alone") {
 
   Fixture f(2);
   Scheduler s(*f.engine, *f.tok, {4, 2});
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const auto& r : reqs) {
-    auto st = s.Submit(r);
-    REQUIRE(st.ok());
-    streams.push_back(*st);
-  }
+  const std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, reqs);
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Result got = Collect(*streams[i]);
     CHECK(got.final.error.ok());
@@ -151,12 +157,7 @@ TEST_CASE("short prompts share one step's prefill budget; a long one goes in chu
   Fixture f(4);
   RecordingEngine rec(*f.engine);
   Scheduler s(rec, *f.tok, {4, 6});
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const auto& r : reqs) {
-    auto st = s.Submit(r);
-    REQUIRE(st.ok());
-    streams.push_back(*st);
-  }
+  const std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, reqs);
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Result got = Collect(*streams[i]);
     CHECK(got.final.error.ok());
