@@ -63,6 +63,7 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   }
   n_past_.assign(options.n_seq, 0);
   sampling_.assign(options.n_seq, false);
+  last_step_.assign(options.n_seq, 0);
   eager_ = options.eager;
   if (options.tuning.has_value()) {
     tuning_ = *options.tuning;
@@ -211,7 +212,7 @@ absl::Status CudaDecoder::Allocate() {
     uint64_t bytes;
     void* slot;  // address of the Buffers pointer to set
   } table[] = {
-      {T * 4, &b.tokens},          {T * 4, &b.positions},      {hp_.n_rot / 2 * 8, &b.inv_freq},
+      {T * 4, &b.tokens},          {T * 4, &b.positions},      {static_cast<uint64_t>(hp_.n_rot / 2) * 8, &b.inv_freq},
       {S * 4, &b.row_seq},         {S * 4, &b.seq_token},      {S * 4, &b.seq_pos},
       {T * E * 4, &b.x},           {T * E * 4, &b.h},          {T * Q * 4, &b.q},
       {T * KV * 4, &b.k},          {T * KV * 4, &b.v},         {T * Q * 4, &b.att},
@@ -413,24 +414,29 @@ absl::Status CudaDecoder::EnqueueStep(const Bucket& bucket, bool sample) {
   DPL_RETURN_IF_ERROR(EnqueueForward(bucket.batch, &bucket, /*first_pos=*/-1, /*seq=*/-1,
                                      /*all_logits=*/true));
   if (sample) {
-    kernels::SampleBatch sb;
-    sb.params = b.params;
-    sb.n_seqs = n_seq();
-    sb.slots = b.row_seq;
-    sb.batch = bucket.batch;
-    sb.logits = b.logits;
-    sb.n_vocab = static_cast<int>(hp_.n_vocab);
-    sb.rings = b.rings;
-    sb.ring_stride = ring_stride_;
-    sb.states = b.sampler;
-    sb.workspace = b.sampling_ws;
-    sb.tokens_out = b.tokens;  // the rows' input ids are spent by now
-    DPL_RETURN_IF_ERROR(kernels::SampleTokens(sb, s));
+    // The rows' input ids are spent by now: their sampled ids replace them.
+    DPL_RETURN_IF_ERROR(SampleRows(bucket.batch, b.logits, b.tokens));
   }
   // The step moves its sequences on itself, so back-to-back replays decode
   // consecutive positions (SampleLoop, dpl-bench).
   return kernels::FinishStepRows(b.row_seq, bucket.batch, sample ? b.tokens : nullptr,
                                  b.seq_token, b.seq_pos, s);
+}
+
+absl::Status CudaDecoder::SampleRows(int rows, float* logits, int* tokens_out) {
+  kernels::SampleBatch sb;
+  sb.params = buf_.params;
+  sb.n_seqs = n_seq();
+  sb.slots = buf_.row_seq;
+  sb.batch = rows;
+  sb.logits = logits;
+  sb.n_vocab = static_cast<int>(hp_.n_vocab);
+  sb.rings = buf_.rings;
+  sb.ring_stride = ring_stride_;
+  sb.states = buf_.sampler;
+  sb.workspace = buf_.sampling_ws;
+  sb.tokens_out = tokens_out;
+  return kernels::SampleTokens(sb, stream_.get());
 }
 
 absl::Status CudaDecoder::LaunchGenerationStep(const Bucket& bucket) {
@@ -631,19 +637,8 @@ absl::Status CudaDecoder::StartSampling(int seq, const generate::SamplerParams& 
   // b.logits, straight into the sequence's pending token.
   h_rows_.get()[0] = seq;
   DPL_CUDA_CHECK(cudaMemcpyAsync(b.row_seq, h_rows_.get(), sizeof(int), cudaMemcpyHostToDevice, s));
-  kernels::SampleBatch sb;
-  sb.params = b.params;
-  sb.n_seqs = n_seq();
-  sb.slots = b.row_seq;
-  sb.batch = 1;
-  sb.logits = b.logits + static_cast<int64_t>(last_logits_row_) * hp_.n_vocab;
-  sb.n_vocab = static_cast<int>(hp_.n_vocab);
-  sb.rings = b.rings;
-  sb.ring_stride = ring_stride_;
-  sb.states = b.sampler;
-  sb.workspace = b.sampling_ws;
-  sb.tokens_out = b.seq_token + seq;
-  DPL_RETURN_IF_ERROR(kernels::SampleTokens(sb, s));
+  DPL_RETURN_IF_ERROR(
+      SampleRows(1, b.logits + static_cast<int64_t>(last_logits_row_) * hp_.n_vocab, b.seq_token + seq));
   DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_.get()[0], b.seq_token + seq, sizeof(int),
                                  cudaMemcpyDeviceToHost, s));
   DPL_CUDA_CHECK(cudaEventRecord(token_ready_[0].get(), s));
@@ -668,11 +663,15 @@ absl::Status CudaDecoder::StepSeqs(absl::Span<const int> seqs, absl::Span<int32_
   if (next.size() != seqs.size()) {
     return absl::InvalidArgumentError("StepSeqs: one output per sequence");
   }
-  std::vector<bool> seen(n_seq(), false);
+  // Distinct: each sequence's last step index, kept across steps (no
+  // per-step allocation).
+  ++step_count_;
   for (int seq : seqs) {
     DPL_RETURN_IF_ERROR(CheckSeq(seq));
-    if (seen[seq]) return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, " twice in a step"));
-    seen[seq] = true;
+    if (last_step_[seq] == step_count_) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, " twice in a step"));
+    }
+    last_step_[seq] = step_count_;
     if (!sampling_[seq]) {
       return absl::FailedPreconditionError(
           absl::StrCat("sequence ", seq, ": a step before BeginSampling"));

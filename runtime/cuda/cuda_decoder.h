@@ -239,6 +239,11 @@ class CudaDecoder : public generate::Decoder {
   // buf_.tokens, then the sequences moved on (FinishStepRows). What the step
   // graphs capture, and what eager mode runs.
   absl::Status EnqueueStep(const Bucket& bucket, bool sample);
+  // Samples `rows` rows of logits (rows, n_vocab; penalties rewrite them in
+  // place), row r for sequence
+  // buf_.row_seq[r] with its parameters, sampler state and ring, into
+  // tokens_out[r] (SampleTokens).
+  absl::Status SampleRows(int rows, float* logits, int* tokens_out);
   // Launches bucket's generation step (its graph, or eagerly).
   absl::Status LaunchGenerationStep(const Bucket& bucket);
   // The smallest bucket of at least n rows.
@@ -261,6 +266,9 @@ class CudaDecoder : public generate::Decoder {
   int64_t n_ctx_ = 0;
   std::vector<int64_t> n_past_;  // (n_seq) positions each sequence's region holds
   std::vector<bool> sampling_;   // (n_seq) a sampled token is pending (BeginSampling ran)
+  // StepSeqs' distinctness check: steps so far, and each sequence's last one.
+  uint64_t step_count_ = 0;
+  std::vector<uint64_t> last_step_;  // (n_seq)
   int max_batch_ = 0;
   // Products of at most this many rows keep int8 activations (see the top).
   int int8_max_rows_ = 0;
