@@ -207,7 +207,7 @@ MatVecGeometry DecodeGeometryFor(MatVecKernel kernel, int64_t n_rows, const Deco
     return {1, 1, 1, false};
   }
   if (n_rows >= 65536 || n_rows < 2048) return plain;
-  if (kernel == MatVecKernel::kQ4K) return {1, n_rows >= 6144 ? 2 : 4, 1, true};
+  if (kernel == MatVecKernel::kQ4K) return {1, n_rows >= 32768 ? 1 : n_rows >= 6144 ? 2 : 4, 1, true};
   if (kernel == MatVecKernel::kQ5K) return n_rows >= 8192 ? MatVecGeometry{1, 1, 1, false} : MatVecGeometry{1, 4, 1, true};
   if (kernel == MatVecKernel::kQ8_0Dpl && n_rows >= 16384) return {1, 1, 4, false};
   if (kernel == MatVecKernel::kQ6KDpl || kernel == MatVecKernel::kQ6KRaw) {

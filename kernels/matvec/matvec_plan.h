@@ -62,9 +62,11 @@ absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const W
 // and pipe on one binary (matvec_bench 2026-11-30; the q4_K and q6_K rows
 // re-swept 2026-12-02 on the grouped heights, docs/PERF.md):
 //  q4_K, 2048..65535 rows: depth 1 pipelined (2 steps in flight per lane at
-//   48 registers), k-split 2 from 6144 rows, else 4: 27648x5120 (14B gate/up)
-//   ks1 35.9 / ks2 27.8 / ks4 28.7 us; 37888x3584 (7B gate/up) 27.1 / 27.0 /
-//   29.2; 7168x5120 ks2 10.0 / ks4 11.9; 4608x3584 7.4 / 6.5; 5120x13824
+//   48 registers), k-split 1 from 32768 rows, 2 from 6144, else 4:
+//   27648x5120 (14B gate/up) ks1 35.9 / ks2 27.8 / ks4 28.7 us; 37888x3584
+//   (7B gate/up) 27.1 / 27.0 / 29.2 (2026-12-03, matvec_bench twice, pipelined:
+//   ks1 24.62 / 24.46, ks2 25.10 / 25.20; 14B ks1 30.6 / 30.5, ks2 26.2 /
+//   26.1); 7168x5120 ks2 10.0 / ks4 11.9; 4608x3584 7.4 / 6.5; 5120x13824
 //   20.4 / 16.1; 3584x18944 27.8 / 17.5.
 //  q6_K (raw and dpl alike: their outputs are compared bit for bit),
 //   2048..65535 rows: depth 1 pipelined, the largest k-split whose grid is

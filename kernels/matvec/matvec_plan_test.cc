@@ -166,8 +166,10 @@ TEST_CASE("decode geometry per type and height reproduces the H200 sweep") {
   CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 152064, t) == head);
   // 512-row attn_k/v: launch-bound, k-split 4.
   CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 512, t) == plain_short);
-  // q4_K mid-size: depth 1 pipelined, k-split 2 from 6144 rows, else 4.
-  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 37888, t) == MatVecGeometry{1, 2, 1, true});
+  // q4_K mid-size: depth 1 pipelined, k-split 1 from 32768 rows, 2 from
+  // 6144, else 4.
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 37888, t) == MatVecGeometry{1, 1, 1, true});
+  CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 32767, t) == MatVecGeometry{1, 2, 1, true});
   CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 27648, t) == MatVecGeometry{1, 2, 1, true});
   CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 7168, t) == MatVecGeometry{1, 2, 1, true});
   CHECK(DecodeGeometryFor(MatVecKernel::kQ4K, 5120, t) == MatVecGeometry{1, 4, 1, true});
