@@ -153,6 +153,21 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
                                                    outs.size(), " outputs (1..",
                                                    kMaxMatVecParts, " each)"));
   }
+  if (plan.mixed) {
+    if (ws.size() < 2) {
+      return absl::InvalidArgumentError("matvec group: a mixed plan needs two matrices");
+    }
+    // Several tokens: the mixed form is single-token only, so the last
+    // matrix gets its own launch (same geometry, its own kernel).
+    if (io.n_tokens != 1) {
+      MatVecPlan head = plan, last = plan;
+      head.mixed = last.mixed = false;
+      last.kernel = plan.last_kernel;
+      const size_t n = ws.size() - 1;
+      DPL_RETURN_IF_ERROR(RunMatVecGroup(ws.first(n), head, outs.first(n), io, stream));
+      return RunMatVecGroup(ws.last(1), last, outs.last(1), io, stream);
+    }
+  }
   const std::string what = absl::StrCat("matvec ", MatVecKernelName(kernel), " ", ws[0]->n_rows,
                                         "x", ws[0]->n_cols,
                                         ws.size() > 1 ? absl::StrCat(" (+", ws.size() - 1, ")") : "");
@@ -190,7 +205,9 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
         absl::StrCat(what, ": ", blocks, " row blocks, more than ", kMaxGridY));
   }
   if (mma) return Annotate(LaunchMatVecMma(kernel, a, blocks, plan.pdl, stream), what);
-  return Annotate(LaunchMatVec(kernel, a, g, grid_x, blocks, plan.pdl, stream), what);
+  return Annotate(LaunchMatVec(kernel, a, g, grid_x, blocks, plan.pdl, stream,
+                               plan.mixed ? plan.last_kernel : kernel),
+                  what);
 }
 
 absl::Status RunMatVec(const WeightMatrix& w, const MatVecPlan& plan, const MatVecIo& io,

@@ -117,4 +117,11 @@ inline bool IsCompiledGeometry(const MatVecGeometry& g) {
   return g.token_tile == kTokenTile && (g.ksplit == 1 || g.ksplit == 4) && g.depth == 2 && !g.pipe;
 }
 
+// Geometries a mixed launch (two kernels, matvec_skeleton.cuh) is compiled
+// for: one token, k-split 1, 2 or 4, depth 1, pipelined.
+inline bool IsMixedGeometry(const MatVecGeometry& g) {
+  return g.token_tile == 1 && (g.ksplit == 1 || g.ksplit == 2 || g.ksplit == 4) && g.depth == 1 &&
+         g.pipe;
+}
+
 }  // namespace dpl::kernels

@@ -291,15 +291,21 @@ TEST_CASE("matvec: a grouped launch equals one launch per matrix, bit for bit") 
     std::vector<std::pair<GgmlType, TensorLayout>> types;
     std::vector<int64_t> rows;
     int64_t n_cols;
+    size_t launches;  // what PlanMatVecGroups plans on the H200
   };
   const Group groups[] = {
       {{{GgmlType::kQ4_K, TensorLayout::kRaw}, {GgmlType::kQ4_K, TensorLayout::kRaw}, {GgmlType::kQ6_K, TensorLayout::kDpl}},
-       {3584, 512, 512}, 3584},  // a Q4_K_M layer's Q, K, V: two launches
+       {3584, 512, 512}, 3584, 2},  // a 7B Q4_K_M layer's Q, K, V: two launches
+      {{{GgmlType::kQ4_K, TensorLayout::kRaw}, {GgmlType::kQ4_K, TensorLayout::kRaw}, {GgmlType::kQ6_K, TensorLayout::kDpl}},
+       {5120, 1024, 1024}, 5120, 1},  // a 14B layer's: one mixed launch, k-split 2
+      {{{GgmlType::kQ6_K, TensorLayout::kRaw}, {GgmlType::kQ4_K, TensorLayout::kRaw}, {GgmlType::kQ4_K, TensorLayout::kRaw}},
+       {1029, 5120, 1024}, 5120, 1},  // raw q6_K last, a partial row block, k-split 2
+      {{{GgmlType::kQ4_K, TensorLayout::kRaw}, {GgmlType::kQ6_K, TensorLayout::kDpl}}, {2048, 1001}, 512, 1},  // k-split 4
       {{{GgmlType::kQ8_0, TensorLayout::kDpl}, {GgmlType::kQ8_0, TensorLayout::kDpl}, {GgmlType::kQ8_0, TensorLayout::kDpl}},
-       {1024, 256, 256}, 512},
-      {{{GgmlType::kQ5_K, TensorLayout::kRaw}, {GgmlType::kQ5_K, TensorLayout::kRaw}}, {1536, 1536}, 512},  // gate, up
+       {1024, 256, 256}, 512, 1},
+      {{{GgmlType::kQ5_K, TensorLayout::kRaw}, {GgmlType::kQ5_K, TensorLayout::kRaw}}, {1536, 1536}, 512, 1},  // gate, up
       {{{GgmlType::kF16, TensorLayout::kRaw}, {GgmlType::kF16, TensorLayout::kRaw}, {GgmlType::kF16, TensorLayout::kRaw}},
-       {67, 13, 301}, 896},
+       {67, 13, 301}, 896, 1},
   };
   for (const Group& gr : groups) {
     const int64_t n_cols = gr.n_cols;
@@ -339,8 +345,13 @@ TEST_CASE("matvec: a grouped launch equals one launch per matrix, bit for bit") 
           outs.push_back({grouped[i]->get(), bias[i]->get(), nullptr});
         }
         STATUS_OK(RunMatVecGroup(members, g.plan, outs, io, nullptr));
-        for (int i : g.members) {
-          STATUS_OK(Run(ws[i], g.plan, dx.get(), n_tokens, alone[i]->get(), bias[i]->get(), nullptr, &sh.s));
+        for (size_t k = 0; k < g.members.size(); ++k) {
+          // A mixed launch's last member alone: its own kernel, the group's geometry.
+          MatVecPlan own = g.plan;
+          own.mixed = false;
+          if (g.plan.mixed && k + 1 == g.members.size()) own.kernel = g.plan.last_kernel;
+          const int i = g.members[k];
+          STATUS_OK(Run(ws[i], own, dx.get(), n_tokens, alone[i]->get(), bias[i]->get(), nullptr, &sh.s));
         }
       }
       for (size_t i = 0; i < ws.size(); ++i) {
@@ -350,7 +361,9 @@ TEST_CASE("matvec: a grouped launch equals one launch per matrix, bit for bit") 
                       "matrix " << i << " of a " << ws.size() << "-matrix group, tokens " << n_tokens);
       }
     }
-    std::printf("[group] %zu matrices in %zu launches: grouped == separate\n", ws.size(), plans->size());
+    std::printf("[group] %zu matrices in %zu launches%s: grouped == separate\n", ws.size(),
+                plans->size(), (*plans)[0].plan.mixed ? " (mixed)" : "");
+    CHECK(plans->size() == gr.launches);
   }
 }
 

@@ -116,8 +116,9 @@ absl::Status CheckGrid(int64_t grid, const char* what) {
 }  // namespace
 
 absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& a, const MatVecGeometry& g,
-                          int64_t grid_x, int64_t grid_y, bool pdl, cudaStream_t stream) {
-  const MatVecKernelFn fn = PickKernel(kernel, g);
+                          int64_t grid_x, int64_t grid_y, bool pdl, cudaStream_t stream,
+                          MatVecKernel last) {
+  const MatVecKernelFn fn = last == kernel ? PickKernel(kernel, g) : PickMixedMatVec(kernel, last, g);
   if (fn == nullptr) return NotCompiled(kernel, g);
   if (g.token_tile == 1 && a.n_tokens != 1) {
     return absl::InvalidArgumentError("matvec: a token tile of 1 needs exactly one token");

@@ -44,9 +44,12 @@ struct MatVecArgs {
 // grid.x = token tiles, grid.y = all parts' row blocks (MatVecGridFor per
 // part). `pdl`: a programmatic dependent launch (kernels/launch.cuh); the
 // kernel loads its first weights before waiting for the previous kernel.
-// Errors for a geometry that is not compiled (IsCompiledGeometry).
+// Errors for a geometry that is not compiled (IsCompiledGeometry). `last`
+// != kernel: a mixed launch, whose last part is read by kernel `last`
+// (MatVecMixedSupports and IsMixedGeometry; one token).
 absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& args, const MatVecGeometry& g,
-                          int64_t grid_x, int64_t grid_y, bool pdl, cudaStream_t stream);
+                          int64_t grid_x, int64_t grid_y, bool pdl, cudaStream_t stream,
+                          MatVecKernel last);
 
 // The tensor-core form of `kernel` (MatVecMmaSupports) for 1..kMmaMaxTokens
 // tokens: grid.y = all parts' row blocks of 16 rows (part k's first at

@@ -1,6 +1,6 @@
 // Matvec kernels for the 256-weight k-quant blocks (q2_K, q3_K, q4_K, q5_K,
 // q6_K, iq4_xs), raw and (where they have one) dpl layouts: instantiations
-// of the skeleton (matvec_skeleton.cuh).
+// of the skeleton (matvec_skeleton.cuh), and the mixed q4_K + q6_K form.
 #include "kernels/matvec/matvec_skeleton.cuh"
 
 namespace dpl::kernels {
@@ -21,6 +21,14 @@ MatVecKernelFn PickKQuantMatVec(MatVecKernel kernel, const MatVecGeometry& g) {
     case MatVecKernel::kIQ4XSDpl: return PickGeometry<IQ4XS<true>>(g);
     default: return nullptr;
   }
+}
+
+MatVecKernelFn PickMixedMatVec(MatVecKernel kernel, MatVecKernel last, const MatVecGeometry& g) {
+  using matvec_detail::PickMixed;
+  if (kernel != MatVecKernel::kQ4K) return nullptr;
+  if (last == MatVecKernel::kQ6KDpl) return PickMixed<Q4K, Q6K<true>>(g);
+  if (last == MatVecKernel::kQ6KRaw) return PickMixed<Q4K, Q6K<false>>(g);
+  return nullptr;
 }
 
 }  // namespace dpl::kernels

@@ -78,6 +78,11 @@ bool MatVecMmaSupports(MatVecKernel k) {
   return k == MatVecKernel::kQ4K || k == MatVecKernel::kQ6KDpl || k == MatVecKernel::kQ6KRaw;
 }
 
+bool MatVecMixedSupports(MatVecKernel kernel, MatVecKernel last) {
+  return kernel == MatVecKernel::kQ4K &&
+         (last == MatVecKernel::kQ6KDpl || last == MatVecKernel::kQ6KRaw);
+}
+
 bool UsesQuantizedActivations(MatVecKernel k) {
   const KernelInfo* i = InfoOf(k);
   return i != nullptr && i->quantized_x;
@@ -194,11 +199,45 @@ absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const W
     groups[g].members.push_back(static_cast<int>(i));
     rows[g] += ws[i].n_rows;
   }
-  // Each launch's geometry is that of one matrix of its total height.
+  // A group of one joins another as its mixed last member where the pair
+  // has a mixed kernel and the joined height a mixed geometry.
+  for (size_t b = 0; tuning.group_matvecs && b < groups.size(); ++b) {
+    if (groups[b].members.size() != 1) continue;
+    for (size_t a = 0; a < groups.size(); ++a) {
+      MatVecGroupPlan& ga = groups[a];
+      if (a == b || ga.plan.mixed ||
+          ga.members.size() >= static_cast<size_t>(kMaxMatVecParts) ||
+          !MatVecMixedSupports(ga.plan.kernel, groups[b].plan.kernel) ||
+          MixedGeometryFor(ga.plan.kernel, rows[a] + rows[b], tuning).ksplit == 0) {
+        continue;
+      }
+      ga.members.push_back(groups[b].members[0]);
+      ga.plan.mixed = true;
+      ga.plan.last_kernel = groups[b].plan.kernel;
+      rows[a] += rows[b];
+      groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(b));
+      rows.erase(rows.begin() + static_cast<std::ptrdiff_t>(b));
+      b = static_cast<size_t>(-1);  // start over: the indices moved
+      break;
+    }
+  }
+  // Each launch's geometry is that of one matrix of its total height, or
+  // the mixed one.
   for (size_t g = 0; g < groups.size(); ++g) {
-    groups[g].plan.decode = DecodeGeometryFor(groups[g].plan.kernel, rows[g], tuning);
+    groups[g].plan.decode = groups[g].plan.mixed
+                                ? MixedGeometryFor(groups[g].plan.kernel, rows[g], tuning)
+                                : DecodeGeometryFor(groups[g].plan.kernel, rows[g], tuning);
   }
   return groups;
+}
+
+MatVecGeometry MixedGeometryFor(MatVecKernel kernel, int64_t n_rows, const DecodeTuning& tuning) {
+  const MatVecGeometry g = DecodeGeometryFor(kernel, n_rows, tuning);
+  const int64_t slots = static_cast<int64_t>(tuning.q6k_ctas_per_sm) * tuning.num_sms;
+  if (!IsMixedGeometry(g) || (n_rows + RowsPerCta(g.ksplit) - 1) / RowsPerCta(g.ksplit) > slots) {
+    return MatVecGeometry{1, 0, 0, false};
+  }
+  return g;
 }
 
 MatVecGeometry DecodeGeometryFor(MatVecKernel kernel, int64_t n_rows, const DecodeTuning& tuning) {

@@ -26,6 +26,11 @@ bool UsesQuantizedActivations(MatVecKernel k);
 // take the token tile.
 bool MatVecMmaSupports(MatVecKernel k);
 
+// True when a launch may read its last part with `last` and the others with
+// `kernel` (matvec_skeleton.cuh: the mixed MatVecT): q4_K with q6_K (either
+// layout).
+bool MatVecMixedSupports(MatVecKernel kernel, MatVecKernel last);
+
 // Smallest legal row stride (bytes) for `type`/`layout` rows of n_cols
 // weights, or 0 when n_cols is not a whole number of blocks.
 int64_t MinRowStride(formats::GgmlType type, formats::TensorLayout layout, int64_t n_cols);
@@ -33,6 +38,10 @@ int64_t MinRowStride(formats::GgmlType type, formats::TensorLayout layout, int64
 // What RunMatVec launches for one matrix, resolved once at load.
 struct MatVecPlan {
   MatVecKernel kernel = MatVecKernel::kF32;
+  // A mixed group launch (PlanMatVecGroups): its last matrix is read by
+  // last_kernel, the others by kernel.
+  bool mixed = false;
+  MatVecKernel last_kernel = MatVecKernel::kF32;
   MatVecGeometry decode;  // one token
   MatVecGeometry prompt;  // more tokens: token_tile kTokenTile
   bool pdl = false;       // launched as a programmatic dependent launch (DecodeTuning::pdl)
@@ -43,13 +52,29 @@ struct MatVecPlan {
 // type/layout/field that is wrong (unsupported types included).
 absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning& tuning);
 
+// The geometry of a mixed launch of n_rows rows in all whose first kernel
+// is `kernel`: that kernel's own (DecodeGeometryFor), when it has a mixed
+// form (IsMixedGeometry) and its grid is one wave at the q6_K kernel's
+// residency (tuning.q6k_ctas_per_sm: the mixed kernel has its q6_K part's
+// 72 registers). Else ksplit 0: no mixed launch. Why: measured on the H200
+// (2026-12-03, dpl-bench, base and build interleaved, two rounds each):
+// Qwen2.5-14B's q/k/v (7168 rows, k-split 2: 896 CTAs, one wave of 924) in
+// one mixed launch gained 2.5% tg128 (263.7 -> 270.2 t/s) and 2.2% at depth
+// 3254; the 7B's (4608 rows) lost 0.7% tg128 at q4_K's k-split 4 (1152
+// CTAs, 1.25 waves: 507.5 -> 504.0), and at k-split 2 (one wave, but a
+// slower split for Q) gained 0.2% tg128 and lost 0.8% at depth 3254.
+MatVecGeometry MixedGeometryFor(MatVecKernel kernel, int64_t n_rows, const DecodeTuning& tuning);
+
 // Matrices that read the same x, in launches: `members` index the input
 // span; every member has the group's kernel, and the group's decode
 // geometry is planned for the members' total rows (RunMatVecGroup launches
 // them as one grid). Matrices with the same kernel share a launch, at most
 // kMaxMatVecParts per launch, in their input order (tuning.group_matvecs
-// false: one launch each); errors as PlanMatVec's, or matrices of different
-// widths.
+// false: one launch each). Then a group of one matrix joins another group
+// as its last member when the pair has a mixed form (MatVecMixedSupports)
+// and the joined height a mixed geometry (MixedGeometryFor): a Q4_K_M
+// layer's q4_K Q, K and q6_K V in one launch (plan.mixed, last_kernel V's). Errors
+// as PlanMatVec's, or matrices of different widths.
 struct MatVecGroupPlan {
   std::vector<int> members;
   MatVecPlan plan;

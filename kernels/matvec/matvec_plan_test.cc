@@ -213,6 +213,31 @@ TEST_CASE("PlanMatVecGroups: one launch per kernel, planned for the total height
   CHECK((*g)[0].members == std::vector<int>{0, 1, 2});
   CHECK((*g)[0].plan.kernel == MatVecKernel::kQ4K);
   CHECK((*g)[0].plan.decode == DecodeGeometryFor(MatVecKernel::kQ4K, 4608, t));
+  CHECK(!(*g)[0].plan.mixed);
+  // A 14B layer's q6_K V joins the q4_K launch as its mixed last part, at
+  // q4_K's geometry for the three heights (k-split 2: 896 CTAs, one wave of
+  // 7 x 132).
+  const WeightMatrix q14 = Make(GgmlType::kQ4_K, TensorLayout::kRaw, 5120, 5120);
+  const WeightMatrix k14 = Make(GgmlType::kQ4_K, TensorLayout::kRaw, 1024, 5120);
+  const WeightMatrix v14 = Make(GgmlType::kQ6_K, TensorLayout::kDpl, 1024, 5120);
+  g = PlanMatVecGroups({q14, k14, v14}, t);
+  REQUIRE(g.ok());
+  REQUIRE(g->size() == 1);
+  CHECK((*g)[0].members == std::vector<int>{0, 1, 2});
+  CHECK((*g)[0].plan.kernel == MatVecKernel::kQ4K);
+  CHECK((*g)[0].plan.mixed);
+  CHECK((*g)[0].plan.last_kernel == MatVecKernel::kQ6KDpl);
+  CHECK((*g)[0].plan.decode == MatVecGeometry{1, 2, 1, true});
+  CHECK(MixedGeometryFor(MatVecKernel::kQ4K, 7168, t) == MatVecGeometry{1, 2, 1, true});
+  CHECK(MixedGeometryFor(MatVecKernel::kQ4K, 3696, t) == MatVecGeometry{1, 4, 1, true});
+  // Also in another input order: the group of one goes last.
+  g = PlanMatVecGroups({v14, q14, k14}, t);
+  REQUIRE(g.ok());
+  REQUIRE(g->size() == 1);
+  CHECK((*g)[0].members == std::vector<int>{1, 2, 0});
+  // The 7B's (4608 rows at k-split 4: 1152 CTAs, 1.25 waves) stays two
+  // launches, the q6_K one planned for its own height.
+  CHECK(MixedGeometryFor(MatVecKernel::kQ4K, 4608, t).ksplit == 0);
   g = PlanMatVecGroups({q, k, v6}, t);
   REQUIRE(g.ok());
   REQUIRE(g->size() == 2);
@@ -220,10 +245,22 @@ TEST_CASE("PlanMatVecGroups: one launch per kernel, planned for the total height
   CHECK((*g)[1].members == std::vector<int>{2});
   CHECK((*g)[1].plan.kernel == MatVecKernel::kQ6KDpl);
   CHECK((*g)[1].plan.decode == DecodeGeometryFor(MatVecKernel::kQ6KDpl, 512, t));
+  // No mixed launch either: two q6_K members, a q4_K group of three, a
+  // geometry without a mixed form (below 2048 rows), a grid past one wave.
   g = PlanMatVecGroups({v6, k, v6}, t);  // same kernel, not adjacent: still one launch
   REQUIRE(g.ok());
   REQUIRE(g->size() == 2);
   CHECK((*g)[0].members == std::vector<int>{0, 2});
+  CHECK(!(*g)[0].plan.mixed);
+  CHECK(!(*g)[1].plan.mixed);
+  g = PlanMatVecGroups({k, v6}, t);
+  REQUIRE(g.ok());
+  CHECK(g->size() == 2);
+  CHECK(MixedGeometryFor(MatVecKernel::kQ4K, 14784, t).ksplit == 0);  // k-split 2: 1848 CTAs
+  // Three q4_K members leave no room for a fourth part.
+  g = PlanMatVecGroups({q, k, k, v6}, t);
+  REQUIRE(g.ok());
+  CHECK(g->size() == 2);
   // Different widths cannot share x.
   CHECK(!PlanMatVecGroups({q, Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 4096)}, t).ok());
   // Ungrouped (A/B): one launch per matrix.

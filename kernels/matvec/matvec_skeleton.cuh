@@ -13,6 +13,8 @@
 // of a row are combined by xor-shuffles over distances 4, 2, 1.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/launch.cuh"
 #include "kernels/matvec/matvec_kernels.h"
 #include "kernels/matvec/matvec_traits.cuh"
@@ -26,6 +28,9 @@ using MatVecKernelFn = void (*)(MatVecArgs);
 MatVecKernelFn PickFloatMatVec(MatVecKernel kernel, const MatVecGeometry& g);
 MatVecKernelFn PickQ32MatVec(MatVecKernel kernel, const MatVecGeometry& g);
 MatVecKernelFn PickKQuantMatVec(MatVecKernel kernel, const MatVecGeometry& g);
+// A mixed launch (MatVecMixedSupports): `kernel` for all parts but the last,
+// `last` for the last; nullptr when not compiled.
+MatVecKernelFn PickMixedMatVec(MatVecKernel kernel, MatVecKernel last, const MatVecGeometry& g);
 
 namespace matvec_detail {
 
@@ -78,7 +83,7 @@ __device__ __forceinline__ MatVecPart PartOf(const MatVecArgs& a, int m) {
 // allocation, and the order of loads and dots above is easiest to check
 // where it is written out in full.)
 template <class U, int T, int KS, int D, bool kPipe>
-__global__ void __launch_bounds__(32 * WarpsPerCta(KS)) MatVecT(const MatVecArgs a) {
+__device__ __forceinline__ void MatVecBody(const MatVecArgs& a) {
   constexpr int kWarps = WarpsPerCta(KS);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -171,6 +176,23 @@ __global__ void __launch_bounds__(32 * WarpsPerCta(KS)) MatVecT(const MatVecArgs
   }
 }
 
+// The kernel: MatVecBody for type U, or, for a mixed launch (ULast != U),
+// ULast for the row blocks of the last part. Why mixed: a Q4_K_M layer's
+// Q and K are q4_K and, in half the layers, V is q6_K; one launch for the
+// three pays one ramp and tail instead of two (matvec_plan.h,
+// PlanMatVecGroups). Each part is read exactly as a launch of its own type
+// would read it, so the results are the same bits.
+template <class U, int T, int KS, int D, bool kPipe, class ULast = U>
+__global__ void __launch_bounds__(32 * WarpsPerCta(KS)) MatVecT(const MatVecArgs a) {
+  if constexpr (!std::is_same_v<U, ULast>) {
+    if (static_cast<int>(blockIdx.y) >= a.part[a.n_parts - 1].row_block0) {
+      MatVecBody<ULast, T, KS, D, kPipe>(a);
+      return;
+    }
+  }
+  MatVecBody<U, T, KS, D, kPipe>(a);
+}
+
 template <class U, int KS>
 MatVecKernelFn PickDecode(int depth, bool pipe) {
   if (pipe) return depth == 1 ? MatVecT<U, 1, KS, 1, true> : nullptr;
@@ -194,6 +216,21 @@ MatVecKernelFn PickGeometry(const MatVecGeometry& g) {
     case 2: return PickDecode<U, 2>(g.depth, g.pipe);
     case 4: return PickDecode<U, 4>(g.depth, g.pipe);
     case 8: return PickDecode<U, 8>(g.depth, g.pipe);
+  }
+  return nullptr;
+}
+
+// The mixed instantiation of (U, ULast) for geometry g, or nullptr: mixed
+// launches are compiled for single-token depth 1 pipelined geometries
+// (k-split 1, 2, 4: what PlanMatVecGroups may pick for them, see
+// IsMixedGeometry in matvec_geometry.h).
+template <class U, class ULast>
+MatVecKernelFn PickMixed(const MatVecGeometry& g) {
+  if (!IsMixedGeometry(g)) return nullptr;
+  switch (g.ksplit) {
+    case 1: return MatVecT<U, 1, 1, 1, true, ULast>;
+    case 2: return MatVecT<U, 1, 2, 1, true, ULast>;
+    case 4: return MatVecT<U, 1, 4, 1, true, ULast>;
   }
   return nullptr;
 }
