@@ -201,25 +201,28 @@ absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const W
   }
   // A group of one joins another as its mixed last member where the pair
   // has a mixed kernel and the joined height a mixed geometry.
-  for (size_t b = 0; tuning.group_matvecs && b < groups.size(); ++b) {
-    if (groups[b].members.size() != 1) continue;
-    for (size_t a = 0; a < groups.size(); ++a) {
-      MatVecGroupPlan& ga = groups[a];
-      if (a == b || ga.plan.mixed ||
-          ga.members.size() >= static_cast<size_t>(kMaxMatVecParts) ||
-          !MatVecMixedSupports(ga.plan.kernel, groups[b].plan.kernel) ||
-          MixedGeometryFor(ga.plan.kernel, rows[a] + rows[b], tuning).ksplit == 0) {
-        continue;
+  auto join_one = [&]() -> bool {
+    for (size_t b = 0; b < groups.size(); ++b) {
+      if (groups[b].members.size() != 1) continue;
+      for (size_t a = 0; a < groups.size(); ++a) {
+        MatVecGroupPlan& ga = groups[a];
+        if (a == b || ga.plan.mixed || ga.members.size() >= static_cast<size_t>(kMaxMatVecParts) ||
+            !MatVecMixedSupports(ga.plan.kernel, groups[b].plan.kernel) ||
+            MixedGeometryFor(ga.plan.kernel, rows[a] + rows[b], tuning).ksplit == 0) {
+          continue;
+        }
+        ga.members.push_back(groups[b].members[0]);
+        ga.plan.mixed = true;
+        ga.plan.last_kernel = groups[b].plan.kernel;
+        rows[a] += rows[b];
+        groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(b));
+        rows.erase(rows.begin() + static_cast<std::ptrdiff_t>(b));
+        return true;
       }
-      ga.members.push_back(groups[b].members[0]);
-      ga.plan.mixed = true;
-      ga.plan.last_kernel = groups[b].plan.kernel;
-      rows[a] += rows[b];
-      groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(b));
-      rows.erase(rows.begin() + static_cast<std::ptrdiff_t>(b));
-      b = static_cast<size_t>(-1);  // start over: the indices moved
-      break;
     }
+    return false;
+  };
+  while (tuning.group_matvecs && join_one()) {
   }
   // Each launch's geometry is that of one matrix of its total height, or
   // the mixed one.
