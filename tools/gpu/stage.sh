@@ -63,3 +63,13 @@ for l in libcpp-httplib.so.0.11 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicom
   cp -L "/lib/x86_64-linux-gnu/$l" "$out/serverlib/"
 done
 du -sh "$out"
+# A device call carries at most 64 MiB: this folder plus the tracked tree.
+# Say so here, not as a refused call (each refusal costs device time).
+staged=$(du -sb "$out" | cut -f1)
+tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+if (( staged + tree > 64 * 1024 * 1024 )); then
+  echo "stage: $out ($staged bytes) and the tracked tree ($tree) exceed the 64 MiB a call" \
+       "carries: stage fewer tools or oracles (DPL_STAGE_TOOLS_ONLY, DPL_STAGE_ORACLES)," \
+       "or remove $out/serverlib when the call starts no server" >&2
+  exit 1
+fi
