@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_split.h"
+#include "kernels/attention/mma_f16.cuh"
 #include "kernels/act_quant.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/launch.cuh"
@@ -16,78 +17,86 @@ namespace dpl::kernels {
 namespace {
 
 constexpr int kThreads = 128;  // 4 warps per (kv head, split) block
-
-__device__ __forceinline__ void HalfsToFloats(const uint4& raw, float* f) {
-  const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __half22float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
+constexpr int kWarps = kThreads / 32;
 
 // ---------------------------------------------------------------------------
 // Split kernel, block (s, kvh, b): for batch row b (its query, position and
-// sequence region), the G query heads h = kvh * G + g and the
-// positions t in split s's chunk [t_begin, t_end):
+// sequence region), the G query heads h = kvh * G + g and the positions t in
+// split s's chunk [t_begin, t_end):
 //   x_t = (q_h . k_t) * log2(e) / sqrt(HD)          (scores in the log2 domain)
 //   m = max_t x_t,  l = sum_t 2^(x_t - m),  acc = sum_t 2^(x_t - m) v_t
 // written to the workspace unnormalized; the combine kernel merges splits.
-// Thread mapping: a row of HD halves is read by LPR = HD/8 lanes, 16 bytes
-// (8 dims) each, so one warp instruction covers 512 B of whole rows and
-// NGRP = 128/LPR rows are worked on per block per step. Each tile of kTileT
-// positions is scored into shared memory (dot partials summed by an xor
-// butterfly inside the LPR lanes), one softmax update per tile rescales the
-// running state, then V for the tile is accumulated.
 //
-// K and V reach the block through shared memory:
-// the block first issues cp.async copies of its first kStages tiles of K and
-// V (kTileT rows each; a head's rows are contiguous, so a tile is one
-// contiguous span of kTileT * HD halves), and only then loads q. Why: at mid
-// lengths (depth ~3k) a split holds ~50-100 rows, i.e. 1-2 tiles, so its whole
-// chunk is in flight after one issue burst and the block pays one HBM latency
-// instead of one per step of a register pipeline (the first version of this
-// kernel, streaming through registers, paid a chain of ~6 dependent round
-// trips: 16.6 vs 13.9 us per 14B layer at depth 3254). At long lengths the stage being
-// refilled streams while the other one is scored (double buffering), keeping
-// 2 * kStages * kTileT * HD * 2 bytes = 64 KB (HD 128) in flight per block.
-// cp.async groups are committed in a fixed order K_j, V_j (empty groups for
-// tiles past the chunk), so "wait until at most N groups are pending" waits
-// for exactly K_j (N = 2*kStages-1) or V_j (N = 2*kStages-2).
+// On tensor cores (mma.sync m16n8k16, layouts in mma_f16.cuh): the G heads
+// are the rows of the A operand (rows G..15 are zero; G <= 8, so only rows
+// 0..7 -- each lane's row g = lane / 4 -- are ever live, and the accumulator
+// halves of rows 8..15 are dropped), keys are the n dimension of S = Q K^T
+// and the k dimension of O = P V. K and V arrive in tiles of kTileT = 64
+// rows; warp w takes keys 16w .. 16w + 15 of every tile (one k-step of P V)
+// and keeps its own online softmax state (m, l, O) for the G heads, so a
+// tile needs no block-wide softmax step; the four warps' states are merged
+// once at the end, through shared memory. Why tensor cores: the CUDA-core
+// form of this kernel spent ~2-3 us per split on 7 heads x 8 dims of FMAs
+// and butterflies per row (the reads are 25 KB per split at depth 3254).
+//
+// Precision: q (scaled to the log2 domain) and P enter the MMAs as hi + lo
+// f16 pairs (SplitHalf2), two MMAs each, so the products are as precise as
+// f32 ones with the f16 cache values (exact in f16 already); one f16
+// rounding of q and P would add ~2^-11 relative error to every score and
+// weight. The sums run in an order of the MMAs' own, not the CPU's: results
+// match the float64 reference to ~1e-7 (attention_gpu_test), not bitwise.
+//
+// K and V reach the block through shared memory: the block first issues
+// cp.async copies of its first kStages tiles of K and V (a head's rows are
+// contiguous, so a tile is one contiguous span), and only then loads q. Why:
+// at mid lengths (depth ~3k) a split holds ~50-100 rows, i.e. 1-2 tiles, so
+// its whole chunk is in flight after one issue burst and the block pays one
+// HBM latency instead of one per step of a register pipeline. At long lengths
+// the stage being refilled streams while the other one is worked on (double
+// buffering), 2 * kStages * kTileT * HD * 2 bytes = 64 KB (HD 128) in flight
+// per block. Rows past the chunk are zero-filled, never read: a stale or NaN
+// V row times a zero probability would not stay 0. cp.async groups are
+// committed in the fixed order K_j, V_j (empty groups for tiles past the
+// chunk), so "at most 2 * kStages - 2 pending" means K_j and V_j landed.
 constexpr int kTileT = 64;
 constexpr int kStages = 2;
+constexpr int kKeysPerWarp = kTileT / kWarps;  // 16: one k-step of P V
+static_assert(kKeysPerWarp == 16, "a warp's keys of a tile are one mma k-step");
 
 template <int HD>
+__host__ __device__ constexpr int TileHalves() {
+  return kTileT * attn_mma::PaddedRowHalves(HD);
+}
+template <int HD>
 __host__ __device__ constexpr int StreamSmemBytes() {
-  // (kStages, {K, V}, kTileT, HD) halves; reused for the final (NGRP, G, HD)
-  // float reduction, which needs at most 8 * 8 * 128 * 4 = 32 KB.
-  return kStages * 2 * kTileT * HD * 2;
-}
-
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+  // (kStages, {K, V}) padded tiles: HD 128 -> 69632 bytes, HD 64 -> 36864;
+  // reused for the warps' (kWarps, 8, HD) float states at the end.
+  return kStages * 2 * TileHalves<HD>() * 2;
 }
 
 // Copies rows [t, t + n) of one head's cache (contiguous, HD halves per row)
-// to dst, 16 bytes per cp.async, consecutive threads on consecutive chunks.
+// into a padded tile, rows [n, kTileT) zero-filled (nothing read), 16 bytes
+// per cp.async, consecutive threads on consecutive chunks of a row.
 template <int HD>
-__device__ __forceinline__ void IssueRows(__half* dst,                // (kTileT, HD)
+__device__ __forceinline__ void IssueRows(__half* dst,                          // (kTileT, HD + 8)
                                           const __half* __restrict__ src_head,  // (n_ctx, HD)
                                           int t, int n, int tid) {
-  const int chunks = n * (HD / 8);
-  const __half* src = src_head + (size_t)t * HD;
-  for (int c = tid; c < chunks; c += kThreads) CpAsync16(dst + c * 8, src + c * 8);
+  constexpr int kChunksPerRow = HD / 8;
+  constexpr int kPerThread = kTileT * kChunksPerRow / kThreads;
+  static_assert(kTileT * kChunksPerRow % kThreads == 0, "chunks split evenly over the block");
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = tid + i * kThreads;
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const bool valid = r < n;
+    const __half* src = src_head + (valid ? static_cast<size_t>(t + r) * HD + col : 0);
+    attn_mma::CpAsync16ZeroFill(attn_mma::SmemAddr(dst + r * attn_mma::PaddedRowHalves(HD) + col),
+                                src, valid);
+  }
 }
 
-// (One long kernel on purpose: the cp.async stages, the per-tile softmax and
-// the reduction share one register and shared-memory budget; device
+// (One long kernel on purpose: the cp.async stages, the fragments and the
+// softmax state share one register and shared-memory budget; device
 // functions would inline back into exactly this.)
 template <int HD, int G>
 __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
@@ -99,17 +108,18 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
     int n_ctx, int window, int max_splits, float scale_log2, bool early_kv,
     float* __restrict__ ws_acc,  // (batch, n_head, max_splits, HD)
     float* __restrict__ ws_ml) {  // (batch, n_head, max_splits, 2): (m, l)
-  constexpr int LPR = HD / 8;
-  constexpr int NGRP = kThreads / LPR;
-  constexpr int kTileHalves = kTileT * HD;
-  static_assert(G >= 1 && G <= 8, "GQA group of 1..8 query heads");
-  static_assert(kTileT % NGRP == 0, "row groups tile a smem tile exactly");
-  static_assert(NGRP * G * HD * 4 <= StreamSmemBytes<HD>(), "reduction fits the staging buffer");
+  using namespace attn_mma;
+  constexpr int kLd = PaddedRowHalves(HD);
+  constexpr int kTile = TileHalves<HD>();
+  constexpr int kDimSteps = HD / 16;  // k-steps of Q K^T
+  constexpr int kDimTiles = HD / 8;   // n8 tiles of O
+  static_assert(G >= 1 && G <= 8, "GQA group of 1..8 query heads (the live A rows)");
+  static_assert(HD % 32 == 0, "K fragments are loaded 32 dims per ldmatrix.x4");
+  static_assert(kWarps * 8 * HD * 4 <= StreamSmemBytes<HD>(), "warp states fit the staging");
   extern __shared__ __align__(16) unsigned char s_dyn[];
-  // Stage st: K tile at s_kv + (2*st) * kTileHalves, V tile right after it.
+  // Stage st: K tile at s_kv + (2*st) * kTile, V tile right after it.
   __half* s_kv = reinterpret_cast<__half*>(s_dyn);
-  __shared__ __align__(16) float s_p[kTileT][8];  // [t][g] scores, then probabilities
-  __shared__ float s_scale[8];
+  __shared__ float s_m[kWarps][8], s_l[kWarps][8];  // each warp's (m, l) per head
 
   // Launched as a programmatic dependent of RoPE when the decode step uses
   // PDL (a no-op otherwise). RoPE writes q and the cache row of position p
@@ -134,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   const int t_end = min(keys.lo + keys.len, t_begin + chunk);
   const int n_tiles = t_end > t_begin ? (t_end - t_begin + kTileT - 1) / kTileT : 0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int row_lane = tid % LPR, grp = tid / LPR;
+  const int gid = lane >> 2, tig = lane & 3;  // fragment row (head) and column pair
   const __half* kh = k_cache + (size_t)kvh * n_ctx * HD;
   const __half* vh = v_cache + (size_t)kvh * n_ctx * HD;
 
@@ -145,9 +155,9 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   for (int j = 0; j < kStages; ++j) {
     const int t = t_begin + j * kTileT;
     const int n = min(kTileT, t_end - t);
-    if (j < n_tiles) IssueRows<HD>(s_kv + (2 * j) * kTileHalves, kh, t, n, tid);
+    if (j < n_tiles) IssueRows<HD>(s_kv + (2 * j) * kTile, kh, t, n, tid);
     CpAsyncCommit();
-    if (j < n_tiles) IssueRows<HD>(s_kv + (2 * j + 1) * kTileHalves, vh, t, n, tid);
+    if (j < n_tiles) IssueRows<HD>(s_kv + (2 * j + 1) * kTile, vh, t, n, tid);
     CpAsyncCommit();
   }
   if (!holds_current) GridDependencyWait();
@@ -155,140 +165,163 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   // launch now; it waits for this grid's completion before reading partials.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
-  float qr[G][8];
+  // q of head g (this lane's A row), scaled to the log2 domain, as hi + lo
+  // A fragments: [ks][0] = a0 (dims 16 ks + 2t, +1), [ks][1] = a2 (+8).
+  uint32_t qh[kDimSteps][2], ql[kDimSteps][2];
+  {
+    const bool live = gid < G;
+    const float* qp = q + (size_t)(kvh * G + (live ? gid : 0)) * HD + 2 * tig;
+    const float sc = live ? scale_log2 : 0.0f;
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const float4* qp = reinterpret_cast<const float4*>(q + (size_t)(kvh * G + g) * HD + row_lane * 8);
-    const float4 a = qp[0], b = qp[1];
-    qr[g][0] = a.x * scale_log2; qr[g][1] = a.y * scale_log2;
-    qr[g][2] = a.z * scale_log2; qr[g][3] = a.w * scale_log2;
-    qr[g][4] = b.x * scale_log2; qr[g][5] = b.y * scale_log2;
-    qr[g][6] = b.z * scale_log2; qr[g][7] = b.w * scale_log2;
+    for (int ks = 0; ks < kDimSteps; ++ks) {
+      const float2 a0 = *reinterpret_cast<const float2*>(qp + ks * 16);
+      const float2 a2 = *reinterpret_cast<const float2*>(qp + ks * 16 + 8);
+      SplitHalf2(a0.x * sc, a0.y * sc, &qh[ks][0], &ql[ks][0]);
+      SplitHalf2(a2.x * sc, a2.y * sc, &qh[ks][1], &ql[ks][1]);
+    }
   }
-  float acc[G][8];
+  // This warp's state for head g: O (dims 8 dt + 2t, +1), the running max m
+  // (shared by the 4 lanes of the row) and this lane's partial sum l.
+  float o[kDimTiles][2];
 #pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] = o[dt][1] = 0.0f;
+  float m_run = -INFINITY, l_run = 0.0f;
+  // ldmatrix row addresses (mma_f16.cuh): K plain, matrix i = lane / 8 is
+  // keys +(lane & 7), dims 32 kp + 8i; V transposed, matrix i is keys
+  // +(lane & 7) + 8 (i & 1), dims 16 dp + 8 (i >> 1).
+  const int k_row = lane & 7, k_col = (lane >> 3) * 8;
+  const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
+  const int key0 = warp * kKeysPerWarp;  // this warp's keys within a tile
 
   for (int j = 0; j < n_tiles; ++j) {
     const int st = j % kStages;
-    const __half* sk = s_kv + (2 * st) * kTileHalves + row_lane * 8;      // (kTileT, HD)
-    const __half* sv = s_kv + (2 * st + 1) * kTileHalves + row_lane * 8;  // (kTileT, HD)
-    const int t0 = t_begin + j * kTileT;
-    const int n_t = min(kTileT, t_end - t0);
-    CpAsyncWait<2 * kStages - 1>();  // K_j landed (this thread's copies)
+    const int n_t = min(kTileT, t_end - (t_begin + j * kTileT));
+    CpAsyncWait<2 * kStages - 2>();  // K_j and V_j landed (this thread's copies)
     __syncthreads();                 // ... and everyone's
-    // Pass 1: scores of rows p = base + grp; base is warp-uniform (butterfly).
-    // Rows p >= n_t hold stale bytes: their dots are computed, never stored,
-    // and the butterfly only mixes lanes of the same row.
-#pragma unroll 2
-    for (int base = 0; base < n_t; base += NGRP) {
-      const int p = base + grp;
-      float kf[8];
-      HalfsToFloats(*reinterpret_cast<const uint4*>(sk + p * HD), kf);
-      float dot[G];
+    if (key0 < n_t) {  // warp-uniform; the warp's first key is valid
+      const __half* sk = s_kv + (2 * st) * kTile;
+      const __half* sv = sk + kTile;
+      // S for keys key0 + 8 nt + (2t, 2t+1): c0, c1 of sc[nt] (c2, c3: dead rows).
+      float sc[2][4];
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float a = 0.0f;
+      for (int nt = 0; nt < 2; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) a = fmaf(qr[g][e], kf[e], a);
-        dot[g] = a;
-      }
+      for (int kp = 0; kp < HD / 32; ++kp) {
 #pragma unroll
-      for (int o = LPR / 2; o > 0; o >>= 1)
-#pragma unroll
-        for (int g = 0; g < G; ++g) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
-      float mine = dot[0];
-#pragma unroll
-      for (int g = 1; g < G; ++g) mine = row_lane == g ? dot[g] : mine;
-      if (p < n_t && row_lane < G) s_p[p][row_lane] = mine;
-    }
-    CpAsyncWait<2 * kStages - 2>();  // V_j landed
-    __syncthreads();
-#pragma unroll
-    for (int jj = 0; jj < 2; ++jj) {
-      const int g = warp + 4 * jj;
-      if (g < G) {
-        float mx = -INFINITY;
-        for (int p = lane; p < n_t; p += 32) mx = fmaxf(mx, s_p[p][g]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m_new = fmaxf(m_run[jj], mx);
-        float sum = 0.0f;
-        for (int p = lane; p < n_t; p += 32) {
-          const float e = exp2f(s_p[p][g] - m_new);
-          s_p[p][g] = e;
-          sum += e;
+        for (int nt = 0; nt < 2; ++nt) {
+          uint32_t bk[4];
+          LdMatrixX4(bk, SmemAddr(sk + (key0 + nt * 8 + k_row) * kLd + kp * 32 + k_col));
+          const uint32_t h0[4] = {qh[2 * kp][0], 0u, qh[2 * kp][1], 0u};
+          const uint32_t l0[4] = {ql[2 * kp][0], 0u, ql[2 * kp][1], 0u};
+          const uint32_t h1[4] = {qh[2 * kp + 1][0], 0u, qh[2 * kp + 1][1], 0u};
+          const uint32_t l1[4] = {ql[2 * kp + 1][0], 0u, ql[2 * kp + 1][1], 0u};
+          Mma16816(sc[nt], h0, bk[0], bk[1]);
+          Mma16816(sc[nt], l0, bk[0], bk[1]);
+          Mma16816(sc[nt], h1, bk[2], bk[3]);
+          Mma16816(sc[nt], l1, bk[2], bk[3]);
         }
+      }
+      // Keys past the chunk (zero rows): a select to -inf, never a multiply.
+      float mx = m_run;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        const float sc = exp2f(m_run[jj] - m_new);  // 0 on the first tile
-        l_run[jj] = l_run[jj] * sc + sum;
-        m_run[jj] = m_new;
-        if (lane == 0) s_scale[g] = sc;
+      for (int nt = 0; nt < 2; ++nt) {
+        const int key = key0 + nt * 8 + 2 * tig;
+        sc[nt][0] = key < n_t ? sc[nt][0] : -INFINITY;
+        sc[nt][1] = key + 1 < n_t ? sc[nt][1] : -INFINITY;
+        mx = fmaxf(mx, fmaxf(sc[nt][0], sc[nt][1]));
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // mx is finite (key0 < n_t), so 2^(-inf - mx) = 0 for masked keys and
+      // for the first tile's old state.
+      const float alpha = exp2f(m_run - mx);
+      m_run = mx;
+      l_run *= alpha;
+#pragma unroll
+      for (int dt = 0; dt < kDimTiles; ++dt) {
+        o[dt][0] *= alpha;
+        o[dt][1] *= alpha;
+      }
+      float p[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        p[nt][0] = exp2f(sc[nt][0] - mx);
+        p[nt][1] = exp2f(sc[nt][1] - mx);
+        l_run += p[nt][0] + p[nt][1];
+      }
+      // P as hi + lo A fragments: a0 = keys 2t, 2t+1 (tile 0), a2 = +8 (tile 1).
+      uint32_t ph[4] = {0u, 0u, 0u, 0u}, pl[4] = {0u, 0u, 0u, 0u};
+      SplitHalf2(p[0][0], p[0][1], &ph[0], &pl[0]);
+      SplitHalf2(p[1][0], p[1][1], &ph[2], &pl[2]);
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; ++dp) {
+        uint32_t bv[4];
+        LdMatrixX4Trans(bv, SmemAddr(sv + (key0 + v_row) * kLd + dp * 16 + v_col));
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float c[4] = {o[2 * dp + half][0], o[2 * dp + half][1], 0.0f, 0.0f};
+          Mma16816(c, ph, bv[2 * half], bv[2 * half + 1]);
+          Mma16816(c, pl, bv[2 * half], bv[2 * half + 1]);
+          o[2 * dp + half][0] = c[0];
+          o[2 * dp + half][1] = c[1];
+        }
       }
     }
-    __syncthreads();
-    // Pass 2: acc = acc * scale + sum_t p_t v_t.
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float sc = s_scale[g];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] *= sc;
-    }
-#pragma unroll 2
-    for (int p = grp; p < n_t; p += NGRP) {
-      float vf[8];
-      HalfsToFloats(*reinterpret_cast<const uint4*>(sv + p * HD), vf);
-      const float4 pa = *reinterpret_cast<const float4*>(&s_p[p][0]);
-      const float4 pb = *reinterpret_cast<const float4*>(&s_p[p][4]);
-      const float pr[8] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
-#pragma unroll
-      for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pr[g], vf[e], acc[g][e]);
-    }
-    __syncthreads();  // stage st and s_p are free again
+    __syncthreads();  // stage st is free again
     // Refill stage st with tile j + kStages (or commit empty groups, keeping
-    // the K_j, V_j group order the waits above count on).
+    // the K_j, V_j group order the wait above counts on).
     const int jn = j + kStages;
     const int tn = t_begin + jn * kTileT;
     const int nn = min(kTileT, t_end - tn);
-    if (jn < n_tiles) IssueRows<HD>(s_kv + (2 * st) * kTileHalves, kh, tn, nn, tid);
+    if (jn < n_tiles) IssueRows<HD>(s_kv + (2 * st) * kTile, kh, tn, nn, tid);
     CpAsyncCommit();
-    if (jn < n_tiles) IssueRows<HD>(s_kv + (2 * st + 1) * kTileHalves, vh, tn, nn, tid);
+    if (jn < n_tiles) IssueRows<HD>(s_kv + (2 * st + 1) * kTile, vh, tn, nn, tid);
     CpAsyncCommit();
   }
   CpAsyncWait<0>();  // only empty groups can be pending; drain before reuse
   __syncthreads();
 
-  // Sum the NGRP row groups' accumulators (staging buffer reused), write the
-  // split's partials.
-  float* s_red = reinterpret_cast<float*>(s_dyn);  // (NGRP, G, HD)
+  // Merge the warps' states: M = max_w m_w, f_w = 2^(m_w - M) (0 for a warp
+  // that saw no key), acc = sum_w f_w O_w, l = sum_w f_w l_w; the split's
+  // partials are (M, l, acc). A split with no keys writes (-inf, 0, 0).
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  float* s_o = reinterpret_cast<float*>(s_dyn);  // (kWarps, 8, HD)
+  if (tig == 0) {
+    s_m[warp][gid] = m_run;
+    s_l[warp][gid] = l_run;
+  }
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float4* dst = reinterpret_cast<float4*>(s_red + ((size_t)grp * G + g) * HD + row_lane * 8);
-    dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-    dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+  for (int dt = 0; dt < kDimTiles; ++dt) {
+    *reinterpret_cast<float2*>(s_o + ((size_t)warp * 8 + gid) * HD + dt * 8 + 2 * tig) =
+        make_float2(o[dt][0], o[dt][1]);
   }
   __syncthreads();
-  for (int o = tid; o < G * HD; o += kThreads) {
-    const int g = o / HD, d = o % HD;
+  __shared__ float s_f[kWarps][8];  // f_w per head
+  if (tid < kWarps * 8) {
+    const int w = tid / 8, g = tid % 8;
+    float mm = s_m[0][g];
+#pragma unroll
+    for (int k = 1; k < kWarps; ++k) mm = fmaxf(mm, s_m[k][g]);
+    s_f[w][g] = s_m[w][g] == -INFINITY ? 0.0f : exp2f(s_m[w][g] - mm);
+    if (w == 0 && g < G) {
+      float l = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kWarps; ++k) {
+        l += (s_m[k][g] == -INFINITY ? 0.0f : exp2f(s_m[k][g] - mm)) * s_l[k][g];
+      }
+      float* ml = ws_ml + ((size_t)(kvh * G + g) * max_splits + s) * 2;
+      ml[0] = mm;
+      ml[1] = l;
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < G * HD; i += kThreads) {
+    const int g = i / HD, d = i % HD;
     float a = 0.0f;
 #pragma unroll
-    for (int r = 0; r < NGRP; ++r) a += s_red[((size_t)r * G + g) * HD + d];
+    for (int k = 0; k < kWarps; ++k) a = fmaf(s_f[k][g], s_o[((size_t)k * 8 + g) * HD + d], a);
     ws_acc[((size_t)(kvh * G + g) * max_splits + s) * HD + d] = a;
-  }
-#pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
-    const int g = warp + 4 * jj;
-    if (g < G && lane == 0) {
-      float* ml = ws_ml + ((size_t)(kvh * G + g) * max_splits + s) * 2;
-      ml[0] = m_run[jj];
-      ml[1] = l_run[jj];
-    }
   }
 }
 

@@ -3,14 +3,16 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/attention/mma_f16.cuh"
 #include "kernels/attention/prompt_attention.h"
 #include "kernels/cuda_check.h"
 
 namespace dpl::kernels {
 namespace {
+
+using namespace attn_mma;  // the PTX wrappers (mma_f16.cuh)
 
 // ---------------------------------------------------------------------------
 // Tile geometry. A CTA is 4 warps; each warp owns one m16 row block of the
@@ -25,88 +27,11 @@ constexpr int kStages = 2;
 
 template <int HD>
 struct TileGeometry {
-  // Halves per shared-memory row: HD + 8. Why the 8-half (16-byte) pad: the
-  // row stride becomes HD/2 + 4 words, i.e. 4 banks past a multiple of 32, so
-  // the 8 row addresses of one ldmatrix phase (8 rows x 16 bytes) land on
-  // banks {0-3, 4-7, ..., 28-31}: conflict-free. Rows stay 16-byte aligned
-  // (272 / 144 bytes) for cp.async and ldmatrix. An unpadded row (256 / 128
-  // bytes) would put all 8 rows on the same 4 banks: an 8-way conflict.
-  static constexpr int kLd = HD + 8;
+  static constexpr int kLd = PaddedRowHalves(HD);  // why padded: mma_f16.cuh
   static constexpr int kTileHalves = kBlockN * kLd;
   // (kStages, {K, V}) tiles: HD 128 -> 69632 bytes, HD 64 -> 36864 bytes.
   static constexpr int kSmemBytes = kStages * 2 * kTileHalves * 2;
 };
-
-// ---------------------------------------------------------------------------
-// PTX wrappers.
-//
-// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 fragment layouts (PTX ISA,
-// "Matrix Fragments for mma.m16n8k16 with floating point type"), with
-// groupID g = lane >> 2 and threadID_in_group t = lane % 4. A .f16x2 register
-// holds two elements, the lower column (or k) index in the low 16 bits.
-//   A (16 x 16, row-major), 4 x .f16x2:
-//     a0: (row g,     cols 2t, 2t+1)      a1: (row g + 8, cols 2t, 2t+1)
-//     a2: (row g,     cols 2t+8, 2t+9)    a3: (row g + 8, cols 2t+8, 2t+9)
-//   B (16 x 8, k x n, "col"), 2 x .f16x2:
-//     b0: (k 2t, 2t+1; col g)             b1: (k 2t+8, 2t+9; col g)
-//   C/D (16 x 8, f32), 4 floats:
-//     c0, c1: (row g, cols 2t, 2t+1)      c2, c3: (row g + 8, cols 2t, 2t+1)
-//
-// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8i..8i+7 give the row
-// addresses (16 bytes each) of matrix i; register ri of lane l receives
-// matrix i's elements (row l/4, cols 2(l%4), 2(l%4)+1). With .trans it
-// receives (rows 2(l%4), 2(l%4)+1; col l/4) instead, i.e. the transpose.
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared; with valid == false, src-size 0: the 16 bytes
-// are zero-filled and nothing is read from src (which must still be a legal
-// address; callers pass the head's row 0).
-__device__ __forceinline__ void CpAsync16ZeroFill(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
-// d += a * b on tensor cores (layouts above).
-__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// (lo, hi) -> .f16x2 with lo in the low 16 bits (round to nearest even).
-__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &h, sizeof(u));
-  return u;
-}
 
 // Copies keys [j0, j0 + kBlockN) of one head's cache (rows of HD halves,
 // contiguous) into a padded smem tile, 16 bytes per cp.async, consecutive

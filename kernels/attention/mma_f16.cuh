@@ -1,0 +1,107 @@
+// The f16 tensor-core building blocks both attention kernels use (decode:
+// attention.cu, prompt: prompt_attention.cu): cp.async into padded shared-
+// memory rows, ldmatrix, mma.sync m16n8k16 with f32 accumulation, and the
+// fragment layouts they rely on. Internal to kernels/attention.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace dpl::kernels::attn_mma {
+
+// Halves per shared-memory row of a K or V tile: HD + 8. Why the 8-half
+// (16-byte) pad: the row stride becomes HD/2 + 4 words, i.e. 4 banks past a
+// multiple of 32, so the 8 row addresses of one ldmatrix phase (8 rows x 16
+// bytes) land on banks {0-3, 4-7, ..., 28-31}: conflict-free. Rows stay
+// 16-byte aligned (272 / 144 bytes) for cp.async and ldmatrix. An unpadded
+// row (256 / 128 bytes) would put all 8 rows on the same 4 banks: an 8-way
+// conflict.
+__host__ __device__ constexpr int PaddedRowHalves(int head_dim) { return head_dim + 8; }
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 fragment layouts (PTX ISA,
+// "Matrix Fragments for mma.m16n8k16 with floating point type"), with
+// groupID g = lane >> 2 and threadID_in_group t = lane % 4. A .f16x2 register
+// holds two elements, the lower column (or k) index in the low 16 bits.
+//   A (16 x 16, row-major), 4 x .f16x2:
+//     a0: (row g,     cols 2t, 2t+1)      a1: (row g + 8, cols 2t, 2t+1)
+//     a2: (row g,     cols 2t+8, 2t+9)    a3: (row g + 8, cols 2t+8, 2t+9)
+//   B (16 x 8, k x n, "col"), 2 x .f16x2:
+//     b0: (k 2t, 2t+1; col g)             b1: (k 2t+8, 2t+9; col g)
+//   C/D (16 x 8, f32), 4 floats:
+//     c0, c1: (row g, cols 2t, 2t+1)      c2, c3: (row g + 8, cols 2t, 2t+1)
+//
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8i..8i+7 give the row
+// addresses (16 bytes each) of matrix i; register ri of lane l receives
+// matrix i's elements (row l/4, cols 2(l%4), 2(l%4)+1). With .trans it
+// receives (rows 2(l%4), 2(l%4)+1; col l/4) instead, i.e. the transpose.
+// So for rows of K (keys x dims) a plain ldmatrix gives B fragments of K^T
+// (S = Q K^T), and for rows of V a transposing one gives B fragments of V
+// (O = P V); the S accumulator of 8 keys (c0, c1 / c2, c3) is the A layout
+// of P for those keys (a0 / a1 for keys 0-7 of a k-step, a2 / a3 for 8-15).
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; with valid == false, src-size 0: the 16 bytes
+// are zero-filled and nothing is read from src (which must still be a legal
+// address; callers pass the head's row 0).
+__device__ __forceinline__ void CpAsync16ZeroFill(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// d += a * b on tensor cores (layouts above).
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (lo, hi) -> .f16x2 with lo in the low 16 bits (round to nearest even).
+__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &h, sizeof(u));
+  return u;
+}
+
+// The pair (x0, x1) as two .f16x2 terms, *hi = f16(x) and *lo = f16(x -
+// f16(x)): hi + lo carries ~22 bits of each value (|x - hi - lo| <=
+// 2^-22 |x| outside f16's subnormal range), so an MMA over hi and one over
+// lo, summed in f32, is as precise as an f32 product with an f16 operand.
+__device__ __forceinline__ void SplitHalf2(float x0, float x1, uint32_t* hi, uint32_t* lo) {
+  const __half2 h = __floats2half2_rn(x0, x1);
+  const float2 f = __half22float2(h);
+  memcpy(hi, &h, sizeof(*hi));
+  *lo = PackHalf2(x0 - f.x, x1 - f.y);
+}
+
+}  // namespace dpl::kernels::attn_mma
