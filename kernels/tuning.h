@@ -23,6 +23,13 @@ struct DecodeTuning {
   // > 0: split-attention blocks per kv head, instead of one wave's worth
   // (benchmark sweeps).
   int attn_splits = 0;
+  // Fewest keys an active attention split takes: a KV length L works
+  // min(max_splits, ceil(L / attn_min_chunk)) splits (attention_split.h).
+  // Measured on the H200 with the tensor-core split kernel (2026-12-03,
+  // dpl-bench DPL_ATTN_MIN_CHUNK, two rounds): 7B tg128 / @d3254 509.7 /
+  // 462.2 at 32, 516.0 / 472.5 at 64, 500.3 / 472.5 at 128; the 14B within
+  // 0.3% at 32 and 64 (docs/PERF.md).
+  int attn_min_chunk = 64;
   // The attention combine kernel goes out as a programmatic dependent launch
   // (Hopper PDL), overlapping its launch with the split kernel's tail.
   // Measured neutral; false launches it plainly (A/B).

@@ -170,6 +170,7 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_ATTN_EARLY", &t.attn_early_kv);
   flag("DPL_ATTN_QUANT", &t.attn_quantize_output);
   flag("DPL_ATTN_SPLITS", &t.attn_splits);
+  flag("DPL_ATTN_MIN_CHUNK", &t.attn_min_chunk);
   flag("DPL_PDL", &t.pdl);
   flag("DPL_GROUP", &t.group_matvecs);
   flag("DPL_MMA_MAX", &t.mma_max_tokens);

@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
     const __half* __restrict__ v_cache,  // (n_seq, n_head_kv, n_ctx, HD)
     const int* __restrict__ d_pos,       // (batch)
     const int* __restrict__ d_seq,       // (batch) or null: region 0
-    int n_ctx, int window, int max_splits, float scale_log2, bool early_kv,
+    int n_ctx, int window, int max_splits, int min_chunk, float scale_log2, bool early_kv,
     float* __restrict__ ws_acc,  // (batch, n_head, max_splits, HD)
     float* __restrict__ ws_ml) {  // (batch, n_head, max_splits, 2): (m, l)
   using namespace attn_mma;
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   // The split holding p waits first.
   const int b = blockIdx.z;
   const AttnKeys keys = AttnKeyRange(d_pos[b], n_ctx, window);
-  const int n_act = AttnActiveSplits(keys.len, max_splits);
+  const int n_act = AttnActiveSplits(keys.len, max_splits, min_chunk);
   const int s = blockIdx.x, kvh = blockIdx.y;
   if (s >= n_act) return;
   const int n_head = gridDim.y * G;
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
     const float* __restrict__ ws_acc,  // (batch, n_head, max_splits, HD)
     const float* __restrict__ ws_ml,   // (batch, n_head, max_splits, 2)
     const int* __restrict__ d_pos,     // (batch)
-    int n_ctx, int window, int max_splits,
+    int n_ctx, int window, int max_splits, int min_chunk,
     float* __restrict__ out,  // (batch, n_head, HD)
     QuantOut quant) {         // (batch, n_head * HD) as int8 blocks, or q == null
   __shared__ float s_w[1024];   // max_splits <= 1024 (checked by the planner)
@@ -348,7 +348,8 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
   GridDependencyWait();
   GridLaunchDependents();
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
-  const int n_act = AttnActiveSplits(AttnKeyRange(d_pos[b], n_ctx, window).len, max_splits);
+  const int n_act =
+      AttnActiveSplits(AttnKeyRange(d_pos[b], n_ctx, window).len, max_splits, min_chunk);
   // Row b's head h: the n_head = gridDim.x heads of a row are consecutive.
   const size_t bh = (size_t)b * gridDim.x + h;
   const float* ml = ws_ml + bh * max_splits * 2;
@@ -395,7 +396,7 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
 }
 
 using SplitFn = void (*)(const float*, const __half*, const __half*, const int*, const int*, int,
-                         int, int, float, bool, float*, float*);
+                         int, int, int, float, bool, float*, float*);
 
 template <int HD>
 SplitFn PickSplitT(int group) {
@@ -445,6 +446,10 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   if (window < 0) {
     return absl::InvalidArgumentError(absl::StrCat("decode attention: window ", window, " < 0"));
   }
+  if (tuning.attn_min_chunk < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode attention: attn_min_chunk ", tuning.attn_min_chunk, " < 1"));
+  }
   if (n_head % n_head_kv != 0 || n_head / n_head_kv > 8) {
     return absl::UnimplementedError(absl::StrCat(
         "decode attention: n_head ", n_head, " / n_head_kv ", n_head_kv,
@@ -479,7 +484,8 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   if (want > 1024) want = 1024;  // the combine kernel's weight table
   // Never more splits than the keys a query can see need.
   const int keys = window > 0 && window < n_ctx ? window : n_ctx;
-  const int by_ctx = (keys + kAttnMinChunk - 1) / kAttnMinChunk;
+  plan.min_chunk = tuning.attn_min_chunk;
+  const int by_ctx = (keys + plan.min_chunk - 1) / plan.min_chunk;
   plan.max_splits = want < by_ctx ? want : by_ctx;
   if (plan.max_splits < 1) plan.max_splits = 1;
   plan.workspace_floats =
@@ -501,7 +507,7 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
     return absl::InvalidArgumentError("decode attention: a quantized output with null buffers");
   }
   const QuantOut qout = quant != nullptr ? *quant : QuantOut{};
-  if (plan.max_splits <= 0 || plan.n_head_kv <= 0 || plan.n_head % plan.n_head_kv != 0 ||
+  if (plan.max_splits <= 0 || plan.min_chunk < 1 || plan.n_head_kv <= 0 || plan.n_head % plan.n_head_kv != 0 ||
       plan.batch <= 0) {
     return absl::InvalidArgumentError("decode attention: plan not from PlanDecodeAttention");
   }
@@ -532,16 +538,18 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
   DPL_RETURN_IF_ERROR(LaunchKernel(split.fn, dim3(plan.max_splits, plan.n_head_kv, plan.batch),
                                    dim3(kThreads), split.smem, stream, plan.step_pdl, q, kc, vc,
                                    d_pos, d_seq, plan.n_ctx, plan.window, plan.max_splits,
-                                   scale_log2, plan.early_kv, ws_acc, ws_ml));
+                                   plan.min_chunk, scale_log2, plan.early_kv, ws_acc, ws_ml));
   // The combine kernel goes out as a programmatic dependent launch (Hopper
   // PDL): its launch overlaps the split kernel's tail, and griddepcontrol.wait
   // inside it orders the reads of the partials after the split grid.
   const dim3 grid(plan.n_head, plan.batch), block(plan.head_dim * kCombineParts);
   return plan.head_dim == 64
              ? LaunchKernel(AttnCombineKernel<64>, grid, block, 0, stream, plan.pdl, ws_acc, ws_ml,
-                            d_pos, plan.n_ctx, plan.window, plan.max_splits, out, qout)
+                            d_pos, plan.n_ctx, plan.window, plan.max_splits, plan.min_chunk, out,
+                            qout)
              : LaunchKernel(AttnCombineKernel<128>, grid, block, 0, stream, plan.pdl, ws_acc,
-                            ws_ml, d_pos, plan.n_ctx, plan.window, plan.max_splits, out, qout);
+                            ws_ml, d_pos, plan.n_ctx, plan.window, plan.max_splits,
+                            plan.min_chunk, out, qout);
 }
 
 }  // namespace dpl::kernels

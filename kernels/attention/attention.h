@@ -25,6 +25,7 @@ struct DecodeAttentionPlan {
   int head_dim = 0;    // 64 or 128
   int n_ctx = 0;       // cache rows per kv head
   int max_splits = 0;  // split-kernel blocks per kv head and batch row (grid.x)
+  int min_chunk = 32;  // fewest keys per active split (AttnActiveSplits)
   int batch = 1;       // query rows (sequences) per call (grid.z)
   // Floats of the caller-allocated workspace: per query head and split,
   // head_dim accumulators plus (max, sum).
@@ -43,7 +44,7 @@ struct DecodeAttentionPlan {
 // one wave (the kernel's occupancy per SM, capped at
 // tuning.attn_max_blocks_per_sm, times tuning.num_sms; at most 1024 splits;
 // tuning.attn_splits overrides), but never more splits than
-// ceil(n_ctx / kAttnMinChunk). Errors: head_dim not 64/128, n_head not a
+// ceil(n_ctx / tuning.attn_min_chunk). Errors: attn_min_chunk < 1, head_dim not 64/128, n_head not a
 // multiple of n_head_kv, group (n_head / n_head_kv) above 8, sizes <= 0,
 // batch above 65535.
 absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_kv, int head_dim,

@@ -316,13 +316,22 @@ TEST_CASE("PlanDecodeAttention rejects unsupported shapes") {
   CHECK(!PlanDecodeAttention(64, 4, 128, 4096, /*window=*/0, t).ok());  // group 16
   auto p = PlanDecodeAttention(28, 4, 128, 32768, /*window=*/0, t);
   REQUIRE(p.ok());
-  // One wave of split blocks: at least one per SM, never past n_ctx / 32.
+  // One wave of split blocks: at least one per SM, never past n_ctx / min_chunk.
   CHECK(p->n_head_kv * p->max_splits >= sms);
-  CHECK(p->max_splits <= 32768 / 32);
-  auto small = PlanDecodeAttention(28, 4, 128, 100, /*window=*/0, t);
+  CHECK(p->max_splits <= 32768 / t.attn_min_chunk);
+  CHECK(p->min_chunk == t.attn_min_chunk);
+  DecodeTuning chunk32 = t;
+  chunk32.attn_min_chunk = 32;
+  auto small = PlanDecodeAttention(28, 4, 128, 100, /*window=*/0, chunk32);
   REQUIRE(small.ok());
   CHECK(small->max_splits == 4);  // ceil(100 / 32)
   CHECK(small->workspace_floats == 28ull * 4 * 130);
+  chunk32.attn_min_chunk = 64;
+  auto small64 = PlanDecodeAttention(28, 4, 128, 100, /*window=*/0, chunk32);
+  REQUIRE(small64.ok());
+  CHECK(small64->max_splits == 2);  // ceil(100 / 64)
+  chunk32.attn_min_chunk = 0;
+  CHECK(!PlanDecodeAttention(28, 4, 128, 100, /*window=*/0, chunk32).ok());
   // The tuning's policy fields reach the plan.
   DecodeTuning forced = t;
   forced.attn_splits = 7;

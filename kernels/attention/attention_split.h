@@ -5,7 +5,7 @@
 // The grid is fixed when the CUDA graph is captured: max_splits blocks per kv
 // head. At run time every kernel derives from the current KV length L (read
 // from device memory) how many of them work:
-//   n_active = min(max_splits, ceil(L / kMinChunk)),  chunk = ceil(L / n_active)
+//   n_active = min(max_splits, ceil(L / min_chunk)),  chunk = ceil(L / n_active)
 // and split s covers [s * chunk, min(L, (s + 1) * chunk)); blocks s >= n_active
 // exit at once. Why adaptive: a fixed split count would give 32768/max_splits-
 // sized chunks at long contexts (good) but 1-position chunks with a combine
@@ -21,12 +21,11 @@
 
 namespace dpl::kernels {
 
-// Fewest positions a split handles (below it the partial results cost more
-// to write and combine than the keys they summarize).
-inline constexpr int kAttnMinChunk = 32;
-
-DPL_ATTN_HD int AttnActiveSplits(int kv_len, int max_splits) {
-  const int by_len = (kv_len + kAttnMinChunk - 1) / kAttnMinChunk;
+// min_chunk: the fewest positions a split handles (below it the partial
+// results cost more to write and combine than the keys they summarize;
+// DecodeTuning::attn_min_chunk, >= 1).
+DPL_ATTN_HD int AttnActiveSplits(int kv_len, int max_splits, int min_chunk) {
+  const int by_len = (kv_len + min_chunk - 1) / min_chunk;
   const int n = by_len < max_splits ? by_len : max_splits;
   return n > 0 ? n : 1;
 }

@@ -9,9 +9,10 @@ namespace {
 // The active splits' ranges [s * chunk, min(L, (s + 1) * chunk)) must tile
 // [0, L) exactly, in order, for every length and split budget.
 TEST_CASE("attention splits tile the KV length exactly") {
+  for (int min_chunk : {1, 32, 128}) {
   for (int max_splits : {1, 2, 7, 66, 132, 1024}) {
     for (int len = 1; len <= 40000; len += (len < 300 ? 1 : 97)) {
-      const int n = AttnActiveSplits(len, max_splits);
+      const int n = AttnActiveSplits(len, max_splits, min_chunk);
       REQUIRE(n >= 1);
       REQUIRE(n <= max_splits);
       const int chunk = AttnChunk(len, n);
@@ -24,18 +25,21 @@ TEST_CASE("attention splits tile the KV length exactly") {
         covered = e;
       }
       REQUIRE(covered == len);
-      // Splits are only used when each gets about kAttnMinChunk positions.
-      if (n > 1) CHECK(chunk >= kAttnMinChunk / 2);
+      // Splits are only used when each gets about min_chunk positions.
+      if (n > 1) CHECK(chunk >= min_chunk / 2);
     }
+  }
   }
 }
 
 TEST_CASE("active split count grows with length up to the budget") {
-  CHECK(AttnActiveSplits(1, 132) == 1);
-  CHECK(AttnActiveSplits(kAttnMinChunk, 132) == 1);
-  CHECK(AttnActiveSplits(kAttnMinChunk + 1, 132) == 2);
-  CHECK(AttnActiveSplits(3254, 132) == (3254 + kAttnMinChunk - 1) / kAttnMinChunk);
-  CHECK(AttnActiveSplits(32768, 132) == 132);
+  for (int c : {32, 100}) {
+    CHECK(AttnActiveSplits(1, 132, c) == 1);
+    CHECK(AttnActiveSplits(c, 132, c) == 1);
+    CHECK(AttnActiveSplits(c + 1, 132, c) == 2);
+    CHECK(AttnActiveSplits(3254, 132, c) == (3254 + c - 1) / c);
+    CHECK(AttnActiveSplits(32768, 132, c) == 132);
+  }
 }
 
 }  // namespace
