@@ -74,27 +74,6 @@ __host__ __device__ constexpr int StreamSmemBytes() {
   return kStages * 2 * TileHalves<HD>() * 2;
 }
 
-// Copies rows [t, t + n) of one head's cache (contiguous, HD halves per row)
-// into a padded tile, rows [n, kTileT) zero-filled (nothing read), 16 bytes
-// per cp.async, consecutive threads on consecutive chunks of a row.
-template <int HD>
-__device__ __forceinline__ void IssueRows(__half* dst,                          // (kTileT, HD + 8)
-                                          const __half* __restrict__ src_head,  // (n_ctx, HD)
-                                          int t, int n, int tid) {
-  constexpr int kChunksPerRow = HD / 8;
-  constexpr int kPerThread = kTileT * kChunksPerRow / kThreads;
-  static_assert(kTileT * kChunksPerRow % kThreads == 0, "chunks split evenly over the block");
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int c = tid + i * kThreads;
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    const bool valid = r < n;
-    const __half* src = src_head + (valid ? static_cast<size_t>(t + r) * HD + col : 0);
-    attn_mma::CpAsync16ZeroFill(attn_mma::SmemAddr(dst + r * attn_mma::PaddedRowHalves(HD) + col),
-                                src, valid);
-  }
-}
-
 // (One long kernel on purpose: the cp.async stages, the fragments and the
 // softmax state share one register and shared-memory budget; device
 // functions would inline back into exactly this.)
@@ -148,6 +127,10 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   const __half* kh = k_cache + (size_t)kvh * n_ctx * HD;
   const __half* vh = v_cache + (size_t)kvh * n_ctx * HD;
 
+  // Tile rows [t, t + n) of a head's K or V into dst, the rest of the tile zero.
+  auto issue = [&](__half* dst, const __half* head, int t, int n) {
+    IssuePaddedRows<HD, kTileT, kThreads>(dst, head, t, n, tid);
+  };
   // Prologue: the first kStages tiles' copies go out before anything else.
   const bool holds_current = !early_kv || t_end == keys.lo + keys.len;
   if (holds_current) GridDependencyWait();
@@ -155,9 +138,9 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   for (int j = 0; j < kStages; ++j) {
     const int t = t_begin + j * kTileT;
     const int n = min(kTileT, t_end - t);
-    if (j < n_tiles) IssueRows<HD>(s_kv + (2 * j) * kTile, kh, t, n, tid);
+    if (j < n_tiles) issue(s_kv + (2 * j) * kTile, kh, t, n);
     CpAsyncCommit();
-    if (j < n_tiles) IssueRows<HD>(s_kv + (2 * j + 1) * kTile, vh, t, n, tid);
+    if (j < n_tiles) issue(s_kv + (2 * j + 1) * kTile, vh, t, n);
     CpAsyncCommit();
   }
   if (!holds_current) GridDependencyWait();
@@ -273,9 +256,9 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
     const int jn = j + kStages;
     const int tn = t_begin + jn * kTileT;
     const int nn = min(kTileT, t_end - tn);
-    if (jn < n_tiles) IssueRows<HD>(s_kv + (2 * st) * kTile, kh, tn, nn, tid);
+    if (jn < n_tiles) issue(s_kv + (2 * st) * kTile, kh, tn, nn);
     CpAsyncCommit();
-    if (jn < n_tiles) IssueRows<HD>(s_kv + (2 * st + 1) * kTile, vh, tn, nn, tid);
+    if (jn < n_tiles) issue(s_kv + (2 * st + 1) * kTile, vh, tn, nn);
     CpAsyncCommit();
   }
   CpAsyncWait<0>();  // only empty groups can be pending; drain before reuse

@@ -57,6 +57,30 @@ __device__ __forceinline__ void CpAsync16ZeroFill(uint32_t dst, const void* src,
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
+// Copies rows [row0, row0 + kRows) of one head's cache (rows of HD halves,
+// contiguous) into a padded tile (PaddedRowHalves), 16 bytes per cp.async,
+// the kThreads threads of a block on consecutive chunks of a row
+// (coalesced). Rows r >= n_valid are zero-filled without being read: past
+// the keys a block may use the cache may hold NaN or lie past n_ctx, and a
+// zero V row times a zero probability stays 0 (a NaN row would not: 0 * NaN
+// = NaN).
+template <int HD, int kRows, int kThreads>
+__device__ __forceinline__ void IssuePaddedRows(__half* dst,                          // (kRows, HD + 8)
+                                                const __half* __restrict__ src_head,  // (n_ctx, HD)
+                                                int row0, int n_valid, int tid) {
+  constexpr int kChunksPerRow = HD / 8;
+  constexpr int kPerThread = kRows * kChunksPerRow / kThreads;
+  static_assert(kRows * kChunksPerRow % kThreads == 0, "chunks split evenly over the block");
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = tid + i * kThreads;
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const bool valid = r < n_valid;
+    const __half* src = src_head + (valid ? static_cast<size_t>(row0 + r) * HD + col : 0);
+    CpAsync16ZeroFill(SmemAddr(dst + r * PaddedRowHalves(HD) + col), src, valid);
+  }
+}
+
 // Waits until at most N of this thread's committed groups are pending.
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {

@@ -33,30 +33,6 @@ struct TileGeometry {
   static constexpr int kSmemBytes = kStages * 2 * kTileHalves * 2;
 };
 
-// Copies keys [j0, j0 + kBlockN) of one head's cache (rows of HD halves,
-// contiguous) into a padded smem tile, 16 bytes per cp.async, consecutive
-// threads on consecutive chunks of a row (coalesced). Keys >= kv_len are
-// zero-filled without being read: past kv_len the cache may hold NaN or lie
-// past n_ctx, and a zero V row times a zero probability stays 0 (a NaN row
-// would not: 0 * NaN = NaN).
-template <int HD>
-__device__ __forceinline__ void IssueTile(__half* dst,                         // (kBlockN, HD + 8)
-                                          const __half* __restrict__ src_head,  // (n_ctx, HD)
-                                          int j0, int kv_len, int tid) {
-  constexpr int kChunksPerRow = HD / 8;
-  constexpr int kPerThread = kBlockN * kChunksPerRow / kThreads;
-  static_assert(kBlockN * kChunksPerRow % kThreads == 0, "chunks split evenly over the CTA");
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int c = tid + i * kThreads;
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    const int key = j0 + r;
-    const bool valid = key < kv_len;
-    const __half* src = src_head + (valid ? static_cast<size_t>(key) * HD + col : 0);
-    CpAsync16ZeroFill(SmemAddr(dst + r * TileGeometry<HD>::kLd + col), src, valid);
-  }
-}
-
 // ---------------------------------------------------------------------------
 // Block (h, y): query head h, query rows t in [m0, m0 + 64) with m0 = 64 *
 // (gridDim.y - 1 - y), kv head kvh = h / group. For each row t (position
@@ -146,12 +122,16 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   const __half* kh = k_cache + static_cast<size_t>(kvh) * n_ctx * HD;
   const __half* vh = v_cache + static_cast<size_t>(kvh) * n_ctx * HD;
 
+  // Keys [j0, j0 + kBlockN) of a head's K or V into dst, keys >= kv_len zero.
+  auto issue = [&](__half* dst, const __half* head, int j0) {
+    IssuePaddedRows<HD, kBlockN, kThreads>(dst, head, j0, kv_len - j0, tid);
+  };
   // Prologue: tile 0's copies go out before the Q loads. cp.async groups are
   // committed in the fixed order K_j, V_j (empty groups past the last tile),
   // so "at most 3 pending" means K_j landed and "at most 2" means V_j landed.
-  IssueTile<HD>(s_kv, kh, j_first * kBlockN, kv_len, tid);
+  issue(s_kv, kh, j_first * kBlockN);
   CpAsyncCommit();
-  IssueTile<HD>(s_kv + kStages * Geo::kTileHalves, vh, j_first * kBlockN, kv_len, tid);
+  issue(s_kv + kStages * Geo::kTileHalves, vh, j_first * kBlockN);
   CpAsyncCommit();
 
   const int row_lo = m0 + warp * 16 + gid;  // token of c0/c1 (and a0/a2); row_lo + 8: c2/c3
@@ -202,12 +182,11 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
     // Refill the other stage with tile j + 1 (it was last read in iteration
     // j - 1, which ended with a barrier).
     if (j + 1 < n_kt) {
-      IssueTile<HD>(s_kv + (st ^ 1) * Geo::kTileHalves, kh, j0 + kBlockN, kv_len, tid);
+      issue(s_kv + (st ^ 1) * Geo::kTileHalves, kh, j0 + kBlockN);
     }
     CpAsyncCommit();
     if (j + 1 < n_kt) {
-      IssueTile<HD>(s_kv + (kStages + (st ^ 1)) * Geo::kTileHalves, vh, j0 + kBlockN, kv_len,
-                    tid);
+      issue(s_kv + (kStages + (st ^ 1)) * Geo::kTileHalves, vh, j0 + kBlockN);
     }
     CpAsyncCommit();
 
