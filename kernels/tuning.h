@@ -30,6 +30,10 @@ struct DecodeTuning {
   // 462.2 at 32, 516.0 / 472.5 at 64, 500.3 / 472.5 at 128; the 14B within
   // 0.3% at 32 and 64 (docs/PERF.md).
   int attn_min_chunk = 64;
+  // Threads per head dim in the attention combine kernel, 4 or 8: each sums
+  // the splits s = part (mod parts). NOT YET MEASURED (A/B: dpl-bench
+  // DPL_ATTN_COMBINE_PARTS).
+  int attn_combine_parts = 4;
   // The attention combine kernel goes out as a programmatic dependent launch
   // (Hopper PDL), overlapping its launch with the split kernel's tail.
   // Measured neutral; false launches it plainly (A/B).

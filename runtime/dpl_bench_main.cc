@@ -171,6 +171,7 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_ATTN_QUANT", &t.attn_quantize_output);
   flag("DPL_ATTN_SPLITS", &t.attn_splits);
   flag("DPL_ATTN_MIN_CHUNK", &t.attn_min_chunk);
+  flag("DPL_ATTN_COMBINE_PARTS", &t.attn_combine_parts);
   flag("DPL_PDL", &t.pdl);
   flag("DPL_GROUP", &t.group_matvecs);
   flag("DPL_MMA_MAX", &t.mma_max_tokens);

@@ -308,22 +308,27 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   }
 }
 
-// Combine, block (h, b) (query head, batch row), kCombineParts * HD threads:
+// Combine, block (h, b) (query head, batch row), kParts * HD threads:
 //   M = max_s m_s,  out[h][d] = sum_s 2^(m_s - M) acc_s[d] / sum_s 2^(m_s - M) l_s
-// The split weights are computed once into shared memory; thread (part, d)
-// sums the splits s = part (mod kCombineParts), 4 loads in flight, then the
-// parts are added. (A serial loop over splits costs one L2 latency per split.)
-constexpr int kCombineParts = 4;
-template <int HD>
-__global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
+// Thread (part, d) sums the splits s = part (mod kParts), then the parts are
+// added in order. Its first kPre partials are loaded before the split
+// weights are known (they do not depend on them), so their L2 latency
+// overlaps the weights' (m, l) loads; later ones go 4 loads in flight. (A
+// serial chain costs one L2 latency per step: d_pos, then (m, l), then the
+// partials.) kParts = 8 halves each thread's share of a deep context's splits
+// (DecodeTuning::attn_combine_parts).
+constexpr int kPre = 4;
+template <int HD, int kParts>
+__global__ void __launch_bounds__(HD * kParts) AttnCombineKernel(
     const float* __restrict__ ws_acc,  // (batch, n_head, max_splits, HD)
     const float* __restrict__ ws_ml,   // (batch, n_head, max_splits, 2)
     const int* __restrict__ d_pos,     // (batch)
     int n_ctx, int window, int max_splits, int min_chunk,
     float* __restrict__ out,  // (batch, n_head, HD)
     QuantOut quant) {         // (batch, n_head * HD) as int8 blocks, or q == null
+  static_assert(HD * kParts <= 1024, "one block per head");
   __shared__ float s_w[1024];   // max_splits <= 1024 (checked by the planner)
-  __shared__ float s_red[kCombineParts][HD];
+  __shared__ float s_red[kParts][HD];
   __shared__ float s_scalar[2];
   // Launched as a programmatic dependent of the split kernel: block here
   // until that grid has completed and its partials are visible (a no-op
@@ -335,6 +340,14 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
       AttnActiveSplits(AttnKeyRange(d_pos[b], n_ctx, window).len, max_splits, min_chunk);
   // Row b's head h: the n_head = gridDim.x heads of a row are consecutive.
   const size_t bh = (size_t)b * gridDim.x + h;
+  const int d = tid % HD, part = tid / HD;
+  const float* a = ws_acc + bh * max_splits * HD + d;
+  float pre[kPre];
+#pragma unroll
+  for (int i = 0; i < kPre; ++i) {
+    const int s = part + i * kParts;
+    pre[i] = s < n_act ? a[(size_t)s * HD] : 0.0f;
+  }
   const float* ml = ws_ml + bh * max_splits * 2;
   if (tid < 32) {
     float m = -INFINITY;
@@ -350,26 +363,29 @@ __global__ void __launch_bounds__(HD * kCombineParts) AttnCombineKernel(
     if (tid == 0) s_scalar[0] = l;
   }
   __syncthreads();
-  const int d = tid % HD, part = tid / HD;
-  const float* a = ws_acc + bh * max_splits * HD + d;
   float acc = 0.0f;
-  int s = part;
-  for (; s + 3 * kCombineParts < n_act; s += 4 * kCombineParts) {
-    const float a0 = a[(size_t)s * HD], a1 = a[(size_t)(s + kCombineParts) * HD];
-    const float a2 = a[(size_t)(s + 2 * kCombineParts) * HD];
-    const float a3 = a[(size_t)(s + 3 * kCombineParts) * HD];
-    acc = fmaf(s_w[s], a0, acc);
-    acc = fmaf(s_w[s + kCombineParts], a1, acc);
-    acc = fmaf(s_w[s + 2 * kCombineParts], a2, acc);
-    acc = fmaf(s_w[s + 3 * kCombineParts], a3, acc);
+#pragma unroll
+  for (int i = 0; i < kPre; ++i) {
+    const int s = part + i * kParts;
+    if (s < n_act) acc = fmaf(s_w[s], pre[i], acc);
   }
-  for (; s < n_act; s += kCombineParts) acc = fmaf(s_w[s], a[(size_t)s * HD], acc);
+  int s = part + kPre * kParts;
+  for (; s + 3 * kParts < n_act; s += 4 * kParts) {
+    const float a0 = a[(size_t)s * HD], a1 = a[(size_t)(s + kParts) * HD];
+    const float a2 = a[(size_t)(s + 2 * kParts) * HD];
+    const float a3 = a[(size_t)(s + 3 * kParts) * HD];
+    acc = fmaf(s_w[s], a0, acc);
+    acc = fmaf(s_w[s + kParts], a1, acc);
+    acc = fmaf(s_w[s + 2 * kParts], a2, acc);
+    acc = fmaf(s_w[s + 3 * kParts], a3, acc);
+  }
+  for (; s < n_act; s += kParts) acc = fmaf(s_w[s], a[(size_t)s * HD], acc);
   s_red[part][d] = acc;
   __syncthreads();
   if (part == 0) {
     float t = 0.0f;
 #pragma unroll
-    for (int p = 0; p < kCombineParts; ++p) t += s_red[p][d];
+    for (int p = 0; p < kParts; ++p) t += s_red[p][d];
     const float o = t / s_scalar[0];
     out[bh * HD + d] = o;
     // Each warp of part 0 holds 32 consecutive outputs: one activation
@@ -429,6 +445,10 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   if (window < 0) {
     return absl::InvalidArgumentError(absl::StrCat("decode attention: window ", window, " < 0"));
   }
+  if (tuning.attn_combine_parts != 4 && tuning.attn_combine_parts != 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode attention: attn_combine_parts ", tuning.attn_combine_parts, " (4 or 8)"));
+  }
   if (tuning.attn_min_chunk < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("decode attention: attn_min_chunk ", tuning.attn_min_chunk, " < 1"));
@@ -468,6 +488,7 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   // Never more splits than the keys a query can see need.
   const int keys = window > 0 && window < n_ctx ? window : n_ctx;
   plan.min_chunk = tuning.attn_min_chunk;
+  plan.combine_parts = tuning.attn_combine_parts;
   const int by_ctx = (keys + plan.min_chunk - 1) / plan.min_chunk;
   plan.max_splits = want < by_ctx ? want : by_ctx;
   if (plan.max_splits < 1) plan.max_splits = 1;
@@ -490,7 +511,8 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
     return absl::InvalidArgumentError("decode attention: a quantized output with null buffers");
   }
   const QuantOut qout = quant != nullptr ? *quant : QuantOut{};
-  if (plan.max_splits <= 0 || plan.min_chunk < 1 || plan.n_head_kv <= 0 || plan.n_head % plan.n_head_kv != 0 ||
+  if (plan.max_splits <= 0 || plan.min_chunk < 1 ||
+      (plan.combine_parts != 4 && plan.combine_parts != 8) || plan.n_head_kv <= 0 || plan.n_head % plan.n_head_kv != 0 ||
       plan.batch <= 0) {
     return absl::InvalidArgumentError("decode attention: plan not from PlanDecodeAttention");
   }
@@ -525,14 +547,15 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
   // The combine kernel goes out as a programmatic dependent launch (Hopper
   // PDL): its launch overlaps the split kernel's tail, and griddepcontrol.wait
   // inside it orders the reads of the partials after the split grid.
-  const dim3 grid(plan.n_head, plan.batch), block(plan.head_dim * kCombineParts);
-  return plan.head_dim == 64
-             ? LaunchKernel(AttnCombineKernel<64>, grid, block, 0, stream, plan.pdl, ws_acc, ws_ml,
-                            d_pos, plan.n_ctx, plan.window, plan.max_splits, plan.min_chunk, out,
-                            qout)
-             : LaunchKernel(AttnCombineKernel<128>, grid, block, 0, stream, plan.pdl, ws_acc,
-                            ws_ml, d_pos, plan.n_ctx, plan.window, plan.max_splits,
-                            plan.min_chunk, out, qout);
+  const dim3 grid(plan.n_head, plan.batch), block(plan.head_dim * plan.combine_parts);
+  auto launch = [&](auto kernel) {
+    return LaunchKernel(kernel, grid, block, 0, stream, plan.pdl, ws_acc, ws_ml, d_pos, plan.n_ctx,
+                        plan.window, plan.max_splits, plan.min_chunk, out, qout);
+  };
+  if (plan.head_dim == 64) {
+    return plan.combine_parts == 8 ? launch(AttnCombineKernel<64, 8>) : launch(AttnCombineKernel<64, 4>);
+  }
+  return plan.combine_parts == 8 ? launch(AttnCombineKernel<128, 8>) : launch(AttnCombineKernel<128, 4>);
 }
 
 }  // namespace dpl::kernels

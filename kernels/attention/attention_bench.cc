@@ -174,6 +174,7 @@ int main() {
   if (const char* e = std::getenv("DPL_ATTN_PDL")) g_tuning.attn_pdl = std::atoi(e) != 0;
   if (const char* e = std::getenv("DPL_ATTN_SPLITS")) g_tuning.attn_splits = std::atoi(e);
   if (const char* e = std::getenv("DPL_ATTN_MIN_CHUNK")) g_tuning.attn_min_chunk = std::atoi(e);
+  if (const char* e = std::getenv("DPL_ATTN_COMBINE_PARTS")) g_tuning.attn_combine_parts = std::atoi(e);
   std::printf(" pdl %d, splits %s\n", g_tuning.attn_pdl ? 1 : 0,
               g_tuning.attn_splits > 0 ? std::to_string(g_tuning.attn_splits).c_str() : "one wave");
   if (const char* e = std::getenv("DPL_ATTN_BENCH_PROMPT"); e && e[0] == '1') {

@@ -121,13 +121,17 @@ void CheckQuantizedOutput(const DecodeAttentionPlan& plan, const float* dq, cons
   cudaFree(ma), cudaFree(mb), cudaFree(dout);
 }
 
-void RunCase(int n_head, int n_head_kv, int hd, int n_ctx, int len, float q_scale, int window = 0) {
+void RunCase(int n_head, int n_head_kv, int hd, int n_ctx, int len, float q_scale, int window = 0,
+             int combine_parts = 0) {  // 0: the device tuning's
   CAPTURE(n_head);
   CAPTURE(n_head_kv);
   CAPTURE(hd);
   CAPTURE(len);
   CAPTURE(window);
-  auto plan = PlanDecodeAttention(n_head, n_head_kv, hd, n_ctx, window, Tuning());
+  CAPTURE(combine_parts);
+  DecodeTuning t = Tuning();
+  if (combine_parts > 0) t.attn_combine_parts = combine_parts;
+  auto plan = PlanDecodeAttention(n_head, n_head_kv, hd, n_ctx, window, t);
   REQUIRE(plan.ok());
   const int lo = window > 0 && len > window ? len - window : 0;
   Setup s{n_head, n_head_kv, hd, n_ctx, {}, {}};
@@ -157,7 +161,8 @@ void RunCase(int n_head, int n_head_kv, int hd, int n_ctx, int len, float q_scal
   const double err = NormErr(got, Reference(s, q, len, lo));
   MESSAGE("attention heads " << n_head << "/" << n_head_kv << " hd " << hd << " len " << len
                              << " window " << window << " q_scale " << q_scale << " (max_splits "
-                             << plan->max_splits << "): normalized error " << err);
+                             << plan->max_splits << ", combine parts " << plan->combine_parts
+                             << "): normalized error " << err);
   CHECK(err < 2e-4);
   CheckQuantizedOutput(*plan, dq, s, dpos, dws, got);
   cudaFree(dq), cudaFree(dout), cudaFree(dws), cudaFree(dpos), cudaFree(s.dk), cudaFree(s.dv);
@@ -176,6 +181,13 @@ TEST_CASE("decode attention with a sliding window (Mistral: 4096)") {
   for (int len : {1, 100, 4096, 4097, 5000, 9000}) RunCase(32, 8, 128, 16384, len, 1.0f, 4096);
   RunCase(14, 2, 64, 1024, 1000, 2.0f, 1);  // each query sees itself only
   RunCase(28, 4, 128, 4096, 3254, 1.0f, 33);
+}
+
+TEST_CASE("decode attention, both combine widths") {
+  for (int parts : {4, 8}) {
+    for (int len : {1, 40, 200, 3254, 32768}) RunCase(28, 4, 128, 32768, len, 2.0f, 0, parts);
+    RunCase(14, 2, 64, 4096, 1000, 2.0f, 0, parts);
+  }
 }
 
 TEST_CASE("decode attention, head_dim 64 and other groups") {
@@ -332,6 +344,9 @@ TEST_CASE("PlanDecodeAttention rejects unsupported shapes") {
   CHECK(small64->max_splits == 2);  // ceil(100 / 64)
   chunk32.attn_min_chunk = 0;
   CHECK(!PlanDecodeAttention(28, 4, 128, 100, /*window=*/0, chunk32).ok());
+  DecodeTuning parts = t;
+  parts.attn_combine_parts = 5;
+  CHECK(!PlanDecodeAttention(28, 4, 128, 100, /*window=*/0, parts).ok());
   // The tuning's policy fields reach the plan.
   DecodeTuning forced = t;
   forced.attn_splits = 7;
