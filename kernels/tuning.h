@@ -31,8 +31,9 @@ struct DecodeTuning {
   // 0.3% at 32 and 64 (docs/PERF.md).
   int attn_min_chunk = 64;
   // Threads per head dim in the attention combine kernel, 4 or 8: each sums
-  // the splits s = part (mod parts). NOT YET MEASURED (A/B: dpl-bench
-  // DPL_ATTN_COMBINE_PARTS).
+  // the splits s = part (mod parts). Measured on the H200 (2026-12-03, 7B,
+  // dpl-bench DPL_ATTN_COMBINE_PARTS, two rounds): tg128 519.9 with 4,
+  // 517.4 with 8; @ d3254 471.4 / 470.2 (docs/PERF.md).
   int attn_combine_parts = 4;
   // The attention combine kernel goes out as a programmatic dependent launch
   // (Hopper PDL), overlapping its launch with the split kernel's tail.
