@@ -36,8 +36,10 @@ constexpr int kWarps = kThreads / 32;
 // and keeps its own online softmax state (m, l, O) for the G heads, so a
 // tile needs no block-wide softmax step; the four warps' states are merged
 // once at the end, through shared memory. Why tensor cores: the CUDA-core
-// form of this kernel spent ~2-3 us per split on 7 heads x 8 dims of FMAs
-// and butterflies per row (the reads are 25 KB per split at depth 3254).
+// form of this kernel (7 heads x 8 dims of FMAs and a 4-level butterfly per
+// head per row, three barriers per tile) was latency-bound on that work:
+// attention_bench, 7B depth 3254, 10.0 -> 8.5 us a call; depth 32768 40.8
+// -> 25.5 us (docs/PERF.md).
 //
 // Precision: q (scaled to the log2 domain) and P enter the MMAs as hi + lo
 // f16 pairs (SplitHalf2), two MMAs each, so the products are as precise as
