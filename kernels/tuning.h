@@ -19,6 +19,9 @@ struct DecodeTuning {
   // 5, 3 blocks/SM fit) at depth 3254 takes 16.6 us with 50 splits and 13.9 us
   // with 33: a split's rows are cheap next to the combine cost (partials
   // written, read and merged per split), so fewer, fuller splits win.
+  // Re-measured with the tensor-core split kernel (2026-12-03, half the
+  // splits via DPL_ATTN_SPLITS): the 14B +1.2% at depth 3254, the 7B -1.5%
+  // at tg128 and -3% at depth 32768, so it stays 2 (docs/PERF.md).
   int attn_max_blocks_per_sm = 2;
   // > 0: split-attention blocks per kv head, instead of one wave's worth
   // (benchmark sweeps).

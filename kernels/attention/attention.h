@@ -25,8 +25,9 @@ struct DecodeAttentionPlan {
   int head_dim = 0;    // 64 or 128
   int n_ctx = 0;       // cache rows per kv head
   int max_splits = 0;  // split-kernel blocks per kv head and batch row (grid.x)
-  int min_chunk = 32;  // fewest keys per active split (AttnActiveSplits)
-  int combine_parts = 4;  // combine threads per head dim (DecodeTuning::attn_combine_parts)
+  // Copied from DecodeTuning by the planner (0 = not planned: rejected).
+  int min_chunk = 0;      // fewest keys per active split (AttnActiveSplits)
+  int combine_parts = 0;  // combine threads per head dim, 4 or 8
   int batch = 1;       // query rows (sequences) per call (grid.z)
   // Floats of the caller-allocated workspace: per query head and split,
   // head_dim accumulators plus (max, sum).
