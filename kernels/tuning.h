@@ -6,6 +6,10 @@
 // with a hand-made tuning.
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 namespace dpl::kernels {
 
 struct DecodeTuning {
@@ -80,6 +84,24 @@ struct DecodeTuning {
   // per matrix (A/B). Measured as above (no PDL): tg128 409.7 -> 450.9 t/s;
   // matvec_bench, 7B q/k/v q4_K: 16.7 us in 3 launches, 6.5 us in one.
   bool group_matvecs = true;
+  // Single-token matvec geometries forced on the launches of one kernel and
+  // shape, instead of the planner's (in-graph geometry sweeps: dpl-bench
+  // DPL_MATVEC_GEOM). Empty unless a benchmark sets it.
+  struct MatVecGeometryOverride {
+    std::string kernel;  // MatVecKernelName, e.g. "q4_K"
+    int64_t n_rows = 0;  // the launch's height (a group's total rows)
+    int64_t n_cols = 0;
+    int ksplit = 0;
+    int depth = 0;
+    bool pipe = false;
+  };
+  std::vector<MatVecGeometryOverride> matvec_geometry;
+  // Single-token steps fold RoPE and the KV-cache write into the Q/K/V
+  // matvec's epilogue (kernels/matvec/matvec_rope.h: the same bits, one
+  // launch fewer per layer) where the model allows it (RoPE over the whole
+  // head, no per-head q/k norms); false: the RoPE kernel (A/B: dpl-bench
+  // DPL_ROPE_FOLD=0).
+  bool rope_in_matvec = true;
 };
 
 }  // namespace dpl::kernels

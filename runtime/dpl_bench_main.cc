@@ -30,6 +30,7 @@
 #include "base/status_macros.h"
 #include "cli/cli.h"
 #include "kernels/device_tuning.h"
+#include "kernels/matvec/matvec_geometry.h"
 #include "kernels/membw/membw.h"
 #include "runtime/cuda/cuda_decoder.h"
 
@@ -158,7 +159,36 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 // launches or not, DPL_GROUP=0 one matvec launch per matrix instead of one
 // per group (Q/K/V, gate/up), DPL_MMA_MAX=N: a q4_K/q6_K model's products of
 // more than N tokens (and at least gemm_min_tokens) dequantize to f16 for a
-// cuBLAS GEMM instead of the int8 mma matvec (default 16).
+// cuBLAS GEMM instead of the int8 mma matvec (default 16), DPL_ROPE_FOLD=0
+// runs the RoPE kernel instead of folding RoPE into the Q/K/V matvec,
+// DPL_MATVEC_GEOM=KERNEL:ROWSxCOLS=KSPLIT,DEPTH,PIPE[;...] forces a
+// single-token geometry on the launches of that kernel and shape (in-graph
+// geometry sweeps, e.g. "q4_K:3584x3584=4,4,0").
+absl::StatusOr<std::vector<dpl::kernels::DecodeTuning::MatVecGeometryOverride>> GeometryOverrides(
+    absl::string_view text) {
+  std::vector<dpl::kernels::DecodeTuning::MatVecGeometryOverride> out;
+  for (absl::string_view item : absl::StrSplit(text, ';', absl::SkipEmpty())) {
+    const std::vector<std::string> a = absl::StrSplit(item, absl::ByAnyChar(":x=,"));
+    dpl::kernels::DecodeTuning::MatVecGeometryOverride o;
+    int pipe = 0;
+    if (a.size() != 6 || !absl::SimpleAtoi(a[1], &o.n_rows) || !absl::SimpleAtoi(a[2], &o.n_cols) ||
+        !absl::SimpleAtoi(a[3], &o.ksplit) || !absl::SimpleAtoi(a[4], &o.depth) ||
+        !absl::SimpleAtoi(a[5], &pipe)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DPL_MATVEC_GEOM: bad item '", item, "' (expected KERNEL:ROWSxCOLS=KSPLIT,DEPTH,PIPE)"));
+    }
+    o.kernel = a[0];
+    o.pipe = pipe != 0;
+    const dpl::kernels::MatVecGeometry g{1, o.ksplit, o.depth, o.pipe};
+    if (!dpl::kernels::IsCompiledGeometry(g)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DPL_MATVEC_GEOM: geometry of '", item, "' is not compiled"));
+    }
+    out.push_back(o);
+  }
+  return out;
+}
+
 absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   DPL_ASSIGN_OR_RETURN(dpl::kernels::DecodeTuning t, dpl::kernels::DecodeTuningForDevice());
   auto flag = [](const char* name, auto* field) {
@@ -175,6 +205,10 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_PDL", &t.pdl);
   flag("DPL_GROUP", &t.group_matvecs);
   flag("DPL_MMA_MAX", &t.mma_max_tokens);
+  flag("DPL_ROPE_FOLD", &t.rope_in_matvec);
+  if (const char* e = std::getenv("DPL_MATVEC_GEOM"); e != nullptr) {
+    DPL_ASSIGN_OR_RETURN(t.matvec_geometry, GeometryOverrides(e));
+  }
   return t;
 }
 

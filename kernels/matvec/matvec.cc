@@ -179,6 +179,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
   // A few tokens on the tensor cores, where the type has that form.
   const bool mma = io.n_tokens > 1 && io.n_tokens <= kMmaMaxTokens && MatVecMmaSupports(kernel);
   a.n_parts = static_cast<int>(ws.size());
+  a.rope = io.rope;
   int64_t grid_x = 0, blocks = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
     const WeightMatrix& w = *ws[i];
@@ -197,6 +198,21 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     p.y = outs[i].y;
     p.bias = outs[i].bias;
     p.residual = outs[i].residual;
+    p.role = outs[i].role;
+    if (p.role != MatVecRole::kPlain) {
+      const MatVecRope& r = io.rope;
+      if (io.n_tokens != 1 || mma || !FoldsRope(kernel, plan.mixed ? plan.last_kernel : kernel, g) ||
+          outs[i].residual != nullptr ||
+          r.d_pos == nullptr || r.cos_sin == nullptr || r.head_dim <= 0 || r.head_dim % 2 != 0 ||
+          w.n_rows % r.head_dim != 0 || r.n_ctx <= 0 || r.n_head_kv <= 0 ||
+          (p.role == MatVecRole::kRopeK && r.k_cache == nullptr) ||
+          (p.role == MatVecRole::kCacheV && r.v_cache == nullptr)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": matrix ", i, " folds RoPE / the cache write (role ", static_cast<int>(p.role),
+            ") but the launch is not one token of a kernel and geometry FoldsRope names, or the rope "
+            "fields are incomplete"));
+      }
+    }
     blocks += grid.y;
     grid_x = grid.x;
   }

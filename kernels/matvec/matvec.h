@@ -22,6 +22,7 @@
 #include "absl/types/span.h"
 #include "kernels/act_quant.h"
 #include "kernels/matvec/matvec_plan.h"
+#include "kernels/matvec/matvec_rope.h"
 
 namespace dpl::kernels {
 
@@ -80,6 +81,7 @@ struct MatVecIo {
   float* y = nullptr;                   // (n_tokens, n_rows)
   const float* bias = nullptr;          // (n_rows) or null, added for every token
   const float* residual = nullptr;      // (n_tokens, n_rows) or null; may equal y
+  MatVecRope rope;                      // for outputs whose role is not kPlain
 };
 
 // The matvec proper for a matrix planned by PlanMatVec (matvec_plan.h): one
@@ -94,6 +96,9 @@ struct MatVecOut {
   float* y = nullptr;                // (n_tokens, n_rows)
   const float* bias = nullptr;       // (n_rows) or null
   const float* residual = nullptr;   // (n_tokens, n_rows) or null; may equal y
+  // Not kPlain: RoPE and the KV-cache write in the epilogue (matvec_rope.h;
+  // one token on the dp4a kernels, n_rows a multiple of rope.head_dim).
+  MatVecRole role = MatVecRole::kPlain;
 };
 
 // One launch for the matrices of a group planned by PlanMatVecGroups

@@ -118,7 +118,13 @@ absl::Status CheckGrid(int64_t grid, const char* what) {
 absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& a, const MatVecGeometry& g,
                           int64_t grid_x, int64_t grid_y, bool pdl, cudaStream_t stream,
                           MatVecKernel last) {
-  const MatVecKernelFn fn = last == kernel ? PickKernel(kernel, g) : PickMixedMatVec(kernel, last, g);
+  bool rope = false;
+  for (int i = 0; i < a.n_parts && i < kMaxMatVecParts; ++i) {
+    rope = rope || a.part[i].role != MatVecRole::kPlain;
+  }
+  const MatVecKernelFn fn = rope            ? PickRopeMatVec(kernel, last, g)
+                            : last == kernel ? PickKernel(kernel, g)
+                                             : PickMixedMatVec(kernel, last, g);
   if (fn == nullptr) return NotCompiled(kernel, g);
   if (g.token_tile == 1 && a.n_tokens != 1) {
     return absl::InvalidArgumentError("matvec: a token tile of 1 needs exactly one token");

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/act_quant.h"
 #include "kernels/matvec/matvec_geometry.h"
+#include "kernels/matvec/matvec_rope.h"
 
 namespace dpl::kernels {
 
@@ -26,6 +27,7 @@ struct MatVecPart {
   float* y = nullptr;               // (n_tokens, n_rows)
   const float* bias = nullptr;      // (n_rows) or null: added to every token
   const float* residual = nullptr;  // (n_tokens, n_rows) or null; may alias y
+  MatVecRole role = MatVecRole::kPlain;  // single token only (matvec_rope.h)
 };
 
 struct MatVecArgs {
@@ -37,6 +39,7 @@ struct MatVecArgs {
   const int8_t* xq = nullptr;  // (n_tokens, n_cols) int8: read by the quantized kernels
   const float* xd = nullptr;   // (n_tokens, n_cols / 32) block scales of xq
   const float* xs = nullptr;   // (n_tokens, n_cols / 32) xd * sum(xq) per block
+  MatVecRope rope;             // for the parts whose role is not kPlain
 };
 
 // y = W x (+ bias) (+ residual) for n_tokens tokens and every part, with the

@@ -23,6 +23,20 @@ MatVecKernelFn PickKQuantMatVec(MatVecKernel kernel, const MatVecGeometry& g) {
   }
 }
 
+MatVecKernelFn PickRopeMatVec(MatVecKernel kernel, MatVecKernel last, const MatVecGeometry& g) {
+  using matvec_detail::PickRope;
+  if (!FoldsRope(kernel, last, g)) return nullptr;
+  const bool mixed = last != kernel;
+  switch (kernel) {
+    case MatVecKernel::kQ4K:
+      if (!mixed) return PickRope<Q4K, Q4K>(g);
+      return last == MatVecKernel::kQ6KDpl ? PickRope<Q4K, Q6K<true>>(g) : PickRope<Q4K, Q6K<false>>(g);
+    case MatVecKernel::kQ6KRaw: return PickRope<Q6K<false>, Q6K<false>>(g);
+    case MatVecKernel::kQ6KDpl: return PickRope<Q6K<true>, Q6K<true>>(g);
+    default: return nullptr;
+  }
+}
+
 MatVecKernelFn PickMixedMatVec(MatVecKernel kernel, MatVecKernel last, const MatVecGeometry& g) {
   using matvec_detail::PickMixed;
   if (kernel != MatVecKernel::kQ4K) return nullptr;

@@ -101,6 +101,17 @@ namespace {
 
 bool Aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
+// DecodeGeometryFor, or the tuning's override for this kernel and shape.
+MatVecGeometry PlannedDecodeGeometry(MatVecKernel kernel, int64_t n_rows, int64_t n_cols,
+                                     const DecodeTuning& tuning) {
+  for (const DecodeTuning::MatVecGeometryOverride& o : tuning.matvec_geometry) {
+    if (o.kernel == MatVecKernelName(kernel) && o.n_rows == n_rows && o.n_cols == n_cols) {
+      return MatVecGeometry{1, o.ksplit, o.depth, o.pipe};
+    }
+  }
+  return DecodeGeometryFor(kernel, n_rows, tuning);
+}
+
 }  // namespace
 
 absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning& tuning) {
@@ -170,7 +181,7 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   }
   MatVecPlan plan;
   plan.kernel = k;
-  plan.decode = DecodeGeometryFor(k, w.n_rows, tuning);
+  plan.decode = PlannedDecodeGeometry(k, w.n_rows, w.n_cols, tuning);
   plan.prompt = MatVecGeometry{kTokenTile, 1, 2, false};
   plan.pdl = tuning.pdl;
   return plan;
@@ -229,7 +240,7 @@ absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const W
   for (size_t g = 0; g < groups.size(); ++g) {
     groups[g].plan.decode = groups[g].plan.mixed
                                 ? MixedGeometryFor(groups[g].plan.kernel, rows[g], tuning)
-                                : DecodeGeometryFor(groups[g].plan.kernel, rows[g], tuning);
+                                : PlannedDecodeGeometry(groups[g].plan.kernel, rows[g], ws[0].n_cols, tuning);
   }
   return groups;
 }

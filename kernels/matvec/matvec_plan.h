@@ -87,7 +87,12 @@ absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const W
 // and pipe on one binary (matvec_bench 2026-11-30; the q4_K and q6_K rows
 // re-swept 2026-12-02 on the grouped heights, docs/PERF.md):
 //  q4_K, 2048..65535 rows: depth 1 pipelined (2 steps in flight per lane at
-//   48 registers), k-split 1 from 32768 rows, 2 from 6144, else 4:
+//   48 registers), k-split 1 from 32768 rows, 2 from 6144, else 4. In the
+//   captured step (dpl-bench DPL_MATVEC_GEOM, 2026-12-03) the 7B's grouped
+//   gate/up (37888 rows) at k-split 2 gained 1.7% at depth 3254 with the
+//   RoPE kernel (478.6 vs 471.4 t/s) but nothing once RoPE folded into the
+//   Q/K/V matvec (478.4 vs 478.6), and lost 1.6% at tg128 there (514.5 vs
+//   522.4), so k-split 1 stays. matvec_bench:
 //   27648x5120 (14B gate/up) ks1 35.9 / ks2 27.8 / ks4 28.7 us; 37888x3584
 //   (7B gate/up) 27.1 / 27.0 / 29.2 (2026-12-03, matvec_bench twice, pipelined:
 //   ks1 24.62 / 24.46, ks2 25.10 / 25.20; 14B ks1 30.6 / 30.5, ks2 26.2 /

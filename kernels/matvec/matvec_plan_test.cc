@@ -278,6 +278,29 @@ TEST_CASE("PlanMatVecGroups: one launch per kernel, planned for the total height
   CHECK(!PlanMatVec(q, pdl)->pdl);
 }
 
+TEST_CASE("a tuning's geometry override replaces the planned one for its kernel and shape only") {
+  DecodeTuning t = H200();
+  t.matvec_geometry = {{"q4_K", 4608, 3584, 8, 2, false}, {"q4_K", 3584, 18944, 2, 4, false}};
+  const WeightMatrix q = Make(GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 3584);
+  const WeightMatrix k = Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584);
+  // The grouped launch is matched by its total height.
+  absl::StatusOr<std::vector<MatVecGroupPlan>> g = PlanMatVecGroups({q, k, k}, t);
+  REQUIRE(g.ok());
+  REQUIRE(g->size() == 1);
+  CHECK((*g)[0].plan.decode == MatVecGeometry{1, 8, 2, false});
+  // A single matrix by its own shape; the width is part of the key.
+  absl::StatusOr<MatVecPlan> down = PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 18944), t);
+  REQUIRE(down.ok());
+  CHECK(down->decode == MatVecGeometry{1, 2, 4, false});
+  absl::StatusOr<MatVecPlan> wo = PlanMatVec(q, t);
+  REQUIRE(wo.ok());
+  CHECK(wo->decode == DecodeGeometryFor(MatVecKernel::kQ4K, 3584, t));
+  // Another kernel of the same shape keeps its own plan.
+  absl::StatusOr<MatVecPlan> down6 = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944), t);
+  REQUIRE(down6.ok());
+  CHECK(down6->decode == DecodeGeometryFor(MatVecKernel::kQ6KDpl, 3584, t));
+}
+
 TEST_CASE("MatVecGridFor covers every row and token, within CUDA limits") {
   const MatVecGeometry one = {1, 1, 2, false}, split = {1, 4, 2, false};
   absl::StatusOr<MatVecGrid> g = MatVecGridFor(152064, 1, one);

@@ -13,11 +13,14 @@
 // of a row are combined by xor-shuffles over distances 4, 2, 1.
 #pragma once
 
+#include <cuda_fp16.h>
+
 #include <type_traits>
 
 #include "kernels/launch.cuh"
 #include "kernels/matvec/matvec_kernels.h"
 #include "kernels/matvec/matvec_traits.cuh"
+#include "kernels/rope.cuh"
 
 namespace dpl::kernels {
 
@@ -31,6 +34,9 @@ MatVecKernelFn PickKQuantMatVec(MatVecKernel kernel, const MatVecGeometry& g);
 // A mixed launch (MatVecMixedSupports): `kernel` for all parts but the last,
 // `last` for the last; nullptr when not compiled.
 MatVecKernelFn PickMixedMatVec(MatVecKernel kernel, MatVecKernel last, const MatVecGeometry& g);
+// The folded-RoPE form (matvec_rope.h) of `kernel` (+ `last`: a mixed
+// launch when != kernel), or nullptr where FoldsRope says no.
+MatVecKernelFn PickRopeMatVec(MatVecKernel kernel, MatVecKernel last, const MatVecGeometry& g);
 
 namespace matvec_detail {
 
@@ -66,6 +72,51 @@ __device__ __forceinline__ MatVecPart PartOf(const MatVecArgs& a, int m) {
   return p;
 }
 
+// Under neox RoPE, the physical row of logical row l of a Q or K part: the
+// logical pair (2j, 2j + 1) of a head is its dims (j, j + hd/2), so the two
+// rows of a pair are a warp's rows g and g ^ 1 (matvec_rope.h).
+__device__ __forceinline__ int64_t NeoxRow(int64_t l, int hd) {
+  const int64_t h = l / hd;
+  const int w = static_cast<int>(l - h * hd);
+  return h * hd + (w >> 1) + (w & 1) * (hd >> 1);
+}
+
+// The epilogue of a RoPE-folded part (matvec_rope.h) for this lane's row:
+// `row` physical, `lrow` logical (its pair partner is lrow ^ 1, lane ^ 8).
+// Every lane of the warp calls it (the shuffle); lane p == 0 of a row writes.
+__device__ __forceinline__ void RopeEpilogue(const MatVecArgs& a, const MatVecPart& P, float acc,
+                                             int64_t lrow, int64_t row, bool row_ok, int p) {
+  float v = acc;
+  if (row_ok && P.bias != nullptr) v += P.bias[row];
+  const float other = __shfl_xor_sync(0xffffffffu, v, 8);
+  if (!row_ok || p != 0) return;
+  const MatVecRope& r = a.rope;
+  const int hd = r.head_dim;
+  const int pos = r.d_pos[0];
+  const int64_t head = row / hd;
+  const int d = static_cast<int>(row - head * hd);
+  const bool in_cache = pos >= 0 && pos < r.n_ctx;
+  const int seq = r.d_seq != nullptr ? max(r.d_seq[0], 0) : 0;
+  const size_t cache =
+      ((static_cast<size_t>(seq) * r.n_head_kv + head) * r.n_ctx + (in_cache ? pos : 0)) * hd + d;
+  if (P.role == MatVecRole::kCacheV) {
+    if (in_cache) reinterpret_cast<__half*>(r.v_cache)[cache] = __float2half_rn(v);
+    return;
+  }
+  const int m = static_cast<int>(lrow & 1);
+  const int j = static_cast<int>(lrow % hd) >> 1;
+  const double2 cs = reinterpret_cast<const double2*>(r.cos_sin)[j];
+  double r0, r1;
+  RopeApply(m ? other : v, m ? v : other, cs.y, cs.x, &r0, &r1);
+  const double out = m ? r1 : r0;
+  if (P.role == MatVecRole::kRopeQ) {
+    P.y[row] = static_cast<float>(out);
+  } else if (in_cache) {
+    reinterpret_cast<__half*>(r.k_cache)[cache] = __double2half(out);
+  }
+}
+
+
 // ---------------------------------------------------------------------------
 // The skeleton, for every type U and geometry (matvec_geometry.h):
 //   y[t, r] = sum over steps of U::Dot (+ bias[r]) (+ residual[t, r])
@@ -78,11 +129,14 @@ __device__ __forceinline__ MatVecPart PartOf(const MatVecArgs& a, int m) {
 // activations. kPipe loads the next D steps before dotting the current D (a
 // register double buffer). Under a programmatic dependent launch the first
 // D steps of weights are loaded before GridDependencyWait (weights do not
-// depend on the previous kernel; x and y do).
+// depend on the previous kernel; x and y do). kRope: the parts' roles may
+// fold RoPE and the cache write into the epilogue (matvec_rope.h); only the
+// forms FoldsRope names are compiled with it, so no other kernel carries its
+// code or registers.
 // (~90 lines, one function on purpose: each instantiation is one register
 // allocation, and the order of loads and dots above is easiest to check
 // where it is written out in full.)
-template <class U, int T, int KS, int D, bool kPipe>
+template <class U, int T, int KS, int D, bool kPipe, bool kRope>
 __device__ __forceinline__ void MatVecBody(const MatVecArgs& a) {
   constexpr int kWarps = WarpsPerCta(KS);
   const int lane = threadIdx.x & 31;
@@ -96,8 +150,14 @@ __device__ __forceinline__ void MatVecBody(const MatVecArgs& a) {
   const int64_t row0 = static_cast<int64_t>(static_cast<int>(blockIdx.y) - P.row_block0) *
                            RowsPerCta(KS) +
                        (warp / KS) * kRowsPerWarp;
-  const int64_t row = row0 + g;
-  const bool row_ok = row < P.n_rows;
+  const int64_t lrow = row0 + g;  // logical row: the physical one unless kRope pairs rows
+  int64_t row = lrow;
+  if constexpr (kRope) {
+    if (a.rope.neox && (P.role == MatVecRole::kRopeQ || P.role == MatVecRole::kRopeK)) {
+      row = NeoxRow(lrow, a.rope.head_dim);
+    }
+  }
+  const bool row_ok = lrow < P.n_rows;
   // A single-token launch has one token tile (grid.x == 1): say so to the
   // compiler, which then keeps no token index in registers.
   const int tok0 = T == 1 ? 0 : static_cast<int>(blockIdx.x) * T;
@@ -164,6 +224,12 @@ __device__ __forceinline__ void MatVecBody(const MatVecArgs& a) {
       acc[t] = v;
     }
   }
+  if constexpr (kRope) {
+    if (P.role != MatVecRole::kPlain) {  // warp-uniform: the part is
+      RopeEpilogue(a, P, acc[0], lrow, row, row_ok, p);
+      return;
+    }
+  }
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     if (row_ok && p == 0 && (T == 1 || t < nt)) {
@@ -182,15 +248,15 @@ __device__ __forceinline__ void MatVecBody(const MatVecArgs& a) {
 // three pays one ramp and tail instead of two (matvec_plan.h,
 // PlanMatVecGroups). Each part is read exactly as a launch of its own type
 // would read it, so the results are the same bits.
-template <class U, int T, int KS, int D, bool kPipe, class ULast = U>
+template <class U, int T, int KS, int D, bool kPipe, class ULast = U, bool kRope = false>
 __global__ void __launch_bounds__(32 * WarpsPerCta(KS)) MatVecT(const MatVecArgs a) {
   if constexpr (!std::is_same_v<U, ULast>) {
     if (static_cast<int>(blockIdx.y) >= a.part[a.n_parts - 1].row_block0) {
-      MatVecBody<ULast, T, KS, D, kPipe>(a);
+      MatVecBody<ULast, T, KS, D, kPipe, kRope>(a);
       return;
     }
   }
-  MatVecBody<U, T, KS, D, kPipe>(a);
+  MatVecBody<U, T, KS, D, kPipe, kRope>(a);
 }
 
 template <class U, int KS>
@@ -231,6 +297,26 @@ MatVecKernelFn PickMixed(const MatVecGeometry& g) {
     case 1: return MatVecT<U, 1, 1, 1, true, ULast>;
     case 2: return MatVecT<U, 1, 2, 1, true, ULast>;
     case 4: return MatVecT<U, 1, 4, 1, true, ULast>;
+  }
+  return nullptr;
+}
+
+// The folded-RoPE instantiation of (U, ULast) for geometry g, or nullptr
+// (the geometries FoldsRope names: k-split 1, 2, 4 at depth 1 pipelined,
+// and k-split 4 at depth 2, the plain geometry of 512-row K/V matrices).
+template <class U, class ULast>
+MatVecKernelFn PickRope(const MatVecGeometry& g) {
+  if (g.token_tile != 1) return nullptr;
+  if (g.depth == 1 && g.pipe) {
+    switch (g.ksplit) {
+      case 1: return MatVecT<U, 1, 1, 1, true, ULast, true>;
+      case 2: return MatVecT<U, 1, 2, 1, true, ULast, true>;
+      case 4: return MatVecT<U, 1, 4, 1, true, ULast, true>;
+    }
+    return nullptr;
+  }
+  if (std::is_same_v<U, ULast> && g.ksplit == 4 && g.depth == 2 && !g.pipe) {
+    return MatVecT<U, 1, 4, 2, false, U, true>;
   }
   return nullptr;
 }

@@ -8,6 +8,7 @@
 #include "kernels/dequant.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/ops/ops.h"
+#include "kernels/rope.cuh"
 
 namespace dpl::kernels {
 namespace {
@@ -65,15 +66,6 @@ int ElementwiseBlocks(int64_t n, int threads) {
   return static_cast<int>(b < 4096 ? (b > 0 ? b : 1) : 4096);
 }
 
-// Rotation of one (x0, x1) pair by theta = pos * inv_freq, all in float64.
-__device__ __forceinline__ void Rotate(double x0, double x1, double theta, double* r0,
-                                       double* r1) {
-  double s, c;
-  sincos(theta, &s, &c);
-  *r0 = x0 * c - x1 * s;
-  *r1 = x0 * s + x1 * c;
-}
-
 // Blocks x in [0, n_head): rotate q head x in place. Blocks [n_head, n_head +
 // n_head_kv): rotate k head j, write it (f16) to k_cache[j][pos] and v head j
 // to v_cache[j][pos]. With a norm weight (qwen3), each head is first
@@ -126,7 +118,7 @@ __global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,  // (n
   auto normed = [&](float x, int e) { return nw != nullptr ? (x * scale) * nw[e] : x; };
   if (i < half_rot) {
     double r0, r1;
-    Rotate(normed(x0, i0), normed(x1, i1), static_cast<double>(pos) * inv_freq[i], &r0, &r1);
+    RopeRotate(normed(x0, i0), normed(x1, i1), static_cast<double>(pos) * inv_freq[i], &r0, &r1);
     if (is_q) {
       // In place: each pair is read and written by this thread only.
       q[static_cast<size_t>(head) * hd + i0] = static_cast<float>(r0);
@@ -224,6 +216,26 @@ absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n,
   SwiGluKernel<<<ElementwiseBlocks(n, 256), 256, 0, stream>>>(gate, up, out, n);
   DPL_CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
+}
+
+__global__ void RopeTableKernel(const int* d_pos, const double* inv_freq, int n_half,
+                                double2* cos_sin) {  // (n_half): (cos, sin)
+  GridDependencyWait();
+  GridLaunchDependents();
+  const int j = threadIdx.x;
+  if (j >= n_half) return;
+  double s, c;
+  sincos(static_cast<double>(d_pos[0]) * inv_freq[j], &s, &c);
+  cos_sin[j] = make_double2(c, s);
+}
+
+absl::Status RopeTable(const int* d_pos, const double* inv_freq, int n_half, double* cos_sin,
+                       cudaStream_t stream, bool pdl) {
+  if (!d_pos || !inv_freq || !cos_sin || n_half <= 0 || n_half > 512) {
+    return absl::InvalidArgumentError(absl::StrCat("RopeTable: n_half ", n_half, " or a null pointer"));
+  }
+  return LaunchKernel(RopeTableKernel, dim3(1), dim3(((n_half + 31) / 32) * 32), 0, stream, pdl,
+                      d_pos, inv_freq, n_half, reinterpret_cast<double2*>(cos_sin));
 }
 
 absl::Status RopeWriteKv(const RopeKvShape& sh, RopeStyle style, const int* d_pos,

@@ -67,6 +67,13 @@ struct HeadNorms {
   const float* k = nullptr;  // (head_dim) or null
   float eps = 0.f;
 };
+// cos_sin[j] = (cos, sin)(d_pos[0] * inv_freq[j]) in float64 for j < n_half:
+// one token's rotations, once per decode step, for the RoPE that the Q/K/V
+// matvec folds (kernels/matvec/matvec_rope.h; the same sincos of the same
+// angle as RopeWriteKv). `pdl`: a programmatic dependent launch.
+absl::Status RopeTable(const int* d_pos, const double* inv_freq, int n_half, double* cos_sin,
+                       cudaStream_t stream, bool pdl);
+
 absl::Status RopeWriteKv(const RopeKvShape& shape, RopeStyle style, const int* d_pos,
                          const double* inv_freq, const HeadNorms& norms, float* q, const float* k,
                          const float* v, uint16_t* k_cache, uint16_t* v_cache, int n_tokens,

@@ -174,6 +174,18 @@ absl::Status CudaDecoder::Allocate() {
   rope_shape_ = {static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
                  static_cast<int>(hp_.head_dim), static_cast<int>(hp_.n_rot),
                  static_cast<int>(n_ctx_)};
+  // The single-token step folds RoPE into the Q/K/V matvec where it rotates
+  // whole heads without per-head norms and every Q/K/V launch has the folded
+  // epilogue (kernels/matvec/matvec_rope.h).
+  rope_fold_ok_ = tuning_.rope_in_matvec && hp_.n_rot == hp_.head_dim;
+  for (const Layer& L : layers_) {
+    rope_fold_ok_ = rope_fold_ok_ && L.head_norms.q == nullptr && L.head_norms.k == nullptr;
+    for (const kernels::MatVecGroupPlan& g : L.qkv) {
+      rope_fold_ok_ = rope_fold_ok_ &&
+                      kernels::FoldsRope(g.plan.kernel, g.plan.mixed ? g.plan.last_kernel : g.plan.kernel,
+                                         g.plan.decode);
+    }
+  }
   prompt_attn_ = {static_cast<int>(hp_.n_head), static_cast<int>(hp_.n_head_kv),
                   static_cast<int>(hp_.head_dim), static_cast<int>(n_ctx_),
                   static_cast<int>(hp_.sliding_window)};
@@ -213,6 +225,7 @@ absl::Status CudaDecoder::Allocate() {
     void* slot;  // address of the Buffers pointer to set
   } table[] = {
       {T * 4, &b.tokens},          {T * 4, &b.positions},      {static_cast<uint64_t>(hp_.n_rot / 2) * 8, &b.inv_freq},
+      {static_cast<uint64_t>(hp_.n_rot / 2) * 16, &b.rope_cs},
       {S * 4, &b.row_seq},         {S * 4, &b.seq_token},      {S * 4, &b.seq_pos},
       {T * E * 4, &b.x},           {T * E * 4, &b.h},          {T * Q * 4, &b.q},
       {T * KV * 4, &b.k},          {T * KV * 4, &b.v},         {T * Q * 4, &b.att},
@@ -331,7 +344,8 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, int first_po
   // The products of matrices that read the same x (Q/K/V, gate/up): on the
   // dp4a path one launch per group of equal kernels (PlanMatVecGroups).
   auto mm_group = [&](const std::vector<kernels::MatVecGroupPlan>& groups, const Matrix* const* ms,
-                      const kernels::MatVecOut* outs, const float* x) -> absl::Status {
+                      const kernels::MatVecOut* outs, const float* x,
+                      const kernels::MatVecRope& rope = {}) -> absl::Status {
     for (const kernels::MatVecGroupPlan& g : groups) {
       if (tensor_cores(n)) {
         for (int i : g.members) DPL_RETURN_IF_ERROR(mm(*ms[i], x, outs[i], n));
@@ -347,6 +361,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, int first_po
       io.x = x;
       io.qx = &b.qx;
       io.n_tokens = n;
+      io.rope = rope;
       DPL_RETURN_IF_ERROR(kernels::RunMatVecGroup(absl::MakeConstSpan(ws, g.members.size()), g.plan,
                                                   absl::MakeConstSpan(os, g.members.size()), io, s));
     }
@@ -354,6 +369,13 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, int first_po
   };
 
   DPL_RETURN_IF_ERROR(kernels::EmbedRows(embed_, b.tokens, n, b.x, s));
+  // One token: RoPE and the cache write go in the Q/K/V matvec's epilogue
+  // where the model allows (rope_fold_ok_), with this step's cos, sin.
+  const bool rope_fold = rope_fold_ok_ && n == 1 && !tensor_cores(n);
+  if (rope_fold) {
+    DPL_RETURN_IF_ERROR(kernels::RopeTable(b.positions, b.inv_freq, rope_shape_.n_rot / 2,
+                                           b.rope_cs, s, pdl));
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     // A step's rows reach their regions through b.row_seq on the device; a
@@ -364,12 +386,25 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, int first_po
     const int* row_seq = step != nullptr ? b.row_seq : nullptr;
     // Attention block.
     DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.attn_norm, n));
+    // q, k, v = Wq h, Wk h, Wv h (+ biases); q and k rotated (RoPE), k and
+    // v written to the cache at the token's position.
     const Matrix* qkv[3] = {&L.wq, &L.wk, &L.wv};
-    const kernels::MatVecOut qkv_out[3] = {{b.q, L.bq, nullptr}, {b.k, L.bk, nullptr}, {b.v, L.bv, nullptr}};
-    DPL_RETURN_IF_ERROR(mm_group(L.qkv, qkv, qkv_out, b.h));
-    DPL_RETURN_IF_ERROR(kernels::RopeWriteKv(rope_shape_, hp_.rope_style, b.positions, b.inv_freq,
-                                             L.head_norms, b.q, b.k, b.v, k_cache, v_cache, n, s,
-                                             pdl, row_seq));
+    using kernels::MatVecRole;
+    const kernels::MatVecOut qkv_out[3] = {
+        {b.q, L.bq, nullptr, rope_fold ? MatVecRole::kRopeQ : MatVecRole::kPlain},
+        {b.k, L.bk, nullptr, rope_fold ? MatVecRole::kRopeK : MatVecRole::kPlain},
+        {b.v, L.bv, nullptr, rope_fold ? MatVecRole::kCacheV : MatVecRole::kPlain}};
+    kernels::MatVecRope rope;
+    if (rope_fold) {
+      rope = {b.positions, row_seq, b.rope_cs, k_cache, v_cache, rope_shape_.head_dim,
+              rope_shape_.n_head_kv, rope_shape_.n_ctx, hp_.rope_style == model::RopeStyle::kNeox};
+    }
+    DPL_RETURN_IF_ERROR(mm_group(L.qkv, qkv, qkv_out, b.h, rope));
+    if (!rope_fold) {
+      DPL_RETURN_IF_ERROR(kernels::RopeWriteKv(rope_shape_, hp_.rope_style, b.positions, b.inv_freq,
+                                               L.head_norms, b.q, b.k, b.v, k_cache, v_cache, n, s,
+                                               pdl, row_seq));
+    }
     if (step != nullptr || n == 1) {  // flash-decoding, one query row per sequence, positions read on the device
       // a, and on the dp4a path a's int8 blocks for Wo, from the combine.
       std::optional<kernels::QuantOut> aq;

@@ -154,6 +154,9 @@ class CudaDecoder : public generate::Decoder {
   // table, which is read one row per token unless it is also the lm head).
   uint64_t weight_bytes_per_token() const { return bytes_per_token_; }
   bool uses_graph() const { return !eager_; }
+  // Whether single-token steps fold RoPE and the KV write into the Q/K/V
+  // matvec (DecodeTuning::rope_in_matvec, where the model and plans allow).
+  bool folds_rope() const { return rope_fold_ok_; }
   // The batch sizes a step graph exists for (ascending, the last >= n_seq).
   std::vector<int> step_buckets() const;
   // Benchmarking: replays the forward-only step graph of sequences
@@ -200,6 +203,7 @@ class CudaDecoder : public generate::Decoder {
     int* seq_token = nullptr;    // (S) each sequence's pending token
     int* seq_pos = nullptr;      // (S) each sequence's next position
     double* inv_freq = nullptr;  // (n_rot / 2) RoPE frequencies
+    double* rope_cs = nullptr;   // (n_rot / 2, 2) this step's cos, sin (a folded RoPE)
     float* x = nullptr;          // (T, n_embd) residual stream
     float* h = nullptr;          // (T, n_embd) normed input of a block
     float* q = nullptr;          // (T, q_dim)
@@ -292,6 +296,7 @@ class CudaDecoder : public generate::Decoder {
   const float* output_norm_ = nullptr;  // (n_embd)
   std::vector<Layer> layers_;
   kernels::RopeKvShape rope_shape_;
+  bool rope_fold_ok_ = false;  // single-token steps fold RoPE into the Q/K/V matvec
   kernels::KvCacheLayout kv_layout_;
   kernels::PromptAttentionShape prompt_attn_;
   std::vector<Bucket> buckets_;  // ascending batch

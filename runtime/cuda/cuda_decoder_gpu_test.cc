@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "converter/convert.h"
+#include "kernels/device_tuning.h"
 #include "model/model_testing.h"
 #include "runtime/cuda/cuda_decoder.h"
 #include "runtime/reference/reference_model.h"
@@ -94,6 +95,43 @@ TEST_CASE("graph replay and eager steps give identical bits") {
       REQUIRE((*eager)->Eval(one, &b, nullptr).ok());
       REQUIRE(a.size() == b.size());
       CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("RoPE folded into the Q/K/V matvec gives the RoPE kernel's bits") {
+  // llama (adjacent pairs), qwen2 (neox pairs, q/k/v biases); Q4_K_M (q4_K
+  // launches, mixed or with a q6_K V launch of its own) and Q6_K (every
+  // folded q6_K form). The fold must be on for these (rope_fold_ok_), so
+  // this compares the two paths, not one path with itself.
+  for (const char* preset : {"small-llama", "small-qwen2"}) {
+    for (synth::Ftype ftype : {synth::Ftype::kQ4_K_M, synth::Ftype::kQ6_K}) {
+      CAPTURE(preset);
+      CAPTURE(synth::FtypeName(ftype));
+      const std::string path = MakeDpl(preset, ftype);
+      absl::StatusOr<kernels::DecodeTuning> t = kernels::DecodeTuningForDevice();
+      REQUIRE(t.ok());
+      CudaDecoderOptions fold, plain;
+      fold.tuning = *t;
+      fold.tuning->rope_in_matvec = true;
+      plain.tuning = *t;
+      plain.tuning->rope_in_matvec = false;
+      auto a = CudaDecoder::Create(path, fold);
+      auto b = CudaDecoder::Create(path, plain);
+      REQUIRE_MESSAGE(a.ok(), a.status().ToString());
+      REQUIRE_MESSAGE(b.ok(), b.status().ToString());
+      CHECK((*a)->folds_rope());
+      CHECK(!(*b)->folds_rope());
+      // Positions 0..39: the cache rows written by the fold are read back by
+      // every later step's attention.
+      for (int32_t tok : Tokens(40, (*a)->n_vocab())) {
+        std::vector<float> la, lb;
+        const int32_t one[1] = {tok};
+        REQUIRE((*a)->Eval(one, &la, nullptr).ok());
+        REQUIRE((*b)->Eval(one, &lb, nullptr).ok());
+        REQUIRE(la.size() == lb.size());
+        REQUIRE(std::memcmp(la.data(), lb.data(), la.size() * 4) == 0);
+      }
     }
   }
 }
