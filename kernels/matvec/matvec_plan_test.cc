@@ -8,6 +8,7 @@
 
 #include "formats/tensor_layout.h"
 #include "kernels/matvec/matvec_plan.h"
+#include "kernels/matvec/matvec_rope.h"
 
 namespace dpl::kernels {
 namespace {
@@ -299,6 +300,30 @@ TEST_CASE("a tuning's geometry override replaces the planned one for its kernel 
   absl::StatusOr<MatVecPlan> down6 = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944), t);
   REQUIRE(down6.ok());
   CHECK(down6->decode == DecodeGeometryFor(MatVecKernel::kQ6KDpl, 3584, t));
+}
+
+TEST_CASE("FoldsRope: the planned q4_K / q6_K Q/K/V launches, nothing else") {
+  const DecodeTuning t = H200();
+  const MatVecKernel q4 = MatVecKernel::kQ4K, q6 = MatVecKernel::kQ6KDpl;
+  // The 7B's q/k (+ v) launch, its lone q6_K V, the 14B's mixed launch.
+  const WeightMatrix q = Make(GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 3584);
+  const WeightMatrix k = Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584);
+  const WeightMatrix v6 = Make(GgmlType::kQ6_K, TensorLayout::kDpl, 512, 3584);
+  absl::StatusOr<std::vector<MatVecGroupPlan>> g = PlanMatVecGroups({q, k, v6}, t);
+  REQUIRE(g.ok());
+  REQUIRE(g->size() == 2);
+  for (const MatVecGroupPlan& p : *g) {
+    CHECK(FoldsRope(p.plan.kernel, p.plan.mixed ? p.plan.last_kernel : p.plan.kernel, p.plan.decode));
+  }
+  CHECK(FoldsRope(q4, q6, MixedGeometryFor(q4, 7168, t)));
+  // Not: other types, several tokens, the unpipelined lm-head geometry, k-split 8,
+  // a q6_K-first mixed pair.
+  CHECK(!FoldsRope(MatVecKernel::kQ8_0Dpl, MatVecKernel::kQ8_0Dpl, MatVecGeometry{1, 4, 1, true}));
+  CHECK(!FoldsRope(q4, q4, MatVecGeometry{kTokenTile, 1, 2, false}));
+  CHECK(!FoldsRope(q6, q6, MatVecGeometry{1, 1, 1, false}));
+  CHECK(!FoldsRope(q4, q4, MatVecGeometry{1, 8, 1, true}));
+  CHECK(!FoldsRope(q6, q4, MatVecGeometry{1, 4, 1, true}));
+  CHECK(!FoldsRope(q4, q6, MatVecGeometry{1, 4, 2, false}));
 }
 
 TEST_CASE("MatVecGridFor covers every row and token, within CUDA limits") {
