@@ -1,6 +1,7 @@
-// The RoPE rotation of one (x0, x1) pair, for every kernel that applies it
-// (the RoPE + KV write kernel in kernels/ops, the Q/K/V matvec epilogue in
-// kernels/matvec): one expression, so both round the same bits. Header only,
+// The RoPE angle and the rotation of one (x0, x1) pair, for every kernel that
+// applies it (the RoPE + KV write kernel and RopeTable in kernels/ops, the
+// Q/K/V matvec epilogue in kernels/matvec): one expression each, so all round
+// the same bits. Header only,
 // for nvcc.
 #pragma once
 
@@ -16,12 +17,10 @@ __device__ __forceinline__ void RopeApply(double x0, double x1, double s, double
   *r1 = x0 * s + x1 * c;
 }
 
-// The rotation by theta = pos * inv_freq.
-__device__ __forceinline__ void RopeRotate(double x0, double x1, double theta, double* r0,
-                                           double* r1) {
-  double s, c;
-  sincos(theta, &s, &c);
-  RopeApply(x0, x1, s, c, r0, r1);
+// (s, c) = (sin, cos) of theta = pos * inv_freq, the angle of a pair at
+// position pos (the RoPE kernel per pair, RopeTable once per step).
+__device__ __forceinline__ void RopeSinCos(int pos, double inv_freq, double* s, double* c) {
+  sincos(static_cast<double>(pos) * inv_freq, s, c);
 }
 
 }  // namespace dpl::kernels

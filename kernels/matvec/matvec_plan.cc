@@ -240,7 +240,8 @@ absl::StatusOr<std::vector<MatVecGroupPlan>> PlanMatVecGroups(absl::Span<const W
   for (size_t g = 0; g < groups.size(); ++g) {
     groups[g].plan.decode = groups[g].plan.mixed
                                 ? MixedGeometryFor(groups[g].plan.kernel, rows[g], tuning)
-                                : PlannedDecodeGeometry(groups[g].plan.kernel, rows[g], ws[0].n_cols, tuning);
+                                : PlannedDecodeGeometry(groups[g].plan.kernel, rows[g], ws[0].n_cols,
+                                                        tuning);
   }
   return groups;
 }

@@ -8,7 +8,7 @@
 // g ^ 1, so lane p = 0 of each holds both values of its pair after the
 // reduction), and the pair is rotated by RopeApply (kernels/rope.cuh), the
 // RoPE kernel's expression, with the step's sincos values computed once per
-// step (RopeTable, kernels/ops/ops.h: the same sincos of the same angle). So
+// step (RopeTable, kernels/ops/ops.h, through the RoPE kernel's RopeSinCos). So
 // the fold is bit-identical to the RoPE kernel.
 #pragma once
 

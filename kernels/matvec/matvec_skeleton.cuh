@@ -116,7 +116,6 @@ __device__ __forceinline__ void RopeEpilogue(const MatVecArgs& a, const MatVecPa
   }
 }
 
-
 // ---------------------------------------------------------------------------
 // The skeleton, for every type U and geometry (matvec_geometry.h):
 //   y[t, r] = sum over steps of U::Dot (+ bias[r]) (+ residual[t, r])

@@ -117,8 +117,9 @@ __global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,  // (n
   }
   auto normed = [&](float x, int e) { return nw != nullptr ? (x * scale) * nw[e] : x; };
   if (i < half_rot) {
-    double r0, r1;
-    RopeRotate(normed(x0, i0), normed(x1, i1), static_cast<double>(pos) * inv_freq[i], &r0, &r1);
+    double s, c, r0, r1;
+    RopeSinCos(pos, inv_freq[i], &s, &c);
+    RopeApply(normed(x0, i0), normed(x1, i1), s, c, &r0, &r1);
     if (is_q) {
       // In place: each pair is read and written by this thread only.
       q[static_cast<size_t>(head) * hd + i0] = static_cast<float>(r0);
@@ -225,7 +226,7 @@ __global__ void RopeTableKernel(const int* d_pos, const double* inv_freq, int n_
   const int j = threadIdx.x;
   if (j >= n_half) return;
   double s, c;
-  sincos(static_cast<double>(d_pos[0]) * inv_freq[j], &s, &c);
+  RopeSinCos(d_pos[0], inv_freq[j], &s, &c);
   cos_sin[j] = make_double2(c, s);
 }
 
