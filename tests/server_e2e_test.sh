@@ -17,18 +17,9 @@ fails=0
 ok() { echo "ok   $1"; }
 bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 
-# Two slots of 256 positions, two requests may wait; port 0: any free one.
-"$server" -m "$model" --device cpu --port 0 -np 2 -c 256 --queue 2 -t 2 -ub 16 --api-key "$key" \
-  >"$tmp/server.out" 2>"$tmp/server.err" &
-pid=$!
-port=
-for _ in $(seq 100); do
-  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/server.err")
-  [[ -n $port ]] && break
-  sleep 0.1
-done
-[[ -n $port ]] || { echo "FAIL the server did not start"; cat "$tmp/server.err"; exit 1; }
-url="http://127.0.0.1:$port"
+source "$repo/tests/server_test_lib.sh"
+# Two slots of 256 positions, two requests may wait.
+start_server --device cpu -np 2 -c 256 --queue 2 -t 2 -ub 16
 
 # CODE NAME CURL-ARGS...: the status and the body (in $tmp/body).
 expect() {
@@ -177,21 +168,10 @@ else
 fi
 
 # SIGTERM with a stream open: it ends with [DONE], the server exits 0.
-curl -sN -H "Authorization: Bearer $key" "$C" \
-  -d "$(chat ',"max_tokens":200,"ignore_eos":true,"stream":true')" >"$tmp/term.sse" &
-cpid=$!
-# (Waits for a generated token: the first chunk's "content" is the empty role delta.)
-for _ in $(seq 100); do grep -qs '"content":"[^"]' "$tmp/term.sse" && break; sleep 0.1; done
-kill -TERM "$pid"
-wait "$pid"
-rc=$?
-wait "$cpid"
-[[ $rc == 0 ]] && ok "SIGTERM: exit 0" || bad "SIGTERM: exit $rc"
-if [[ $(tail -c 20 "$tmp/term.sse") == *'data: [DONE]'* ]] && grep -q 'shutting down' "$tmp/term.sse"; then
-  ok "SIGTERM: the open stream ends with an error chunk and [DONE]"
-else
-  bad "SIGTERM stream: $(tail -c 300 "$tmp/term.sse")"
-fi
+# (The pattern waits for a generated token: the first chunk's "content" is
+# the empty role delta.)
+signal_ends_stream TERM /v1/chat/completions "$(chat ',"max_tokens":200,"ignore_eos":true,"stream":true')" \
+  '"content":"[^"]'
 
 # Without a GPU (CI), loading the GPU engine (four slots) fails: exit 1 with
 # the reason, nothing left running.

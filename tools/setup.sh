@@ -12,7 +12,8 @@ packages=(
   libcxxopts-dev       # command-line parsing
   doctest-dev          # unit tests
   nlohmann-json3-dev   # dpl-inspect --json, dpl-server (header-only)
-  libcpp-httplib-dev   # dpl-server's HTTP (cpp-httplib; Debian's is a shared library)
+  libboost1.81-dev     # dpl-server's HTTP transport (Boost.Beast and Asio, header-only)
+  zlib1g-dev           # gzip and deflate request bodies (linked statically)
   curl                 # tests/server_e2e_test
   nodejs               # (and its npm) tests/server_e2e_test drives dpl-server with the npm openai client
   clang                # libFuzzer targets (formats/fuzz)

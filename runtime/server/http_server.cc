@@ -1,16 +1,13 @@
 #include "runtime/server/http_server.h"
 
-#include <httplib.h>
-
 #include <algorithm>
-#include <chrono>
 #include <ctime>
 #include <random>
+#include <thread>
 
-#include "absl/strings/match.h"
-#include "absl/time/clock.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "runtime/server/openai_api.h"
 
@@ -19,16 +16,9 @@ namespace {
 
 using nlohmann::json;
 
-// Request bodies larger than this are refused (413): a prompt must fit a
-// slot's context, which no sane context fills with 16 MiB of text.
-constexpr size_t kMaxBodyBytes = 16u << 20;
+void Reply(HttpResponder& res, int status, const json& body) { res.Send({status, "application/json", {}, Dump(body)}); }
 
-void Reply(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(Dump(body), "application/json");
-}
-
-void ReplyError(httplib::Response& res, const absl::Status& s) { Reply(res, HttpStatus(s), ErrorJson(s)); }
+void ReplyError(HttpResponder& res, const absl::Status& s) { Reply(res, HttpStatus(s), ErrorJson(s)); }
 
 std::string RandomId(absl::string_view prefix) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -40,6 +30,33 @@ uint64_t RandomSeed() {
   return rng();
 }
 
+// At most n holders at once; the others wait their turn.
+class CpuGate {
+ public:
+  explicit CpuGate(int n) : free_(n) {}
+  class Pass {
+   public:
+    explicit Pass(CpuGate* g) : g_(g) {
+      g_->mu_.LockWhen(absl::Condition(+[](int* f) { return *f > 0; }, &g_->free_));
+      --g_->free_;
+      g_->mu_.Unlock();
+    }
+    ~Pass() {
+      absl::MutexLock lock(&g_->mu_);
+      ++g_->free_;
+    }
+    Pass(const Pass&) = delete;
+    Pass& operator=(const Pass&) = delete;
+
+   private:
+    CpuGate* g_;
+  };
+
+ private:
+  absl::Mutex mu_;
+  int free_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 // Everything a handler needs once the model is in.
@@ -50,10 +67,12 @@ struct Served {
 };
 
 struct HttpServer::Handlers {
+  Handlers(HttpServer& server, int cpu_jobs) : s(server), cpu(cpu_jobs) {}
   HttpServer& s;
+  CpuGate cpu;
 
   // The model, or 503 while it loads.
-  std::optional<Served> Model(httplib::Response& res) {
+  std::optional<Served> Model(HttpResponder& res) {
     absl::MutexLock lock(&s.mu_);
     if (s.scheduler_ == nullptr) {
       ReplyError(res, absl::UnavailableError(s.stopping_ ? "the server is shutting down" : "Loading model"));
@@ -93,11 +112,17 @@ struct HttpServer::Handlers {
     return g;
   }
 
-  // Streams or collects the answer of a submitted request.
-  void Answer(httplib::Response& res, std::shared_ptr<RequestStream> stream, const GenerationParams& p,
-              bool chat) {
-    ResponseHead head{RandomId(chat ? "chatcmpl-" : "cmpl-"), static_cast<int64_t>(std::time(nullptr)),
-                      s.options_.model_id};
+  // Submits, then streams or collects the answer. A client that goes away
+  // cancels the request: out of the queue at once, out of its slot at the
+  // next step.
+  void Generate(HttpResponder& res, const Served& m, GenerationRequest g, const GenerationParams& p,
+                bool chat) {
+    absl::StatusOr<std::shared_ptr<RequestStream>> submitted = m.scheduler->Submit(std::move(g));
+    if (!submitted.ok()) return ReplyError(res, submitted.status());
+    std::shared_ptr<RequestStream> stream = *std::move(submitted);
+    res.OnDisconnect([stream] { stream->Cancel(); });
+    const ResponseHead head{RandomId(chat ? "chatcmpl-" : "cmpl-"), static_cast<int64_t>(std::time(nullptr)),
+                            s.options_.model_id};
     if (!p.stream) {
       std::string text;
       for (;;) {
@@ -111,104 +136,89 @@ struct HttpServer::Handlers {
         }
       }
     }
-    struct State {
-      std::shared_ptr<RequestStream> stream;
-      ResponseHead head;
-      bool chat, include_usage, first = true;
-      std::atomic<int>* open;  // HttpServer::open_streams_, released below
-    };
-    s.open_streams_.fetch_add(1);
-    auto st = std::make_shared<State>(
-        State{std::move(stream), std::move(head), chat, p.include_usage, true, &s.open_streams_});
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [st](size_t, httplib::DataSink& sink) {
-          auto send = [&](const json& j) {
-            const std::string line = absl::StrCat("data: ", Dump(j), "\n\n");
-            return sink.write(line.data(), line.size());
-          };
-          bool ok = true;
-          if (st->first && st->chat) ok = send(ChatChunkJson(st->head, true, "", nullptr));
-          st->first = false;
-          std::vector<StreamEvent> events = st->stream->Wait(absl::Milliseconds(500));
-          // Nothing to say for a while (queued, a long prompt): a comment
-          // line, whose failed write tells that the client is gone.
-          if (events.empty()) ok = ok && sink.write(": ping\n\n", 8);
-          for (StreamEvent& e : events) {
-            if (!ok) break;
-            if (!e.text.empty()) {
-              ok = send(st->chat ? ChatChunkJson(st->head, false, e.text, nullptr)
-                                 : CompletionChunkJson(st->head, e.text, nullptr));
-            }
-            if (!e.final || !ok) continue;
-            if (!e.error.ok()) {
-              ok = send(ErrorJson(e.error));
-            } else {
-              ok = send(st->chat ? ChatChunkJson(st->head, false, "", &e.finish)
-                                 : CompletionChunkJson(st->head, "", &e.finish));
-              if (ok && st->include_usage) {
-                ok = send(UsageChunkJson(st->head, st->chat, e.prompt_tokens, e.completion_tokens));
-              }
-            }
-            if (ok) ok = sink.write("data: [DONE]\n\n", 14);
-            if (ok) sink.done();
-            return ok;
-          }
-          if (!ok) st->stream->Cancel();  // the client is gone: free the slot
-          return ok;
-        },
-        [st](bool) {  // ended, finished or not: nothing more to generate
-          st->stream->Cancel();
-          st->open->fetch_sub(1);
-        });
-  }
-
-  void Chat(const std::string& body, httplib::Response& res) {
-    std::optional<Served> m = Model(res);
-    if (!m) return;
-    absl::StatusOr<ChatRequest> r = ParseChatRequest(body);
-    if (!r.ok()) return ReplyError(res, r.status());
-    if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
-    if (m->chat == nullptr) {
-      return ReplyError(res, absl::FailedPreconditionError(
-                                 "this model has no vocabulary: use /v1/completions with token ids"));
-    }
-    size_t bytes = 0;
-    for (const auto& msg : r->messages) bytes += msg.content.size();
-    if (absl::Status st = CheckTextFits(*m, bytes); !st.ok()) return ReplyError(res, st);
-    absl::StatusOr<std::vector<int32_t>> ids = tokenizer::EncodeChat(*m->tok, *m->chat, r->messages, true);
-    if (!ids.ok()) return ReplyError(res, absl::InvalidArgumentError(ids.status().message()));
-    GenerationRequest g = ToRequest(r->params, *std::move(ids));
-    for (int32_t id : m->chat->StopTokens(*m->tok)) g.stop_tokens.insert(id);
-    absl::StatusOr<std::shared_ptr<RequestStream>> stream = m->scheduler->Submit(std::move(g));
-    if (!stream.ok()) return ReplyError(res, stream.status());
-    Answer(res, *std::move(stream), r->params, true);
-  }
-
-  void Completion(const std::string& body, httplib::Response& res) {
-    std::optional<Served> m = Model(res);
-    if (!m) return;
-    absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(body);
-    if (!r.ok()) return ReplyError(res, r.status());
-    if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
-    std::vector<int32_t> ids = r->prompt_ids;
-    if (!r->has_ids) {
-      if (!m->tok->has_vocab()) {
-        return ReplyError(res, absl::FailedPreconditionError(
-                                   "this model has no vocabulary: give the prompt as token ids"));
+    auto send = [&res](const json& j) { return res.Write(absl::StrCat("data: ", Dump(j), "\n\n")); };
+    bool ok = res.StartStream({200, "text/event-stream", {{"Cache-Control", "no-cache"}}, ""});
+    if (ok && chat) ok = send(ChatChunkJson(head, true, "", nullptr));
+    while (ok) {
+      std::vector<StreamEvent> events = stream->Wait(absl::Milliseconds(500));
+      // Nothing to say for a while (queued, a long prompt): a comment line
+      // keeps proxies from timing the stream out.
+      if (events.empty()) ok = res.Write(": ping\n\n");
+      for (StreamEvent& e : events) {
+        if (!ok) break;
+        if (!e.text.empty()) {
+          ok = send(chat ? ChatChunkJson(head, false, e.text, nullptr) : CompletionChunkJson(head, e.text, nullptr));
+        }
+        if (!e.final || !ok) continue;
+        if (!e.error.ok()) {
+          ok = send(ErrorJson(e.error));
+        } else {
+          ok = send(chat ? ChatChunkJson(head, false, "", &e.finish) : CompletionChunkJson(head, "", &e.finish));
+          if (ok && p.include_usage) ok = send(UsageChunkJson(head, chat, e.prompt_tokens, e.completion_tokens));
+        }
+        if (ok && res.Write("data: [DONE]\n\n")) res.EndStream();
+        return;
       }
-      if (absl::Status st = CheckTextFits(*m, r->prompt_text.size()); !st.ok()) return ReplyError(res, st);
-      ids = m->tok->Encode(r->prompt_text, m->tok->adds_bos_by_default(), true);
     }
-    GenerationRequest g = ToRequest(r->params, std::move(ids));
-    for (int32_t id : m->tok->end_of_generation_ids()) g.stop_tokens.insert(id);
-    absl::StatusOr<std::shared_ptr<RequestStream>> stream = m->scheduler->Submit(std::move(g));
-    if (!stream.ok()) return ReplyError(res, stream.status());
-    Answer(res, *std::move(stream), r->params, false);
+    stream->Cancel();  // the client is gone: free the slot
   }
 
-  void Models(httplib::Response& res) {
+  void Chat(const HttpRequest& req, HttpResponder& res) {
+    std::optional<Served> m = Model(res);
+    if (!m) return;
+    GenerationParams params;
+    GenerationRequest g;
+    {
+      CpuGate::Pass pass(&cpu);
+      absl::StatusOr<ChatRequest> r = ParseChatRequest(req.body);
+      if (!r.ok()) return ReplyError(res, r.status());
+      if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
+      if (m->chat == nullptr) {
+        return ReplyError(res, absl::FailedPreconditionError(
+                                   "this model has no vocabulary: use /v1/completions with token ids"));
+      }
+      size_t bytes = 0;
+      for (const auto& msg : r->messages) bytes += msg.content.size();
+      if (absl::Status st = CheckTextFits(*m, bytes); !st.ok()) return ReplyError(res, st);
+      tokenizer::ChatOptions chat_options;
+      chat_options.content_specials = s.options_.content_specials;
+      absl::StatusOr<std::vector<int32_t>> ids =
+          tokenizer::EncodeChat(*m->tok, *m->chat, r->messages, true, chat_options);
+      if (!ids.ok()) return ReplyError(res, absl::InvalidArgumentError(ids.status().message()));
+      params = r->params;
+      g = ToRequest(params, *std::move(ids));
+    }
+    for (int32_t id : m->chat->StopTokens(*m->tok)) g.stop_tokens.insert(id);
+    Generate(res, *m, std::move(g), params, true);
+  }
+
+  void Completion(const HttpRequest& req, HttpResponder& res) {
+    std::optional<Served> m = Model(res);
+    if (!m) return;
+    GenerationParams params;
+    GenerationRequest g;
+    {
+      CpuGate::Pass pass(&cpu);
+      absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(req.body);
+      if (!r.ok()) return ReplyError(res, r.status());
+      if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
+      std::vector<int32_t> ids = std::move(r->prompt_ids);
+      if (!r->has_ids) {
+        if (!m->tok->has_vocab()) {
+          return ReplyError(res, absl::FailedPreconditionError(
+                                     "this model has no vocabulary: give the prompt as token ids"));
+        }
+        if (absl::Status st = CheckTextFits(*m, r->prompt_text.size()); !st.ok()) return ReplyError(res, st);
+        ids = m->tok->Encode(r->prompt_text, m->tok->adds_bos_by_default(), true);
+      }
+      params = r->params;
+      g = ToRequest(params, std::move(ids));
+    }
+    for (int32_t id : m->tok->end_of_generation_ids()) g.stop_tokens.insert(id);
+    Generate(res, *m, std::move(g), params, false);
+  }
+
+  void Models(HttpResponder& res) {
     std::optional<Served> m = Model(res);
     if (!m) return;
     const BatchEngine& e = m->scheduler->engine();
@@ -222,36 +232,59 @@ struct HttpServer::Handlers {
                                             {"n_slots", e.n_slots()}}}}})}});
   }
 
-  void Tokenize(const std::string& body, httplib::Response& res) {
+  void Tokenize(const HttpRequest& req, HttpResponder& res) {
     std::optional<Served> m = Model(res);
     if (!m) return;
-    auto r = ParseTokenizeRequest(body);
+    // JSON escapes a byte in at most 6 ("\u0000"): a larger body cannot
+    // hold an acceptable text, and is refused before it is parsed.
+    if (req.body.size() > 6 * kMaxTokenizeBytes + 4096) {
+      return Reply(res, 413, ErrorJson(413, absl::StrCat("the body is ", req.body.size(), " bytes; /tokenize takes at most ",
+                                                         kMaxTokenizeBytes >> 20, " MiB of text")));
+    }
+    CpuGate::Pass pass(&cpu);
+    auto r = ParseTokenizeRequest(req.body);
     if (!r.ok()) return ReplyError(res, r.status());
+    if (r->first.size() > kMaxTokenizeBytes) {
+      return Reply(res, 413, ErrorJson(413, absl::StrCat("'content' is ", r->first.size(), " bytes; /tokenize takes at most ",
+                                                         kMaxTokenizeBytes >> 20, " MiB")));
+    }
     const std::vector<int32_t> ids =
         m->tok->Encode(r->first, r->second && m->tok->adds_bos_by_default(), true);
     Reply(res, 200, {{"tokens", ids}});
   }
 
-  void Detokenize(const std::string& body, httplib::Response& res) {
+  void Detokenize(const HttpRequest& req, HttpResponder& res) {
     std::optional<Served> m = Model(res);
     if (!m) return;
-    auto ids = ParseDetokenizeRequest(body);
+    CpuGate::Pass pass(&cpu);
+    auto ids = ParseDetokenizeRequest(req.body);
     if (!ids.ok()) return ReplyError(res, ids.status());
+    if (ids->size() > kMaxDetokenizeIds) {
+      return Reply(res, 413, ErrorJson(413, absl::StrCat("'tokens' holds ", ids->size(), " ids; /detokenize takes at most ",
+                                                         kMaxDetokenizeIds)));
+    }
+    size_t bytes = 0;
     for (int32_t id : *ids) {
       if (id >= m->tok->n_vocab()) {
         return ReplyError(res, absl::InvalidArgumentError(absl::StrCat(
                                    "'tokens': id ", id, " is outside the vocabulary [0, ", m->tok->n_vocab(), ")")));
       }
+      bytes += m->tok->TokenToPiece(id).size();
+    }
+    if (bytes > kMaxDetokenizeBytes) {
+      return Reply(res, 413, ErrorJson(413, absl::StrCat("the text of these tokens is ", bytes,
+                                                         " bytes; /detokenize answers at most ",
+                                                         kMaxDetokenizeBytes >> 20, " MiB")));
     }
     Reply(res, 200, {{"content", m->tok->Decode(*ids)}});
   }
 
-  void Health(httplib::Response& res) {
+  void Health(HttpResponder& res) {
     if (Model(res)) Reply(res, 200, {{"status", "ok"}});
   }
 
   // Prometheus text, llama-server's metric names with "dpl:" for "llamacpp:".
-  void Metrics(httplib::Response& res) {
+  void Metrics(HttpResponder& res) {
     std::optional<Served> m = Model(res);
     if (!m) return;
     const SchedulerMetrics x = m->scheduler->metrics();
@@ -272,12 +305,32 @@ struct HttpServer::Handlers {
            x.decode_seconds > 0 ? x.decode_tokens / x.decode_seconds : 0);
     metric("requests_processing", "gauge", "Requests holding a slot.", x.processing);
     metric("requests_deferred", "gauge", "Requests waiting for a slot.", x.deferred);
-    res.set_content(out, "text/plain; version=0.0.4");
+    res.Send({200, "text/plain; version=0.0.4", {}, std::move(out)});
   }
 };
 
+namespace {
+
+// The transport's limits with its worker count: every request that may wait
+// on tokens (slots and queue) plus the CPU jobs and a few more, so a
+// generation never waits for a worker that parsing holds.
+HttpLimits WithWorkers(const ServerOptions& o, int cpu_jobs) {
+  HttpLimits l = o.http;
+  l.workers = std::min(4096, o.scheduler.max_queue + o.n_slots + cpu_jobs + 8);
+  return l;
+}
+
+// Each job holds up to ~3x its body (the body, its JSON tree, the text or
+// ids taken out): 4 of 16 MiB stay well under the 256 MiB a burst of large
+// requests may cost, and chat-sized requests take a millisecond each.
+int CpuJobs(const ServerOptions& o) {
+  return o.cpu_jobs > 0 ? o.cpu_jobs : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 2, 4);
+}
+
+}  // namespace
+
 HttpServer::HttpServer(ServerOptions options)
-    : options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {}
+    : options_(std::move(options)), http_(std::make_unique<HttpTransport>(WithWorkers(options_, CpuJobs(options_)))) {}
 
 HttpServer::~HttpServer() {
   Stop();
@@ -292,103 +345,49 @@ std::shared_ptr<Scheduler> HttpServer::scheduler() const {
 }
 
 absl::Status HttpServer::Bind() {
-  // One thread per open connection: every slot, the queue, and a few more for
-  // /health and /metrics while all of them stream.
-  const size_t threads = std::min<size_t>(
-      4096, static_cast<size_t>(options_.scheduler.max_queue) + options_.n_slots + 8);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http_->set_payload_max_length(kMaxBodyBytes);
-  http_->set_keep_alive_timeout(2);  // an idle connection delays shutdown at most this long
-
-  auto h = std::make_shared<Handlers>(Handlers{*this});
-  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
-    if (auth != "Bearer " + options_.api_key) {
-      ReplyError(res, absl::UnauthenticatedError(auth.empty() ? "no API key: send Authorization: Bearer KEY"
-                                                              : "invalid API key"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+  auto h = std::make_shared<Handlers>(*this, CpuJobs(options_));
+  http_->SetErrorBody([](const HttpError& e) { return Dump(ErrorJson(e.status, e.message)); });
+  http_->SetAuthorizer([this](const HttpRequest& req) -> std::optional<HttpError> {
+    if (options_.api_key.empty() || req.path == "/health") return std::nullopt;
+    const std::string auth = req.Header("Authorization");
+    if (auth == "Bearer " + options_.api_key) return std::nullopt;
+    return HttpError{401, auth.empty() ? "no API key: send Authorization: Bearer KEY" : "invalid API key"};
   });
-  http_->set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
-                                                                  httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // ours already
-    const absl::Status s =
-        res.status == 404   ? absl::NotFoundError(absl::StrCat("no endpoint ", req.method, " ", req.path))
-        : res.status == 413 ? absl::InvalidArgumentError("the request body is too large")
-                            : absl::InvalidArgumentError(absl::StrCat("HTTP ", res.status));
-    json body = ErrorJson(s);
-    body["error"]["code"] = res.status;
-    const int status = res.status;
-    res.set_content(Dump(body), "application/json");
-    res.status = status;
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    ReplyError(res, absl::InternalError(absl::StrCat("internal error: ", what)));
-  });
-  // POST handlers read their body themselves: httplib would parse a body
-  // sent as application/x-www-form-urlencoded (curl -d's default) as a form
-  // and refuse it beyond 8 KiB.
-  auto post = [this](const char* path, std::function<void(const std::string&, httplib::Response&)> f) {
-    http_->Post(path, [f](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& read) {
-      std::string body;
-      if (!read([&body](const char* data, size_t n) {
-            body.append(data, n);
-            return body.size() <= kMaxBodyBytes;
-          })) {
-        res.status = 413;
-        return;  // the error handler writes the body
-      }
-      f(body, res);
-    });
+  using M = HandlerMode;
+  auto post = [this](const char* path, void (Handlers::*f)(const HttpRequest&, HttpResponder&),
+                     std::shared_ptr<Handlers> h) {
+    http_->Route("POST", path, M::kPooled, [h, f](const HttpRequest& req, HttpResponder& res) { ((*h).*f)(req, res); });
   };
-  for (const char* path : {"/v1/chat/completions", "/chat/completions"}) {
-    post(path, [h](const std::string& b, httplib::Response& r) { h->Chat(b, r); });
-  }
-  for (const char* path : {"/v1/completions", "/completions"}) {
-    post(path, [h](const std::string& b, httplib::Response& r) { h->Completion(b, r); });
-  }
-  post("/tokenize", [h](const std::string& b, httplib::Response& r) { h->Tokenize(b, r); });
-  post("/detokenize", [h](const std::string& b, httplib::Response& r) { h->Detokenize(b, r); });
-  http_->Get("/v1/models", [h](const httplib::Request&, httplib::Response& r) { h->Models(r); });
-  http_->Get("/models", [h](const httplib::Request&, httplib::Response& r) { h->Models(r); });
-  http_->Get("/health", [h](const httplib::Request&, httplib::Response& r) { h->Health(r); });
-  http_->Get("/metrics", [h](const httplib::Request&, httplib::Response& r) { h->Metrics(r); });
-
-  if (options_.port == 0) {
-    port_ = http_->bind_to_any_port(options_.host);
-    if (port_ <= 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.host));
-  } else if (!http_->bind_to_port(options_.host, options_.port)) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.host, ":", options_.port,
-                                               " (in use, or not an address of this machine)"));
-  } else {
-    port_ = options_.port;
-  }
-  return absl::OkStatus();
+  for (const char* path : {"/v1/chat/completions", "/chat/completions"}) post(path, &Handlers::Chat, h);
+  for (const char* path : {"/v1/completions", "/completions"}) post(path, &Handlers::Completion, h);
+  post("/tokenize", &Handlers::Tokenize, h);
+  post("/detokenize", &Handlers::Detokenize, h);
+  // Answered on the I/O thread: no body, no waiting.
+  auto get = [this, h](const char* path, void (Handlers::*f)(HttpResponder&)) {
+    http_->Route("GET", path, M::kInline, [h, f](const HttpRequest&, HttpResponder& res) { ((*h).*f)(res); });
+  };
+  get("/v1/models", &Handlers::Models);
+  get("/models", &Handlers::Models);
+  get("/health", &Handlers::Health);
+  get("/metrics", &Handlers::Metrics);
+  return http_->Bind(options_.host, options_.port);
 }
 
 void HttpServer::StartLoading(std::function<absl::StatusOr<ServedModel>()> load) {
   loader_ = std::thread([this, load = std::move(load)] {
     absl::StatusOr<ServedModel> m = load();
-    absl::MutexLock lock(&mu_);
-    if (!m.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (m.ok()) {
+        if (stopping_) return;
+        model_ = *std::move(m);
+        scheduler_ = std::make_shared<Scheduler>(*model_.engine, *model_.tokenizer, options_.scheduler);
+        return;
+      }
       load_error_ = m.status();
       stopping_ = true;
-      http_->stop();
-      return;
     }
-    if (stopping_) return;
-    model_ = *std::move(m);
-    scheduler_ = std::make_shared<Scheduler>(*model_.engine, *model_.tokenizer, options_.scheduler);
+    http_->Stop(absl::Seconds(1));  // Serve returns the error
   });
 }
 
@@ -397,7 +396,7 @@ absl::Status HttpServer::Serve() {
     absl::MutexLock lock(&mu_);
     if (stopping_) return load_error_;
   }
-  http_->listen_after_bind();
+  http_->Serve();
   absl::MutexLock lock(&mu_);
   return load_error_;
 }
@@ -409,11 +408,11 @@ void HttpServer::Stop() {
     stopping_ = true;
     sched = scheduler_;
   }
-  // Every open stream gets its end (an error chunk, then [DONE]) and writes
-  // it before httplib stops: stop() ends chunked writes where they are.
+  // No new requests; then every open stream gets its end (an error chunk,
+  // then [DONE]) and writes it before the connections close.
+  http_->StopAccepting();
   if (sched) sched->Shutdown();
-  for (int i = 0; i < 200 && open_streams_.load() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
-  http_->stop();  // no new connections; new requests meanwhile got 503
+  http_->Stop(absl::Seconds(2));
 }
 
 }  // namespace dpl::server

@@ -1,14 +1,21 @@
-// dpl-server's HTTP front-end (cpp-httplib): the OpenAI endpoints
-// (/v1/chat/completions, /v1/completions, /v1/models) and llama-server's
-// (/health, /tokenize, /detokenize, /metrics) over a Scheduler.
+// dpl-server's API: the OpenAI endpoints (/v1/chat/completions,
+// /v1/completions, /v1/models) and llama-server's (/health, /tokenize,
+// /detokenize, /metrics) over a Scheduler, carried by the HTTP transport
+// (http_transport.h: connections, limits, deadlines).
 //
 // It listens before the model is loaded: Bind, StartLoading (a background
 // thread), Serve. Until the model is in, /health and every other endpoint
 // answer 503 "Loading model". Stop (from a signal-watching thread, never a
 // handler) stops accepting, ends every open stream and makes Serve return.
+//
+// Work per request is bounded before it is done: a body's JSON by
+// kMaxJsonDepth / kMaxJsonValues (openai_api.h), /tokenize by
+// kMaxTokenizeBytes, /detokenize by kMaxDetokenizeIds and the text it would
+// answer by kMaxDetokenizeBytes; parsing and tokenizing run at most
+// ServerOptions::cpu_jobs at a time, so a burst of large requests queues
+// instead of taking every core and its memory at once.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -19,15 +26,16 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/server/batch_engine.h"
+#include "runtime/server/http_transport.h"
 #include "runtime/server/scheduler.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/tokenizer/tokenizer.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace dpl::server {
+
+inline constexpr size_t kMaxTokenizeBytes = 1 << 20;   // /tokenize text (413 beyond)
+inline constexpr size_t kMaxDetokenizeIds = 1 << 20;   // /detokenize ids (413 beyond)
+inline constexpr size_t kMaxDetokenizeBytes = 16 << 20;  // the text /detokenize answers (413 beyond)
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -35,8 +43,11 @@ struct ServerOptions {
   std::string api_key;           // non-empty: every endpoint but /health needs "Authorization: Bearer KEY"
   std::string model_id;          // what /v1/models reports
   std::vector<std::string> model_names;  // the "model" values accepted (besides none)
-  int n_slots = 1;                // for the connection thread count
+  int n_slots = 1;                // with scheduler.max_queue: the requests that may wait on tokens
+  int cpu_jobs = 0;               // requests parsing or tokenizing at once (0: the cores, 2 to 4)
+  bool content_specials = false;  // control-token texts in chat content act as tokens (ChatOptions)
   SchedulerOptions scheduler;
+  HttpLimits http;                // workers: set by Bind from the above
 };
 
 // What loading produces.
@@ -53,7 +64,7 @@ class HttpServer {
 
   // Binds host:port. Errors: the address cannot be bound.
   absl::Status Bind();
-  int port() const { return port_; }
+  int port() const { return http_->port(); }
   // Runs `load` on a background thread; the model serves once it returns.
   // A failed load stops the server: Serve returns the error.
   void StartLoading(std::function<absl::StatusOr<ServedModel>()> load);
@@ -66,8 +77,7 @@ class HttpServer {
   std::shared_ptr<Scheduler> scheduler() const;
 
   const ServerOptions options_;
-  std::unique_ptr<httplib::Server> http_;
-  int port_ = 0;
+  std::unique_ptr<HttpTransport> http_;
   std::thread loader_;
 
   mutable absl::Mutex mu_;
@@ -75,10 +85,6 @@ class HttpServer {
   std::shared_ptr<Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);  // set once loaded
   absl::Status load_error_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Streaming responses not yet released by httplib: Stop waits for them to
-  // write their end ([DONE]) before it stops httplib, which ends chunked
-  // writes at once.
-  std::atomic<int> open_streams_{0};
 };
 
 }  // namespace dpl::server

@@ -15,12 +15,35 @@ absl::Status FieldError(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("'", field, "' ", what));
 }
 
+// Thrown by the parse callback to stop at a limit.
+struct JsonLimit {
+  std::string what;
+};
+
+// The body as a JSON object, within kMaxJsonDepth and kMaxJsonValues: the
+// callback sees every value as it is parsed, so an 8M-deep nesting or a body
+// of millions of tiny values stops there instead of building its tree.
 absl::StatusOr<json> ParseObject(absl::string_view body) {
+  size_t values = 0;
+  const json::parser_callback_t limits = [&values](int depth, json::parse_event_t event, json&) {
+    if (event == json::parse_event_t::value && ++values > kMaxJsonValues) {
+      throw JsonLimit{absl::StrCat("the body holds more than ", kMaxJsonValues, " JSON values")};
+    }
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth) {
+      throw JsonLimit{absl::StrCat("the body nests JSON deeper than ", kMaxJsonDepth, " levels")};
+    }
+    return true;
+  };
   json j;
   try {
-    j = json::parse(body.begin(), body.end());
+    j = json::parse(body.begin(), body.end(), limits);
+  } catch (const JsonLimit& e) {
+    return absl::InvalidArgumentError(e.what);
   } catch (const json::parse_error& e) {
     return absl::InvalidArgumentError(absl::StrCat("the body is not valid JSON (byte ", e.byte, ")"));
+  } catch (const json::exception& e) {  // out_of_range: a number such as 1e400
+    return absl::InvalidArgumentError(absl::StrCat("the body is not usable JSON: ", e.what()));
   }
   if (!j.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
   return j;
@@ -248,14 +271,16 @@ int HttpStatus(const absl::Status& status) {
   }
 }
 
-json ErrorJson(const absl::Status& status) {
-  const int code = HttpStatus(status);
-  const char* type = code == 400   ? "invalid_request_error"
-                     : code == 401 ? "authentication_error"
+json ErrorJson(const absl::Status& status) { return ErrorJson(HttpStatus(status), status.message()); }
+
+json ErrorJson(int http_status, absl::string_view message) {
+  const int code = http_status;
+  const char* type = code == 401   ? "authentication_error"
                      : code == 404 ? "not_found_error"
                      : code == 503 ? "unavailable_error"
-                                   : "server_error";
-  return {{"error", {{"message", std::string(status.message())}, {"type", type}, {"code", code}}}};
+                     : code >= 500 ? "server_error"
+                                   : "invalid_request_error";
+  return {{"error", {{"message", std::string(message)}, {"type", type}, {"code", code}}}};
 }
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }

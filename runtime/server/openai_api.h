@@ -42,6 +42,12 @@ struct CompletionRequest {
   std::vector<int32_t> prompt_ids;
 };
 
+// Every body is parsed within these (InvalidArgument beyond, naming the
+// limit): no sane request nests deeper, and a prompt of 2M token ids is
+// longer than any context.
+inline constexpr int kMaxJsonDepth = 64;
+inline constexpr size_t kMaxJsonValues = size_t{1} << 21;
+
 // Body parsers. Errors (InvalidArgument) name the field: "bad JSON at byte
 // 12: ...", "'messages' is required", "'temperature' must be a number",
 // "'n' must be 1", "'presence_penalty' is not supported (only 0)".
@@ -63,6 +69,9 @@ absl::StatusOr<std::vector<int32_t>> ParseDetokenizeRequest(absl::string_view bo
 // anything else 500) and its OpenAI body.
 int HttpStatus(const absl::Status& status);
 nlohmann::json ErrorJson(const absl::Status& status);
+// The body of an HTTP-level refusal (408, 411, 413, 415, 417, 431, ...):
+// type invalid_request_error for 4xx but 401/404, as above otherwise.
+nlohmann::json ErrorJson(int http_status, absl::string_view message);
 
 // Serializes; invalid UTF-8 (a model may emit any bytes) becomes U+FFFD.
 std::string Dump(const nlohmann::json& j);

@@ -145,5 +145,35 @@ TEST_CASE("errors, responses and chunks in OpenAI's shape") {
   CHECK(Dump(json{{"s", std::string("a\xff\xc3")}}) == "{\"s\":\"a\xef\xbf\xbd\xef\xbf\xbd\"}");
 }
 
+// Issue 28: bodies that made the parser build huge trees, or threw an
+// uncaught out_of_range (a 500), are 400s naming the limit.
+TEST_CASE("JSON depth, value count and out-of-range numbers are 400s") {
+  const std::string deep = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  CHECK(ParseDetokenizeRequest("{\"tokens\":" + deep + "}").status().message().find("deeper than 64") !=
+        absl::string_view::npos);
+  CHECK(ParseDetokenizeRequest(std::string(1 << 20, '[')).status().message().find("deeper than 64") !=
+        absl::string_view::npos);
+  // At the depth limit it parses (and fails on the field instead).
+  const std::string ok_deep = std::string(kMaxJsonDepth - 1, '[') + std::string(kMaxJsonDepth - 1, ']');
+  CHECK(ParseDetokenizeRequest("{\"tokens\":" + ok_deep + "}").status().message().find("'tokens'") !=
+        absl::string_view::npos);
+  std::string wide = "{\"tokens\":[0";
+  for (size_t i = 0; i < kMaxJsonValues; ++i) wide += ",0";
+  wide += "]}";
+  const absl::Status too_many = ParseDetokenizeRequest(wide).status();
+  CHECK(too_many.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(too_many.message().find("more than 2097152 JSON values") != absl::string_view::npos);
+  wide.resize(wide.size() - 6);  // two values fewer: the limit holds the object and the array too
+  CHECK(ParseDetokenizeRequest(wide + "]}").ok());
+  for (const char* body : {R"({"content": 1e400})", R"({"content": "x", "add_special": -1e400})"}) {
+    const absl::Status st = ParseTokenizeRequest(body).status();
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(HttpStatus(st) == 400);
+  }
+  CHECK(ErrorJson(431, "too big")["error"]["type"] == "invalid_request_error");
+  CHECK(ErrorJson(431, "too big")["error"]["code"] == 431);
+  CHECK(ErrorJson(503, "busy")["error"]["type"] == "unavailable_error");
+}
+
 }  // namespace
 }  // namespace dpl::server

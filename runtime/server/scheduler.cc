@@ -71,8 +71,24 @@ SchedulerMetrics Scheduler::metrics() const {
   absl::MutexLock lock(&mu_);
   SchedulerMetrics m = metrics_;
   m.processing = running_;
-  m.deferred = static_cast<int>(queue_.size());
+  m.deferred = static_cast<int>(std::count_if(queue_.begin(), queue_.end(),
+                                              [](const Queued& q) { return !q.stream->cancelled(); }));
   return m;
+}
+
+void Scheduler::DropCancelledLocked() {
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (!it->stream->cancelled()) {
+      ++it;
+      continue;
+    }
+    StreamEvent e;
+    e.final = true;
+    e.error = absl::CancelledError("client gone");
+    e.prompt_tokens = static_cast<int64_t>(it->request.prompt.size());
+    it->stream->Push(std::move(e));
+    it = queue_.erase(it);
+  }
 }
 
 absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerationRequest r) {
@@ -101,6 +117,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerationReque
   auto stream = std::make_shared<RequestStream>();
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("the server is shutting down");
+  DropCancelledLocked();  // a client gone while queued gives its place up at once
   // Requests the free slots do not take wait; at most max_queue of them.
   if (static_cast<int64_t>(queue_.size()) >=
       static_cast<int64_t>(free_slots_.size()) + options_.max_queue) {
@@ -122,6 +139,7 @@ bool Scheduler::Admit(std::vector<std::unique_ptr<Active>>& active) {
   // the timeout is only a safety net.
   mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Seconds(1));
   if (shutdown_) return false;
+  DropCancelledLocked();
   while (!queue_.empty() && !free_slots_.empty()) {
     const int slot = free_slots_.back();
     free_slots_.pop_back();

@@ -65,7 +65,9 @@ class RequestStream {
   // The events ready now, waiting up to `timeout` for the first; empty on
   // timeout.
   std::vector<StreamEvent> Wait(absl::Duration timeout);
-  // The client is gone: the scheduler frees the slot before its next step.
+  // The client is gone: a queued request leaves the queue at the next
+  // Submit or step (and no longer counts against --queue or as deferred),
+  // a running one frees its slot before the next step.
   void Cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
 
@@ -123,6 +125,9 @@ class Scheduler {
   struct Active;
 
   void Loop();
+  // Ends the queued requests whose client is gone (their final event:
+  // Cancelled).
+  void DropCancelledLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One iteration's admit step; false when shutting down.
   bool Admit(std::vector<std::unique_ptr<Active>>& active);
   // Feeds up to `budget` more of a's prompt (one engine call); returns how

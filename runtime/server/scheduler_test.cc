@@ -255,6 +255,29 @@ TEST_CASE("refusals: empty, out of the vocabulary, longer than the context, a fu
   CHECK(Collect(**b).final.completion_tokens == 2);
 }
 
+// Issue 28: a client that leaves while queued gave its place up only when a
+// slot freed, so new clients got 503 meanwhile.
+TEST_CASE("a request cancelled while queued leaves the queue at once") {
+  Fixture f(1, 512);
+  Scheduler s(*f.engine, *f.tok, {1, 256});
+  auto a = s.Submit(Greedy({1, 2}, 500));  // the slot
+  auto b = s.Submit(Greedy({3, 4}, 3));    // the one queue place
+  REQUIRE((a.ok() && b.ok()));
+  while ((*a)->Wait(absl::Seconds(30)).empty()) {}  // a holds the slot
+  CHECK(s.Submit(Greedy({5}, 1)).status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(s.metrics().deferred == 1);
+  (*b)->Cancel();
+  CHECK(s.metrics().deferred == 0);
+  auto c = s.Submit(Greedy({5, 6}, 2));  // b's place, while a still runs
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  const Result rb = Collect(**b);
+  CHECK(rb.final.error.code() == absl::StatusCode::kCancelled);
+  CHECK(rb.final.completion_tokens == 0);
+  CHECK(s.metrics().processing == 1);  // a never gave its slot up meanwhile
+  (*a)->Cancel();
+  CHECK(Collect(**c).final.completion_tokens == 2);
+}
+
 TEST_CASE("a cancelled request frees its slot; shutdown ends every stream") {
   Fixture f(1, 512);
   Scheduler s(*f.engine, *f.tok, {4, 256});

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -408,8 +409,57 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer& tokenizer,
     return absl::FailedPreconditionError(
         "chat needs a tokenizer vocabulary; this model has ids only");
   }
-  DPL_ASSIGN_OR_RETURN(const std::string text, chat_template.Render(messages, add_generation_prompt, options));
-  return tokenizer.Encode(text, tokenizer.adds_bos_by_default(), /*parse_special=*/true);
+  if (options.content_specials) {
+    DPL_ASSIGN_OR_RETURN(const std::string text, chat_template.Render(messages, add_generation_prompt, options));
+    return tokenizer.Encode(text, tokenizer.adds_bos_by_default(), /*parse_special=*/true);
+  }
+  // Each control-token text in content is swapped for a marker that no
+  // message holds (so the renderers' own handling of content, trimming
+  // included, is untouched), the conversation rendered, and the rendering
+  // encoded piece by piece: the markup between markers with its specials, each
+  // marker's text as plain text. The pieces split where the specials'
+  // partition would have split anyway, so content without control texts
+  // encodes exactly as before.
+  std::string marker = "\x1f" "dpl";
+  for (bool clash = true; clash;) {
+    clash = false;
+    for (const ChatMessage& m : messages) clash = clash || absl::StrContains(m.content, marker);
+    if (clash) marker += "\x1f";
+  }
+  std::vector<std::string> literals;
+  std::vector<ChatMessage> escaped = messages;
+  for (ChatMessage& m : escaped) {
+    const std::vector<std::pair<size_t, size_t>> spans = tokenizer.ControlTextSpans(m.content);
+    if (spans.empty()) continue;
+    std::string content;
+    size_t at = 0;
+    for (const auto& [begin, end] : spans) {
+      absl::StrAppend(&content, absl::string_view(m.content).substr(at, begin - at), marker, literals.size(), marker);
+      literals.emplace_back(m.content.substr(begin, end - begin));
+      at = end;
+    }
+    content.append(m.content, at);
+    m.content = std::move(content);
+  }
+  DPL_ASSIGN_OR_RETURN(const std::string text, chat_template.Render(escaped, add_generation_prompt, options));
+  std::vector<int32_t> ids;
+  auto append = [&ids](std::vector<int32_t> more) { ids.insert(ids.end(), more.begin(), more.end()); };
+  if (tokenizer.adds_bos_by_default() && tokenizer.bos_id() != kNoToken) ids.push_back(tokenizer.bos_id());
+  size_t at = 0;
+  for (size_t hit; (hit = text.find(marker, at)) != std::string::npos;) {
+    append(tokenizer.Encode(absl::string_view(text).substr(at, hit - at), false, /*parse_special=*/true));
+    const size_t digits = hit + marker.size();
+    const size_t close = text.find(marker, digits);
+    size_t index = 0;
+    if (close == std::string::npos || !absl::SimpleAtoi(text.substr(digits, close - digits), &index) ||
+        index >= literals.size()) {
+      return absl::InternalError("chat: a content marker did not survive rendering");
+    }
+    append(tokenizer.Encode(literals[index], false, /*parse_special=*/false));
+    at = close + marker.size();
+  }
+  append(tokenizer.Encode(absl::string_view(text).substr(at), false, /*parse_special=*/true));
+  return ids;
 }
 
 }  // namespace dpl::tokenizer

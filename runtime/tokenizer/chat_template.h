@@ -111,6 +111,11 @@ struct ChatOptions {
   // generation prompt so the model answers at once. Families without
   // thinking (has_thinking() false) ignore it.
   bool enable_thinking = true;
+  // Whether a control token's text inside a message ("<|im_end|>" in a user
+  // message) becomes that token (llama-server's behavior: a user can forge
+  // turns) or stays text (false, the default: OpenAI's API, where content is
+  // only ever content). The template's own markup is tokens either way.
+  bool content_specials = false;
 };
 
 class ChatTemplate {
@@ -151,7 +156,9 @@ class ChatTemplate {
   std::string default_system_;
 };
 
-// Render + Encode(add_bos = adds_bos_by_default(), parse_special = true).
+// Render + Encode(add_bos = adds_bos_by_default(), parse_special = true),
+// with control-token texts inside message content encoded as plain text
+// unless options.content_specials.
 absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer& tokenizer,
                                                 const ChatTemplate& chat_template,
                                                 const std::vector<ChatMessage>& messages,

@@ -305,21 +305,12 @@ absl::StatusOr<Tokenizer> Tokenizer::FromMetadata(const formats::Metadata& meta)
   return t;
 }
 
-std::vector<int32_t> Tokenizer::Encode(absl::string_view text, bool add_bos,
-                                       bool parse_special) const {
-  std::vector<int32_t> out;
-  if (vocab_ == nullptr) return out;
+// The text split into raw fragments and special tokens (llama.cpp's
+// tokenizer_st_partition): each special, longest first, splits every raw
+// fragment at all its occurrences. Control tokens match only with
+// parse_special; user-defined ones always.
+std::vector<Tokenizer::Fragment> Tokenizer::Partition(absl::string_view text, bool parse_special) const {
   const Vocab& v = *vocab_;
-  if (add_bos && bos_id_ != kNoToken) out.push_back(bos_id_);
-
-  // Partition into raw text and special tokens (llama.cpp's
-  // tokenizer_st_partition): each special, longest first, splits every raw
-  // fragment at all its occurrences.
-  struct Fragment {
-    int32_t token;  // kNoToken: raw text [begin, end)
-    size_t begin;
-    size_t end;
-  };
   std::vector<Fragment> frags = {{kNoToken, 0, text.size()}};
   std::vector<Fragment> next;
   std::array<bool, 256> present{};  // bytes that occur in `text`
@@ -349,16 +340,32 @@ std::vector<int32_t> Tokenizer::Encode(absl::string_view text, bool add_bos,
     }
     if (found) frags.swap(next);
   }
+  return frags;
+}
 
+std::vector<int32_t> Tokenizer::Encode(absl::string_view text, bool add_bos,
+                                       bool parse_special) const {
+  std::vector<int32_t> out;
+  if (vocab_ == nullptr) return out;
+  if (add_bos && bos_id_ != kNoToken) out.push_back(bos_id_);
   Workspace ws;
-  for (const Fragment& f : frags) {
+  for (const Fragment& f : Partition(text, parse_special)) {
     if (f.token != kNoToken) {
       out.push_back(f.token);
     } else {
-      EncodeRaw(v, text.substr(f.begin, f.end - f.begin), ws, out);
+      EncodeRaw(*vocab_, text.substr(f.begin, f.end - f.begin), ws, out);
     }
   }
   return out;
+}
+
+std::vector<std::pair<size_t, size_t>> Tokenizer::ControlTextSpans(absl::string_view text) const {
+  std::vector<std::pair<size_t, size_t>> spans;
+  if (vocab_ == nullptr) return spans;
+  for (const Fragment& f : Partition(text, /*parse_special=*/true)) {
+    if (f.token != kNoToken && vocab_->types[f.token] != TokenType::kUserDefined) spans.emplace_back(f.begin, f.end);
+  }
+  return spans;
 }
 
 std::string Tokenizer::TokenToPiece(int32_t id) const {

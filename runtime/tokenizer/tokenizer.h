@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -63,6 +64,10 @@ class Tokenizer {
   // whether the model wants it is adds_bos_by_default()). parse_special
   // matches control-token texts such as "<|im_start|>".
   std::vector<int32_t> Encode(absl::string_view text, bool add_bos, bool parse_special) const;
+  // [begin, end) of each control-token text Encode(text, _, true) would turn
+  // into its token (user-defined tokens, which match either way, excluded),
+  // in order.
+  std::vector<std::pair<size_t, size_t>> ControlTextSpans(absl::string_view text) const;
 
   // The bytes a token stands for. Control tokens render their text (e.g.
   // "<|im_end|>"); out-of-range ids and ids of a vocabulary-less model
@@ -107,6 +112,13 @@ class Tokenizer {
                                                           int32_t n_vocab);
 
  private:
+  struct Fragment {
+    int32_t token;  // kNoToken: raw text [begin, end)
+    size_t begin;
+    size_t end;
+  };
+  std::vector<Fragment> Partition(absl::string_view text, bool parse_special) const;
+
   std::shared_ptr<const Vocab> vocab_;  // null for a vocabulary-less model
   int32_t n_vocab_ = 0;
   int64_t max_text_bytes_ = 0;  // longest token text of the vocabulary

@@ -12,7 +12,6 @@ cd "$(dirname "$0")"
 npl=${1:-1,4,16,64}
 [[ -f bin.tar.gz && ! -x dpl-server ]] && tar -xzf bin.tar.gz
 source ./env.sh
-[[ -d serverlib ]] && export LD_LIBRARY_PATH=$PWD/serverlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 T=${TMPDIR:-/tmp}
 m=$T/q7.dpl

@@ -11,7 +11,6 @@ cd "$(dirname "$0")"
 m=${1:?MODEL}; n=${2:-256}
 [[ -f bin.tar.gz && ! -x dpl-server ]] && tar -xzf bin.tar.gz
 source ./env.sh
-[[ -d serverlib ]] && export LD_LIBRARY_PATH=$PWD/serverlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 for i in 1 2 3; do
   ./dpl-run -m "$m" -p Hello -n "$n" --temp 0 2>&1 >/dev/null | grep -E "generated:"
 done

@@ -56,12 +56,6 @@ fi
 mkdir -p "$out/shared/vocab" && gzip -c "$shared/vocab/ggml-vocab-qwen2.gguf" >"$out/shared/vocab/ggml-vocab-qwen2.gguf.gz"
 cp tools/gpu/env.sh tools/gpu/suite.sh tools/gpu/ab.sh tools/gpu/startup.sh tools/gpu/types.sh \
    tools/gpu/server.sh tools/gpu/batched.sh tools/gpu/prompt-3254.txt tools/server_load.sh "$out/"
-# dpl-server's shared libraries that Ubuntu's GPU machine may lack (Debian's
-# cpp-httplib and brotli; server.sh puts them on LD_LIBRARY_PATH).
-mkdir -p "$out/serverlib"
-for l in libcpp-httplib.so.0.11 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do
-  cp -L "/lib/x86_64-linux-gnu/$l" "$out/serverlib/"
-done
 du -sh "$out"
 # A device call carries at most 64 MiB: this folder plus the tracked tree.
 # Say so here, not as a refused call (each refusal costs device time).
@@ -69,7 +63,6 @@ staged=$(du -sb "$out" | cut -f1)
 tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
 if (( staged + tree > 64 * 1024 * 1024 )); then
   echo "stage: $out ($staged bytes) and the tracked tree ($tree) exceed the 64 MiB a call" \
-       "carries: stage fewer tools or oracles (DPL_STAGE_TOOLS_ONLY, DPL_STAGE_ORACLES)," \
-       "or remove $out/serverlib when the call starts no server" >&2
+       "carries: stage fewer tools or oracles (DPL_STAGE_TOOLS_ONLY, DPL_STAGE_ORACLES)" >&2
   exit 1
 fi
