@@ -34,7 +34,7 @@
 namespace dpl::server {
 
 inline constexpr size_t kMaxTokenizeBytes = 1 << 20;   // /tokenize text (413 beyond)
-inline constexpr size_t kMaxDetokenizeIds = 1 << 20;   // /detokenize ids (413 beyond)
+inline constexpr size_t kMaxDetokenizeIds = 1000000;   // /detokenize ids (413 beyond; under kMaxJsonValues)
 inline constexpr size_t kMaxDetokenizeBytes = 16 << 20;  // the text /detokenize answers (413 beyond)
 
 struct ServerOptions {
