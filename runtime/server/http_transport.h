@@ -47,6 +47,12 @@
 
 namespace dpl::server {
 
+// The defaults and why: OpenAI clients send a dozen headers in well under
+// 2 KiB (64 KiB and 100 fields leave room for proxies' additions; nginx
+// allows 4 x 8 KiB); a prompt must fit a slot's context, which no sane one
+// fills with 16 MiB of text; 64 MiB of large bodies at once, with the CPU
+// gate's parses, kept the hostile probe's peak at +103-114 MiB of resident
+// memory (128 MiB: +171; docs/PERF.md).
 struct HttpLimits {
   size_t max_header_bytes = 64 << 10;   // request line and header fields
   int max_header_fields = 100;
