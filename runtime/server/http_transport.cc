@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <list>
 
 #include <boost/asio.hpp>
@@ -214,6 +215,27 @@ struct HttpTransport::Impl {
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   net::thread_pool pool;  // destroyed (joined) first
 };
+
+namespace {
+
+// A handler that throws (out of memory, a bug) answers 500 instead of
+// ending the process (an exception would leave the worker or the I/O loop).
+void RunHandler(const HttpTransport::Impl& srv, const HttpTransport::Impl::RouteEntry& route,
+                const HttpRequest& req, HttpResponder& res) {
+  std::string what;
+  try {
+    route.handler(req, res);
+    return;
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "unknown exception";
+  }
+  const std::string message = absl::StrCat("internal error: ", what);
+  res.Send({500, "application/json", {}, srv.error_body ? srv.error_body({500, message}) : message});
+}
+
+}  // namespace
 
 // Part of the body budget, returned when the request is done with.
 class BodyReservation {
@@ -493,7 +515,7 @@ class Session : public std::enable_shared_from_this<Session> {
     ex_->session = weak_from_this();
     if (route_->mode == HandlerMode::kInline) {
       HttpResponder r(ex_);
-      route_->handler(request_, r);
+      RunHandler(srv_, *route_, request_, r);
       return;
     }
     if (srv_.busy.fetch_add(1) >= srv_.limits.workers) {
@@ -502,14 +524,14 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     request_.body = std::move(parser_->get().body());
     Watch();
-    net::post(srv_.pool, [srv = &srv_, ex = ex_, handler = route_->handler, req = std::move(request_),
+    net::post(srv_.pool, [srv = &srv_, ex = ex_, route = route_, req = std::move(request_),
                           reservation = std::move(reservation_)]() mutable {
       const bool large = req.body.size() > (1 << 20);
       {
         HttpResponder r(ex);
         const absl::Status s = DecodeBody(req.Header("Content-Encoding"), srv->limits.max_body_bytes, &req.body);
         if (s.ok()) {
-          handler(req, r);
+          RunHandler(*srv, *route, req, r);
         } else {
           const int status = absl::IsResourceExhausted(s) ? 413 : 400;
           r.Send({status, "application/json", {}, srv->error_body({status, std::string(s.message())})});
@@ -809,7 +831,16 @@ void HttpTransport::Serve() {
   net::post(m.io, [&m] {
     if (!m.stopping) m.Accept();
   });
-  m.io.run();
+  // A handler that throws on the I/O thread (out of memory) loses its
+  // connection, not the server: the loop goes on.
+  for (;;) {
+    try {
+      m.io.run();
+      return;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dpl-server: I/O loop: %s\n", e.what());
+    }
+  }
 }
 
 void HttpTransport::StopAccepting() {

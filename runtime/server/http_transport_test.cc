@@ -1,13 +1,24 @@
-// The transport's body decoding: gzip and deflate (zlib) bodies decoded,
-// bombs stopped at the limit, bodies that are not what they claim refused,
-// other encodings named. (The transport's connections are tested end to end
-// by tests/server_hostile_test.)
+// The transport in process: body decoding (gzip and deflate decoded, bombs
+// stopped at the limit, bodies that are not what they claim refused, other
+// encodings named); handlers that throw answer 500 and the server goes on;
+// a streamed response arrives whole; a client that leaves fires
+// OnDisconnect while its handler waits. (Every hostile-client case runs end
+// to end in tests/server_hostile_test.)
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <atomic>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "runtime/server/http_transport.h"
 
 namespace dpl::server {
@@ -65,6 +76,108 @@ TEST_CASE("bombs, lies and unknown encodings") {
   const absl::Status br = DecodeBody("br", 1 << 20, &any);
   CHECK(br.code() == absl::StatusCode::kUnimplemented);
   CHECK(br.message() == "Content-Encoding 'br' is not supported (gzip, deflate or identity)");
+}
+
+// A connected client socket to 127.0.0.1:port.
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  return fd;
+}
+
+// Sends `request` with Connection: close and returns all that comes back.
+std::string RoundTrip(int port, const std::string& request) {
+  const int fd = Connect(port);
+  REQUIRE(send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size()));
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+// A transport on a free loopback port, serving on its own thread.
+struct Served {
+  HttpTransport http{HttpLimits{}};
+  std::thread thread;
+  explicit Served(const std::function<void(HttpTransport&)>& routes) {
+    http.SetErrorBody([](const HttpError& e) { return "{\"error\":\"" + e.message + "\"}"; });
+    routes(http);
+    REQUIRE(http.Bind("127.0.0.1", 0).ok());
+    thread = std::thread([this] { http.Serve(); });
+  }
+  ~Served() {
+    http.Stop(absl::Seconds(1));
+    thread.join();
+  }
+  int port() const { return http.port(); }
+};
+
+TEST_CASE("a handler that throws answers 500; the server goes on") {
+  Served s([](HttpTransport& h) {
+    h.Route("GET", "/inline", HandlerMode::kInline,
+            [](const HttpRequest&, HttpResponder&) { throw std::runtime_error("inline boom"); });
+    h.Route("POST", "/pooled", HandlerMode::kPooled,
+            [](const HttpRequest&, HttpResponder&) { throw std::runtime_error("pooled boom"); });
+    h.Route("GET", "/ok", HandlerMode::kInline,
+            [](const HttpRequest&, HttpResponder& r) { r.Send({200, "text/plain", {}, "fine"}); });
+  });
+  std::string got = RoundTrip(s.port(), "GET /inline HTTP/1.1\r\nConnection: close\r\n\r\n");
+  CHECK(got.rfind("HTTP/1.1 500", 0) == 0);
+  CHECK(got.find("{\"error\":\"internal error: inline boom\"}") != std::string::npos);
+  got = RoundTrip(s.port(), "POST /pooled HTTP/1.1\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}");
+  CHECK(got.rfind("HTTP/1.1 500", 0) == 0);
+  CHECK(got.find("internal error: pooled boom") != std::string::npos);
+  got = RoundTrip(s.port(), "GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n");
+  CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(got.substr(got.size() - 4) == "fine");
+}
+
+TEST_CASE("a streamed response arrives whole, chunked; a handler with no answer is a 500") {
+  Served s([](HttpTransport& h) {
+    h.Route("POST", "/stream", HandlerMode::kPooled, [](const HttpRequest& req, HttpResponder& r) {
+      REQUIRE(r.StartStream({200, "text/event-stream", {{"Cache-Control", "no-cache"}}, ""}));
+      for (const char* piece : {"a", "", "bc", "def"}) CHECK(r.Write(piece));
+      CHECK(r.Write(req.body));
+      r.EndStream();
+    });
+    h.Route("POST", "/silent", HandlerMode::kPooled, [](const HttpRequest&, HttpResponder&) {});
+  });
+  const std::string got =
+      RoundTrip(s.port(), "POST /stream HTTP/1.1\r\nContent-Length: 3\r\nConnection: close\r\n\r\nxyz");
+  CHECK(got.find("Transfer-Encoding: chunked") != std::string::npos);
+  CHECK(got.find("Cache-Control: no-cache") != std::string::npos);
+  CHECK(got.substr(got.find("\r\n\r\n") + 4) == "1\r\na\r\n2\r\nbc\r\n3\r\ndef\r\n3\r\nxyz\r\n0\r\n\r\n");
+  const std::string silent =
+      RoundTrip(s.port(), "POST /silent HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  CHECK(silent.rfind("HTTP/1.1 500", 0) == 0);
+}
+
+TEST_CASE("a client that leaves fires OnDisconnect while its handler waits") {
+  absl::Notification started, gone;
+  std::atomic<bool> timed_out{false};
+  Served s([&](HttpTransport& h) {
+    h.Route("POST", "/wait", HandlerMode::kPooled, [&](const HttpRequest&, HttpResponder& r) {
+      r.OnDisconnect([&gone] { gone.Notify(); });
+      started.Notify();
+      if (!gone.WaitForNotificationWithTimeout(absl::Seconds(10))) timed_out = true;
+      r.Send({200, "text/plain", {}, "too late"});
+    });
+  });
+  const int fd = Connect(s.port());
+  const std::string req = "POST /wait HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
+  REQUIRE(send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
+  REQUIRE(started.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const absl::Time t0 = absl::Now();
+  close(fd);
+  CHECK(gone.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  CHECK(absl::Now() - t0 < absl::Seconds(1));
+  CHECK(!timed_out);
 }
 
 }  // namespace
