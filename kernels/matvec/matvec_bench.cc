@@ -152,7 +152,7 @@ int BenchShape(const Shape& s, const DecodeTuning& tuning, MatVecScratch* scratc
   cudaEvent_t e0, e1;
   BENCH_CUDA(cudaEventCreate(&e0));
   BENCH_CUDA(cudaEventCreate(&e1));
-  const int iters = s.n_tokens > 1 ? 20 : 100;
+  const int iters = s.n_tokens > kMmaMaxTokens ? 20 : 100;  // prompt passes are long
   auto time_loop = [&](const MatVecPlan& p, bool with_quantize, float* ms) -> absl::Status {
     for (int warm = 0; warm < 2; ++warm) {
       const int n = warm == 0 ? std::max(2, iters / 8) : iters;
@@ -321,6 +321,20 @@ int Main() {
                                      l == TensorLayout::kDpl ? " dpl" : " raw"));
         shapes.push_back({names.back().c_str(), t, l, rows, cols, 1});
       }
+    }
+  }
+  // Batched decode steps (issue 12): 4-64 tokens through the int8 mma form
+  // (RunMatVec picks it for 2..kMmaMaxTokens tokens); "mma" selects them.
+  for (int64_t tokens : {4, 8, 16, 32, 64}) {
+    static std::deque<std::string> names;
+    for (const auto& [what, type, layout, rows, cols] :
+         {std::tuple{"attn_q/o q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 3584},
+          std::tuple{"attn_k/v q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584},
+          std::tuple{"ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584},
+          std::tuple{"ffn_down q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 18944},
+          std::tuple{"ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944}}) {
+      names.push_back(absl::StrCat("mma 7B ", what, " ", tokens, "tok"));
+      shapes.push_back({names.back().c_str(), type, layout, rows, cols, tokens});
     }
   }
   const char* only = std::getenv("DPL_MATVEC_BENCH_ONLY");  // substring filter on shape names
