@@ -13,12 +13,7 @@ npl=${1:-1,4,16,64}
 [[ -f bin.tar.gz && ! -x dpl-server ]] && tar -xzf bin.tar.gz
 source ./env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-T=${TMPDIR:-/tmp}
-m=$T/q7.dpl
-if [[ ! -f $m ]]; then
-  ./dpl-synth qwen2.5-7b "$T/q7.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
-    ./dpl-convert -q "$T/q7.gguf" "$m" >/dev/null && rm -f "$T/q7.gguf" || { echo "FAIL: model"; exit 1; }
-fi
+m=$(q7_model) || exit 1
 
 echo "== dpl-bench -p 0 -n 128 -d 0 -npl $npl -npp 128 -r 3"
 ./dpl-bench -m "$m" -p 0 -n 128 -d 0 -npl "$npl" -npp 128 -r 3

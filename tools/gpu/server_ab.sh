@@ -14,12 +14,7 @@ npl=${1:-16,64}; rounds=${2:-2}
 [[ -f bin.tar.gz && ! -x dpl-server ]] && tar -xzf bin.tar.gz
 source ./env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-T=${TMPDIR:-/tmp}
-m=$T/q7.dpl
-if [[ ! -f $m ]]; then
-  ./dpl-synth qwen2.5-7b "$T/q7.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
-    ./dpl-convert -q "$T/q7.gguf" "$m" >/dev/null && rm -f "$T/q7.gguf" || { echo "FAIL: model"; exit 1; }
-fi
+m=$(q7_model) || exit 1
 port=18080
 run() {  # NAME BINARY [LIBDIR]
   LD_LIBRARY_PATH=${3:+$3:}${LD_LIBRARY_PATH:-} "$2" -m "$m" --device cuda --port $port -np 64 -c 512 --queue 256 \

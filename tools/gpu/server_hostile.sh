@@ -16,12 +16,7 @@ if [[ -f node/node.xz ]]; then
   [[ -x node/node ]] || { xz -dc node/node.xz >node/node && chmod +x node/node; }
   node=node/node
 fi
-T=${TMPDIR:-/tmp}
-m=$T/q7.dpl
-if [[ ! -f $m ]]; then
-  ./dpl-synth qwen2.5-7b "$T/q7.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
-    ./dpl-convert -q "$T/q7.gguf" "$m" >/dev/null && rm -f "$T/q7.gguf" || { echo "FAIL: model"; exit 1; }
-fi
+m=$(q7_model) || exit 1
 port=18080 key=k
 ./dpl-server -m "$m" --device cuda --port $port -np 64 -c 512 --queue 256 --api-key $key \
   --header-timeout 2 --body-timeout 2 --max-connections 700 2>server-hostile.err &

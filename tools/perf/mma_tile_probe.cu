@@ -15,6 +15,8 @@
 // shared-memory time, and at 4-16 tokens the weight stream (~9-10 us) bounds it.
 //
 // Build and run (device): nvcc -O3 -std=c++17 -arch=sm_90a -o probe mma_tile_probe.cu && ./probe
+// Results: docs/PERF.md, "Batched rows: activations staged once per CTA"; the
+// two variants that lost (v2, v3) are docs/logs/2026-12-04-mma-tile-probe-v2-v3.patch.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -199,238 +201,6 @@ __global__ void __launch_bounds__(32 * W) TileQ4K(const uint8_t* __restrict__ w,
   }
 }
 
-// v2: the weights too go through shared memory, S stages deep (cp.async,
-// 16-byte chunks; rows padded to 160 bytes so a half-warp's 8-byte A loads
-// of 4 rows x 4 lanes hit distinct banks), so each SM keeps S blocks of its
-// CTAs' rows in flight instead of one per warp; and the mma's int32 becomes
-// a float by an exact add (|dot| < 2^22: 32 x 127 x 15) instead of I2F,
-// which issues at a quarter of the FP32 rate.
-template <int T, int ROWS>
-struct Stage2 {
-  static constexpr int kRow = 288, kWRow = 160;
-  int8_t q[T][kRow];
-  float ds[8][T][2];
-  uint8_t w[ROWS][kWRow];
-};
-
-__device__ __forceinline__ float ExactFloat(int v) {  // v in (-2^22, 2^22)
-  return __int_as_float(v + 0x4B400000) - 12582912.f;
-}
-
-template <int NT, int W, int S>
-__global__ void __launch_bounds__(32 * W) TileQ4K2(const uint8_t* __restrict__ w, int64_t row_stride, int n_rows,
-                                                   int n_cols, const int8_t* __restrict__ xq,
-                                                   const float* __restrict__ xd, const float* __restrict__ xs,
-                                                   int n_tokens, float* __restrict__ out) {
-  constexpr int T = 8 * NT, ROWS = 16 * W;
-  using St = Stage2<T, ROWS>;
-  extern __shared__ __align__(16) uint8_t smem[];
-  St* st = reinterpret_cast<St*>(smem);  // [S]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int cta_row0 = blockIdx.x * ROWS, row0 = cta_row0 + warp * 16;
-  const int nbe = n_cols / 256, nb = n_cols / 32;
-  const int splits = gridDim.z, z = blockIdx.z;
-  const int kb0 = nbe * z / splits, kb1 = nbe * (z + 1) / splits;
-
-  auto stage = [&](int kb, int buf) {
-    St& s = st[buf];
-    for (int i = threadIdx.x; i < T * 16; i += 32 * W) {
-      const int tok = i >> 4, c = i & 15;
-      const bool ok = tok < n_tokens;
-      CpAsync16(&s.q[tok][16 * c], xq + static_cast<int64_t>(ok ? tok : 0) * n_cols + kb * 256 + 16 * c, ok);
-    }
-    for (int i = threadIdx.x; i < T * 16; i += 32 * W) {
-      const int tok = i >> 4, j = (i >> 1) & 7, which = i & 1;
-      const bool ok = tok < n_tokens;
-      const float* src = (which ? xs : xd) + static_cast<int64_t>(ok ? tok : 0) * nb + kb * 8 + j;
-      CpAsync4(&s.ds[j][tok][which], src, ok);
-    }
-    for (int i = threadIdx.x; i < ROWS * 9; i += 32 * W) {
-      const int r = i / 9, c = i - 9 * r;
-      const int row = min(cta_row0 + r, n_rows - 1);
-      CpAsync16(&s.w[r][16 * c], w + static_cast<int64_t>(row) * row_stride + kb * 144 + 16 * c, true);
-    }
-  };
-
-  float acc[NT][4];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-  const int nk = kb1 - kb0;
-#pragma unroll
-  for (int p = 0; p < S - 1; ++p) {
-    if (p < nk) stage(kb0 + p, p);
-    CpCommit();
-  }
-  for (int i = 0; i < nk; ++i) {
-    CpWait<S - 2>();  // block i has landed
-    __syncthreads();  // ... for every thread; and block i - 1's buffer is free
-    if (i + S - 1 < nk) stage(kb0 + i + S - 1, (i + S - 1) % S);
-    CpCommit();
-    const St& s = st[i % S];
-    const uint8_t* b0 = s.w[warp * 16 + g];
-    const uint8_t* b1 = s.w[warp * 16 + g + 8];
-    const uint4 h0 = *reinterpret_cast<const uint4*>(b0), h1 = *reinterpret_cast<const uint4*>(b1);
-    const float d0 = Half(h0.x & 0xFFFFu), dm0 = Half(h0.x >> 16);
-    const float d1 = Half(h1.x & 0xFFFFu), dm1 = Half(h1.x >> 16);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const uint2 q0 = *reinterpret_cast<const uint2*>(b0 + 16 + 32 * c + 8 * t);
-      const uint2 q1 = *reinterpret_cast<const uint2*>(b1 + 16 + 32 * c + 8 * t);
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const int j = 2 * c + hi, sh = 4 * hi;
-        const uint32_t a0 = (q0.x >> sh) & 0x0F0F0F0Fu, a2 = (q0.y >> sh) & 0x0F0F0F0Fu;
-        const uint32_t a1 = (q1.x >> sh) & 0x0F0F0F0Fu, a3 = (q1.y >> sh) & 0x0F0F0F0Fu;
-        float sc0, m0, sc1, m1;
-        Q4KScaleMin(h0, j, &sc0, &m0);
-        Q4KScaleMin(h1, j, &sc1, &m1);
-        const float ds0 = d0 * sc0, ds1 = d1 * sc1, mm0 = dm0 * m0, mm1 = dm1 * m1;
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const uint2 bx = *reinterpret_cast<const uint2*>(&s.q[8 * n + g][32 * j + 8 * t]);
-          const float4 xa = *reinterpret_cast<const float4*>(&s.ds[j][8 * n + 2 * t][0]);
-          int c4[4] = {0, 0, 0, 0};
-          Mma16832(c4, a0, a1, a2, a3, bx.x, bx.y);
-          float* v = acc[n];
-          v[0] = fmaf(ExactFloat(c4[0]), ds0 * xa.x, v[0]) - mm0 * xa.y;
-          v[1] = fmaf(ExactFloat(c4[1]), ds0 * xa.z, v[1]) - mm0 * xa.w;
-          v[2] = fmaf(ExactFloat(c4[2]), ds1 * xa.x, v[2]) - mm1 * xa.y;
-          v[3] = fmaf(ExactFloat(c4[3]), ds1 * xa.z, v[3]) - mm1 * xa.w;
-        }
-      }
-    }
-  }
-  CpWait<0>();
-  float* o = out + static_cast<int64_t>(z) * n_tokens * n_rows;
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int tok = 8 * n + 2 * t + (e & 1), row = row0 + g + 8 * (e >> 1);
-      if (tok < n_tokens && row < n_rows) o[static_cast<int64_t>(tok) * n_rows + row] = acc[n][e];
-    }
-  }
-}
-
-// v3: v2 with KB consecutive 256-column blocks of every row in one stage,
-// so each row is read KB x 144 contiguous bytes at a time instead of 144
-// (64 rows x 144 bytes 2 KB apart is 64 DRAM pages per stage).
-constexpr int PadToBankOffset(int bytes) {  // row stride in bytes, 16-aligned, words = 8 or 24 mod 32
-  for (int p = 0; p < 128; p += 16) {
-    const int w = (bytes + p) / 4;
-    if (w % 32 == 8 || w % 32 == 24) return bytes + p;
-  }
-  return bytes;
-}
-template <int T, int ROWS, int KB>
-struct Stage3 {
-  static constexpr int kRow = PadToBankOffset(256 * KB), kWRow = PadToBankOffset(144 * KB);
-  int8_t q[T][kRow];
-  float ds[8 * KB][T][2];
-  uint8_t w[ROWS][kWRow];
-};
-
-template <int NT, int W, int S, int KB>
-__global__ void __launch_bounds__(32 * W) TileQ4K3(const uint8_t* __restrict__ w, int64_t row_stride, int n_rows,
-                                                   int n_cols, const int8_t* __restrict__ xq,
-                                                   const float* __restrict__ xd, const float* __restrict__ xs,
-                                                   int n_tokens, float* __restrict__ out) {
-  constexpr int T = 8 * NT, ROWS = 16 * W;
-  using St = Stage3<T, ROWS, KB>;
-  extern __shared__ __align__(16) uint8_t smem[];
-  St* st = reinterpret_cast<St*>(smem);  // [S]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int cta_row0 = blockIdx.x * ROWS, row0 = cta_row0 + warp * 16;
-  const int nbe = n_cols / 256, nb = n_cols / 32;
-  const int nsteps = (nbe + KB - 1) / KB;  // stages of KB blocks (the last may be short)
-  const int splits = gridDim.z, z = blockIdx.z;
-  const int st0 = nsteps * z / splits, st1 = nsteps * (z + 1) / splits;
-
-  auto stage = [&](int step, int buf) {
-    St& s = st[buf];
-    const int kbase = step * KB, nk = min(KB, nbe - kbase);
-    for (int i = threadIdx.x; i < T * 16 * KB; i += 32 * W) {
-      const int tok = i / (16 * KB), c = i - tok * 16 * KB;
-      const bool ok = tok < n_tokens && c < 16 * nk;
-      CpAsync16(&s.q[tok][16 * c], xq + static_cast<int64_t>(ok ? tok : 0) * n_cols + (ok ? kbase * 256 + 16 * c : 0), ok);
-    }
-    for (int i = threadIdx.x; i < T * 16 * KB; i += 32 * W) {
-      const int tok = i / (16 * KB), r = i - tok * 16 * KB, j = r >> 1, which = r & 1;
-      const bool ok = tok < n_tokens && j < 8 * nk;
-      const float* src = (which ? xs : xd) + (ok ? static_cast<int64_t>(tok) * nb + kbase * 8 + j : 0);
-      CpAsync4(&s.ds[j][tok][which], src, ok);
-    }
-    for (int i = threadIdx.x; i < ROWS * 9 * KB; i += 32 * W) {
-      const int r = i / (9 * KB), c = i - r * 9 * KB;
-      const int row = min(cta_row0 + r, n_rows - 1);
-      const bool ok = c < 9 * nk;
-      CpAsync16(&s.w[r][16 * c], w + static_cast<int64_t>(row) * row_stride + (ok ? kbase * 144 + 16 * c : 0), ok);
-    }
-  };
-
-  float acc[NT][4];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-  const int ns = st1 - st0;
-#pragma unroll
-  for (int p = 0; p < S - 1; ++p) {
-    if (p < ns) stage(st0 + p, p);
-    CpCommit();
-  }
-  for (int i = 0; i < ns; ++i) {
-    CpWait<S - 2>();
-    __syncthreads();
-    if (i + S - 1 < ns) stage(st0 + i + S - 1, (i + S - 1) % S);
-    CpCommit();
-    const St& s = st[i % S];
-    const int nk = min(KB, nbe - (st0 + i) * KB);
-    for (int k = 0; k < nk; ++k) {
-      const uint8_t* b0 = s.w[warp * 16 + g] + 144 * k;
-      const uint8_t* b1 = s.w[warp * 16 + g + 8] + 144 * k;
-      const uint4 h0 = *reinterpret_cast<const uint4*>(b0), h1 = *reinterpret_cast<const uint4*>(b1);
-      const float d0 = Half(h0.x & 0xFFFFu), dm0 = Half(h0.x >> 16);
-      const float d1 = Half(h1.x & 0xFFFFu), dm1 = Half(h1.x >> 16);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const uint2 q0 = *reinterpret_cast<const uint2*>(b0 + 16 + 32 * c + 8 * t);
-        const uint2 q1 = *reinterpret_cast<const uint2*>(b1 + 16 + 32 * c + 8 * t);
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-          const int j = 2 * c + hi, sh = 4 * hi;
-          const uint32_t a0 = (q0.x >> sh) & 0x0F0F0F0Fu, a2 = (q0.y >> sh) & 0x0F0F0F0Fu;
-          const uint32_t a1 = (q1.x >> sh) & 0x0F0F0F0Fu, a3 = (q1.y >> sh) & 0x0F0F0F0Fu;
-          float sc0, m0, sc1, m1;
-          Q4KScaleMin(h0, j, &sc0, &m0);
-          Q4KScaleMin(h1, j, &sc1, &m1);
-          const float ds0 = d0 * sc0, ds1 = d1 * sc1, mm0 = dm0 * m0, mm1 = dm1 * m1;
-#pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            const uint2 bx = *reinterpret_cast<const uint2*>(&s.q[8 * n + g][256 * k + 32 * j + 8 * t]);
-            const float4 xa = *reinterpret_cast<const float4*>(&s.ds[8 * k + j][8 * n + 2 * t][0]);
-            int c4[4] = {0, 0, 0, 0};
-            Mma16832(c4, a0, a1, a2, a3, bx.x, bx.y);
-            float* v = acc[n];
-            v[0] = fmaf(ExactFloat(c4[0]), ds0 * xa.x, v[0]) - mm0 * xa.y;
-            v[1] = fmaf(ExactFloat(c4[1]), ds0 * xa.z, v[1]) - mm0 * xa.w;
-            v[2] = fmaf(ExactFloat(c4[2]), ds1 * xa.x, v[2]) - mm1 * xa.y;
-            v[3] = fmaf(ExactFloat(c4[3]), ds1 * xa.z, v[3]) - mm1 * xa.w;
-          }
-        }
-      }
-    }
-  }
-  CpWait<0>();
-  float* o = out + static_cast<int64_t>(z) * n_tokens * n_rows;
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int tok = 8 * n + 2 * t + (e & 1), row = row0 + g + 8 * (e >> 1);
-      if (tok < n_tokens && row < n_rows) o[static_cast<int64_t>(tok) * n_rows + row] = acc[n][e];
-    }
-  }
-}
-
 // The splits' partials summed in split order (deterministic).
 __global__ void SumSplits(const float* part, int splits, int64_t n, float* y) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -465,22 +235,12 @@ __global__ void Reference(const uint8_t* w, int64_t row_stride, int n_rows, int 
   y[tok * n_rows + r] = v;
 }
 
-int g_variant = 1;  // 1: TileQ4K, 2: TileQ4K2 (stages below)
-constexpr int kStages2 = 4;
-
 template <int NT, int W>
 float RunTile(const uint8_t* w, int64_t stride, int rows, int cols, const int8_t* xq, const float* xd,
               const float* xs, int tokens, int splits, float* part, float* y, int copies, int64_t slot, int iters) {
   constexpr int T = 8 * NT;
-  // v3: KB 4 in 3 stages up to 16 tokens, KB 2 in 2 stages above (shared memory).
-  constexpr int KB3 = T <= 16 ? 4 : 2, S3 = T <= 16 ? 3 : 2;
-  auto* fn = g_variant == 3   ? TileQ4K3<NT, W, S3, KB3>
-             : g_variant == 2 ? TileQ4K2<NT, W, kStages2>
-                              : TileQ4K<NT, W>;
-  const size_t smem = g_variant == 3   ? S3 * sizeof(Stage3<T, 16 * W, KB3>)
-                      : g_variant == 2 ? kStages2 * sizeof(Stage2<T, 16 * W>)
-                                       : 2 * sizeof(Stage<T>);
-  if (smem > 227 * 1024) return 1e30f;  // does not fit
+  auto* fn = TileQ4K<NT, W>;
+  const size_t smem = 2 * sizeof(Stage<T>);
   CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid((rows + 16 * W - 1) / (16 * W), 1, splits);
   const int64_t n = static_cast<int64_t>(tokens) * rows;
@@ -523,10 +283,10 @@ float RunAny(int W, const uint8_t* w, int64_t stride, int rows, int cols, const 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // ./probe SHAPE_INDEX TOKENS W SPLITS VARIANT: that configuration alone (for ncu).
+  // ./probe SHAPE_INDEX TOKENS W SPLITS 1: that configuration alone (for ncu).
   const bool one = argc == 6;
   const int one_shape = one ? std::atoi(argv[1]) : -1, one_t = one ? std::atoi(argv[2]) : 0;
-  const int one_w = one ? std::atoi(argv[3]) : 0, one_s = one ? std::atoi(argv[4]) : 0, one_v = one ? std::atoi(argv[5]) : 0;
+  const int one_w = one ? std::atoi(argv[3]) : 0, one_s = one ? std::atoi(argv[4]) : 0;
   struct Shape {
     const char* name;
     int rows, cols;
@@ -598,9 +358,8 @@ int main(int argc, char** argv) {
       CK(cudaDeviceSynchronize());
       std::vector<float> ref(static_cast<size_t>(tokens) * sh.rows), got(ref.size());
       CK(cudaMemcpy(ref.data(), dref, ref.size() * 4, cudaMemcpyDeviceToHost));
-      for (int variant : {1, 2, 3}) {
-      if (one && variant != one_v) continue;
-      g_variant = variant;
+      {
+      const int variant = 1;
       float best = 1e30f;
       int best_w = 0, best_s = 0;
       double worst_err = 0;
