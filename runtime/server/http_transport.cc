@@ -243,16 +243,24 @@ void RunHandler(const HttpTransport::Impl& srv, const HttpTransport::Impl::Route
 
 }  // namespace
 
-// Part of the body budget, returned when the request is done with.
+// Part of the body budget, grown as the body arrives and returned whole
+// when the request is done with.
 class BodyReservation {
  public:
-  BodyReservation(HttpTransport::Impl* srv, size_t n) : srv_(srv), n_(n) {}
+  explicit BodyReservation(HttpTransport::Impl* srv) : srv_(srv) {}
   ~BodyReservation() { srv_->Release(n_); }
   size_t bytes() const { return n_; }
+  // To `total` bytes in all: false (nothing taken) when the budget lacks the rest.
+  bool GrowTo(size_t total) {
+    if (total <= n_) return true;
+    if (!srv_->TryReserve(total - n_)) return false;
+    n_ = total;
+    return true;
+  }
 
  private:
   HttpTransport::Impl* srv_;
-  size_t n_;
+  size_t n_ = 0;
 };
 
 // One connection, driven by the I/O thread: a request's headers, its body,
@@ -498,15 +506,13 @@ class Session : public std::enable_shared_from_this<Session> {
       return Refuse(400, absl::StrCat("malformed request body: ", ec.message()));
     }
     // Bytes past the free allowance come out of the shared budget, a MiB at a time.
-    const size_t held = kFreeBodyBytes + (reservation_ ? reservation_->bytes() : 0);
-    if (have > held) {
-      const size_t want = (have - kFreeBodyBytes + (1 << 20) - 1) / (1 << 20) * (1 << 20);
-      if (!srv_.TryReserve(want)) {
+    if (have > kFreeBodyBytes) {
+      if (!reservation_) reservation_ = std::make_shared<BodyReservation>(&srv_);
+      if (!reservation_->GrowTo((have - kFreeBodyBytes + (1 << 20) - 1) / (1 << 20) * (1 << 20))) {
         Disarm();
         return Refuse(503, absl::StrCat("the server holds ", srv_.limits.body_budget_bytes >> 20,
                                         " MiB of request bodies already; retry later"));
       }
-      reservation_ = std::make_shared<BodyReservation>(&srv_, want);  // the old one returns its part
     }
     if (!parser_->is_done()) return ReadBodyPart();
     Disarm();
@@ -699,26 +705,32 @@ void HttpResponder::Send(HttpResponse response) {
   });
 }
 
-bool HttpResponder::StartStream(HttpResponse head) {
-  if (ex_->is_gone()) return false;
+namespace {
+// Runs op(session, exchange, done) on the I/O thread and waits for done(ok);
+// false at once when the client is already gone.
+template <typename Op>
+bool AwaitOnIo(const std::shared_ptr<HttpResponder::Exchange>& ex, Op op) {
+  if (ex->is_gone()) return false;
   auto w = std::make_shared<Waiter>();
-  net::post(*ex_->io, [ex = ex_, w, r = std::move(head)]() mutable {
+  net::post(*ex->io, [ex, w, op = std::move(op)]() mutable {
     auto s = ex->session.lock();
     if (!s) return w->Set(false);
-    s->StreamHead(ex.get(), std::move(r), [w](bool ok) { w->Set(ok); });
+    op(*s, ex.get(), [w](bool ok) { w->Set(ok); });
   });
   return w->Wait();
 }
+}  // namespace
+
+bool HttpResponder::StartStream(HttpResponse head) {
+  return AwaitOnIo(ex_, [r = std::move(head)](Session& s, const Exchange* ex, auto done) mutable {
+    s.StreamHead(ex, std::move(r), std::move(done));
+  });
+}
 
 bool HttpResponder::Write(std::string data) {
-  if (ex_->is_gone()) return false;
-  auto w = std::make_shared<Waiter>();
-  net::post(*ex_->io, [ex = ex_, w, d = std::move(data)]() mutable {
-    auto s = ex->session.lock();
-    if (!s) return w->Set(false);
-    s->StreamData(ex.get(), std::move(d), [w](bool ok) { w->Set(ok); });
+  return AwaitOnIo(ex_, [d = std::move(data)](Session& s, const Exchange* ex, auto done) mutable {
+    s.StreamData(ex, std::move(d), std::move(done));
   });
-  return w->Wait();
 }
 
 void HttpResponder::EndStream() {

@@ -103,9 +103,9 @@ std::string RoundTrip(int port, const std::string& request) {
 
 // A transport on a free loopback port, serving on its own thread.
 struct Served {
-  HttpTransport http{HttpLimits{}};
+  HttpTransport http;
   std::thread thread;
-  explicit Served(const std::function<void(HttpTransport&)>& routes) {
+  explicit Served(const std::function<void(HttpTransport&)>& routes, HttpLimits limits = {}) : http(limits) {
     http.SetErrorBody([](const HttpError& e) { return "{\"error\":\"" + e.message + "\"}"; });
     routes(http);
     REQUIRE(http.Bind("127.0.0.1", 0).ok());
@@ -156,6 +156,32 @@ TEST_CASE("a streamed response arrives whole, chunked; a handler with no answer 
   const std::string silent =
       RoundTrip(s.port(), "POST /silent HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
   CHECK(silent.rfind("HTTP/1.1 500", 0) == 0);
+}
+
+// The body budget counts each body once as it grows: a 6 MiB body fits an
+// 8 MiB budget (it briefly counted the old and the new reservation: 11 MiB
+// near its end, a 503), a 10 MiB one does not.
+TEST_CASE("the body budget holds a body once, and refuses past it") {
+  HttpLimits limits;
+  limits.body_budget_bytes = 8u << 20;
+  Served s(
+      [](HttpTransport& h) {
+        h.Route("POST", "/size", HandlerMode::kPooled, [](const HttpRequest& req, HttpResponder& r) {
+          r.Send({200, "text/plain", {}, std::to_string(req.body.size())});
+        });
+      },
+      limits);
+  auto post = [&s](size_t n) {
+    return RoundTrip(s.port(), "POST /size HTTP/1.1\r\nConnection: close\r\nContent-Length: " + std::to_string(n) +
+                                   "\r\n\r\n" + std::string(n, 'x'));
+  };
+  const std::string six = post(6u << 20);
+  CHECK(six.rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(six.substr(six.size() - 7) == std::to_string(6u << 20));
+  const std::string ten = post(10u << 20);
+  CHECK(ten.rfind("HTTP/1.1 503", 0) == 0);
+  CHECK(ten.find("MiB of request bodies already") != std::string::npos);
+  CHECK(post(6u << 20).rfind("HTTP/1.1 200", 0) == 0);  // the refused one gave its part back
 }
 
 TEST_CASE("a client that leaves fires OnDisconnect while its handler waits") {
