@@ -67,11 +67,12 @@ struct DecodeTuning {
   // When every matrix of a model has the int8 mma form (q4_K, q6_K:
   // MatVecMmaSupports), products of 2 up to this many tokens (at most
   // kMmaMaxTokens) keep int8 activations and run it instead of dequantize +
-  // GEMM: a batched decode step and short prompt chunks. gemm_bench on the
-  // H200 (2026-12-03, 7B q4_K ffn_gate/up, us): mma 28.5 / 46.4 / 123 / 271
-  // at 4 / 16 / 32 / 64 tokens against dequant + GEMM's flat ~96; dpl-bench's
-  // batched rows agree (7B, 32 sequences: 2059 t/s with mma, 2669 with GEMM).
-  int mma_max_tokens = 16;
+  // GEMM: a batched decode step and short prompt chunks. matvec_bench on the
+  // H200 (2026-12-04, 7B q4_K ffn_gate/up, us): the mma form (activations
+  // staged per CTA) 25.3 / 32.6 / 48.7 / 73.8 at 4 / 16 / 32 / 64 tokens
+  // against dequant + GEMM's flat ~96; dpl-bench's batched rows agree (7B,
+  // 32 sequences: 5216 t/s with mma, 2669 with GEMM; 64: 6592 vs 5211).
+  int mma_max_tokens = 64;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

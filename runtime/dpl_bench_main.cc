@@ -159,7 +159,7 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 // launches or not, DPL_GROUP=0 one matvec launch per matrix instead of one
 // per group (Q/K/V, gate/up), DPL_MMA_MAX=N: a q4_K/q6_K model's products of
 // more than N tokens (and at least gemm_min_tokens) dequantize to f16 for a
-// cuBLAS GEMM instead of the int8 mma matvec (default 16), DPL_ROPE_FOLD=0
+// cuBLAS GEMM instead of the int8 mma matvec (default 64), DPL_ROPE_FOLD=0
 // runs the RoPE kernel instead of folding RoPE into the Q/K/V matvec,
 // DPL_MATVEC_GEOM=KERNEL:ROWSxCOLS=KSPLIT,DEPTH,PIPE[;...] forces a
 // single-token geometry on the launches of that kernel and shape (in-graph

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cp_async.cuh"
+
 namespace dpl::kernels::attn_mma {
 
 // Halves per shared-memory row of a K or V tile: HD + 8. Why the 8-half
@@ -41,22 +43,6 @@ __host__ __device__ constexpr int PaddedRowHalves(int head_dim) { return head_di
 // (O = P V); the S accumulator of 8 keys (c0, c1 / c2, c3) is the A layout
 // of P for those keys (a0 / a1 for keys 0-7 of a k-step, a2 / a3 for 8-15).
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared; with valid == false, src-size 0: the 16 bytes
-// are zero-filled and nothing is read from src (which must still be a legal
-// address; callers pass the head's row 0).
-__device__ __forceinline__ void CpAsync16ZeroFill(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
 // Copies rows [row0, row0 + kRows) of one head's cache (rows of HD halves,
 // contiguous) into a padded tile (PaddedRowHalves), 16 bytes per cp.async,
 // the kThreads threads of a block on consecutive chunks of a row
@@ -79,12 +65,6 @@ __device__ __forceinline__ void IssuePaddedRows(__half* dst,                    
     const __half* src = src_head + (valid ? static_cast<size_t>(row0 + r) * HD + col : 0);
     CpAsync16ZeroFill(SmemAddr(dst + r * PaddedRowHalves(HD) + col), src, valid);
   }
-}
-
-// Waits until at most N of this thread's committed groups are pending.
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {

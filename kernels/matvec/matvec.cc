@@ -1,5 +1,7 @@
 #include "kernels/matvec/matvec.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cuda_check.h"
@@ -9,10 +11,16 @@ namespace dpl::kernels {
 
 namespace {
 uint64_t Align256(uint64_t n) { return (n + 255) / 256 * 256; }
+
+// Floats of the mma form's k-split partials for launches of up to
+// max_tokens tokens (none when every launch is one token).
+int64_t PartialFloats(int64_t max_tokens) {
+  return max_tokens < 2 ? 0 : std::min<int64_t>(max_tokens, kMmaMaxTokens) * kMmaMaxPartialRows;
+}
 }  // namespace
 
-// Layout: q at 0, d and s each at the next 256-byte boundary (the kernels
-// read d and s with 8- and 16-byte loads).
+// Layout: q at 0, then d, s and the partials each at the next 256-byte
+// boundary (the kernels read d and s with 8- and 16-byte loads).
 absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens) {
   if (max_cols <= 0 || max_cols % kActBlock != 0 || max_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("matvec scratch: max_cols ", max_cols,
@@ -20,16 +28,20 @@ absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens
                                                    max_tokens));
   }
   const uint64_t n = static_cast<uint64_t>(max_cols) * static_cast<uint64_t>(max_tokens);
-  return Align256(n) + 2 * Align256(n / kActBlock * sizeof(float));
+  return Align256(n) + 2 * Align256(n / kActBlock * sizeof(float)) +
+         Align256(PartialFloats(max_tokens) * sizeof(float));
 }
 
 MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens) {
   const uint64_t n = static_cast<uint64_t>(max_cols) * static_cast<uint64_t>(max_tokens);
+  const uint64_t scales = Align256(n / kActBlock * sizeof(float));
   uint8_t* base = static_cast<uint8_t*>(mem);
   MatVecScratch s;
   s.q = reinterpret_cast<int8_t*>(base);
   s.d = reinterpret_cast<float*>(base + Align256(n));
-  s.s = reinterpret_cast<float*>(base + Align256(n) + Align256(n / kActBlock * sizeof(float)));
+  s.s = reinterpret_cast<float*>(base + Align256(n) + scales);
+  s.partial_floats = PartialFloats(max_tokens);
+  if (s.partial_floats > 0) s.partial = reinterpret_cast<float*>(base + Align256(n) + 2 * scales);
   s.max_cols = max_cols;
   s.max_tokens = max_tokens;
   return s;
@@ -180,7 +192,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
   const bool mma = io.n_tokens > 1 && io.n_tokens <= kMmaMaxTokens && MatVecMmaSupports(kernel);
   a.n_parts = static_cast<int>(ws.size());
   a.rope = io.rope;
-  int64_t grid_x = 0, blocks = 0;
+  int64_t grid_x = 0, blocks = 0, partial_used = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
     const WeightMatrix& w = *ws[i];
     if (w.n_cols != ws[0]->n_cols) {
@@ -189,8 +201,21 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     }
     if (outs[i].y == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null y"));
     DPL_ASSIGN_OR_RETURN(MatVecGrid grid, MatVecGridFor(w.n_rows, io.n_tokens, g));
-    if (mma) grid.y = (w.n_rows + 15) / 16;
     MatVecPart& p = a.part[i];
+    if (mma) {
+      grid.y = (w.n_rows + kMmaCtaRows - 1) / kMmaCtaRows;
+      p.splits = MmaSplits(w.n_rows, w.n_cols);
+      if (p.splits > 1) {
+        const int64_t need = int64_t{p.splits} * io.n_tokens * w.n_rows;
+        if (io.qx->partial == nullptr || partial_used + need > io.qx->partial_floats) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              what, ": the k-split partials need ", partial_used + need,
+              " floats, the scratch holds ", io.qx->partial_floats));
+        }
+        p.partial = io.qx->partial + partial_used;
+        partial_used += need;
+      }
+    }
     p.w = static_cast<const uint8_t*>(w.data);
     p.row_stride = w.row_stride;
     p.n_rows = static_cast<int>(w.n_rows);

@@ -27,11 +27,14 @@
 namespace dpl::kernels {
 
 // Device buffers for the int8 copy of up to max_tokens activation vectors of
-// up to max_cols values (max_cols a multiple of 32).
+// up to max_cols values (max_cols a multiple of 32), and the mma form's
+// k-split partial sums (matvec_geometry.h, MmaSplits).
 struct MatVecScratch {
   int8_t* q = nullptr;  // (max_tokens, max_cols) int8
   float* d = nullptr;   // (max_tokens, max_cols / 32) block scales
   float* s = nullptr;   // (max_tokens, max_cols / 32) d * sum(q) per block
+  float* partial = nullptr;    // (partial_floats): min(max_tokens, kMmaMaxTokens)
+  int64_t partial_floats = 0;  // x kMmaMaxPartialRows floats when max_tokens >= 2
   int64_t max_cols = 0;
   int64_t max_tokens = 0;
   // Shape of the activations last quantized into this scratch (host-side

@@ -65,9 +65,33 @@ inline constexpr int kActBlock = 32;
 inline constexpr int kMaxMatVecParts = 3;
 
 // Products of 2..kMmaMaxTokens tokens whose kernel has a tensor-core form
-// (MatVecMmaSupports, matvec_plan.h) run it (matvec_mma.cu): int8 mma.sync
-// over 16 rows x 8 tokens, every weight read once for all the tokens.
+// (MatVecMmaSupports, matvec_plan.h) run it (matvec_mma.cu): int8 mma.sync,
+// a CTA of 4 warps over kMmaCtaRows rows and all the tokens, every weight
+// read once for all the tokens.
 inline constexpr int kMmaMaxTokens = 64;
+inline constexpr int kMmaCtaRows = 64;
+// The mma form splits k over CTAs (grid.z) when a matrix has few row blocks,
+// so that about kMmaTargetCtas CTAs cover it: each split's partial sums go
+// to a scratch and a second kernel adds them in split order (deterministic)
+// with the bias and residual. Why (H200 probe, docs/PERF.md "activations
+// staged once per CTA"): 7B ffn_down (56 row blocks) at 4 tokens takes 85.6
+// us unsplit, 25.7 us in 8 splits; 18944-row gate/up (296) gains nothing
+// past 2. The count depends on the matrix alone (not on the launch it rides
+// in), so a group launch gives the same bits as one launch per matrix.
+inline constexpr int kMmaTargetCtas = 448;
+inline constexpr int kMmaMaxSplits = 8;
+inline constexpr int MmaSplits(int64_t n_rows, int64_t n_cols) {
+  const int64_t row_ctas = (n_rows + kMmaCtaRows - 1) / kMmaCtaRows;
+  int64_t s = (kMmaTargetCtas + row_ctas - 1) / row_ctas;
+  if (s > kMmaMaxSplits) s = kMmaMaxSplits;
+  if (s > n_cols / 256) s = n_cols / 256;
+  return s < 1 ? 1 : static_cast<int>(s);
+}
+// Partial-sum rows a launch may need, per token: a split matrix has fewer
+// than kMmaTargetCtas row blocks, so splits x row blocks < 2 kMmaTargetCtas,
+// for each of up to kMaxMatVecParts matrices.
+inline constexpr int64_t kMmaMaxPartialRows =
+    int64_t{kMaxMatVecParts} * 2 * kMmaTargetCtas * kMmaCtaRows;
 
 // How one launch walks a matrix. One kernel skeleton (MatVecT in
 // matvec_kernels.cu) takes all four knobs as template parameters:

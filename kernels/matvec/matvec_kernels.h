@@ -28,6 +28,11 @@ struct MatVecPart {
   const float* bias = nullptr;      // (n_rows) or null: added to every token
   const float* residual = nullptr;  // (n_tokens, n_rows) or null; may alias y
   MatVecRole role = MatVecRole::kPlain;  // single token only (matvec_rope.h)
+  // The mma form's k-split (MmaSplits): with splits > 1 its CTAs write
+  // partial sums here, (splits, n_tokens, n_rows), and a second kernel adds
+  // them with bias and residual into y.
+  int splits = 1;
+  float* partial = nullptr;
 };
 
 struct MatVecArgs {
@@ -55,8 +60,9 @@ absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& args, const Mat
                           MatVecKernel last);
 
 // The tensor-core form of `kernel` (MatVecMmaSupports) for 1..kMmaMaxTokens
-// tokens: grid.y = all parts' row blocks of 16 rows (part k's first at
-// row_block0). Needs the int8 activations and n_cols % 256 == 0.
+// tokens: grid.y = all parts' row blocks of kMmaCtaRows rows (part k's first
+// at row_block0), grid.z = the largest of the parts' splits (with its
+// partial scratch). Needs the int8 activations and n_cols % 256 == 0.
 absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y, bool pdl,
                              cudaStream_t stream);
 

@@ -3,20 +3,23 @@
 //   y[t, r] = sum_blocks W[r] . x[t] (+ bias[r]) (+ residual[t, r])
 // with the same math as the dp4a kernels (matvec_traits.cuh): integer dots
 // of the weights' quants with the int8 activation blocks, scaled per
-// sub-block in float. Here the integer dots of 16 rows x 8 tokens come from
-// one mma.sync, so every weight byte is read and decoded once for all the
-// tokens. The dp4a token tile decodes and scales per token (7B ffn_gate at 8
-// tokens: ~120 us, 7x one token's 17 us); this path takes 35 us there, 46 at
-// 16, and loses to dequantize + GEMM (~96) from ~24 tokens (gemm_bench,
-// docs/PERF.md): each warp re-reads the activations and their scales, which
-// is what to change next.
+// sub-block in float. The integer dots of 16 rows x 8 tokens come from one
+// mma.sync, so every weight byte is read and decoded once for all tokens.
 //
-// CTA: KW warps (4, or 8 for long rows) over the same 16 rows (one m16
-// tile), warp w taking the 256-weight blocks w, w + KW, ... of every row (a
-// k-split: rows are few per CTA so that mid-size matrices still fill the
-// GPU; q4_K loads each block one ahead of its use), then the warps' partial
-// sums added in warp order through shared memory (deterministic).
-// Each warp holds NT n8 token tiles (8 NT >= n_tokens).
+// CTA: 4 warps over kMmaCtaRows = 64 rows (warp w rows 16w..16w+15, one m16
+// tile) and all T = 8 NT tokens, walking k one 256-column block at a time.
+// Per block the T tokens' int8 values and their per-32 (d, s) scales are
+// copied ONCE per CTA into shared memory (cp.async, two stages: block kb+1
+// lands while kb is multiplied), and every warp reads its B fragments and
+// scales from there; each warp loads its own rows' weights straight into
+// registers (q4_K one block ahead). Why (H200, docs/PERF.md "activations
+// staged once per CTA"): the form before, with 16 rows a CTA and its warps
+// splitting k, re-read the activations and scales from L1/L2 in every warp:
+// 7B ffn_gate/up took 27.6 / 45.2 / 121 / 260 us at 4 / 16 / 32 / 64 tokens,
+// this form 24.7 / 30.4 / 44.5 / 71.3 (probe; dequantize + cuBLAS ~96).
+// Matrices with few row blocks split k over CTAs (grid.z, MmaSplits in
+// matvec_geometry.h): each split writes partial sums and MmaSumSplits adds
+// them in split order with the bias and residual (deterministic).
 //
 // Fragments (PTX ISA, mma .s8): lane = 4 g + t.
 //   m16n8k32  A: a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][16+4t..], a3 = A[g+8][16+4t..]
@@ -29,8 +32,12 @@
 // 8-byte load.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/block_row.cuh"
+#include "kernels/cp_async.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/launch.cuh"
 #include "kernels/matvec/matvec_kernels.h"
@@ -39,11 +46,8 @@
 namespace dpl::kernels {
 namespace {
 
-// Warps per CTA (the k-split): 4, or 8 for rows of 32 blocks or more
-// (ffn_down: 74), whose few row blocks (224 for 3584 rows) would otherwise
-// leave the SMs with too few warps in flight.
-constexpr int kMmaWarpsLongRows = 8;
-constexpr int kMmaLongRowBlocks = 32;
+constexpr int kMmaWarps = kMmaCtaRows / 16;
+constexpr int kMmaThreads = 32 * kMmaWarps;
 
 // c += A (16x32 s8) B (32x8 s8). Not volatile: a pure function of its
 // operands, which the compiler may schedule around the loads.
@@ -80,13 +84,35 @@ __device__ __forceinline__ void Q4KScaleMin(const uint4& hdr, int j, float* sc, 
   }
 }
 
-// The activations of one launch, per token: int8 values and per-32 scales.
-struct Acts {
-  const int8_t* q;  // (n_tokens, n_cols)
-  const float* d;   // (n_tokens, n_cols / 32)
-  const float* s;   // (n_tokens, n_cols / 32) d * sum(q)
-  int n_cols, nb, n_tokens;
+// One 256-column block of the T tokens' activations in shared memory: the
+// int8 values (token rows of kRow bytes: 256 + padding so that a warp's B
+// loads hit distinct banks, 288 for q4_K's 8-byte loads by half-warps, 272
+// for q6_K's 4-byte loads) and per sub-block j of 32 the tokens' (d, s)
+// pairs, two tokens' pairs one float4 (C columns 2t, 2t + 1).
+template <int T, int kRow>
+struct MmaStage {
+  int8_t q[T][kRow];
+  float ds[8][T][2];
 };
+
+// Block kb of x (a.xq, a.xd, a.xs) into `st`, by all kMmaThreads threads;
+// tokens past n_tokens are zero-filled (their products are 0 and unused).
+template <int T, int kRow>
+__device__ __forceinline__ void StageBlock(const MatVecArgs& a, int kb, MmaStage<T, kRow>& st) {
+  const int nb = a.n_cols / 32;
+  for (int i = threadIdx.x; i < T * 16; i += kMmaThreads) {
+    const int tok = i >> 4, c = i & 15;
+    const bool ok = tok < a.n_tokens;
+    const int8_t* src = a.xq + static_cast<int64_t>(ok ? tok : 0) * a.n_cols + kb * 256 + 16 * c;
+    CpAsync16ZeroFill(SmemAddr(&st.q[tok][16 * c]), src, ok);
+  }
+  for (int i = threadIdx.x; i < T * 16; i += kMmaThreads) {
+    const int tok = i >> 4, j = (i >> 1) & 7, which = i & 1;
+    const bool ok = tok < a.n_tokens;
+    const float* src = (which ? a.xs : a.xd) + static_cast<int64_t>(ok ? tok : 0) * nb + kb * 8 + j;
+    CpAsync4ZeroFill(SmemAddr(&st.ds[j][tok][which]), src, ok);
+  }
+}
 
 // Per n-tile accumulators of one thread: rows g, g + 8 x tokens 2t, 2t + 1.
 template <int NT>
@@ -117,58 +143,38 @@ __device__ __forceinline__ Q4KRegs Q4KLoad(const uint8_t* w0, const uint8_t* w1,
   return r;
 }
 
+constexpr int kQ4KStageRow = 288;
+
 template <int NT>
-__device__ __forceinline__ void Q4KBlock(const Q4KRegs& r, int kb, const Acts& x, int tok0, int g,
-                                         int t, Acc<NT>& acc) {
+__device__ __forceinline__ void Q4KBlock(const Q4KRegs& r, const MmaStage<8 * NT, kQ4KStageRow>& st,
+                                         int g, int t, Acc<NT>& acc) {
   const uint4 &h0 = r.h0, &h1 = r.h1;
-  const uint2 *q0 = r.q0, *q1 = r.q1;
   const float d0 = Half(h0.x & 0xFFFFu), dm0 = Half(h0.x >> 16);
   const float d1 = Half(h1.x & 0xFFFFu), dm1 = Half(h1.x >> 16);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    // The chunk's two sub-blocks j = 2c (low nibbles), 2c + 1 (high): their
-    // activation scales are adjacent, one 8-byte load per token and array.
-    const int xb = kb * 8 + 2 * c;
-    float2 xd[NT][2], xs[NT][2];  // [tile][token ta, ta + 1] -> (sub-block 2c, 2c + 1)
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int ta = tok0 + 8 * n + 2 * t + e;
-        xd[n][e] = xs[n][e] = make_float2(0.f, 0.f);
-        if (ta < x.n_tokens) {
-          xd[n][e] = *reinterpret_cast<const float2*>(x.d + ta * x.nb + xb);
-          xs[n][e] = *reinterpret_cast<const float2*>(x.s + ta * x.nb + xb);
-        }
-      }
-    }
+    // The chunk's two sub-blocks j = 2c (low nibbles), 2c + 1 (high).
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const int j = 2 * c + hi, sh = 4 * hi;
-      const uint32_t a0 = (q0[c].x >> sh) & 0x0F0F0F0Fu, a2 = (q0[c].y >> sh) & 0x0F0F0F0Fu;
-      const uint32_t a1 = (q1[c].x >> sh) & 0x0F0F0F0Fu, a3 = (q1[c].y >> sh) & 0x0F0F0F0Fu;
+      const uint32_t a0 = (r.q0[c].x >> sh) & 0x0F0F0F0Fu, a2 = (r.q0[c].y >> sh) & 0x0F0F0F0Fu;
+      const uint32_t a1 = (r.q1[c].x >> sh) & 0x0F0F0F0Fu, a3 = (r.q1[c].y >> sh) & 0x0F0F0F0Fu;
       float sc0, m0, sc1, m1;
       Q4KScaleMin(h0, j, &sc0, &m0);
       Q4KScaleMin(h1, j, &sc1, &m1);
       const float ds0 = d0 * sc0, ds1 = d1 * sc1, mm0 = dm0 * m0, mm1 = dm1 * m1;
-      const int col = kb * 256 + 32 * j;
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        const int tb = tok0 + 8 * n + g;  // this lane's B column (token)
-        uint2 bx = make_uint2(0, 0);
-        if (tb < x.n_tokens) {
-          bx = *reinterpret_cast<const uint2*>(x.q + static_cast<int64_t>(tb) * x.n_cols + col + 8 * t);
-        }
+        // B: token 8n + g, columns 32j + 8t..+7; scales of tokens 8n + 2t, +1.
+        const uint2 bx = *reinterpret_cast<const uint2*>(&st.q[8 * n + g][32 * j + 8 * t]);
+        const float4 xa = *reinterpret_cast<const float4*>(&st.ds[j][8 * n + 2 * t][0]);
         int c4[4] = {0, 0, 0, 0};
         Mma16832(c4, a0, a1, a2, a3, bx.x, bx.y);
-        // C columns: tokens ta = tok0 + 8n + 2t and ta + 1.
-        const float xda = hi ? xd[n][0].y : xd[n][0].x, xdb = hi ? xd[n][1].y : xd[n][1].x;
-        const float xsa = hi ? xs[n][0].y : xs[n][0].x, xsb = hi ? xs[n][1].y : xs[n][1].x;
         float* v = acc.v[n];
-        v[0] = fmaf(static_cast<float>(c4[0]), ds0 * xda, v[0]) - mm0 * xsa;
-        v[1] = fmaf(static_cast<float>(c4[1]), ds0 * xdb, v[1]) - mm0 * xsb;
-        v[2] = fmaf(static_cast<float>(c4[2]), ds1 * xda, v[2]) - mm1 * xsa;
-        v[3] = fmaf(static_cast<float>(c4[3]), ds1 * xdb, v[3]) - mm1 * xsb;
+        v[0] = fmaf(static_cast<float>(c4[0]), ds0 * xa.x, v[0]) - mm0 * xa.y;
+        v[1] = fmaf(static_cast<float>(c4[1]), ds0 * xa.z, v[1]) - mm0 * xa.w;
+        v[2] = fmaf(static_cast<float>(c4[2]), ds1 * xa.x, v[2]) - mm1 * xa.y;
+        v[3] = fmaf(static_cast<float>(c4[3]), ds1 * xa.z, v[3]) - mm1 * xa.w;
       }
     }
   }
@@ -219,9 +225,12 @@ struct Q6KBlockPtrs {
   }
 };
 
+constexpr int kQ6KStageRow = 272;
+
 template <bool kDpl, int NT>
 __device__ __forceinline__ void Q6KBlock(const uint8_t* w0, const uint8_t* w1, int kb, int nbe,
-                                         const Acts& x, int tok0, int g, int t, Acc<NT>& acc) {
+                                         const MmaStage<8 * NT, kQ6KStageRow>& st, int g, int t,
+                                         Acc<NT>& acc) {
   const Q6KBlockPtrs<kDpl> p0(w0, kb, nbe), p1(w1, kb, nbe);
   uint32_t sw0[4], sw1[4];
   p0.Scales(sw0);
@@ -242,15 +251,15 @@ __device__ __forceinline__ void Q6KBlock(const uint8_t* w0, const uint8_t* w1, i
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      // Activation block 8kb + 4h + q covers both segs: its scales for this
-      // lane's C columns (tokens ta, ta + 1 of each tile).
-      const int xb = kb * 8 + 4 * h + q;
+      // Activation block 4h + q of this 256-column block covers both segs:
+      // its scales for this lane's C columns (tokens 8n + 2t, + 1).
+      const int xb = 4 * h + q;
       float xda[NT], xdb[NT];
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        const int ta = tok0 + 8 * n + 2 * t;
-        xda[n] = ta < x.n_tokens ? x.d[ta * x.nb + xb] : 0.f;
-        xdb[n] = ta + 1 < x.n_tokens ? x.d[(ta + 1) * x.nb + xb] : 0.f;
+        const float4 xa = *reinterpret_cast<const float4*>(&st.ds[xb][8 * n + 2 * t][0]);
+        xda[n] = xa.x;
+        xdb[n] = xa.z;
       }
 #pragma unroll
       for (int seg = 0; seg < 2; ++seg) {
@@ -271,14 +280,10 @@ __device__ __forceinline__ void Q6KBlock(const uint8_t* w0, const uint8_t* w1, i
         const int s = 8 * h + 2 * q + seg;
         const float ds0 = d0 * static_cast<float>(static_cast<int8_t>(Byte(sw0[s >> 2], s & 3)));
         const float ds1 = d1 * static_cast<float>(static_cast<int8_t>(Byte(sw1[s >> 2], s & 3)));
-        const int col = kb * 256 + 128 * h + 32 * q + 16 * seg + 4 * t;
+        const int col = 128 * h + 32 * q + 16 * seg + 4 * t;
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          const int tb = tok0 + 8 * n + g;
-          uint32_t bx = 0;
-          if (tb < x.n_tokens) {
-            bx = *reinterpret_cast<const uint32_t*>(x.q + static_cast<int64_t>(tb) * x.n_cols + col);
-          }
+          const uint32_t bx = *reinterpret_cast<const uint32_t*>(&st.q[8 * n + g][col]);
           int c4[4] = {0, 0, 0, 0};
           Mma16816(c4, a0, a1, bx);
           float* v = acc.v[n];
@@ -292,79 +297,113 @@ __device__ __forceinline__ void Q6KBlock(const uint8_t* w0, const uint8_t* w1, i
   }
 }
 
-// grid (token tiles of 8 NT, row blocks of 16 over all parts), 4 warps.
-template <MatVecKernel K, int NT, int KW>
-__global__ void __launch_bounds__(32 * KW) MatVecMmaKernel(const MatVecArgs a) {
+// Part m of the launch, copied by selects (no dynamic index into the
+// kernel's parameters).
+__device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
+  return m == 0 ? a.part[0] : m == 1 ? a.part[1] : a.part[2];
+}
+
+// grid (1, row blocks of kMmaCtaRows over all parts, max splits), 4 warps;
+// CTA (y, z) takes its part's rows 64 (y - row_block0) .. +63 and the
+// 256-column blocks [nbe z / splits, nbe (z + 1) / splits).
+template <MatVecKernel K, int NT>
+__global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs a) {
   constexpr int T = 8 * NT;
-  __shared__ float partial[KW][16][T];  // (warp, row, token)
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
+  constexpr int kRow = K == MatVecKernel::kQ4K ? kQ4KStageRow : kQ6KStageRow;
+  __shared__ __align__(16) MmaStage<T, kRow> stage[2];
   const int m = (a.n_parts > 1 && static_cast<int>(blockIdx.y) >= a.part[1].row_block0) +
                 (a.n_parts > 2 && static_cast<int>(blockIdx.y) >= a.part[2].row_block0);
-  const MatVecPart P = m == 0 ? a.part[0] : m == 1 ? a.part[1] : a.part[2];
-  const int row0 = (static_cast<int>(blockIdx.y) - P.row_block0) * 16;
-  const int tok0 = static_cast<int>(blockIdx.x) * T;
+  const MatVecPart P = PartAt(a, m);  // the part row block blockIdx.y belongs to
+  const int z = static_cast<int>(blockIdx.z);
+  if (z >= P.splits) return;  // a part with fewer splits than the launch's grid.z
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = (static_cast<int>(blockIdx.y) - P.row_block0) * kMmaCtaRows + 16 * warp;
   // Rows past the matrix read its last row (valid memory) and write nothing.
   const int r0 = min(row0 + g, P.n_rows - 1), r1 = min(row0 + g + 8, P.n_rows - 1);
   const uint8_t* w0 = P.w + static_cast<int64_t>(r0) * P.row_stride;
   const uint8_t* w1 = P.w + static_cast<int64_t>(r1) * P.row_stride;
-  GridDependencyWait();
-  GridLaunchDependents();
-  const Acts x{a.xq, a.xd, a.xs, a.n_cols, a.n_cols / 32, a.n_tokens};
   const int nbe = a.n_cols / 256;
+  const int kb0 = nbe * z / P.splits, kb1 = nbe * (z + 1) / P.splits;  // kb0 < kb1: splits <= nbe
   Acc<NT> acc;
 #pragma unroll
   for (int n = 0; n < NT; ++n) acc.v[n][0] = acc.v[n][1] = acc.v[n][2] = acc.v[n][3] = 0.f;
   if constexpr (K == MatVecKernel::kQ4K) {
-    if (warp < nbe) {
-      Q4KRegs cur = Q4KLoad(w0, w1, warp, t);
-      for (int kb = warp; kb < nbe; kb += KW) {
-        Q4KRegs next = cur;
-        if (kb + KW < nbe) next = Q4KLoad(w0, w1, kb + KW, t);  // in flight while cur is used
-        Q4KBlock<NT>(cur, kb, x, tok0, g, t, acc);
-        cur = next;
-      }
+    Q4KRegs cur = Q4KLoad(w0, w1, kb0, t);  // weights never change: before the wait
+    GridDependencyWait();
+    GridLaunchDependents();
+    StageBlock(a, kb0, stage[0]);
+    CpAsyncCommit();
+    for (int kb = kb0; kb < kb1; ++kb) {
+      const int buf = (kb - kb0) & 1;
+      if (kb + 1 < kb1) StageBlock(a, kb + 1, stage[buf ^ 1]);
+      CpAsyncCommit();
+      Q4KRegs next = cur;
+      if (kb + 1 < kb1) next = Q4KLoad(w0, w1, kb + 1, t);  // in flight while cur is used
+      CpAsyncWait<1>();  // block kb landed (this thread's copies) ...
+      __syncthreads();   // ... and every thread's
+      Q4KBlock<NT>(cur, stage[buf], g, t, acc);
+      __syncthreads();  // the next iteration's copies overwrite this buffer
+      cur = next;
     }
   } else {
     constexpr bool kDpl = K == MatVecKernel::kQ6KDpl;
-    for (int kb = warp; kb < nbe; kb += KW) Q6KBlock<kDpl, NT>(w0, w1, kb, nbe, x, tok0, g, t, acc);
+    GridDependencyWait();
+    GridLaunchDependents();
+    StageBlock(a, kb0, stage[0]);
+    CpAsyncCommit();
+    for (int kb = kb0; kb < kb1; ++kb) {
+      const int buf = (kb - kb0) & 1;
+      if (kb + 1 < kb1) StageBlock(a, kb + 1, stage[buf ^ 1]);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+      __syncthreads();
+      Q6KBlock<kDpl, NT>(w0, w1, kb, nbe, stage[buf], g, t, acc);
+      __syncthreads();
+    }
   }
+  // Thread (g, t) holds rows row0 + g, + 8 x tokens 8n + 2t, + 1.
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
-    partial[warp][g][8 * n + 2 * t] = acc.v[n][0];
-    partial[warp][g][8 * n + 2 * t + 1] = acc.v[n][1];
-    partial[warp][g + 8][8 * n + 2 * t] = acc.v[n][2];
-    partial[warp][g + 8][8 * n + 2 * t + 1] = acc.v[n][3];
-  }
-  __syncthreads();
-  // Thread i writes (row i % 16, token i / 16), ...: 16 consecutive rows of
-  // one token per 16 threads.
-  for (int i = threadIdx.x; i < 16 * T; i += 32 * KW) {
-    const int r = i & 15, tk = i >> 4;
-    const int row = row0 + r, tok = tok0 + tk;
-    if (row >= P.n_rows || tok >= a.n_tokens) continue;
-    float v = partial[0][r][tk];
 #pragma unroll
-    for (int w = 1; w < KW; ++w) v += partial[w][r][tk];
-    const int64_t o = static_cast<int64_t>(tok) * P.n_rows + row;
-    if (P.bias != nullptr) v += P.bias[row];
-    if (P.residual != nullptr) v += P.residual[o];  // may alias y: read before write
-    P.y[o] = v;
+    for (int e = 0; e < 4; ++e) {
+      const int tok = 8 * n + 2 * t + (e & 1), row = row0 + g + 8 * (e >> 1);
+      if (tok >= a.n_tokens || row >= P.n_rows) continue;
+      const int64_t o = static_cast<int64_t>(tok) * P.n_rows + row;
+      if (P.splits > 1) {
+        P.partial[static_cast<int64_t>(z) * a.n_tokens * P.n_rows + o] = acc.v[n][e];
+        continue;
+      }
+      float v = acc.v[n][e];
+      if (P.bias != nullptr) v += P.bias[row];
+      if (P.residual != nullptr) v += P.residual[o];  // may alias y: read before write
+      P.y[o] = v;
+    }
   }
 }
 
-template <MatVecKernel K, int KW>
-void (*PickTiles(int n_tokens))(MatVecArgs) {
-  if (n_tokens <= 8) return MatVecMmaKernel<K, 1, KW>;
-  if (n_tokens <= 16) return MatVecMmaKernel<K, 2, KW>;
-  if (n_tokens <= 32) return MatVecMmaKernel<K, 4, KW>;
-  return MatVecMmaKernel<K, 8, KW>;
+//   y[t, r] = (sum_z partial[z, t, r]) (+ bias[r]) (+ residual[t, r])
+// for the parts with splits > 1, z in order. grid (elements / 256, n_parts).
+__global__ void __launch_bounds__(256) MmaSumSplits(const MatVecArgs a) {
+  const MatVecPart P = PartAt(a, static_cast<int>(blockIdx.y));
+  GridDependencyWait();
+  GridLaunchDependents();
+  const int64_t n = static_cast<int64_t>(a.n_tokens) * P.n_rows;
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (P.splits <= 1 || o >= n) return;
+  float v = P.partial[o];
+  for (int z = 1; z < P.splits; ++z) v += P.partial[z * n + o];
+  if (P.bias != nullptr) v += P.bias[o % P.n_rows];
+  if (P.residual != nullptr) v += P.residual[o];
+  P.y[o] = v;
 }
 
 template <MatVecKernel K>
-void (*PickKernel(int n_tokens, int warps))(MatVecArgs) {
-  return warps == kMmaWarpsLongRows ? PickTiles<K, kMmaWarpsLongRows>(n_tokens)
-                                    : PickTiles<K, 4>(n_tokens);
+void (*PickKernel(int n_tokens))(MatVecArgs) {
+  if (n_tokens <= 8) return MatVecMmaKernel<K, 1>;
+  if (n_tokens <= 16) return MatVecMmaKernel<K, 2>;
+  if (n_tokens <= 32) return MatVecMmaKernel<K, 4>;
+  return MatVecMmaKernel<K, 8>;
 }
 
 }  // namespace
@@ -376,17 +415,32 @@ absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_
     return absl::InvalidArgumentError(absl::StrCat("matvec mma: ", args.n_tokens, " tokens, ",
                                                    args.n_cols, " columns or no int8 activations"));
   }
-  const int warps = args.n_cols / 256 >= kMmaLongRowBlocks ? kMmaWarpsLongRows : 4;
+  int splits = 1;
+  int64_t max_rows = 0;
+  for (int i = 0; i < args.n_parts; ++i) {
+    const MatVecPart& p = args.part[i];
+    if (p.splits < 1 || p.splits > args.n_cols / 256 || (p.splits > 1 && p.partial == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat("matvec mma: part ", i, " splits k ", p.splits,
+                                                     " ways (1..", args.n_cols / 256,
+                                                     ", partials needed for more than 1)"));
+    }
+    splits = std::max(splits, p.splits);
+    max_rows = std::max<int64_t>(max_rows, p.n_rows);
+  }
   void (*fn)(MatVecArgs) = nullptr;
-  if (kernel == MatVecKernel::kQ4K) fn = PickKernel<MatVecKernel::kQ4K>(args.n_tokens, warps);
-  if (kernel == MatVecKernel::kQ6KDpl) fn = PickKernel<MatVecKernel::kQ6KDpl>(args.n_tokens, warps);
-  if (kernel == MatVecKernel::kQ6KRaw) fn = PickKernel<MatVecKernel::kQ6KRaw>(args.n_tokens, warps);
+  if (kernel == MatVecKernel::kQ4K) fn = PickKernel<MatVecKernel::kQ4K>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ6KDpl) fn = PickKernel<MatVecKernel::kQ6KDpl>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ6KRaw) fn = PickKernel<MatVecKernel::kQ6KRaw>(args.n_tokens);
   if (fn == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("matvec mma: no tensor-core kernel for kernel ", static_cast<int>(kernel)));
   }
-  return LaunchKernel(fn, dim3(1, static_cast<unsigned>(grid_y)), dim3(32 * warps), 0, stream,
-                      pdl, args);
+  DPL_RETURN_IF_ERROR(LaunchKernel(fn, dim3(1, static_cast<unsigned>(grid_y), splits),
+                                   dim3(kMmaThreads), 0, stream, pdl, args));
+  if (splits == 1) return absl::OkStatus();
+  const int64_t elems = max_rows * args.n_tokens;
+  return LaunchKernel(MmaSumSplits, dim3(static_cast<unsigned>((elems + 255) / 256), args.n_parts),
+                      dim3(256), 0, stream, pdl, args);
 }
 
 }  // namespace dpl::kernels
