@@ -328,39 +328,30 @@ __global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs 
   Acc<NT> acc;
 #pragma unroll
   for (int n = 0; n < NT; ++n) acc.v[n][0] = acc.v[n][1] = acc.v[n][2] = acc.v[n][3] = 0.f;
-  if constexpr (K == MatVecKernel::kQ4K) {
-    Q4KRegs cur = Q4KLoad(w0, w1, kb0, t);  // weights never change: before the wait
-    GridDependencyWait();
-    GridLaunchDependents();
-    StageBlock(a, kb0, stage[0]);
+  // q4_K: each block's weights in registers one block ahead (the first
+  // before the wait: weights never change); q6_K loads them in Q6KBlock.
+  constexpr bool kQ4K = K == MatVecKernel::kQ4K;
+  Q4KRegs cur;
+  if constexpr (kQ4K) cur = Q4KLoad(w0, w1, kb0, t);
+  GridDependencyWait();
+  GridLaunchDependents();
+  StageBlock(a, kb0, stage[0]);
+  CpAsyncCommit();
+  for (int kb = kb0; kb < kb1; ++kb) {
+    const int buf = (kb - kb0) & 1;
+    if (kb + 1 < kb1) StageBlock(a, kb + 1, stage[buf ^ 1]);
     CpAsyncCommit();
-    for (int kb = kb0; kb < kb1; ++kb) {
-      const int buf = (kb - kb0) & 1;
-      if (kb + 1 < kb1) StageBlock(a, kb + 1, stage[buf ^ 1]);
-      CpAsyncCommit();
-      Q4KRegs next = cur;
-      if (kb + 1 < kb1) next = Q4KLoad(w0, w1, kb + 1, t);  // in flight while cur is used
-      CpAsyncWait<1>();  // block kb landed (this thread's copies) ...
-      __syncthreads();   // ... and every thread's
+    Q4KRegs next;
+    if constexpr (kQ4K) next = kb + 1 < kb1 ? Q4KLoad(w0, w1, kb + 1, t) : cur;
+    CpAsyncWait<1>();  // block kb landed (this thread's copies) ...
+    __syncthreads();   // ... and every thread's
+    if constexpr (kQ4K) {
       Q4KBlock<NT>(cur, stage[buf], g, t, acc);
-      __syncthreads();  // the next iteration's copies overwrite this buffer
       cur = next;
+    } else {
+      Q6KBlock<K == MatVecKernel::kQ6KDpl, NT>(w0, w1, kb, nbe, stage[buf], g, t, acc);
     }
-  } else {
-    constexpr bool kDpl = K == MatVecKernel::kQ6KDpl;
-    GridDependencyWait();
-    GridLaunchDependents();
-    StageBlock(a, kb0, stage[0]);
-    CpAsyncCommit();
-    for (int kb = kb0; kb < kb1; ++kb) {
-      const int buf = (kb - kb0) & 1;
-      if (kb + 1 < kb1) StageBlock(a, kb + 1, stage[buf ^ 1]);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-      __syncthreads();
-      Q6KBlock<kDpl, NT>(w0, w1, kb, nbe, stage[buf], g, t, acc);
-      __syncthreads();
-    }
+    __syncthreads();  // the next iteration's copies overwrite this buffer
   }
   // Thread (g, t) holds rows row0 + g, + 8 x tokens 8n + 2t, + 1.
 #pragma unroll
