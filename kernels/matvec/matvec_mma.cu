@@ -69,19 +69,21 @@ __device__ __forceinline__ void Mma16816(int (&c)[4], uint32_t a0, uint32_t a1, 
       : "r"(a0), "r"(a1), "r"(b0));
 }
 
-// 6-bit scale and min of q4_K sub-block j from the block header's scale
-// bytes s[0..11] (hdr.y, hdr.z, hdr.w): see KScaledSum.
-__device__ __forceinline__ void Q4KScaleMin(const uint4& hdr, int j, float* sc, float* m) {
-  const uint32_t s[12] = {Byte(hdr.y, 0), Byte(hdr.y, 1), Byte(hdr.y, 2), Byte(hdr.y, 3),
-                          Byte(hdr.z, 0), Byte(hdr.z, 1), Byte(hdr.z, 2), Byte(hdr.z, 3),
-                          Byte(hdr.w, 0), Byte(hdr.w, 1), Byte(hdr.w, 2), Byte(hdr.w, 3)};
-  if (j < 4) {
-    *sc = static_cast<float>(s[j] & 63);
-    *m = static_cast<float>(s[j + 4] & 63);
-  } else {
-    *sc = static_cast<float>((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
-    *m = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-  }
+// The 6-bit scales and mins of a q4_K block's 8 sub-blocks, from the header's
+// scale bytes s[0..11] (hdr.y, hdr.z, hdr.w; see KScaledSum), unpacked four
+// to a word at once: byte j & 3 of sc[j >> 2] is sc_j, of m[j >> 2] is m_j.
+//   j < 4:  sc_j = s[j] & 63,                          m_j = s[j + 4] & 63
+//   j >= 4: sc_j = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, m_j = (s[j + 4] >> 4) | (s[j] >> 6) << 4
+struct Q4KScales {
+  uint32_t sc[2], m[2];
+};
+__device__ __forceinline__ Q4KScales Q4KUnpackScales(const uint4& hdr) {
+  Q4KScales r;
+  r.sc[0] = hdr.y & 0x3F3F3F3Fu;
+  r.m[0] = hdr.z & 0x3F3F3F3Fu;
+  r.sc[1] = (hdr.w & 0x0F0F0F0Fu) | ((hdr.y >> 2) & 0x30303030u);
+  r.m[1] = ((hdr.w >> 4) & 0x0F0F0F0Fu) | ((hdr.z >> 2) & 0x30303030u);
+  return r;
 }
 
 // One 256-column block of the T tokens' activations in shared memory: the
@@ -97,16 +99,27 @@ struct MmaStage {
 
 // Block kb of x (a.xq, a.xd, a.xs) into `st`, by all kMmaThreads threads;
 // tokens past n_tokens are zero-filled (their products are 0 and unused).
+// Each thread issues T / 8 copies of each kind, a compile-time count: the
+// general strided loop cost ~150 instructions a block (SASS), a quarter of
+// the block's work at 4-8 tokens. Unrolled up to 2 (more holds an address
+// register per copy: 224 registers at 64 tokens).
 template <int T, int kRow>
 __device__ __forceinline__ void StageBlock(const MatVecArgs& a, int kb, MmaStage<T, kRow>& st) {
+  static_assert(T * 16 % kMmaThreads == 0, "copies split evenly over the CTA");
+  constexpr int kCopies = T * 16 / kMmaThreads;
+  constexpr int kUnroll = kCopies <= 2 ? kCopies : 1;
   const int nb = a.n_cols / 32;
-  for (int i = threadIdx.x; i < T * 16; i += kMmaThreads) {
+#pragma unroll kUnroll
+  for (int k = 0; k < kCopies; ++k) {
+    const int i = static_cast<int>(threadIdx.x) + k * kMmaThreads;
     const int tok = i >> 4, c = i & 15;
     const bool ok = tok < a.n_tokens;
     const int8_t* src = a.xq + static_cast<int64_t>(ok ? tok : 0) * a.n_cols + kb * 256 + 16 * c;
     CpAsync16ZeroFill(SmemAddr(&st.q[tok][16 * c]), src, ok);
   }
-  for (int i = threadIdx.x; i < T * 16; i += kMmaThreads) {
+#pragma unroll kUnroll
+  for (int k = 0; k < kCopies; ++k) {
+    const int i = static_cast<int>(threadIdx.x) + k * kMmaThreads;
     const int tok = i >> 4, j = (i >> 1) & 7, which = i & 1;
     const bool ok = tok < a.n_tokens;
     const float* src = (which ? a.xs : a.xd) + static_cast<int64_t>(ok ? tok : 0) * nb + kb * 8 + j;
@@ -148,9 +161,9 @@ constexpr int kQ4KStageRow = 288;
 template <int NT>
 __device__ __forceinline__ void Q4KBlock(const Q4KRegs& r, const MmaStage<8 * NT, kQ4KStageRow>& st,
                                          int g, int t, Acc<NT>& acc) {
-  const uint4 &h0 = r.h0, &h1 = r.h1;
-  const float d0 = Half(h0.x & 0xFFFFu), dm0 = Half(h0.x >> 16);
-  const float d1 = Half(h1.x & 0xFFFFu), dm1 = Half(h1.x >> 16);
+  const float d0 = Half(r.h0.x & 0xFFFFu), dm0 = Half(r.h0.x >> 16);
+  const float d1 = Half(r.h1.x & 0xFFFFu), dm1 = Half(r.h1.x >> 16);
+  const Q4KScales s0 = Q4KUnpackScales(r.h0), s1 = Q4KUnpackScales(r.h1);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     // The chunk's two sub-blocks j = 2c (low nibbles), 2c + 1 (high).
@@ -159,10 +172,11 @@ __device__ __forceinline__ void Q4KBlock(const Q4KRegs& r, const MmaStage<8 * NT
       const int j = 2 * c + hi, sh = 4 * hi;
       const uint32_t a0 = (r.q0[c].x >> sh) & 0x0F0F0F0Fu, a2 = (r.q0[c].y >> sh) & 0x0F0F0F0Fu;
       const uint32_t a1 = (r.q1[c].x >> sh) & 0x0F0F0F0Fu, a3 = (r.q1[c].y >> sh) & 0x0F0F0F0Fu;
-      float sc0, m0, sc1, m1;
-      Q4KScaleMin(h0, j, &sc0, &m0);
-      Q4KScaleMin(h1, j, &sc1, &m1);
-      const float ds0 = d0 * sc0, ds1 = d1 * sc1, mm0 = dm0 * m0, mm1 = dm1 * m1;
+      const int w = j >> 2, b = j & 3;
+      const float ds0 = d0 * static_cast<float>(Byte(s0.sc[w], b));
+      const float ds1 = d1 * static_cast<float>(Byte(s1.sc[w], b));
+      const float mm0 = dm0 * static_cast<float>(Byte(s0.m[w], b));
+      const float mm1 = dm1 * static_cast<float>(Byte(s1.m[w], b));
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         // B: token 8n + g, columns 32j + 8t..+7; scales of tokens 8n + 2t, +1.
