@@ -33,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -241,28 +242,44 @@ struct Q6KBlockPtrs {
 
 constexpr int kQ6KStageRow = 272;
 
-template <bool kDpl, int NT>
-__device__ __forceinline__ void Q6KBlock(const uint8_t* w0, const uint8_t* w1, int kb, int nbe,
-                                         const MmaStage<8 * NT, kQ6KStageRow>& st, int g, int t,
-                                         Acc<NT>& acc) {
-  const Q6KBlockPtrs<kDpl> p0(w0, kb, nbe), p1(w1, kb, nbe);
-  uint32_t sw0[4], sw1[4];
-  p0.Scales(sw0);
-  p1.Scales(sw1);
-  const float d0 = Half(LdW2(p0.d)), d1 = Half(LdW2(p1.d));
+// This thread's words of q6_K block kb of rows w0 (row g) and w1 (row g + 8),
+// [row][half h][seg]: ql at 64h + l and 64h + 32 + l, qh at 32h + l, l = 16 seg
+// + 4t; the 16 int8 sub-block scales and d. Loaded one block ahead, as q4_K.
+struct Q6KRegs {
+  uint32_t la[2][2][2], lb[2][2][2], hh[2][2][2];
+  uint32_t sw[2][4];
+  uint32_t d[2];
+};
+
+template <bool kDpl>
+__device__ __forceinline__ Q6KRegs Q6KLoad(const uint8_t* w0, const uint8_t* w1, int kb, int nbe,
+                                           int t) {
+  Q6KRegs r;
+#pragma unroll
+  for (int row = 0; row < 2; ++row) {
+    const Q6KBlockPtrs<kDpl> p(row == 0 ? w0 : w1, kb, nbe);
+    p.Scales(r.sw[row]);
+    r.d[row] = LdW2(p.d);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int seg = 0; seg < 2; ++seg) {
+        const int l = 16 * seg + 4 * t;
+        r.la[row][h][seg] = p.Word(p.ql + 64 * h + l);
+        r.lb[row][h][seg] = p.Word(p.ql + 64 * h + 32 + l);
+        r.hh[row][h][seg] = p.Word(p.qh + 32 * h + l);
+      }
+    }
+  }
+  return r;
+}
+
+template <int NT>
+__device__ __forceinline__ void Q6KBlock(const Q6KRegs& r, const MmaStage<8 * NT, kQ6KStageRow>& st,
+                                         int g, int t, Acc<NT>& acc) {
+  const float d0 = Half(r.d[0]), d1 = Half(r.d[1]);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    uint32_t la0[2], lb0[2], hh0[2], la1[2], lb1[2], hh1[2];  // [seg]
-#pragma unroll
-    for (int seg = 0; seg < 2; ++seg) {
-      const int l = 16 * seg + 4 * t;
-      la0[seg] = p0.Word(p0.ql + 64 * h + l);
-      lb0[seg] = p0.Word(p0.ql + 64 * h + 32 + l);
-      hh0[seg] = p0.Word(p0.qh + 32 * h + l);
-      la1[seg] = p1.Word(p1.ql + 64 * h + l);
-      lb1[seg] = p1.Word(p1.ql + 64 * h + 32 + l);
-      hh1[seg] = p1.Word(p1.qh + 32 * h + l);
-    }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       // Activation block 4h + q of this 256-column block covers both segs:
@@ -289,11 +306,11 @@ __device__ __forceinline__ void Q6KBlock(const uint8_t* w0, const uint8_t* w1, i
                                        : ((hh >> 2) & 0x30303030u);
           return static_cast<uint32_t>(Q6Signed(lo | hi));
         };
-        const uint32_t a0 = quants(la0[seg], lb0[seg], hh0[seg]);
-        const uint32_t a1 = quants(la1[seg], lb1[seg], hh1[seg]);
+        const uint32_t a0 = quants(r.la[0][h][seg], r.lb[0][h][seg], r.hh[0][h][seg]);
+        const uint32_t a1 = quants(r.la[1][h][seg], r.lb[1][h][seg], r.hh[1][h][seg]);
         const int s = 8 * h + 2 * q + seg;
-        const float ds0 = d0 * static_cast<float>(static_cast<int8_t>(Byte(sw0[s >> 2], s & 3)));
-        const float ds1 = d1 * static_cast<float>(static_cast<int8_t>(Byte(sw1[s >> 2], s & 3)));
+        const float ds0 = d0 * static_cast<float>(static_cast<int8_t>(Byte(r.sw[0][s >> 2], s & 3)));
+        const float ds1 = d1 * static_cast<float>(static_cast<int8_t>(Byte(r.sw[1][s >> 2], s & 3)));
         const int col = 128 * h + 32 * q + 16 * seg + 4 * t;
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
@@ -308,6 +325,20 @@ __device__ __forceinline__ void Q6KBlock(const uint8_t* w0, const uint8_t* w1, i
         }
       }
     }
+  }
+}
+
+// The weight type's registers, load and block product, by kernel.
+template <MatVecKernel K>
+using MmaRegs = std::conditional_t<K == MatVecKernel::kQ4K, Q4KRegs, Q6KRegs>;
+
+template <MatVecKernel K>
+__device__ __forceinline__ MmaRegs<K> LoadBlock(const uint8_t* w0, const uint8_t* w1, int kb,
+                                                int nbe, int t) {
+  if constexpr (K == MatVecKernel::kQ4K) {
+    return Q4KLoad(w0, w1, kb, t);
+  } else {
+    return Q6KLoad<K == MatVecKernel::kQ6KDpl>(w0, w1, kb, nbe, t);
   }
 }
 
@@ -342,11 +373,9 @@ __global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs 
   Acc<NT> acc;
 #pragma unroll
   for (int n = 0; n < NT; ++n) acc.v[n][0] = acc.v[n][1] = acc.v[n][2] = acc.v[n][3] = 0.f;
-  // q4_K: each block's weights in registers one block ahead (the first
-  // before the wait: weights never change); q6_K loads them in Q6KBlock.
-  constexpr bool kQ4K = K == MatVecKernel::kQ4K;
-  Q4KRegs cur;
-  if constexpr (kQ4K) cur = Q4KLoad(w0, w1, kb0, t);
+  // Each block's weights in registers one block ahead (the first before the
+  // wait: weights never change).
+  MmaRegs<K> cur = LoadBlock<K>(w0, w1, kb0, nbe, t);
   GridDependencyWait();
   GridLaunchDependents();
   StageBlock(a, kb0, stage[0]);
@@ -355,17 +384,16 @@ __global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs 
     const int buf = (kb - kb0) & 1;
     if (kb + 1 < kb1) StageBlock(a, kb + 1, stage[buf ^ 1]);
     CpAsyncCommit();
-    Q4KRegs next;
-    if constexpr (kQ4K) next = kb + 1 < kb1 ? Q4KLoad(w0, w1, kb + 1, t) : cur;
+    const MmaRegs<K> next = kb + 1 < kb1 ? LoadBlock<K>(w0, w1, kb + 1, nbe, t) : cur;
     CpAsyncWait<1>();  // block kb landed (this thread's copies) ...
     __syncthreads();   // ... and every thread's
-    if constexpr (kQ4K) {
+    if constexpr (K == MatVecKernel::kQ4K) {
       Q4KBlock<NT>(cur, stage[buf], g, t, acc);
-      cur = next;
     } else {
-      Q6KBlock<K == MatVecKernel::kQ6KDpl, NT>(w0, w1, kb, nbe, stage[buf], g, t, acc);
+      Q6KBlock<NT>(cur, stage[buf], g, t, acc);
     }
     __syncthreads();  // the next iteration's copies overwrite this buffer
+    cur = next;
   }
   // Thread (g, t) holds rows row0 + g, + 8 x tokens 8n + 2t, + 1.
 #pragma unroll
