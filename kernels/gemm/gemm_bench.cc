@@ -5,11 +5,16 @@
 //           matrix or of kScratchMiB, launched eagerly and replayed from a
 //           captured CUDA graph (which shows how much of an eager Run is host
 //           time: cuBLAS's per-call overhead, paid once per row block);
-//   dp4a:   the existing path, QuantizeActivations + RunMatVec (the plan's
-//           prompt geometry from 2 tokens, decode geometry at 1);
+//   int8:   the int8 matvec path, QuantizeActivations + RunMatVec: the dp4a
+//           kernel at 1 token, the int8 mma form (matvec_mma.cu) at 2 to
+//           kMmaMaxTokens for q4_K / q6_K (else and beyond, the dp4a token
+//           tile), with its GB/s of quantized weights and TFLOP/s;
 // then the f16 dequant alone (GB/s of quantized bytes read + f16 bytes
 // written, against the device's memset and D2D copy ceilings), and per shape
-// the smallest T from which dequant + GEMM beats dp4a. Markdown tables.
+// the smallest T from which dequant + GEMM beats the int8 path (what
+// DecodeTuning's mma_max_tokens and gemm_min_tokens follow). Markdown tables.
+// DPL_GEMM_BENCH_TOKENS=1,2,4 limits the token counts, DPL_GEMM_BENCH_ONLY a
+// substring of the shape names.
 //
 // Timing: CUDA events around loops of `inner` calls (>= ~0.3 ms per loop),
 // the median of 7 loops after a warm-up, everything on one stream. The
@@ -21,6 +26,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -30,7 +36,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "kernels/cuda_handles.h"
 #include "kernels/device_tuning.h"
@@ -131,14 +139,14 @@ struct Row {
   double gemm_us;
   double run_us[kNumScratch];    // eager; whole matrix, then kScratchMiB
   double graph_us[kNumScratch];  // the same Run replayed from a graph
-  double dp4a_us;
+  double int8_us;  // RunMatVec: dp4a, or the mma form at 2..kMmaMaxTokens
 };
 
-// The smallest T from which `us(row)` beats dp4a at every larger T.
+// The smallest T from which `us(row)` beats the int8 path at every larger T.
 std::string Crossover(const std::vector<Row>& rows, const std::function<double(const Row&)>& us) {
   int64_t crossover = -1;
   for (size_t i = rows.size(); i-- > 0;) {
-    if (us(rows[i]) >= rows[i].dp4a_us) break;
+    if (us(rows[i]) >= rows[i].int8_us) break;
     crossover = rows[i].tokens;
   }
   return crossover < 0 ? std::string("never") : absl::StrCat("T >= ", crossover);
@@ -148,9 +156,9 @@ struct Tables {
   std::string dequant, summary;
 };
 
-absl::Status BenchShape(const Shape& s, const DecodeTuning& tuning, MatVecScratch* mv_scratch,
-                        int64_t l2_bytes, double copy_gbs, cudaStream_t stream, Timer& timer,
-                        Tables* tables) {
+absl::Status BenchShape(const Shape& s, const std::vector<int64_t>& tokens,
+                        const DecodeTuning& tuning, MatVecScratch* mv_scratch, int64_t l2_bytes,
+                        double copy_gbs, cudaStream_t stream, Timer& timer, Tables* tables) {
   // A few distinct random rows tiled over the matrix (values don't change the
   // timing; sane f16 scales keep the math finite).
   const int64_t distinct = std::min<int64_t>(s.n_rows, 64);
@@ -208,7 +216,7 @@ absl::Status BenchShape(const Shape& s, const DecodeTuning& tuning, MatVecScratc
                         100.0 * dq_gbs / copy_gbs);
 
   std::vector<Row> rows;
-  for (const int64_t T : kTokens) {
+  for (const int64_t T : tokens) {
     Row row{T, 0, {}, {}, 0};
     DPL_ASSIGN_OR_RETURN(row.gemm_us, timer.MedianUs([&](int64_t i) {
       return gemm.GemmF16(h_at(i), s.n_rows, s.n_cols, dxh.get(), T, dy.get(), s.n_rows, 0.0f);
@@ -230,7 +238,7 @@ absl::Status BenchShape(const Shape& s, const DecodeTuning& tuning, MatVecScratc
         return absl::OkStatus();
       }));
     }
-    DPL_ASSIGN_OR_RETURN(row.dp4a_us, timer.MedianUs([&](int64_t i) {
+    DPL_ASSIGN_OR_RETURN(row.int8_us, timer.MedianUs([&](int64_t i) {
       DPL_RETURN_IF_ERROR(QuantizeActivations(dx.get(), s.n_cols, T, mv_scratch, stream));
       MatVecIo io;
       io.x = dx.get();
@@ -247,7 +255,12 @@ absl::Status BenchShape(const Shape& s, const DecodeTuning& tuning, MatVecScratc
     std::printf("| %s | %ld | %.1f | %.1f |", s.name, static_cast<long>(r.tokens), r.gemm_us,
                 flops / (r.gemm_us * 1e-6) / 1e12);
     for (int k = 0; k < kNumScratch; ++k) std::printf(" %.1f / %.1f |", r.run_us[k], r.graph_us[k]);
-    std::printf(" %.1f | %s |\n", r.dp4a_us, r.run_us[0] < r.dp4a_us ? "dequant+GEMM" : "dp4a");
+    std::printf(" %.1f | %.0f | %.1f | %s |\n", r.int8_us, q_bytes / (r.int8_us * 1e-6) / 1e9,
+                flops / (r.int8_us * 1e-6) / 1e12,
+                r.run_us[0] < r.int8_us ? "dequant+GEMM"
+                : r.tokens == 1 || r.tokens > kMmaMaxTokens || !MatVecMmaSupports(plan.kernel)
+                    ? "dp4a"
+                    : "int8 mma");
   }
   std::fflush(stdout);
   absl::StrAppend(&tables->summary, "| ", s.name, " |");
@@ -301,7 +314,21 @@ absl::Status Bench() {
       {"14B attn_k/v q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 1024, 5120},
       {"14B ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 13824, 5120},
       {"14B ffn_down q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 5120, 13824},
+      {"14B ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 5120, 13824},
   };
+  std::vector<int64_t> tokens(std::begin(kTokens), std::end(kTokens));
+  if (const char* e = std::getenv("DPL_GEMM_BENCH_TOKENS"); e != nullptr) {
+    tokens.clear();
+    for (const absl::string_view item : absl::StrSplit(e, ',', absl::SkipEmpty())) {
+      int64_t t = 0;
+      if (!absl::SimpleAtoi(item, &t) || t < 1 || t > kMaxTokens) {
+        return absl::InvalidArgumentError(absl::StrCat("DPL_GEMM_BENCH_TOKENS: bad token count '",
+                                                       item, "' (1..", kMaxTokens, ")"));
+      }
+      tokens.push_back(t);
+    }
+  }
+  const char* only = std::getenv("DPL_GEMM_BENCH_ONLY");
   double write_gbs = 0, copy_gbs = 0;
   DPL_RETURN_IF_ERROR(Ceilings(stream.get(), timer, &write_gbs, &copy_gbs));
   std::printf("HBM ceilings: cudaMemset %.0f GB/s (write), D2D cudaMemcpy %.0f GB/s (read + "
@@ -310,9 +337,9 @@ absl::Status Bench() {
   std::printf("Microseconds, medians of %d loops. Run: eager / graph replay.\n\n", kReps);
   std::printf("| shape | T | GEMM | GEMM TFLOP/s | Run whole |");
   for (int64_t mib : kScratchMiB) std::printf(" Run %ld MiB |", static_cast<long>(mib));
-  std::printf(" dp4a | faster (eager, whole) |\n|---|---|---|---|---|");
+  std::printf(" int8 | int8 GB/s | int8 TFLOP/s | faster (eager, whole) |\n|---|---|---|---|---|");
   for (size_t k = 0; k < std::size(kScratchMiB); ++k) std::printf("---|");
-  std::printf("---|---|\n");
+  std::printf("---|---|---|---|\n");
   Tables tables;
   tables.dequant =
       "| shape | N x K | q MB | f16 MB | dequant us | GB/s (read + write) | of D2D copy |\n"
@@ -323,12 +350,13 @@ absl::Status Bench() {
   for (size_t k = 0; k < std::size(kScratchMiB); ++k) absl::StrAppend(&tables.summary, "---|");
   absl::StrAppend(&tables.summary, "\n");
   for (const Shape& s : shapes) {
-    DPL_RETURN_IF_ERROR(BenchShape(s, tuning, &mv_scratch, prop.l2CacheSize, copy_gbs,
+    if (only != nullptr && std::strstr(s.name, only) == nullptr) continue;
+    DPL_RETURN_IF_ERROR(BenchShape(s, tokens, tuning, &mv_scratch, prop.l2CacheSize, copy_gbs,
                                    stream.get(), timer, &tables));
   }
   std::printf("\nDequantizeRowsF16 of the whole matrix (weights and outputs rotated past L2):\n\n%s",
               tables.dequant.c_str());
-  std::printf("\ndequant + GEMM faster than dp4a from (and at every larger T):\n\n%s",
+  std::printf("\ndequant + GEMM faster than the int8 path from (and at every larger T):\n\n%s",
               tables.summary.c_str());
   return absl::OkStatus();
 }
