@@ -365,5 +365,33 @@ TEST_CASE("the int8 mma form covers the k-quant types of Q4_K_M and Q6_K files o
   CHECK(DecodeTuning{}.mma_max_tokens <= kMmaMaxTokens);
 }
 
+// The scratch for the k-split partials (kMmaMaxPartialRows a token, per
+// launch of up to kMaxMatVecParts matrices) must hold what MmaSplits asks of
+// any matrix; a split needs at least one 256-column block.
+TEST_CASE("the mma k-split fits its scratch and its blocks for every matrix") {
+  CHECK(MmaSplits(18944, 3584) == 2);  // 7B gate/up: 296 row blocks
+  CHECK(MmaSplits(3584, 18944) == 8);  // 7B down: 56
+  CHECK(MmaSplits(512, 3584) == 8);    // 7B k/v: 8
+  CHECK(MmaSplits(152064, 3584) == 1);  // lm head
+  CHECK(MmaSplits(4096, 256) == 1);     // one block: nothing to split
+  CHECK(MmaSplits(64, 512) == 2);       // two blocks
+  for (int64_t rows = 1; rows <= 70000; rows += rows < 2048 ? 1 : 97) {
+    for (int64_t cols : {256, 512, 768, 1280, 3584, 5120, 18944, 27648}) {
+      const int s = MmaSplits(rows, cols);
+      const int64_t row_ctas = (rows + kMmaCtaRows - 1) / kMmaCtaRows;
+      CAPTURE(rows);
+      CAPTURE(cols);
+      REQUIRE(s >= 1);
+      REQUIRE(s <= kMmaMaxSplits);
+      REQUIRE(s <= cols / 256);
+      if (s > 1) {
+        // Each split's rows fit one part's share of the partial scratch.
+        REQUIRE(s * row_ctas * kMmaCtaRows * kMaxMatVecParts <= kMmaMaxPartialRows);
+        REQUIRE(row_ctas < kMmaTargetCtas);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dpl::kernels
