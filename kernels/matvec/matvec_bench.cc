@@ -323,7 +323,7 @@ int Main() {
       }
     }
   }
-  // Batched decode steps (issue 12): 4-64 tokens through the int8 mma form
+  // Batched decode steps (issues 12, 29): 4-64 tokens through the int8 mma form
   // (RunMatVec picks it for 2..kMmaMaxTokens tokens); "mma" selects them.
   for (int64_t tokens : {4, 8, 16, 32, 64}) {
     static std::deque<std::string> names;
@@ -332,7 +332,9 @@ int Main() {
           std::tuple{"attn_k/v q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584},
           std::tuple{"ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584},
           std::tuple{"ffn_down q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 18944},
-          std::tuple{"ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944}}) {
+          std::tuple{"ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944},
+          std::tuple{"ffn_gate/up q5_K", GgmlType::kQ5_K, TensorLayout::kRaw, 18944, 3584},
+          std::tuple{"ffn_gate/up q8_0 dpl", GgmlType::kQ8_0, TensorLayout::kDpl, 18944, 3584}}) {
       names.push_back(absl::StrCat("mma 7B ", what, " ", tokens, "tok"));
       shapes.push_back({names.back().c_str(), type, layout, rows, cols, tokens});
     }

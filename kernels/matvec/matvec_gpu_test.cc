@@ -254,8 +254,9 @@ TEST_CASE("matvec: dpl and raw layouts give bit-identical outputs, for every typ
       DevMatrix ddpl(dpl), draw(raw);
       MatVecPlan pdpl = PlanFor(ddpl.w), praw = PlanFor(draw.w);
       REQUIRE(pdpl.decode == praw.decode);  // the layouts must take the same geometry
-      for (int64_t n_tokens : {int64_t{1}, int64_t{5}}) {
-        // Tokens > 1 run the prompt geometry: the decode loop runs once for them.
+      for (int64_t n_tokens : {int64_t{1}, int64_t{5}, int64_t{40}}) {
+        // Tokens > 1 run the prompt geometry (or the mma form, 5 and 40 tokens
+        // in one and five n8 tiles): the decode loop runs once for them.
         std::vector<MatVecGeometry> geometries = AllDecodeGeometries(pdpl);
         if (n_tokens > 1) geometries.resize(1);
         for (const MatVecGeometry& g : geometries) {
@@ -471,18 +472,23 @@ TEST_CASE("matvec: fused bias and residual (also in place)") {
   }
 }
 
-// Several tokens (the token tile, or for q4_K and q6_K dpl from 2 to
-// kMmaMaxTokens tokens the int8 mma form) against the single-token kernel
-// token by token: the same integer dots, float sums in another order.
+// Several tokens (the token tile, or for q4_K, q5_K, q6_K and q8_0 rows of
+// whole 256-column blocks from 2 to kMmaMaxTokens tokens the int8 mma form)
+// against the single-token kernel token by token: the same integer dots,
+// float sums in another order.
 TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token") {
   ScratchHolder sh;
   const Case cases[] = {
       {GgmlType::kQ4_K, TensorLayout::kRaw, 301, 3584, 0},
       {GgmlType::kQ4_K, TensorLayout::kRaw, 8459, 512, 0},
+      {GgmlType::kQ5_K, TensorLayout::kRaw, 301, 3584, 0},
+      {GgmlType::kQ5_K, TensorLayout::kRaw, 67, 256, 0},
       {GgmlType::kQ6_K, TensorLayout::kDpl, 203, 1280, 0},
       {GgmlType::kQ6_K, TensorLayout::kDpl, 8461, 768, 0},
       {GgmlType::kQ6_K, TensorLayout::kRaw, 67, 256, 0},
-      {GgmlType::kQ8_0, TensorLayout::kRaw, 301, 896, 0},
+      {GgmlType::kQ8_0, TensorLayout::kRaw, 301, 896, 0},  // 3.5 blocks of 256: the token tile
+      {GgmlType::kQ8_0, TensorLayout::kRaw, 301, 1280, 0},
+      {GgmlType::kQ8_0, TensorLayout::kDpl, 8459, 512, 0},
       {GgmlType::kQ5_0, TensorLayout::kRaw, 67, 96, 0},
       {GgmlType::kF16, TensorLayout::kRaw, 301, 896, 0},
       {GgmlType::kF32, TensorLayout::kRaw, 67, 99, 0},
@@ -490,7 +496,9 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
   for (const Case& c : cases) {
     for (int64_t n_tokens : {int64_t{2}, int64_t{13}, int64_t{33}, int64_t{64}, int64_t{512}}) {
       if (n_tokens == 512 && c.type != GgmlType::kQ4_K) continue;
-      const bool mma = c.type == GgmlType::kQ4_K || (c.type == GgmlType::kQ6_K && c.layout == TensorLayout::kDpl);
+      const bool mma = (c.type == GgmlType::kQ4_K || c.type == GgmlType::kQ5_K ||
+                        c.type == GgmlType::kQ6_K || c.type == GgmlType::kQ8_0) &&
+                       c.n_cols % 256 == 0;
       if ((n_tokens == 33 || n_tokens == 64) && !mma) continue;
       const HostMatrix m = testutil::RandomMatrix(c.type, c.layout, c.n_rows, c.n_cols, 0, 31);
       DevMatrix dm(m);

@@ -134,34 +134,47 @@ struct Acc {
   float v[NT][4];
 };
 
-// q4_K (raw 144-byte blocks): block kb of rows w0 (row g) and w1 (row g+8).
+// q4_K (raw 144-byte blocks: d, dmin, scales[12], qs[128]) and q5_K (raw
+// 176: d, dmin, scales[12], qh[32], qs[128]; element l of sub-block j has
+// the fifth bit j of qh[l]): block kb of rows w0 (row g) and w1 (row g+8).
 //   y += d sc_j xd_j dot(q_j, xq_j) - dmin m_j xs_j   per sub-block j of 32
-// This thread's bytes of one block: both headers, and 8 quant bytes of each
-// 32-byte chunk per row (loaded one block ahead: Q4KLoad, then Q4KBlock).
+// This thread's bytes of one block: both headers, 8 quant bytes of each
+// 32-byte chunk per row, and for q5_K the 8 qh bytes of its 8 columns
+// (loaded one block ahead: Q4KLoad, then Q4KBlock).
+template <bool kQ5>
 struct Q4KRegs {
   uint4 h0, h1;
   uint2 q0[4], q1[4];
+  uint2 qh0, qh1;  // q5_K
 };
 
-__device__ __forceinline__ Q4KRegs Q4KLoad(const uint8_t* w0, const uint8_t* w1, int kb, int t) {
-  const uint8_t* b0 = w0 + static_cast<int64_t>(kb) * 144;
-  const uint8_t* b1 = w1 + static_cast<int64_t>(kb) * 144;
-  Q4KRegs r;
+template <bool kQ5>
+__device__ __forceinline__ Q4KRegs<kQ5> Q4KLoad(const uint8_t* w0, const uint8_t* w1, int kb,
+                                                 int t) {
+  constexpr int kBlock = kQ5 ? 176 : 144, kQs = kQ5 ? 48 : 16;
+  const uint8_t* b0 = w0 + static_cast<int64_t>(kb) * kBlock;
+  const uint8_t* b1 = w1 + static_cast<int64_t>(kb) * kBlock;
+  Q4KRegs<kQ5> r;
   r.h0 = LdW16Span(b0);
   r.h1 = LdW16Span(b1);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    r.q0[c] = LdW8(b0 + 16 + 32 * c + 8 * t);
-    r.q1[c] = LdW8(b1 + 16 + 32 * c + 8 * t);
+    r.q0[c] = LdW8(b0 + kQs + 32 * c + 8 * t);
+    r.q1[c] = LdW8(b1 + kQs + 32 * c + 8 * t);
+  }
+  if constexpr (kQ5) {
+    r.qh0 = LdW8(b0 + 16 + 8 * t);
+    r.qh1 = LdW8(b1 + 16 + 8 * t);
   }
   return r;
 }
 
 constexpr int kQ4KStageRow = 288;
 
-template <int NT>
-__device__ __forceinline__ void Q4KBlock(const Q4KRegs& r, const MmaStage<8 * NT, kQ4KStageRow>& st,
-                                         int g, int t, Acc<NT>& acc) {
+template <bool kQ5, int NT>
+__device__ __forceinline__ void Q4KBlock(const Q4KRegs<kQ5>& r,
+                                         const MmaStage<8 * NT, kQ4KStageRow>& st, int g, int t,
+                                         Acc<NT>& acc) {
   const float d0 = Half(r.h0.x & 0xFFFFu), dm0 = Half(r.h0.x >> 16);
   const float d1 = Half(r.h1.x & 0xFFFFu), dm1 = Half(r.h1.x >> 16);
   const Q4KScales s0 = Q4KUnpackScales(r.h0), s1 = Q4KUnpackScales(r.h1);
@@ -171,8 +184,14 @@ __device__ __forceinline__ void Q4KBlock(const Q4KRegs& r, const MmaStage<8 * NT
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const int j = 2 * c + hi, sh = 4 * hi;
-      const uint32_t a0 = (r.q0[c].x >> sh) & 0x0F0F0F0Fu, a2 = (r.q0[c].y >> sh) & 0x0F0F0F0Fu;
-      const uint32_t a1 = (r.q1[c].x >> sh) & 0x0F0F0F0Fu, a3 = (r.q1[c].y >> sh) & 0x0F0F0F0Fu;
+      uint32_t a0 = (r.q0[c].x >> sh) & 0x0F0F0F0Fu, a2 = (r.q0[c].y >> sh) & 0x0F0F0F0Fu;
+      uint32_t a1 = (r.q1[c].x >> sh) & 0x0F0F0F0Fu, a3 = (r.q1[c].y >> sh) & 0x0F0F0F0Fu;
+      if constexpr (kQ5) {  // bit j of each qh byte, as bit 4 of the quant
+        a0 |= ((r.qh0.x >> j) & 0x01010101u) << 4;
+        a2 |= ((r.qh0.y >> j) & 0x01010101u) << 4;
+        a1 |= ((r.qh1.x >> j) & 0x01010101u) << 4;
+        a3 |= ((r.qh1.y >> j) & 0x01010101u) << 4;
+      }
       const int w = j >> 2, b = j & 3;
       const float ds0 = d0 * static_cast<float>(Byte(s0.sc[w], b));
       const float ds1 = d1 * static_cast<float>(Byte(s1.sc[w], b));
@@ -328,15 +347,71 @@ __device__ __forceinline__ void Q6KBlock(const Q6KRegs& r, const MmaStage<8 * NT
   }
 }
 
+// q8_0 (raw 34-byte blocks, 2-byte aligned, or dpl planes qs | d): the 8
+// blocks b = 8kb + j of one 256-column block, j = 0..7.
+//   y += d_b xd_b dot(qs_b, xq_b)   per block b of 32 (one k32 mma)
+// This thread's bytes: 8 qs bytes of each block per row (columns 8t..8t+7,
+// the same free k order as q4_K) and the rows' d.
+struct Q8_0Regs {
+  uint32_t q0[8][2], q1[8][2];
+  uint32_t d0[8], d1[8];
+};
+
+template <bool kDpl>
+__device__ __forceinline__ Q8_0Regs Q8_0Load(const uint8_t* w0, const uint8_t* w1, int kb, int nbe,
+                                             int t) {
+  using Row = BlockRow<formats::GgmlType::kQ8_0, kDpl>;
+  constexpr uint32_t kQs = 0, kD = 1;  // Q8_0's fields (matvec_traits.cuh)
+  const Row r0{w0, 8 * nbe}, r1{w1, 8 * nbe};
+  Q8_0Regs r;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int64_t b = 8 * static_cast<int64_t>(kb) + j;
+    // + 8t keeps up to 8 of the field's alignment
+    LdWords<2, (Row::Align(kQs) < 8 ? Row::Align(kQs) : 8)>(r0.template Field<kQs>(b) + 8 * t, r.q0[j]);
+    LdWords<2, (Row::Align(kQs) < 8 ? Row::Align(kQs) : 8)>(r1.template Field<kQs>(b) + 8 * t, r.q1[j]);
+    r.d0[j] = r0.template Scale<kD>(b);
+    r.d1[j] = r1.template Scale<kD>(b);
+  }
+  return r;
+}
+
+template <int NT>
+__device__ __forceinline__ void Q8_0Block(const Q8_0Regs& r, const MmaStage<8 * NT, kQ4KStageRow>& st,
+                                          int g, int t, Acc<NT>& acc) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float d0 = Half(r.d0[j]), d1 = Half(r.d1[j]);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const uint2 bx = *reinterpret_cast<const uint2*>(&st.q[8 * n + g][32 * j + 8 * t]);
+      const float4 xa = *reinterpret_cast<const float4*>(&st.ds[j][8 * n + 2 * t][0]);
+      int c4[4] = {0, 0, 0, 0};
+      Mma16832(c4, r.q0[j][0], r.q1[j][0], r.q0[j][1], r.q1[j][1], bx.x, bx.y);
+      float* v = acc.v[n];
+      v[0] = fmaf(d0 * xa.x, static_cast<float>(c4[0]), v[0]);
+      v[1] = fmaf(d0 * xa.z, static_cast<float>(c4[1]), v[1]);
+      v[2] = fmaf(d1 * xa.x, static_cast<float>(c4[2]), v[2]);
+      v[3] = fmaf(d1 * xa.z, static_cast<float>(c4[3]), v[3]);
+    }
+  }
+}
+
 // The weight type's registers, load and block product, by kernel.
 template <MatVecKernel K>
-using MmaRegs = std::conditional_t<K == MatVecKernel::kQ4K, Q4KRegs, Q6KRegs>;
+using MmaRegs = std::conditional_t<
+    K == MatVecKernel::kQ4K, Q4KRegs<false>,
+    std::conditional_t<K == MatVecKernel::kQ5K, Q4KRegs<true>,
+                       std::conditional_t<K == MatVecKernel::kQ8_0 || K == MatVecKernel::kQ8_0Dpl,
+                                          Q8_0Regs, Q6KRegs>>>;
 
 template <MatVecKernel K>
 __device__ __forceinline__ MmaRegs<K> LoadBlock(const uint8_t* w0, const uint8_t* w1, int kb,
                                                 int nbe, int t) {
-  if constexpr (K == MatVecKernel::kQ4K) {
-    return Q4KLoad(w0, w1, kb, t);
+  if constexpr (K == MatVecKernel::kQ4K || K == MatVecKernel::kQ5K) {
+    return Q4KLoad<K == MatVecKernel::kQ5K>(w0, w1, kb, t);
+  } else if constexpr (K == MatVecKernel::kQ8_0 || K == MatVecKernel::kQ8_0Dpl) {
+    return Q8_0Load<K == MatVecKernel::kQ8_0Dpl>(w0, w1, kb, nbe, t);
   } else {
     return Q6KLoad<K == MatVecKernel::kQ6KDpl>(w0, w1, kb, nbe, t);
   }
@@ -354,7 +429,8 @@ __device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
 template <MatVecKernel K, int NT>
 __global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs a) {
   constexpr int T = 8 * NT;
-  constexpr int kRow = K == MatVecKernel::kQ4K ? kQ4KStageRow : kQ6KStageRow;
+  constexpr bool kQ6 = K == MatVecKernel::kQ6KDpl || K == MatVecKernel::kQ6KRaw;
+  constexpr int kRow = kQ6 ? kQ6KStageRow : kQ4KStageRow;
   __shared__ __align__(16) MmaStage<T, kRow> stage[2];
   const int m = (a.n_parts > 1 && static_cast<int>(blockIdx.y) >= a.part[1].row_block0) +
                 (a.n_parts > 2 && static_cast<int>(blockIdx.y) >= a.part[2].row_block0);
@@ -387,8 +463,10 @@ __global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs 
     const MmaRegs<K> next = kb + 1 < kb1 ? LoadBlock<K>(w0, w1, kb + 1, nbe, t) : cur;
     CpAsyncWait<1>();  // block kb landed (this thread's copies) ...
     __syncthreads();   // ... and every thread's
-    if constexpr (K == MatVecKernel::kQ4K) {
-      Q4KBlock<NT>(cur, stage[buf], g, t, acc);
+    if constexpr (K == MatVecKernel::kQ4K || K == MatVecKernel::kQ5K) {
+      Q4KBlock<K == MatVecKernel::kQ5K, NT>(cur, stage[buf], g, t, acc);
+    } else if constexpr (K == MatVecKernel::kQ8_0 || K == MatVecKernel::kQ8_0Dpl) {
+      Q8_0Block<NT>(cur, stage[buf], g, t, acc);
     } else {
       Q6KBlock<NT>(cur, stage[buf], g, t, acc);
     }
@@ -464,6 +542,9 @@ absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_
   if (kernel == MatVecKernel::kQ4K) fn = PickKernel<MatVecKernel::kQ4K>(args.n_tokens);
   if (kernel == MatVecKernel::kQ6KDpl) fn = PickKernel<MatVecKernel::kQ6KDpl>(args.n_tokens);
   if (kernel == MatVecKernel::kQ6KRaw) fn = PickKernel<MatVecKernel::kQ6KRaw>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ5K) fn = PickKernel<MatVecKernel::kQ5K>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ8_0) fn = PickKernel<MatVecKernel::kQ8_0>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ8_0Dpl) fn = PickKernel<MatVecKernel::kQ8_0Dpl>(args.n_tokens);
   if (fn == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("matvec mma: no tensor-core kernel for kernel ", static_cast<int>(kernel)));

@@ -75,7 +75,8 @@ const char* MatVecKernelName(MatVecKernel k) {
 }
 
 bool MatVecMmaSupports(MatVecKernel k) {
-  return k == MatVecKernel::kQ4K || k == MatVecKernel::kQ6KDpl || k == MatVecKernel::kQ6KRaw;
+  return k == MatVecKernel::kQ4K || k == MatVecKernel::kQ5K || k == MatVecKernel::kQ6KDpl ||
+         k == MatVecKernel::kQ6KRaw || k == MatVecKernel::kQ8_0 || k == MatVecKernel::kQ8_0Dpl;
 }
 
 bool MatVecMixedSupports(MatVecKernel kernel, MatVecKernel last) {

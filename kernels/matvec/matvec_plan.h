@@ -21,9 +21,10 @@ const char* MatVecKernelName(MatVecKernel k);
 bool UsesQuantizedActivations(MatVecKernel k);
 
 // True when products of 2..kMmaMaxTokens tokens with this kernel's weights
-// run on the int8 tensor cores (matvec_mma.cu): q4_K and q6_K (both
-// layouts, same bits), the types of a Q4_K_M / Q6_K file's matrices. Others
-// take the token tile.
+// run on the int8 tensor cores (matvec_mma.cu) for rows of whole 256-column
+// blocks: q4_K, q5_K, q6_K and q8_0 (both layouts where the type has two,
+// same bits), the types of Q4_K_M, Q5_K_M, Q6_K and Q8_0 files. Others (and
+// q8_0 rows of other lengths) take the token tile.
 bool MatVecMmaSupports(MatVecKernel k);
 
 // True when a launch may read its last part with `last` and the others with

@@ -351,13 +351,15 @@ TEST_CASE("MatVecGridFor covers every row and token, within CUDA limits") {
   CHECK(!MatVecGridFor(10, 9, MatVecGeometry{kTokenTile, 1, 2, true}).ok());
 }
 
-TEST_CASE("the int8 mma form covers the k-quant types of Q4_K_M and Q6_K files only") {
-  CHECK(MatVecMmaSupports(MatVecKernel::kQ4K));
-  CHECK(MatVecMmaSupports(MatVecKernel::kQ6KDpl));
-  CHECK(MatVecMmaSupports(MatVecKernel::kQ6KRaw));
-  for (MatVecKernel k : {MatVecKernel::kF32, MatVecKernel::kF16, MatVecKernel::kQ8_0,
-                         MatVecKernel::kQ8_0Dpl, MatVecKernel::kQ4_0, MatVecKernel::kQ5K,
-                         MatVecKernel::kQ3K}) {
+TEST_CASE("the int8 mma form covers the types of Q4_K_M, Q5_K_M, Q6_K and Q8_0 files") {
+  for (MatVecKernel k : {MatVecKernel::kQ4K, MatVecKernel::kQ5K, MatVecKernel::kQ6KDpl,
+                         MatVecKernel::kQ6KRaw, MatVecKernel::kQ8_0, MatVecKernel::kQ8_0Dpl}) {
+    CAPTURE(MatVecKernelName(k));
+    CHECK(MatVecMmaSupports(k));
+  }
+  for (MatVecKernel k : {MatVecKernel::kF32, MatVecKernel::kF16, MatVecKernel::kQ4_0,
+                         MatVecKernel::kQ4_0Dpl, MatVecKernel::kQ3K, MatVecKernel::kQ2K,
+                         MatVecKernel::kIQ4XS}) {
     CAPTURE(MatVecKernelName(k));
     CHECK(!MatVecMmaSupports(k));
   }

@@ -191,14 +191,18 @@ absl::Status CudaDecoder::Allocate() {
                   static_cast<int>(hp_.sliding_window)};
   // Passes of up to int8_max_rows_ rows keep int8 activations: the dp4a
   // matvec, or for 2..tuning.mma_max_tokens rows its tensor-core form when every
-  // matrix has one (q4_K, q6_K dpl: a Q4_K_M or Q6_K file), which beats
+  // matrix has one (q4_K, q5_K, q6_K, q8_0 in whole 256-column blocks: a
+  // Q4_K_M, Q5_K_M, Q6_K or Q8_0 file), which beats
   // dequantize + GEMM there (each weight read once, not dequantized to f16
   // and read again). Other types move to dequantize + GEMM from
   // gemm_min_tokens rows, where that wins over their token tile.
-  bool all_mma = kernels::MatVecMmaSupports(out_.plan.kernel);
+  auto mma = [](const Matrix& m) {
+    return kernels::MatVecMmaSupports(m.plan.kernel) && m.w.n_cols % 256 == 0;
+  };
+  bool all_mma = mma(out_);
   for (const Layer& L : layers_) {
     for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
-      all_mma = all_mma && kernels::MatVecMmaSupports(m->plan.kernel);
+      all_mma = all_mma && mma(*m);
     }
   }
   const int mma_rows = std::min(tuning_.mma_max_tokens, kernels::kMmaMaxTokens);
