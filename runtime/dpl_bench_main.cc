@@ -157,7 +157,7 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 // attention output in its own launch, DPL_ATTN_SPLITS=N forces N splits per kv
 // head, DPL_PDL=0|1 the decode step's kernels as programmatic dependent
 // launches or not, DPL_GROUP=0 one matvec launch per matrix instead of one
-// per group (Q/K/V, gate/up), DPL_MMA_MAX=N: a q4_K/q6_K model's products of
+// per group (Q/K/V, gate/up), DPL_MMA_MAX=N: a q4_K/q5_K/q6_K/q8_0 model's products of
 // more than N tokens (and at least gemm_min_tokens) dequantize to f16 for a
 // cuBLAS GEMM instead of the int8 mma matvec (default 64), DPL_ROPE_FOLD=0
 // runs the RoPE kernel instead of folding RoPE into the Q/K/V matvec,

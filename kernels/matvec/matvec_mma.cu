@@ -1,9 +1,9 @@
 // Quantized weights times a few tokens on the int8 tensor cores: for 2 to
 // kMmaMaxTokens tokens (a batched decode step, a short prompt chunk),
 //   y[t, r] = sum_blocks W[r] . x[t] (+ bias[r]) (+ residual[t, r])
-// with the same math as the dp4a kernels (matvec_traits.cuh): integer dots
-// of the weights' quants with the int8 activation blocks, scaled per
-// sub-block in float. The integer dots of 16 rows x 8 tokens come from one
+// for q4_K, q5_K, q6_K (raw and dpl) and q8_0 (raw and dpl), with the same
+// math as the dp4a kernels (matvec_traits.cuh): integer dots of the weights'
+// quants with the int8 activation blocks, scaled per sub-block in float. The integer dots of 16 rows x 8 tokens come from one
 // mma.sync, so every weight byte is read and decoded once for all tokens.
 //
 // CTA: 4 warps over kMmaCtaRows = 64 rows (warp w rows 16w..16w+15, one m16

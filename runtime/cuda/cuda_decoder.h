@@ -27,7 +27,7 @@
 // Every weight is read once per step for all rows. Activations stay int8
 // up to int8_max_rows_ rows: one row takes the dp4a matvec, 2 to
 // tuning.mma_max_tokens (64) rows its tensor-core form (int8 mma,
-// kernels/matvec/matvec_mma.cu) when every matrix is q4_K or q6_K, else the
+// kernels/matvec/matvec_mma.cu) when every matrix is q4_K, q5_K, q6_K or q8_0, else the
 // dp4a token tile; more rows (and
 // other types from tuning.gemm_min_tokens rows) dequantize to f16 for a
 // cuBLAS GEMM (kernels/gemm).
