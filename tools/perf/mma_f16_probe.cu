@@ -14,43 +14,19 @@
 // against the int8 form's 73.8 (matvec_bench, 2026-12-04).
 //
 // Build and run (device): nvcc -O3 -std=c++17 -arch=sm_90a -o f16probe mma_f16_probe.cu && ./f16probe
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <random>
-#include <vector>
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+#include "probe_util.cuh"
 
 namespace {
 
-__device__ __forceinline__ uint32_t Byte(uint32_t w, int i) { return (w >> (8 * i)) & 0xFF; }
-
-__device__ __forceinline__ void Q4KScaleMin(const uint4& hdr, int j, float* sc, float* m) {
-  const uint32_t s[12] = {Byte(hdr.y, 0), Byte(hdr.y, 1), Byte(hdr.y, 2), Byte(hdr.y, 3),
-                          Byte(hdr.z, 0), Byte(hdr.z, 1), Byte(hdr.z, 2), Byte(hdr.z, 3),
-                          Byte(hdr.w, 0), Byte(hdr.w, 1), Byte(hdr.w, 2), Byte(hdr.w, 3)};
-  if (j < 4) {
-    *sc = static_cast<float>(s[j] & 63);
-    *m = static_cast<float>(s[j + 4] & 63);
-  } else {
-    *sc = static_cast<float>((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
-    *m = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-  }
-}
+using probe::Byte;
+using probe::Half;
+using probe::Q4KScaleMin;
+using probe::SumSplits;
+using dpl::kernels::CpAsync16ZeroFill;
+using dpl::kernels::CpAsync4ZeroFill;
+using dpl::kernels::CpAsyncCommit;
+using dpl::kernels::CpAsyncWait;
+using dpl::kernels::SmemAddr;
 
 __device__ __forceinline__ void Mma16816F16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                             uint32_t b0, uint32_t b1) {
@@ -60,15 +36,6 @@ __device__ __forceinline__ void Mma16816F16(float (&c)[4], uint32_t a0, uint32_t
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 __device__ __forceinline__ uint32_t H2(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 AsH2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
@@ -106,7 +73,8 @@ __global__ void __launch_bounds__(32 * W) F16Q4K(const uint8_t* __restrict__ w, 
     for (int c = threadIdx.x; c < T * 32; c += 32 * W) {
       const int tok = c >> 5, ch = c & 31;
       const bool ok = tok < n_tokens;
-      CpAsync16(s + tok * kRowHalves + 8 * ch, x + static_cast<int64_t>(ok ? tok : 0) * n_cols + kb * 256 + 8 * ch, ok);
+      CpAsync16ZeroFill(SmemAddr(s + tok * kRowHalves + 8 * ch),
+          x + static_cast<int64_t>(ok ? tok : 0) * n_cols + kb * 256 + 8 * ch, ok);
     }
   };
   float acc[MT][NT][4];
@@ -116,11 +84,11 @@ __global__ void __launch_bounds__(32 * W) F16Q4K(const uint8_t* __restrict__ w, 
     for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
   if (kb0 < kb1) {
     stage(kb0, 0);
-    CpCommit();
+    CpAsyncCommit();
     for (int kb = kb0; kb < kb1; ++kb) {
       const int buf = (kb - kb0) & 1;
       if (kb + 1 < kb1) stage(kb + 1, buf ^ 1);
-      CpCommit();
+      CpAsyncCommit();
       uint4 hd[MT][2];
       uint2 qv[MT][2][4];
 #pragma unroll
@@ -133,7 +101,7 @@ __global__ void __launch_bounds__(32 * W) F16Q4K(const uint8_t* __restrict__ w, 
           for (int c = 0; c < 4; ++c) qv[i][r][c] = __ldg(reinterpret_cast<const uint2*>(b + 16 + 32 * c + 8 * t));
         }
       }
-      CpWait<1>();
+      CpAsyncWait<1>();
       __syncthreads();
       const __half* s = sx + buf * T * kRowHalves;
 #pragma unroll
@@ -185,13 +153,6 @@ __global__ void __launch_bounds__(32 * W) F16Q4K(const uint8_t* __restrict__ w, 
       }
 }
 
-__global__ void SumSplits(const float* part, int splits, int64_t n, float* y) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  float v = part[i];
-  for (int z = 1; z < splits; ++z) v += part[z * n + i];
-  y[i] = v;
-}
 
 // One thread per (row, token): the formula in f32 with exact weights.
 __global__ void Reference(const uint8_t* w, int64_t row_stride, int n_rows, int n_cols, const __half* x, int n_tokens,
@@ -229,20 +190,7 @@ float RunTile(const uint8_t* w, int64_t stride, int rows, int cols, const __half
     fn<<<grid, 32 * W, smem>>>(w + (i % copies) * slot, stride, rows, cols, x, tokens, splits > 1 ? part : y);
     if (splits > 1) SumSplits<<<(n + 255) / 256, 256>>>(part, splits, n, y);
   };
-  for (int i = 0; i < 3; ++i) launch(i);
-  CK(cudaGetLastError());
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0));
-  for (int i = 0; i < iters; ++i) launch(i);
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return ms * 1e3f / iters;
+  return probe::TimeLaunches(launch, iters);
 }
 
 using RunFn = float (*)(const uint8_t*, int64_t, int, int, const __half*, int, int, float*, float*, int, int64_t, int);
@@ -281,24 +229,11 @@ int main(int argc, char** argv) {
     const Shape& sh = shapes[si];
     if (one && si != one_shape) continue;
     const int nbe = sh.cols / 256;
-    const int64_t stride = static_cast<int64_t>(nbe) * 144, bytes = stride * sh.rows;
-    std::vector<uint8_t> hw(bytes);
-    std::uniform_int_distribution<int> byte(0, 255);
-    for (int64_t r = 0; r < sh.rows; ++r) {
-      for (int kb = 0; kb < nbe; ++kb) {
-        uint8_t* b = hw.data() + r * stride + kb * 144;
-        for (int i = 4; i < 144; ++i) b[i] = static_cast<uint8_t>(byte(rng));
-        const __half d = __float2half(0.001f + 0.002f * (byte(rng) / 255.f));
-        const __half dm = __float2half(0.001f * (byte(rng) / 255.f));
-        std::memcpy(b, &d, 2);
-        std::memcpy(b + 2, &dm, 2);
-      }
-    }
-    const int copies = static_cast<int>(std::max<int64_t>(1, (200ll << 20) / bytes));
-    const int64_t slot = (bytes + 255) / 256 * 256;
-    uint8_t* dw = nullptr;
-    CK(cudaMalloc(&dw, slot * copies));
-    for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + c * slot, hw.data(), bytes, cudaMemcpyHostToDevice));
+    std::vector<uint8_t> hw;
+    const probe::Q4KDevice wd = probe::RandomQ4K(sh.rows, sh.cols, rng, &hw);
+    uint8_t* dw = wd.w;
+    const int64_t stride = wd.stride, bytes = wd.bytes, slot = wd.slot;
+    const int copies = wd.copies;
     const int T = 64;
     std::vector<__half> hx(static_cast<size_t>(T) * sh.cols);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -317,7 +252,7 @@ int main(int argc, char** argv) {
       if (one && tokens != one_t) continue;
       Reference<<<dim3((sh.rows + 127) / 128, tokens), 128>>>(dw, stride, sh.rows, sh.cols, dx, tokens, dref);
       CK(cudaDeviceSynchronize());
-      std::vector<float> ref(static_cast<size_t>(tokens) * sh.rows), got(ref.size());
+      std::vector<float> ref(static_cast<size_t>(tokens) * sh.rows);
       CK(cudaMemcpy(ref.data(), dref, ref.size() * 4, cudaMemcpyDeviceToHost));
       float best = 1e30f;
       int best_mt = 0, best_s = 0;
@@ -327,13 +262,7 @@ int main(int argc, char** argv) {
           if (splits > nbe || (one && (mt != one_mt || splits != one_s))) continue;
           const float us =
               PickAny(tokens, mt)(dw, stride, sh.rows, sh.cols, dx, tokens, splits, dpart, dy, copies, slot, one ? 3 : 50);
-          CK(cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost));
-          double num = 0, den = 0;
-          for (size_t i = 0; i < ref.size(); ++i) {
-            num += (got[i] - ref[i]) * static_cast<double>(got[i] - ref[i]);
-            den += ref[i] * static_cast<double>(ref[i]);
-          }
-          const double err = std::sqrt(num / std::max(den, 1e-30));
+          const double err = probe::RelRmsErr(dy, ref);
           worst = std::max(worst, err);
           std::printf("  T %2d MT %d splits %d: %8.2f us  %7.1f GB/s  %6.1f TFLOP/s  rel.rms err %.2e\n", tokens, mt,
                       splits, us, bytes / (us * 1e-6) / 1e9, 2.0 * sh.rows * sh.cols * tokens / (us * 1e-6) / 1e12, err);

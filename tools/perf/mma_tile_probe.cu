@@ -17,33 +17,19 @@
 // Build and run (device): nvcc -O3 -std=c++17 -arch=sm_90a -o probe mma_tile_probe.cu && ./probe
 // Results: docs/PERF.md, "Batched rows: activations staged once per CTA"; the
 // two variants that lost (v2, v3) are docs/logs/2026-12-04-mma-tile-probe-v2-v3.patch.
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <random>
-#include <vector>
-
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#include "probe_util.cuh"
 
 namespace {
 
-__device__ __forceinline__ float Half(uint32_t bits) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-}
-__device__ __forceinline__ uint32_t Byte(uint32_t w, int i) { return (w >> (8 * i)) & 0xFF; }
+using probe::Byte;
+using probe::Half;
+using probe::Q4KScaleMin;
+using probe::SumSplits;
+using dpl::kernels::CpAsync16ZeroFill;
+using dpl::kernels::CpAsync4ZeroFill;
+using dpl::kernels::CpAsyncCommit;
+using dpl::kernels::CpAsyncWait;
+using dpl::kernels::SmemAddr;
 
 __device__ __forceinline__ void Mma16832(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
@@ -53,32 +39,6 @@ __device__ __forceinline__ void Mma16832(int (&c)[4], uint32_t a0, uint32_t a1, 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void Q4KScaleMin(const uint4& hdr, int j, float* sc, float* m) {
-  const uint32_t s[12] = {Byte(hdr.y, 0), Byte(hdr.y, 1), Byte(hdr.y, 2), Byte(hdr.y, 3),
-                          Byte(hdr.z, 0), Byte(hdr.z, 1), Byte(hdr.z, 2), Byte(hdr.z, 3),
-                          Byte(hdr.w, 0), Byte(hdr.w, 1), Byte(hdr.w, 2), Byte(hdr.w, 3)};
-  if (j < 4) {
-    *sc = static_cast<float>(s[j] & 63);
-    *m = static_cast<float>(s[j + 4] & 63);
-  } else {
-    *sc = static_cast<float>((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
-    *m = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-  }
-}
-
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void CpCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 struct Q4KRegs {
   uint4 h0, h1;
@@ -132,13 +92,14 @@ __global__ void __launch_bounds__(32 * W) TileQ4K(const uint8_t* __restrict__ w,
     for (int i = threadIdx.x; i < T * 16; i += 32 * W) {
       const int tok = i >> 4, c = i & 15;
       const bool ok = tok < n_tokens;
-      CpAsync16(&s.q[tok][16 * c], xq + static_cast<int64_t>(ok ? tok : 0) * n_cols + kb * 256 + 16 * c, ok);
+      CpAsync16ZeroFill(SmemAddr(&s.q[tok][16 * c]),
+          xq + static_cast<int64_t>(ok ? tok : 0) * n_cols + kb * 256 + 16 * c, ok);
     }
     for (int i = threadIdx.x; i < T * 16; i += 32 * W) {
       const int tok = i >> 4, j = (i >> 1) & 7, which = i & 1;
       const bool ok = tok < n_tokens;
       const float* src = (which ? xs : xd) + static_cast<int64_t>(ok ? tok : 0) * nb + kb * 8 + j;
-      CpAsync4(&s.ds[j][tok][which], src, ok);
+      CpAsync4ZeroFill(SmemAddr(&s.ds[j][tok][which]), src, ok);
     }
   };
 
@@ -148,15 +109,15 @@ __global__ void __launch_bounds__(32 * W) TileQ4K(const uint8_t* __restrict__ w,
 
   if (kb0 < kb1) {
     stage(kb0, 0);
-    CpCommit();
+    CpAsyncCommit();
     Q4KRegs cur = Q4KLoad(w0, w1, kb0, t);
     for (int kb = kb0; kb < kb1; ++kb) {
       const int buf = (kb - kb0) & 1;
       if (kb + 1 < kb1) stage(kb + 1, buf ^ 1);
-      CpCommit();
+      CpAsyncCommit();
       Q4KRegs next = cur;
       if (kb + 1 < kb1) next = Q4KLoad(w0, w1, kb + 1, t);
-      CpWait<1>();
+      CpAsyncWait<1>();
       __syncthreads();
       const Stage<T>& s = st[buf];
       const float d0 = Half(cur.h0.x & 0xFFFFu), dm0 = Half(cur.h0.x >> 16);
@@ -201,14 +162,6 @@ __global__ void __launch_bounds__(32 * W) TileQ4K(const uint8_t* __restrict__ w,
   }
 }
 
-// The splits' partials summed in split order (deterministic).
-__global__ void SumSplits(const float* part, int splits, int64_t n, float* y) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  float v = part[i];
-  for (int z = 1; z < splits; ++z) v += part[z * n + i];
-  y[i] = v;
-}
 
 // One thread per (row, token): the formula, straight.
 __global__ void Reference(const uint8_t* w, int64_t row_stride, int n_rows, int n_cols, const int8_t* xq,
@@ -249,20 +202,7 @@ float RunTile(const uint8_t* w, int64_t stride, int rows, int cols, const int8_t
                                splits > 1 ? part : y);
     if (splits > 1) SumSplits<<<(n + 255) / 256, 256>>>(part, splits, n, y);
   };
-  for (int i = 0; i < 3; ++i) launch(i);
-  CK(cudaGetLastError());
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0));
-  for (int i = 0; i < iters; ++i) launch(i);
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return ms * 1e3f / iters;
+  return probe::TimeLaunches(launch, iters);
 }
 
 template <int NT>
@@ -306,28 +246,15 @@ int main(int argc, char** argv) {
     const Shape& sh = shapes[si];
     if (one && si != one_shape) continue;
     const int nbe = sh.cols / 256, nb = sh.cols / 32;
-    const int64_t stride = static_cast<int64_t>(nbe) * 144, bytes = stride * sh.rows;
-    std::vector<uint8_t> hw(bytes);
-    std::uniform_int_distribution<int> byte(0, 255);
-    for (int64_t r = 0; r < sh.rows; ++r) {
-      for (int kb = 0; kb < nbe; ++kb) {
-        uint8_t* b = hw.data() + r * stride + kb * 144;
-        for (int i = 4; i < 144; ++i) b[i] = static_cast<uint8_t>(byte(rng));
-        const __half d = __float2half(0.001f + 0.002f * (byte(rng) / 255.f));
-        const __half dm = __float2half(0.001f * (byte(rng) / 255.f));
-        std::memcpy(b, &d, 2);
-        std::memcpy(b + 2, &dm, 2);
-      }
-    }
-    const int copies = static_cast<int>(std::max<int64_t>(1, (200ll << 20) / bytes));
-    const int64_t slot = (bytes + 255) / 256 * 256;
-    uint8_t* dw = nullptr;
-    CK(cudaMalloc(&dw, slot * copies));
-    for (int c = 0; c < copies; ++c) CK(cudaMemcpy(dw + c * slot, hw.data(), bytes, cudaMemcpyHostToDevice));
+    std::vector<uint8_t> hw;
+    const probe::Q4KDevice wd = probe::RandomQ4K(sh.rows, sh.cols, rng, &hw);
+    uint8_t* dw = wd.w;
+    const int64_t stride = wd.stride, bytes = wd.bytes, slot = wd.slot;
+    const int copies = wd.copies;
     const int T = 64;
     std::vector<int8_t> hq(static_cast<size_t>(T) * sh.cols);
     std::vector<float> hd(static_cast<size_t>(T) * nb), hs(hd.size());
-    std::uniform_int_distribution<int> q8(-127, 127);
+    std::uniform_int_distribution<int> q8(-127, 127), byte(0, 255);
     for (auto& v : hq) v = static_cast<int8_t>(q8(rng));
     for (int tok = 0; tok < T; ++tok) {
       for (int b = 0; b < nb; ++b) {
@@ -356,7 +283,7 @@ int main(int argc, char** argv) {
       if (one && tokens != one_t) continue;
       Reference<<<dim3((sh.rows + 127) / 128, tokens), 128>>>(dw, stride, sh.rows, sh.cols, dq, dd, ds, tokens, dref);
       CK(cudaDeviceSynchronize());
-      std::vector<float> ref(static_cast<size_t>(tokens) * sh.rows), got(ref.size());
+      std::vector<float> ref(static_cast<size_t>(tokens) * sh.rows);
       CK(cudaMemcpy(ref.data(), dref, ref.size() * 4, cudaMemcpyDeviceToHost));
       {
       const int variant = 1;
@@ -368,13 +295,7 @@ int main(int argc, char** argv) {
           if (splits > nbe || (one && (W != one_w || splits != one_s))) continue;
           const float us = RunAny(W, dw, stride, sh.rows, sh.cols, dq, dd, ds, tokens, splits, dpart, dy, copies, slot, one ? 5 : 50);
           // Check the last run's output (weights copy (3 + 49) % copies: all copies hold the same bytes).
-          CK(cudaMemcpy(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost));
-          double num = 0, den = 0;
-          for (size_t i = 0; i < ref.size(); ++i) {
-            num += (got[i] - ref[i]) * static_cast<double>(got[i] - ref[i]);
-            den += ref[i] * static_cast<double>(ref[i]);
-          }
-          const double err = std::sqrt(num / std::max(den, 1e-30));
+          const double err = probe::RelRmsErr(dy, ref);
           worst_err = std::max(worst_err, err);
           const int ctas = (sh.rows + 16 * W - 1) / (16 * W) * splits;
           std::printf("  v%d T %2d W %d splits %d (%4d CTAs, %.1f waves-ish): %8.2f us  %7.1f GB/s  rel.rms err %.2e\n",
