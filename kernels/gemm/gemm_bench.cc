@@ -258,7 +258,7 @@ absl::Status BenchShape(const Shape& s, const std::vector<int64_t>& tokens,
     std::printf(" %.1f | %.0f | %.1f | %s |\n", r.int8_us, q_bytes / (r.int8_us * 1e-6) / 1e9,
                 flops / (r.int8_us * 1e-6) / 1e12,
                 r.run_us[0] < r.int8_us ? "dequant+GEMM"
-                : r.tokens == 1 || r.tokens > kMmaMaxTokens || !MatVecMmaSupports(plan.kernel)
+                : r.tokens == 1 || r.tokens > kMmaMaxTokens || !MatVecMmaSupports(plan.kernel, s.n_cols)
                     ? "dp4a"
                     : "int8 mma");
   }

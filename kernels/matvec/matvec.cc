@@ -188,10 +188,10 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
   // The prompt geometry never splits k, so for short matrices it sums in a
   // different order than the decode geometry (agreement ~1e-7, not bitwise).
   const MatVecGeometry& g = io.n_tokens == 1 ? plan.decode : plan.prompt;
-  // A few tokens on the tensor cores, where the type has that form.
-  // (Whole 256-column blocks: q8_0 rows of other lengths keep the token tile.)
-  const bool mma = io.n_tokens > 1 && io.n_tokens <= kMmaMaxTokens && MatVecMmaSupports(kernel) &&
-                   ws[0]->n_cols % 256 == 0;
+  // A few tokens on the tensor cores, where the type has that form (q8_0
+  // rows that are not whole 256-column blocks keep the token tile).
+  const bool mma = io.n_tokens > 1 && io.n_tokens <= kMmaMaxTokens &&
+                   MatVecMmaSupports(kernel, ws[0]->n_cols);
   a.n_parts = static_cast<int>(ws.size());
   a.rope = io.rope;
   int64_t grid_x = 0, blocks = 0, partial_used = 0;

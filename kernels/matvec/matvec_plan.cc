@@ -79,6 +79,10 @@ bool MatVecMmaSupports(MatVecKernel k) {
          k == MatVecKernel::kQ6KRaw || k == MatVecKernel::kQ8_0 || k == MatVecKernel::kQ8_0Dpl;
 }
 
+bool MatVecMmaSupports(MatVecKernel k, int64_t n_cols) {
+  return MatVecMmaSupports(k) && n_cols > 0 && n_cols % 256 == 0;
+}
+
 bool MatVecMixedSupports(MatVecKernel kernel, MatVecKernel last) {
   return kernel == MatVecKernel::kQ4K &&
          (last == MatVecKernel::kQ6KDpl || last == MatVecKernel::kQ6KRaw);

@@ -26,6 +26,9 @@ bool UsesQuantizedActivations(MatVecKernel k);
 // same bits), the types of Q4_K_M, Q5_K_M, Q6_K and Q8_0 files. Others (and
 // q8_0 rows of other lengths) take the token tile.
 bool MatVecMmaSupports(MatVecKernel k);
+// The same for a matrix of n_cols columns: the form walks whole 256-column
+// blocks. What RunMatVec and the decoder both decide by.
+bool MatVecMmaSupports(MatVecKernel k, int64_t n_cols);
 
 // True when a launch may read its last part with `last` and the others with
 // `kernel` (matvec_skeleton.cuh: the mixed MatVecT): q4_K with q6_K (either

@@ -363,6 +363,9 @@ TEST_CASE("the int8 mma form covers the types of Q4_K_M, Q5_K_M, Q6_K and Q8_0 f
     CAPTURE(MatVecKernelName(k));
     CHECK(!MatVecMmaSupports(k));
   }
+  CHECK(MatVecMmaSupports(MatVecKernel::kQ8_0Dpl, 1280));
+  CHECK(!MatVecMmaSupports(MatVecKernel::kQ8_0Dpl, 896));  // 3.5 blocks of 256: the token tile
+  CHECK(!MatVecMmaSupports(MatVecKernel::kQ4_0, 4096));
   CHECK(kMmaMaxTokens == 64);
   CHECK(DecodeTuning{}.mma_max_tokens <= kMmaMaxTokens);
 }

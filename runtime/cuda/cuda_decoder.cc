@@ -196,9 +196,7 @@ absl::Status CudaDecoder::Allocate() {
   // dequantize + GEMM there (each weight read once, not dequantized to f16
   // and read again). Other types move to dequantize + GEMM from
   // gemm_min_tokens rows, where that wins over their token tile.
-  auto mma = [](const Matrix& m) {
-    return kernels::MatVecMmaSupports(m.plan.kernel) && m.w.n_cols % 256 == 0;
-  };
+  auto mma = [](const Matrix& m) { return kernels::MatVecMmaSupports(m.plan.kernel, m.w.n_cols); };
   bool all_mma = mma(out_);
   for (const Layer& L : layers_) {
     for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
