@@ -591,6 +591,28 @@ TEST_CASE("matvec: errors name the problem") {
   st = RunMatVec(w, bad, io, nullptr);
   CHECK(!st.ok());
   CHECK(st.ToString().find("not compiled") != std::string::npos);
+  // A 64-row matrix splits k on the mma form (MmaSplits: 8 ways at 3584
+  // columns): a scratch without room for the partials is refused before
+  // anything launches (its weights are never read).
+  DevFloats x4(3584 * 4), y4(64 * 4);
+  WeightMatrix short_w = w;
+  short_w.data = x4.get();
+  short_w.n_rows = 64;
+  short_w.n_cols = 3584;
+  short_w.row_stride = 14 * 144;
+  REQUIRE(MmaSplits(short_w.n_rows, short_w.n_cols) > 1);
+  STATUS_OK(QuantizeActivations(x4.get(), 3584, 4, &sh.s, nullptr));
+  MatVecScratch bare = sh.s;
+  bare.partial = nullptr;
+  bare.partial_floats = 0;
+  MatVecIo io4;
+  io4.x = x4.get();
+  io4.qx = &bare;
+  io4.n_tokens = 4;
+  io4.y = y4.get();
+  st = RunMatVec(short_w, PlanFor(short_w), io4, nullptr);
+  CHECK(!st.ok());
+  CHECK(st.ToString().find("k-split partials") != std::string::npos);
 }
 
 }  // namespace
