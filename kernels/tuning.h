@@ -73,6 +73,12 @@ struct DecodeTuning {
   // against dequant + GEMM's flat ~96; dpl-bench's batched rows agree (7B,
   // 32 sequences: 5216 t/s with mma, 2669 with GEMM; 64: 6592 vs 5211).
   int mma_max_tokens = 64;
+  // Of those products, q4_K ones over at least this many tokens run the f16
+  // mma form (matvec_mma_f16.cu: weights dequantized in registers into f16
+  // fragments, f32 accumulation over the whole row, a cp.async pipeline of
+  // weights and activations) instead of the int8 form. > kMmaMaxTokens:
+  // never.
+  int mma_f16_min_tokens = 65;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

@@ -17,10 +17,15 @@ uint64_t Align256(uint64_t n) { return (n + 255) / 256 * 256; }
 int64_t PartialFloats(int64_t max_tokens) {
   return max_tokens < 2 ? 0 : std::min<int64_t>(max_tokens, kMmaMaxTokens) * kMmaMaxPartialRows;
 }
+
+// Halves of the f16 activation copy (the f16 mma form's input).
+int64_t HalfValues(int64_t max_cols, int64_t max_tokens) {
+  return max_tokens < 2 ? 0 : std::min<int64_t>(max_tokens, kMmaMaxTokens) * max_cols;
+}
 }  // namespace
 
-// Layout: q at 0, then d, s and the partials each at the next 256-byte
-// boundary (the kernels read d and s with 8- and 16-byte loads).
+// Layout: q at 0, then d, s, the partials and the f16 copy each at the next
+// 256-byte boundary (the kernels read d and s with 8- and 16-byte loads).
 absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens) {
   if (max_cols <= 0 || max_cols % kActBlock != 0 || max_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("matvec scratch: max_cols ", max_cols,
@@ -29,7 +34,8 @@ absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens
   }
   const uint64_t n = static_cast<uint64_t>(max_cols) * static_cast<uint64_t>(max_tokens);
   return Align256(n) + 2 * Align256(n / kActBlock * sizeof(float)) +
-         Align256(PartialFloats(max_tokens) * sizeof(float));
+         Align256(PartialFloats(max_tokens) * sizeof(float)) +
+         Align256(HalfValues(max_cols, max_tokens) * sizeof(__half));
 }
 
 MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens) {
@@ -41,7 +47,12 @@ MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens) {
   s.d = reinterpret_cast<float*>(base + Align256(n));
   s.s = reinterpret_cast<float*>(base + Align256(n) + scales);
   s.partial_floats = PartialFloats(max_tokens);
-  if (s.partial_floats > 0) s.partial = reinterpret_cast<float*>(base + Align256(n) + 2 * scales);
+  const uint64_t partial_at = Align256(n) + 2 * scales;
+  if (s.partial_floats > 0) s.partial = reinterpret_cast<float*>(base + partial_at);
+  if (HalfValues(max_cols, max_tokens) > 0) {
+    s.h = reinterpret_cast<__half*>(base + partial_at +
+                                    Align256(s.partial_floats * sizeof(float)));
+  }
   s.max_cols = max_cols;
   s.max_tokens = max_tokens;
   return s;
@@ -68,7 +79,13 @@ absl::Status CheckScratch(const char* who, int64_t n_cols, int64_t n_tokens,
   return absl::OkStatus();
 }
 
-QuantOut OutOf(const MatVecScratch& s) { return {s.q, s.d, s.s}; }
+// Where (n_tokens, n_cols) quantized activations go: the f16 copy too for
+// 2..kMmaMaxTokens tokens that fit it (what the f16 mma form may read).
+QuantOut OutOf(const MatVecScratch& s, int64_t n_cols, int64_t n_tokens) {
+  const bool f16 = n_tokens >= 2 && n_tokens <= kMmaMaxTokens &&
+                   n_tokens * n_cols <= HalfValues(s.max_cols, s.max_tokens);
+  return {s.q, s.d, s.s, f16 ? s.h : nullptr};
+}
 
 }  // namespace
 
@@ -76,7 +93,7 @@ absl::Status QuantizeActivations(const float* x, int64_t n_cols, int64_t n_token
                                  MatVecScratch* scratch, cudaStream_t stream, bool pdl) {
   DPL_RETURN_IF_ERROR(CheckScratch("quantize activations", n_cols, n_tokens, scratch));
   if (x == nullptr) return absl::InvalidArgumentError("quantize activations: null x");
-  DPL_RETURN_IF_ERROR(LaunchQuantizeActivations(x, n_cols * n_tokens / kActBlock, OutOf(*scratch),
+  DPL_RETURN_IF_ERROR(LaunchQuantizeActivations(x, n_cols * n_tokens / kActBlock, OutOf(*scratch, n_cols, n_tokens),
                                                 pdl, stream));
   scratch->n_cols = n_cols;
   scratch->n_tokens = n_tokens;
@@ -87,7 +104,7 @@ absl::StatusOr<QuantOut> QuantizeInto(int64_t n_cols, int64_t n_tokens, MatVecSc
   DPL_RETURN_IF_ERROR(CheckScratch("quantized output", n_cols, n_tokens, scratch));
   scratch->n_cols = n_cols;
   scratch->n_tokens = n_tokens;
-  return OutOf(*scratch);
+  return OutOf(*scratch, n_cols, n_tokens);
 }
 
 absl::Status NormQuantizeActivations(const float* x, const float* w, float eps, int64_t n_cols,
@@ -98,7 +115,7 @@ absl::Status NormQuantizeActivations(const float* x, const float* w, float eps, 
     return absl::InvalidArgumentError("norm + quantize: null pointer, or h == x");
   }
   DPL_RETURN_IF_ERROR(
-      LaunchNormQuantize(x, w, eps, n_cols, n_tokens, h, OutOf(*scratch), pdl, stream));
+      LaunchNormQuantize(x, w, eps, n_cols, n_tokens, h, OutOf(*scratch, n_cols, n_tokens), pdl, stream));
   scratch->n_cols = n_cols;
   scratch->n_tokens = n_tokens;
   return absl::OkStatus();
@@ -112,7 +129,7 @@ absl::Status SwiGluQuantizeActivations(const float* gate, const float* up, int64
     return absl::InvalidArgumentError("SwiGLU + quantize: null pointer");
   }
   DPL_RETURN_IF_ERROR(
-      LaunchSwiGluQuantize(gate, up, n_cols, n_tokens, g, OutOf(*scratch), pdl, stream));
+      LaunchSwiGluQuantize(gate, up, n_cols, n_tokens, g, OutOf(*scratch, n_cols, n_tokens), pdl, stream));
   scratch->n_cols = n_cols;
   scratch->n_tokens = n_tokens;
   return absl::OkStatus();
@@ -140,6 +157,8 @@ absl::Status SetActivations(const std::string& what, int64_t n_cols, const MatVe
     a->xq = io.qx->q;
     a->xd = io.qx->d;
     a->xs = io.qx->s;
+    // The f16 copy, if the last quantization into this scratch wrote one.
+    a->xh = OutOf(*io.qx, io.qx->n_cols, io.qx->n_tokens).h;
     return absl::OkStatus();
   }
   if (io.x == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": null x"));
@@ -192,6 +211,9 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
   // rows that are not whole 256-column blocks keep the token tile).
   const bool mma = io.n_tokens > 1 && io.n_tokens <= kMmaMaxTokens &&
                    MatVecMmaSupports(kernel, ws[0]->n_cols);
+  // Of those, enough q4_K tokens on the f16 form (where the f16 copy exists).
+  const bool f16 = mma && plan.mma_f16_min_tokens > 0 && io.n_tokens >= plan.mma_f16_min_tokens &&
+                   MatVecMmaF16Supports(kernel, ws[0]->n_cols) && a.xh != nullptr;
   a.n_parts = static_cast<int>(ws.size());
   a.rope = io.rope;
   int64_t grid_x = 0, blocks = 0, partial_used = 0;
@@ -205,8 +227,9 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     DPL_ASSIGN_OR_RETURN(MatVecGrid grid, MatVecGridFor(w.n_rows, io.n_tokens, g));
     MatVecPart& p = a.part[i];
     if (mma) {
-      grid.y = (w.n_rows + kMmaCtaRows - 1) / kMmaCtaRows;
-      p.splits = MmaSplits(w.n_rows, w.n_cols);
+      const int64_t cta_rows = f16 ? kMmaF16CtaRows : kMmaCtaRows;
+      grid.y = (w.n_rows + cta_rows - 1) / cta_rows;
+      p.splits = f16 ? MmaF16Splits(w.n_rows, w.n_cols) : MmaSplits(w.n_rows, w.n_cols);
       if (p.splits > 1) {
         const int64_t need = int64_t{p.splits} * io.n_tokens * w.n_rows;
         if (io.qx->partial == nullptr || partial_used + need > io.qx->partial_floats) {
@@ -247,6 +270,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", blocks, " row blocks, more than ", kMaxGridY));
   }
+  if (f16) return Annotate(LaunchMatVecMmaF16(kernel, a, blocks, plan.pdl, stream), what);
   if (mma) return Annotate(LaunchMatVecMma(kernel, a, blocks, plan.pdl, stream), what);
   return Annotate(LaunchMatVec(kernel, a, g, grid_x, blocks, plan.pdl, stream,
                                plan.mixed ? plan.last_kernel : kernel),

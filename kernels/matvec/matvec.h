@@ -33,6 +33,10 @@ struct MatVecScratch {
   int8_t* q = nullptr;  // (max_tokens, max_cols) int8
   float* d = nullptr;   // (max_tokens, max_cols / 32) block scales
   float* s = nullptr;   // (max_tokens, max_cols / 32) d * sum(q) per block
+  // (min(max_tokens, kMmaMaxTokens), max_cols) f16 copy of the activations
+  // for the f16 mma form, written with q when 2..kMmaMaxTokens tokens are
+  // quantized; null when max_tokens < 2.
+  __half* h = nullptr;
   float* partial = nullptr;    // (partial_floats): min(max_tokens, kMmaMaxTokens)
   int64_t partial_floats = 0;  // x kMmaMaxPartialRows floats when max_tokens >= 2
   int64_t max_cols = 0;

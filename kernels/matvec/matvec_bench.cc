@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -186,6 +187,31 @@ int BenchShape(const Shape& s, const DecodeTuning& tuning, MatVecScratch* scratc
               static_cast<long>(copies), GeometryLabel(s.n_tokens == 1 ? plan.decode : plan.prompt).c_str(), us, gbs, 100.0 * gbs / kPeakGBs,
               us_all, 100.0 * bytes / (us_all * 1e-6) / 1e9 / kPeakGBs);
   std::printf("\n");
+  // q4_K's two tensor-core forms on the same binary: int8 (int8 activations,
+  // per-32 scaling of integer dots) and f16 (weights dequantized into f16
+  // fragments), with their normalized difference.
+  if (s.n_tokens >= 2 && s.n_tokens <= kMmaMaxTokens && MatVecMmaF16Supports(kernel, s.n_cols)) {
+    MatVecPlan p8 = plan, p16 = plan;
+    p8.mma_f16_min_tokens = 0;
+    p16.mma_f16_min_tokens = 2;
+    float ms8 = 0, ms16 = 0;
+    std::vector<float> y8(static_cast<size_t>(s.n_rows * s.n_tokens)), y16(y8.size());
+    BENCH_OK(time_loop(p8, false, &ms8));
+    BENCH_CUDA(cudaMemcpy(y8.data(), dy, y8.size() * 4, cudaMemcpyDeviceToHost));
+    BENCH_OK(time_loop(p16, false, &ms16));
+    BENCH_CUDA(cudaMemcpy(y16.data(), dy, y16.size() * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < y8.size(); ++i) {
+      num += (double(y16[i]) - y8[i]) * (double(y16[i]) - y8[i]);
+      den += double(y8[i]) * y8[i];
+    }
+    const double us8 = ms8 * 1e3 / iters, us16 = ms16 * 1e3 / iters;
+    std::printf("%-26s   int8 form %8.2f us %7.1f GB/s | f16 form %8.2f us %7.1f GB/s %6.1f TFLOP/s"
+                " | %.2fx | rel. diff %.1e\n",
+                s.name, us8, bytes / (us8 * 1e-6) / 1e9, us16, bytes / (us16 * 1e-6) / 1e9,
+                2.0 * s.n_rows * s.n_cols * s.n_tokens / (us16 * 1e-6) / 1e12, us8 / us16,
+                std::sqrt(num / std::max(den, 1e-30)));
+  }
   // Single-token shapes: every compiled geometry on the same binary, for
   // tuning the planner's choices (matvec_plan.h).
   if (s.n_tokens == 1) BENCH_OK(SweepGeometries(s, plan, bytes, us, time_loop, iters));
@@ -333,9 +359,14 @@ int Main() {
           std::tuple{"ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584},
           std::tuple{"ffn_down q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 3584, 18944},
           std::tuple{"ffn_down q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 3584, 18944},
+          std::tuple{"lm_head q6_K dpl", GgmlType::kQ6_K, TensorLayout::kDpl, 152064, 3584},
           std::tuple{"ffn_gate/up q5_K", GgmlType::kQ5_K, TensorLayout::kRaw, 18944, 3584},
-          std::tuple{"ffn_gate/up q8_0 dpl", GgmlType::kQ8_0, TensorLayout::kDpl, 18944, 3584}}) {
-      names.push_back(absl::StrCat("mma 7B ", what, " ", tokens, "tok"));
+          std::tuple{"ffn_gate/up q8_0 dpl", GgmlType::kQ8_0, TensorLayout::kDpl, 18944, 3584},
+          std::tuple{"14B attn_q/o q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 5120, 5120},
+          std::tuple{"14B ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 13824, 5120},
+          std::tuple{"14B ffn_down q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 5120, 13824}}) {
+      const bool b14 = std::strncmp(what, "14B ", 4) == 0;
+      names.push_back(absl::StrCat(b14 ? "mma " : "mma 7B ", what, " ", tokens, "tok"));
       shapes.push_back({names.back().c_str(), type, layout, rows, cols, tokens});
     }
   }

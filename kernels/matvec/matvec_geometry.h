@@ -87,6 +87,18 @@ inline constexpr int MmaSplits(int64_t n_rows, int64_t n_cols) {
   if (s > n_cols / 256) s = n_cols / 256;
   return s < 1 ? 1 : static_cast<int>(s);
 }
+// The f16 form of q4_K (matvec_mma_f16.cu): a CTA of 4 warps over
+// kMmaF16CtaRows rows, k split like MmaSplits over half as many CTAs of
+// twice the rows (so splits x rows stays within kMmaMaxPartialRows), at
+// most one split per 128 columns.
+inline constexpr int kMmaF16CtaRows = 128;
+inline constexpr int MmaF16Splits(int64_t n_rows, int64_t n_cols) {
+  const int64_t row_ctas = (n_rows + kMmaF16CtaRows - 1) / kMmaF16CtaRows;
+  int64_t s = (kMmaTargetCtas / 2 + row_ctas - 1) / row_ctas;
+  if (s > kMmaMaxSplits) s = kMmaMaxSplits;
+  if (s > n_cols / 128) s = n_cols / 128;
+  return s < 1 ? 1 : static_cast<int>(s);
+}
 // Partial-sum rows a launch may need, per token: a split matrix has fewer
 // than kMmaTargetCtas row blocks, so splits x row blocks < 2 kMmaTargetCtas,
 // for each of up to kMaxMatVecParts matrices.

@@ -7,6 +7,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -524,6 +525,84 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
                   static_cast<long>(c.n_rows), static_cast<long>(c.n_cols),
                   static_cast<long>(n_tokens), err, same ? "bit-identical" : "differs");
       CHECK_MESSAGE(err < 1e-6, formats::TraitsOf(c.type).name << " tokens " << n_tokens);
+    }
+  }
+}
+
+// The f16 mma form (matvec_mma_f16.cu; q4_K, q6_K dpl) against the float64 product of
+// the dequantized weights with x rounded to f16 (the activations it reads):
+// what is left is the f16 rounding of each weight (one rounding of q s - m)
+// and of d sc, d dmin, ~2-4e-4; the int8 form's int8 activations give ~4e-3
+// against the same reference, so the gate also tells which form ran. Odd
+// row and token counts, k-splits 1-8, bias and residual (in place), and a
+// grouped launch of two matrices equal to one launch each, bit for bit.
+TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") {
+  ScratchHolder sh;
+  const Case cases[] = {
+      {GgmlType::kQ4_K, TensorLayout::kRaw, 301, 3584, 0},    // 3 row blocks, 8 splits
+      {GgmlType::kQ4_K, TensorLayout::kRaw, 8459, 512, 16},   // 67 row blocks, 4 splits, padded stride
+      {GgmlType::kQ4_K, TensorLayout::kRaw, 67, 256, 0},      // one block a row, 2 splits
+      {GgmlType::kQ4_K, TensorLayout::kRaw, 40000, 1280, 0},  // 313 row blocks, no split
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 203, 18944, 0},   // 74 blocks: d in 10 chunks of 8
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 8459, 768, 16},   // 3 blocks, padded stride
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 67, 256, 0},
+  };
+  for (const Case& c : cases) {
+    const HostMatrix m = testutil::RandomMatrix(c.type, c.layout, c.n_rows, c.n_cols,
+                                                c.extra_stride, 77 + c.n_rows);
+    DevMatrix dm(m);
+    const std::vector<float> w = Dequant(m);
+    MatVecPlan p16 = PlanFor(dm.w), p8 = p16;
+    REQUIRE(p16.mma_f16_min_tokens > 0);
+    p16.mma_f16_min_tokens = 2;
+    p8.mma_f16_min_tokens = 0;
+    for (int64_t n_tokens : {int64_t{2}, int64_t{8}, int64_t{13}, int64_t{33}, int64_t{64}}) {
+      const std::vector<float> x = RandomX(c.n_cols * n_tokens, 5 + n_tokens);
+      const std::vector<float> bias = RandomX(c.n_rows, 6), res = RandomX(c.n_rows * n_tokens, 7);
+      std::vector<double> ref(static_cast<size_t>(c.n_rows * n_tokens));
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        std::vector<double> xh(static_cast<size_t>(c.n_cols));
+        for (int64_t i = 0; i < c.n_cols; ++i) {
+          xh[i] = static_cast<double>(__half2float(__float2half_rn(x[t * c.n_cols + i])));
+        }
+        const std::vector<double> y = RefMatVec(w, c.n_rows, c.n_cols, xh.data());
+        for (int64_t r = 0; r < c.n_rows; ++r) {
+          ref[t * c.n_rows + r] = y[r] + bias[r] + res[t * c.n_rows + r];
+        }
+      }
+      DevFloats dx(c.n_cols * n_tokens), db(c.n_rows), y16(c.n_rows * n_tokens),
+          y8(c.n_rows * n_tokens), ya(c.n_rows * n_tokens), yb(c.n_rows * n_tokens);
+      dx.Upload(x);
+      db.Upload(bias);
+      y16.Upload(res);  // residual in place: y = W x + bias + y
+      y8.Upload(res);
+      STATUS_OK(Run(dm.w, p16, dx.get(), n_tokens, y16.get(), db.get(), y16.get(), &sh.s));
+      STATUS_OK(Run(dm.w, p8, dx.get(), n_tokens, y8.get(), db.get(), y8.get(), &sh.s));
+      const std::vector<float> a = y16.Download(), b = y8.Download();
+      for (float v : a) REQUIRE(std::isfinite(v));
+      const double e16 = NormErr(a.data(), ref), e8 = NormErr(b.data(), ref);
+      // The same matrix twice in one launch (two parts) against one launch.
+      const WeightMatrix* ws[2] = {&dm.w, &dm.w};
+      const MatVecOut outs[2] = {{ya.get(), nullptr, nullptr}, {yb.get(), nullptr, nullptr}};
+      MatVecIo io;
+      io.x = dx.get();
+      io.qx = &sh.s;
+      io.n_tokens = n_tokens;
+      STATUS_OK(QuantizeActivations(dx.get(), c.n_cols, n_tokens, &sh.s, nullptr));
+      STATUS_OK(RunMatVecGroup(ws, p16, outs, io, nullptr));
+      DevFloats ys(c.n_rows * n_tokens);
+      STATUS_OK(Run(dm.w, p16, dx.get(), n_tokens, ys.get(), nullptr, nullptr, &sh.s));
+      const std::vector<float> ga = ya.Download(), gb = yb.Download(), one = ys.Download();
+      const bool same = std::memcmp(ga.data(), one.data(), one.size() * 4) == 0 &&
+                        std::memcmp(gb.data(), one.data(), one.size() * 4) == 0;
+      std::printf("[f16 mma] %s %ldx%ld stride %ld tokens %2ld splits %d: err vs f16-x reference "
+                  "%.2e (int8 form %.2e), grouped %s\n",
+                  std::string(formats::TraitsOf(c.type).name).c_str(), static_cast<long>(c.n_rows), static_cast<long>(c.n_cols),
+                  static_cast<long>(m.row_stride), static_cast<long>(n_tokens),
+                  MmaF16Splits(c.n_rows, c.n_cols), e16, e8, same ? "== separate" : "DIFFERS");
+      CHECK_MESSAGE(e16 < 1e-3, "f16 form err " << e16);
+      CHECK_MESSAGE(e8 > 2 * e16, "the int8 form should carry the int8 activation error");
+      CHECK(same);
     }
   }
 }

@@ -3,6 +3,7 @@
 // and picks the kernel (PlanMatVec) before anything here runs.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -44,6 +45,7 @@ struct MatVecArgs {
   const int8_t* xq = nullptr;  // (n_tokens, n_cols) int8: read by the quantized kernels
   const float* xd = nullptr;   // (n_tokens, n_cols / 32) block scales of xq
   const float* xs = nullptr;   // (n_tokens, n_cols / 32) xd * sum(xq) per block
+  const __half* xh = nullptr;  // (n_tokens, n_cols) f16 copy of x: read by the f16 mma form
   MatVecRope rope;             // for the parts whose role is not kPlain
 };
 
@@ -65,6 +67,18 @@ absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& args, const Mat
 // partial scratch). Needs the int8 activations and n_cols % 256 == 0.
 absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y, bool pdl,
                              cudaStream_t stream);
+
+// The f16 tensor-core form (matvec_mma_f16.cu) of q4_K for 1..kMmaMaxTokens
+// tokens: grid.y = all parts' row blocks of kMmaF16CtaRows rows, grid.z =
+// the largest of the parts' splits (MmaF16Splits, with partial scratch).
+// Needs the f16 activations (xh), n_cols % 256 == 0 and 16-byte row strides.
+absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
+                                bool pdl, cudaStream_t stream);
+
+// The second kernel of a k-split mma launch (either form): for the parts
+// with splits > 1, y = sum of the partials in split order (+ bias)
+// (+ residual). Launches nothing when no part splits.
+absl::Status LaunchMmaSumSplits(const MatVecArgs& args, bool pdl, cudaStream_t stream);
 
 // CTAs of that kernel and geometry resident per SM on the current device
 // (the CUDA occupancy API): what DecodeTuning records at load.

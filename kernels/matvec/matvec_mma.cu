@@ -527,7 +527,6 @@ absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_
                                                    args.n_cols, " columns or no int8 activations"));
   }
   int splits = 1;
-  int64_t max_rows = 0;
   for (int i = 0; i < args.n_parts; ++i) {
     const MatVecPart& p = args.part[i];
     if (p.splits < 1 || p.splits > args.n_cols / 256 || (p.splits > 1 && p.partial == nullptr)) {
@@ -536,7 +535,6 @@ absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_
                                                      ", partials needed for more than 1)"));
     }
     splits = std::max(splits, p.splits);
-    max_rows = std::max<int64_t>(max_rows, p.n_rows);
   }
   void (*fn)(MatVecArgs) = nullptr;
   if (kernel == MatVecKernel::kQ4K) fn = PickKernel<MatVecKernel::kQ4K>(args.n_tokens);
@@ -551,7 +549,17 @@ absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_
   }
   DPL_RETURN_IF_ERROR(LaunchKernel(fn, dim3(1, static_cast<unsigned>(grid_y), splits),
                                    dim3(kMmaThreads), 0, stream, pdl, args));
-  if (splits == 1) return absl::OkStatus();
+  return LaunchMmaSumSplits(args, pdl, stream);
+}
+
+absl::Status LaunchMmaSumSplits(const MatVecArgs& args, bool pdl, cudaStream_t stream) {
+  int64_t max_rows = 0;
+  bool split = false;
+  for (int i = 0; i < args.n_parts; ++i) {
+    max_rows = std::max<int64_t>(max_rows, args.part[i].n_rows);
+    split = split || args.part[i].splits > 1;
+  }
+  if (!split) return absl::OkStatus();
   const int64_t elems = max_rows * args.n_tokens;
   return LaunchKernel(MmaSumSplits, dim3(static_cast<unsigned>((elems + 255) / 256), args.n_parts),
                       dim3(256), 0, stream, pdl, args);

@@ -83,6 +83,10 @@ bool MatVecMmaSupports(MatVecKernel k, int64_t n_cols) {
   return MatVecMmaSupports(k) && n_cols > 0 && n_cols % 256 == 0;
 }
 
+bool MatVecMmaF16Supports(MatVecKernel k, int64_t n_cols) {
+  return (k == MatVecKernel::kQ4K || k == MatVecKernel::kQ6KDpl) && MatVecMmaSupports(k, n_cols);
+}
+
 bool MatVecMixedSupports(MatVecKernel kernel, MatVecKernel last) {
   return kernel == MatVecKernel::kQ4K &&
          (last == MatVecKernel::kQ6KDpl || last == MatVecKernel::kQ6KRaw);
@@ -189,6 +193,7 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   plan.decode = PlannedDecodeGeometry(k, w.n_rows, w.n_cols, tuning);
   plan.prompt = MatVecGeometry{kTokenTile, 1, 2, false};
   plan.pdl = tuning.pdl;
+  plan.mma_f16_min_tokens = MatVecMmaF16Supports(k, w.n_cols) ? tuning.mma_f16_min_tokens : 0;
   return plan;
 }
 

@@ -30,6 +30,12 @@ bool MatVecMmaSupports(MatVecKernel k);
 // blocks. What RunMatVec and the decoder both decide by.
 bool MatVecMmaSupports(MatVecKernel k, int64_t n_cols);
 
+// True when the mma form of this kernel also has the f16 form
+// (matvec_mma_f16.cu: weights dequantized to f16 fragments, f16
+// activations): q4_K and q6_K in the dpl layout (16-byte aligned planes for
+// 16-byte copies), rows of whole 256-column blocks.
+bool MatVecMmaF16Supports(MatVecKernel k, int64_t n_cols);
+
 // True when a launch may read its last part with `last` and the others with
 // `kernel` (matvec_skeleton.cuh: the mixed MatVecT): q4_K with q6_K (either
 // layout).
@@ -49,6 +55,10 @@ struct MatVecPlan {
   MatVecGeometry decode;  // one token
   MatVecGeometry prompt;  // more tokens: token_tile kTokenTile
   bool pdl = false;       // launched as a programmatic dependent launch (DecodeTuning::pdl)
+  // Products of this many tokens or more (up to kMmaMaxTokens) take the f16
+  // mma form instead of the int8 one; 0: never (no f16 form for the kernel).
+  // DecodeTuning::mma_f16_min_tokens where MatVecMmaF16Supports.
+  int mma_f16_min_tokens = 0;
 };
 
 // Checks shape, stride and alignment of `w`, picks its kernel and the

@@ -368,6 +368,33 @@ TEST_CASE("the int8 mma form covers the types of Q4_K_M, Q5_K_M, Q6_K and Q8_0 f
   CHECK(!MatVecMmaSupports(MatVecKernel::kQ4_0, 4096));
   CHECK(kMmaMaxTokens == 64);
   CHECK(DecodeTuning{}.mma_max_tokens <= kMmaMaxTokens);
+  // The f16 form: q4_K and q6_K dpl, whole 256-column blocks.
+  CHECK(MatVecMmaF16Supports(MatVecKernel::kQ4K, 3584));
+  CHECK(MatVecMmaF16Supports(MatVecKernel::kQ6KDpl, 18944));
+  CHECK(!MatVecMmaF16Supports(MatVecKernel::kQ4K, 3584 + 32));
+  for (MatVecKernel k : {MatVecKernel::kQ5K, MatVecKernel::kQ6KRaw,
+                         MatVecKernel::kQ8_0, MatVecKernel::kQ8_0Dpl, MatVecKernel::kF16}) {
+    CAPTURE(MatVecKernelName(k));
+    CHECK(!MatVecMmaF16Supports(k, 3584));
+  }
+}
+
+// A plan carries the f16 form's threshold only where the kernel has it.
+TEST_CASE("the f16 mma threshold reaches q4_K plans only") {
+  DecodeTuning t = H200();
+  t.mma_f16_min_tokens = 16;
+  const absl::StatusOr<MatVecPlan> q4 = PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584), t);
+  REQUIRE(q4.ok());
+  CHECK(q4->mma_f16_min_tokens == 16);
+  const absl::StatusOr<MatVecPlan> q6 = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kDpl, 512, 3584), t);
+  REQUIRE(q6.ok());
+  CHECK(q6->mma_f16_min_tokens == 16);
+  const absl::StatusOr<MatVecPlan> raw = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kRaw, 512, 3584), t);
+  REQUIRE(raw.ok());
+  CHECK(raw->mma_f16_min_tokens == 0);
+  const absl::StatusOr<MatVecPlan> q5 = PlanMatVec(Make(GgmlType::kQ5_K, TensorLayout::kRaw, 512, 3584), t);
+  REQUIRE(q5.ok());
+  CHECK(q5->mma_f16_min_tokens == 0);
 }
 
 // The scratch for the k-split partials (kMmaMaxPartialRows a token, per
@@ -380,8 +407,20 @@ TEST_CASE("the mma k-split fits its scratch and its blocks for every matrix") {
   CHECK(MmaSplits(152064, 3584) == 1);  // lm head
   CHECK(MmaSplits(4096, 256) == 1);     // one block: nothing to split
   CHECK(MmaSplits(64, 512) == 2);       // two blocks
+  CHECK(MmaF16Splits(18944, 3584) == 2);  // 7B gate/up: 148 row blocks of 128
+  CHECK(MmaF16Splits(3584, 18944) == 8);  // 7B down: 28
+  CHECK(MmaF16Splits(40000, 1280) == 1);  // 313
+  CHECK(MmaF16Splits(67, 256) == 2);      // two 128-column stages
   for (int64_t rows = 1; rows <= 70000; rows += rows < 2048 ? 1 : 97) {
     for (int64_t cols : {256, 512, 768, 1280, 3584, 5120, 18944, 27648}) {
+      const int s16 = MmaF16Splits(rows, cols);
+      const int64_t ctas16 = (rows + kMmaF16CtaRows - 1) / kMmaF16CtaRows;
+      CAPTURE(rows);
+      CAPTURE(cols);
+      REQUIRE(s16 >= 1);
+      REQUIRE(s16 <= kMmaMaxSplits);
+      REQUIRE(s16 <= cols / 128);
+      if (s16 > 1) REQUIRE(s16 * ctas16 * kMmaF16CtaRows * kMaxMatVecParts <= kMmaMaxPartialRows);
       const int s = MmaSplits(rows, cols);
       const int64_t row_ctas = (rows + kMmaCtaRows - 1) / kMmaCtaRows;
       CAPTURE(rows);

@@ -1,0 +1,437 @@
+// q4_K weights times 2 to kMmaMaxTokens f16 token rows on the f16 tensor
+// cores, Marlin's arithmetic with a multi-stage weight pipeline:
+//   y[t, r] = sum_k w[r, k] x[t, k] (+ bias[r]) (+ residual[t, r]),
+//   w[r, k] = d sc_j q - dmin m_j   (k in sub-block j of 32, q the nibble)
+// Each weight is dequantized once, in registers, straight into an f16 A
+// fragment (q exact as (0x6400 | q) - 1024, then one hfma2 with d sc_j and
+// -dmin m_j), and the mma accumulates in f32 across the whole row: no
+// per-32 scaling of integer dots, the cost that bounds the int8 form
+// (matvec_mma.cu) at 32-64 tokens (issue-bound at ~100 TFLOP/s,
+// docs/PERF.md). The activations are the f16 copy of x that the activation
+// quantizers write beside the int8 blocks (QuantOut::h).
+//
+// CTA: 4 warps over kMmaF16CtaRows = 128 rows (warp w rows 32w..32w+31, two
+// m16 tiles) and all T = 8 NT tokens, walking k 128 columns (half a q4_K
+// block) a stage. Weights and activations of each stage go global ->
+// shared by cp.async, kStages stages in flight (the weights of the first
+// stages issued before the grid dependency wait: weights never change).
+// Why (H200, docs/PERF.md "f16 weights dequantized in registers"): the same
+// arithmetic with each block's weights loaded into registers at the top of
+// the iteration waited on them (5-10 cycles per instruction, DRAM 18-31%).
+// Matrices with few row blocks split k over grid.z (MmaF16Splits), partials
+// summed in split order by the int8 form's MmaSumSplits.
+//
+// Fragments (PTX ISA, mma.m16n8k16 .f16, lane = 4 g + t):
+//   A: a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+//   B: b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
+//   C: c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
+// The k order inside one mma is free as long as A and B use the same one:
+// a sub-block's 32 columns are two k16 steps, and thread t takes columns
+// 8t..8t+7 (4t.. of step 0 then of step 1), so its activations are one
+// 16-byte load and its quants one 8-byte load per row.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cp_async.cuh"
+#include "kernels/cuda_check.h"
+#include "kernels/launch.cuh"
+#include "formats/tensor_layout.h"
+#include "kernels/matvec/matvec_kernels.h"
+
+namespace dpl::kernels {
+namespace {
+
+constexpr int kWarps = kMmaF16CtaRows / 32;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kStageCols = 128;  // half a 256-column block
+// One token's activations in a stage, in halves: 128 + 32 padding, 320
+// bytes, so a quarter-warp's 16-byte loads (tokens g, g + 1) hit all banks.
+constexpr int kXRow = kStageCols + 32;
+
+// One stage: the CTA's rows' weight bytes for 128 columns (W::kRow bytes a
+// row, W::kChunks 16-byte copies of them) and the tokens' activations.
+template <class W, int T>
+struct Stage {
+  uint8_t w[kMmaF16CtaRows][W::kRow];
+  __half x[T][kXRow];
+};
+
+// Stages in flight: as many as keep two CTAs a SM (shared memory <= ~110
+// KB each), at most 4.
+template <class W, int NT>
+constexpr int StagesFor() {
+  constexpr int kBytes = static_cast<int>(sizeof(Stage<W, 8 * NT>));
+  return 110 * 1024 / kBytes >= 4 ? 4 : 110 * 1024 / kBytes;
+}
+
+__device__ __forceinline__ void Mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t U32(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 H2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+// Bytes 0 and 2 of w (both < 2048) as an exact half2: (0x6400 | b) is 1024 + b.
+__device__ __forceinline__ __half2 Bytes02(uint32_t w) {
+  return __hsub2(H2((w & 0x00FF00FFu) | 0x64006400u), H2(0x64006400u));
+}
+
+// Two weights from the nibbles at bits sh..sh+3 and 16+sh.. of p:
+// q s - m, q exact in f16, one rounding.
+__device__ __forceinline__ uint32_t Deq2(uint32_t p, int sh, __half2 s, __half2 neg_m) {
+  const __half2 q = __hsub2(H2(((p >> sh) & 0x000F000Fu) | 0x64006400u), H2(0x64006400u));
+  return U32(__hfma2(q, s, neg_m));
+}
+
+// The weight bytes of stage kh (columns 128 kh ..) of the CTA's rows into
+// st. Rows past the matrix copy its last row (valid memory; never written
+// back).
+template <class W, int T>
+__device__ __forceinline__ void StageWeights(const MatVecPart& P, int nbe, int row0, int kh,
+                                             Stage<W, T>& st) {
+#pragma unroll
+  for (int k = 0; k < kMmaF16CtaRows * W::kChunks / kThreads; ++k) {
+    const int i = static_cast<int>(threadIdx.x) + k * kThreads;
+    const int row = i / W::kChunks, c = i % W::kChunks;
+    const uint8_t* src = P.w + static_cast<int64_t>(min(row0 + row, P.n_rows - 1)) * P.row_stride +
+                         W::ChunkOffset(nbe, kh, c);
+    CpAsync16ZeroFill(SmemAddr(&st.w[row][16 * c]), src, true);
+  }
+}
+
+// Tokens past n_tokens are zero-filled (their products are 0 and unused).
+template <class W, int T>
+__device__ __forceinline__ void StageActivations(const MatVecArgs& a, int kh, Stage<W, T>& st) {
+  static_assert(T * 16 % kThreads == 0, "copies split evenly over the CTA");
+#pragma unroll
+  for (int k = 0; k < T * 16 / kThreads; ++k) {
+    const int i = static_cast<int>(threadIdx.x) + k * kThreads;
+    const int tok = i >> 4, c = i & 15;
+    const bool ok = tok < a.n_tokens;
+    const __half* src =
+        a.xh + static_cast<int64_t>(ok ? tok : 0) * a.n_cols + kh * kStageCols + 8 * c;
+    CpAsync16ZeroFill(SmemAddr(&st.x[tok][8 * c]), src, ok);
+  }
+}
+
+// Sub-block jj (0..3) of a stage: the bytes b0 b1 b2 b3 of this thread's
+// columns 8t + 4 step .. +3 as b0 b2 b1 b3, so that the nibble (or bit)
+// pairs of columns (0, 1) sit at bits sh, 16 + sh and of (2, 3) at 8 + sh.
+__device__ __forceinline__ uint32_t Pairs(uint32_t w) { return __byte_perm(w, 0, 0x3120); }
+
+// c += A B for this warp's two m16 tiles and every n-tile of tokens, on one
+// 32-column sub-block jj: A[i][step] the tiles' fragments of its two k16
+// steps, B from the staged activations (columns 32 jj + 8t .. +7).
+template <class W, int NT>
+__device__ __forceinline__ void MmaSubBlock(const Stage<W, 8 * NT>& st, int jj, int g, int t,
+                                            const uint32_t (&A)[2][2][4], float (&acc)[2][NT][4]) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const uint4 b = *reinterpret_cast<const uint4*>(&st.x[8 * n + g][32 * jj + 8 * t]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      Mma16816(acc[i][n], A[i][0][0], A[i][0][1], A[i][0][2], A[i][0][3], b.x, b.y);
+      Mma16816(acc[i][n], A[i][1][0], A[i][1][1], A[i][1][2], A[i][1][3], b.z, b.w);
+    }
+  }
+}
+
+// q4_K (raw 144-byte blocks: d, dmin, scales[12], qs[128]; qs[32c + l] holds
+// sub-block 2c in its low nibble, 2c + 1 in its high one):
+//   w = d sc_j q - dmin m_j
+// A stage row (96 bytes): the block header and the half's 64 quant bytes,
+// padded so that a half-warp's 8-byte quant loads (rows g..g+3) fall on
+// distinct banks.
+struct Q4KF16 {
+  static constexpr int kRow = 96;
+  static constexpr int kChunks = 5;  // header, 4 of quants
+  __device__ static int64_t ChunkOffset(int /*nbe*/, int kh, int c) {
+    return static_cast<int64_t>(kh >> 1) * 144 + (c == 0 ? 0 : 16 + 64 * (kh & 1) + 16 * (c - 1));
+  }
+
+  // The half's (h) 6-bit scales sc_j and mins m_j, j = 4h .. 4h + 3, one
+  // per byte (the q4_K scale packing, as Q4KUnpackScales in matvec_mma.cu),
+  // made f16 products with d and -dmin: s02 = (d sc_4h, d sc_4h+2), s13 =
+  // (.. +1, +3), and the same for the mins.
+  struct HalfScales {
+    __half2 s02, s13, m02, m13;
+  };
+  __device__ static HalfScales Scales(const uint4& hdr, int h) {
+    const uint32_t sc = h ? (hdr.w & 0x0F0F0F0Fu) | ((hdr.y >> 2) & 0x30303030u)
+                          : hdr.y & 0x3F3F3F3Fu;
+    const uint32_t m = h ? ((hdr.w >> 4) & 0x0F0F0F0Fu) | ((hdr.z >> 2) & 0x30303030u)
+                         : hdr.z & 0x3F3F3F3Fu;
+    const __half2 d = __half2half2(__ushort_as_half(static_cast<unsigned short>(hdr.x & 0xFFFFu)));
+    const __half2 ndm =
+        __hneg2(__half2half2(__ushort_as_half(static_cast<unsigned short>(hdr.x >> 16))));
+    HalfScales r;
+    r.s02 = __hmul2(Bytes02(sc), d);
+    r.s13 = __hmul2(Bytes02(sc >> 8), d);
+    r.m02 = __hmul2(Bytes02(m), ndm);
+    r.m13 = __hmul2(Bytes02(m >> 8), ndm);
+    return r;
+  }
+
+  // One stage (half h of block kb) for this warp's two m16 tiles.
+  template <int NT>
+  __device__ static void Half(const Stage<Q4KF16, 8 * NT>& st, int kh, int warp, int g, int t,
+                              float (&acc)[2][NT][4]) {
+    const int h = kh & 1;
+    uint2 q[2][2][2];  // [tile][row g, g + 8][chunk]
+    HalfScales sc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = 32 * warp + 16 * i + g + 8 * r;
+        sc[i][r] = Scales(*reinterpret_cast<const uint4*>(&st.w[row][0]), h);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          q[i][r][c] = *reinterpret_cast<const uint2*>(&st.w[row][16 + 32 * c + 8 * t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      // Sub-block 4h + jj: chunk jj / 2 of the half, low nibbles for even jj.
+      const int c = jj >> 1, sh = 4 * (jj & 1);
+      uint32_t A[2][2][4];  // [tile][k16 step][a0..a3]
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const __half2 s2 = (jj & 1) ? sc[i][r].s13 : sc[i][r].s02;
+          const __half2 m2 = (jj & 1) ? sc[i][r].m13 : sc[i][r].m02;
+          const __half2 s = (jj & 2) ? __high2half2(s2) : __low2half2(s2);
+          const __half2 m = (jj & 2) ? __high2half2(m2) : __low2half2(m2);
+#pragma unroll
+          for (int step = 0; step < 2; ++step) {
+            const uint32_t p = Pairs(step ? q[i][r][c].y : q[i][r][c].x);
+            A[i][step][r] = Deq2(p, sh, s, m);
+            A[i][step][2 + r] = Deq2(p, sh + 8, s, m);
+          }
+        }
+      }
+      MmaSubBlock<Q4KF16, NT>(st, jj, g, t, A, acc);
+    }
+  }
+};
+
+// q6_K in the dpl layout (planes ql | qh | sc | d, each 16-byte aligned:
+// formats/tensor_layout.h): element l of half h, quarter q = l / 32, is
+//   w = d sc_{8h + 2q + (l % 32) / 16} (v - 32),
+//   v = nibble q / 2 of ql[64h + 32 (q & 1) + l % 32] | bits 2q, 2q+1 of qh[32h + l % 32] << 4.
+// A stage row (160 bytes): the half's ql (64) and qh (32), the block's 16
+// scales and the 16-byte chunk of d holding this block's; 160 so that a
+// half-warp's 8-byte loads (rows g..g+3) fall on distinct banks.
+struct Q6KF16 {
+  static constexpr int kRow = 160;
+  static constexpr int kChunks = 8;  // 4 of ql, 2 of qh, sc, d
+  __device__ static int64_t ChunkOffset(int nbe, int kh, int c) {
+    const formats::Q6KPlanes pl = formats::Q6KDplPlanes(static_cast<uint64_t>(nbe));
+    const int64_t kb = kh >> 1, h = kh & 1;
+    if (c < 4) return static_cast<int64_t>(pl.ql) + kb * 128 + 64 * h + 16 * c;
+    if (c < 6) return static_cast<int64_t>(pl.qh) + kb * 64 + 32 * h + 16 * (c - 4);
+    if (c == 6) return static_cast<int64_t>(pl.sc) + kb * 16;
+    return static_cast<int64_t>(pl.d) + (kb >> 3) * 16;
+  }
+
+  template <int NT>
+  __device__ static void Half(const Stage<Q6KF16, 8 * NT>& st, int kh, int warp, int g, int t,
+                              float (&acc)[2][NT][4]) {
+    const int h = kh & 1, kb8 = (kh >> 1) & 7;
+    uint2 ql[2][2][2], qh[2][2];  // [tile][row g, g + 8]([ql half])
+    uint2 sw[2][2];               // the half's 8 int8 scales
+    __half2 d[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint8_t* row = st.w[32 * warp + 16 * i + g + 8 * r];
+        ql[i][r][0] = *reinterpret_cast<const uint2*>(row + 8 * t);
+        ql[i][r][1] = *reinterpret_cast<const uint2*>(row + 32 + 8 * t);
+        qh[i][r] = *reinterpret_cast<const uint2*>(row + 64 + 8 * t);
+        sw[i][r] = *reinterpret_cast<const uint2*>(row + 96 + 8 * h);
+        d[i][r] = __half2half2(*reinterpret_cast<const __half*>(row + 112 + 2 * kb8));
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      // Thread t's 8 columns of quarter q share scale 2q + t / 2 of the half.
+      uint32_t A[2][2][4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t word = q < 2 ? sw[i][r].x : sw[i][r].y;
+          const int sb = 2 * (q & 1) + (t >> 1);  // byte of that word
+          const __half sc = __int2half_rn(static_cast<int8_t>((word >> (8 * sb)) & 0xFF));
+          const __half2 s = __hmul2(__half2half2(sc), d[i][r]);
+          const uint2 lw = ql[i][r][q & 1];
+          const int sh = 4 * (q >> 1), shh = 2 * q;
+#pragma unroll
+          for (int step = 0; step < 2; ++step) {
+            const uint32_t p = Pairs(step ? lw.y : lw.x);
+            const uint32_t ph = Pairs(step ? qh[i][r].y : qh[i][r].x);
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {  // columns (0, 1), then (2, 3)
+              const uint32_t v = ((p >> (sh + 8 * hi)) & 0x000F000Fu) |
+                                 (((ph >> (shh + 8 * hi)) & 0x00030003u) << 4) | 0x64006400u;
+              // v - 1056 = the 6-bit value - 32, exact; one rounding by s.
+              A[i][step][2 * hi + r] = U32(__hmul2(__hsub2(H2(v), H2(0x64206420u)), s));
+            }
+          }
+        }
+      }
+      MmaSubBlock<Q6KF16, NT>(st, q, g, t, A, acc);
+    }
+  }
+};
+
+__device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
+  return m == 0 ? a.part[0] : m == 1 ? a.part[1] : a.part[2];
+}
+
+// grid (1, row blocks of kMmaF16CtaRows over all parts, max splits), 4
+// warps, kStages stages of dynamic shared memory. CTA (y, z) takes its
+// part's rows 128 (y - row_block0) .. +127 and the 128-column stages
+// [nh z / splits, nh (z + 1) / splits).
+template <class W, int NT>
+__global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs a) {
+  constexpr int T = 8 * NT, kS = StagesFor<W, NT>();
+  static_assert(kS >= 2, "a stage in flight while one is multiplied");
+  extern __shared__ __align__(16) uint8_t smem[];
+  Stage<W, T>* stage = reinterpret_cast<Stage<W, T>*>(smem);
+  const int m = (a.n_parts > 1 && static_cast<int>(blockIdx.y) >= a.part[1].row_block0) +
+                (a.n_parts > 2 && static_cast<int>(blockIdx.y) >= a.part[2].row_block0);
+  const MatVecPart P = PartAt(a, m);
+  const int z = static_cast<int>(blockIdx.z);
+  if (z >= P.splits) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = (static_cast<int>(blockIdx.y) - P.row_block0) * kMmaF16CtaRows;
+  const int nh = a.n_cols / kStageCols, nbe = a.n_cols / 256;
+  const int kh0 = nh * z / P.splits, n_it = nh * (z + 1) / P.splits - kh0;
+  float acc[2][NT][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
+  // The first stages' weights before the wait (they never change), then
+  // their activations, one commit group a stage (the weights ride in group 0).
+#pragma unroll
+  for (int s = 0; s < kS - 1; ++s) {
+    if (s < n_it) StageWeights(P, nbe, row0, kh0 + s, stage[s]);
+  }
+  GridDependencyWait();
+  GridLaunchDependents();
+#pragma unroll
+  for (int s = 0; s < kS - 1; ++s) {
+    if (s < n_it) StageActivations(a, kh0 + s, stage[s]);
+    CpAsyncCommit();
+  }
+  for (int it = 0; it < n_it; ++it) {
+    CpAsyncWait<kS - 2>();  // stage `it` landed (this thread's copies) ...
+    __syncthreads();        // ... every thread's, and stage it - 1 is consumed
+    const int nx = it + kS - 1;
+    if (nx < n_it) {
+      StageWeights(P, nbe, row0, kh0 + nx, stage[nx % kS]);
+      StageActivations(a, kh0 + nx, stage[nx % kS]);
+    }
+    CpAsyncCommit();
+    W::template Half<NT>(stage[it % kS], kh0 + it, warp, g, t, acc);
+  }
+  // Thread (g, t) holds rows 32 warp + 16 i + g, + 8 x tokens 8n + 2t, + 1.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = 8 * n + 2 * t + (e & 1);
+        const int row = row0 + 32 * warp + 16 * i + g + 8 * (e >> 1);
+        if (tok >= a.n_tokens || row >= P.n_rows) continue;
+        const int64_t o = static_cast<int64_t>(tok) * P.n_rows + row;
+        if (P.splits > 1) {
+          P.partial[static_cast<int64_t>(z) * a.n_tokens * P.n_rows + o] = acc[i][n][e];
+          continue;
+        }
+        float v = acc[i][n][e];
+        if (P.bias != nullptr) v += P.bias[row];
+        if (P.residual != nullptr) v += P.residual[o];  // may alias y: read before write
+        P.y[o] = v;
+      }
+    }
+  }
+}
+
+template <class W, int NT>
+absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
+                    cudaStream_t stream) {
+  constexpr int kSmem = StagesFor<W, NT>() * static_cast<int>(sizeof(Stage<W, 8 * NT>));
+  if constexpr (kSmem > 48 * 1024) {
+    // Above 48 KB of dynamic shared memory needs the opt-in, once per
+    // process (captured calls make no extra API call).
+    static std::atomic<bool> opted_in{false};
+    if (!opted_in.load(std::memory_order_relaxed)) {
+      DPL_CUDA_CHECK(cudaFuncSetAttribute(MatVecMmaF16Kernel<W, NT>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      opted_in.store(true, std::memory_order_relaxed);
+    }
+  }
+  return LaunchKernel(MatVecMmaF16Kernel<W, NT>, dim3(1, static_cast<unsigned>(grid_y), splits),
+                      dim3(kThreads), kSmem, stream, pdl, args);
+}
+
+template <class W>
+absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
+                       cudaStream_t stream) {
+  if (args.n_tokens <= 8) return Launch<W, 1>(args, grid_y, splits, pdl, stream);
+  if (args.n_tokens <= 16) return Launch<W, 2>(args, grid_y, splits, pdl, stream);
+  if (args.n_tokens <= 32) return Launch<W, 4>(args, grid_y, splits, pdl, stream);
+  return Launch<W, 8>(args, grid_y, splits, pdl, stream);
+}
+
+}  // namespace
+
+absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
+                                bool pdl, cudaStream_t stream) {
+  if (kernel != MatVecKernel::kQ4K && kernel != MatVecKernel::kQ6KDpl) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec f16 mma: kernel ",
+                                                   static_cast<int>(kernel),
+                                                   " has no f16 form (q4_K, q6_K dpl)"));
+  }
+  if (args.n_tokens < 1 || args.n_tokens > kMmaMaxTokens || args.n_cols % 256 != 0 ||
+      args.xh == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec f16 mma: ", args.n_tokens, " tokens, ",
+                                                   args.n_cols, " columns or no f16 activations"));
+  }
+  int splits = 1;
+  for (int i = 0; i < args.n_parts; ++i) {
+    const MatVecPart& p = args.part[i];
+    if (p.splits < 1 || p.splits > args.n_cols / kStageCols ||
+        (p.splits > 1 && p.partial == nullptr) || p.row_stride % 16 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "matvec f16 mma: part ", i, " splits k ", p.splits, " ways (1..", args.n_cols / kStageCols,
+          ", partials needed for more than 1), row stride ", p.row_stride, " (16-byte multiple)"));
+    }
+    splits = std::max(splits, p.splits);
+  }
+  if (kernel == MatVecKernel::kQ4K) {
+    DPL_RETURN_IF_ERROR(LaunchFor<Q4KF16>(args, grid_y, splits, pdl, stream));
+  } else {
+    DPL_RETURN_IF_ERROR(LaunchFor<Q6KF16>(args, grid_y, splits, pdl, stream));
+  }
+  return LaunchMmaSumSplits(args, pdl, stream);
+}
+
+}  // namespace dpl::kernels
