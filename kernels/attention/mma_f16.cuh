@@ -1,7 +1,8 @@
 // The f16 tensor-core building blocks both attention kernels use (decode:
 // attention.cu, prompt: prompt_attention.cu): cp.async into padded shared-
 // memory rows, ldmatrix, mma.sync m16n8k16 with f32 accumulation, and the
-// fragment layouts they rely on. Internal to kernels/attention.
+// fragment layouts they rely on. The f16 mma matvec
+// (kernels/matvec/matvec_mma_f16.cu) multiplies with the same Mma16816.
 #pragma once
 
 #include <cuda_fp16.h>

@@ -41,6 +41,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/launch.cuh"
 #include "formats/tensor_layout.h"
+#include "kernels/attention/mma_f16.cuh"
 #include "kernels/matvec/matvec_kernels.h"
 
 namespace dpl::kernels {
@@ -69,13 +70,7 @@ constexpr int StagesFor() {
   return 110 * 1024 / kBytes >= 4 ? 4 : 110 * 1024 / kBytes;
 }
 
-__device__ __forceinline__ void Mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+using attn_mma::Mma16816;  // c += A (16x16 f16) B (16x8 f16), f32 accumulation
 
 __device__ __forceinline__ uint32_t U32(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 H2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
@@ -139,8 +134,8 @@ __device__ __forceinline__ void MmaSubBlock(const Stage<W, 8 * NT>& st, int jj, 
     const uint4 b = *reinterpret_cast<const uint4*>(&st.x[8 * n + g][32 * jj + 8 * t]);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      Mma16816(acc[i][n], A[i][0][0], A[i][0][1], A[i][0][2], A[i][0][3], b.x, b.y);
-      Mma16816(acc[i][n], A[i][1][0], A[i][1][1], A[i][1][2], A[i][1][3], b.z, b.w);
+      Mma16816(acc[i][n], A[i][0], b.x, b.y);
+      Mma16816(acc[i][n], A[i][1], b.z, b.w);
     }
   }
 }
