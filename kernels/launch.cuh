@@ -18,6 +18,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "absl/status/status.h"
 #include "kernels/cuda_check.h"
 
@@ -48,6 +50,21 @@ absl::Status LaunchKernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
   DPL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+  return absl::OkStatus();
+}
+
+// Kernel may use `bytes` of dynamic shared memory: above 48 KB that needs
+// an opt-in, made once per process and kernel (so captured launches make
+// no extra API call).
+template <auto Kernel>
+absl::Status OptInSharedMemory(int bytes) {
+  if (bytes <= 48 * 1024) return absl::OkStatus();
+  static std::atomic<bool> opted_in{false};
+  if (!opted_in.load(std::memory_order_relaxed)) {
+    DPL_CUDA_CHECK(
+        cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    opted_in.store(true, std::memory_order_relaxed);
+  }
   return absl::OkStatus();
 }
 

@@ -1,13 +1,14 @@
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/attention/mma_f16.cuh"
 #include "kernels/attention/prompt_attention.h"
 #include "kernels/cuda_check.h"
+#include "kernels/launch.cuh"
 
 namespace dpl::kernels {
 namespace {
@@ -317,16 +318,7 @@ absl::Status LaunchPromptAttn(const PromptAttentionShape& shape, const float* q,
                               const __half* k_cache, const __half* v_cache, int p0, int n_tokens,
                               float* out, cudaStream_t stream) {
   constexpr int kSmem = TileGeometry<HD>::kSmemBytes;
-  if constexpr (kSmem > 48 * 1024) {
-    // Above 48 KB of dynamic shared memory needs the opt-in, once per process
-    // (so captured calls normally make no extra API call).
-    static std::atomic<bool> opted_in{false};
-    if (!opted_in.load(std::memory_order_relaxed)) {
-      DPL_CUDA_CHECK(cudaFuncSetAttribute(PromptAttnKernel<HD, kWindow>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-      opted_in.store(true, std::memory_order_relaxed);
-    }
-  }
+  DPL_RETURN_IF_ERROR((OptInSharedMemory<PromptAttnKernel<HD, kWindow>>(kSmem)));
   const int n_qtiles = (n_tokens + kBlockM - 1) / kBlockM;
   const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(HD)));
   PromptAttnKernel<HD, kWindow><<<dim3(shape.n_head, n_qtiles), kThreads, kSmem, stream>>>(

@@ -33,7 +33,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -373,16 +372,7 @@ template <class W, int NT>
 absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
                     cudaStream_t stream) {
   constexpr int kSmem = StagesFor<W, NT>() * static_cast<int>(sizeof(Stage<W, 8 * NT>));
-  if constexpr (kSmem > 48 * 1024) {
-    // Above 48 KB of dynamic shared memory needs the opt-in, once per
-    // process (captured calls make no extra API call).
-    static std::atomic<bool> opted_in{false};
-    if (!opted_in.load(std::memory_order_relaxed)) {
-      DPL_CUDA_CHECK(cudaFuncSetAttribute(MatVecMmaF16Kernel<W, NT>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-      opted_in.store(true, std::memory_order_relaxed);
-    }
-  }
+  DPL_RETURN_IF_ERROR((OptInSharedMemory<MatVecMmaF16Kernel<W, NT>>(kSmem)));
   return LaunchKernel(MatVecMmaF16Kernel<W, NT>, dim3(1, static_cast<unsigned>(grid_y), splits),
                       dim3(kThreads), kSmem, stream, pdl, args);
 }
