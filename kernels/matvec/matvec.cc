@@ -80,9 +80,11 @@ absl::Status CheckScratch(const char* who, int64_t n_cols, int64_t n_tokens,
 }
 
 // Where (n_tokens, n_cols) quantized activations go: the f16 copy too for
-// 2..kMmaMaxTokens tokens that fit it (what the f16 mma form may read).
+// f16_min_tokens..kMmaMaxTokens tokens that fit it (what the f16 mma form
+// may read).
 QuantOut OutOf(const MatVecScratch& s, int64_t n_cols, int64_t n_tokens) {
-  const bool f16 = n_tokens >= 2 && n_tokens <= kMmaMaxTokens &&
+  const bool f16 = n_tokens >= std::max<int64_t>(2, s.f16_min_tokens) &&
+                   n_tokens <= kMmaMaxTokens &&
                    n_tokens * n_cols <= HalfValues(s.max_cols, s.max_tokens);
   return {s.q, s.d, s.s, f16 ? s.h : nullptr};
 }

@@ -34,9 +34,13 @@ struct MatVecScratch {
   float* d = nullptr;   // (max_tokens, max_cols / 32) block scales
   float* s = nullptr;   // (max_tokens, max_cols / 32) d * sum(q) per block
   // (min(max_tokens, kMmaMaxTokens), max_cols) f16 copy of the activations
-  // for the f16 mma form, written with q when 2..kMmaMaxTokens tokens are
-  // quantized; null when max_tokens < 2.
+  // for the f16 mma form, written with q when f16_min_tokens..kMmaMaxTokens
+  // tokens are quantized; null when max_tokens < 2.
   __half* h = nullptr;
+  // Fewest tokens whose quantization also writes h: the owner sets what its
+  // plans' mma_f16_min_tokens read (the decoder: DecodeTuning's), so no step
+  // writes a copy that nothing reads. MatVecScratchIn: 2 (always).
+  int64_t f16_min_tokens = 2;
   float* partial = nullptr;    // (partial_floats): min(max_tokens, kMmaMaxTokens)
   int64_t partial_floats = 0;  // x kMmaMaxPartialRows floats when max_tokens >= 2
   int64_t max_cols = 0;

@@ -603,6 +603,14 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
       CHECK_MESSAGE(e16 < 1e-3, "f16 form err " << e16);
       CHECK_MESSAGE(e8 > 2 * e16, "the int8 form should carry the int8 activation error");
       CHECK(same);
+      // A scratch whose owner wants no f16 copy for this many tokens gets
+      // none written, and the plan falls back to the int8 form: its bits.
+      sh.s.f16_min_tokens = n_tokens + 1;
+      DevFloats yoff(c.n_rows * n_tokens);
+      yoff.Upload(res);
+      STATUS_OK(Run(dm.w, p16, dx.get(), n_tokens, yoff.get(), db.get(), yoff.get(), &sh.s));
+      sh.s.f16_min_tokens = 2;
+      CHECK(std::memcmp(yoff.Download().data(), b.data(), b.size() * 4) == 0);
     }
   }
 }
