@@ -73,12 +73,24 @@ struct DecodeTuning {
   // against dequant + GEMM's flat ~96; dpl-bench's batched rows agree (7B,
   // 32 sequences: 5216 t/s with mma, 2669 with GEMM; 64: 6592 vs 5211).
   int mma_max_tokens = 64;
-  // Of those products, q4_K ones over at least this many tokens run the f16
-  // mma form (matvec_mma_f16.cu: weights dequantized in registers into f16
+  // Of those products, q4_K ones over at least mma_f16_min_tokens tokens and
+  // q6_K (dpl) ones over at least mma_f16_min_tokens_q6k run the f16 mma
+  // form (matvec_mma_f16.cu: weights dequantized in registers into f16
   // fragments, f32 accumulation over the whole row, a cp.async pipeline of
-  // weights and activations) instead of the int8 form. > kMmaMaxTokens:
-  // never.
-  int mma_f16_min_tokens = 65;
+  // weights and activations) instead of the int8 form; > kMmaMaxTokens:
+  // never. Measured on an H100 (2026-12-06, matvec_bench, 7B shapes, f16 /
+  // int8 time): q4_K gate/up 0.87 / 1.00 / 0.81 / 1.13x faster at 4 / 16 /
+  // 32 / 64 tokens, down 0.75 / 0.83 / 1.07 / 1.86x, q/o 0.80 / 0.94 / 1.06 /
+  // 1.48x; q6_K down 1.04 / 1.08 / 1.35 / 1.74x, lm head 1.18 / 1.18 / 1.32 /
+  // 1.57x. dpl-bench 7B with both at 2: 64 sequences 6,357 -> 8,610 t/s, 16
+  // 3,971 -> 3,600, 4 1,206 -> 1,039; with q4_K at 33 and q6_K at 2: 64
+  // 6,364 -> 8,634, 32 5,426 -> 5,714, 4-16 within 0.4% (docs/PERF.md). q6_K
+  // starts at 17, not 2: at 2-16 rows it gained nothing in the step, and its
+  // f16 activations move a random-weight model's greedy tokens off the
+  // single-stream ones (cuda_engine_gpu_test, 3 rows), which the int8 form
+  // (the same integer dots as the one-row kernel) keeps.
+  int mma_f16_min_tokens = 33;
+  int mma_f16_min_tokens_q6k = 17;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

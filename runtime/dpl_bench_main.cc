@@ -161,7 +161,8 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 // more than N tokens (and at least gemm_min_tokens) dequantize to f16 for a
 // cuBLAS GEMM instead of the int8 mma matvec (default 64), DPL_MMA_F16_MIN=N:
 // q4_K products of N or more of those tokens take the f16 mma form instead
-// of the int8 one (65: never), DPL_ROPE_FOLD=0
+// of the int8 one (65: never; default 33), DPL_MMA_F16_MIN_Q6K=N the same for
+// q6_K dpl (default 17), DPL_ROPE_FOLD=0
 // runs the RoPE kernel instead of folding RoPE into the Q/K/V matvec,
 // DPL_MATVEC_GEOM=KERNEL:ROWSxCOLS=KSPLIT,DEPTH,PIPE[;...] forces a
 // single-token geometry on the launches of that kernel and shape (in-graph
@@ -208,6 +209,7 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_GROUP", &t.group_matvecs);
   flag("DPL_MMA_MAX", &t.mma_max_tokens);
   flag("DPL_MMA_F16_MIN", &t.mma_f16_min_tokens);
+  flag("DPL_MMA_F16_MIN_Q6K", &t.mma_f16_min_tokens_q6k);
   flag("DPL_ROPE_FOLD", &t.rope_in_matvec);
   if (const char* e = std::getenv("DPL_MATVEC_GEOM"); e != nullptr) {
     DPL_ASSIGN_OR_RETURN(t.matvec_geometry, GeometryOverrides(e));

@@ -383,12 +383,13 @@ TEST_CASE("the int8 mma form covers the types of Q4_K_M, Q5_K_M, Q6_K and Q8_0 f
 TEST_CASE("the f16 mma threshold reaches q4_K plans only") {
   DecodeTuning t = H200();
   t.mma_f16_min_tokens = 16;
+  t.mma_f16_min_tokens_q6k = 4;
   const absl::StatusOr<MatVecPlan> q4 = PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584), t);
   REQUIRE(q4.ok());
   CHECK(q4->mma_f16_min_tokens == 16);
   const absl::StatusOr<MatVecPlan> q6 = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kDpl, 512, 3584), t);
   REQUIRE(q6.ok());
-  CHECK(q6->mma_f16_min_tokens == 16);
+  CHECK(q6->mma_f16_min_tokens == 4);
   const absl::StatusOr<MatVecPlan> raw = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kRaw, 512, 3584), t);
   REQUIRE(raw.ok());
   CHECK(raw->mma_f16_min_tokens == 0);
