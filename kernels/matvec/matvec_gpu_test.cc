@@ -255,6 +255,10 @@ TEST_CASE("matvec: dpl and raw layouts give bit-identical outputs, for every typ
       DevMatrix ddpl(dpl), draw(raw);
       MatVecPlan pdpl = PlanFor(ddpl.w), praw = PlanFor(draw.w);
       REQUIRE(pdpl.decode == praw.decode);  // the layouts must take the same geometry
+      // Both on the int8 forms: the f16 mma form reads q6_K in the dpl layout
+      // only (a raw twin keeps the int8 form), so from its threshold on the
+      // two layouts multiply different activations (f16 vs int8 blocks).
+      pdpl.mma_f16_min_tokens = praw.mma_f16_min_tokens = 0;
       for (int64_t n_tokens : {int64_t{1}, int64_t{5}, int64_t{40}}) {
         // Tokens > 1 run the prompt geometry (or the mma form, 5 and 40 tokens
         // in one and five n8 tiles): the decode loop runs once for them.
@@ -510,7 +514,11 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
       dx.Upload(x);
       db.Upload(bias);
       dr.Upload(res);
-      const MatVecPlan plan = PlanFor(dm.w);
+      // The int8 forms, which share the single-token kernel's int8 activations
+      // (the f16 form, on by default from some token count, multiplies f16
+      // activations: its own test below checks it against float64).
+      MatVecPlan plan = PlanFor(dm.w);
+      plan.mma_f16_min_tokens = 0;
       STATUS_OK(Run(dm.w, plan, dx.get(), n_tokens, ym.get(), db.get(), dr.get(), &sh.s));
       for (int64_t t = 0; t < n_tokens; ++t) {
         STATUS_OK(Run(dm.w, plan, dx.get() + t * c.n_cols, 1, ys.get() + t * c.n_rows, db.get(),
