@@ -215,7 +215,10 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
                    MatVecMmaSupports(kernel, ws[0]->n_cols);
   // Of those, enough q4_K tokens on the f16 form (where the f16 copy exists).
   const bool f16 = mma && plan.mma_f16_min_tokens > 0 && io.n_tokens >= plan.mma_f16_min_tokens &&
-                   MatVecMmaF16Supports(kernel, ws[0]->n_cols) && a.xh != nullptr;
+                   MatVecMmaF16Supports(kernel, ws[0]->n_cols) && a.xh != nullptr &&
+                   std::all_of(ws.begin(), ws.end(), [](const WeightMatrix* w) {
+                     return w->n_rows * w->row_stride < kMmaF16MaxMatrixBytes;
+                   });
   a.n_parts = static_cast<int>(ws.size());
   a.rope = io.rope;
   int64_t grid_x = 0, blocks = 0, partial_used = 0;

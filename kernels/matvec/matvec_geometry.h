@@ -92,6 +92,9 @@ inline constexpr int MmaSplits(int64_t n_rows, int64_t n_cols) {
 // twice the rows (so splits x rows stays within kMmaMaxPartialRows), at
 // most one split per 128 columns.
 inline constexpr int kMmaF16CtaRows = 128;
+// Its weight copies address a matrix with 32-bit byte offsets, so matrices
+// of 4 GiB or more keep the int8 form (RunMatVecGroup).
+inline constexpr int64_t kMmaF16MaxMatrixBytes = int64_t{1} << 32;
 inline constexpr int MmaF16Splits(int64_t n_rows, int64_t n_cols) {
   const int64_t row_ctas = (n_rows + kMmaF16CtaRows - 1) / kMmaF16CtaRows;
   int64_t s = (kMmaTargetCtas / 2 + row_ctas - 1) / row_ctas;

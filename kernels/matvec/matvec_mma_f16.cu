@@ -21,6 +21,15 @@
 // Matrices with few row blocks split k over grid.z (MmaF16Splits), partials
 // summed in split order by the int8 form's MmaSumSplits.
 //
+// Instructions a stage: the form is latency-bound with few warps a SM (ncu,
+// H100, 7B gate/up at 4 tokens: 8.6 warps a SM, issue slots 32% busy, ~590
+// instructions a warp and stage, DRAM 39%), so each instruction of the
+// per-stage chain costs time. Three cuts that keep every result bit:
+// the copies' offsets worked out once (WeightCopies), each quad's four
+// rows' scales unpacked once and shared by shuffles (not by all four
+// lanes), and the nibbles at bit 4 made exact without a shift (Deq2Hi,
+// Q6Pair).
+//
 // Fragments (PTX ISA, mma.m16n8k16 .f16, lane = 4 g + t):
 //   A: a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
 //   B: b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
@@ -79,28 +88,73 @@ __device__ __forceinline__ __half2 Bytes02(uint32_t w) {
   return __hsub2(H2((w & 0x00FF00FFu) | 0x64006400u), H2(0x64006400u));
 }
 
-// Two weights from the nibbles at bits sh..sh+3 and 16+sh.. of p:
-// q s - m, q exact in f16, one rounding.
-__device__ __forceinline__ uint32_t Deq2(uint32_t p, int sh, __half2 s, __half2 neg_m) {
-  const __half2 q = __hsub2(H2(((p >> sh) & 0x000F000Fu) | 0x64006400u), H2(0x64006400u));
+// Two weights from the nibbles at bits 0..3 and 16..19 of p: q s - m, q
+// exact in f16, one rounding.
+__device__ __forceinline__ uint32_t Deq2Lo(uint32_t p, __half2 s, __half2 neg_m) {
+  const __half2 q = __hsub2(H2((p & 0x000F000Fu) | 0x64006400u), H2(0x64006400u));
+  return U32(__hfma2(q, s, neg_m));
+}
+// The same from the nibbles at bits 4..7 and 20..23, without a shift:
+// (0x6400 | 16 q) is 1024 + 16 q, and (1024 + 16 q) / 16 - 64 = q exactly
+// (Marlin's trick), so the result has the same bits as Deq2Lo(p >> 4).
+__device__ __forceinline__ uint32_t Deq2Hi(uint32_t p, __half2 s, __half2 neg_m) {
+  const __half2 q = __hfma2(H2((p & 0x00F000F0u) | 0x64006400u), H2(0x2C002C00u),  // 1/16
+                            H2(0xD400D400u));                                          // -64
   return U32(__hfma2(q, s, neg_m));
 }
 
-// The weight bytes of stage kh (columns 128 kh ..) of the CTA's rows into
-// st. Rows past the matrix copy its last row (valid memory; never written
-// back).
-template <class W, int T>
-__device__ __forceinline__ void StageWeights(const MatVecPart& P, int nbe, int row0, int kh,
-                                             Stage<W, T>& st) {
-#pragma unroll
-  for (int k = 0; k < kMmaF16CtaRows * W::kChunks / kThreads; ++k) {
-    const int i = static_cast<int>(threadIdx.x) + k * kThreads;
-    const int row = i / W::kChunks, c = i % W::kChunks;
-    const uint8_t* src = P.w + static_cast<int64_t>(min(row0 + row, P.n_rows - 1)) * P.row_stride +
-                         W::ChunkOffset(nbe, kh, c);
-    CpAsync16ZeroFill(SmemAddr(&st.w[row][16 * c]), src, true);
+// Two q6_K weights minus 32, exact in f16, from the nibbles at bits P..P+3
+// and 16+P.. of lo and the two high bits at P+4.. and 20+P.. of hb (P = 0
+// or 4): (0x6400 | v << P) is 1024 + 2^P v, so v - 32 is one hsub2 (P = 0)
+// or one hfma2 by 1/16 (P = 4, no shift of the nibble); the same bits as
+// subtracting 1056 from (0x6400 | v).
+template <int P>
+__device__ __forceinline__ __half2 Q6Pair(uint32_t lo, uint32_t hb) {
+  constexpr uint32_t kLo = 0x000F000Fu << P, kHb = 0x00030003u << (P + 4);
+  const uint32_t x = (lo & kLo) | (hb & kHb) | 0x64006400u;
+  if constexpr (P == 0) {
+    return __hsub2(H2(x), H2(0x64206420u));  // 1024 + v - 1056
+  } else {
+    return __hfma2(H2(x), H2(0x2C002C00u), H2(0xD600D600u));  // (1024 + 16 v) / 16 - 96
   }
 }
+
+// This thread's share of a stage's weight copies: copy k is 16-byte chunk
+// i % W::kChunks of CTA row i / W::kChunks, i = threadIdx + 128 k (consecutive
+// threads take consecutive chunks of a row). The offsets that do not depend
+// on the stage are worked out once: per stage a copy then costs a select and
+// two adds (SASS: the general form spent ~15 instructions a copy on the
+// division, the row clamp and the 64-bit multiply, ~75 of a q4_K stage's
+// ~590). Rows past the matrix copy its last row (valid memory; never
+// written back).
+template <class W>
+struct WeightCopies {
+  static constexpr int kCopies = kMmaF16CtaRows * W::kChunks / kThreads;
+  uint32_t src[kCopies];  // byte offset from P.w, without the stage's part
+  uint32_t dst[kCopies];  // byte offset in a Stage
+  uint8_t chunk[kCopies];
+
+  __device__ WeightCopies(const MatVecPart& P, int nbe, int row0) {
+#pragma unroll
+    for (int k = 0; k < kCopies; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * kThreads;
+      const int row = i / W::kChunks, c = i % W::kChunks;
+      src[k] = static_cast<uint32_t>(min(row0 + row, P.n_rows - 1)) *
+                   static_cast<uint32_t>(P.row_stride) + W::ChunkFixed(nbe, c);
+      dst[k] = static_cast<uint32_t>(row * W::kRow + 16 * c);
+      chunk[k] = static_cast<uint8_t>(c);
+    }
+  }
+
+  // The weight bytes of stage kh (columns 128 kh ..) of the CTA's rows into
+  // the stage at shared address st.
+  __device__ __forceinline__ void Issue(const MatVecPart& P, int kh, uint32_t st) const {
+#pragma unroll
+    for (int k = 0; k < kCopies; ++k) {
+      CpAsync16ZeroFill(st + dst[k], P.w + (src[k] + W::ChunkStep(kh, chunk[k])), true);
+    }
+  }
+};
 
 // Tokens past n_tokens are zero-filled (their products are 0 and unused).
 template <class W, int T>
@@ -148,8 +202,10 @@ __device__ __forceinline__ void MmaSubBlock(const Stage<W, 8 * NT>& st, int jj, 
 struct Q4KF16 {
   static constexpr int kRow = 96;
   static constexpr int kChunks = 5;  // header, 4 of quants
-  __device__ static int64_t ChunkOffset(int /*nbe*/, int kh, int c) {
-    return static_cast<int64_t>(kh >> 1) * 144 + (c == 0 ? 0 : 16 + 64 * (kh & 1) + 16 * (c - 1));
+  // Chunk c of stage kh is at byte ChunkFixed(c) + ChunkStep(kh, c) of the row.
+  __device__ static uint32_t ChunkFixed(int /*nbe*/, int c) { return c == 0 ? 0 : 16 * c; }
+  __device__ static uint32_t ChunkStep(int kh, int c) {
+    return static_cast<uint32_t>(kh >> 1) * 144 + (c == 0 ? 0 : 64 * (kh & 1));
   }
 
   // The half's (h) 6-bit scales sc_j and mins m_j, j = 4h .. 4h + 3, one
@@ -175,19 +231,30 @@ struct Q4KF16 {
     return r;
   }
 
-  // One stage (half h of block kb) for this warp's two m16 tiles.
+  // One stage (half h of block kb) for this warp's two m16 tiles: rows
+  // 32 warp + 16 i + g + 8 r for tile i, r = 0, 1. The four lanes of a quad
+  // (same g) need the same four rows' scales: lane t unpacks row (i, r) = (t
+  // / 2, t % 2) and the quad shares them by shuffles (16 shuffles instead of
+  // ~84 instructions of unpacking three more rows).
   template <int NT>
   __device__ static void Half(const Stage<Q4KF16, 8 * NT>& st, int kh, int warp, int g, int t,
                               float (&acc)[2][NT][4]) {
     const int h = kh & 1;
+    const int lane0 = (threadIdx.x & 31) & ~3;
     uint2 q[2][2][2];  // [tile][row g, g + 8][chunk]
+    const HalfScales mine = Scales(
+        *reinterpret_cast<const uint4*>(&st.w[32 * warp + 16 * (t >> 1) + g + 8 * (t & 1)][0]), h);
     HalfScales sc[2][2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = 32 * warp + 16 * i + g + 8 * r;
-        sc[i][r] = Scales(*reinterpret_cast<const uint4*>(&st.w[row][0]), h);
+        const int src = lane0 + 2 * i + r;
+        sc[i][r].s02 = H2(__shfl_sync(0xffffffffu, U32(mine.s02), src));
+        sc[i][r].s13 = H2(__shfl_sync(0xffffffffu, U32(mine.s13), src));
+        sc[i][r].m02 = H2(__shfl_sync(0xffffffffu, U32(mine.m02), src));
+        sc[i][r].m13 = H2(__shfl_sync(0xffffffffu, U32(mine.m13), src));
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           q[i][r][c] = *reinterpret_cast<const uint2*>(&st.w[row][16 + 32 * c + 8 * t]);
@@ -197,21 +264,24 @@ struct Q4KF16 {
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
       // Sub-block 4h + jj: chunk jj / 2 of the half, low nibbles for even jj.
-      const int c = jj >> 1, sh = 4 * (jj & 1);
+      const int c = jj >> 1;
+      const bool hi = jj & 1;
       uint32_t A[2][2][4];  // [tile][k16 step][a0..a3]
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const __half2 s2 = (jj & 1) ? sc[i][r].s13 : sc[i][r].s02;
-          const __half2 m2 = (jj & 1) ? sc[i][r].m13 : sc[i][r].m02;
+          const __half2 s2 = hi ? sc[i][r].s13 : sc[i][r].s02;
+          const __half2 m2 = hi ? sc[i][r].m13 : sc[i][r].m02;
           const __half2 s = (jj & 2) ? __high2half2(s2) : __low2half2(s2);
           const __half2 m = (jj & 2) ? __high2half2(m2) : __low2half2(m2);
 #pragma unroll
           for (int step = 0; step < 2; ++step) {
+            // Columns (0, 1) in bytes 0 and 2 of p, (2, 3) in bytes 1 and 3.
             const uint32_t p = Pairs(step ? q[i][r][c].y : q[i][r][c].x);
-            A[i][step][r] = Deq2(p, sh, s, m);
-            A[i][step][2 + r] = Deq2(p, sh + 8, s, m);
+            const uint32_t p8 = p >> 8;
+            A[i][step][r] = hi ? Deq2Hi(p, s, m) : Deq2Lo(p, s, m);
+            A[i][step][2 + r] = hi ? Deq2Hi(p8, s, m) : Deq2Lo(p8, s, m);
           }
         }
       }
@@ -230,22 +300,62 @@ struct Q4KF16 {
 struct Q6KF16 {
   static constexpr int kRow = 160;
   static constexpr int kChunks = 8;  // 4 of ql, 2 of qh, sc, d
-  __device__ static int64_t ChunkOffset(int nbe, int kh, int c) {
+  // Chunk c of stage kh is at byte ChunkFixed(c) + ChunkStep(kh, c) of the row.
+  __device__ static uint32_t ChunkFixed(int nbe, int c) {
     const formats::Q6KPlanes pl = formats::Q6KDplPlanes(static_cast<uint64_t>(nbe));
-    const int64_t kb = kh >> 1, h = kh & 1;
-    if (c < 4) return static_cast<int64_t>(pl.ql) + kb * 128 + 64 * h + 16 * c;
-    if (c < 6) return static_cast<int64_t>(pl.qh) + kb * 64 + 32 * h + 16 * (c - 4);
-    if (c == 6) return static_cast<int64_t>(pl.sc) + kb * 16;
-    return static_cast<int64_t>(pl.d) + (kb >> 3) * 16;
+    if (c < 4) return static_cast<uint32_t>(pl.ql) + 16 * c;
+    if (c < 6) return static_cast<uint32_t>(pl.qh) + 16 * (c - 4);
+    return static_cast<uint32_t>(c == 6 ? pl.sc : pl.d);
+  }
+  __device__ static uint32_t ChunkStep(int kh, int c) {
+    const uint32_t kb = static_cast<uint32_t>(kh >> 1), h = static_cast<uint32_t>(kh & 1);
+    if (c < 4) return kb * 128 + 64 * h;
+    if (c < 6) return kb * 64 + 32 * h;
+    return c == 6 ? kb * 16 : (kb >> 3) * 16;
   }
 
+  // The half's 8 int8 scales (bytes of sw) times d, as f16 pairs (j, j + 1)
+  // for j = 0, 2, 4, 6: int8 b is exact as (0x6400 | (b ^ 0x80)) - 1152.
+  struct HalfScales {
+    __half2 s[4];
+  };
+  __device__ static HalfScales Scales(uint2 sw, __half2 d) {
+    HalfScales r;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t w = k < 2 ? sw.x : sw.y;
+      const uint32_t b = __byte_perm(w, 0, (k & 1) ? 0x7372 : 0x7170);  // bytes 2k, 2k+1 -> halves
+      const __half2 v = __hsub2(H2((b ^ 0x00800080u) | 0x64006400u), H2(0x64806480u));
+      r.s[k] = __hmul2(v, d);
+    }
+    return r;
+  }
+
+  // As Q4KF16::Half, the quad shares the four rows' scales: lane t unpacks
+  // row (t / 2, t % 2), four shuffles a row.
   template <int NT>
   __device__ static void Half(const Stage<Q6KF16, 8 * NT>& st, int kh, int warp, int g, int t,
                               float (&acc)[2][NT][4]) {
     const int h = kh & 1, kb8 = (kh >> 1) & 7;
+    const int lane0 = (threadIdx.x & 31) & ~3;
     uint2 ql[2][2][2], qh[2][2];  // [tile][row g, g + 8]([ql half])
-    uint2 sw[2][2];               // the half's 8 int8 scales
-    __half2 d[2][2];
+    HalfScales sc[2][2];
+    {
+      const uint8_t* row = st.w[32 * warp + 16 * (t >> 1) + g + 8 * (t & 1)];
+      const HalfScales mine =
+          Scales(*reinterpret_cast<const uint2*>(row + 96 + 8 * h),
+                 __half2half2(*reinterpret_cast<const __half*>(row + 112 + 2 * kb8)));
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            sc[i][r].s[k] = H2(__shfl_sync(0xffffffffu, U32(mine.s[k]), lane0 + 2 * i + r));
+          }
+        }
+      }
+    }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -254,8 +364,6 @@ struct Q6KF16 {
         ql[i][r][0] = *reinterpret_cast<const uint2*>(row + 8 * t);
         ql[i][r][1] = *reinterpret_cast<const uint2*>(row + 32 + 8 * t);
         qh[i][r] = *reinterpret_cast<const uint2*>(row + 64 + 8 * t);
-        sw[i][r] = *reinterpret_cast<const uint2*>(row + 96 + 8 * h);
-        d[i][r] = __half2half2(*reinterpret_cast<const __half*>(row + 112 + 2 * kb8));
       }
     }
 #pragma unroll
@@ -266,22 +374,22 @@ struct Q6KF16 {
       for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const uint32_t word = q < 2 ? sw[i][r].x : sw[i][r].y;
-          const int sb = 2 * (q & 1) + (t >> 1);  // byte of that word
-          const __half sc = __int2half_rn(static_cast<int8_t>((word >> (8 * sb)) & 0xFF));
-          const __half2 s = __hmul2(__half2half2(sc), d[i][r]);
+          const __half2 s = (t >> 1) ? __high2half2(sc[i][r].s[q]) : __low2half2(sc[i][r].s[q]);
           const uint2 lw = ql[i][r][q & 1];
-          const int sh = 4 * (q >> 1), shh = 2 * q;
 #pragma unroll
           for (int step = 0; step < 2; ++step) {
             const uint32_t p = Pairs(step ? lw.y : lw.x);
             const uint32_t ph = Pairs(step ? qh[i][r].y : qh[i][r].x);
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {  // columns (0, 1), then (2, 3)
-              const uint32_t v = ((p >> (sh + 8 * hi)) & 0x000F000Fu) |
-                                 (((ph >> (shh + 8 * hi)) & 0x00030003u) << 4) | 0x64006400u;
-              // v - 1056 = the 6-bit value - 32, exact; one rounding by s.
-              A[i][step][2 * hi + r] = U32(__hmul2(__hsub2(H2(v), H2(0x64206420u)), s));
+              // The nibble sits at bit 4 (q >> 1) + 8 hi of p, the two high
+              // bits at 2 q + 8 hi of ph; Q6Pair wants the nibble at bit P
+              // of (hi ? p >> 8 : p) and the two bits at P + 4.
+              const uint32_t lo = hi ? p >> 8 : p;
+              const int shift = 2 * q + 8 * hi - (4 * (q >> 1) + 4);
+              const uint32_t hb = shift >= 0 ? ph >> shift : ph << -shift;
+              const __half2 v = (q >> 1) ? Q6Pair<4>(lo, hb) : Q6Pair<0>(lo, hb);
+              A[i][step][2 * hi + r] = U32(__hmul2(v, s));
             }
           }
         }
@@ -322,9 +430,10 @@ __global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs 
     for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
   // The first stages' weights before the wait (they never change), then
   // their activations, one commit group a stage (the weights ride in group 0).
+  const WeightCopies<W> copies(P, nbe, row0);
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_it) StageWeights(P, nbe, row0, kh0 + s, stage[s]);
+    if (s < n_it) copies.Issue(P, kh0 + s, SmemAddr(&stage[s]));
   }
   GridDependencyWait();
   GridLaunchDependents();
@@ -338,7 +447,7 @@ __global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs 
     __syncthreads();        // ... every thread's, and stage it - 1 is consumed
     const int nx = it + kS - 1;
     if (nx < n_it) {
-      StageWeights(P, nbe, row0, kh0 + nx, stage[nx % kS]);
+      copies.Issue(P, kh0 + nx, SmemAddr(&stage[nx % kS]));
       StageActivations(a, kh0 + nx, stage[nx % kS]);
     }
     CpAsyncCommit();
@@ -404,10 +513,12 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
   for (int i = 0; i < args.n_parts; ++i) {
     const MatVecPart& p = args.part[i];
     if (p.splits < 1 || p.splits > args.n_cols / kStageCols ||
-        (p.splits > 1 && p.partial == nullptr) || p.row_stride % 16 != 0) {
+        (p.splits > 1 && p.partial == nullptr) || p.row_stride % 16 != 0 ||
+        int64_t{p.n_rows} * p.row_stride >= kMmaF16MaxMatrixBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "matvec f16 mma: part ", i, " splits k ", p.splits, " ways (1..", args.n_cols / kStageCols,
-          ", partials needed for more than 1), row stride ", p.row_stride, " (16-byte multiple)"));
+          ", partials needed for more than 1), row stride ", p.row_stride,
+          " (16-byte multiple), ", p.n_rows, " rows (under 4 GiB in all)"));
     }
     splits = std::max(splits, p.splits);
   }
