@@ -78,18 +78,18 @@ struct DecodeTuning {
   // form (matvec_mma_f16.cu: weights dequantized in registers into f16
   // fragments, f32 accumulation over the whole row, a cp.async pipeline of
   // weights and activations) instead of the int8 form; > kMmaMaxTokens:
-  // never. Measured on an H100 (2026-12-06, matvec_bench, 7B shapes, f16 /
-  // int8 time): q4_K gate/up 0.87 / 1.00 / 0.81 / 1.13x faster at 4 / 16 /
-  // 32 / 64 tokens, down 0.75 / 0.83 / 1.07 / 1.86x, q/o 0.80 / 0.94 / 1.06 /
-  // 1.48x; q6_K down 1.04 / 1.08 / 1.35 / 1.74x, lm head 1.18 / 1.18 / 1.32 /
-  // 1.57x. dpl-bench 7B with both at 2: 64 sequences 6,357 -> 8,610 t/s, 16
-  // 3,971 -> 3,600, 4 1,206 -> 1,039; with q4_K at 33 and q6_K at 2: 64
-  // 6,364 -> 8,634, 32 5,426 -> 5,714, 4-16 within 0.4% (docs/PERF.md). q6_K
-  // starts at 17, not 2: at 2-16 rows it gained nothing in the step, and its
-  // f16 activations move a random-weight model's greedy tokens off the
+  // never. Measured on an H100 (2026-12-06, second session: whole-block
+  // stages; matvec_bench, 7B shapes, int8 time / f16 time at 4 / 16 / 32 /
+  // 64 tokens): q4_K gate/up 0.98 / 1.13 / 1.21 / 1.17x, down 0.91 / 1.02 /
+  // 1.31 / 1.90x, q/o 1.03 / 1.09 / 1.22 / 1.49x; q6_K down 1.13 / 1.22 /
+  // 1.44 / 1.98x, lm head 1.51 / 1.45 / 1.64 / 1.86x. dpl-bench 7B, q4_K on
+  // from 2 against 33: 4 sequences 1,215 -> 1,145 t/s, 8 2,334 -> 2,200, 16
+  // 3,982 -> 4,124, 32 5,774 -> 6,900 (docs/PERF.md); hence q4_K from 9 (the
+  // 16-token n-tiles' first count). q6_K starts at 17, not 2: its f16
+  // activations move a random-weight model's greedy tokens off the
   // single-stream ones (cuda_engine_gpu_test, 3 rows), which the int8 form
   // (the same integer dots as the one-row kernel) keeps.
-  int mma_f16_min_tokens = 33;
+  int mma_f16_min_tokens = 9;
   int mma_f16_min_tokens_q6k = 17;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a

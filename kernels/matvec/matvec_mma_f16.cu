@@ -1,4 +1,4 @@
-// q4_K weights times 2 to kMmaMaxTokens f16 token rows on the f16 tensor
+// q4_K and q6_K (dpl) weights times 2 to kMmaMaxTokens f16 token rows on the f16 tensor
 // cores, Marlin's arithmetic with a multi-stage weight pipeline:
 //   y[t, r] = sum_k w[r, k] x[t, k] (+ bias[r]) (+ residual[t, r]),
 //   w[r, k] = d sc_j q - dmin m_j   (k in sub-block j of 32, q the nibble)
@@ -11,9 +11,9 @@
 // quantizers write beside the int8 blocks (QuantOut::h).
 //
 // CTA: 4 warps over kMmaF16CtaRows = 128 rows (warp w rows 32w..32w+31, two
-// m16 tiles) and all T = 8 NT tokens, walking k 128 columns (half a q4_K
-// block) a stage. Weights and activations of each stage go global ->
-// shared by cp.async, kStages stages in flight (the weights of the first
+// m16 tiles) and all T = 8 NT tokens, walking k a whole 256-column block a
+// stage (half a block at 64 tokens: W::kCols). Weights and activations of
+// each stage go global -> shared by cp.async, kStages stages in flight (the weights of the first
 // stages issued before the grid dependency wait: weights never change).
 // Why (H200, docs/PERF.md "f16 weights dequantized in registers"): the same
 // arithmetic with each block's weights loaded into registers at the top of
@@ -57,17 +57,27 @@ namespace {
 
 constexpr int kWarps = kMmaF16CtaRows / 32;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kStageCols = 128;  // half a 256-column block
-// One token's activations in a stage, in halves: 128 + 32 padding, 320
-// bytes, so a quarter-warp's 16-byte loads (tokens g, g + 1) hit all banks.
-constexpr int kXRow = kStageCols + 32;
+// A stage is W::kCols columns: a whole 256-column block, or half of one.
+// Why whole blocks (H100, tools/perf/stage_copy_probe.cu, the copies alone
+// with no arithmetic, 7B gate/up): half-block stages (the header again
+// with each half, 80 bytes a row a stage) move 1.63-1.88 TB/s, whole
+// blocks (144 bytes a row) 2.04-2.23 TB/s. Half stages stay where whole
+// ones would not fit two CTAs a SM: 64 tokens' activations.
+constexpr int kMinStageCols = 128;
+// One token's activations in a stage, in halves: kCols + 32 padding, so a
+// quarter-warp's 16-byte loads (tokens g, g + 1) hit all banks.
+template <class W>
+constexpr int XRow() {
+  return W::kCols + 32;
+}
 
-// One stage: the CTA's rows' weight bytes for 128 columns (W::kRow bytes a
-// row, W::kChunks 16-byte copies of them) and the tokens' activations.
+// One stage: the CTA's rows' weight bytes for W::kCols columns (W::kRow
+// bytes a row, W::kChunks 16-byte copies of them) and the tokens'
+// activations.
 template <class W, int T>
 struct Stage {
   uint8_t w[kMmaF16CtaRows][W::kRow];
-  __half x[T][kXRow];
+  __half x[T][XRow<W>()];
 };
 
 // Stages in flight: as many as keep two CTAs a SM (shared memory <= ~110
@@ -156,17 +166,19 @@ struct WeightCopies {
   }
 };
 
-// Tokens past n_tokens are zero-filled (their products are 0 and unused).
+// Stage ks's activations (columns W::kCols ks ..). Tokens past n_tokens
+// are zero-filled (their products are 0 and unused).
 template <class W, int T>
-__device__ __forceinline__ void StageActivations(const MatVecArgs& a, int kh, Stage<W, T>& st) {
-  static_assert(T * 16 % kThreads == 0, "copies split evenly over the CTA");
+__device__ __forceinline__ void StageActivations(const MatVecArgs& a, int ks, Stage<W, T>& st) {
+  constexpr int kPerTok = W::kCols / 8;  // 16-byte copies a token
+  static_assert(T * kPerTok % kThreads == 0, "copies split evenly over the CTA");
 #pragma unroll
-  for (int k = 0; k < T * 16 / kThreads; ++k) {
+  for (int k = 0; k < T * kPerTok / kThreads; ++k) {
     const int i = static_cast<int>(threadIdx.x) + k * kThreads;
-    const int tok = i >> 4, c = i & 15;
+    const int tok = i / kPerTok, c = i % kPerTok;
     const bool ok = tok < a.n_tokens;
     const __half* src =
-        a.xh + static_cast<int64_t>(ok ? tok : 0) * a.n_cols + kh * kStageCols + 8 * c;
+        a.xh + static_cast<int64_t>(ok ? tok : 0) * a.n_cols + ks * W::kCols + 8 * c;
     CpAsync16ZeroFill(SmemAddr(&st.x[tok][8 * c]), src, ok);
   }
 }
@@ -177,14 +189,16 @@ __device__ __forceinline__ void StageActivations(const MatVecArgs& a, int kh, St
 __device__ __forceinline__ uint32_t Pairs(uint32_t w) { return __byte_perm(w, 0, 0x3120); }
 
 // c += A B for this warp's two m16 tiles and every n-tile of tokens, on one
-// 32-column sub-block jj: A[i][step] the tiles' fragments of its two k16
-// steps, B from the staged activations (columns 32 jj + 8t .. +7).
+// 32-column sub-block jj of the stage's half at column x0: A[i][step] the
+// tiles' fragments of its two k16 steps, B from the staged activations
+// (columns x0 + 32 jj + 8t .. +7).
 template <class W, int NT>
-__device__ __forceinline__ void MmaSubBlock(const Stage<W, 8 * NT>& st, int jj, int g, int t,
-                                            const uint32_t (&A)[2][2][4], float (&acc)[2][NT][4]) {
+__device__ __forceinline__ void MmaSubBlock(const Stage<W, 8 * NT>& st, int x0, int jj, int g,
+                                            int t, const uint32_t (&A)[2][2][4],
+                                            float (&acc)[2][NT][4]) {
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
-    const uint4 b = *reinterpret_cast<const uint4*>(&st.x[8 * n + g][32 * jj + 8 * t]);
+    const uint4 b = *reinterpret_cast<const uint4*>(&st.x[8 * n + g][x0 + 32 * jj + 8 * t]);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       Mma16816(acc[i][n], A[i][0], b.x, b.y);
@@ -196,16 +210,21 @@ __device__ __forceinline__ void MmaSubBlock(const Stage<W, 8 * NT>& st, int jj, 
 // q4_K (raw 144-byte blocks: d, dmin, scales[12], qs[128]; qs[32c + l] holds
 // sub-block 2c in its low nibble, 2c + 1 in its high one):
 //   w = d sc_j q - dmin m_j
-// A stage row (96 bytes): the block header and the half's 64 quant bytes,
-// padded so that a half-warp's 8-byte quant loads (rows g..g+3) fall on
-// distinct banks.
+// A stage row: the whole block (144 bytes, in a 160-byte row), or for
+// half-block stages the header and the half's 64 quant bytes (in 96);
+// strides chosen so that a half-warp's 8-byte quant loads (rows g..g+3)
+// fall on distinct banks.
+template <int kStageCols>
 struct Q4KF16 {
-  static constexpr int kRow = 96;
-  static constexpr int kChunks = 5;  // header, 4 of quants
-  // Chunk c of stage kh is at byte ChunkFixed(c) + ChunkStep(kh, c) of the row.
-  __device__ static uint32_t ChunkFixed(int /*nbe*/, int c) { return c == 0 ? 0 : 16 * c; }
-  __device__ static uint32_t ChunkStep(int kh, int c) {
-    return static_cast<uint32_t>(kh >> 1) * 144 + (c == 0 ? 0 : 64 * (kh & 1));
+  static constexpr int kCols = kStageCols;
+  static constexpr bool kWhole = kCols == 256;
+  static constexpr int kRow = kWhole ? 160 : 96;
+  static constexpr int kChunks = kWhole ? 9 : 5;  // header, 8 (4) of quants
+  // Chunk c of stage ks is at byte ChunkFixed(c) + ChunkStep(ks, c) of the row.
+  __device__ static uint32_t ChunkFixed(int /*nbe*/, int c) { return 16 * c; }
+  __device__ static uint32_t ChunkStep(int ks, int c) {
+    if (kWhole) return static_cast<uint32_t>(ks) * 144;
+    return static_cast<uint32_t>(ks >> 1) * 144 + (c == 0 ? 0 : 64 * (ks & 1));
   }
 
   // The half's (h) 6-bit scales sc_j and mins m_j, j = 4h .. 4h + 3, one
@@ -237,9 +256,9 @@ struct Q4KF16 {
   // / 2, t % 2) and the quad shares them by shuffles (16 shuffles instead of
   // ~84 instructions of unpacking three more rows).
   template <int NT>
-  __device__ static void Half(const Stage<Q4KF16, 8 * NT>& st, int kh, int warp, int g, int t,
-                              float (&acc)[2][NT][4]) {
-    const int h = kh & 1;
+  __device__ static void Half(const Stage<Q4KF16, 8 * NT>& st, int h, int /*kb*/, int warp, int g,
+                              int t, float (&acc)[2][NT][4]) {
+    const int q0 = 16 + (kWhole ? 64 * h : 0);  // the half's quants in the stage row
     const int lane0 = (threadIdx.x & 31) & ~3;
     uint2 q[2][2][2];  // [tile][row g, g + 8][chunk]
     const HalfScales mine = Scales(
@@ -257,7 +276,7 @@ struct Q4KF16 {
         sc[i][r].m13 = H2(__shfl_sync(0xffffffffu, U32(mine.m13), src));
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          q[i][r][c] = *reinterpret_cast<const uint2*>(&st.w[row][16 + 32 * c + 8 * t]);
+          q[i][r][c] = *reinterpret_cast<const uint2*>(&st.w[row][q0 + 32 * c + 8 * t]);
         }
       }
     }
@@ -285,7 +304,7 @@ struct Q4KF16 {
           }
         }
       }
-      MmaSubBlock<Q4KF16, NT>(st, jj, g, t, A, acc);
+      MmaSubBlock<Q4KF16, NT>(st, kWhole ? 128 * h : 0, jj, g, t, A, acc);
     }
   }
 };
@@ -294,24 +313,31 @@ struct Q4KF16 {
 // formats/tensor_layout.h): element l of half h, quarter q = l / 32, is
 //   w = d sc_{8h + 2q + (l % 32) / 16} (v - 32),
 //   v = nibble q / 2 of ql[64h + 32 (q & 1) + l % 32] | bits 2q, 2q+1 of qh[32h + l % 32] << 4.
-// A stage row (160 bytes): the half's ql (64) and qh (32), the block's 16
-// scales and the 16-byte chunk of d holding this block's; 160 so that a
-// half-warp's 8-byte loads (rows g..g+3) fall on distinct banks.
+// A stage row: the block's ql (128) and qh (64), or for half-block stages
+// the half's (64, 32); then the block's 16 scales and the 16-byte chunk of
+// d holding this block's: 224 (160) bytes, so that a half-warp's 8-byte
+// loads (rows g..g+3) fall on distinct banks.
+template <int kStageCols>
 struct Q6KF16 {
-  static constexpr int kRow = 160;
-  static constexpr int kChunks = 8;  // 4 of ql, 2 of qh, sc, d
-  // Chunk c of stage kh is at byte ChunkFixed(c) + ChunkStep(kh, c) of the row.
+  static constexpr int kCols = kStageCols;
+  static constexpr bool kWhole = kCols == 256;
+  static constexpr int kRow = kWhole ? 224 : 160;
+  static constexpr int kQl = kWhole ? 8 : 4, kQh = kWhole ? 4 : 2;  // chunks of each
+  static constexpr int kChunks = kQl + kQh + 2;                      // + sc, d
+  static constexpr int kQhAt = 16 * kQl, kScAt = kQhAt + 16 * kQh, kDAt = kScAt + 16;
+  // Chunk c of stage ks is at byte ChunkFixed(c) + ChunkStep(ks, c) of the row.
   __device__ static uint32_t ChunkFixed(int nbe, int c) {
     const formats::Q6KPlanes pl = formats::Q6KDplPlanes(static_cast<uint64_t>(nbe));
-    if (c < 4) return static_cast<uint32_t>(pl.ql) + 16 * c;
-    if (c < 6) return static_cast<uint32_t>(pl.qh) + 16 * (c - 4);
-    return static_cast<uint32_t>(c == 6 ? pl.sc : pl.d);
+    if (c < kQl) return static_cast<uint32_t>(pl.ql) + 16 * c;
+    if (c < kQl + kQh) return static_cast<uint32_t>(pl.qh) + 16 * (c - kQl);
+    return static_cast<uint32_t>(c == kQl + kQh ? pl.sc : pl.d);
   }
-  __device__ static uint32_t ChunkStep(int kh, int c) {
-    const uint32_t kb = static_cast<uint32_t>(kh >> 1), h = static_cast<uint32_t>(kh & 1);
-    if (c < 4) return kb * 128 + 64 * h;
-    if (c < 6) return kb * 64 + 32 * h;
-    return c == 6 ? kb * 16 : (kb >> 3) * 16;
+  __device__ static uint32_t ChunkStep(int ks, int c) {
+    const uint32_t kb = static_cast<uint32_t>(kWhole ? ks : ks >> 1);
+    const uint32_t h = kWhole ? 0 : static_cast<uint32_t>(ks & 1);
+    if (c < kQl) return kb * 128 + 64 * h;
+    if (c < kQl + kQh) return kb * 64 + 32 * h;
+    return c == kQl + kQh ? kb * 16 : (kb >> 3) * 16;
   }
 
   // The half's 8 int8 scales (bytes of sw) times d, as f16 pairs (j, j + 1)
@@ -334,17 +360,18 @@ struct Q6KF16 {
   // As Q4KF16::Half, the quad shares the four rows' scales: lane t unpacks
   // row (t / 2, t % 2), four shuffles a row.
   template <int NT>
-  __device__ static void Half(const Stage<Q6KF16, 8 * NT>& st, int kh, int warp, int g, int t,
-                              float (&acc)[2][NT][4]) {
-    const int h = kh & 1, kb8 = (kh >> 1) & 7;
+  __device__ static void Half(const Stage<Q6KF16, 8 * NT>& st, int h, int kb, int warp, int g,
+                              int t, float (&acc)[2][NT][4]) {
+    const int kb8 = kb & 7;
+    const int ql0 = kWhole ? 64 * h : 0, qh0 = kQhAt + (kWhole ? 32 * h : 0);
     const int lane0 = (threadIdx.x & 31) & ~3;
     uint2 ql[2][2][2], qh[2][2];  // [tile][row g, g + 8]([ql half])
     HalfScales sc[2][2];
     {
       const uint8_t* row = st.w[32 * warp + 16 * (t >> 1) + g + 8 * (t & 1)];
       const HalfScales mine =
-          Scales(*reinterpret_cast<const uint2*>(row + 96 + 8 * h),
-                 __half2half2(*reinterpret_cast<const __half*>(row + 112 + 2 * kb8)));
+          Scales(*reinterpret_cast<const uint2*>(row + kScAt + 8 * h),
+                 __half2half2(*reinterpret_cast<const __half*>(row + kDAt + 2 * kb8)));
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -361,9 +388,9 @@ struct Q6KF16 {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint8_t* row = st.w[32 * warp + 16 * i + g + 8 * r];
-        ql[i][r][0] = *reinterpret_cast<const uint2*>(row + 8 * t);
-        ql[i][r][1] = *reinterpret_cast<const uint2*>(row + 32 + 8 * t);
-        qh[i][r] = *reinterpret_cast<const uint2*>(row + 64 + 8 * t);
+        ql[i][r][0] = *reinterpret_cast<const uint2*>(row + ql0 + 8 * t);
+        ql[i][r][1] = *reinterpret_cast<const uint2*>(row + ql0 + 32 + 8 * t);
+        qh[i][r] = *reinterpret_cast<const uint2*>(row + qh0 + 8 * t);
       }
     }
 #pragma unroll
@@ -394,7 +421,7 @@ struct Q6KF16 {
           }
         }
       }
-      MmaSubBlock<Q6KF16, NT>(st, q, g, t, A, acc);
+      MmaSubBlock<Q6KF16, NT>(st, kWhole ? 128 * h : 0, q, g, t, A, acc);
     }
   }
 };
@@ -405,8 +432,9 @@ __device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
 
 // grid (1, row blocks of kMmaF16CtaRows over all parts, max splits), 4
 // warps, kStages stages of dynamic shared memory. CTA (y, z) takes its
-// part's rows 128 (y - row_block0) .. +127 and the 128-column stages
-// [nh z / splits, nh (z + 1) / splits).
+// part's rows 128 (y - row_block0) .. +127 and the W::kCols-column stages
+// [ns z / splits, ns (z + 1) / splits) (none for some splits of a short
+// row: their partials are zeros).
 template <class W, int NT>
 __global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs a) {
   constexpr int T = 8 * NT, kS = StagesFor<W, NT>();
@@ -421,8 +449,8 @@ __global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int row0 = (static_cast<int>(blockIdx.y) - P.row_block0) * kMmaF16CtaRows;
-  const int nh = a.n_cols / kStageCols, nbe = a.n_cols / 256;
-  const int kh0 = nh * z / P.splits, n_it = nh * (z + 1) / P.splits - kh0;
+  const int ns = a.n_cols / W::kCols, nbe = a.n_cols / 256;
+  const int ks0 = ns * z / P.splits, n_it = ns * (z + 1) / P.splits - ks0;
   float acc[2][NT][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -433,13 +461,13 @@ __global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs 
   const WeightCopies<W> copies(P, nbe, row0);
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_it) copies.Issue(P, kh0 + s, SmemAddr(&stage[s]));
+    if (s < n_it) copies.Issue(P, ks0 + s, SmemAddr(&stage[s]));
   }
   GridDependencyWait();
   GridLaunchDependents();
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_it) StageActivations(a, kh0 + s, stage[s]);
+    if (s < n_it) StageActivations(a, ks0 + s, stage[s]);
     CpAsyncCommit();
   }
   for (int it = 0; it < n_it; ++it) {
@@ -447,11 +475,16 @@ __global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs 
     __syncthreads();        // ... every thread's, and stage it - 1 is consumed
     const int nx = it + kS - 1;
     if (nx < n_it) {
-      copies.Issue(P, kh0 + nx, SmemAddr(&stage[nx % kS]));
-      StageActivations(a, kh0 + nx, stage[nx % kS]);
+      copies.Issue(P, ks0 + nx, SmemAddr(&stage[nx % kS]));
+      StageActivations(a, ks0 + nx, stage[nx % kS]);
     }
     CpAsyncCommit();
-    W::template Half<NT>(stage[it % kS], kh0 + it, warp, g, t, acc);
+    const int ks = ks0 + it;
+#pragma unroll
+    for (int hh = 0; hh < W::kCols / 128; ++hh) {  // the stage's halves of a block
+      const int h = W::kCols == 256 ? hh : ks & 1, kb = W::kCols == 256 ? ks : ks >> 1;
+      W::template Half<NT>(stage[it % kS], h, kb, warp, g, t, acc);
+    }
   }
   // Thread (g, t) holds rows 32 warp + 16 i + g, + 8 x tokens 8n + 2t, + 1.
 #pragma unroll
@@ -486,13 +519,15 @@ absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl
                       dim3(kThreads), kSmem, stream, pdl, args);
 }
 
-template <class W>
+// Whole-block stages up to 32 tokens; at 64 the tokens' activations of a
+// whole block would leave one CTA a SM, so half blocks.
+template <template <int> class W>
 absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
                        cudaStream_t stream) {
-  if (args.n_tokens <= 8) return Launch<W, 1>(args, grid_y, splits, pdl, stream);
-  if (args.n_tokens <= 16) return Launch<W, 2>(args, grid_y, splits, pdl, stream);
-  if (args.n_tokens <= 32) return Launch<W, 4>(args, grid_y, splits, pdl, stream);
-  return Launch<W, 8>(args, grid_y, splits, pdl, stream);
+  if (args.n_tokens <= 8) return Launch<W<256>, 1>(args, grid_y, splits, pdl, stream);
+  if (args.n_tokens <= 16) return Launch<W<256>, 2>(args, grid_y, splits, pdl, stream);
+  if (args.n_tokens <= 32) return Launch<W<256>, 4>(args, grid_y, splits, pdl, stream);
+  return Launch<W<128>, 8>(args, grid_y, splits, pdl, stream);
 }
 
 }  // namespace
@@ -512,11 +547,11 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
   int splits = 1;
   for (int i = 0; i < args.n_parts; ++i) {
     const MatVecPart& p = args.part[i];
-    if (p.splits < 1 || p.splits > args.n_cols / kStageCols ||
+    if (p.splits < 1 || p.splits > args.n_cols / kMinStageCols ||
         (p.splits > 1 && p.partial == nullptr) || p.row_stride % 16 != 0 ||
         int64_t{p.n_rows} * p.row_stride >= kMmaF16MaxMatrixBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "matvec f16 mma: part ", i, " splits k ", p.splits, " ways (1..", args.n_cols / kStageCols,
+          "matvec f16 mma: part ", i, " splits k ", p.splits, " ways (1..", args.n_cols / kMinStageCols,
           ", partials needed for more than 1), row stride ", p.row_stride,
           " (16-byte multiple), ", p.n_rows, " rows (under 4 GiB in all)"));
     }
