@@ -11,10 +11,15 @@
 //   half:  exactly that (5 chunks a row a stage, 96-byte smem rows);
 //   block: a stage is a whole 256-column block (9 chunks, 144 bytes a row);
 //   ldg:   no shared memory: each thread loads the same chunks with 16-byte
-//          global loads into registers, kS stages ahead (register ring).
+//          global loads into registers, kS stages ahead (register ring);
+//   bulk:  the bulk-copy engine (TMA's 1-D form, cp.async.bulk): thread r
+//          copies row r's kB whole blocks (144 kB bytes) with one
+//          instruction, completion counted on one mbarrier a stage.
 // `pad` bytes of extra dynamic shared memory limit CTAs per SM.
 //
 // Build and run (device): nvcc -O3 -std=c++17 -arch=sm_90a -o copyprobe stage_copy_probe.cu && ./copyprobe
+#include <cuda/ptx>
+
 #include "probe_util.cuh"
 
 namespace {
@@ -32,9 +37,13 @@ __device__ __forceinline__ int64_t ChunkOffset(int kh, int c) {
   return static_cast<int64_t>(kh >> 1) * 144 + (c == 0 ? 0 : 16 + 64 * (kh & 1) + 16 * (c - 1));
 }
 
-template <int kS, bool kBlock>
+// kTiled (whole blocks only): the bytes as a tile-major layout would hold
+// them, the CTA's 128 rows' block kb contiguous (18 KB), row blocks one
+// after another: what a converter could write for this kernel.
+template <int kS, bool kBlock, bool kTiled = false>
 __global__ void __launch_bounds__(kThreads) CopySmem(const uint8_t* w, int64_t stride, int n_rows,
                                                      int n_stages, int splits, uint32_t* sink) {
+  static_assert(kBlock || !kTiled, "tiles are whole blocks");
   constexpr int kChunks = kBlock ? 9 : 5, kRowBytes = kBlock ? 160 : 96;
   constexpr int kCopies = kRows * kChunks / kThreads;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -47,14 +56,17 @@ __global__ void __launch_bounds__(kThreads) CopySmem(const uint8_t* w, int64_t s
   for (int k = 0; k < kCopies; ++k) {
     const int i = threadIdx.x + k * kThreads, r = i / kChunks;
     ch[k] = i % kChunks;
-    src[k] = w + static_cast<int64_t>(min(row0 + r, n_rows - 1)) * stride;
+    src[k] = kTiled ? w + (static_cast<int64_t>(blockIdx.y) * n_stages * kRows + r) * 144
+                    : w + static_cast<int64_t>(min(row0 + r, n_rows - 1)) * stride;
     dst[k] = SmemAddr(smem) + r * kRowBytes + 16 * ch[k];
   }
   constexpr int kStage = kRows * kRowBytes;
   auto issue = [&](int kh, int s) {
 #pragma unroll
     for (int k = 0; k < kCopies; ++k) {
-      CpAsync16ZeroFill(dst[k] + s * kStage, src[k] + ChunkOffset<kBlock>(kh, ch[k]), true);
+      const int64_t at = kTiled ? static_cast<int64_t>(kh) * kRows * 144 + 16 * ch[k]
+                                : ChunkOffset<kBlock>(kh, ch[k]);
+      CpAsync16ZeroFill(dst[k] + s * kStage, src[k] + at, true);
     }
   };
   for (int s = 0; s < kS - 1; ++s) {
@@ -112,9 +124,48 @@ __global__ void __launch_bounds__(kThreads) CopyLdg(const uint8_t* w, int64_t st
   if (acc == 0x12345679u) sink[0] = acc;
 }
 
+// kB whole blocks a row a stage, kS stages.
+template <int kS, int kB>
+__global__ void __launch_bounds__(kThreads) CopyBulk(const uint8_t* w, int64_t stride, int n_rows,
+                                                     int nbe, int splits, uint32_t* sink) {
+  namespace ptx = cuda::ptx;
+  constexpr int kRowBytes = 144 * kB + 16, kStage = kRows * kRowBytes;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ uint64_t bar[kS];
+  const int row0 = blockIdx.y * kRows, z = blockIdx.z;
+  const int ns = nbe / kB;
+  const int ks0 = ns * z / splits, n_it = ns * (z + 1) / splits - ks0;
+  if (threadIdx.x < kS) ptx::mbarrier_init(&bar[threadIdx.x], kThreads);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncthreads();
+  const uint8_t* src = w + static_cast<int64_t>(min(row0 + static_cast<int>(threadIdx.x), n_rows - 1)) * stride;
+  auto issue = [&](int ks, int s) {
+    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bar[s],
+                                   144u * kB);
+    ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global,
+                       smem + s * kStage + threadIdx.x * kRowBytes, src + static_cast<int64_t>(ks) * kB * 144,
+                       144u * kB, &bar[s]);
+  };
+  for (int s = 0; s < kS - 1 && s < n_it; ++s) issue(ks0 + s, s);
+  uint32_t acc = 0;
+  for (int it = 0; it < n_it; ++it) {
+    const int s = it % kS;
+    while (!ptx::mbarrier_try_wait_parity(&bar[s], static_cast<uint32_t>((it / kS) & 1))) {
+    }
+    __syncthreads();  // every thread is past stage it - 1, whose buffer is refilled next
+    const int nx = it + kS - 1;
+    if (nx < n_it) issue(ks0 + nx, nx % kS);
+    acc ^= *reinterpret_cast<const uint32_t*>(smem + s * kStage + 4 * threadIdx.x);
+  }
+  if (acc == 0x12345679u) sink[0] = acc;
+}
+
 }  // namespace
 
-int main() {
+// ./copyprobe: every variant; ./copyprobe bulk: the bulk ones and the
+// whole-block cp.async ones beside them.
+int main(int argc, char** argv) {
+  const bool only_bulk = argc > 1 && std::strcmp(argv[1], "bulk") == 0;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
@@ -152,7 +203,25 @@ int main() {
              kernel<<<grid, block>>>(d.at(i), d.stride, rows, nh, splits, sink);
            }, 100));
   };
+  auto bulk = [&](auto kernel, int stages, int blocks, int splits, const char* name) {
+    const int smem = stages * kRows * (144 * blocks + 16);
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const dim3 grid(1, (rows + kRows - 1) / kRows, splits);
+    report(name, splits, 0, probe::TimeLaunches([&](int i) {
+             kernel<<<grid, block, smem>>>(d.at(i), d.stride, rows, nbe, splits, sink);
+           }, 100));
+  };
   for (int splits : {1, 2, 4, 7}) {
+    bulk(CopyBulk<3, 1>, 3, 1, splits, "bulk3");
+    bulk(CopyBulk<4, 1>, 4, 1, splits, "bulk4");
+    bulk(CopyBulk<2, 2>, 2, 2, splits, "bulk2x2");
+    bulk(CopyBulk<3, 2>, 3, 2, splits, "bulk3x2");
+    whole(CopySmem<3, true>, 3, splits, 0, "block3");
+    whole(CopySmem<3, true, true>, 3, splits, 0, "tiled3");
+    whole(CopySmem<2, true, true>, 2, splits, 0, "tiled2");
+  }
+  for (int splits : {1, 2, 4, 7}) {
+    if (only_bulk) break;
     half(CopySmem<4, false>, 4, splits, 0, "half4");
     half(CopySmem<3, false>, 3, splits, 0, "half3");
     half(CopySmem<2, false>, 2, splits, 0, "half2");
