@@ -130,11 +130,8 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   o.host = args["host"].as<std::string>();
   o.port = args["port"].as<int>();
   if (args.count("api-key")) o.api_key = args["api-key"].as<std::string>();
-  // Accepted "model" values: the alias, the path as given, the file name and
-  // its stem ("tiny.gguf", "tiny").
   const std::filesystem::path p(path);
   o.model_id = args.count("alias") ? args["alias"].as<std::string>() : p.filename().string();
-  o.model_names = {o.model_id, path, p.filename().string(), p.stem().string()};
   o.n_slots = args["parallel"].as<int>();
   o.scheduler.max_queue = args["queue"].as<int>();
   o.scheduler.prefill_chunk = args["ubatch-size"].as<int>();

@@ -85,7 +85,9 @@ expect 400 "max_tokens negative" "$C" -d "$(chat ',"max_tokens":-3')"
 expect 400 "n = 2" "$C" -d "$(chat ',"n":2')"
 expect 400 "presence_penalty unsupported" "$C" -d "$(chat ',"presence_penalty":0.5')"
 body_has "names presence_penalty" "'presence_penalty' is not supported"
-expect 404 "unknown model" "$C" -d '{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}'
+expect 200 "any model name (one model a process, as llama-server)" "$C" -d '{"model":"gpt-9","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
+body_has "answers with the served model" '"model":"tiny-qwen2-vocab-q4km.gguf"'
+expect 200 "max_tokens -1: until the context ends" "$url/v1/completions" -d '{"prompt":[9707,1879],"max_tokens":-1,"stop":["\n"]}'
 expect 400 "prompt + max_tokens beyond the context" "$C" -d "$(chat ',"max_tokens":1000')"
 body_has "names the context" "context of a slot"
 long=$(head -c 20000 /dev/zero | tr '\0' 'a')

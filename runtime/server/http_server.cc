@@ -81,14 +81,6 @@ struct HttpServer::Handlers {
                   s.model_.chat_template ? &*s.model_.chat_template : nullptr};
   }
 
-  absl::Status CheckModel(const std::string& name) const {
-    if (name.empty()) return absl::OkStatus();
-    const auto& names = s.options_.model_names;
-    if (std::find(names.begin(), names.end(), name) != names.end()) return absl::OkStatus();
-    return absl::NotFoundError(absl::StrCat("the model '", name, "' does not exist; this server serves '",
-                                            s.options_.model_id, "'"));
-  }
-
   // Text the context cannot hold is refused before it is tokenized.
   static absl::Status CheckTextFits(const Served& m, size_t bytes) {
     const int64_t at_least = m.tok->MinTokensFor(static_cast<int64_t>(bytes), false);
@@ -171,7 +163,6 @@ struct HttpServer::Handlers {
       CpuGate::Pass pass(&cpu);
       absl::StatusOr<ChatRequest> r = ParseChatRequest(req.body);
       if (!r.ok()) return ReplyError(res, r.status());
-      if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
       if (m->chat == nullptr) {
         return ReplyError(res, absl::FailedPreconditionError(
                                    "this model has no vocabulary: use /v1/completions with token ids"));
@@ -200,7 +191,6 @@ struct HttpServer::Handlers {
       CpuGate::Pass pass(&cpu);
       absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(req.body);
       if (!r.ok()) return ReplyError(res, r.status());
-      if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
       std::vector<int32_t> ids = std::move(r->prompt_ids);
       if (!r->has_ids) {
         if (!m->tok->has_vocab()) {

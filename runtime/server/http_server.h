@@ -41,8 +41,10 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;               // 0: any free port (port() says which)
   std::string api_key;           // non-empty: every endpoint but /health needs "Authorization: Bearer KEY"
-  std::string model_id;          // what /v1/models reports
-  std::vector<std::string> model_names;  // the "model" values accepted (besides none)
+  // What /v1/models and every answer's "model" report. A request may name any
+  // model (or none): one process serves one model, and clients send their
+  // own defaults ("gpt-4o-mini", "default"), as llama-server accepts them.
+  std::string model_id;
   int n_slots = 1;                // with scheduler.max_queue: the requests that may wait on tokens
   int cpu_jobs = 0;               // requests parsing or tokenizing at once (0: the cores, 2 to 4)
   bool content_specials = false;  // control-token texts in chat content act as tokens (ChatOptions)

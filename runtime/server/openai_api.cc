@@ -107,10 +107,11 @@ absl::StatusOr<GenerationParams> ParseParams(const json& j) {
   int64_t n = 1;
   DPL_RETURN_IF_ERROR(Integer(j, "n", 1, 1, &n));  // one choice per request
   // max_completion_tokens is the newer name; either works, the newer wins.
+  // -1 is llama.cpp's "until the context ends", the same as not giving it.
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
-    int64_t v = -1;
-    DPL_RETURN_IF_ERROR(Integer(j, name, 0, std::numeric_limits<int32_t>::max(), &v));
-    if (v >= 0) p.max_tokens = static_cast<int32_t>(v);
+    int64_t v = -2;
+    DPL_RETURN_IF_ERROR(Integer(j, name, -1, std::numeric_limits<int32_t>::max(), &v));
+    if (v >= -1) p.max_tokens = static_cast<int32_t>(v);
   }
   SamplerParams& s = p.sampling;
   DPL_RETURN_IF_ERROR(Number(j, "temperature", 0, 1e6, &s.temperature));

@@ -23,7 +23,7 @@ struct GenerationParams {
   std::string model;            // empty: not given
   SamplerParams sampling;       // llama-server's defaults for fields not given
   bool seed_given = false;      // otherwise the caller picks a random seed
-  int32_t max_tokens = -1;      // max_tokens or max_completion_tokens; -1: not given
+  int32_t max_tokens = -1;      // max_tokens or max_completion_tokens; -1: not given, or -1
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage

@@ -48,6 +48,11 @@ TEST_CASE("a chat request with every field") {
   auto d = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b"]})");
   REQUIRE(d.ok());
   CHECK(d->params.max_tokens == -1);
+  // -1 is llama.cpp's "until the context ends"; the newer name wins.
+  auto u = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+                                "max_completion_tokens": -1})");
+  REQUIRE(u.ok());
+  CHECK(u->params.max_tokens == -1);
   CHECK(d->params.sampling.temperature == doctest::Approx(0.8));  // llama-server's defaults
   CHECK(d->params.sampling.top_k == 40);
   CHECK(!d->params.seed_given);
@@ -73,6 +78,7 @@ TEST_CASE("bad chat requests name the field") {
   CHECK(with(R"("top_p": 2)").find("'top_p'") != std::string::npos);
   CHECK(with(R"("top_k": 1.5)").find("'top_k' must be an integer") != std::string::npos);
   CHECK(with(R"("max_tokens": -5)").find("'max_tokens'") != std::string::npos);
+  CHECK(with(R"("max_tokens": -2)").find("'max_tokens' must be in [-1,") != std::string::npos);
   CHECK(with(R"("max_tokens": "10")").find("'max_tokens'") != std::string::npos);
   CHECK(with(R"("n": 2)").find("'n'") != std::string::npos);
   CHECK(with(R"("stop": 3)").find("'stop'") != std::string::npos);
