@@ -72,6 +72,14 @@ for auth in "" "Authorization: Bearer nope" "Authorization: $key"; do
   [[ $code == 401 ]] && ok "API key '$auth': 401" || bad "API key '$auth': $code"
 done
 body_has "401 error shape" '"type":"authentication_error"'
+# A browser page on another origin: the preflight passes without the key,
+# every answer names the origin it allows.
+code=$(curl -s -o "$tmp/body" -D "$tmp/head" -w '%{http_code}' -X OPTIONS -H 'Origin: http://ui.example' \
+  -H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: authorization, content-type' "$C")
+[[ $code == 204 ]] && grep -qi '^access-control-allow-headers: authorization, content-type' "$tmp/head" &&
+  ok "CORS preflight: 204" || bad "CORS preflight: $code $(cat "$tmp/head")"
+curl -s -o /dev/null -D "$tmp/head" -H "Authorization: Bearer $key" "$url/v1/models"
+grep -qi '^access-control-allow-origin: \*' "$tmp/head" && ok "CORS origin on answers" || bad "CORS origin: $(cat "$tmp/head")"
 expect 400 "bad JSON" "$C" -d '{"messages": ['
 body_has "bad JSON error shape" '"type":"invalid_request_error"'
 expect 400 "not an object" "$C" -d '[1,2]'

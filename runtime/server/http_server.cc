@@ -336,6 +336,9 @@ std::shared_ptr<Scheduler> HttpServer::scheduler() const {
 absl::Status HttpServer::Bind() {
   auto h = std::make_shared<Handlers>(*this, CpuJobs(options_));
   http_->SetErrorBody([](const HttpError& e) { return Dump(ErrorJson(e.status, e.message)); });
+  // Browser front-ends on other origins may call the API (llama-server and
+  // vLLM allow any origin by default; the API key, when set, still guards it).
+  http_->SetCorsOrigin("*");
   http_->SetAuthorizer([this](const HttpRequest& req) -> std::optional<HttpError> {
     if (options_.api_key.empty() || req.path == "/health") return std::nullopt;
     const std::string auth = req.Header("Authorization");

@@ -206,6 +206,7 @@ struct HttpTransport::Impl {
   HttpLimits limits;
   std::function<std::string(const HttpError&)> error_body;
   std::function<std::optional<HttpError>(const HttpRequest&)> authorizer;
+  std::string cors_origin;  // empty: no CORS headers, OPTIONS routes as any method
   absl::flat_hash_map<std::string, std::vector<RouteEntry>> routes;
   std::list<Session*> sessions;  // I/O thread; outlives io (sessions leave it when destroyed)
   std::atomic<bool> stopping{false};
@@ -309,6 +310,7 @@ class Session : public std::enable_shared_from_this<Session> {
     responding_ = streaming_ = true;
     head_ = std::make_unique<http::response<http::empty_body>>(static_cast<http::status>(r.status), version_);
     head_->set(http::field::content_type, r.content_type);
+    if (!srv_.cors_origin.empty()) head_->set(http::field::access_control_allow_origin, srv_.cors_origin);
     for (const auto& [k, v] : r.headers) head_->set(k, v);
     if (version_ >= 11) {
       head_->chunked(true);
@@ -423,6 +425,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return Refuse(431, absl::StrCat("the request has ", request_.headers.size(), " header fields; at most ",
                                       srv_.limits.max_header_fields, " are accepted"));
     }
+    if (!srv_.cors_origin.empty() && request_.method == "OPTIONS") return Preflight();
     if (srv_.authorizer) {
       if (std::optional<HttpError> e = srv_.authorizer(request_)) return Refuse(e->status, e->message, true);
     }
@@ -576,6 +579,7 @@ class Session : public std::enable_shared_from_this<Session> {
     responding_ = true;
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(r.status), version_);
     res->set(http::field::content_type, r.content_type);
+    if (!srv_.cors_origin.empty()) res->set(http::field::access_control_allow_origin, srv_.cors_origin);
     for (const auto& [k, v] : r.headers) res->set(k, v);
     res->body() = std::move(r.body);
     res->keep_alive(keep && !srv_.stopping);
@@ -586,6 +590,18 @@ class Session : public std::enable_shared_from_this<Session> {
         if (ok) self->Done(res->keep_alive());
       });
     });
+  }
+
+  // A CORS preflight (SetCorsOrigin): 204, what any endpoint takes and the
+  // headers the browser asks to send.
+  void Preflight() {
+    SetPhase(Phase::kHandling);
+    const std::string asked = request_.Header("Access-Control-Request-Headers");
+    HttpResponse r{204, "text/plain", {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                                       {"Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked},
+                                       {"Access-Control-Max-Age", "86400"}},
+                   ""};
+    Respond(std::move(r), parser_ && parser_->is_done() && keep_alive_);
   }
 
   // A refusal with its JSON body. `keep`: the request was read whole, so the
@@ -797,6 +813,7 @@ HttpTransport::HttpTransport(HttpLimits limits) : impl_(std::make_unique<Impl>(l
 HttpTransport::~HttpTransport() { Stop(absl::ZeroDuration()); }
 
 void HttpTransport::SetErrorBody(std::function<std::string(const HttpError&)> f) { impl_->error_body = std::move(f); }
+void HttpTransport::SetCorsOrigin(std::string origin) { impl_->cors_origin = std::move(origin); }
 
 void HttpTransport::SetAuthorizer(std::function<std::optional<HttpError>(const HttpRequest&)> f) {
   impl_->authorizer = std::move(f);

@@ -1,8 +1,8 @@
 // The transport in process: body decoding (gzip and deflate decoded, bombs
 // stopped at the limit, bodies that are not what they claim refused, other
 // encodings named); handlers that throw answer 500 and the server goes on;
-// a streamed response arrives whole; a client that leaves fires
-// OnDisconnect while its handler waits. (Every hostile-client case runs end
+// a streamed response arrives whole; CORS preflights and headers; a client
+// that leaves fires OnDisconnect while its handler waits. (Every hostile-client case runs end
 // to end in tests/server_hostile_test.)
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <arpa/inet.h>
@@ -136,6 +136,59 @@ TEST_CASE("a handler that throws answers 500; the server goes on") {
   got = RoundTrip(s.port(), "GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n");
   CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
   CHECK(got.substr(got.size() - 4) == "fine");
+}
+
+// CORS: with an origin set, every answer names it (a streamed one too) and
+// OPTIONS on any path is a preflight answered before the authorizer; without
+// one, OPTIONS is just another method (405 on a GET route) and no answer
+// carries the header.
+TEST_CASE("CORS: preflights pass the authorizer, answers carry the origin") {
+  auto routes = [](bool cors) {
+    return [cors](HttpTransport& h) {
+      if (cors) h.SetCorsOrigin("*");
+      h.SetAuthorizer([](const HttpRequest& req) -> std::optional<HttpError> {
+        if (req.Header("Authorization") == "Bearer k") return std::nullopt;
+        return HttpError{401, "no key"};
+      });
+      h.Route("GET", "/ok", HandlerMode::kInline,
+              [](const HttpRequest&, HttpResponder& r) { r.Send({200, "text/plain", {}, "fine"}); });
+      h.Route("POST", "/stream", HandlerMode::kPooled, [](const HttpRequest&, HttpResponder& r) {
+        REQUIRE(r.StartStream({200, "text/event-stream", {}, ""}));
+        CHECK(r.Write("x"));
+        r.EndStream();
+      });
+    };
+  };
+  {
+    Served s(routes(true));
+    std::string got = RoundTrip(s.port(),
+                                "OPTIONS /v1/anything HTTP/1.1\r\nOrigin: http://ui.example\r\n"
+                                "Access-Control-Request-Method: POST\r\n"
+                                "Access-Control-Request-Headers: authorization, content-type\r\n"
+                                "Connection: close\r\n\r\n");
+    CHECK(got.rfind("HTTP/1.1 204", 0) == 0);
+    CHECK(got.find("Access-Control-Allow-Origin: *") != std::string::npos);
+    CHECK(got.find("Access-Control-Allow-Methods: GET, POST, OPTIONS") != std::string::npos);
+    CHECK(got.find("Access-Control-Allow-Headers: authorization, content-type") != std::string::npos);
+    got = RoundTrip(s.port(), "GET /ok HTTP/1.1\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n");
+    CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(got.find("Access-Control-Allow-Origin: *") != std::string::npos);
+    got = RoundTrip(s.port(), "GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n");  // refusals too
+    CHECK(got.rfind("HTTP/1.1 401", 0) == 0);
+    CHECK(got.find("Access-Control-Allow-Origin: *") != std::string::npos);
+    got = RoundTrip(s.port(), "POST /stream HTTP/1.1\r\nAuthorization: Bearer k\r\nContent-Length: 0\r\n"
+                              "Connection: close\r\n\r\n");
+    CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(got.find("Access-Control-Allow-Origin: *") != std::string::npos);
+  }
+  {
+    Served s(routes(false));
+    std::string got = RoundTrip(s.port(), "OPTIONS /ok HTTP/1.1\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n");
+    CHECK(got.rfind("HTTP/1.1 405", 0) == 0);
+    got = RoundTrip(s.port(), "GET /ok HTTP/1.1\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n");
+    CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(got.find("Access-Control-Allow-Origin") == std::string::npos);
+  }
 }
 
 TEST_CASE("a streamed response arrives whole, chunked; a handler with no answer is a 500") {
