@@ -19,6 +19,7 @@
 #include <cxxopts.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "cli/cli.h"
@@ -44,6 +45,10 @@ void AddFlags(cxxopts::Options& options) {
       ("queue", "requests that may wait for a slot; one more gets 503",
        cxxopts::value<int>()->default_value("64"))
       ("api-key", "require Authorization: Bearer KEY (all but /health)", cxxopts::value<std::string>())
+      ("strict-model", "refuse a \"model\" other than the alias, the path, the file name or its stem (404)")
+      ("no-cors", "no CORS headers: browser pages on other origins cannot call the server")
+      ("cors-origin", "comma-separated origins browser pages may call from (default *: any)",
+       cxxopts::value<std::string>()->default_value("*"))
       ("device", "cuda (all slots decode in one batched step) or cpu (the float64 reference)",
        cxxopts::value<std::string>()->default_value("cuda"))
       ("t,threads", "CPU threads (0: all)", cxxopts::value<int>()->default_value("0"))
@@ -132,6 +137,9 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   if (args.count("api-key")) o.api_key = args["api-key"].as<std::string>();
   const std::filesystem::path p(path);
   o.model_id = args.count("alias") ? args["alias"].as<std::string>() : p.filename().string();
+  if (args.count("strict-model")) o.strict_model_names = {o.model_id, path, p.filename().string(), p.stem().string()};
+  o.cors_origins = args.count("no-cors") ? std::vector<std::string>{}
+                                         : absl::StrSplit(args["cors-origin"].as<std::string>(), ',', absl::SkipEmpty());
   o.n_slots = args["parallel"].as<int>();
   o.scheduler.max_queue = args["queue"].as<int>();
   o.scheduler.prefill_chunk = args["ubatch-size"].as<int>();

@@ -183,6 +183,30 @@ fi
 signal_ends_stream TERM /v1/chat/completions "$(chat ',"max_tokens":200,"ignore_eos":true,"stream":true')" \
   '"content":"[^"]'
 
+# --strict-model refuses other names (404); --cors-origin lists the origins
+# answered (the origin itself, Vary: Origin), others' preflights are 403;
+# the Authorization scheme is case-insensitive.
+start_server --device cpu -np 1 -c 64 -t 1 --strict-model --cors-origin http://a.example,http://b.example
+C="$url/v1/chat/completions"
+for _ in $(seq 300); do
+  [[ $(curl -s -o /dev/null -w '%{http_code}' "$url/health") == 200 ]] && break
+  sleep 0.1
+done
+expect 404 "--strict-model: unknown model" "$C" -d '{"model":"gpt-9","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
+body_has "names the served model" "this server serves 'tiny-qwen2-vocab-q4km.gguf'"
+expect 200 "--strict-model: the file stem" "$C" -d '{"model":"tiny-qwen2-vocab-q4km","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: bearer $key" "$url/v1/models")
+[[ $code == 200 ]] && ok "Authorization scheme case-insensitive: 200" || bad "lower-case bearer: $code"
+curl -s -o /dev/null -D "$tmp/head" -H "Authorization: Bearer $key" -H 'Origin: http://b.example' "$url/v1/models"
+grep -qi '^access-control-allow-origin: http://b.example' "$tmp/head" && grep -qi '^vary: origin' "$tmp/head" &&
+  ok "--cors-origin: a listed origin is named" || bad "--cors-origin listed: $(cat "$tmp/head")"
+curl -s -o /dev/null -D "$tmp/head" -H "Authorization: Bearer $key" -H 'Origin: http://evil.example' "$url/v1/models"
+grep -qi '^access-control-allow-origin' "$tmp/head" && bad "--cors-origin: an unlisted origin got a header" ||
+  ok "--cors-origin: an unlisted origin gets no header"
+code=$(curl -s -o /dev/null -w '%{http_code}' -X OPTIONS -H 'Origin: http://evil.example' "$C")
+[[ $code == 403 ]] && ok "--cors-origin: an unlisted origin's preflight is 403" || bad "unlisted preflight: $code"
+kill -TERM "$pid"; wait "$pid"
+
 # Without a GPU (CI), loading the GPU engine (four slots) fails: exit 1 with
 # the reason, nothing left running.
 if ! nvidia-smi -L >/dev/null 2>&1; then

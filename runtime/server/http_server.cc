@@ -5,6 +5,8 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
@@ -79,6 +81,16 @@ struct HttpServer::Handlers {
     }
     return Served{s.scheduler_, s.model_.tokenizer.get(),
                   s.model_.chat_template ? &*s.model_.chat_template : nullptr};
+  }
+
+  // Any name is served unless --strict-model lists the accepted ones.
+  absl::Status CheckModel(const std::string& name) const {
+    const auto& names = s.options_.strict_model_names;
+    if (names.empty() || name.empty() || std::find(names.begin(), names.end(), name) != names.end()) {
+      return absl::OkStatus();
+    }
+    return absl::NotFoundError(absl::StrCat("the model '", name, "' does not exist; this server serves '",
+                                            s.options_.model_id, "' (--strict-model)"));
   }
 
   // Text the context cannot hold is refused before it is tokenized.
@@ -163,6 +175,7 @@ struct HttpServer::Handlers {
       CpuGate::Pass pass(&cpu);
       absl::StatusOr<ChatRequest> r = ParseChatRequest(req.body);
       if (!r.ok()) return ReplyError(res, r.status());
+      if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
       if (m->chat == nullptr) {
         return ReplyError(res, absl::FailedPreconditionError(
                                    "this model has no vocabulary: use /v1/completions with token ids"));
@@ -191,6 +204,7 @@ struct HttpServer::Handlers {
       CpuGate::Pass pass(&cpu);
       absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(req.body);
       if (!r.ok()) return ReplyError(res, r.status());
+      if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
       std::vector<int32_t> ids = std::move(r->prompt_ids);
       if (!r->has_ids) {
         if (!m->tok->has_vocab()) {
@@ -338,11 +352,16 @@ absl::Status HttpServer::Bind() {
   http_->SetErrorBody([](const HttpError& e) { return Dump(ErrorJson(e.status, e.message)); });
   // Browser front-ends on other origins may call the API (llama-server and
   // vLLM allow any origin by default; the API key, when set, still guards it).
-  http_->SetCorsOrigin("*");
+  http_->SetCorsOrigins(options_.cors_origins);
   http_->SetAuthorizer([this](const HttpRequest& req) -> std::optional<HttpError> {
     if (options_.api_key.empty() || req.path == "/health") return std::nullopt;
     const std::string auth = req.Header("Authorization");
-    if (auth == "Bearer " + options_.api_key) return std::nullopt;
+    // The scheme is case-insensitive (RFC 9110: "bearer KEY" is as good).
+    const size_t sp = auth.find(' ');
+    if (sp != std::string::npos && absl::EqualsIgnoreCase(auth.substr(0, sp), "Bearer") &&
+        absl::StripLeadingAsciiWhitespace(absl::string_view(auth).substr(sp)) == options_.api_key) {
+      return std::nullopt;
+    }
     return HttpError{401, auth.empty() ? "no API key: send Authorization: Bearer KEY" : "invalid API key"};
   });
   using M = HandlerMode;

@@ -45,6 +45,12 @@ struct ServerOptions {
   // model (or none): one process serves one model, and clients send their
   // own defaults ("gpt-4o-mini", "default"), as llama-server accepts them.
   std::string model_id;
+  // Non-empty (--strict-model): the "model" values accepted (besides none);
+  // any other is 404.
+  std::vector<std::string> strict_model_names;
+  // Origins browsers may call from (CORS; "*": any, the default as in
+  // llama-server); empty (--no-cors): no CORS headers.
+  std::vector<std::string> cors_origins = {"*"};
   int n_slots = 1;                // with scheduler.max_queue: the requests that may wait on tokens
   int cpu_jobs = 0;               // requests parsing or tokenizing at once (0: the cores, 2 to 4)
   bool content_specials = false;  // control-token texts in chat content act as tokens (ChatOptions)

@@ -206,7 +206,17 @@ struct HttpTransport::Impl {
   HttpLimits limits;
   std::function<std::string(const HttpError&)> error_body;
   std::function<std::optional<HttpError>(const HttpRequest&)> authorizer;
-  std::string cors_origin;  // empty: no CORS headers, OPTIONS routes as any method
+  std::vector<std::string> cors_origins;  // empty: no CORS headers, OPTIONS routes as any method
+
+  // What Access-Control-Allow-Origin says to a request from `origin`; "" when
+  // it says nothing (no CORS, or an origin not in the list).
+  std::string AllowedOrigin(const std::string& origin) const {
+    for (const std::string& o : cors_origins) {
+      if (o == "*") return "*";
+      if (!origin.empty() && o == origin) return origin;
+    }
+    return "";
+  }
   absl::flat_hash_map<std::string, std::vector<RouteEntry>> routes;
   std::list<Session*> sessions;  // I/O thread; outlives io (sessions leave it when destroyed)
   std::atomic<bool> stopping{false};
@@ -310,7 +320,7 @@ class Session : public std::enable_shared_from_this<Session> {
     responding_ = streaming_ = true;
     head_ = std::make_unique<http::response<http::empty_body>>(static_cast<http::status>(r.status), version_);
     head_->set(http::field::content_type, r.content_type);
-    if (!srv_.cors_origin.empty()) head_->set(http::field::access_control_allow_origin, srv_.cors_origin);
+    for (const auto& [k, v] : CorsHeaders()) head_->set(k, v);
     for (const auto& [k, v] : r.headers) head_->set(k, v);
     if (version_ >= 11) {
       head_->chunked(true);
@@ -370,6 +380,7 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->header_limit(static_cast<uint32_t>(srv_.limits.max_header_bytes));
     parser_->body_limit(static_cast<uint64_t>(srv_.limits.max_body_bytes));
     responding_ = streaming_ = stream_ended_ = timed_out_ = expect_continue_ = false;
+    request_ = HttpRequest{};  // a refusal before the next headers names no origin
     head_.reset();
     serializer_.reset();
     reservation_.reset();
@@ -425,7 +436,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return Refuse(431, absl::StrCat("the request has ", request_.headers.size(), " header fields; at most ",
                                       srv_.limits.max_header_fields, " are accepted"));
     }
-    if (!srv_.cors_origin.empty() && request_.method == "OPTIONS") return Preflight();
+    if (!srv_.cors_origins.empty() && request_.method == "OPTIONS") return Preflight();
     if (srv_.authorizer) {
       if (std::optional<HttpError> e = srv_.authorizer(request_)) return Refuse(e->status, e->message, true);
     }
@@ -579,7 +590,7 @@ class Session : public std::enable_shared_from_this<Session> {
     responding_ = true;
     auto res = std::make_shared<http::response<http::string_body>>(static_cast<http::status>(r.status), version_);
     res->set(http::field::content_type, r.content_type);
-    if (!srv_.cors_origin.empty()) res->set(http::field::access_control_allow_origin, srv_.cors_origin);
+    for (const auto& [k, v] : CorsHeaders()) res->set(k, v);
     for (const auto& [k, v] : r.headers) res->set(k, v);
     res->body() = std::move(r.body);
     res->keep_alive(keep && !srv_.stopping);
@@ -592,9 +603,21 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // A CORS preflight (SetCorsOrigin): 204, what any endpoint takes and the
-  // headers the browser asks to send.
+  // The CORS headers of the answer to the current request.
+  std::vector<std::pair<std::string, std::string>> CorsHeaders() const {
+    const std::string allowed = srv_.AllowedOrigin(request_.Header("Origin"));
+    if (allowed.empty()) return {};
+    if (allowed == "*") return {{"Access-Control-Allow-Origin", "*"}};
+    return {{"Access-Control-Allow-Origin", allowed}, {"Vary", "Origin"}};
+  }
+
+  // A CORS preflight (SetCorsOrigins): 204, what any endpoint takes and the
+  // headers the browser asks to send; 403 from an origin not in the list.
   void Preflight() {
+    const std::string origin = request_.Header("Origin");
+    if (srv_.AllowedOrigin(origin).empty()) {
+      return Refuse(403, absl::StrCat("the origin '", origin, "' may not call this server (--cors-origin)"), true);
+    }
     SetPhase(Phase::kHandling);
     const std::string asked = request_.Header("Access-Control-Request-Headers");
     HttpResponse r{204, "text/plain", {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
@@ -813,7 +836,7 @@ HttpTransport::HttpTransport(HttpLimits limits) : impl_(std::make_unique<Impl>(l
 HttpTransport::~HttpTransport() { Stop(absl::ZeroDuration()); }
 
 void HttpTransport::SetErrorBody(std::function<std::string(const HttpError&)> f) { impl_->error_body = std::move(f); }
-void HttpTransport::SetCorsOrigin(std::string origin) { impl_->cors_origin = std::move(origin); }
+void HttpTransport::SetCorsOrigins(std::vector<std::string> origins) { impl_->cors_origins = std::move(origins); }
 
 void HttpTransport::SetAuthorizer(std::function<std::optional<HttpError>(const HttpRequest&)> f) {
   impl_->authorizer = std::move(f);

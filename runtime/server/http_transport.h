@@ -138,11 +138,13 @@ class HttpTransport {
   // Before Bind. Runs on the I/O thread with the request's headers (no body
   // read yet); an error is answered and the connection closed. Unset: all pass.
   void SetAuthorizer(std::function<std::optional<HttpError>(const HttpRequest&)> f);
-  // Before Bind. Non-empty: cross-origin requests from browsers (CORS). Every
-  // response carries Access-Control-Allow-Origin: origin, and OPTIONS on any
-  // path is a preflight, answered 204 with the methods and the headers asked
-  // for, before the authorizer (a browser sends no Authorization with it).
-  void SetCorsOrigin(std::string origin);
+  // Before Bind. Non-empty: cross-origin requests from browsers (CORS) from
+  // these origins ("*": any). A response to an allowed Origin carries
+  // Access-Control-Allow-Origin ("*", or the origin itself with Vary:
+  // Origin), and OPTIONS on any path is a preflight: 204 with the methods and
+  // the headers asked for when the origin is allowed, 403 when not, before
+  // the authorizer (a browser sends no Authorization with it).
+  void SetCorsOrigins(std::vector<std::string> origins);
   void Route(absl::string_view method, absl::string_view path, HandlerMode mode, HttpHandler handler);
 
   // Errors: the address cannot be bound. port 0: any free port.

@@ -138,14 +138,15 @@ TEST_CASE("a handler that throws answers 500; the server goes on") {
   CHECK(got.substr(got.size() - 4) == "fine");
 }
 
-// CORS: with an origin set, every answer names it (a streamed one too) and
-// OPTIONS on any path is a preflight answered before the authorizer; without
-// one, OPTIONS is just another method (405 on a GET route) and no answer
-// carries the header.
+// CORS: with "*", every answer allows any origin (a streamed one and a
+// refusal too) and OPTIONS on any path is a preflight answered before the
+// authorizer; with a list, a listed origin is named back (Vary: Origin), an
+// unlisted one gets no header and a 403 preflight; without CORS, OPTIONS is
+// just another method (405 on a GET route) and no answer carries the header.
 TEST_CASE("CORS: preflights pass the authorizer, answers carry the origin") {
   auto routes = [](bool cors) {
     return [cors](HttpTransport& h) {
-      if (cors) h.SetCorsOrigin("*");
+      if (cors) h.SetCorsOrigins({"*"});
       h.SetAuthorizer([](const HttpRequest& req) -> std::optional<HttpError> {
         if (req.Header("Authorization") == "Bearer k") return std::nullopt;
         return HttpError{401, "no key"};
@@ -180,6 +181,21 @@ TEST_CASE("CORS: preflights pass the authorizer, answers carry the origin") {
                               "Connection: close\r\n\r\n");
     CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
     CHECK(got.find("Access-Control-Allow-Origin: *") != std::string::npos);
+  }
+  {
+    Served s([](HttpTransport& h) {
+      h.SetCorsOrigins({"http://a.example"});
+      h.Route("GET", "/ok", HandlerMode::kInline,
+              [](const HttpRequest&, HttpResponder& r) { r.Send({200, "text/plain", {}, "fine"}); });
+    });
+    std::string got = RoundTrip(s.port(), "GET /ok HTTP/1.1\r\nOrigin: http://a.example\r\nConnection: close\r\n\r\n");
+    CHECK(got.find("Access-Control-Allow-Origin: http://a.example") != std::string::npos);
+    CHECK(got.find("Vary: Origin") != std::string::npos);
+    got = RoundTrip(s.port(), "GET /ok HTTP/1.1\r\nOrigin: http://b.example\r\nConnection: close\r\n\r\n");
+    CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(got.find("Access-Control-Allow-Origin") == std::string::npos);
+    got = RoundTrip(s.port(), "OPTIONS /ok HTTP/1.1\r\nOrigin: http://b.example\r\nConnection: close\r\n\r\n");
+    CHECK(got.rfind("HTTP/1.1 403", 0) == 0);
   }
   {
     Served s(routes(false));
