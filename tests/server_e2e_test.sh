@@ -195,6 +195,11 @@ done
 expect 404 "--strict-model: unknown model" "$C" -d '{"model":"gpt-9","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
 body_has "names the served model" "this server serves 'tiny-qwen2-vocab-q4km.gguf'"
 expect 200 "--strict-model: the file stem" "$C" -d '{"model":"tiny-qwen2-vocab-q4km","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
+used=$(sed -n 's/.*"completion_tokens":\([0-9]*\).*/\1/p' "$tmp/body")
+expect 200 "completion, 3 tokens" "$url/v1/completions" -d '{"prompt":[9707,1879],"max_tokens":3,"ignore_eos":true}'
+used=$((used + $(sed -n 's/.*"completion_tokens":\([0-9]*\).*/\1/p' "$tmp/body")))
+[[ $(metric tokens_predicted_total) == "$used" ]] && ok "tokens_predicted_total == the usage's sum ($used)" ||
+  bad "tokens_predicted_total $(metric tokens_predicted_total), usage $used"
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: bearer $key" "$url/v1/models")
 [[ $code == 200 ]] && ok "Authorization scheme case-insensitive: 200" || bad "lower-case bearer: $code"
 curl -s -o /dev/null -D "$tmp/head" -H "Authorization: Bearer $key" -H 'Origin: http://b.example' "$url/v1/models"

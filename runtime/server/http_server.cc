@@ -4,6 +4,7 @@
 #include <ctime>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -292,9 +293,13 @@ struct HttpServer::Handlers {
     if (!m) return;
     const SchedulerMetrics x = m->scheduler->metrics();
     std::string out;
-    auto metric = [&out](const char* name, const char* type, const char* help, double v) {
+    // Every digit: counters as integers, the rest as doubles that read back
+    // exactly (StrCat's six significant digits made 1234567 1.23457e+06,
+    // and a rate() over it stalled).
+    auto metric = [&out](const char* name, const char* type, const char* help, auto v) {
+      const std::string value = std::is_integral_v<decltype(v)> ? absl::StrCat(v) : absl::StrFormat("%.17g", v);
       absl::StrAppend(&out, "# HELP dpl:", name, " ", help, "\n# TYPE dpl:", name, " ", type, "\ndpl:", name,
-                      " ", v, "\n");
+                      " ", value, "\n");
     };
     metric("prompt_tokens_total", "counter", "Prompt tokens processed.", x.prompt_tokens_total);
     metric("tokens_predicted_total", "counter", "Generated tokens.", x.generated_tokens_total);

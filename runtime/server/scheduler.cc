@@ -174,6 +174,10 @@ bool Scheduler::Take(Active& a, int32_t token) {
     return true;
   }
   ++a.completion;
+  {
+    absl::MutexLock lock(&mu_);
+    ++metrics_.generated_tokens_total;  // what usage.completion_tokens counts
+  }
   bool stopped = false;
   std::string piece = a.text.Push(token, &stopped);
   if (!piece.empty()) {
@@ -236,7 +240,6 @@ void Scheduler::DecodeStep(std::vector<std::unique_ptr<Active>>& active) {
     metrics_.decode_seconds += SecondsSince(t0);
     if (s.ok()) {
       metrics_.decode_tokens += slots.size();
-      metrics_.generated_tokens_total += slots.size();
     }
   }
   for (size_t i = 0; i < who.size(); ++i) {

@@ -90,7 +90,7 @@ struct SchedulerOptions {
 struct SchedulerMetrics {
   int64_t requests_total = 0;        // accepted
   int64_t prompt_tokens_total = 0;   // prefilled
-  int64_t generated_tokens_total = 0;
+  int64_t generated_tokens_total = 0;  // the sum of the requests' completion_tokens
   double prompt_seconds = 0;         // engine time in Prefill
   double decode_seconds = 0;         // engine time in Step
   int64_t decode_tokens = 0;         // tokens those steps produced
