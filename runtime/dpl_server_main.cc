@@ -137,6 +137,7 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   if (args.count("api-key")) o.api_key = args["api-key"].as<std::string>();
   const std::filesystem::path p(path);
   o.model_id = args.count("alias") ? args["alias"].as<std::string>() : p.filename().string();
+  o.model_path = path;
   if (args.count("strict-model")) o.strict_model_names = {o.model_id, path, p.filename().string(), p.stem().string()};
   o.cors_origins = args.count("no-cors") ? std::vector<std::string>{}
                                          : absl::StrSplit(args["cors-origin"].as<std::string>(), ',', absl::SkipEmpty());

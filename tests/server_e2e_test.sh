@@ -64,6 +64,13 @@ expect 200 "detokenize" "$url/detokenize" -d '{"tokens":[9707,1879]}'
 body_has "detokenize text" '"content":"Hello world"'
 expect 200 "/v1/models" "$url/v1/models"
 body_has "/v1/models id" '"id":"tiny-qwen2-vocab-q4km.gguf"'
+expect 200 "/v1/models/{id}" "$url/v1/models/tiny-qwen2-vocab-q4km.gguf"
+body_has "/v1/models/{id} object" '"object":"model"'
+expect 404 "/v1/models/{another id}" "$url/v1/models/gpt-9"
+expect 200 "/props" "$url/props"
+body_has "/props slots" '"total_slots":2'
+expect 200 "/slots" "$url/slots"
+body_has "/slots: two, idle" '\[{"id":0,"is_processing":false,"n_ctx":256},{"id":1,"is_processing":false,"n_ctx":256}\]'
 expect 200 "model by its file stem" "$C" -d '{"model":"tiny-qwen2-vocab-q4km","messages":[{"role":"user","content":"Hi"}],"max_tokens":1}'
 
 # Hostile requests: each status, an OpenAI error body naming the problem.

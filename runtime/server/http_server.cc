@@ -222,18 +222,60 @@ struct HttpServer::Handlers {
     Generate(res, *m, std::move(g), params, false);
   }
 
+  json ModelObject(const BatchEngine& e) const {
+    return {{"id", s.options_.model_id},
+            {"object", "model"},
+            {"created", static_cast<int64_t>(std::time(nullptr))},
+            {"owned_by", "dpl"},
+            {"meta", {{"n_vocab", e.n_vocab()}, {"n_ctx", e.n_ctx()}, {"n_slots", e.n_slots()}}}};
+  }
+
   void Models(HttpResponder& res) {
     std::optional<Served> m = Model(res);
     if (!m) return;
+    Reply(res, 200, {{"object", "list"}, {"data", json::array({ModelObject(m->scheduler->engine())})}});
+  }
+
+  // GET /v1/models/{id}: the served model under the id /v1/models lists.
+  void ModelById(const HttpRequest& req, HttpResponder& res) {
+    std::optional<Served> m = Model(res);
+    if (!m) return;
+    const std::string id = req.path.substr(req.path.rfind('/') + 1);
+    if (id != s.options_.model_id) {
+      return ReplyError(res, absl::NotFoundError(absl::StrCat("the model '", id, "' does not exist; this server serves '",
+                                                              s.options_.model_id, "'")));
+    }
+    Reply(res, 200, ModelObject(m->scheduler->engine()));
+  }
+
+  // llama-server's /props, the fields front-ends read: the context, the
+  // sampling defaults, the slots, the model file.
+  void Props(HttpResponder& res) {
+    std::optional<Served> m = Model(res);
+    if (!m) return;
     const BatchEngine& e = m->scheduler->engine();
+    const SamplerParams d;
     Reply(res, 200,
-          {{"object", "list"},
-           {"data", json::array({{{"id", s.options_.model_id},
-                                  {"object", "model"},
-                                  {"created", static_cast<int64_t>(std::time(nullptr))},
-                                  {"owned_by", "dpl"},
-                                  {"meta", {{"n_vocab", e.n_vocab()}, {"n_ctx", e.n_ctx()},
-                                            {"n_slots", e.n_slots()}}}}})}});
+          {{"default_generation_settings",
+            {{"n_ctx", e.n_ctx()},
+             {"params", {{"temperature", d.temperature}, {"top_k", d.top_k}, {"top_p", d.top_p},
+                         {"min_p", d.min_p}, {"repeat_penalty", d.repeat_penalty},
+                         {"repeat_last_n", d.repeat_last_n}, {"n_predict", -1}}}}},
+           {"total_slots", e.n_slots()},
+           {"model_path", s.options_.model_path},
+           {"modalities", {{"vision", false}, {"audio", false}}}});
+  }
+
+  // llama-server's /slots: each slot's context and whether a request holds it.
+  void Slots(HttpResponder& res) {
+    std::optional<Served> m = Model(res);
+    if (!m) return;
+    const std::vector<bool> busy = m->scheduler->SlotsBusy();
+    json slots = json::array();
+    for (size_t i = 0; i < busy.size(); ++i) {
+      slots.push_back({{"id", i}, {"n_ctx", m->scheduler->engine().n_ctx()}, {"is_processing", bool(busy[i])}});
+    }
+    Reply(res, 200, slots);
   }
 
   void Tokenize(const HttpRequest& req, HttpResponder& res) {
@@ -384,6 +426,11 @@ absl::Status HttpServer::Bind() {
   };
   get("/v1/models", &Handlers::Models);
   get("/models", &Handlers::Models);
+  for (const char* path : {"/v1/models/*", "/models/*"}) {
+    http_->Route("GET", path, M::kInline, [h](const HttpRequest& req, HttpResponder& res) { h->ModelById(req, res); });
+  }
+  get("/props", &Handlers::Props);
+  get("/slots", &Handlers::Slots);
   get("/health", &Handlers::Health);
   get("/metrics", &Handlers::Metrics);
   return http_->Bind(options_.host, options_.port);

@@ -45,6 +45,7 @@ struct ServerOptions {
   // model (or none): one process serves one model, and clients send their
   // own defaults ("gpt-4o-mini", "default"), as llama-server accepts them.
   std::string model_id;
+  std::string model_path;  // what /props reports
   // Non-empty (--strict-model): the "model" values accepted (besides none);
   // any other is 404.
   std::vector<std::string> strict_model_names;

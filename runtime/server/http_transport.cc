@@ -177,6 +177,13 @@ struct HttpTransport::Impl {
                          std::string* allow) const {
     auto it = routes.find(path);
     if (it == routes.end()) {
+      // A "/prefix/*" route: the path is the prefix and one more segment.
+      const size_t slash = path.rfind('/');
+      if (slash != std::string::npos && slash + 1 < path.size()) {
+        it = routes.find(absl::StrCat(path.substr(0, slash), "/*"));
+      }
+    }
+    if (it == routes.end()) {
       *status = 404;
       return nullptr;
     }

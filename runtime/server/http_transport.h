@@ -145,6 +145,9 @@ class HttpTransport {
   // the headers asked for when the origin is allowed, 403 when not, before
   // the authorizer (a browser sends no Authorization with it).
   void SetCorsOrigins(std::vector<std::string> origins);
+  // Before Bind. `path` exact, or ending in "/*": every path under that
+  // prefix with one more non-empty segment (/v1/models/* takes
+  // /v1/models/ID; the handler reads ID from HttpRequest::path).
   void Route(absl::string_view method, absl::string_view path, HandlerMode mode, HttpHandler handler);
 
   // Errors: the address cannot be bound. port 0: any free port.

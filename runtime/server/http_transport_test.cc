@@ -197,6 +197,18 @@ TEST_CASE("CORS: preflights pass the authorizer, answers carry the origin") {
     got = RoundTrip(s.port(), "OPTIONS /ok HTTP/1.1\r\nOrigin: http://b.example\r\nConnection: close\r\n\r\n");
     CHECK(got.rfind("HTTP/1.1 403", 0) == 0);
   }
+  {  // A "/prefix/*" route takes one more segment, no less, no more.
+    Served s([](HttpTransport& h) {
+      h.Route("GET", "/p/*", HandlerMode::kInline,
+              [](const HttpRequest& req, HttpResponder& r) { r.Send({200, "text/plain", {}, req.path}); });
+    });
+    std::string got = RoundTrip(s.port(), "GET /p/x HTTP/1.1\r\nConnection: close\r\n\r\n");
+    CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(got.substr(got.size() - 4) == "/p/x");
+    CHECK(RoundTrip(s.port(), "GET /p/ HTTP/1.1\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 404", 0) == 0);
+    CHECK(RoundTrip(s.port(), "GET /p/x/y HTTP/1.1\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 404", 0) == 0);
+    CHECK(RoundTrip(s.port(), "GET /p HTTP/1.1\r\nConnection: close\r\n\r\n").rfind("HTTP/1.1 404", 0) == 0);
+  }
   {
     Served s(routes(false));
     std::string got = RoundTrip(s.port(), "OPTIONS /ok HTTP/1.1\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n");

@@ -67,6 +67,13 @@ void Scheduler::Shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+std::vector<bool> Scheduler::SlotsBusy() const {
+  std::vector<bool> busy(static_cast<size_t>(engine_.n_slots()), true);
+  absl::MutexLock lock(&mu_);
+  for (int s : free_slots_) busy[static_cast<size_t>(s)] = false;
+  return busy;
+}
+
 SchedulerMetrics Scheduler::metrics() const {
   absl::MutexLock lock(&mu_);
   SchedulerMetrics m = metrics_;

@@ -115,6 +115,8 @@ class Scheduler {
   void Shutdown();
 
   SchedulerMetrics metrics() const;
+  // Per slot: whether a request holds it.
+  std::vector<bool> SlotsBusy() const;
   const BatchEngine& engine() const { return engine_; }
 
  private:
