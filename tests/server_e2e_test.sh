@@ -58,6 +58,16 @@ else bad "SSE stream: $(cat "$tmp/body")"; fi
 expect 200 "completions, text prompt" "$url/v1/completions" -d '{"prompt":"Once upon","max_tokens":2}'
 body_has "completion shape" '"object":"text_completion"'
 expect 200 "completions, token ids" "$url/v1/completions" -d '{"prompt":[9707,1879],"max_tokens":2,"stop":["\n"]}'
+expect 200 "responses, not streamed" "$url/v1/responses" -d '{"input":"Hi","instructions":"Be brief","max_output_tokens":3,"temperature":0}'
+body_has "responses object" '"object":"response"'
+body_has "responses output_text" '"type":"output_text"'
+expect 200 "responses, streamed" -N "$url/v1/responses" -d '{"input":[{"role":"user","content":"Hi"}],"max_output_tokens":3,"stream":true}'
+body_has "responses stream opens" '^event: response.created'
+body_has "responses stream deltas" '^event: response.output_text.delta'
+grep -q '^event: response.\(completed\|incomplete\)' <(tail -n 3 "$tmp/body") && ok "responses stream closes" ||
+  bad "responses stream close: $(tail -c 300 "$tmp/body")"
+expect 400 "responses, a function call item" "$url/v1/responses" -d '{"input":[{"type":"function_call_output","call_id":"1","output":"x"}]}'
+body_has "names the item" 'input\[0\].type'
 expect 200 "tokenize" "$url/tokenize" -d '{"content":"Hello world"}'
 body_has "tokenize ids" '"tokens":\[9707,1879\]'
 expect 200 "detokenize" "$url/detokenize" -d '{"tokens":[9707,1879]}'

@@ -119,14 +119,18 @@ struct HttpServer::Handlers {
   // Submits, then streams or collects the answer. A client that goes away
   // cancels the request: out of the queue at once, out of its slot at the
   // next step.
+  enum class Api { kChat, kCompletion, kResponses };
+
   void Generate(HttpResponder& res, const Served& m, GenerationRequest g, const GenerationParams& p,
-                bool chat) {
+                Api api) {
     absl::StatusOr<std::shared_ptr<RequestStream>> submitted = m.scheduler->Submit(std::move(g));
     if (!submitted.ok()) return ReplyError(res, submitted.status());
     std::shared_ptr<RequestStream> stream = *std::move(submitted);
     res.OnDisconnect([stream] { stream->Cancel(); });
-    const ResponseHead head{RandomId(chat ? "chatcmpl-" : "cmpl-"), static_cast<int64_t>(std::time(nullptr)),
-                            s.options_.model_id};
+    const bool chat = api == Api::kChat;
+    const ResponseHead head{RandomId(chat ? "chatcmpl-" : api == Api::kCompletion ? "cmpl-" : "resp_"),
+                            static_cast<int64_t>(std::time(nullptr)), s.options_.model_id};
+    if (api == Api::kResponses) return GenerateResponses(res, *stream, head, p);
     if (!p.stream) {
       std::string text;
       for (;;) {
@@ -167,14 +171,63 @@ struct HttpServer::Handlers {
     stream->Cancel();  // the client is gone: free the slot
   }
 
-  void Chat(const HttpRequest& req, HttpResponder& res) {
+  // The Responses API's answer: one object, or named events (no [DONE]).
+  void GenerateResponses(HttpResponder& res, RequestStream& stream, const ResponseHead& head,
+                         const GenerationParams& p) {
+    ResponsesEvents events(head);
+    std::string text;
+    if (!p.stream) {
+      for (;;) {
+        for (StreamEvent& e : stream.Wait(absl::Seconds(1))) {
+          text += e.text;
+          if (!e.final) continue;
+          if (!e.error.ok()) return ReplyError(res, e.error);
+          return Reply(res, 200, events.Response(text, e.finish, e.prompt_tokens, e.completion_tokens));
+        }
+      }
+    }
+    auto send = [&res](const json& j) {
+      return res.Write(absl::StrCat("event: ", j["type"].get<std::string>(), "\ndata: ", Dump(j), "\n\n"));
+    };
+    bool ok = res.StartStream({200, "text/event-stream", {{"Cache-Control", "no-cache"}}, ""});
+    for (const json& j : events.Open()) ok = ok && send(j);
+    while (ok) {
+      std::vector<StreamEvent> got = stream.Wait(absl::Milliseconds(500));
+      if (got.empty()) ok = res.Write(": ping\n\n");
+      for (StreamEvent& e : got) {
+        if (!ok) break;
+        if (!e.text.empty()) {
+          text += e.text;
+          ok = send(events.Delta(e.text));
+        }
+        if (!e.final || !ok) continue;
+        if (!e.error.ok()) {
+          ok = send(events.Error(e.error));
+        } else {
+          for (const json& j : events.Close(text, e.finish, e.prompt_tokens, e.completion_tokens)) ok = ok && send(j);
+        }
+        if (ok) res.EndStream();
+        return;
+      }
+    }
+    stream.Cancel();  // the client is gone: free the slot
+  }
+
+  void Chat(const HttpRequest& req, HttpResponder& res) { Conversation(req, res, ParseChatRequest, Api::kChat); }
+  void Responses(const HttpRequest& req, HttpResponder& res) {
+    Conversation(req, res, ParseResponsesRequest, Api::kResponses);
+  }
+
+  // Messages through the chat template, answered as `api`.
+  void Conversation(const HttpRequest& req, HttpResponder& res,
+                    absl::StatusOr<ChatRequest> (*parse)(absl::string_view), Api api) {
     std::optional<Served> m = Model(res);
     if (!m) return;
     GenerationParams params;
     GenerationRequest g;
     {
       CpuGate::Pass pass(&cpu);
-      absl::StatusOr<ChatRequest> r = ParseChatRequest(req.body);
+      absl::StatusOr<ChatRequest> r = parse(req.body);
       if (!r.ok()) return ReplyError(res, r.status());
       if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
       if (m->chat == nullptr) {
@@ -193,7 +246,7 @@ struct HttpServer::Handlers {
       g = ToRequest(params, *std::move(ids));
     }
     for (int32_t id : m->chat->StopTokens(*m->tok)) g.stop_tokens.insert(id);
-    Generate(res, *m, std::move(g), params, true);
+    Generate(res, *m, std::move(g), params, api);
   }
 
   void Completion(const HttpRequest& req, HttpResponder& res) {
@@ -219,7 +272,7 @@ struct HttpServer::Handlers {
       g = ToRequest(params, std::move(ids));
     }
     for (int32_t id : m->tok->end_of_generation_ids()) g.stop_tokens.insert(id);
-    Generate(res, *m, std::move(g), params, false);
+    Generate(res, *m, std::move(g), params, Api::kCompletion);
   }
 
   json ModelObject(const BatchEngine& e) const {
@@ -418,6 +471,7 @@ absl::Status HttpServer::Bind() {
   };
   for (const char* path : {"/v1/chat/completions", "/chat/completions"}) post(path, &Handlers::Chat, h);
   for (const char* path : {"/v1/completions", "/completions"}) post(path, &Handlers::Completion, h);
+  for (const char* path : {"/v1/responses", "/responses"}) post(path, &Handlers::Responses, h);
   post("/tokenize", &Handlers::Tokenize, h);
   post("/detokenize", &Handlers::Detokenize, h);
   // Answered on the I/O thread: no body, no waiting.

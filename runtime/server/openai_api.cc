@@ -223,6 +223,64 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   return r;
 }
 
+absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
+  DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
+  ChatRequest r;
+  DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
+  int64_t max_out = -2;
+  DPL_RETURN_IF_ERROR(Integer(j, "max_output_tokens", -1, std::numeric_limits<int32_t>::max(), &max_out));
+  if (max_out >= -1) r.params.max_tokens = static_cast<int32_t>(max_out);
+  if (const json* ins = Field(j, "instructions"); ins != nullptr && !ins->is_null()) {
+    if (!ins->is_string()) return FieldError("instructions", "must be a string");
+    r.messages.push_back({"system", ins->get<std::string>()});
+  }
+  const json* input = Field(j, "input");
+  if (input == nullptr) return FieldError("input", "is required");
+  if (input->is_string()) {
+    r.messages.push_back({"user", input->get<std::string>()});
+    return r;
+  }
+  if (!input->is_array() || input->empty()) return FieldError("input", "must be a string or a non-empty array");
+  for (size_t i = 0; i < input->size(); ++i) {
+    const json& m = (*input)[i];
+    const std::string field = absl::StrCat("input[", i, "]");
+    if (!m.is_object()) return FieldError(field, "must be an object");
+    if (const json* type = Field(m, "type"); type != nullptr && *type != "message") {
+      return FieldError(field + ".type", absl::StrCat("'", type->is_string() ? type->get<std::string>() : type->dump(),
+                                                      "' is not supported (only message items)"));
+    }
+    const json* role = Field(m, "role");
+    if (role == nullptr || !role->is_string()) return FieldError(field + ".role", "must be a string");
+    std::string r_name = role->get<std::string>();
+    if (r_name == "developer") r_name = "system";
+    if (r_name != "system" && r_name != "user" && r_name != "assistant") {
+      return FieldError(field + ".role", "must be system, developer, user or assistant");
+    }
+    const json* content = Field(m, "content");
+    if (content == nullptr) return FieldError(field + ".content", "is required");
+    std::string text;
+    if (content->is_string()) {
+      text = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (const json& part : *content) {
+        const json* type = part.is_object() ? Field(part, "type") : nullptr;
+        const json* t = part.is_object() ? Field(part, "text") : nullptr;
+        if (type == nullptr || (*type != "input_text" && *type != "output_text") || t == nullptr ||
+            !t->is_string()) {
+          return FieldError(field + ".content",
+                            "parts must be {\"type\": \"input_text\" or \"output_text\", \"text\": string} "
+                            "(only text is supported)");
+        }
+        text += t->get<std::string>();
+      }
+    } else {
+      return FieldError(field + ".content", "must be a string or an array of text parts");
+    }
+    r.messages.push_back({std::move(r_name), std::move(text)});
+  }
+  return r;
+}
+
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body) {
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
   CompletionRequest r;
@@ -343,6 +401,76 @@ json UsageChunkJson(const ResponseHead& head, bool chat, int64_t prompt_tokens, 
   j["choices"] = json::array();
   j["usage"] = UsageJson(prompt_tokens, completion_tokens);
   return j;
+}
+
+ResponsesEvents::ResponsesEvents(ResponseHead head)
+    : head_(std::move(head)), msg_id_(absl::StrCat("msg_", head_.id.substr(head_.id.find('_') + 1))) {}
+
+json ResponsesEvents::Message(const char* status, const std::string* text) const {
+  json content = json::array();
+  if (text != nullptr) content.push_back({{"type", "output_text"}, {"text", *text}, {"annotations", json::array()}});
+  return {{"type", "message"}, {"id", msg_id_}, {"status", status}, {"role", "assistant"}, {"content", content}};
+}
+
+json ResponsesEvents::Response(const std::string& text, FinishReason finish, int64_t prompt_tokens,
+                               int64_t completion_tokens) const {
+  const bool cut = finish == FinishReason::kLength;
+  return {{"id", head_.id},
+          {"object", "response"},
+          {"created_at", head_.created},
+          {"model", head_.model},
+          {"status", cut ? "incomplete" : "completed"},
+          {"incomplete_details", cut ? json{{"reason", "max_output_tokens"}} : json()},
+          {"error", nullptr},
+          {"output", json::array({Message(cut ? "incomplete" : "completed", &text)})},
+          {"usage",
+           {{"input_tokens", prompt_tokens},
+            {"output_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens}}}};
+}
+
+json ResponsesEvents::Event(const char* type, json fields) {
+  fields["type"] = type;
+  fields["sequence_number"] = seq_++;
+  return fields;
+}
+
+std::vector<json> ResponsesEvents::Open() {
+  json r = {{"id", head_.id}, {"object", "response"}, {"created_at", head_.created}, {"model", head_.model},
+            {"status", "in_progress"}, {"output", json::array()}};
+  const json part = {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}};
+  std::vector<json> out;
+  out.push_back(Event("response.created", {{"response", r}}));
+  out.push_back(Event("response.in_progress", {{"response", r}}));
+  out.push_back(Event("response.output_item.added", {{"output_index", 0}, {"item", Message("in_progress", nullptr)}}));
+  out.push_back(Event("response.content_part.added",
+                      {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0}, {"part", part}}));
+  return out;
+}
+
+json ResponsesEvents::Delta(const std::string& text) {
+  return Event("response.output_text.delta",
+               {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0}, {"delta", text}});
+}
+
+std::vector<json> ResponsesEvents::Close(const std::string& text, FinishReason finish, int64_t prompt_tokens,
+                                         int64_t completion_tokens) {
+  const json whole = Response(text, finish, prompt_tokens, completion_tokens);
+  const json part = {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}};
+  std::vector<json> out;
+  out.push_back(Event("response.output_text.done",
+                      {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0}, {"text", text}}));
+  out.push_back(Event("response.content_part.done",
+                      {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0}, {"part", part}}));
+  out.push_back(Event("response.output_item.done", {{"output_index", 0}, {"item", whole["output"][0]}}));
+  out.push_back(Event(finish == FinishReason::kLength ? "response.incomplete" : "response.completed",
+                      {{"response", whole}}));
+  return out;
+}
+
+json ResponsesEvents::Error(const absl::Status& status) {
+  return Event("error", {{"code", absl::StatusCodeToString(status.code())}, {"message", std::string(status.message())},
+                         {"param", nullptr}});
 }
 
 }  // namespace dpl::server

@@ -58,6 +58,13 @@ inline constexpr size_t kMaxJsonValues = size_t{1} << 20;
 // repeat_penalty, repeat_last_n, presence_penalty and frequency_penalty (0
 // only), n (1 only), stream, stream_options.include_usage, ignore_eos.
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
+// POST /v1/responses (OpenAI's Responses API), text in and out: `input` a
+// string (one user message) or an array of messages ({role, content} or
+// {"type": "message", role, content}; content a string or input_text /
+// output_text parts), `instructions` a system message before them,
+// `max_output_tokens`, and the sampling fields above. Other input items
+// (function calls, images) are refused, naming the item.
+absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body);
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
 // POST /tokenize {"content": text, "add_special": bool=false}.
 absl::StatusOr<std::pair<std::string, bool>> ParseTokenizeRequest(absl::string_view body);
@@ -100,5 +107,36 @@ nlohmann::json CompletionChunkJson(const ResponseHead& head, const std::string& 
 // The usage chunk of stream_options.include_usage: empty choices.
 nlohmann::json UsageChunkJson(const ResponseHead& head, bool chat, int64_t prompt_tokens,
                               int64_t completion_tokens);
+
+// The Responses API's events for one answer (one assistant message of
+// output_text, id "msg_" + the response's): the response object and the
+// stream's named events, numbered in order. head.id is "resp_...".
+class ResponsesEvents {
+ public:
+  explicit ResponsesEvents(ResponseHead head);
+  // The whole response (stream = false, and response.completed's): status
+  // "completed", or "incomplete" with incomplete_details.reason
+  // "max_output_tokens" when the length ended it.
+  nlohmann::json Response(const std::string& text, FinishReason finish, int64_t prompt_tokens,
+                          int64_t completion_tokens) const;
+  // Stream events, each {"type", "sequence_number", ...}: the opening
+  // (response.created, response.in_progress, response.output_item.added,
+  // response.content_part.added), a text delta, and the close
+  // (response.output_text.done, response.content_part.done,
+  // response.output_item.done, response.completed or response.incomplete).
+  std::vector<nlohmann::json> Open();
+  nlohmann::json Delta(const std::string& text);
+  std::vector<nlohmann::json> Close(const std::string& text, FinishReason finish, int64_t prompt_tokens,
+                                    int64_t completion_tokens);
+  // An error event ends a failed stream.
+  nlohmann::json Error(const absl::Status& status);
+
+ private:
+  nlohmann::json Event(const char* type, nlohmann::json fields);
+  nlohmann::json Message(const char* status, const std::string* text) const;
+  ResponseHead head_;
+  std::string msg_id_;
+  int seq_ = 0;
+};
 
 }  // namespace dpl::server

@@ -181,5 +181,70 @@ TEST_CASE("JSON depth, value count and out-of-range numbers are 400s") {
   CHECK(ErrorJson(503, "busy")["error"]["type"] == "unavailable_error");
 }
 
+// The Responses API: input as a string or messages (text parts), instructions
+// first, max_output_tokens; other items named in the error.
+TEST_CASE("/v1/responses: requests parse into messages; the answer and its events") {
+  auto r = ParseResponsesRequest(R"({"model": "x", "input": "Hi", "instructions": "Be brief",
+                                     "max_output_tokens": 9, "temperature": 0})");
+  REQUIRE(r.ok());
+  REQUIRE(r->messages.size() == 2);
+  CHECK(r->messages[0].role == "system");
+  CHECK(r->messages[0].content == "Be brief");
+  CHECK(r->messages[1].role == "user");
+  CHECK(r->messages[1].content == "Hi");
+  CHECK(r->params.max_tokens == 9);
+  CHECK(r->params.sampling.temperature == 0);
+  auto a = ParseResponsesRequest(R"({"input": [
+      {"role": "developer", "content": "sys"},
+      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+      {"role": "assistant", "content": [{"type": "output_text", "text": "c"}]}]})");
+  REQUIRE(a.ok());
+  REQUIRE(a->messages.size() == 3);
+  CHECK(a->messages[0].role == "system");
+  CHECK(a->messages[1].content == "ab");
+  CHECK(a->messages[2].role == "assistant");
+  CHECK(a->params.max_tokens == -1);
+  auto err = [](const char* body) { return std::string(ParseResponsesRequest(body).status().message()); };
+  CHECK(err("{}").find("'input' is required") != std::string::npos);
+  CHECK(err(R"({"input": []})").find("'input'") != std::string::npos);
+  CHECK(err(R"({"input": [{"type": "function_call_output", "call_id": "1", "output": "x"}]})")
+            .find("input[0].type") != std::string::npos);
+  CHECK(err(R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]})")
+            .find("input[0].content") != std::string::npos);
+  CHECK(err(R"({"input": "x", "max_output_tokens": -3})").find("'max_output_tokens'") != std::string::npos);
+  CHECK(err(R"({"input": "x", "instructions": 3})").find("'instructions'") != std::string::npos);
+
+  ResponsesEvents ev({"resp_abc", 1700000000, "m.gguf"});
+  const nlohmann::json whole = ev.Response("hello", FinishReason::kStop, 3, 2);
+  CHECK(whole["object"] == "response");
+  CHECK(whole["status"] == "completed");
+  CHECK(whole["output"][0]["type"] == "message");
+  CHECK(whole["output"][0]["id"] == "msg_abc");
+  CHECK(whole["output"][0]["content"][0]["type"] == "output_text");
+  CHECK(whole["output"][0]["content"][0]["text"] == "hello");
+  CHECK(whole["usage"]["total_tokens"] == 5);
+  const nlohmann::json cut = ev.Response("he", FinishReason::kLength, 3, 1);
+  CHECK(cut["status"] == "incomplete");
+  CHECK(cut["incomplete_details"]["reason"] == "max_output_tokens");
+  std::vector<nlohmann::json> all = ev.Open();
+  all.push_back(ev.Delta("hel"));
+  all.push_back(ev.Delta("lo"));
+  for (auto& j : ev.Close("hello", FinishReason::kStop, 3, 2)) all.push_back(j);
+  const std::vector<std::string> types = {
+      "response.created",           "response.in_progress",      "response.output_item.added",
+      "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+      "response.output_text.done",  "response.content_part.done", "response.output_item.done",
+      "response.completed"};
+  REQUIRE(all.size() == types.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    CHECK(all[i]["type"] == types[i]);
+    CHECK(all[i]["sequence_number"] == static_cast<int>(i));
+  }
+  CHECK(all[0]["response"]["status"] == "in_progress");
+  CHECK(all[4]["delta"] == "hel");
+  CHECK(all[6]["text"] == "hello");
+  CHECK(all[9]["response"]["output"][0]["content"][0]["text"] == "hello");
+}
+
 }  // namespace
 }  // namespace dpl::server

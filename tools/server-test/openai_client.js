@@ -70,6 +70,21 @@ async function main() {
     expect(list.data.some((m) => m.id === model), JSON.stringify(list.data));
   });
 
+  await check('responses.create (Responses API), whole and streamed', async () => {
+    const r = await client.responses.create({ model, input: 'Hello', instructions: 'Be brief', max_output_tokens: 4 });
+    expect(r.object === 'response' && typeof r.output_text === 'string', JSON.stringify(r));
+    expect(['completed', 'incomplete'].includes(r.status), r.status);
+    expect(r.usage.output_tokens <= 4 && r.usage.input_tokens > 0, JSON.stringify(r.usage));
+    const stream = await client.responses.create({ model, input: [{ role: 'user', content: 'Hi' }], max_output_tokens: 3, stream: true });
+    let text = '', last = null;
+    for await (const e of stream) {
+      if (e.type === 'response.output_text.delta') text += e.delta;
+      last = e;
+    }
+    expect(['response.completed', 'response.incomplete'].includes(last.type), last.type);
+    expect(last.response.output[0].content[0].text === text, `${JSON.stringify(last.response)} vs ${text}`);
+  });
+
   await check("any model name is served (a client's own default)", async () => {
     const r = await client.chat.completions.create({ model: 'gpt-4o-mini', messages, max_tokens: 1 });
     expect(r.model === model && r.choices.length === 1, JSON.stringify(r));
