@@ -77,6 +77,17 @@ body_has "/v1/models id" '"id":"tiny-qwen2-vocab-q4km.gguf"'
 expect 200 "/v1/models/{id}" "$url/v1/models/tiny-qwen2-vocab-q4km.gguf"
 body_has "/v1/models/{id} object" '"object":"model"'
 expect 404 "/v1/models/{another id}" "$url/v1/models/gpt-9"
+code=$(curl -s -o "$tmp/body" -D "$tmp/head" -w '%{http_code}' "$url/")  # no key: the page asks for it
+[[ $code == 200 ]] && grep -qi '^content-type: text/html' "$tmp/head" && ok "the chat page at /: 200, html" ||
+  bad "the chat page: $code $(head -c 200 "$tmp/head")"
+body_has "the chat page's title" '<title>dpl chat</title>'
+grep -qE '(src|href)="(https?:)?//' "$tmp/body" && bad "the chat page loads something from elsewhere" ||
+  ok "the chat page is self-contained (no CDN)"
+sed -n '/^<script>$/,/^<\/script>$/p' "$tmp/body" | sed '1d;$d' >"$tmp/page.js"
+if command -v node >/dev/null; then
+  [[ -s $tmp/page.js ]] && node --check "$tmp/page.js" 2>"$tmp/page.err" && ok "the chat page's script parses" ||
+    bad "the chat page's script: $(head -c 300 "$tmp/page.err")"
+fi
 expect 200 "/props" "$url/props"
 body_has "/props slots" '"total_slots":2'
 expect 200 "/slots" "$url/slots"

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
+#include "runtime/server/chat_page.h"
 #include "runtime/server/openai_api.h"
 
 namespace dpl::server {
@@ -454,7 +455,8 @@ absl::Status HttpServer::Bind() {
   // vLLM allow any origin by default; the API key, when set, still guards it).
   http_->SetCorsOrigins(options_.cors_origins);
   http_->SetAuthorizer([this](const HttpRequest& req) -> std::optional<HttpError> {
-    if (options_.api_key.empty() || req.path == "/health") return std::nullopt;
+    // The page asks for the key itself; /health is for load balancers.
+    if (options_.api_key.empty() || req.path == "/health" || req.path == "/") return std::nullopt;
     const std::string auth = req.Header("Authorization");
     // The scheme is case-insensitive (RFC 9110: "bearer KEY" is as good).
     const size_t sp = auth.find(' ');
@@ -484,6 +486,9 @@ absl::Status HttpServer::Bind() {
     http_->Route("GET", path, M::kInline, [h](const HttpRequest& req, HttpResponder& res) { h->ModelById(req, res); });
   }
   get("/props", &Handlers::Props);
+  http_->Route("GET", "/", M::kInline, [](const HttpRequest&, HttpResponder& res) {
+    res.Send({200, "text/html; charset=utf-8", {{"Cache-Control", "no-cache"}}, std::string(ChatPage())});
+  });
   get("/slots", &Handlers::Slots);
   get("/health", &Handlers::Health);
   get("/metrics", &Handlers::Metrics);
