@@ -180,8 +180,16 @@ generated=$(metric tokens_predicted_total)
 [[ -n $generated && ${generated%.*} -lt 600 ]] && ok "cancelled streams stopped generating ($generated tokens in all)" ||
   bad "cancelled streams: $generated tokens"
 expect 200 "/metrics" "$url/metrics"
-for m in prompt_tokens_total tokens_predicted_total requests_total requests_processing requests_deferred predicted_tokens_seconds; do
+for m in prompt_tokens_total tokens_predicted_total requests_total requests_processing requests_deferred \
+         predicted_tokens_seconds kv_cache_usage_ratio kv_cache_tokens; do
   grep -q "^dpl:$m " "$tmp/body" || bad "/metrics lacks dpl:$m"
+done
+# Histograms: the +Inf bucket holds every observation; counts > 0 by now.
+for h in time_to_first_token_seconds time_per_output_token_seconds e2e_request_latency_seconds; do
+  inf=$(sed -n "s/^dpl:${h}_bucket{le=\"+Inf\"} //p" "$tmp/body")
+  count=$(sed -n "s/^dpl:${h}_count //p" "$tmp/body")
+  [[ -n $count && $inf == "$count" && $count -gt 0 ]] && ok "/metrics $h: $count observations" ||
+    bad "/metrics $h: +Inf $inf, count $count"
 done
 
 # The official OpenAI client library.

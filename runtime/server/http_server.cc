@@ -409,6 +409,24 @@ struct HttpServer::Handlers {
            x.decode_seconds > 0 ? x.decode_tokens / x.decode_seconds : 0);
     metric("requests_processing", "gauge", "Requests holding a slot.", x.processing);
     metric("requests_deferred", "gauge", "Requests waiting for a slot.", x.deferred);
+    metric("kv_cache_usage_ratio", "gauge", "KV-cache positions the running requests hold, of all slots'.",
+           x.kv_positions_total > 0 ? static_cast<double>(x.kv_positions_used) / x.kv_positions_total : 0.0);
+    metric("kv_cache_tokens", "gauge", "KV-cache positions the running requests hold.", x.kv_positions_used);
+    auto histogram = [&out](const char* name, const char* help, const Histogram& h) {
+      absl::StrAppend(&out, "# HELP dpl:", name, " ", help, "\n# TYPE dpl:", name, " histogram\n");
+      int64_t cumulative = 0;
+      for (size_t i = 0; i <= h.bounds.size(); ++i) {
+        cumulative += h.counts[i];
+        const std::string le = i < h.bounds.size() ? absl::StrFormat("%.17g", h.bounds[i]) : "+Inf";
+        absl::StrAppend(&out, "dpl:", name, "_bucket{le=\"", le, "\"} ", cumulative, "\n");
+      }
+      absl::StrAppend(&out, "dpl:", name, "_sum ", absl::StrFormat("%.17g", h.sum), "\ndpl:", name, "_count ",
+                      h.count, "\n");
+    };
+    histogram("time_to_first_token_seconds", "Seconds from a request's arrival to its first token.",
+              x.time_to_first_token);
+    histogram("time_per_output_token_seconds", "Seconds between a request's tokens.", x.time_per_output_token);
+    histogram("e2e_request_latency_seconds", "Seconds from a request's arrival to its end.", x.request_latency);
     res.Send({200, "text/plain; version=0.0.4", {}, std::move(out)});
   }
 };

@@ -14,6 +14,12 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+void Histogram::Observe(double v) {
+  ++counts[static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin())];
+  sum += v;
+  ++count;
+}
+
 const char* FinishReasonName(FinishReason reason) {
   return reason == FinishReason::kLength ? "length" : "stop";
 }
@@ -44,16 +50,18 @@ struct Scheduler::Active {
   int64_t completion = 0;   // tokens generated (stop tokens excluded)
   TextStream text;
   bool done = false;
+  std::chrono::steady_clock::time_point submitted, first_token;
 
   Active(Queued q, int slot_id, const tokenizer::Tokenizer& tok)
       : request(std::move(q.request)), stream(std::move(q.stream)), slot(slot_id),
-        text(tok, request.stop) {}
+        text(tok, request.stop), submitted(q.submitted) {}
 };
 
 Scheduler::Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer,
                      SchedulerOptions options)
     : engine_(engine), tokenizer_(tokenizer), options_(options) {
   for (int s = engine.n_slots() - 1; s >= 0; --s) free_slots_.push_back(s);
+  metrics_.kv_positions_total = static_cast<int64_t>(engine.n_slots()) * engine.n_ctx();
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -133,7 +141,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerationReque
         " requests are waiting (-np and --queue set these)"));
   }
   ++metrics_.requests_total;
-  queue_.push_back({std::move(r), stream});
+  queue_.push_back({std::move(r), stream, std::chrono::steady_clock::now()});
   return stream;
 }
 
@@ -171,6 +179,12 @@ void Scheduler::Finish(Active& a, FinishReason reason, absl::Status error) {
     absl::MutexLock lock(&mu_);
     free_slots_.push_back(a.slot);
     --running_;
+    if (e.error.ok()) {
+      metrics_.request_latency.Observe(SecondsSince(a.submitted));
+      if (a.completion >= 2) {
+        metrics_.time_per_output_token.Observe(SecondsSince(a.first_token) / static_cast<double>(a.completion - 1));
+      }
+    }
   }
   a.stream->Push(std::move(e));  // last: the metrics show the slot free when the client hears
 }
@@ -221,6 +235,11 @@ int Scheduler::PrefillChunk(Active& a, int budget) {
   a.prefilled += n;
   if (!last) return static_cast<int>(n);
   a.decoding = true;
+  a.first_token = std::chrono::steady_clock::now();
+  {
+    absl::MutexLock lock(&mu_);
+    metrics_.time_to_first_token.Observe(std::chrono::duration<double>(a.first_token - a.submitted).count());
+  }
   if (a.request.max_tokens == 0) {
     Finish(a, FinishReason::kLength, absl::OkStatus());
     return static_cast<int>(n);
@@ -278,6 +297,10 @@ void Scheduler::Loop() {
     }
     DecodeStep(active);
     sweep();
+    int64_t kv = 0;
+    for (const auto& a : active) kv += engine_.n_past(a->slot);
+    absl::MutexLock lock(&mu_);
+    metrics_.kv_positions_used = kv;
   }
   // Shutting down: every stream ends now.
   const absl::Status bye = absl::UnavailableError("the server is shutting down");

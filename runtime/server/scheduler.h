@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -86,6 +87,18 @@ struct SchedulerOptions {
   int prefill_chunk = 256;   // prompt tokens fed between two decode steps (all calls together)
 };
 
+// A Prometheus histogram: observations counted under ascending upper bounds
+// (and +Inf), with their sum.
+struct Histogram {
+  explicit Histogram(std::vector<double> upper_bounds)
+      : bounds(std::move(upper_bounds)), counts(bounds.size() + 1, 0) {}
+  void Observe(double v);
+  std::vector<double> bounds;
+  std::vector<int64_t> counts;  // per bucket, not cumulative; the last is +Inf
+  double sum = 0;
+  int64_t count = 0;
+};
+
 // Counters since start, for /metrics.
 struct SchedulerMetrics {
   int64_t requests_total = 0;        // accepted
@@ -96,6 +109,17 @@ struct SchedulerMetrics {
   int64_t decode_tokens = 0;         // tokens those steps produced
   int processing = 0;                // requests holding a slot
   int deferred = 0;                  // requests waiting in the queue
+  int64_t kv_positions_used = 0;     // KV positions the running requests hold, all slots
+  int64_t kv_positions_total = 0;    // slots x positions a slot
+  // Seconds, per request (vLLM's buckets): submitted -> first token sampled;
+  // between its tokens, (last - first) / (tokens - 1) for two or more;
+  // submitted -> final event.
+  Histogram time_to_first_token{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}};
+  Histogram time_per_output_token{{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}};
+  Histogram request_latency{{0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                             50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}};
 };
 
 class Scheduler {
@@ -123,6 +147,7 @@ class Scheduler {
   struct Queued {
     GenerationRequest request;
     std::shared_ptr<RequestStream> stream;
+    std::chrono::steady_clock::time_point submitted;
   };
   struct Active;
 

@@ -112,6 +112,25 @@ TEST_CASE("requests decoded together give the text each gives alone") {
   CHECK(m.generated_tokens_total == 5 + 7 + 4);  // the usage's sum, first tokens (from Prefill) too
   CHECK(m.processing == 0);
   CHECK(m.deferred == 0);
+  // One observation a request in each (all three made two tokens or more).
+  for (const Histogram* h : {&m.time_to_first_token, &m.time_per_output_token, &m.request_latency}) {
+    CHECK(h->count == 3);
+    CHECK(h->sum > 0);
+    int64_t in_buckets = 0;
+    for (int64_t c : h->counts) in_buckets += c;
+    CHECK(in_buckets == 3);
+  }
+  CHECK(m.request_latency.sum >= m.time_to_first_token.sum);
+  CHECK(m.kv_positions_total == static_cast<int64_t>(s.engine().n_slots()) * s.engine().n_ctx());
+  CHECK(m.kv_positions_used <= m.kv_positions_total);
+}
+
+TEST_CASE("a histogram counts each value under the first bound at or above it") {
+  Histogram h({1.0, 2.0});
+  for (double v : {0.5, 1.0, 1.5, 5.0}) h.Observe(v);
+  CHECK(h.counts == std::vector<int64_t>{2, 1, 1});
+  CHECK(h.count == 4);
+  CHECK(h.sum == doctest::Approx(8.0));
 }
 
 // The engine calls the scheduler makes, in order: prompt tokens per Prefill
