@@ -58,6 +58,19 @@ else bad "SSE stream: $(cat "$tmp/body")"; fi
 expect 200 "completions, text prompt" "$url/v1/completions" -d '{"prompt":"Once upon","max_tokens":2}'
 body_has "completion shape" '"object":"text_completion"'
 expect 200 "completions, token ids" "$url/v1/completions" -d '{"prompt":[9707,1879],"max_tokens":2,"stop":["\n"]}'
+# A list of prompts: one choice each (index in order), usage summed; a
+# greedy choice is what the prompt alone gives.
+expect 200 "completions, one prompt" "$url/v1/completions" -d '{"prompt":[9707,1879],"max_tokens":3,"temperature":0,"ignore_eos":true}'
+alone=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$tmp/body")
+expect 200 "completions, a list of prompts" "$url/v1/completions" -d '{"prompt":["Once upon",[9707,1879]],"max_tokens":3,"temperature":0,"ignore_eos":true}'
+body_has "two choices, index 1" '"index":1'
+body_has "usage summed" '"completion_tokens":6'
+grep -qF "\"index\":1,\"logprobs\":null,\"text\":\"$alone\"" "$tmp/body" && ok "choice 1 is the prompt's own answer" ||
+  bad "choice 1 vs alone '$alone': $(head -c 400 "$tmp/body")"
+expect 200 "completions, a list streamed" -N "$url/v1/completions" -d '{"prompt":["a","b"],"max_tokens":2,"stream":true,"ignore_eos":true,"stream_options":{"include_usage":true}}'
+[[ $(grep -c '"finish_reason":"length"' "$tmp/body") == 2 && $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] &&
+  grep -q '"index":1' "$tmp/body" && grep -q '"completion_tokens":4' "$tmp/body" &&
+  ok "a streamed list: both choices end, usage summed, [DONE]" || bad "a streamed list: $(tail -c 400 "$tmp/body")"
 expect 200 "responses, not streamed" "$url/v1/responses" -d '{"input":"Hi","instructions":"Be brief","max_output_tokens":3,"temperature":0}'
 body_has "responses object" '"object":"response"'
 body_has "responses output_text" '"type":"output_text"'

@@ -120,16 +120,16 @@ struct HttpServer::Handlers {
   // Submits, then streams or collects the answer. A client that goes away
   // cancels the request: out of the queue at once, out of its slot at the
   // next step.
-  enum class Api { kChat, kCompletion, kResponses };
+  enum class Api { kChat, kResponses };
 
+  // One conversation's answer, as chat completion or Responses API.
   void Generate(HttpResponder& res, const Served& m, GenerationRequest g, const GenerationParams& p,
                 Api api) {
     absl::StatusOr<std::shared_ptr<RequestStream>> submitted = m.scheduler->Submit(std::move(g));
     if (!submitted.ok()) return ReplyError(res, submitted.status());
     std::shared_ptr<RequestStream> stream = *std::move(submitted);
     res.OnDisconnect([stream] { stream->Cancel(); });
-    const bool chat = api == Api::kChat;
-    const ResponseHead head{RandomId(chat ? "chatcmpl-" : api == Api::kCompletion ? "cmpl-" : "resp_"),
+    const ResponseHead head{RandomId(api == Api::kChat ? "chatcmpl-" : "resp_"),
                             static_cast<int64_t>(std::time(nullptr)), s.options_.model_id};
     if (api == Api::kResponses) return GenerateResponses(res, *stream, head, p);
     if (!p.stream) {
@@ -139,15 +139,13 @@ struct HttpServer::Handlers {
           text += e.text;
           if (!e.final) continue;
           if (!e.error.ok()) return ReplyError(res, e.error);
-          return Reply(res, 200,
-                       chat ? ChatCompletionJson(head, text, e.finish, e.prompt_tokens, e.completion_tokens)
-                            : CompletionJson(head, text, e.finish, e.prompt_tokens, e.completion_tokens));
+          return Reply(res, 200, ChatCompletionJson(head, text, e.finish, e.prompt_tokens, e.completion_tokens));
         }
       }
     }
     auto send = [&res](const json& j) { return res.Write(absl::StrCat("data: ", Dump(j), "\n\n")); };
     bool ok = res.StartStream({200, "text/event-stream", {{"Cache-Control", "no-cache"}}, ""});
-    if (ok && chat) ok = send(ChatChunkJson(head, true, "", nullptr));
+    if (ok) ok = send(ChatChunkJson(head, true, "", nullptr));
     while (ok) {
       std::vector<StreamEvent> events = stream->Wait(absl::Milliseconds(500));
       // Nothing to say for a while (queued, a long prompt): a comment line
@@ -155,21 +153,87 @@ struct HttpServer::Handlers {
       if (events.empty()) ok = res.Write(": ping\n\n");
       for (StreamEvent& e : events) {
         if (!ok) break;
-        if (!e.text.empty()) {
-          ok = send(chat ? ChatChunkJson(head, false, e.text, nullptr) : CompletionChunkJson(head, e.text, nullptr));
-        }
+        if (!e.text.empty()) ok = send(ChatChunkJson(head, false, e.text, nullptr));
         if (!e.final || !ok) continue;
         if (!e.error.ok()) {
           ok = send(ErrorJson(e.error));
         } else {
-          ok = send(chat ? ChatChunkJson(head, false, "", &e.finish) : CompletionChunkJson(head, "", &e.finish));
-          if (ok && p.include_usage) ok = send(UsageChunkJson(head, chat, e.prompt_tokens, e.completion_tokens));
+          ok = send(ChatChunkJson(head, false, "", &e.finish));
+          if (ok && p.include_usage) ok = send(UsageChunkJson(head, true, e.prompt_tokens, e.completion_tokens));
         }
         if (ok && res.Write("data: [DONE]\n\n")) res.EndStream();
         return;
       }
     }
     stream->Cancel();  // the client is gone: free the slot
+  }
+
+  // A completion: one choice a prompt, each its own request (its own slot),
+  // choice i's chunks carrying index i; usage sums them all. Any error ends
+  // the answer and cancels the other prompts.
+  void GenerateCompletions(HttpResponder& res, const Served& m, std::vector<GenerationRequest> gs,
+                           const GenerationParams& p) {
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    auto cancel_all = [&streams] {
+      for (auto& st : streams) st->Cancel();
+    };
+    for (GenerationRequest& g : gs) {
+      absl::StatusOr<std::shared_ptr<RequestStream>> submitted = m.scheduler->Submit(std::move(g));
+      if (!submitted.ok()) {
+        cancel_all();
+        return ReplyError(res, submitted.status());
+      }
+      streams.push_back(*std::move(submitted));
+    }
+    res.OnDisconnect([streams] {
+      for (const auto& st : streams) st->Cancel();
+    });
+    const ResponseHead head{RandomId("cmpl-"), static_cast<int64_t>(std::time(nullptr)), s.options_.model_id};
+    const size_t n = streams.size();
+    std::vector<CompletionChoice> choices(n);
+    std::vector<bool> final(n, false);
+    size_t finals = 0;
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    auto send = [&res](const json& j) { return res.Write(absl::StrCat("data: ", Dump(j), "\n\n")); };
+    bool ok = !p.stream || res.StartStream({200, "text/event-stream", {{"Cache-Control", "no-cache"}}, ""});
+    auto quiet_since = absl::Now();
+    while (ok && finals < n) {
+      bool heard = false;
+      for (size_t i = 0; i < n && ok; ++i) {
+        if (final[i]) continue;
+        // One prompt: wait as long as the single stream did; several: poll.
+        for (StreamEvent& e : streams[i]->Wait(n == 1 ? absl::Milliseconds(500) : absl::Milliseconds(5))) {
+          heard = true;
+          choices[i].text += e.text;
+          if (p.stream && !e.text.empty()) ok = send(CompletionChunkJson(head, static_cast<int>(i), e.text, nullptr));
+          if (!e.final || !ok) continue;
+          if (!e.error.ok()) {
+            cancel_all();
+            if (!p.stream) return ReplyError(res, e.error);
+            if (send(ErrorJson(e.error)) && res.Write("data: [DONE]\n\n")) res.EndStream();
+            return;
+          }
+          final[i] = true;
+          ++finals;
+          choices[i].finish = e.finish;
+          prompt_tokens += e.prompt_tokens;
+          completion_tokens += e.completion_tokens;
+          if (p.stream) ok = send(CompletionChunkJson(head, static_cast<int>(i), "", &e.finish));
+        }
+      }
+      // Nothing to say for a while (queued, a long prompt): a comment line
+      // keeps proxies from timing the stream out.
+      if (heard) {
+        quiet_since = absl::Now();
+      } else if (p.stream && absl::Now() - quiet_since >= absl::Milliseconds(500)) {
+        ok = res.Write(": ping\n\n");
+        quiet_since = absl::Now();
+      }
+    }
+    if (!ok) return cancel_all();  // the client is gone: free the slots
+    if (!p.stream) return Reply(res, 200, CompletionJson(head, choices, prompt_tokens, completion_tokens));
+    if (p.include_usage) ok = send(UsageChunkJson(head, false, prompt_tokens, completion_tokens));
+    if (ok && res.Write("data: [DONE]\n\n")) res.EndStream();
   }
 
   // The Responses API's answer: one object, or named events (no [DONE]).
@@ -254,26 +318,28 @@ struct HttpServer::Handlers {
     std::optional<Served> m = Model(res);
     if (!m) return;
     GenerationParams params;
-    GenerationRequest g;
+    std::vector<GenerationRequest> gs;
     {
       CpuGate::Pass pass(&cpu);
       absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(req.body);
       if (!r.ok()) return ReplyError(res, r.status());
       if (absl::Status st = CheckModel(r->params.model); !st.ok()) return ReplyError(res, st);
-      std::vector<int32_t> ids = std::move(r->prompt_ids);
-      if (!r->has_ids) {
-        if (!m->tok->has_vocab()) {
-          return ReplyError(res, absl::FailedPreconditionError(
-                                     "this model has no vocabulary: give the prompt as token ids"));
-        }
-        if (absl::Status st = CheckTextFits(*m, r->prompt_text.size()); !st.ok()) return ReplyError(res, st);
-        ids = m->tok->Encode(r->prompt_text, m->tok->adds_bos_by_default(), true);
-      }
       params = r->params;
-      g = ToRequest(params, std::move(ids));
+      for (CompletionPrompt& prompt : r->prompts) {
+        std::vector<int32_t> ids = std::move(prompt.ids);
+        if (!prompt.has_ids) {
+          if (!m->tok->has_vocab()) {
+            return ReplyError(res, absl::FailedPreconditionError(
+                                       "this model has no vocabulary: give the prompt as token ids"));
+          }
+          if (absl::Status st = CheckTextFits(*m, prompt.text.size()); !st.ok()) return ReplyError(res, st);
+          ids = m->tok->Encode(prompt.text, m->tok->adds_bos_by_default(), true);
+        }
+        gs.push_back(ToRequest(params, std::move(ids)));
+        for (int32_t id : m->tok->end_of_generation_ids()) gs.back().stop_tokens.insert(id);
+      }
     }
-    for (int32_t id : m->tok->end_of_generation_ids()) g.stop_tokens.insert(id);
-    Generate(res, *m, std::move(g), params, Api::kCompletion);
+    GenerateCompletions(res, *m, std::move(gs), params);
   }
 
   json ModelObject(const BatchEngine& e) const {

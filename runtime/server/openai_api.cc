@@ -287,15 +287,35 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
   const json* prompt = Field(j, "prompt");
   if (prompt == nullptr) return FieldError("prompt", "is required");
+  constexpr const char* kShape =
+      "must be a string, a non-empty array of token ids, or a list of strings or of such arrays";
   if (prompt->is_string()) {
-    r.prompt_text = prompt->get<std::string>();
-  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
-    r.prompt_text = (*prompt)[0].get<std::string>();
-  } else if (prompt->is_array() && !prompt->empty()) {
-    r.has_ids = true;
-    DPL_ASSIGN_OR_RETURN(r.prompt_ids, TokenIds(*prompt, "prompt"));
-  } else {
-    return FieldError("prompt", "must be a string or a non-empty array of token ids");
+    r.prompts.push_back({false, prompt->get<std::string>(), {}});
+    return r;
+  }
+  if (!prompt->is_array() || prompt->empty()) return FieldError("prompt", kShape);
+  const json& first = (*prompt)[0];
+  if (!first.is_string() && !first.is_array()) {  // one prompt of ids
+    CompletionPrompt p;
+    p.has_ids = true;
+    DPL_ASSIGN_OR_RETURN(p.ids, TokenIds(*prompt, "prompt"));
+    r.prompts.push_back(std::move(p));
+    return r;
+  }
+  if (prompt->size() > kMaxCompletionPrompts) {
+    return FieldError("prompt", absl::StrCat("lists ", prompt->size(), " prompts; at most ", kMaxCompletionPrompts));
+  }
+  for (const json& one : *prompt) {
+    if (one.is_string()) {
+      r.prompts.push_back({false, one.get<std::string>(), {}});
+    } else if (one.is_array() && !one.empty()) {
+      CompletionPrompt p;
+      p.has_ids = true;
+      DPL_ASSIGN_OR_RETURN(p.ids, TokenIds(one, "prompt"));
+      r.prompts.push_back(std::move(p));
+    } else {
+      return FieldError("prompt", kShape);
+    }
   }
   return r;
 }
@@ -366,11 +386,16 @@ json ChatCompletionJson(const ResponseHead& head, const std::string& text, Finis
   return j;
 }
 
-json CompletionJson(const ResponseHead& head, const std::string& text, FinishReason finish,
+json CompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
                     int64_t prompt_tokens, int64_t completion_tokens) {
   json j = Envelope(head, "text_completion");
-  j["choices"] = json::array(
-      {{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", FinishReasonName(finish)}}});
+  j["choices"] = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    j["choices"].push_back({{"index", i},
+                            {"text", choices[i].text},
+                            {"logprobs", nullptr},
+                            {"finish_reason", FinishReasonName(choices[i].finish)}});
+  }
   j["usage"] = UsageJson(prompt_tokens, completion_tokens);
   return j;
 }
@@ -387,9 +412,10 @@ json ChatChunkJson(const ResponseHead& head, bool first, const std::string& text
   return j;
 }
 
-json CompletionChunkJson(const ResponseHead& head, const std::string& text, const FinishReason* finish) {
+json CompletionChunkJson(const ResponseHead& head, int index, const std::string& text,
+                         const FinishReason* finish) {
   json j = Envelope(head, "text_completion");
-  j["choices"] = json::array({{{"index", 0},
+  j["choices"] = json::array({{{"index", index},
                                {"text", text},
                                {"logprobs", nullptr},
                                {"finish_reason", finish ? json(FinishReasonName(*finish)) : json()}}});

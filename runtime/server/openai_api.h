@@ -35,11 +35,19 @@ struct ChatRequest {
   std::vector<tokenizer::ChatMessage> messages;
 };
 
+struct CompletionPrompt {
+  bool has_ids = false;         // token ids, not text
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+// Prompts a /v1/completions request may list (one choice each); more is a
+// 400 (and each still needs a slot or a queue place).
+inline constexpr size_t kMaxCompletionPrompts = 64;
+
 struct CompletionRequest {
   GenerationParams params;
-  bool has_ids = false;         // the prompt was an array of token ids
-  std::string prompt_text;
-  std::vector<int32_t> prompt_ids;
+  std::vector<CompletionPrompt> prompts;  // choice i answers prompts[i]
 };
 
 // Every body is parsed within these (InvalidArgument beyond, naming the
@@ -52,8 +60,8 @@ inline constexpr size_t kMaxJsonValues = size_t{1} << 20;
 // 12: ...", "'messages' is required", "'temperature' must be a number",
 // "'n' must be 1", "'presence_penalty' is not supported (only 0)".
 // Supported: model, messages (system/developer/user/assistant; content a
-// string or an array of {"type": "text"} parts), prompt (string, array of
-// one string, or array of ids), max_tokens, max_completion_tokens,
+// string or an array of {"type": "text"} parts), prompt (a string, an
+// array of ids, or a list of either: one choice each), max_tokens, max_completion_tokens,
 // temperature, top_p, top_k, min_p, seed, stop (string or array),
 // repeat_penalty, repeat_last_n, presence_penalty and frequency_penalty (0
 // only), n (1 only), stream, stream_options.include_usage, ignore_eos.
@@ -95,14 +103,18 @@ nlohmann::json UsageJson(int64_t prompt_tokens, int64_t completion_tokens);
 nlohmann::json ChatCompletionJson(const ResponseHead& head, const std::string& text,
                                   FinishReason finish, int64_t prompt_tokens,
                                   int64_t completion_tokens);
-nlohmann::json CompletionJson(const ResponseHead& head, const std::string& text,
-                              FinishReason finish, int64_t prompt_tokens,
-                              int64_t completion_tokens);
+// Choice i of a completion: its text and why it ended.
+struct CompletionChoice {
+  std::string text;
+  FinishReason finish = FinishReason::kStop;
+};
+nlohmann::json CompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
+                              int64_t prompt_tokens, int64_t completion_tokens);
 // Stream chunks: `finish` null for a content chunk. The chat stream's first
 // chunk carries delta.role = "assistant" (`first`).
 nlohmann::json ChatChunkJson(const ResponseHead& head, bool first, const std::string& text,
                              const FinishReason* finish);
-nlohmann::json CompletionChunkJson(const ResponseHead& head, const std::string& text,
+nlohmann::json CompletionChunkJson(const ResponseHead& head, int index, const std::string& text,
                                    const FinishReason* finish);
 // The usage chunk of stream_options.include_usage: empty choices.
 nlohmann::json UsageChunkJson(const ResponseHead& head, bool chat, int64_t prompt_tokens,

@@ -95,15 +95,31 @@ TEST_CASE("bad chat requests name the field") {
 TEST_CASE("completion, tokenize and detokenize bodies") {
   auto t = ParseCompletionRequest(R"({"prompt": "once"})");
   REQUIRE(t.ok());
-  CHECK(!t->has_ids);
-  CHECK(t->prompt_text == "once");
+  REQUIRE(t->prompts.size() == 1);
+  CHECK(!t->prompts[0].has_ids);
+  CHECK(t->prompts[0].text == "once");
   auto ids = ParseCompletionRequest(R"({"prompt": [1, 2, 3], "max_tokens": 2})");
   REQUIRE(ids.ok());
-  CHECK(ids->has_ids);
-  CHECK(ids->prompt_ids == std::vector<int32_t>{1, 2, 3});
-  CHECK(ParseCompletionRequest(R"({"prompt": ["once"]})")->prompt_text == "once");
+  REQUIRE(ids->prompts.size() == 1);
+  CHECK(ids->prompts[0].has_ids);
+  CHECK(ids->prompts[0].ids == std::vector<int32_t>{1, 2, 3});
+  CHECK(ParseCompletionRequest(R"({"prompt": ["once"]})")->prompts[0].text == "once");
+  // A list of prompts: one choice each, text or ids.
+  auto list = ParseCompletionRequest(R"({"prompt": ["a", "b"]})");
+  REQUIRE(list.ok());
+  REQUIRE(list->prompts.size() == 2);
+  CHECK(list->prompts[1].text == "b");
+  auto id_list = ParseCompletionRequest(R"({"prompt": [[1, 2], [3]]})");
+  REQUIRE(id_list.ok());
+  REQUIRE(id_list->prompts.size() == 2);
+  CHECK(id_list->prompts[1].ids == std::vector<int32_t>{3});
+  std::string many = R"({"prompt": [)";
+  for (size_t i = 0; i <= kMaxCompletionPrompts; ++i) many += i ? ",\"x\"" : "\"x\"";
+  many += "]}";
+  CHECK(std::string(ParseCompletionRequest(many).status().message()).find("at most 64") != std::string::npos);
   for (const char* bad : {R"({})", R"({"prompt": 5})", R"({"prompt": []})", R"({"prompt": [1, -2]})",
-                          R"({"prompt": ["a", "b"]})", R"({"prompt": [1.5]})"}) {
+                          R"({"prompt": ["a", 5]})", R"({"prompt": [[1], []]})", R"({"prompt": [[1], [-1]]})",
+                          R"({"prompt": [1.5]})"}) {
     auto r = ParseCompletionRequest(bad);
     CHECK_MESSAGE(!r.ok(), bad);
     if (!r.ok()) CHECK(std::string(r.status().message()).find("'prompt'") != std::string::npos);
@@ -146,7 +162,13 @@ TEST_CASE("errors, responses and chunks in OpenAI's shape") {
   CHECK(last["choices"][0]["finish_reason"] == "stop");
   CHECK(last["choices"][0]["delta"].empty());
   CHECK(UsageChunkJson(head, true, 1, 2)["choices"].empty());
-  CHECK(CompletionJson(head, "t", stop, 1, 1)["choices"][0]["text"] == "t");
+  CHECK(CompletionJson(head, {{"t", stop}}, 1, 1)["choices"][0]["text"] == "t");
+  const json two = CompletionJson(head, {{"a", stop}, {"b", FinishReason::kLength}}, 4, 3);
+  CHECK(two["choices"][1]["index"] == 1);
+  CHECK(two["choices"][1]["text"] == "b");
+  CHECK(two["choices"][1]["finish_reason"] == "length");
+  CHECK(two["usage"]["total_tokens"] == 7);
+  CHECK(CompletionChunkJson(head, 3, "x", nullptr)["choices"][0]["index"] == 3);
   // Invalid UTF-8 from the model is replaced, never thrown on.
   CHECK(Dump(json{{"s", std::string("a\xff\xc3")}}) == "{\"s\":\"a\xef\xbf\xbd\xef\xbf\xbd\"}");
 }

@@ -70,6 +70,11 @@ async function main() {
     expect(list.data.some((m) => m.id === model), JSON.stringify(list.data));
   });
 
+  await check('completions.create with a list of prompts: a choice each', async () => {
+    const r = await client.completions.create({ model, prompt: ['Once', 'Hello'], max_tokens: 2, ignore_eos: true });
+    expect(r.choices.length === 2 && r.choices[1].index === 1 && r.usage.completion_tokens === 4, JSON.stringify(r));
+  });
+
   await check('responses.create (Responses API), whole and streamed', async () => {
     const r = await client.responses.create({ model, input: 'Hello', instructions: 'Be brief', max_output_tokens: 4 });
     expect(r.object === 'response' && typeof r.output_text === 'string', JSON.stringify(r));
