@@ -71,6 +71,18 @@ expect 200 "completions, a list streamed" -N "$url/v1/completions" -d '{"prompt"
 [[ $(grep -c '"finish_reason":"length"' "$tmp/body") == 2 && $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] &&
   grep -q '"index":1' "$tmp/body" && grep -q '"completion_tokens":4' "$tmp/body" &&
   ok "a streamed list: both choices end, usage summed, [DONE]" || bad "a streamed list: $(tail -c 400 "$tmp/body")"
+# n samples of one prompt: a choice each; seeded, sample j uses seed + j.
+expect 200 "chat, n = 2" "$C" -d "$(chat ',"n":2,"max_tokens":3,"ignore_eos":true,"seed":5')"
+body_has "two chat choices" '"index":1,"message"'
+body_has "n = 2 usage" '"completion_tokens":6'
+expect 200 "chat, n = 2 streamed" -N "$C" -d "$(chat ',"n":2,"max_tokens":2,"ignore_eos":true,"stream":true')"
+[[ $(grep -c '"finish_reason":"length"' "$tmp/body") == 2 ]] && grep -q '"index":1' "$tmp/body" &&
+  ok "n = 2 streamed: both choices end" || bad "n = 2 streamed: $(tail -c 400 "$tmp/body")"
+expect 200 "completions, seed 5, alone" "$url/v1/completions" -d '{"prompt":"Once","max_tokens":4,"ignore_eos":true,"seed":6}'
+seeded=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$tmp/body")
+expect 200 "completions, seed 5, n = 2" "$url/v1/completions" -d '{"prompt":"Once","max_tokens":4,"ignore_eos":true,"seed":5,"n":2}'
+grep -qF "\"index\":1,\"logprobs\":null,\"text\":\"$seeded\"" "$tmp/body" && ok "sample 1 of seed 5 is seed 6's answer" ||
+  bad "sample 1 vs seed 6 '$seeded': $(head -c 400 "$tmp/body")"
 expect 200 "responses, not streamed" "$url/v1/responses" -d '{"input":"Hi","instructions":"Be brief","max_output_tokens":3,"temperature":0}'
 body_has "responses object" '"object":"response"'
 body_has "responses output_text" '"type":"output_text"'
@@ -131,7 +143,7 @@ expect 400 "a message without a role" "$C" -d '{"messages":[{"content":"hi"}]}'
 expect 400 "temperature a string" "$C" -d "$(chat ',"temperature":"hot"')"
 body_has "names temperature" "'temperature'"
 expect 400 "max_tokens negative" "$C" -d "$(chat ',"max_tokens":-3')"
-expect 400 "n = 2" "$C" -d "$(chat ',"n":2')"
+expect 400 "n = 65" "$C" -d "$(chat ',"n":65')"
 expect 400 "presence_penalty unsupported" "$C" -d "$(chat ',"presence_penalty":0.5')"
 body_has "names presence_penalty" "'presence_penalty' is not supported"
 expect 200 "any model name (one model a process, as llama-server)" "$C" -d '{"model":"gpt-9","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'

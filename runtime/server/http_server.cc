@@ -122,57 +122,11 @@ struct HttpServer::Handlers {
   // next step.
   enum class Api { kChat, kResponses };
 
-  // One conversation's answer, as chat completion or Responses API.
-  void Generate(HttpResponder& res, const Served& m, GenerationRequest g, const GenerationParams& p,
-                Api api) {
-    absl::StatusOr<std::shared_ptr<RequestStream>> submitted = m.scheduler->Submit(std::move(g));
-    if (!submitted.ok()) return ReplyError(res, submitted.status());
-    std::shared_ptr<RequestStream> stream = *std::move(submitted);
-    res.OnDisconnect([stream] { stream->Cancel(); });
-    const ResponseHead head{RandomId(api == Api::kChat ? "chatcmpl-" : "resp_"),
-                            static_cast<int64_t>(std::time(nullptr)), s.options_.model_id};
-    if (api == Api::kResponses) return GenerateResponses(res, *stream, head, p);
-    if (!p.stream) {
-      std::string text;
-      for (;;) {
-        for (StreamEvent& e : stream->Wait(absl::Seconds(1))) {
-          text += e.text;
-          if (!e.final) continue;
-          if (!e.error.ok()) return ReplyError(res, e.error);
-          return Reply(res, 200, ChatCompletionJson(head, text, e.finish, e.prompt_tokens, e.completion_tokens));
-        }
-      }
-    }
-    auto send = [&res](const json& j) { return res.Write(absl::StrCat("data: ", Dump(j), "\n\n")); };
-    bool ok = res.StartStream({200, "text/event-stream", {{"Cache-Control", "no-cache"}}, ""});
-    if (ok) ok = send(ChatChunkJson(head, true, "", nullptr));
-    while (ok) {
-      std::vector<StreamEvent> events = stream->Wait(absl::Milliseconds(500));
-      // Nothing to say for a while (queued, a long prompt): a comment line
-      // keeps proxies from timing the stream out.
-      if (events.empty()) ok = res.Write(": ping\n\n");
-      for (StreamEvent& e : events) {
-        if (!ok) break;
-        if (!e.text.empty()) ok = send(ChatChunkJson(head, false, e.text, nullptr));
-        if (!e.final || !ok) continue;
-        if (!e.error.ok()) {
-          ok = send(ErrorJson(e.error));
-        } else {
-          ok = send(ChatChunkJson(head, false, "", &e.finish));
-          if (ok && p.include_usage) ok = send(UsageChunkJson(head, true, e.prompt_tokens, e.completion_tokens));
-        }
-        if (ok && res.Write("data: [DONE]\n\n")) res.EndStream();
-        return;
-      }
-    }
-    stream->Cancel();  // the client is gone: free the slot
-  }
-
-  // A completion: one choice a prompt, each its own request (its own slot),
-  // choice i's chunks carrying index i; usage sums them all. Any error ends
-  // the answer and cancels the other prompts.
-  void GenerateCompletions(HttpResponder& res, const Served& m, std::vector<GenerationRequest> gs,
-                           const GenerationParams& p) {
+  // Choices of a chat or text completion: each its own request (its own
+  // slot), choice i's chunks carrying index i, usage summed over all. Any
+  // error ends the answer and cancels the other choices.
+  void GenerateChoices(HttpResponder& res, const Served& m, std::vector<GenerationRequest> gs,
+                       const GenerationParams& p, bool chat) {
     std::vector<std::shared_ptr<RequestStream>> streams;
     auto cancel_all = [&streams] {
       for (auto& st : streams) st->Cancel();
@@ -188,24 +142,32 @@ struct HttpServer::Handlers {
     res.OnDisconnect([streams] {
       for (const auto& st : streams) st->Cancel();
     });
-    const ResponseHead head{RandomId("cmpl-"), static_cast<int64_t>(std::time(nullptr)), s.options_.model_id};
+    const ResponseHead head{RandomId(chat ? "chatcmpl-" : "cmpl-"), static_cast<int64_t>(std::time(nullptr)),
+                            s.options_.model_id};
     const size_t n = streams.size();
     std::vector<CompletionChoice> choices(n);
     std::vector<bool> final(n, false);
     size_t finals = 0;
     int64_t prompt_tokens = 0, completion_tokens = 0;
     auto send = [&res](const json& j) { return res.Write(absl::StrCat("data: ", Dump(j), "\n\n")); };
+    auto chunk = [&](size_t i, bool first, const std::string& text, const FinishReason* finish) {
+      return send(chat ? ChatChunkJson(head, static_cast<int>(i), first, text, finish)
+                       : CompletionChunkJson(head, static_cast<int>(i), text, finish));
+    };
     bool ok = !p.stream || res.StartStream({200, "text/event-stream", {{"Cache-Control", "no-cache"}}, ""});
+    if (p.stream && chat) {
+      for (size_t i = 0; i < n && ok; ++i) ok = chunk(i, true, "", nullptr);  // the role delta
+    }
     auto quiet_since = absl::Now();
     while (ok && finals < n) {
       bool heard = false;
       for (size_t i = 0; i < n && ok; ++i) {
         if (final[i]) continue;
-        // One prompt: wait as long as the single stream did; several: poll.
+        // One choice: wait on it; several: poll each.
         for (StreamEvent& e : streams[i]->Wait(n == 1 ? absl::Milliseconds(500) : absl::Milliseconds(5))) {
           heard = true;
           choices[i].text += e.text;
-          if (p.stream && !e.text.empty()) ok = send(CompletionChunkJson(head, static_cast<int>(i), e.text, nullptr));
+          if (p.stream && !e.text.empty()) ok = chunk(i, false, e.text, nullptr);
           if (!e.final || !ok) continue;
           if (!e.error.ok()) {
             cancel_all();
@@ -218,7 +180,7 @@ struct HttpServer::Handlers {
           choices[i].finish = e.finish;
           prompt_tokens += e.prompt_tokens;
           completion_tokens += e.completion_tokens;
-          if (p.stream) ok = send(CompletionChunkJson(head, static_cast<int>(i), "", &e.finish));
+          if (p.stream) ok = chunk(i, false, "", &e.finish);
         }
       }
       // Nothing to say for a while (queued, a long prompt): a comment line
@@ -231,15 +193,32 @@ struct HttpServer::Handlers {
       }
     }
     if (!ok) return cancel_all();  // the client is gone: free the slots
-    if (!p.stream) return Reply(res, 200, CompletionJson(head, choices, prompt_tokens, completion_tokens));
-    if (p.include_usage) ok = send(UsageChunkJson(head, false, prompt_tokens, completion_tokens));
+    if (!p.stream) {
+      return Reply(res, 200, chat ? ChatCompletionJson(head, choices, prompt_tokens, completion_tokens)
+                                  : CompletionJson(head, choices, prompt_tokens, completion_tokens));
+    }
+    if (p.include_usage) ok = send(UsageChunkJson(head, chat, prompt_tokens, completion_tokens));
     if (ok && res.Write("data: [DONE]\n\n")) res.EndStream();
   }
 
+  // n samples of one prompt: seeds seed, seed + 1, ... when one is given.
+  static void AddSamples(const GenerationParams& p, const GenerationRequest& g,
+                         std::vector<GenerationRequest>* out) {
+    for (int j = 0; j < p.n; ++j) {
+      out->push_back(g);
+      if (j > 0) out->back().sampling.seed = p.seed_given ? g.sampling.seed + static_cast<uint64_t>(j) : RandomSeed();
+    }
+  }
+
   // The Responses API's answer: one object, or named events (no [DONE]).
-  void GenerateResponses(HttpResponder& res, RequestStream& stream, const ResponseHead& head,
-                         const GenerationParams& p) {
-    ResponsesEvents events(head);
+  void GenerateResponses(HttpResponder& res, const Served& m, GenerationRequest g, const GenerationParams& p) {
+    absl::StatusOr<std::shared_ptr<RequestStream>> submitted = m.scheduler->Submit(std::move(g));
+    if (!submitted.ok()) return ReplyError(res, submitted.status());
+    std::shared_ptr<RequestStream> held = *std::move(submitted);
+    res.OnDisconnect([held] { held->Cancel(); });
+    RequestStream& stream = *held;
+    ResponsesEvents events(
+        {RandomId("resp_"), static_cast<int64_t>(std::time(nullptr)), s.options_.model_id});
     std::string text;
     if (!p.stream) {
       for (;;) {
@@ -311,7 +290,10 @@ struct HttpServer::Handlers {
       g = ToRequest(params, *std::move(ids));
     }
     for (int32_t id : m->chat->StopTokens(*m->tok)) g.stop_tokens.insert(id);
-    Generate(res, *m, std::move(g), params, api);
+    if (api == Api::kResponses) return GenerateResponses(res, *m, std::move(g), params);
+    std::vector<GenerationRequest> gs;
+    AddSamples(params, g, &gs);
+    GenerateChoices(res, *m, std::move(gs), params, true);
   }
 
   void Completion(const HttpRequest& req, HttpResponder& res) {
@@ -335,11 +317,12 @@ struct HttpServer::Handlers {
           if (absl::Status st = CheckTextFits(*m, prompt.text.size()); !st.ok()) return ReplyError(res, st);
           ids = m->tok->Encode(prompt.text, m->tok->adds_bos_by_default(), true);
         }
-        gs.push_back(ToRequest(params, std::move(ids)));
-        for (int32_t id : m->tok->end_of_generation_ids()) gs.back().stop_tokens.insert(id);
+        GenerationRequest g = ToRequest(params, std::move(ids));
+        for (int32_t id : m->tok->end_of_generation_ids()) g.stop_tokens.insert(id);
+        AddSamples(params, g, &gs);
       }
     }
-    GenerateCompletions(res, *m, std::move(gs), params);
+    GenerateChoices(res, *m, std::move(gs), params, false);
   }
 
   json ModelObject(const BatchEngine& e) const {

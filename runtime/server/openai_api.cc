@@ -105,7 +105,8 @@ absl::StatusOr<GenerationParams> ParseParams(const json& j) {
     p.model = m->get<std::string>();
   }
   int64_t n = 1;
-  DPL_RETURN_IF_ERROR(Integer(j, "n", 1, 1, &n));  // one choice per request
+  DPL_RETURN_IF_ERROR(Integer(j, "n", 1, kMaxChoices, &n));
+  p.n = static_cast<int>(n);
   // max_completion_tokens is the newer name; either works, the newer wins.
   // -1 is llama.cpp's "until the context ends", the same as not giving it.
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
@@ -317,6 +318,10 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
       return FieldError("prompt", kShape);
     }
   }
+  if (r.prompts.size() * static_cast<size_t>(r.params.n) > static_cast<size_t>(kMaxChoices)) {
+    return FieldError("n", absl::StrCat("times the ", r.prompts.size(), " prompts asks for ",
+                                        r.prompts.size() * r.params.n, " choices; at most ", kMaxChoices));
+  }
   return r;
 }
 
@@ -376,12 +381,15 @@ json Envelope(const ResponseHead& head, const char* object) {
 }
 }  // namespace
 
-json ChatCompletionJson(const ResponseHead& head, const std::string& text, FinishReason finish,
+json ChatCompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
                         int64_t prompt_tokens, int64_t completion_tokens) {
   json j = Envelope(head, "chat.completion");
-  j["choices"] = json::array({{{"index", 0},
-                               {"message", {{"role", "assistant"}, {"content", text}}},
-                               {"finish_reason", FinishReasonName(finish)}}});
+  j["choices"] = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    j["choices"].push_back({{"index", i},
+                            {"message", {{"role", "assistant"}, {"content", choices[i].text}}},
+                            {"finish_reason", FinishReasonName(choices[i].finish)}});
+  }
   j["usage"] = UsageJson(prompt_tokens, completion_tokens);
   return j;
 }
@@ -400,13 +408,13 @@ json CompletionJson(const ResponseHead& head, const std::vector<CompletionChoice
   return j;
 }
 
-json ChatChunkJson(const ResponseHead& head, bool first, const std::string& text,
+json ChatChunkJson(const ResponseHead& head, int index, bool first, const std::string& text,
                    const FinishReason* finish) {
   json j = Envelope(head, "chat.completion.chunk");
   json delta = json::object();
   if (first) delta["role"] = "assistant";
   if (!text.empty() || (first && finish == nullptr)) delta["content"] = text;
-  j["choices"] = json::array({{{"index", 0},
+  j["choices"] = json::array({{{"index", index},
                                {"delta", delta},
                                {"finish_reason", finish ? json(FinishReasonName(*finish)) : json()}}});
   return j;

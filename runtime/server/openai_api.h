@@ -21,6 +21,7 @@ namespace dpl::server {
 // What /v1/chat/completions and /v1/completions share.
 struct GenerationParams {
   std::string model;            // empty: not given
+  int n = 1;                    // choices per prompt (samples of it, seeds seed, seed + 1, ...)
   SamplerParams sampling;       // llama-server's defaults for fields not given
   bool seed_given = false;      // otherwise the caller picks a random seed
   int32_t max_tokens = -1;      // max_tokens or max_completion_tokens; -1: not given, or -1
@@ -41,9 +42,11 @@ struct CompletionPrompt {
   std::vector<int32_t> ids;
 };
 
-// Prompts a /v1/completions request may list (one choice each); more is a
-// 400 (and each still needs a slot or a queue place).
+// Prompts a /v1/completions request may list, and choices (prompts x n) a
+// request may ask for; more is a 400 (and each choice still needs a slot or
+// a queue place).
 inline constexpr size_t kMaxCompletionPrompts = 64;
+inline constexpr int kMaxChoices = 64;
 
 struct CompletionRequest {
   GenerationParams params;
@@ -58,13 +61,14 @@ inline constexpr size_t kMaxJsonValues = size_t{1} << 20;
 
 // Body parsers. Errors (InvalidArgument) name the field: "bad JSON at byte
 // 12: ...", "'messages' is required", "'temperature' must be a number",
-// "'n' must be 1", "'presence_penalty' is not supported (only 0)".
+// "'n' must be in [1, 64]", "'presence_penalty' is not supported (only 0)".
 // Supported: model, messages (system/developer/user/assistant; content a
 // string or an array of {"type": "text"} parts), prompt (a string, an
 // array of ids, or a list of either: one choice each), max_tokens, max_completion_tokens,
 // temperature, top_p, top_k, min_p, seed, stop (string or array),
 // repeat_penalty, repeat_last_n, presence_penalty and frequency_penalty (0
-// only), n (1 only), stream, stream_options.include_usage, ignore_eos.
+// only), n (samples of each prompt, up to 64 choices in all), stream,
+// stream_options.include_usage, ignore_eos.
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
 // POST /v1/responses (OpenAI's Responses API), text in and out: `input` a
 // string (one user message) or an array of messages ({role, content} or
@@ -100,19 +104,18 @@ struct ResponseHead {
 
 nlohmann::json UsageJson(int64_t prompt_tokens, int64_t completion_tokens);
 // Whole responses (stream = false).
-nlohmann::json ChatCompletionJson(const ResponseHead& head, const std::string& text,
-                                  FinishReason finish, int64_t prompt_tokens,
-                                  int64_t completion_tokens);
-// Choice i of a completion: its text and why it ended.
+// Choice i of an answer: its text and why it ended.
 struct CompletionChoice {
   std::string text;
   FinishReason finish = FinishReason::kStop;
 };
+nlohmann::json ChatCompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
+                                  int64_t prompt_tokens, int64_t completion_tokens);
 nlohmann::json CompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
                               int64_t prompt_tokens, int64_t completion_tokens);
 // Stream chunks: `finish` null for a content chunk. The chat stream's first
 // chunk carries delta.role = "assistant" (`first`).
-nlohmann::json ChatChunkJson(const ResponseHead& head, bool first, const std::string& text,
+nlohmann::json ChatChunkJson(const ResponseHead& head, int index, bool first, const std::string& text,
                              const FinishReason* finish);
 nlohmann::json CompletionChunkJson(const ResponseHead& head, int index, const std::string& text,
                                    const FinishReason* finish);

@@ -80,7 +80,10 @@ TEST_CASE("bad chat requests name the field") {
   CHECK(with(R"("max_tokens": -5)").find("'max_tokens'") != std::string::npos);
   CHECK(with(R"("max_tokens": -2)").find("'max_tokens' must be in [-1,") != std::string::npos);
   CHECK(with(R"("max_tokens": "10")").find("'max_tokens'") != std::string::npos);
-  CHECK(with(R"("n": 2)").find("'n'") != std::string::npos);
+  CHECK(with(R"("n": 65)").find("'n' must be in [1, 64]") != std::string::npos);
+  CHECK(ParseChatRequest("{" + ok + R"(, "n": 3})")->params.n == 3);
+  CHECK(std::string(ParseCompletionRequest(R"({"prompt": ["a", "b", "c"], "n": 22})").status().message())
+            .find("asks for 66 choices") != std::string::npos);
   CHECK(with(R"("stop": 3)").find("'stop'") != std::string::npos);
   CHECK(with(R"("stream": "yes")").find("'stream'") != std::string::npos);
   CHECK(with(R"("stream_options": {"include_usage": 1})").find("stream_options.include_usage") !=
@@ -148,19 +151,23 @@ TEST_CASE("errors, responses and chunks in OpenAI's shape") {
   CHECK(e["error"]["type"] == "not_found_error");
 
   const ResponseHead head{"chatcmpl-1", 1700000000, "tiny"};
-  const json c = ChatCompletionJson(head, "hello", FinishReason::kLength, 3, 2);
+  const json c = ChatCompletionJson(head, {{"hello", FinishReason::kLength}}, 3, 2);
   CHECK(c["object"] == "chat.completion");
   CHECK(c["choices"][0]["message"]["role"] == "assistant");
   CHECK(c["choices"][0]["message"]["content"] == "hello");
   CHECK(c["choices"][0]["finish_reason"] == "length");
   CHECK(c["usage"]["total_tokens"] == 5);
-  const json first = ChatChunkJson(head, true, "", nullptr);
+  const json first = ChatChunkJson(head, 0, true, "", nullptr);
   CHECK(first["choices"][0]["delta"]["role"] == "assistant");
   CHECK(first["choices"][0]["finish_reason"].is_null());
   const FinishReason stop = FinishReason::kStop;
-  const json last = ChatChunkJson(head, false, "", &stop);
+  const json last = ChatChunkJson(head, 2, false, "", &stop);
   CHECK(last["choices"][0]["finish_reason"] == "stop");
+  CHECK(last["choices"][0]["index"] == 2);
   CHECK(last["choices"][0]["delta"].empty());
+  const json chat_two = ChatCompletionJson(head, {{"a", stop}, {"b", stop}}, 3, 4);
+  CHECK(chat_two["choices"][1]["message"]["content"] == "b");
+  CHECK(chat_two["choices"][1]["index"] == 1);
   CHECK(UsageChunkJson(head, true, 1, 2)["choices"].empty());
   CHECK(CompletionJson(head, {{"t", stop}}, 1, 1)["choices"][0]["text"] == "t");
   const json two = CompletionJson(head, {{"a", stop}, {"b", FinishReason::kLength}}, 4, 3);
