@@ -228,6 +228,7 @@ absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
   ChatRequest r;
   DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
+  if (r.params.n != 1) return FieldError("n", "is not a Responses API field (one output a response)");
   int64_t max_out = -2;
   DPL_RETURN_IF_ERROR(Integer(j, "max_output_tokens", -1, std::numeric_limits<int32_t>::max(), &max_out));
   if (max_out >= -1) r.params.max_tokens = static_cast<int32_t>(max_out);

@@ -242,6 +242,7 @@ TEST_CASE("/v1/responses: requests parse into messages; the answer and its event
             .find("input[0].content") != std::string::npos);
   CHECK(err(R"({"input": "x", "max_output_tokens": -3})").find("'max_output_tokens'") != std::string::npos);
   CHECK(err(R"({"input": "x", "instructions": 3})").find("'instructions'") != std::string::npos);
+  CHECK(err(R"({"input": "x", "n": 2})").find("'n' is not a Responses API field") != std::string::npos);
 
   ResponsesEvents ev({"resp_abc", 1700000000, "m.gguf"});
   const nlohmann::json whole = ev.Response("hello", FinishReason::kStop, 3, 2);
