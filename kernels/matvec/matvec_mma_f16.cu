@@ -133,10 +133,11 @@ __device__ __forceinline__ __half2 Q6Pair(uint32_t lo, uint32_t hb) {
 // i % W::kChunks of CTA row i / W::kChunks, i = threadIdx + 128 k (consecutive
 // threads take consecutive chunks of a row). The offsets that do not depend
 // on the stage are worked out once: per stage a copy then costs a select and
-// two adds (SASS: the general form spent ~15 instructions a copy on the
-// division, the row clamp and the 64-bit multiply, ~75 of a q4_K stage's
-// ~590). Rows past the matrix copy its last row (valid memory; never
-// written back).
+// two adds, where the general form worked out a division, the row clamp and
+// a 64-bit multiply every time (~15 instructions a copy in PTX; with the
+// other two cuts below the q4_K kernel at 8 tokens went from 1,288 to 1,003
+// SASS instructions). Rows past the matrix copy its last row (valid memory;
+// never written back).
 template <class W>
 struct WeightCopies {
   static constexpr int kCopies = kMmaF16CtaRows * W::kChunks / kThreads;
@@ -156,12 +157,12 @@ struct WeightCopies {
     }
   }
 
-  // The weight bytes of stage kh (columns 128 kh ..) of the CTA's rows into
-  // the stage at shared address st.
-  __device__ __forceinline__ void Issue(const MatVecPart& P, int kh, uint32_t st) const {
+  // The weight bytes of stage ks (columns W::kCols ks ..) of the CTA's rows
+  // into the stage at shared address st.
+  __device__ __forceinline__ void Issue(const MatVecPart& P, int ks, uint32_t st) const {
 #pragma unroll
     for (int k = 0; k < kCopies; ++k) {
-      CpAsync16ZeroFill(st + dst[k], P.w + (src[k] + W::ChunkStep(kh, chunk[k])), true);
+      CpAsync16ZeroFill(st + dst[k], P.w + (src[k] + W::ChunkStep(ks, chunk[k])), true);
     }
   }
 };
@@ -254,7 +255,7 @@ struct Q4KF16 {
   // 32 warp + 16 i + g + 8 r for tile i, r = 0, 1. The four lanes of a quad
   // (same g) need the same four rows' scales: lane t unpacks row (i, r) = (t
   // / 2, t % 2) and the quad shares them by shuffles (16 shuffles instead of
-  // ~84 instructions of unpacking three more rows).
+  // unpacking three more rows, ~84 instructions in PTX).
   template <int NT>
   __device__ static void Half(const Stage<Q4KF16, 8 * NT>& st, int h, int /*kb*/, int warp, int g,
                               int t, float (&acc)[2][NT][4]) {

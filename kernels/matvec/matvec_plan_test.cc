@@ -424,8 +424,6 @@ TEST_CASE("the mma k-split fits its scratch and its blocks for every matrix") {
       if (s16 > 1) REQUIRE(s16 * ctas16 * kMmaF16CtaRows * kMaxMatVecParts <= kMmaMaxPartialRows);
       const int s = MmaSplits(rows, cols);
       const int64_t row_ctas = (rows + kMmaCtaRows - 1) / kMmaCtaRows;
-      CAPTURE(rows);
-      CAPTURE(cols);
       REQUIRE(s >= 1);
       REQUIRE(s <= kMmaMaxSplits);
       REQUIRE(s <= cols / 256);

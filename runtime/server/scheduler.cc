@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -179,6 +180,7 @@ void Scheduler::Finish(Active& a, FinishReason reason, absl::Status error) {
     absl::MutexLock lock(&mu_);
     free_slots_.push_back(a.slot);
     --running_;
+    metrics_.generated_tokens_total += std::exchange(generated_unflushed_, 0);
     if (e.error.ok()) {
       metrics_.request_latency.Observe(SecondsSince(a.submitted));
       if (a.completion >= 2) {
@@ -195,10 +197,7 @@ bool Scheduler::Take(Active& a, int32_t token) {
     return true;
   }
   ++a.completion;
-  {
-    absl::MutexLock lock(&mu_);
-    ++metrics_.generated_tokens_total;  // what usage.completion_tokens counts
-  }
+  ++generated_unflushed_;  // what usage.completion_tokens counts
   bool stopped = false;
   std::string piece = a.text.Push(token, &stopped);
   if (!piece.empty()) {
@@ -301,6 +300,7 @@ void Scheduler::Loop() {
     for (const auto& a : active) kv += engine_.n_past(a->slot);
     absl::MutexLock lock(&mu_);
     metrics_.kv_positions_used = kv;
+    metrics_.generated_tokens_total += std::exchange(generated_unflushed_, 0);
   }
   // Shutting down: every stream ends now.
   const absl::Status bye = absl::UnavailableError("the server is shutting down");

@@ -175,6 +175,11 @@ class Scheduler {
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // requests that hold a slot
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   SchedulerMetrics metrics_ ABSL_GUARDED_BY(mu_);
+  // Tokens Take has counted since the last flush into metrics_ (engine thread
+  // only): flushed under the locks Finish and each iteration take anyway, so
+  // a token costs no lock, and a request's tokens are in the counter before
+  // its final event goes out.
+  int64_t generated_unflushed_ = 0;
   std::thread thread_;
 };
 
