@@ -11,7 +11,7 @@ namespace dpl::kernels {
 
 // Lane i holds v_i of block `blk` (the whole warp calls it):
 //   d = max|v| / 127,  q_i = clamp(rint(v_i / d), -127, 127)  (0 when d == 0),
-//   s = d * sum_i q_i,   h_i = f16(v_i) when out.h is set
+//   s = d * sum_i q_i,   h[F16Index(token, column)] = f16(v_i) when out.h is set
 __device__ __forceinline__ void QuantizeBlock32(float v, int64_t blk, const QuantOut& out) {
   const int lane = threadIdx.x & 31;
   float amax = fabsf(v);
@@ -21,7 +21,11 @@ __device__ __forceinline__ void QuantizeBlock32(float v, int64_t blk, const Quan
   int qi = 0;
   if (amax > 0.f) qi = max(-127, min(127, __float2int_rn(v / dv)));
   out.q[blk * 32 + lane] = static_cast<int8_t>(qi);
-  if (out.h != nullptr) out.h[blk * 32 + lane] = __float2half_rn(v);
+  if (out.h != nullptr) {  // set for at most 64 tokens: blk fits 32 bits (no 64-bit division)
+    const uint32_t per_row = static_cast<uint32_t>(out.h_cols) / 32, b = static_cast<uint32_t>(blk);
+    out.h[F16Index(static_cast<int>(b / per_row), static_cast<int>(b % per_row) * 32 + lane, out.h_slots)] =
+        __float2half_rn(v);
+  }
   int sum = qi;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);

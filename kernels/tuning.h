@@ -85,12 +85,14 @@ struct DecodeTuning {
   // 1.44 / 1.98x, lm head 1.51 / 1.45 / 1.64 / 1.86x. dpl-bench 7B, q4_K on
   // from 2 against 33: 4 sequences 1,215 -> 1,145 t/s, 8 2,334 -> 2,200, 16
   // 3,982 -> 4,124, 32 5,774 -> 6,900 (docs/PERF.md); hence q4_K from 9 (the
-  // 16-token n-tiles' first count). q6_K starts at 17, not 2: its f16
-  // activations move a random-weight model's greedy tokens off the
-  // single-stream ones (cuda_engine_gpu_test, 3 rows), which the int8 form
-  // (the same integer dots as the one-row kernel) keeps.
+  // 16-token n-tiles' first count). q6_K from 9 as well (third session,
+  // the form on wgmma: dpl-bench 7B, 16 sequences 3,964 t/s with q6_K from
+  // 17, 4,097 from 9), not from 2: its f16 activations move a random-weight
+  // model's greedy tokens off the single-stream ones (cuda_engine_gpu_test,
+  // 3 rows), which the int8 form (the same integer dots as the one-row
+  // kernel) keeps.
   int mma_f16_min_tokens = 9;
-  int mma_f16_min_tokens_q6k = 17;
+  int mma_f16_min_tokens_q6k = 9;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

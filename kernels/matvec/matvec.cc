@@ -20,7 +20,9 @@ int64_t PartialFloats(int64_t max_tokens) {
 
 // Halves of the f16 activation copy (the f16 mma form's input).
 int64_t HalfValues(int64_t max_cols, int64_t max_tokens) {
-  return max_tokens < 2 ? 0 : std::min<int64_t>(max_tokens, kMmaMaxTokens) * max_cols;
+  return max_tokens < 2 ? 0
+                        : F16TokenSlots(static_cast<int>(std::min<int64_t>(max_tokens, kMmaMaxTokens))) *
+                              max_cols;
 }
 }  // namespace
 
@@ -85,8 +87,9 @@ absl::Status CheckScratch(const char* who, int64_t n_cols, int64_t n_tokens,
 QuantOut OutOf(const MatVecScratch& s, int64_t n_cols, int64_t n_tokens) {
   const bool f16 = n_tokens >= std::max<int64_t>(2, s.f16_min_tokens) &&
                    n_tokens <= kMmaMaxTokens &&
-                   n_tokens * n_cols <= HalfValues(s.max_cols, s.max_tokens);
-  return {s.q, s.d, s.s, f16 ? s.h : nullptr};
+                   F16TokenSlots(static_cast<int>(n_tokens)) * n_cols <= HalfValues(s.max_cols, s.max_tokens);
+  if (!f16) return {s.q, s.d, s.s, nullptr};
+  return {s.q, s.d, s.s, s.h, static_cast<int32_t>(n_cols), F16TokenSlots(static_cast<int>(n_tokens))};
 }
 
 }  // namespace

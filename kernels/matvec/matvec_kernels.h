@@ -45,7 +45,7 @@ struct MatVecArgs {
   const int8_t* xq = nullptr;  // (n_tokens, n_cols) int8: read by the quantized kernels
   const float* xd = nullptr;   // (n_tokens, n_cols / 32) block scales of xq
   const float* xs = nullptr;   // (n_tokens, n_cols / 32) xd * sum(xq) per block
-  const __half* xh = nullptr;  // (n_tokens, n_cols) f16 copy of x: read by the f16 mma form
+  const __half* xh = nullptr;  // f16 copy of x at F16Index (act_quant.h): read by the f16 mma form
   MatVecRope rope;             // for the parts whose role is not kPlain
 };
 
