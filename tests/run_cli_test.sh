@@ -7,6 +7,7 @@ shared=${DPL_SHARED_DIR:-$(cd "$(dirname "$(readlink -f tests/shared_anchor.txt)
 run=runtime/dpl-run
 tokenize=runtime/dpl-tokenize
 convert=converter/dpl-convert
+synth=tools/dpl-synth
 compare=tests/compare_logits
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 fails=0
@@ -34,6 +35,21 @@ done
 ids=$("$tokenize" -m "$shared/oracle/tiny-qwen2-vocab-q4km.gguf" -p "$(cat "$shared/oracle/tiny-qwen2-vocab-q4km.prompt")" | tr -d '[] ')
 want=$(tr -d ' \n' <"$shared/oracle/tiny-qwen2-vocab-q4km.tokens")
 if [[ -n $ids && $want == "$ids",* ]]; then ok "dpl-tokenize oracle prompt"; else bad "dpl-tokenize oracle prompt: $ids"; fi
+
+# A SentencePiece vocabulary (Llama 2's and Mistral 7B's tokenizer) end to
+# end: a tiny llama with llama.cpp's llama-spm vocabulary tokenizes "Hello
+# world" as llama.cpp does (BOS, "▁Hello", "▁world": its test vectors) and
+# runs a prompt on the CPU device.
+if "$synth" tiny-llama "$tmp/spm.gguf" --vocab "$shared/vocab/ggml-vocab-llama-spm.gguf" >/dev/null &&
+   "$convert" -q "$tmp/spm.gguf" "$tmp/spm.dpl" >/dev/null; then
+  ids=$("$tokenize" -m "$tmp/spm.dpl" -p "Hello world" | tr -d '[] ')
+  if [[ $ids == "1,15043,3186" ]]; then ok "dpl-tokenize SentencePiece"; else bad "dpl-tokenize SentencePiece: $ids"; fi
+  "$run" -m "$tmp/spm.dpl" --device cpu -p "Hello world" -n 4 --temp 0 >"$tmp/spm.txt" 2>"$tmp/spm.err"
+  if [[ $? -eq 0 ]] && grep -q "generated: .* 4 tokens" "$tmp/spm.err"; then ok "dpl-run SentencePiece model"; else
+    bad "dpl-run SentencePiece model"; cat "$tmp/spm.err"; fi
+else
+  bad "synth + convert a SentencePiece llama"
+fi
 
 # Chat on the CPU device: a system prompt, two user turns from standard input,
 # greedy; each turn's prompt extends the cached conversation.

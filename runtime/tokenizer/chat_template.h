@@ -34,8 +34,8 @@
 // named "mistral..."). They have no generation prompt: the text ends with
 // "[/INST]" after the last user message, where the assistant answers, and an
 // assistant turn ends with "</s>". Stops: the tokenizer's EOS and "</s>".
-// (The tokenizer does not read Mistral's own vocabularies yet: SentencePiece,
-// or tekken's pre-tokenizer.)
+// (The tokenizer reads Mistral 7B's and Llama 2's SentencePiece
+// vocabularies; not yet tekken's pre-tokenizer.)
 //
 //   mistral-v7 (Mistral Large 2411, Mistral Small 3.x): "[SYSTEM_PROMPT]
 //     {system}[/SYSTEM_PROMPT]", "[INST] {user}[/INST]", " {assistant}</s>".

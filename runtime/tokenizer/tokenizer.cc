@@ -8,6 +8,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/match.h"
 #include "base/status_macros.h"
 #include "runtime/tokenizer/unicode.h"
 #include "runtime/tokenizer/vocab.h"
@@ -18,6 +20,7 @@ namespace {
 // Texts that end a turn in the model families we know.
 constexpr absl::string_view kEndOfTurnTexts[] = {
     "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>",
+    "<|end|>",  // Phi-3
 };
 
 bool IsCrOrLf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
@@ -244,13 +247,18 @@ absl::StatusOr<int32_t> IdOnlyVocabSize(const formats::Metadata& meta) {
 }
 
 absl::Status UnsupportedModel(absl::string_view model) {
-  absl::string_view what = model == "llama"  ? " (SentencePiece)"
-                          : model == "bert" ? " (WordPiece)"
+  absl::string_view what = model == "bert" ? " (WordPiece)"
                           : model == "t5"   ? " (Unigram)"
                                             : "";
   return absl::UnimplementedError(absl::StrCat(
       "tokenizer.ggml.model = \"", model, "\"", what,
-      " is not supported; dpl supports \"gpt2\" (byte-level BPE) and \"none\" (ids only)"));
+      " is not supported; dpl supports \"gpt2\" (byte-level BPE), \"llama\" (SentencePiece) "
+      "and \"none\" (ids only)"));
+}
+
+// A SentencePiece token's text as bytes: U+2581 back to a space.
+std::string UnescapeSpm(absl::string_view text) {
+  return absl::StrReplaceAll(text, {{"\xe2\x96\x81", " "}});
 }
 
 }  // namespace
@@ -269,6 +277,13 @@ absl::StatusOr<Tokenizer> Tokenizer::FromMetadata(const formats::Metadata& meta)
   Tokenizer t;
   if (model == "none") {
     DPL_ASSIGN_OR_RETURN(t.n_vocab_, IdOnlyVocabSize(meta));
+  } else if (model == "llama") {
+    DPL_ASSIGN_OR_RETURN(t.vocab_, LoadSpmVocab(meta));
+    t.n_vocab_ = static_cast<int32_t>(t.vocab_->texts.size());
+    t.pre_ = PreTokenizer::kSpm;
+    for (const std::string& text : t.vocab_->texts) {
+      t.max_text_bytes_ = std::max<int64_t>(t.max_text_bytes_, static_cast<int64_t>(text.size()));
+    }
   } else if (model == "gpt2") {
     DPL_ASSIGN_OR_RETURN(t.vocab_, LoadBpeVocab(meta));
     t.n_vocab_ = static_cast<int32_t>(t.vocab_->texts.size());
@@ -284,8 +299,14 @@ absl::StatusOr<Tokenizer> Tokenizer::FromMetadata(const formats::Metadata& meta)
   DPL_ASSIGN_OR_RETURN(t.eos_id_, ReadOptionalId(meta, "tokenizer.ggml.eos_token_id", t.n_vocab_));
   DPL_ASSIGN_OR_RETURN(t.eot_id_, ReadOptionalId(meta, "tokenizer.ggml.eot_token_id", t.n_vocab_));
   DPL_ASSIGN_OR_RETURN(t.eom_id_, ReadOptionalId(meta, "tokenizer.ggml.eom_token_id", t.n_vocab_));
-  // llama.cpp's per-type default: Llama 3 vocabularies add BOS.
-  const bool bos_default = t.pre_ == PreTokenizer::kLlama3;
+  // llama.cpp's SentencePiece defaults where the file names none: <s> = 1,
+  // </s> = 2.
+  if (t.pre_ == PreTokenizer::kSpm) {
+    if (t.bos_id_ == kNoToken && meta.Find("tokenizer.ggml.bos_token_id") == nullptr && t.n_vocab_ > 1) t.bos_id_ = 1;
+    if (t.eos_id_ == kNoToken && meta.Find("tokenizer.ggml.eos_token_id") == nullptr && t.n_vocab_ > 2) t.eos_id_ = 2;
+  }
+  // llama.cpp's per-type default: Llama 3 and SentencePiece vocabularies add BOS.
+  const bool bos_default = t.pre_ == PreTokenizer::kLlama3 || t.pre_ == PreTokenizer::kSpm;
   DPL_ASSIGN_OR_RETURN(const bool add_bos, meta.GetBoolOr("tokenizer.ggml.add_bos_token", bos_default));
   DPL_ASSIGN_OR_RETURN(const bool add_eos, meta.GetBoolOr("tokenizer.ggml.add_eos_token", false));
   t.add_bos_ = add_bos && t.bos_id_ != kNoToken;
@@ -348,6 +369,26 @@ std::vector<int32_t> Tokenizer::Encode(absl::string_view text, bool add_bos,
   std::vector<int32_t> out;
   if (vocab_ == nullptr) return out;
   if (add_bos && bos_id_ != kNoToken) out.push_back(bos_id_);
+  if (pre_ == PreTokenizer::kSpm) {
+    // A raw fragment after the start or a special token gets the space
+    // prefix (llama.cpp: is_prev_special starts true).
+    bool prev_special = true;
+    std::string escaped;
+    for (const Fragment& f : Partition(text, parse_special)) {
+      if (f.token != kNoToken) {
+        out.push_back(f.token);
+        prev_special = true;
+        continue;
+      }
+      if (f.begin == f.end) continue;  // empty text: no tokens
+      escaped.clear();
+      if (vocab_->add_space_prefix && prev_special) escaped = "\xe2\x96\x81";
+      escaped += absl::StrReplaceAll(text.substr(f.begin, f.end - f.begin), {{" ", "\xe2\x96\x81"}});
+      EncodeSpm(*vocab_, escaped, out);
+      prev_special = false;
+    }
+    return out;
+  }
   Workspace ws;
   for (const Fragment& f : Partition(text, parse_special)) {
     if (f.token != kNoToken) {
@@ -379,6 +420,15 @@ std::string Tokenizer::TokenToPiece(int32_t id) const {
     default:
       break;
   }
+  if (pre_ == PreTokenizer::kSpm) {
+    if (vocab_->types[id] == TokenType::kByte && text.size() == 6 && absl::StartsWith(text, "<0x")) {
+      int byte = 0;
+      if (absl::SimpleHexAtoi(absl::string_view(text).substr(3, 2), &byte)) {
+        return std::string(1, static_cast<char>(byte));
+      }
+    }
+    return UnescapeSpm(text);
+  }
   // Byte-level text -> bytes. A code point outside the byte map (never in a
   // well-formed vocabulary) is passed through as UTF-8.
   std::vector<uint32_t> cpts;
@@ -400,6 +450,10 @@ std::string Tokenizer::Decode(absl::Span<const int32_t> ids) const {
   std::string out;
   for (int32_t id : ids) out += TokenToPiece(id);
   return out;
+}
+
+bool Tokenizer::adds_space_prefix() const {
+  return vocab_ != nullptr && pre_ == PreTokenizer::kSpm && vocab_->add_space_prefix;
 }
 
 bool Tokenizer::IsEndOfGeneration(int32_t id) const {

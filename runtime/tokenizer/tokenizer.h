@@ -1,5 +1,6 @@
 // Byte-level BPE tokenizer as GGUF describes it (tokenizer.ggml.model "gpt2"),
-// plus the id-only tokenizer of a vocabulary-less model ("none").
+// SentencePiece's BPE ("llama": Llama 2, Mistral, Phi-3 vocabularies), plus
+// the id-only tokenizer of a vocabulary-less model ("none").
 //
 // Encoding (llama.cpp's llm_tokenizer_bpe, reproduced exactly):
 //   1. Special-token partition: the texts of user-defined tokens are always
@@ -13,6 +14,13 @@
 //      BPE: the adjacent pair of lowest merge rank first (ties: leftmost).
 //      Llama 3 ("ignore_merges") first looks the whole pre-token up in the
 //      vocabulary.
+// SentencePiece ("llama", llama.cpp's llm_tokenizer_spm): the same special
+// partition; each raw fragment gets a leading space when it is the text's
+// first or follows a special token (tokenizer.ggml.add_space_prefix, default
+// on), spaces become U+2581, and the fragment's UTF-8 characters are merged
+// pairwise, the pair whose joined text is the token of highest score first
+// (ties: leftmost); a piece that is no token comes out as its bytes'
+// <0xXX> tokens.
 //
 // Vocabulary-less models: Encode returns an empty vector (check has_vocab();
 // ParseIdList reads ids typed by a user), TokenToPiece renders "<42>".
@@ -47,6 +55,7 @@ enum class PreTokenizer : uint8_t {
   kNone,    // vocabulary-less model
   kLlama3,  // "llama-bpe", "llama3", "llama-v3": digits in runs of 1..3
   kQwen2,   // "qwen2", "deepseek-r1-qwen": digits one at a time
+  kSpm,     // SentencePiece ("llama" model): no split, whitespace escaped
 };
 
 inline constexpr int32_t kNoToken = -1;
@@ -96,6 +105,9 @@ class Tokenizer {
   PreTokenizer pre_tokenizer() const { return pre_; }
   bool adds_bos_by_default() const { return add_bos_; }
   bool adds_eos_by_default() const { return add_eos_; }
+  // SentencePiece vocabularies that put a space before a text's first raw
+  // fragment (Decode of Encode(text) then starts with that space).
+  bool adds_space_prefix() const;
   int32_t bos_id() const { return bos_id_; }  // kNoToken when absent
   int32_t eos_id() const { return eos_id_; }
   int32_t eot_id() const { return eot_id_; }

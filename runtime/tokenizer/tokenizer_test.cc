@@ -90,14 +90,55 @@ void RunVocabVectors(const std::string& name) {
       FAIL_CHECK(name, " case ", i, " \"", cases[i], "\"\n  expected: ", IdsToString(expect),
                      "\n  got:      ", IdsToString(got));
     }
-    // Every case is valid UTF-8, so pieces must give the text back.
-    CHECK_MESSAGE(tok.Decode(got) == cases[i], name, " case ", i, " does not round-trip");
+    // Every case is valid UTF-8, so pieces must give the text back (after
+    // the space a SentencePiece vocabulary puts before it).
+    const std::string back = (tok.adds_space_prefix() && !cases[i].empty() ? " " : "") + cases[i];
+    CHECK_MESSAGE(tok.Decode(got) == back, name, " case ", i, " does not round-trip");
   }
   MESSAGE(name, ": ", cases.size() - mismatches, "/", cases.size(), " cases match");
   CHECK(mismatches == 0);
 }
 
 TEST_CASE("llama.cpp vocab vectors: qwen2") { RunVocabVectors("ggml-vocab-qwen2.gguf"); }
+
+TEST_CASE("llama.cpp vocab vectors: llama-spm (SentencePiece)") {
+  RunVocabVectors("ggml-vocab-llama-spm.gguf");
+}
+
+TEST_CASE("llama.cpp vocab vectors: phi-3 (SentencePiece)") { RunVocabVectors("ggml-vocab-phi-3.gguf"); }
+
+TEST_CASE("SentencePiece: BOS, space prefix after specials, byte fallback, end of turn") {
+  const Tokenizer& spm = TokenizerOf("vocab/ggml-vocab-llama-spm.gguf");
+  CHECK(spm.pre_tokenizer() == PreTokenizer::kSpm);
+  CHECK(spm.adds_bos_by_default());
+  CHECK(spm.bos_id() == 1);
+  CHECK(spm.eos_id() == 2);
+  CHECK(spm.IsEndOfGeneration(2));
+  CHECK(spm.Encode("", false, false).empty());
+  CHECK(spm.Encode("", true, false) == std::vector<int32_t>{1});
+  const std::vector<int32_t> hello = spm.Encode("Hello world", false, false);
+  REQUIRE(!hello.empty());
+  CHECK(spm.TokenText(hello[0]).substr(0, 3) == "\xe2\x96\x81");  // "▁Hello"
+  CHECK(spm.Decode(hello) == " Hello world");
+  std::vector<int32_t> with_bos = {1};
+  with_bos.insert(with_bos.end(), hello.begin(), hello.end());
+  CHECK(spm.Encode("Hello world", true, false) == with_bos);
+  // "<s>" is a control token: text without parse_special, the token with it;
+  // the raw text after it gets the space prefix again.
+  CHECK(spm.Encode("<s>Hello world", false, true) == with_bos);
+  CHECK(spm.Encode("<s>Hello world", false, false) != with_bos);
+  // A character with no token of its own comes out as its UTF-8 bytes.
+  const std::vector<int32_t> rare = spm.Encode("\xf0\x9f\x98\x80", false, false);  // U+1F600
+  int bytes = 0;
+  for (int32_t id : rare) bytes += spm.token_type(id) == TokenType::kByte;
+  CHECK(bytes == 4);
+  CHECK(spm.Decode(rare) == " \xf0\x9f\x98\x80");
+
+  const Tokenizer& phi3 = TokenizerOf("vocab/ggml-vocab-phi-3.gguf");
+  const int32_t end = phi3.FindToken("<|end|>");
+  REQUIRE(end != kNoToken);
+  CHECK(phi3.IsEndOfGeneration(end));
+}
 
 TEST_CASE("llama.cpp vocab vectors: llama-bpe") { RunVocabVectors("ggml-vocab-llama-bpe.gguf"); }
 
@@ -312,10 +353,15 @@ std::string ErrorAfter(const std::function<void(formats::Metadata&)>& edit) {
 
 TEST_CASE("unsupported tokenizers are rejected by name") {
   using formats::MetaValue;
+  const std::string bert = ErrorAfter(
+      [](formats::Metadata& m) { m.Set("tokenizer.ggml.model", MetaValue::String("bert")); });
+  CHECK(bert.find("\"bert\"") != std::string::npos);
+  CHECK(bert.find("WordPiece") != std::string::npos);
+  CHECK(bert.find("\"llama\" (SentencePiece)") != std::string::npos);  // what is supported
+  // A byte-level vocabulary relabeled SentencePiece has no scores to merge by.
   const std::string llama = ErrorAfter(
       [](formats::Metadata& m) { m.Set("tokenizer.ggml.model", MetaValue::String("llama")); });
-  CHECK(llama.find("\"llama\"") != std::string::npos);
-  CHECK(llama.find("SentencePiece") != std::string::npos);
+  CHECK(llama.find("tokenizer.ggml.scores") != std::string::npos);
   const std::string falcon = ErrorAfter(
       [](formats::Metadata& m) { m.Set("tokenizer.ggml.pre", MetaValue::String("falcon")); });
   CHECK(falcon.find("\"falcon\"") != std::string::npos);

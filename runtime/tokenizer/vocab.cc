@@ -138,17 +138,9 @@ absl::Status ReadMerges(const formats::Metadata& meta, Vocab& v) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<std::shared_ptr<Vocab>> LoadBpeVocab(const formats::Metadata& meta) {
-  auto vocab = std::make_shared<Vocab>();
-  Vocab& v = *vocab;
-  DPL_ASSIGN_OR_RETURN(v.pre, ReadPreTokenizer(meta));
-  // llama.cpp's per-type default (llama-vocab.cpp).
-  v.ignore_merges = v.pre == PreTokenizer::kLlama3;
-  DPL_RETURN_IF_ERROR(ReadTokens(meta, v));
-  DPL_RETURN_IF_ERROR(IndexTexts(v));
-  DPL_RETURN_IF_ERROR(ReadMerges(meta, v));
+// Control, user-defined and unknown tokens with a text, longest first (the
+// special partition tries them in this order).
+void ListSpecials(Vocab& v) {
   for (size_t i = 0; i < v.texts.size(); ++i) {
     const TokenType ty = v.types[i];
     if ((ty == TokenType::kControl || ty == TokenType::kUserDefined || ty == TokenType::kUnknown) &&
@@ -159,6 +151,47 @@ absl::StatusOr<std::shared_ptr<Vocab>> LoadBpeVocab(const formats::Metadata& met
   std::stable_sort(v.specials.begin(), v.specials.end(), [&](int32_t a, int32_t b) {
     return v.texts[a].size() > v.texts[b].size();
   });
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Vocab>> LoadSpmVocab(const formats::Metadata& meta) {
+  auto vocab = std::make_shared<Vocab>();
+  Vocab& v = *vocab;
+  v.pre = PreTokenizer::kSpm;
+  DPL_RETURN_IF_ERROR(ReadTokens(meta, v));
+  const size_t n = v.texts.size();
+  const formats::MetaValue* sc = meta.Find("tokenizer.ggml.scores");
+  if (sc == nullptr || sc->type != formats::GgufValueType::kArray ||
+      (sc->elem_type != formats::GgufValueType::kF32 && sc->elem_type != formats::GgufValueType::kF64) ||
+      sc->count != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SentencePiece vocabulary needs tokenizer.ggml.scores, a float array of ", n,
+        " entries (one per token)", sc == nullptr ? "; it is missing" : absl::StrCat(", found ", sc->DebugString(4))));
+  }
+  v.scores.resize(n);
+  for (size_t i = 0; i < n; ++i) v.scores[i] = static_cast<float>(sc->FloatAt(i));
+  DPL_ASSIGN_OR_RETURN(v.add_space_prefix, meta.GetBoolOr("tokenizer.ggml.add_space_prefix", true));
+  v.text_to_id.reserve(n);
+  for (size_t i = 0; i < n; ++i) v.text_to_id[v.texts[i]] = static_cast<int32_t>(i);
+  for (int b = 0; b < 256; ++b) {
+    auto it = v.text_to_id.find(absl::StrFormat("<0x%02X>", b));
+    v.byte_token[b] = it == v.text_to_id.end() ? kNoToken : it->second;
+  }
+  ListSpecials(v);
+  return vocab;
+}
+
+absl::StatusOr<std::shared_ptr<Vocab>> LoadBpeVocab(const formats::Metadata& meta) {
+  auto vocab = std::make_shared<Vocab>();
+  Vocab& v = *vocab;
+  DPL_ASSIGN_OR_RETURN(v.pre, ReadPreTokenizer(meta));
+  // llama.cpp's per-type default (llama-vocab.cpp).
+  v.ignore_merges = v.pre == PreTokenizer::kLlama3;
+  DPL_RETURN_IF_ERROR(ReadTokens(meta, v));
+  DPL_RETURN_IF_ERROR(IndexTexts(v));
+  DPL_RETURN_IF_ERROR(ReadMerges(meta, v));
+  ListSpecials(v);
   return vocab;
 }
 
