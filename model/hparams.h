@@ -1,4 +1,4 @@
-// Hyperparameters of a llama-family decoder (llama, qwen2, qwen3), as read from
+// Hyperparameters of a llama-family decoder (llama, qwen2, qwen3, qwen3moe), as read from
 // GGUF-style metadata (identical keys in GGUF and .dpl files) by
 // model::ReadHparams (model/model.h).
 //
@@ -12,7 +12,7 @@
 namespace dpl::model {
 
 // One row of the architecture table in model/model.cc each.
-enum class Arch { kLlama, kQwen2, kQwen3 };
+enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe };
 
 enum class RopeStyle {
   kAdjacent,  // llama: rotates pairs (x[2i], x[2i+1])
@@ -21,7 +21,7 @@ enum class RopeStyle {
 
 struct Hparams {
   Arch arch = Arch::kLlama;
-  std::string arch_name;    // general.architecture: "llama", "qwen2", "qwen3"
+  std::string arch_name;    // general.architecture: "llama", "qwen2", "qwen3", "qwen3moe"
   int64_t n_embd = 0;       // {arch}.embedding_length
   int64_t n_layer = 0;      // {arch}.block_count
   int64_t n_ff = 0;         // {arch}.feed_forward_length
@@ -42,9 +42,17 @@ struct Hparams {
   int64_t sliding_window = 0;
   // Per-head RMSNorm of q and k before RoPE (qwen3: blk.N.attn_{q,k}_norm).
   bool qk_norm = false;
+  // Mixture of experts (qwen3moe; 0 for dense models): each layer's
+  // feed-forward is n_expert experts of width n_ff_exp, of which a router
+  // picks n_expert_used per token ({arch}.expert_count,
+  // .expert_used_count, .expert_feed_forward_length).
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
+  int64_t n_ff_exp = 0;
 
   int64_t q_dim() const { return n_head * head_dim; }      // width of Wq's output
   int64_t kv_dim() const { return n_head_kv * head_dim; }  // width of Wk's, Wv's output
+  bool moe() const { return n_expert > 0; }
 };
 
 }  // namespace dpl::model

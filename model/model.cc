@@ -21,8 +21,10 @@ using formats::TensorView;
 // llama has optional q/k/v/output biases and llama 3.1 frequency factors;
 // qwen2 has q/k/v biases (required there, optional here) and neither of the
 // others; qwen3 has no biases but a per-head RMSNorm of q and k
-// (attn_q_norm, attn_k_norm: [head_dim], required). The math that differs
-// keys off rope_style and Hparams::qk_norm.
+// (attn_q_norm, attn_k_norm: [head_dim], required); qwen3moe is qwen3 with a
+// mixture of experts for every layer's feed-forward (router ffn_gate_inp,
+// 3-D ffn_{gate,up,down}_exps). The math that differs keys off rope_style,
+// Hparams::qk_norm and Hparams::moe().
 struct ArchInfo {
   Arch arch;
   const char* name;       // general.architecture
@@ -31,11 +33,13 @@ struct ArchInfo {
   bool output_bias;       // blk.N.attn_output.bias may exist
   bool rope_freqs;        // rope_freqs.weight may exist
   bool qk_norm;           // blk.N.attn_{q,k}_norm.weight exist (required)
+  bool moe;               // experts instead of one feed-forward (expert_count required)
 };
 constexpr ArchInfo kArchs[] = {
-    {Arch::kLlama, "llama", RopeStyle::kAdjacent, true, true, true, false},
-    {Arch::kQwen2, "qwen2", RopeStyle::kNeox, true, false, false, false},
-    {Arch::kQwen3, "qwen3", RopeStyle::kNeox, false, false, false, true},
+    {Arch::kLlama, "llama", RopeStyle::kAdjacent, true, true, true, false, false},
+    {Arch::kQwen2, "qwen2", RopeStyle::kNeox, true, false, false, false, false},
+    {Arch::kQwen3, "qwen3", RopeStyle::kNeox, false, false, false, true, false},
+    {Arch::kQwen3Moe, "qwen3moe", RopeStyle::kNeox, false, false, false, true, true},
 };
 
 const ArchInfo& InfoOf(Arch arch) {
@@ -58,6 +62,7 @@ constexpr int64_t kMaxHeads = 1024;
 constexpr int64_t kMaxHeadDim = 1024;
 constexpr int64_t kMaxVocab = 1 << 22;
 constexpr int64_t kMaxContext = 1 << 24;
+constexpr int64_t kMaxExperts = 1024;  // released: 512 (Qwen3-Next), 256 (DeepSeek V3)
 
 // Reads an integer key in [1, cap]; `dflt` < 0 means the key is required.
 absl::StatusOr<int64_t> PositiveInt(const formats::Metadata& meta, const std::string& key,
@@ -73,6 +78,25 @@ absl::StatusOr<int64_t> PositiveInt(const formats::Metadata& meta, const std::st
         absl::StrCat("metadata ", key, " = ", v, " is out of range (1..", cap, ")"));
   }
   return static_cast<int64_t>(v);
+}
+
+// The experts of a MoE architecture: count, used per token, width; a dense
+// architecture must not name any.
+absl::Status ReadExperts(const formats::Metadata& meta, const std::string& p, bool moe,
+                         Hparams* hp) {
+  if (!moe) {
+    DPL_ASSIGN_OR_RETURN(const uint64_t experts, meta.GetUintOr(p + "expert_count", 0));
+    if (experts != 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          p, "expert_count = ", experts, ": mixture-of-experts is supported for qwen3moe only"));
+    }
+    return absl::OkStatus();
+  }
+  DPL_ASSIGN_OR_RETURN(hp->n_expert, PositiveInt(meta, p + "expert_count", -1, kMaxExperts));
+  DPL_ASSIGN_OR_RETURN(hp->n_expert_used,
+                       PositiveInt(meta, p + "expert_used_count", -1, hp->n_expert));
+  DPL_ASSIGN_OR_RETURN(hp->n_ff_exp, PositiveInt(meta, p + "expert_feed_forward_length", -1, kMaxFf));
+  return absl::OkStatus();
 }
 
 // Widths: embedding, layers, feed-forward, heads, head size, rotary width.
@@ -124,11 +148,6 @@ absl::Status ReadWidths(const formats::Metadata& meta, const std::string& p, Hpa
                                                    window, " is out of range (0..", kMaxContext, ")"));
   }
   hp->sliding_window = static_cast<int64_t>(window);
-  DPL_ASSIGN_OR_RETURN(const uint64_t experts, meta.GetUintOr(p + "expert_count", 0));
-  if (experts != 0) {
-    return absl::UnimplementedError(
-        absl::StrCat(p, "expert_count = ", experts, ": mixture-of-experts is not supported"));
-  }
   return absl::OkStatus();
 }
 
@@ -173,9 +192,12 @@ std::string ShapeString(const TensorView& t) {
 // The shape (and, for vectors, the type) `spec` asks of `t`.
 absl::Status CheckTensor(const TensorSpec& spec, const TensorView& t) {
   if (t.ne[0] != static_cast<uint64_t>(spec.n_cols) ||
-      t.ne[1] != static_cast<uint64_t>(spec.n_rows) || t.ne[2] != 1 || t.ne[3] != 1) {
-    const std::string want = spec.matrix ? absl::StrCat("[", spec.n_cols, ", ", spec.n_rows, "]")
-                                         : absl::StrCat("[", spec.n_cols, "]");
+      t.ne[1] != static_cast<uint64_t>(spec.n_rows) ||
+      t.ne[2] != static_cast<uint64_t>(spec.n_mats) || t.ne[3] != 1) {
+    const std::string want =
+        !spec.matrix      ? absl::StrCat("[", spec.n_cols, "]")
+        : spec.n_mats > 1 ? absl::StrCat("[", spec.n_cols, ", ", spec.n_rows, ", ", spec.n_mats, "]")
+                          : absl::StrCat("[", spec.n_cols, ", ", spec.n_rows, "]");
     return absl::InvalidArgumentError(
         absl::StrCat(spec.name, " has shape ", ShapeString(t), ", expected ", want));
   }
@@ -209,6 +231,10 @@ const TensorView** Slot(ModelDesc& d, const TensorSpec& spec) {
     case TensorKind::kFfnDown: return &L.w_down;
     case TensorKind::kAttnQNorm: return &L.q_norm;
     case TensorKind::kAttnKNorm: return &L.k_norm;
+    case TensorKind::kFfnGateInp: return &L.router;
+    case TensorKind::kFfnGateExps: return &L.gate_exps;
+    case TensorKind::kFfnUpExps: return &L.up_exps;
+    case TensorKind::kFfnDownExps: return &L.down_exps;
   }
   return nullptr;
 }
@@ -232,7 +258,7 @@ absl::Status CheckNoOtherTensors(const formats::ModelFile& file,
 // that many layers (every layer has kRequiredPerLayer required tensors, and
 // the last layer's first one must be there).
 absl::Status CheckLayerCount(const formats::ModelFile& file, const Hparams& hp) {
-  constexpr uint64_t kRequiredPerLayer = 9;  // norms, q, k, v, o, gate, up, down
+  constexpr uint64_t kRequiredPerLayer = 9;  // norms, q, k, v, o, gate, up, down (MoE: 10)
   const uint64_t need = kRequiredPerLayer * static_cast<uint64_t>(hp.n_layer) + 2;
   const std::string last = TensorName(TensorKind::kAttnNorm, static_cast<int>(hp.n_layer - 1));
   if (file.tensors().size() < need || file.Find(last) == nullptr) {
@@ -268,6 +294,7 @@ absl::StatusOr<Hparams> ReadHparams(const formats::ModelFile& model) {
   hp.qk_norm = InfoOf(hp.arch).qk_norm;
   const std::string p = hp.arch_name + ".";
   DPL_RETURN_IF_ERROR(ReadWidths(meta, p, &hp));
+  DPL_RETURN_IF_ERROR(ReadExperts(meta, p, InfoOf(hp.arch).moe, &hp));
   DPL_RETURN_IF_ERROR(ReadRope(meta, p, &hp));
   DPL_ASSIGN_OR_RETURN(const double eps, meta.GetFloat(p + "attention.layer_norm_rms_epsilon"));
   if (!(eps > 0 && eps < 1)) {
@@ -291,10 +318,13 @@ absl::StatusOr<Hparams> ReadHparams(const formats::ModelFile& model) {
 std::string HparamsDebugString(const Hparams& hp) {
   return absl::StrFormat(
       "arch=%s n_embd=%d n_layer=%d n_ff=%d n_head=%d n_head_kv=%d head_dim=%d n_rot=%d "
-      "n_vocab=%d n_ctx_train=%d rope_base=%g rope_scale=%g rms_eps=%g rope=%s swa=%d qk_norm=%d",
+      "n_vocab=%d n_ctx_train=%d rope_base=%g rope_scale=%g rms_eps=%g rope=%s swa=%d qk_norm=%d%s",
       hp.arch_name, hp.n_embd, hp.n_layer, hp.n_ff, hp.n_head, hp.n_head_kv, hp.head_dim,
       hp.n_rot, hp.n_vocab, hp.n_ctx_train, hp.rope_freq_base, hp.rope_freq_scale, hp.rms_eps,
-      hp.rope_style == RopeStyle::kNeox ? "neox" : "adjacent", hp.sliding_window, hp.qk_norm);
+      hp.rope_style == RopeStyle::kNeox ? "neox" : "adjacent", hp.sliding_window, hp.qk_norm,
+      hp.moe() ? absl::StrFormat(" experts=%d used=%d ff_exp=%d", hp.n_expert, hp.n_expert_used,
+                                 hp.n_ff_exp)
+               : "");
 }
 
 std::string TensorName(TensorKind kind, int layer) {
@@ -319,6 +349,10 @@ std::string TensorName(TensorKind kind, int layer) {
     case TensorKind::kFfnDown: return blk("ffn_down.weight");
     case TensorKind::kAttnQNorm: return blk("attn_q_norm.weight");
     case TensorKind::kAttnKNorm: return blk("attn_k_norm.weight");
+    case TensorKind::kFfnGateInp: return blk("ffn_gate_inp.weight");
+    case TensorKind::kFfnGateExps: return blk("ffn_gate_exps.weight");
+    case TensorKind::kFfnUpExps: return blk("ffn_up_exps.weight");
+    case TensorKind::kFfnDownExps: return blk("ffn_down_exps.weight");
   }
   return "";
 }
@@ -333,6 +367,9 @@ std::vector<TensorSpec> TensorSpecs(const Hparams& hp, bool tied) {
   const auto vector = [&specs](TensorKind kind, int layer, int64_t n, bool optional) {
     specs.push_back({kind, layer, TensorName(kind, layer), n, 1, false, optional});
   };
+  const auto experts = [&specs, &hp](TensorKind kind, int layer, int64_t n_cols, int64_t n_rows) {
+    specs.push_back({kind, layer, TensorName(kind, layer), n_cols, n_rows, true, false, hp.n_expert});
+  };
   matrix(TensorKind::kTokenEmbd, -1, E, V);
   for (int il = 0; il < hp.n_layer; ++il) {
     vector(TensorKind::kAttnNorm, il, E, false);
@@ -341,9 +378,16 @@ std::vector<TensorSpec> TensorSpecs(const Hparams& hp, bool tied) {
     matrix(TensorKind::kAttnV, il, E, KV);
     matrix(TensorKind::kAttnOutput, il, Q, E);
     vector(TensorKind::kFfnNorm, il, E, false);
-    matrix(TensorKind::kFfnGate, il, E, F);
-    matrix(TensorKind::kFfnUp, il, E, F);
-    matrix(TensorKind::kFfnDown, il, F, E);
+    if (hp.moe()) {
+      matrix(TensorKind::kFfnGateInp, il, E, hp.n_expert);
+      experts(TensorKind::kFfnGateExps, il, E, hp.n_ff_exp);
+      experts(TensorKind::kFfnUpExps, il, E, hp.n_ff_exp);
+      experts(TensorKind::kFfnDownExps, il, hp.n_ff_exp, E);
+    } else {
+      matrix(TensorKind::kFfnGate, il, E, F);
+      matrix(TensorKind::kFfnUp, il, E, F);
+      matrix(TensorKind::kFfnDown, il, F, E);
+    }
     if (arch.qkv_bias) {
       vector(TensorKind::kAttnQBias, il, Q, true);
       vector(TensorKind::kAttnKBias, il, KV, true);
@@ -379,7 +423,9 @@ absl::StatusOr<ModelDesc> BindModel(const formats::ModelFile& model) {
     // What a decode step reads: not the embedding table (one row per token)
     // unless it is also the head, and not rope_freqs (read once, at load).
     if ((s.kind != TensorKind::kTokenEmbd || d.tied) && s.kind != TensorKind::kRopeFreqs) {
-      d.bytes_per_token += t->n_bytes;
+      d.bytes_per_token += s.n_mats > 1 ? t->n_bytes / static_cast<uint64_t>(s.n_mats) *
+                                              static_cast<uint64_t>(d.hp.n_expert_used)
+                                        : t->n_bytes;
     }
   }
   if (d.tied) d.output = d.token_embd;
@@ -402,6 +448,13 @@ constexpr formats::GgmlType kGpuTypes[] = {
 
 bool GpuHasKernelFor(formats::GgmlType type) {
   return std::find(std::begin(kGpuTypes), std::end(kGpuTypes), type) != std::end(kGpuTypes);
+}
+
+absl::Status CheckGpuArch(const Hparams& hp) {
+  if (!hp.moe()) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      hp.arch_name, ": the CUDA runtime does not run mixture-of-experts models yet (",
+      hp.n_expert, " experts); the CPU reference does (dpl-run --device cpu)"));
 }
 
 absl::Status CheckGpuType(absl::string_view tensor, formats::GgmlType type) {

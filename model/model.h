@@ -19,7 +19,7 @@
 
 namespace dpl::model {
 
-// general.architecture of `arch` ("llama", "qwen2", "qwen3").
+// general.architecture of `arch` ("llama", "qwen2", "qwen3", "qwen3moe").
 absl::string_view ArchName(Arch arch);
 // The architecture called `name`, or Unimplemented naming it and the
 // supported ones.
@@ -56,6 +56,11 @@ enum class TensorKind {
   kFfnDown,         // ffn_down.weight     [n_ff, n_embd]
   kAttnQNorm,       // attn_q_norm.weight  [head_dim]: qwen3's per-head q RMSNorm
   kAttnKNorm,       // attn_k_norm.weight  [head_dim]: qwen3's per-head k RMSNorm
+  // Mixture of experts (qwen3moe), in place of ffn_gate, ffn_up, ffn_down:
+  kFfnGateInp,    // ffn_gate_inp.weight   [n_embd, n_expert]: the router
+  kFfnGateExps,   // ffn_gate_exps.weight  [n_embd, n_ff_exp, n_expert]
+  kFfnUpExps,     // ffn_up_exps.weight    [n_embd, n_ff_exp, n_expert]
+  kFfnDownExps,   // ffn_down_exps.weight  [n_ff_exp, n_embd, n_expert]
 };
 
 // llama.cpp's GGUF name: "token_embd.weight", "blk.3.attn_q.weight".
@@ -70,13 +75,15 @@ struct TensorSpec {
   int64_t n_rows;      // ne[1]: a matrix's output width; 1 for vectors
   bool matrix;         // else an f32 vector of n_cols elements
   bool optional;       // the architecture allows it; a file may omit it
+  int64_t n_mats = 1;  // ne[2]: the experts of a 3-D expert tensor, each (n_rows, n_cols)
 };
 
 // The tensor set of a model of these hyperparameters, in llama.cpp's file
 // order: token_embd; per layer attn_norm, attn_q, attn_k, attn_v,
-// attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down, then the optional
-// biases and qwen3's q/k norms; output_norm, rope_freqs (optional), output
-// (unless `tied`).
+// attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down (a MoE layer: ffn_gate_inp,
+// ffn_gate_exps, ffn_up_exps, ffn_down_exps), then the optional biases and
+// qwen3's q/k norms; output_norm, rope_freqs (optional), output (unless
+// `tied`).
 // Optional tensors are listed where the architecture allows them.
 std::vector<TensorSpec> TensorSpecs(const Hparams& hp, bool tied);
 
@@ -92,9 +99,13 @@ struct LayerTensors {
   const formats::TensorView* bv = nullptr;         // [kv_dim] f32 or null
   const formats::TensorView* bo = nullptr;         // [n_embd] f32 or null
   const formats::TensorView* ffn_norm = nullptr;   // [n_embd] f32
-  const formats::TensorView* w_gate = nullptr;     // [n_embd, n_ff]
-  const formats::TensorView* w_up = nullptr;       // [n_embd, n_ff]
-  const formats::TensorView* w_down = nullptr;     // [n_ff, n_embd]
+  const formats::TensorView* w_gate = nullptr;     // [n_embd, n_ff]; null in a MoE layer
+  const formats::TensorView* w_up = nullptr;       // [n_embd, n_ff]; null in a MoE layer
+  const formats::TensorView* w_down = nullptr;     // [n_ff, n_embd]; null in a MoE layer
+  const formats::TensorView* router = nullptr;     // [n_embd, n_expert] (MoE) or null
+  const formats::TensorView* gate_exps = nullptr;  // [n_embd, n_ff_exp, n_expert] (MoE) or null
+  const formats::TensorView* up_exps = nullptr;    // [n_embd, n_ff_exp, n_expert] (MoE) or null
+  const formats::TensorView* down_exps = nullptr;  // [n_ff_exp, n_embd, n_expert] (MoE) or null
   const formats::TensorView* q_norm = nullptr;     // [head_dim] f32 (qwen3) or null
   const formats::TensorView* k_norm = nullptr;     // [head_dim] f32 (qwen3) or null
 };
@@ -111,7 +122,8 @@ struct ModelDesc {
   std::vector<LayerTensors> layers;                  // n_layer of them
   // Bytes of every tensor a decode step reads: all of them but token_embd
   // (one row of it is gathered) unless it is also the lm head, and but
-  // rope_freqs (folded into the rotation angles once, at load).
+  // rope_freqs (folded into the rotation angles once, at load); of an expert
+  // tensor the n_expert_used experts a token reads.
   uint64_t bytes_per_token = 0;
 };
 
@@ -132,5 +144,10 @@ bool GpuHasKernelFor(formats::GgmlType type);
 // OK, or Unimplemented naming the tensor and its type: "tensor 'NAME' is
 // iq2_xxs, which the CUDA runtime has no kernel for (it runs f32, f16, ...)".
 absl::Status CheckGpuType(absl::string_view tensor, formats::GgmlType type);
+
+// Whether the CUDA runtime runs models of these hyperparameters: not yet a
+// mixture of experts (qwen3moe runs on the CPU reference only):
+// Unimplemented naming the architecture and --device cpu.
+absl::Status CheckGpuArch(const Hparams& hp);
 
 }  // namespace dpl::model

@@ -34,8 +34,8 @@ std::shared_ptr<ModelFile> OpenOrDie(const std::string& path) {
   return *f;
 }
 
-// Every .gguf of shared/oracle, sorted: those of the architectures bound
-// today, or (moe) the mixture-of-experts ones, which issue 31 is to bind.
+// Every .gguf of shared/oracle, sorted: the dense ones, or (moe) the
+// mixture-of-experts ones.
 std::vector<std::string> OracleModels(bool moe = false) {
   std::vector<std::string> out;
   for (const auto& e : std::filesystem::directory_iterator(dpl::testing::SharedDir() + "/oracle")) {
@@ -98,18 +98,40 @@ TEST_CASE("every oracle file binds (llama, qwen2, qwen3)") {
   CHECK(qwen3 == 1);
 }
 
-// Not bound yet (issue 31): refused up front, naming the architecture and
-// the supported ones, before any tensor is looked at.
-TEST_CASE("a mixture-of-experts oracle is refused by name") {
+// qwen3moe (issue 31): the router and the 3-D expert tensors bound in place
+// of the dense feed-forward; a token reads n_expert_used of the experts.
+TEST_CASE("the mixture-of-experts oracle binds (qwen3moe)") {
   const std::vector<std::string> moe = OracleModels(/*moe=*/true);
   REQUIRE(moe.size() == 1);
   std::shared_ptr<ModelFile> file = OpenOrDie(moe[0]);
-  CHECK(file->metadata().GetString("general.architecture").value() == "qwen3moe");
   const absl::StatusOr<ModelDesc> d = BindModel(*file);
-  REQUIRE_FALSE(d.ok());
-  CHECK(d.status().code() == absl::StatusCode::kUnimplemented);
-  CHECK(d.status().message() == "unsupported architecture 'qwen3moe' (supported: llama, qwen2, qwen3)");
-  CHECK(ReadHparams(*file).status().code() == absl::StatusCode::kUnimplemented);
+  REQUIRE_MESSAGE(d.ok(), d.status().ToString());
+  MESSAGE(HparamsDebugString(d->hp));
+  CHECK(d->hp.arch == Arch::kQwen3Moe);
+  CHECK(d->hp.moe());
+  CHECK(d->hp.qk_norm);
+  CHECK(d->hp.rope_style == RopeStyle::kNeox);
+  CHECK(d->hp.n_expert == 8);
+  CHECK(d->hp.n_expert_used == 2);
+  CHECK(d->hp.n_ff_exp == 256);
+  uint64_t bytes = 0;
+  for (const LayerTensors& L : d->layers) {
+    CHECK(L.w_gate == nullptr);
+    CHECK(L.w_up == nullptr);
+    CHECK(L.w_down == nullptr);
+    REQUIRE(L.router != nullptr);
+    REQUIRE(L.gate_exps != nullptr);
+    REQUIRE(L.up_exps != nullptr);
+    REQUIRE(L.down_exps != nullptr);
+    CHECK(L.gate_exps->ne[2] == 8);
+    CHECK(L.down_exps->ne[0] == 256);
+    CHECK(L.q_norm != nullptr);
+    bytes += (L.gate_exps->n_bytes + L.up_exps->n_bytes + L.down_exps->n_bytes) / 8 * 2;
+  }
+  for (const TensorView& t : file->tensors()) {
+    if (t.name != "token_embd.weight" && t.name.find("_exps") == std::string::npos) bytes += t.n_bytes;
+  }
+  CHECK(d->bytes_per_token == bytes);
 }
 
 TEST_CASE("TensorName spells llama.cpp's names") {
@@ -241,7 +263,7 @@ TEST_CASE("hostile files: errors name the key or tensor") {
   CheckError(BindVariant("arch", [](Meta& m, Tensors&) {
                m.Set("general.architecture", formats::MetaValue::String("gpt2"));
              }),
-             "unsupported architecture 'gpt2' (supported: llama, qwen2, qwen3)");
+             "unsupported architecture 'gpt2' (supported: llama, qwen2, qwen3, qwen3moe)");
   CheckError(BindVariant("qwen3-no-qnorm", [](Meta&, Tensors& t) { testing::EraseEdit(t, "blk.1.attn_q_norm.weight"); },
                          "small-qwen3-q4km.gguf"),
              "tensor 'blk.1.attn_q_norm.weight' is missing");
@@ -375,6 +397,30 @@ TEST_CASE("the CUDA runtime's weight types: the list, and the error naming tenso
   CHECK(std::string(s.message()) ==
         "tensor 'blk.0.attn_q.weight' is iq2_xxs, which the CUDA runtime has no kernel for (it runs "
         "f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, bf16)");
+}
+
+TEST_CASE("mixture-of-experts metadata: errors name the key") {
+  using Meta = formats::Metadata;
+  using Tensors = std::vector<TensorEdit>;
+  const std::string moe = "mini-qwen3moe-q4km.gguf";
+  CheckError(BindVariant("moe-no-used", [](Meta& m, Tensors&) { m.Erase("qwen3moe.expert_used_count"); }, moe),
+             "qwen3moe.expert_used_count");
+  CheckError(BindVariant("moe-used", [](Meta& m, Tensors&) {
+               m.Set("qwen3moe.expert_used_count", formats::MetaValue::U32(9));
+             }, moe),
+             "qwen3moe.expert_used_count = 9 is out of range (1..8)");
+  CheckError(BindVariant("moe-count", [](Meta& m, Tensors&) {
+               m.Set("qwen3moe.expert_count", formats::MetaValue::U32(4));
+             }, moe),
+             "blk.0.ffn_gate_inp.weight has shape [512, 8], expected [512, 4]");
+  CheckError(BindVariant("moe-exps-shape", [](Meta&, Tensors& t) {
+               testing::FindEdit(t, "blk.1.ffn_up_exps.weight")->spec.ne = {512, 256, 4};
+             }, moe),
+             "blk.1.ffn_up_exps.weight has shape [512, 256, 4], expected [512, 256, 8]");
+  CheckError(BindVariant("dense-experts", [](Meta& m, Tensors&) {
+               m.Set("llama.expert_count", formats::MetaValue::U32(8));
+             }),
+             "llama.expert_count = 8: mixture-of-experts is supported for qwen3moe only");
 }
 
 }  // namespace

@@ -18,7 +18,8 @@ bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 # ROWS: the oracle holds the last ROWS positions only.
 for spec in ora-llama-f32:0.002 ora-qwen2-f32:0.002 small-llama-q4km:0.03 small-qwen2-q4km:0.03 \
             small-qwen3-q4km:0.03 small-llama31-q4km:0.03:32 mini-llama-q5km:0.03 mini-llama-q6k:0.03 \
-            mini-llama-q80:0.03 mini-llama-q40:0.03 mini-llama-iq4xs:0.03 mini-llama-q3km:0.03; do
+            mini-llama-q80:0.03 mini-llama-q40:0.03 mini-llama-iq4xs:0.03 mini-llama-q3km:0.03 \
+            mini-qwen3moe-q4km:0.03; do
   IFS=: read -r name limit rows <<<"$spec"
   "$convert" -q "$shared/oracle/$name.gguf" "$tmp/$name.dpl" >/dev/null || { bad "convert $name"; continue; }
   tokens=$(tr -d ' \n' <"$shared/oracle/$name.tokens")

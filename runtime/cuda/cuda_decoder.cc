@@ -48,6 +48,7 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
               "`dpl-convert MODEL.gguf MODEL.dpl`"));
   }
   DPL_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::BindModel(*index_));
+  DPL_RETURN_IF_ERROR(model::CheckGpuArch(desc.hp));
   hp_ = desc.hp;
   bytes_per_token_ = desc.bytes_per_token;
   if (options.n_ctx < 0 || options.n_ctx > kMaxContext) {

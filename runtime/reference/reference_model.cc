@@ -29,6 +29,7 @@ struct ReferenceModel::Matrix {
   const TensorView* view = nullptr;
   uint64_t n_cols = 0;           // ne[0]: the input dimension
   uint64_t n_rows = 0;           // ne[1]: the output dimension
+  uint64_t row0 = 0;             // first row in the view (an expert of a 3-D tensor)
   const float* dense = nullptr;  // (n_rows, n_cols) float32, or null: per-row dequant
   std::vector<float> owned;      // backing store of `dense` when dequantized at load
 };
@@ -43,6 +44,10 @@ struct ReferenceModel::Layer {
   const Matrix* w_gate = nullptr;  // (n_ff, n_embd)
   const Matrix* w_up = nullptr;    // (n_ff, n_embd)
   const Matrix* w_down = nullptr;  // (n_embd, n_ff)
+  // Mixture of experts (qwen3moe): the router and each expert's matrices.
+  const Matrix* router = nullptr;                      // (n_expert, n_embd)
+  std::vector<const Matrix*> gate_exps, up_exps;       // n_expert x (n_ff_exp, n_embd)
+  std::vector<const Matrix*> down_exps;                // n_expert x (n_embd, n_ff_exp)
   std::vector<double> bq, bk, bv, bo;  // biases; empty when the file has none
   std::vector<double> q_norm, k_norm;  // (head_dim) per-head RMSNorm weights (qwen3) or empty
 };
@@ -195,8 +200,10 @@ absl::Status ReferenceModel::Init(std::shared_ptr<formats::ModelFile> file,
     v_.resize(h.kv_dim());
     att_.resize(h.q_dim());
     tmp_.resize(h.n_embd);
-    gate_.resize(h.n_ff);
-    up_.resize(h.n_ff);
+    gate_.resize(std::max(h.n_ff, h.n_ff_exp));
+    up_.resize(std::max(h.n_ff, h.n_ff_exp));
+    router_.resize(h.n_expert);
+    moe_.resize(h.n_embd);
     logits_.resize(h.n_vocab);
     scores_.assign(threads, std::vector<double>(n_ctx_));
   } catch (const std::bad_alloc&) {
@@ -212,6 +219,18 @@ absl::StatusOr<const ReferenceModel::Matrix*> ReferenceModel::AddMatrix(const Te
   mat->view = &t;
   mat->n_cols = t.ne[0];
   mat->n_rows = t.ne[1];
+  matrices_.push_back(std::move(mat));
+  return matrices_.back().get();
+}
+
+absl::StatusOr<const ReferenceModel::Matrix*> ReferenceModel::AddExpert(const TensorView& t,
+                                                                        uint64_t e) {
+  DPL_RETURN_IF_ERROR(CheckDequantizable(t));
+  auto mat = std::make_unique<Matrix>();
+  mat->view = &t;
+  mat->n_cols = t.ne[0];
+  mat->n_rows = t.ne[1];
+  mat->row0 = e * t.ne[1];
   matrices_.push_back(std::move(mat));
   return matrices_.back().get();
 }
@@ -253,9 +272,21 @@ absl::Status ReferenceModel::LoadWeights(const model::ModelDesc& desc,
     DPL_ASSIGN_OR_RETURN(L.wk, AddMatrix(*t.wk));
     DPL_ASSIGN_OR_RETURN(L.wv, AddMatrix(*t.wv));
     DPL_ASSIGN_OR_RETURN(L.wo, AddMatrix(*t.wo));
-    DPL_ASSIGN_OR_RETURN(L.w_gate, AddMatrix(*t.w_gate));
-    DPL_ASSIGN_OR_RETURN(L.w_up, AddMatrix(*t.w_up));
-    DPL_ASSIGN_OR_RETURN(L.w_down, AddMatrix(*t.w_down));
+    if (h.moe()) {
+      DPL_ASSIGN_OR_RETURN(L.router, AddMatrix(*t.router));
+      for (int64_t e = 0; e < h.n_expert; ++e) {
+        DPL_ASSIGN_OR_RETURN(const Matrix* g, AddExpert(*t.gate_exps, e));
+        DPL_ASSIGN_OR_RETURN(const Matrix* u, AddExpert(*t.up_exps, e));
+        DPL_ASSIGN_OR_RETURN(const Matrix* d, AddExpert(*t.down_exps, e));
+        L.gate_exps.push_back(g);
+        L.up_exps.push_back(u);
+        L.down_exps.push_back(d);
+      }
+    } else {
+      DPL_ASSIGN_OR_RETURN(L.w_gate, AddMatrix(*t.w_gate));
+      DPL_ASSIGN_OR_RETURN(L.w_up, AddMatrix(*t.w_up));
+      DPL_ASSIGN_OR_RETURN(L.w_down, AddMatrix(*t.w_down));
+    }
     DPL_RETURN_IF_ERROR(VectorF64(t.bq, &L.bq));
     DPL_RETURN_IF_ERROR(VectorF64(t.bk, &L.bk));
     DPL_RETURN_IF_ERROR(VectorF64(t.bv, &L.bv));
@@ -285,7 +316,7 @@ absl::Status ReferenceModel::LoadWeights(const model::ModelDesc& desc,
     max_cols = std::max(max_cols, mat->n_cols);
     if (v.type == GgmlType::kF32 && v.layout == TensorLayout::kRaw &&
         v.row_stride == mat->n_cols * 4 && reinterpret_cast<uintptr_t>(v.data) % 4 == 0) {
-      mat->dense = reinterpret_cast<const float*>(v.data);
+      mat->dense = reinterpret_cast<const float*>(v.data) + mat->row0 * mat->n_cols;
     } else {
       dequant_bytes += mat->n_rows * mat->n_cols * 4;
     }
@@ -305,8 +336,8 @@ absl::Status ReferenceModel::MakeResident() {
       for (uint64_t r = begin; r < end && worker_status_[worker].ok(); ++r) {
         worker_status_[worker] =
             formats::DequantizeRow(mp->view->type, mp->view->layout,
-                                   mp->view->data + r * mp->view->row_stride, mp->n_cols,
-                                   mp->owned.data() + r * mp->n_cols);
+                                   mp->view->data + (mp->row0 + r) * mp->view->row_stride,
+                                   mp->n_cols, mp->owned.data() + r * mp->n_cols);
       }
     });
     for (absl::Status& s : worker_status_) DPL_RETURN_IF_ERROR(dpl::Annotate(s, mp->view->name));
@@ -323,7 +354,8 @@ absl::Status ReferenceModel::RowF32(const Matrix& w, uint64_t row, float* scratc
   }
   *out = scratch;
   return formats::DequantizeRow(w.view->type, w.view->layout,
-                                w.view->data + row * w.view->row_stride, w.n_cols, scratch);
+                                w.view->data + (w.row0 + row) * w.view->row_stride, w.n_cols,
+                                scratch);
 }
 
 absl::Status ReferenceModel::MatVec(const Matrix& w, const double* x, double* y) {
@@ -459,21 +491,57 @@ absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, in
     AddBias(L.bo, tmp_.data());
     for (int64_t i = 0; i < h.n_embd; ++i) x_[i] += tmp_[i];
 
-    // Feed-forward block: down(silu(gate(h)) * up(h)).
     RmsNorm(x_.data(), L.ffn_norm, h.rms_eps, h_.data());
-    DPL_RETURN_IF_ERROR(MatVec(*L.w_gate, h_.data(), gate_.data()));
-    DPL_RETURN_IF_ERROR(MatVec(*L.w_up, h_.data(), up_.data()));
-    for (int64_t i = 0; i < h.n_ff; ++i) {
-      const double g = gate_[i];
-      gate_[i] = g / (1.0 + std::exp(-g)) * up_[i];
-    }
-    DPL_RETURN_IF_ERROR(MatVec(*L.w_down, gate_.data(), tmp_.data()));
-    for (int64_t i = 0; i < h.n_embd; ++i) x_[i] += tmp_[i];
+    DPL_RETURN_IF_ERROR(FeedForward(L));
   }
   RmsNorm(x_.data(), output_norm_, h.rms_eps, h_.data());
   DPL_RETURN_IF_ERROR(MatVec(*output_, h_.data(), logits_.data()));
   n_past_ = pos + 1;
   return logits_;
+}
+
+absl::Status ReferenceModel::FeedForward(const Layer& L) {
+  const model::Hparams& h = hp_;
+  // down(silu(gate(h)) * up(h)) into tmp_, for one set of matrices of width n.
+  const auto swiglu = [&](const Matrix& gate, const Matrix& up, const Matrix& down,
+                          int64_t n) -> absl::Status {
+    DPL_RETURN_IF_ERROR(MatVec(gate, h_.data(), gate_.data()));
+    DPL_RETURN_IF_ERROR(MatVec(up, h_.data(), up_.data()));
+    for (int64_t i = 0; i < n; ++i) {
+      const double g = gate_[i];
+      gate_[i] = g / (1.0 + std::exp(-g)) * up_[i];
+    }
+    return MatVec(down, gate_.data(), tmp_.data());
+  };
+  if (!h.moe()) {
+    DPL_RETURN_IF_ERROR(swiglu(*L.w_gate, *L.w_up, *L.w_down, h.n_ff));
+    for (int64_t i = 0; i < h.n_embd; ++i) x_[i] += tmp_[i];
+    return absl::OkStatus();
+  }
+  // Router: softmax over the experts, the n_expert_used most probable
+  // (ties: the lower index), their probabilities renormalized to sum 1
+  // (qwen3moe's norm_topk_prob; llama.cpp clamps the sum at 2^-14).
+  DPL_RETURN_IF_ERROR(MatVec(*L.router, h_.data(), router_.data()));
+  const double top = *std::max_element(router_.begin(), router_.end());
+  double z = 0;
+  for (double& r : router_) z += (r = std::exp(r - top));
+  for (double& r : router_) r /= z;
+  std::vector<int> order(static_cast<size_t>(h.n_expert));
+  for (int e = 0; e < h.n_expert; ++e) order[e] = e;
+  std::partial_sort(order.begin(), order.begin() + h.n_expert_used, order.end(),
+                    [&](int a, int b) { return router_[a] > router_[b] || (router_[a] == router_[b] && a < b); });
+  double sum = 0;
+  for (int64_t j = 0; j < h.n_expert_used; ++j) sum += router_[order[j]];
+  sum = std::max(sum, 6.103515625e-5);
+  std::fill(moe_.begin(), moe_.end(), 0.0);
+  for (int64_t j = 0; j < h.n_expert_used; ++j) {
+    const int e = order[j];
+    DPL_RETURN_IF_ERROR(swiglu(*L.gate_exps[e], *L.up_exps[e], *L.down_exps[e], h.n_ff_exp));
+    const double w = router_[e] / sum;
+    for (int64_t i = 0; i < h.n_embd; ++i) moe_[i] += w * tmp_[i];
+  }
+  for (int64_t i = 0; i < h.n_embd; ++i) x_[i] += moe_[i];
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> ReferenceModel::Forward(int32_t token, int64_t pos) {

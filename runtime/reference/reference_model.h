@@ -1,4 +1,4 @@
-// The CPU reference forward pass for llama, qwen2 and qwen3 decoders: the ground
+// The CPU reference forward pass for llama, qwen2, qwen3 and qwen3moe decoders: the ground
 // truth every GPU kernel of this project is judged against, itself judged
 // against llama.cpp's logits (shared/oracle).
 //
@@ -18,6 +18,9 @@
 //                   with a sliding window W, keys pos - W + 1 .. pos)
 //               x += Wo a
 //               h = rmsnorm(x) * ffn_norm;  x += Wdown (silu(Wgate h) * (Wup h))
+//               qwen3moe, instead: p = softmax(Wrouter h) over the experts,
+//                   S = the n_expert_used largest p, w_e = p_e / sum_S p;
+//                   x += sum_{e in S} w_e Wdown_e (silu(Wgate_e h) * (Wup_e h))
 //   logits = Wout (rmsnorm(x) * output_norm)       (Wout = token_embd if tied)
 #pragma once
 
@@ -88,6 +91,10 @@ class ReferenceModel {
   absl::Status Init(std::shared_ptr<formats::ModelFile> file, const ReferenceOptions& options);
   absl::Status LoadWeights(const model::ModelDesc& desc, const ReferenceOptions& options);
   absl::StatusOr<const Matrix*> AddMatrix(const formats::TensorView& t);
+  // Expert e of a 3-D expert tensor: its rows e ne[1] .. (e + 1) ne[1].
+  absl::StatusOr<const Matrix*> AddExpert(const formats::TensorView& t, uint64_t e);
+  // x += the layer's feed-forward of h_ (dense or mixture of experts).
+  absl::Status FeedForward(const Layer& L);
   // Dequantizes every matrix that is not f32 into `owned` (see max_resident_bytes).
   absl::Status MakeResident();
   // y = W x, rows split across the pool; x: (n_cols), y: (n_rows).
@@ -114,6 +121,7 @@ class ReferenceModel {
 
   // Per-step activations (float64), allocated once.
   std::vector<double> x_, h_, q_, k_, v_, att_, tmp_, gate_, up_, logits_;
+  std::vector<double> router_, moe_;  // (n_expert) router logits, (n_embd) expert sum
   std::vector<std::vector<float>> scratch_;   // per worker: (max n_cols) row buffer
   std::vector<std::vector<double>> scores_;   // per worker: (n_ctx) attention scores
   std::vector<absl::Status> worker_status_;   // per worker: first dequant error

@@ -67,8 +67,9 @@ std::unique_ptr<ReferenceModel> LoadOrDie(const std::string& path, ReferenceOpti
 // [first_compared, n_tokens) with the oracle rows, in order. Returns the RMS of
 // the difference over the RMS of the reference, across all compared positions.
 double RunAgainstOracle(const std::string& name, int64_t first_compared, double* worst_pos,
-                        double* tokens_per_s) {
-  std::unique_ptr<ReferenceModel> m = LoadOrDie(OraclePath(name + ".gguf"));
+                        double* tokens_per_s, const std::string& model_path = "") {
+  std::unique_ptr<ReferenceModel> m =
+      LoadOrDie(model_path.empty() ? OraclePath(name + ".gguf") : model_path);
   MESSAGE(name, ": ", model::HparamsDebugString(m->hparams()), " threads=", m->threads(),
           " resident=", m->weights_resident());
   const std::vector<int32_t> tokens = ReadTokens(name);
@@ -118,6 +119,25 @@ TEST_CASE("small-llama-q4km matches llama.cpp") { CheckOracle("small-llama-q4km"
 TEST_CASE("small-qwen2-q4km matches llama.cpp") { CheckOracle("small-qwen2-q4km", 0, 0.03); }
 // qwen3: per-head q/k RMSNorm, head_dim 128 from attention.key_length (n_embd / n_head = 64).
 TEST_CASE("small-qwen3-q4km matches llama.cpp") { CheckOracle("small-qwen3-q4km", 0, 0.03); }
+// qwen3moe: the router's softmax, top 2 of 8 experts, their weights
+// renormalized; the experts' 3-D tensors (q4_K, and q6_K for one layer's down).
+TEST_CASE("mini-qwen3moe-q4km matches llama.cpp") { CheckOracle("mini-qwen3moe-q4km", 0, 0.03); }
+// The routing shows: the same weights with one expert a token are far off
+// (llama.cpp's own logits move by 31%).
+TEST_CASE("mini-qwen3moe-q4km with one expert a token does not match") {
+  const std::string path = dpl::testing::TempDir() + "/moe-top1.gguf";
+  const absl::Status w = model::testing::WriteVariant(
+      OraclePath("mini-qwen3moe-q4km.gguf"), path,
+      [](formats::Metadata& m, std::vector<model::testing::TensorEdit>&) {
+        m.Set("qwen3moe.expert_used_count", formats::MetaValue::U32(1));
+      });
+  REQUIRE_MESSAGE(w.ok(), w.ToString());
+  double worst = 0, tps = 0;
+  const double rel = RunAgainstOracle("mini-qwen3moe-q4km", 0, &worst, &tps, path);
+  MESSAGE("one expert a token: ", rel * 100, "% from llama.cpp's two");
+  CHECK(rel > 0.15);
+  std::remove(path.c_str());
+}
 // One f16 model quantized by llama-quantize into every common type: a wrong
 // dequantization of any of them shows as tens of percent.
 TEST_CASE("mini-llama in Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS and Q3_K_M matches llama.cpp") {
