@@ -123,8 +123,13 @@ GgmlType FallbackType(GgmlType t, uint64_t row_len) {
 //     use_more_bits;
 //   - attn_output: q2_k -> q3_K, q3_k_m -> q4_K;
 //   - then FallbackType for rows that are not whole blocks.
+// Mixture of experts: the router (ffn_gate_inp) stays f32 (llama.cpp never
+// quantizes it); ffn_{gate,up}_exps take the base type and ffn_down_exps the
+// ffn_down rule, by block index; in an 8-expert model attn_k and attn_v are
+// q8_0 and attn_output q5_K (for q2_K, q3_K_M, q4_K_M, iq4_nl, iq4_xs):
+// the types of the oracle mini-qwen3moe-q4km come out tensor for tensor.
 // Not modelled (no preset has them): Falcon's rules, the 70B attn_v bump,
-// MoE experts, fused attn_qkv. With these rules the tensor types of
+// fused attn_qkv. With these rules the tensor types of
 // llama-quantize's own mini-llama files (shared/oracle) come out tensor for
 // tensor, and the bytes per token of the 7B-14B presets match llama.cpp's
 // files within 1% (synth_test: qwen2.5-7b with the qwen2 vocabulary gives
@@ -140,6 +145,12 @@ GgmlType MatrixType(Ftype ftype, model::TensorKind kind, uint32_t layer, uint64_
   const bool k_medium = ftype == Ftype::kQ4_K_M || ftype == Ftype::kQ5_K_M;
   const bool iq4 = ftype == Ftype::kIQ4_NL || ftype == Ftype::kIQ4_XS;
   GgmlType t = base;
+  const bool eight_experts = shape.n_expert == 8;
+  if (kind == TensorKind::kFfnGateInp) return GgmlType::kF32;
+  if (kind == TensorKind::kFfnDownExps) kind = TensorKind::kFfnDown;  // the same rule
+  if (eight_experts && (kind == TensorKind::kAttnK || kind == TensorKind::kAttnV)) {
+    return FallbackType(GgmlType::kQ8_0, row_len);
+  }
   if (kind == TensorKind::kOutput || (shape.tied && kind == TensorKind::kTokenEmbd)) {
     const bool whole = row_len % formats::TraitsOf(base).block_elems == 0;
     t = (!whole || base == GgmlType::kQ8_0) ? GgmlType::kQ8_0 : GgmlType::kQ6_K;
@@ -164,8 +175,14 @@ GgmlType MatrixType(Ftype ftype, model::TensorKind kind, uint32_t layer, uint64_
       t = GgmlType::kQ5_K;
     }
   } else if (kind == TensorKind::kAttnOutput) {
-    if (ftype == Ftype::kQ2_K) t = GgmlType::kQ3_K;
-    if (ftype == Ftype::kQ3_K_M) t = GgmlType::kQ4_K;
+    if (eight_experts) {
+      if (ftype == Ftype::kQ2_K || ftype == Ftype::kQ3_K_M || ftype == Ftype::kQ4_K_M || iq4) {
+        t = GgmlType::kQ5_K;
+      }
+    } else {
+      if (ftype == Ftype::kQ2_K) t = GgmlType::kQ3_K;
+      if (ftype == Ftype::kQ3_K_M) t = GgmlType::kQ4_K;
+    }
   }
   return FallbackType(t, row_len);
 }
@@ -228,6 +245,9 @@ model::Hparams PresetHparams(const Preset& p) {
   hp.n_ctx_train = p.n_ctx;
   hp.rope_freq_base = p.rope_base;
   hp.rms_eps = p.rms_eps;
+  hp.n_expert = p.n_expert;
+  hp.n_expert_used = p.n_expert_used;
+  hp.n_ff_exp = p.n_ff_exp;
   return hp;
 }
 
@@ -263,7 +283,7 @@ absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ft
     return absl::InvalidArgumentError(absl::StrCat("preset ", p.name, ": n_head ", p.n_head,
                                                    " not a multiple of n_head_kv ", p.n_head_kv));
   }
-  const MixShape mix{p.n_layer, p.n_head / p.n_head_kv, p.tied};
+  const MixShape mix{p.n_layer, p.n_head / p.n_head_kv, p.tied, p.n_expert};
   std::vector<PlannedTensor> plan;
   for (const model::TensorSpec& s : model::TensorSpecs(PresetHparams(p), p.tied)) {
     if (!PresetHas(p, s)) continue;
@@ -287,8 +307,9 @@ absl::StatusOr<std::vector<PlannedTensor>> PlanTensors(const Preset& p, Ftype ft
           absl::StrCat("preset ", p.name, ": tensor ", s.name, " has rows of ", ne0,
                        " weights, not a whole number of ", std::string(tr.name), " blocks"));
     }
-    plan.push_back(
-        {{s.name, {ne0, static_cast<uint64_t>(s.n_rows)}, type}, TensorRole::kMatrix, {}});
+    std::vector<uint64_t> ne = {ne0, static_cast<uint64_t>(s.n_rows)};
+    if (s.n_mats > 1) ne.push_back(static_cast<uint64_t>(s.n_mats));
+    plan.push_back({{s.name, ne, type}, TensorRole::kMatrix, {}});
   }
   return plan;
 }
@@ -357,6 +378,11 @@ formats::Metadata BuildMetadata(const Preset& p, Ftype ftype, const Vocab* vocab
   }
   if (p.sliding_window != 0) {
     m.Set(a + "attention.sliding_window", MetaValue::U32(p.sliding_window));
+  }
+  if (p.n_expert != 0) {
+    m.Set(a + "expert_count", MetaValue::U32(p.n_expert));
+    m.Set(a + "expert_used_count", MetaValue::U32(p.n_expert_used));
+    m.Set(a + "expert_feed_forward_length", MetaValue::U32(p.n_ff_exp));
   }
   m.Set("general.file_type", MetaValue::U32(static_cast<uint32_t>(ftype)));
   return m;

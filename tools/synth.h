@@ -50,6 +50,11 @@ struct Preset {
   bool qkv_bias = false;    // qwen2: attn_{q,k,v}.bias
   uint32_t sliding_window = 0;  // {arch}.attention.sliding_window; 0: not written
   std::optional<Llama3RopeScaling> llama3_rope;  // writes rope_freqs.weight
+  // Mixture of experts (qwen3moe): expert_count, expert_used_count and
+  // expert_feed_forward_length; 0 for dense presets.
+  uint32_t n_expert = 0;
+  uint32_t n_expert_used = 0;
+  uint32_t n_ff_exp = 0;
   std::string note;         // one line for --list
 };
 
@@ -115,6 +120,7 @@ struct MixShape {
   uint32_t n_layer = 0;
   uint32_t n_gqa = 1;   // n_head / n_head_kv
   bool tied = false;    // no output.weight: token_embd is the lm head
+  uint32_t n_expert = 0;  // llama.cpp bumps attention types of 8-expert models
 };
 
 // llama.cpp's type for one weight matrix of an `ftype` file

@@ -48,6 +48,20 @@ Preset Qwen3(std::string name, uint32_t n_embd, uint32_t n_layer, uint32_t n_hea
   return p;
 }
 
+// qwen3moe: Qwen3 with a mixture of experts in every layer.
+Preset Qwen3Moe(std::string name, uint32_t n_embd, uint32_t n_layer, uint32_t n_head,
+                uint32_t n_head_kv, uint32_t head_dim, uint32_t n_ff, uint32_t n_expert,
+                uint32_t n_expert_used, uint32_t n_ff_exp, uint32_t n_vocab, uint32_t n_ctx,
+                std::string note) {
+  Preset p = Qwen3(std::move(name), n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_vocab,
+                   n_ctx, /*tied=*/false, std::move(note));
+  p.arch = model::Arch::kQwen3Moe;
+  p.n_expert = n_expert;
+  p.n_expert_used = n_expert_used;
+  p.n_ff_exp = n_ff_exp;
+  return p;
+}
+
 Preset Llama(std::string name, uint32_t n_embd, uint32_t n_layer, uint32_t n_head,
              uint32_t n_head_kv, uint32_t n_ff, uint32_t n_vocab, uint32_t n_ctx,
              std::string note) {
@@ -97,6 +111,10 @@ Preset Mistral(std::string name, uint32_t n_embd, uint32_t n_layer, uint32_t n_h
 //   Qwen/Qwen3-8B:  hidden 4096, 36 layers, 32 heads, 8 kv heads, head_dim
 //     128, intermediate 12288, vocab 151936, rope_theta 1e6, rms_norm_eps
 //     1e-6, max_position_embeddings 40960, tie_word_embeddings false;
+//   Qwen/Qwen3-30B-A3B: hidden 2048, 48 layers, 32 heads, 4 kv heads,
+//     head_dim 128, intermediate 6144, 128 experts, 8 a token, expert
+//     intermediate 768, vocab 151936, rope_theta 1e6, eps 1e-6, 40960
+//     positions, untied;
 //   Qwen/Qwen3-14B: hidden 5120, 40 layers, 40 heads, 8 kv heads, head_dim
 //     128, intermediate 17408, vocab 151936, the rest as 8B;
 //   meta-llama/Llama-3.1-8B: hidden 4096, 32 layers, 32 / 8 heads,
@@ -117,6 +135,8 @@ std::vector<Preset> MakePresets() {
             "Qwen3-8B shapes (llama.cpp Q4_K_M: 4.68 GiB)"),
       Qwen3("qwen3-14b", 5120, 40, 40, 8, 128, 17408, 151936, 40960, /*tied=*/false,
             "Qwen3-14B shapes"),
+      Qwen3Moe("qwen3-30b-a3b", 2048, 48, 32, 4, 128, 6144, 128, 8, 768, 151936, 40960,
+               "Qwen3-30B-A3B shapes (128 experts, 8 a token, expert ffn 768)"),
       Llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, "Meta-Llama-3-8B shapes"),
       Llama31("llama3.1-8b", 4096, 32, 32, 8, 14336, 128256,
               "Llama-3.1-8B shapes, rope_freqs.weight (llama3 scaling)"),
@@ -134,6 +154,8 @@ std::vector<Preset> MakePresets() {
       Qwen3("small-qwen3", 512, 3, 8, 2, 128, 1536, 2048, 40960, /*tied=*/true,
             "test shape of oracle small-qwen3-q4km"),
       Llama31("small-llama31", 512, 3, 4, 2, 1536, 2048, "test shape of oracle small-llama31-q4km"),
+      Qwen3Moe("mini-qwen3moe", 512, 2, 8, 2, 64, 1024, 8, 2, 256, 2048, 40960,
+               "test shape of oracle mini-qwen3moe-q4km (8 experts, 2 a token)"),
       Llama("mini-llama", 512, 2, 8, 2, 1024, 2048, 4096,
             "test shape of the oracle mini-llama-* files (llama-quantize's type mixes)"),
       Llama("ora-llama", 256, 2, 4, 2, 768, 2048, 4096,

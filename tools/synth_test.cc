@@ -375,6 +375,33 @@ TEST_CASE("qwen2.5-7b file sizes of the k-quant and q8_0 mixes match llama.cpp's
   }
 }
 
+// llama-quantize's Q4_K_M of an 8-expert qwen3moe: the router stays f32, the
+// experts are 3-D, attn_k / attn_v q8_0 and attn_output q5_K (the 8-expert
+// rules), ffn_down_exps q6_K where use_more_bits says (block 1 of 2).
+TEST_CASE("the qwen3moe preset matches llama-quantize's file tensor for tensor") {
+  absl::StatusOr<GgufFile> oracle = GgufFile::Open(Oracle("mini-qwen3moe-q4km.gguf"));
+  REQUIRE_MESSAGE(oracle.ok(), oracle.status().ToString());
+  const Preset p = MustPreset("mini-qwen3moe");
+  const std::vector<PlannedTensor> plan = MustPlan(p, Ftype::kQ4_K_M);
+  CHECK(plan.size() == oracle->tensors().size());
+  for (const PlannedTensor& t : plan) {
+    CAPTURE(t.spec.name);
+    const formats::GgufTensorInfo* got = oracle->FindTensor(t.spec.name);
+    REQUIRE(got != nullptr);
+    std::vector<uint64_t> got_ne(got->ne.begin(), got->ne.begin() + got->n_dims);
+    CHECK(ShapeString(t.spec.ne) == ShapeString(got_ne));
+    CHECK(TypeName(t.spec.type) == TypeName(got->type));
+  }
+  // The metadata llama.cpp reads, key by key (the file orders them its own way).
+  const formats::Metadata m = BuildMetadata(p, Ftype::kQ4_K_M, nullptr);
+  for (const formats::MetaKV& kv : m.entries()) {
+    CAPTURE(kv.key);
+    const formats::MetaValue* want = oracle->metadata().Find(kv.key);
+    REQUIRE(want != nullptr);
+    CHECK_MESSAGE(SameValue(*want, kv.value), want->DebugString(), " vs ", kv.value.DebugString());
+  }
+}
+
 // The oracle files were written by llama.cpp's own tooling: the presets must
 // give the same tensor names, order, shapes, types and metadata.
 TEST_CASE("presets reproduce the oracle files' headers") {
