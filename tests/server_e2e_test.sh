@@ -51,6 +51,14 @@ expect 200 "chat, not streamed" "$C" -d "$(chat ',"max_tokens":4')"
 body_has "chat response shape" '"object":"chat.completion"'
 body_has "chat usage" '"completion_tokens":4'
 body_has "chat finish_reason" '"finish_reason":"length"'
+body_has "chat usage: nothing cached yet" '"prompt_tokens_details":{"cached_tokens":0}'
+# The same chat again: the slot that answered it still holds the prompt
+# (llama-server's prompt cache); cache_prompt false runs it all.
+expect 200 "chat again" "$C" -d "$(chat ',"max_tokens":4')"
+if grep -qE '"cached_tokens":[1-9]' "$tmp/body"; then ok "chat again: usage.prompt_tokens_details.cached_tokens > 0"
+else bad "chat again: $(head -c 400 "$tmp/body")"; fi
+expect 200 "chat, cache_prompt false" "$C" -d "$(chat ',"max_tokens":4,"cache_prompt":false')"
+body_has "cache_prompt false: nothing cached" '"cached_tokens":0'
 expect 200 "chat, streamed" -N "$C" -d "$(chat ',"max_tokens":3,"stream":true')"
 if [[ $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && grep -q '"chat.completion.chunk"' "$tmp/body" &&
    grep -q '"finish_reason":"length"' "$tmp/body"; then ok "SSE chunks end with data: [DONE]"
@@ -205,7 +213,7 @@ generated=$(metric tokens_predicted_total)
 [[ -n $generated && ${generated%.*} -lt 600 ]] && ok "cancelled streams stopped generating ($generated tokens in all)" ||
   bad "cancelled streams: $generated tokens"
 expect 200 "/metrics" "$url/metrics"
-for m in prompt_tokens_total tokens_predicted_total requests_total requests_processing requests_deferred \
+for m in prompt_tokens_total prompt_tokens_cached_total tokens_predicted_total requests_total requests_processing requests_deferred \
          predicted_tokens_seconds kv_cache_usage_ratio kv_cache_tokens; do
   grep -q "^dpl:$m " "$tmp/body" || bad "/metrics lacks dpl:$m"
 done

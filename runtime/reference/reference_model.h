@@ -24,6 +24,7 @@
 //   logits = Wout (rmsnorm(x) * output_norm)       (Wout = token_embd if tied)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -73,6 +74,8 @@ class ReferenceModel {
 
   // Empties the KV cache (n_past() becomes 0).
   void Reset() { n_past_ = 0; }
+  // Keeps the first n cached positions (n <= n_past()).
+  void Truncate(int64_t n) { n_past_ = std::min(n_past_, std::max<int64_t>(n, 0)); }
 
   const model::Hparams& hparams() const { return hp_; }
   int n_vocab() const { return static_cast<int>(hp_.n_vocab); }

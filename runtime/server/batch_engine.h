@@ -12,7 +12,9 @@
 //
 // A slot's life: Prefill(slot, chunk, false) ... Prefill(slot, chunk, true)
 // -> first token; then Step({..., slot, ...}) -> one token per call; then
-// Release(slot). Calls come from one thread (the scheduler's).
+// KeepPrefix(slot, ...) for the next request on the slot (its prompt's
+// cached start) or Release(slot). Calls come from one thread (the
+// scheduler's).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +54,14 @@ class BatchEngine {
 
   // Positions the slot's cache holds (prompt plus the tokens Step has run).
   virtual int64_t n_past(int slot) const = 0;
+
+  // The slot's cache keeps its first kept.size() positions and drops the
+  // rest, and has no token pending: the next Prefill continues at
+  // kept.size(). `kept` are the tokens the caller ran at those positions (its
+  // record; the engine takes them as the start of the repetition penalty's
+  // history, as if Prefill had run them). Errors: a slot out of range,
+  // kept.size() > n_past(slot).
+  virtual absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) = 0;
 
   // The slot's cache becomes empty; its next Prefill starts a new sequence.
   virtual void Release(int slot) = 0;

@@ -94,6 +94,21 @@ absl::Status CpuEngine::Step(absl::Span<const int> slots, absl::Span<int32_t> ne
   return absl::OkStatus();
 }
 
+absl::Status CpuEngine::KeepPrefix(int slot, absl::Span<const int32_t> kept) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  Slot& s = slots_[slot];
+  const int64_t n = static_cast<int64_t>(kept.size());
+  if (n > s.model->n_past()) {
+    return absl::InvalidArgumentError(absl::StrCat("KeepPrefix: ", n, " positions, the slot holds ",
+                                                   s.model->n_past()));
+  }
+  s.model->Truncate(n);
+  s.sampler.reset();
+  s.prompt.assign(kept.begin(), kept.end());
+  s.pending = -1;
+  return absl::OkStatus();
+}
+
 void CpuEngine::Release(int slot) {
   if (!CheckSlot(slot).ok()) return;
   Slot& s = slots_[slot];

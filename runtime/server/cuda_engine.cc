@@ -52,6 +52,14 @@ int64_t CudaEngine::n_past(int slot) const {
   return CheckSlot(slot).ok() ? decoder_->n_past(slot) : 0;
 }
 
+absl::Status CudaEngine::KeepPrefix(int slot, absl::Span<const int32_t> kept) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  // RewindSeq checks kept.size() <= n_past and drops the pending token.
+  DPL_RETURN_IF_ERROR(decoder_->RewindSeq(slot, static_cast<int64_t>(kept.size())));
+  prompts_[slot].assign(kept.begin(), kept.end());
+  return absl::OkStatus();
+}
+
 void CudaEngine::Release(int slot) {
   if (!CheckSlot(slot).ok()) return;
   decoder_->RewindSeq(slot, 0).IgnoreError();  // 0 <= n_past always

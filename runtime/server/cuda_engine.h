@@ -29,6 +29,7 @@ class CudaEngine : public BatchEngine {
                                   const SamplerParams& params) override;
   absl::Status Step(absl::Span<const int> slots, absl::Span<int32_t> next) override;
   int64_t n_past(int slot) const override;
+  absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) override;
   void Release(int slot) override;
 
   const runtime::CudaDecoder& decoder() const { return *decoder_; }

@@ -114,6 +114,7 @@ struct HttpServer::Handlers {
     g.max_tokens = p.max_tokens;
     g.stop = p.stop;
     g.ignore_eos = p.ignore_eos;
+    g.cache_prompt = p.cache_prompt;
     return g;
   }
 
@@ -148,7 +149,7 @@ struct HttpServer::Handlers {
     std::vector<CompletionChoice> choices(n);
     std::vector<bool> final(n, false);
     size_t finals = 0;
-    int64_t prompt_tokens = 0, completion_tokens = 0;
+    int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     auto send = [&res](const json& j) { return res.Write(absl::StrCat("data: ", Dump(j), "\n\n")); };
     auto chunk = [&](size_t i, bool first, const std::string& text, const FinishReason* finish) {
       return send(chat ? ChatChunkJson(head, static_cast<int>(i), first, text, finish)
@@ -180,6 +181,7 @@ struct HttpServer::Handlers {
           choices[i].finish = e.finish;
           prompt_tokens += e.prompt_tokens;
           completion_tokens += e.completion_tokens;
+          cached_tokens += e.cached_tokens;
           if (p.stream) ok = chunk(i, false, "", &e.finish);
         }
       }
@@ -194,10 +196,10 @@ struct HttpServer::Handlers {
     }
     if (!ok) return cancel_all();  // the client is gone: free the slots
     if (!p.stream) {
-      return Reply(res, 200, chat ? ChatCompletionJson(head, choices, prompt_tokens, completion_tokens)
-                                  : CompletionJson(head, choices, prompt_tokens, completion_tokens));
+      return Reply(res, 200, chat ? ChatCompletionJson(head, choices, prompt_tokens, completion_tokens, cached_tokens)
+                                  : CompletionJson(head, choices, prompt_tokens, completion_tokens, cached_tokens));
     }
-    if (p.include_usage) ok = send(UsageChunkJson(head, chat, prompt_tokens, completion_tokens));
+    if (p.include_usage) ok = send(UsageChunkJson(head, chat, prompt_tokens, completion_tokens, cached_tokens));
     if (ok && res.Write("data: [DONE]\n\n")) res.EndStream();
   }
 
@@ -226,7 +228,8 @@ struct HttpServer::Handlers {
           text += e.text;
           if (!e.final) continue;
           if (!e.error.ok()) return ReplyError(res, e.error);
-          return Reply(res, 200, events.Response(text, e.finish, e.prompt_tokens, e.completion_tokens));
+          return Reply(res, 200, events.Response(text, e.finish, e.prompt_tokens, e.completion_tokens,
+                                                 e.cached_tokens));
         }
       }
     }
@@ -248,7 +251,9 @@ struct HttpServer::Handlers {
         if (!e.error.ok()) {
           ok = send(events.Error(e.error));
         } else {
-          for (const json& j : events.Close(text, e.finish, e.prompt_tokens, e.completion_tokens)) ok = ok && send(j);
+          for (const json& j : events.Close(text, e.finish, e.prompt_tokens, e.completion_tokens, e.cached_tokens)) {
+            ok = ok && send(j);
+          }
         }
         if (ok) res.EndStream();
         return;
@@ -447,6 +452,8 @@ struct HttpServer::Handlers {
                       " ", value, "\n");
     };
     metric("prompt_tokens_total", "counter", "Prompt tokens processed.", x.prompt_tokens_total);
+    metric("prompt_tokens_cached_total", "counter", "Prompt tokens taken from a slot's cache instead.",
+           x.prompt_tokens_cached_total);
     metric("tokens_predicted_total", "counter", "Generated tokens.", x.generated_tokens_total);
     metric("requests_total", "counter", "Requests accepted.", x.requests_total);
     metric("prompt_seconds_total", "counter", "Engine seconds spent on prompts.", x.prompt_seconds);

@@ -154,6 +154,7 @@ absl::StatusOr<GenerationParams> ParseParams(const json& j) {
   }
   DPL_RETURN_IF_ERROR(Bool(j, "stream", &p.stream));
   DPL_RETURN_IF_ERROR(Bool(j, "ignore_eos", &p.ignore_eos));
+  DPL_RETURN_IF_ERROR(Bool(j, "cache_prompt", &p.cache_prompt));
   if (const json* so = Field(j, "stream_options")) {
     if (!so->is_object()) return FieldError("stream_options", "must be an object");
     const absl::Status s = Bool(*so, "include_usage", &p.include_usage);
@@ -370,10 +371,11 @@ json ErrorJson(int http_status, absl::string_view message) {
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-json UsageJson(int64_t prompt_tokens, int64_t completion_tokens) {
+json UsageJson(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens}};
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 namespace {
@@ -383,7 +385,7 @@ json Envelope(const ResponseHead& head, const char* object) {
 }  // namespace
 
 json ChatCompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
-                        int64_t prompt_tokens, int64_t completion_tokens) {
+                        int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
   json j = Envelope(head, "chat.completion");
   j["choices"] = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -391,12 +393,12 @@ json ChatCompletionJson(const ResponseHead& head, const std::vector<CompletionCh
                             {"message", {{"role", "assistant"}, {"content", choices[i].text}}},
                             {"finish_reason", FinishReasonName(choices[i].finish)}});
   }
-  j["usage"] = UsageJson(prompt_tokens, completion_tokens);
+  j["usage"] = UsageJson(prompt_tokens, completion_tokens, cached_tokens);
   return j;
 }
 
 json CompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
-                    int64_t prompt_tokens, int64_t completion_tokens) {
+                    int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
   json j = Envelope(head, "text_completion");
   j["choices"] = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
@@ -405,7 +407,7 @@ json CompletionJson(const ResponseHead& head, const std::vector<CompletionChoice
                             {"logprobs", nullptr},
                             {"finish_reason", FinishReasonName(choices[i].finish)}});
   }
-  j["usage"] = UsageJson(prompt_tokens, completion_tokens);
+  j["usage"] = UsageJson(prompt_tokens, completion_tokens, cached_tokens);
   return j;
 }
 
@@ -431,10 +433,11 @@ json CompletionChunkJson(const ResponseHead& head, int index, const std::string&
   return j;
 }
 
-json UsageChunkJson(const ResponseHead& head, bool chat, int64_t prompt_tokens, int64_t completion_tokens) {
+json UsageChunkJson(const ResponseHead& head, bool chat, int64_t prompt_tokens, int64_t completion_tokens,
+                    int64_t cached_tokens) {
   json j = Envelope(head, chat ? "chat.completion.chunk" : "text_completion");
   j["choices"] = json::array();
-  j["usage"] = UsageJson(prompt_tokens, completion_tokens);
+  j["usage"] = UsageJson(prompt_tokens, completion_tokens, cached_tokens);
   return j;
 }
 
@@ -448,7 +451,7 @@ json ResponsesEvents::Message(const char* status, const std::string* text) const
 }
 
 json ResponsesEvents::Response(const std::string& text, FinishReason finish, int64_t prompt_tokens,
-                               int64_t completion_tokens) const {
+                               int64_t completion_tokens, int64_t cached_tokens) const {
   const bool cut = finish == FinishReason::kLength;
   return {{"id", head_.id},
           {"object", "response"},
@@ -460,6 +463,7 @@ json ResponsesEvents::Response(const std::string& text, FinishReason finish, int
           {"output", json::array({Message(cut ? "incomplete" : "completed", &text)})},
           {"usage",
            {{"input_tokens", prompt_tokens},
+            {"input_tokens_details", {{"cached_tokens", cached_tokens}}},
             {"output_tokens", completion_tokens},
             {"total_tokens", prompt_tokens + completion_tokens}}}};
 }
@@ -489,8 +493,8 @@ json ResponsesEvents::Delta(const std::string& text) {
 }
 
 std::vector<json> ResponsesEvents::Close(const std::string& text, FinishReason finish, int64_t prompt_tokens,
-                                         int64_t completion_tokens) {
-  const json whole = Response(text, finish, prompt_tokens, completion_tokens);
+                                         int64_t completion_tokens, int64_t cached_tokens) {
+  const json whole = Response(text, finish, prompt_tokens, completion_tokens, cached_tokens);
   const json part = {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}};
   std::vector<json> out;
   out.push_back(Event("response.output_text.done",

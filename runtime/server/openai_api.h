@@ -29,6 +29,7 @@ struct GenerationParams {
   bool stream = false;
   bool include_usage = false;   // stream_options.include_usage
   bool ignore_eos = false;      // llama-server's extension
+  bool cache_prompt = true;     // llama-server's: a slot's cached prompt start may be reused
 };
 
 struct ChatRequest {
@@ -102,7 +103,9 @@ struct ResponseHead {
   std::string model;
 };
 
-nlohmann::json UsageJson(int64_t prompt_tokens, int64_t completion_tokens);
+// usage, with prompt_tokens_details.cached_tokens: of the prompt tokens,
+// those a slot's cache held (llama-server's prompt cache).
+nlohmann::json UsageJson(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens = 0);
 // Whole responses (stream = false).
 // Choice i of an answer: its text and why it ended.
 struct CompletionChoice {
@@ -110,9 +113,10 @@ struct CompletionChoice {
   FinishReason finish = FinishReason::kStop;
 };
 nlohmann::json ChatCompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
-                                  int64_t prompt_tokens, int64_t completion_tokens);
+                                  int64_t prompt_tokens, int64_t completion_tokens,
+                                  int64_t cached_tokens = 0);
 nlohmann::json CompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
-                              int64_t prompt_tokens, int64_t completion_tokens);
+                              int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens = 0);
 // Stream chunks: `finish` null for a content chunk. The chat stream's first
 // chunk carries delta.role = "assistant" (`first`).
 nlohmann::json ChatChunkJson(const ResponseHead& head, int index, bool first, const std::string& text,
@@ -121,7 +125,7 @@ nlohmann::json CompletionChunkJson(const ResponseHead& head, int index, const st
                                    const FinishReason* finish);
 // The usage chunk of stream_options.include_usage: empty choices.
 nlohmann::json UsageChunkJson(const ResponseHead& head, bool chat, int64_t prompt_tokens,
-                              int64_t completion_tokens);
+                              int64_t completion_tokens, int64_t cached_tokens = 0);
 
 // The Responses API's events for one answer (one assistant message of
 // output_text, id "msg_" + the response's): the response object and the
@@ -132,8 +136,9 @@ class ResponsesEvents {
   // The whole response (stream = false, and response.completed's): status
   // "completed", or "incomplete" with incomplete_details.reason
   // "max_output_tokens" when the length ended it.
+  // usage.input_tokens_details.cached_tokens as UsageJson's.
   nlohmann::json Response(const std::string& text, FinishReason finish, int64_t prompt_tokens,
-                          int64_t completion_tokens) const;
+                          int64_t completion_tokens, int64_t cached_tokens = 0) const;
   // Stream events, each {"type", "sequence_number", ...}: the opening
   // (response.created, response.in_progress, response.output_item.added,
   // response.content_part.added), a text delta, and the close
@@ -142,7 +147,7 @@ class ResponsesEvents {
   std::vector<nlohmann::json> Open();
   nlohmann::json Delta(const std::string& text);
   std::vector<nlohmann::json> Close(const std::string& text, FinishReason finish, int64_t prompt_tokens,
-                                    int64_t completion_tokens);
+                                    int64_t completion_tokens, int64_t cached_tokens = 0);
   // An error event ends a failed stream.
   nlohmann::json Error(const absl::Status& status);
 

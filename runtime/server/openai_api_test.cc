@@ -28,9 +28,10 @@ TEST_CASE("a chat request with every field") {
     "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 3,
     "min_p": 0.1, "seed": 42, "stop": "x", "repeat_penalty": 1.1, "n": 1,
     "presence_penalty": 0, "stream": true, "stream_options": {"include_usage": true},
-    "ignore_eos": true})");
+    "ignore_eos": true, "cache_prompt": false})");
   REQUIRE_MESSAGE(r.ok(), r.status().ToString());
   CHECK(r->params.model == "m");
+  CHECK(!r->params.cache_prompt);
   CHECK(r->messages.size() == 3);
   CHECK(r->messages[0].role == "system");
   CHECK(r->messages[1].content == "hi there");
@@ -48,6 +49,7 @@ TEST_CASE("a chat request with every field") {
   auto d = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b"]})");
   REQUIRE(d.ok());
   CHECK(d->params.max_tokens == -1);
+  CHECK(d->params.cache_prompt);  // llama-server's default
   // -1 is llama.cpp's "until the context ends"; the newer name wins.
   auto u = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
                                 "max_completion_tokens": -1})");
@@ -157,6 +159,10 @@ TEST_CASE("errors, responses and chunks in OpenAI's shape") {
   CHECK(c["choices"][0]["message"]["content"] == "hello");
   CHECK(c["choices"][0]["finish_reason"] == "length");
   CHECK(c["usage"]["total_tokens"] == 5);
+  CHECK(c["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+  CHECK(ChatCompletionJson(head, {{"x", FinishReason::kStop}}, 30, 2, 29)["usage"]["prompt_tokens_details"]
+                          ["cached_tokens"] == 29);
+  CHECK(UsageChunkJson(head, false, 30, 2, 12)["usage"]["prompt_tokens_details"]["cached_tokens"] == 12);
   const json first = ChatChunkJson(head, 0, true, "", nullptr);
   CHECK(first["choices"][0]["delta"]["role"] == "assistant");
   CHECK(first["choices"][0]["finish_reason"].is_null());
@@ -253,6 +259,8 @@ TEST_CASE("/v1/responses: requests parse into messages; the answer and its event
   CHECK(whole["output"][0]["content"][0]["type"] == "output_text");
   CHECK(whole["output"][0]["content"][0]["text"] == "hello");
   CHECK(whole["usage"]["total_tokens"] == 5);
+  CHECK(whole["usage"]["input_tokens_details"]["cached_tokens"] == 0);
+  CHECK(ev.Response("hello", FinishReason::kStop, 3, 2, 2)["usage"]["input_tokens_details"]["cached_tokens"] == 2);
   const nlohmann::json cut = ev.Response("he", FinishReason::kLength, 3, 1);
   CHECK(cut["status"] == "incomplete");
   CHECK(cut["incomplete_details"]["reason"] == "max_output_tokens");

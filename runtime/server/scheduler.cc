@@ -47,7 +47,10 @@ struct Scheduler::Active {
   std::shared_ptr<RequestStream> stream;
   int slot = -1;
   size_t prefilled = 0;     // prompt tokens in the slot's cache
+  size_t cached = 0;        // of them, found there (the slot's cache kept its first `cached`)
+  bool started = false;     // the slot's cache was cut to `cached` (the first PrefillChunk)
   bool decoding = false;    // the prompt is in; a sampled token is pending
+  std::vector<int32_t> sampled;  // every token sampled (the slot's cache runs all but the last)
   int64_t completion = 0;   // tokens generated (stop tokens excluded)
   TextStream text;
   bool done = false;
@@ -61,7 +64,8 @@ struct Scheduler::Active {
 Scheduler::Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer,
                      SchedulerOptions options)
     : engine_(engine), tokenizer_(tokenizer), options_(options) {
-  for (int s = engine.n_slots() - 1; s >= 0; --s) free_slots_.push_back(s);
+  for (int s = 0; s < engine.n_slots(); ++s) free_slots_.push_back(s);
+  slot_tokens_.resize(static_cast<size_t>(engine.n_slots()));
   metrics_.kv_positions_total = static_cast<int64_t>(engine.n_slots()) * engine.n_ctx();
   thread_ = std::thread([this] { Loop(); });
 }
@@ -157,9 +161,27 @@ bool Scheduler::Admit(std::vector<std::unique_ptr<Active>>& active) {
   if (shutdown_) return false;
   DropCancelledLocked();
   while (!queue_.empty() && !free_slots_.empty()) {
-    const int slot = free_slots_.back();
-    free_slots_.pop_back();
+    // The free slot whose cache shares the longest start with the prompt
+    // (at most all but its last token: that one runs for the first logits);
+    // with no match (or cache_prompt off) the one free longest.
+    const std::vector<int32_t>& prompt = queue_.front().request.prompt;
+    size_t best = 0, best_len = 0;
+    if (queue_.front().request.cache_prompt) {
+      for (size_t i = 0; i < free_slots_.size(); ++i) {
+        const std::vector<int32_t>& have = slot_tokens_[static_cast<size_t>(free_slots_[i])];
+        const size_t limit = std::min(have.size(), prompt.size() - 1);
+        size_t n = 0;
+        while (n < limit && have[n] == prompt[n]) ++n;
+        if (n > best_len) {
+          best = i;
+          best_len = n;
+        }
+      }
+    }
+    const int slot = free_slots_[best];
+    free_slots_.erase(free_slots_.begin() + static_cast<std::ptrdiff_t>(best));
     active.push_back(std::make_unique<Active>(std::move(queue_.front()), slot, tokenizer_));
+    active.back()->cached = best_len;
     queue_.pop_front();
     ++running_;
   }
@@ -174,7 +196,23 @@ void Scheduler::Finish(Active& a, FinishReason reason, absl::Status error) {
   e.error = std::move(error);
   e.prompt_tokens = static_cast<int64_t>(a.request.prompt.size());
   e.completion_tokens = a.completion;
-  engine_.Release(a.slot);
+  e.cached_tokens = a.started ? static_cast<int64_t>(a.cached) : 0;
+  // The slot keeps its cache for the next request: the prompt and the
+  // sampled tokens it ran (all but the last, still pending). After an
+  // error its contents are not known: emptied. A request that never
+  // started left the slot as it was.
+  if (a.started) {
+    std::vector<int32_t>& kept = slot_tokens_[static_cast<size_t>(a.slot)];
+    kept.clear();
+    if (e.error.ok()) {
+      const size_t n = static_cast<size_t>(engine_.n_past(a.slot));
+      kept.assign(a.request.prompt.begin(),
+                  a.request.prompt.begin() + static_cast<std::ptrdiff_t>(std::min(n, a.request.prompt.size())));
+      for (size_t i = 0; kept.size() < n && i < a.sampled.size(); ++i) kept.push_back(a.sampled[i]);
+      if (kept.size() != n) kept.clear();  // not what the slot holds: nothing to match
+    }
+    if (kept.empty()) engine_.Release(a.slot);
+  }
   a.done = true;
   {
     absl::MutexLock lock(&mu_);
@@ -192,6 +230,7 @@ void Scheduler::Finish(Active& a, FinishReason reason, absl::Status error) {
 }
 
 bool Scheduler::Take(Active& a, int32_t token) {
+  a.sampled.push_back(token);
   if (!a.request.ignore_eos && a.request.stop_tokens.contains(token)) {
     Finish(a, FinishReason::kStop, absl::OkStatus());
     return true;
@@ -217,6 +256,20 @@ bool Scheduler::Take(Active& a, int32_t token) {
 
 int Scheduler::PrefillChunk(Active& a, int budget) {
   const std::vector<int32_t>& prompt = a.request.prompt;
+  if (!a.started) {
+    // The slot keeps the prompt's cached start (Admit matched it), no more.
+    a.started = true;
+    const absl::Status kept = engine_.KeepPrefix(
+        a.slot, absl::MakeConstSpan(prompt).subspan(0, a.cached));
+    slot_tokens_[static_cast<size_t>(a.slot)].clear();
+    if (!kept.ok()) {
+      Finish(a, FinishReason::kStop, kept);
+      return 0;
+    }
+    a.prefilled = a.cached;
+    absl::MutexLock lock(&mu_);
+    metrics_.prompt_tokens_cached_total += static_cast<int64_t>(a.cached);
+  }
   const size_t n = std::min(prompt.size() - a.prefilled, static_cast<size_t>(budget));
   const bool last = a.prefilled + n == prompt.size();
   const auto t0 = std::chrono::steady_clock::now();

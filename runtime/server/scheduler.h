@@ -2,7 +2,11 @@
 // HTTP handlers Submit requests and read their streams.
 //
 // Each iteration of the engine thread, between two steps:
-//   1. admit: queued requests take free slots (FIFO);
+//   1. admit: queued requests take free slots (FIFO), each the free slot
+//      whose cache shares the longest start with its prompt (llama-server's
+//      prompt cache: a finished request's slot keeps its prompt and answer,
+//      so the next turn of a chat, or another request with the same system
+//      prompt, processes only what differs), else the slot free longest;
 //   2. leave: requests whose client went away (RequestStream::Cancel) free
 //      their slot;
 //   3. prefill: at most SchedulerOptions::prefill_chunk prompt tokens in
@@ -43,6 +47,7 @@ struct GenerationRequest {
   std::vector<std::string> stop;             // stop strings (not part of the text)
   absl::flat_hash_set<int32_t> stop_tokens;  // end-of-generation ids (not part of the text)
   bool ignore_eos = false;                   // llama-server's: stop_tokens do not end it
+  bool cache_prompt = true;                  // llama-server's: reuse a slot's cached start
 };
 
 enum class FinishReason { kStop, kLength };  // OpenAI's "stop" and "length"
@@ -58,6 +63,7 @@ struct StreamEvent {
   absl::Status error;  // not OK: the generation failed (engine error, shutdown)
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // of prompt_tokens, taken from the slot's cache (not run)
 };
 
 // One request's channel from the engine thread to its HTTP handler.
@@ -103,6 +109,7 @@ struct Histogram {
 struct SchedulerMetrics {
   int64_t requests_total = 0;        // accepted
   int64_t prompt_tokens_total = 0;   // prefilled
+  int64_t prompt_tokens_cached_total = 0;  // taken from a slot's cache instead
   int64_t generated_tokens_total = 0;  // the sum of the requests' completion_tokens
   double prompt_seconds = 0;         // engine time in Prefill
   double decode_seconds = 0;         // engine time in Step
@@ -171,7 +178,11 @@ class Scheduler {
 
   mutable absl::Mutex mu_;
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);  // least recently freed first
+  // Per slot: the tokens whose keys and values its cache holds (positions
+  // 0 .. n_past), what a new prompt's start is matched against. Engine
+  // thread only (Admit reads it under mu_, on the engine thread).
+  std::vector<std::vector<int32_t>> slot_tokens_;
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // requests that hold a slot
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   SchedulerMetrics metrics_ ABSL_GUARDED_BY(mu_);

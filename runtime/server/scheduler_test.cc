@@ -108,7 +108,8 @@ TEST_CASE("requests decoded together give the text each gives alone") {
   }
   const SchedulerMetrics m = s.metrics();
   CHECK(m.requests_total == 3);
-  CHECK(m.prompt_tokens_total == 10);
+  // {1, 2, 3} may find {1, 2} in the first request's slot.
+  CHECK(m.prompt_tokens_total + m.prompt_tokens_cached_total == 10);
   CHECK(m.generated_tokens_total == 5 + 7 + 4);  // the usage's sum, first tokens (from Prefill) too
   CHECK(m.processing == 0);
   CHECK(m.deferred == 0);
@@ -151,6 +152,9 @@ class RecordingEngine : public BatchEngine {
     return e_.Step(slots, next);
   }
   int64_t n_past(int slot) const override { return e_.n_past(slot); }
+  absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) override {
+    return e_.KeepPrefix(slot, kept);
+  }
   void Release(int slot) override { e_.Release(slot); }
   std::vector<std::pair<int, int>> calls() {
     absl::MutexLock lock(&mu_);
@@ -166,6 +170,74 @@ class RecordingEngine : public BatchEngine {
   absl::Mutex mu_;
   std::vector<std::pair<int, int>> calls_;  // (slot or -1, tokens or rows)
 };
+
+// The ids of an ids-only vocabulary's text ("<12><7>" -> {12, 7}).
+std::vector<int32_t> Ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  for (size_t at = 0; (at = text.find('<', at)) != std::string::npos; ++at) {
+    ids.push_back(std::stoi(text.substr(at + 1)));
+  }
+  return ids;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// llama-server's prompt cache: a finished request's slot keeps its prompt
+// and the answer it ran; a later prompt that starts with them runs only the
+// rest (the slot matching it longest is taken), and its text is the text it
+// gives alone. cache_prompt false runs it all.
+TEST_CASE("a slot's cache serves the next prompt that starts like it") {
+  Fixture f(2);
+  RecordingEngine rec(*f.engine);
+  Scheduler s(rec, *f.tok, {4, 256});
+  auto run = [&s](const GenerationRequest& r) {
+    auto st = s.Submit(r);
+    REQUIRE(st.ok());
+    return Collect(**st);
+  };
+  const GenerationRequest p = Greedy({5, 6, 7, 8}, 4), q = Greedy({40, 41, 42}, 3);
+  const Result rp = run(p);  // slot 0
+  const Result rq = run(q);  // slot 1, the one free longest
+  CHECK(rp.final.cached_tokens == 0);
+  CHECK(rq.final.cached_tokens == 0);
+  const std::vector<int32_t> ap = Ids(rp.text), aq = Ids(rq.text);
+  REQUIRE(ap.size() == 4);
+  REQUIRE(aq.size() == 3);
+  // The next turns: each prompt, its answer and more. The slot ran the
+  // prompt and all of its answer but the last token (sampled, never run).
+  const GenerationRequest p2 = Greedy(Concat(Concat(p.prompt, ap), {9, 10}), 3);
+  const GenerationRequest q2 = Greedy(Concat(Concat(q.prompt, aq), {11}), 3);
+  const size_t calls_before = rec.calls().size();
+  const Result rq2 = run(q2);
+  const Result rp2 = run(p2);
+  CHECK(rq2.final.cached_tokens == 3 + 2);
+  CHECK(rp2.final.cached_tokens == 4 + 3);
+  CHECK(rq2.text == RunAlone(q2).text);
+  CHECK(rp2.text == RunAlone(p2).text);
+  // Only the rest went through Prefill: 7 - 5 and 10 - 7 tokens.
+  std::vector<int> fed;
+  const std::vector<std::pair<int, int>> calls = rec.calls();
+  for (size_t i = calls_before; i < calls.size(); ++i) {
+    if (calls[i].first >= 0) fed.push_back(calls[i].second);
+  }
+  CHECK(fed == std::vector<int>{2, 3});
+  // A prompt no longer than what matches keeps its last token to run.
+  const Result again = run(p);
+  CHECK(again.final.cached_tokens == 3);
+  CHECK(again.text == rp.text);
+  // Opting out: nothing reused, the same text.
+  GenerationRequest off = p2;
+  off.cache_prompt = false;
+  const Result roff = run(off);
+  CHECK(roff.final.cached_tokens == 0);
+  CHECK(roff.text == rp2.text);
+  const SchedulerMetrics m = s.metrics();
+  CHECK(m.prompt_tokens_cached_total == 5 + 7 + 3);
+  CHECK(m.prompt_tokens_total == 4 + 3 + 2 + 3 + 1 + 10);
+}
 
 // Between two steps the scheduler feeds at most prefill_chunk prompt tokens
 // in all: several short prompts go in one after another (a burst of
