@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes unicode_tables.cc: code point ranges of \\p{L} and \\p{N}.
+"""Writes unicode_tables.cc: code point ranges of \\p{L}, \\p{N} and \\p{M}.
 
 Usage: python3 gen_unicode_tables.py > unicode_tables.cc
 The tables come from Python's unicodedata (its Unicode version is recorded in
@@ -49,4 +49,5 @@ print("namespace dpl::tokenizer::internal {")
 print()
 emit("kLetterRanges", ranges(lambda cp: cat(cp).startswith("L")))
 emit("kNumberRanges", ranges(lambda cp: cat(cp).startswith("N")))
+emit("kMarkRanges", ranges(lambda cp: cat(cp).startswith("M")))
 print("}  // namespace dpl::tokenizer::internal")

@@ -45,7 +45,9 @@ size_t WhitespaceEnd(const std::vector<uint32_t>& cpts, const std::vector<uint8_
 }
 
 // Splits code points [0, n) into pre-tokens, calling emit(begin, end) for each.
-// One scanner serves both regexes, which differ only in digit runs:
+// One scanner serves the three regexes, which differ in digit runs and in
+// whether combining marks join letters (qwen35: \p{L} below is [\p{L}\p{M}],
+// and the punctuation run excludes \p{M} too):
 //   (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 //   | [^\r\n\p{L}\p{N}]?\p{L}+
 //   | \p{N}{1,max_digits}
@@ -54,10 +56,11 @@ size_t WhitespaceEnd(const std::vector<uint32_t>& cpts, const std::vector<uint8_
 // Alternatives are tried in order at each position, as a regex engine would.
 template <typename Emit>
 void ScanPreTokens(const std::vector<uint32_t>& cpts, const std::vector<uint8_t>& cls,
-                   size_t max_digits, Emit&& emit) {
+                   size_t max_digits, bool marks_join_letters, Emit&& emit) {
   const size_t n = cpts.size();
   auto cls_at = [&](size_t p) -> uint8_t { return p < n ? cls[p] : 0; };
-  constexpr uint8_t kLwn = kClassLetter | kClassWhitespace | kClassNumber;
+  const uint8_t kWord = marks_join_letters ? kClassLetter | kClassMark : kClassLetter;
+  const uint8_t kLwn = kWord | kClassWhitespace | kClassNumber;
   size_t pos = 0;
   while (pos < n) {
     const uint32_t cp = cpts[pos];
@@ -82,10 +85,9 @@ void ScanPreTokens(const std::vector<uint32_t>& cpts, const std::vector<uint8_t>
     }
 
     // [^\r\n\p{L}\p{N}]?\p{L}+
-    if (!IsCrOrLf(cp) && !(c & kClassNumber) &&
-        ((c & kClassLetter) || (cls_at(pos + 1) & kClassLetter))) {
+    if (!IsCrOrLf(cp) && !(c & kClassNumber) && ((c & kWord) || (cls_at(pos + 1) & kWord))) {
       size_t end = pos + 1;
-      while (cls_at(end) & kClassLetter) ++end;
+      while (cls_at(end) & kWord) ++end;
       emit(pos, end);
       pos = end;
       continue;
@@ -209,7 +211,7 @@ void EncodeRaw(const Vocab& v, absl::string_view text, Workspace& ws, std::vecto
   ws.cls.resize(ws.cpts.size());
   for (size_t i = 0; i < ws.cpts.size(); ++i) ws.cls[i] = ClassOf(ws.cpts[i]);
   const size_t max_digits = v.pre == PreTokenizer::kLlama3 ? 3 : 1;
-  ScanPreTokens(ws.cpts, ws.cls, max_digits, [&](size_t begin, size_t end) {
+  ScanPreTokens(ws.cpts, ws.cls, max_digits, v.pre == PreTokenizer::kQwen35, [&](size_t begin, size_t end) {
     // Re-encoded from code points, so bad input bytes tokenize as U+FFFD.
     ws.piece.clear();
     for (size_t i = begin; i < end; ++i) AppendUtf8(ws.cpts[i], ws.piece);

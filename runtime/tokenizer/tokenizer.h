@@ -9,7 +9,7 @@
 //      raw fragment at all of its occurrences.
 //   2. Each raw fragment is decoded as UTF-8 (bad bytes -> U+FFFD) and cut by
 //      the pre-tokenizer named by tokenizer.ggml.pre (a hand-written scanner
-//      for the model's split regex).
+//      for the model's split regex: llama3, qwen2, qwen35).
 //   3. Each pre-token's bytes become one symbol per byte and are merged by
 //      BPE: the adjacent pair of lowest merge rank first (ties: leftmost).
 //      Llama 3 ("ignore_merges") first looks the whole pre-token up in the
@@ -55,6 +55,7 @@ enum class PreTokenizer : uint8_t {
   kNone,    // vocabulary-less model
   kLlama3,  // "llama-bpe", "llama3", "llama-v3": digits in runs of 1..3
   kQwen2,   // "qwen2", "deepseek-r1-qwen": digits one at a time
+  kQwen35,  // "qwen35": as qwen2, combining marks (\p{M}) joined to letters
   kSpm,     // SentencePiece ("llama" model): no split, whitespace escaped
 };
 

@@ -101,6 +101,8 @@ void RunVocabVectors(const std::string& name) {
 
 TEST_CASE("llama.cpp vocab vectors: qwen2") { RunVocabVectors("ggml-vocab-qwen2.gguf"); }
 
+TEST_CASE("llama.cpp vocab vectors: qwen35") { RunVocabVectors("ggml-vocab-qwen35.gguf"); }
+
 TEST_CASE("llama.cpp vocab vectors: llama-spm (SentencePiece)") {
   RunVocabVectors("ggml-vocab-llama-spm.gguf");
 }
@@ -314,7 +316,9 @@ TEST_CASE("unicode classes") {
   CHECK(ClassOf(0xE9) == kClassLetter);    // é
   CHECK(ClassOf(0xBD) == kClassNumber);    // ½ (No)
   CHECK(ClassOf(0x4E2D) == kClassLetter);  // 中
-  CHECK(ClassOf(0x0301) == 0);             // combining acute (Mn)
+  CHECK(ClassOf(0x0301) == kClassMark);    // combining acute (Mn)
+  CHECK(ClassOf(0x0903) == kClassMark);    // Devanagari visarga (Mc)
+  CHECK(ClassOf(0x20DD) == kClassMark);    // combining enclosing circle (Me)
   CHECK(ClassOf(0x3000) == kClassWhitespace);
   CHECK(ClassOf(0xA0) == kClassWhitespace);
   CHECK(ClassOf(0x1F999) == 0);            // emoji (So)

@@ -131,6 +131,8 @@ uint8_t ClassOf(uint32_t cp) {
     v |= kClassNumber;
   } else if (IsWhitespace(cp)) {
     v |= kClassWhitespace;
+  } else if (InRanges(cp, internal::kMarkRanges, internal::kMarkRangesCount)) {
+    v |= kClassMark;
   }
   return v;
 }

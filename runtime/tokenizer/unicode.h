@@ -34,6 +34,7 @@ enum CodepointClass : uint8_t {
   kClassLetter = 1,      // \p{L}: Lu Ll Lt Lm Lo
   kClassNumber = 2,      // \p{N}: Nd Nl No
   kClassWhitespace = 4,  // \s: the White_Space property
+  kClassMark = 8,        // \p{M}: Mn Mc Me
 };
 uint8_t ClassOf(uint32_t cp);
 
@@ -53,6 +54,8 @@ extern const CodepointRange kLetterRanges[];
 extern const size_t kLetterRangesCount;
 extern const CodepointRange kNumberRanges[];
 extern const size_t kNumberRangesCount;
+extern const CodepointRange kMarkRanges[];
+extern const size_t kMarkRangesCount;
 }  // namespace internal
 
 }  // namespace dpl::tokenizer

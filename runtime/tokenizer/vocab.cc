@@ -23,6 +23,7 @@ constexpr PreName kPreNames[] = {
     {"llama-v3", PreTokenizer::kLlama3},
     {"qwen2", PreTokenizer::kQwen2},
     {"deepseek-r1-qwen", PreTokenizer::kQwen2},
+    {"qwen35", PreTokenizer::kQwen35},
 };
 
 std::string SupportedPreNames() {
