@@ -97,7 +97,76 @@ void AppendChatMLTurn(absl::string_view role, absl::string_view content, std::st
   absl::StrAppend(out, kImStart, role, "\n", content, kImEnd, "\n");
 }
 
-// Qwen3's template, message by message (without tools: dpl has none).
+// Qwen2.5's and Qwen3's tools section, after the system text (Qwen2.5: the
+// system message or the default, then "\n\n"; Qwen3: the system message and
+// "\n\n" if there is one).
+void AppendToolsSection(absl::string_view system, const std::vector<std::string>& tools,
+                        std::string* out) {
+  absl::StrAppend(out, kImStart, "system\n", system,
+                  "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                  "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+  for (const std::string& t : tools) absl::StrAppend(out, "\n", t);
+  absl::StrAppend(out,
+                  "\n</tools>\n\nFor each function call, return a json object with function name and "
+                  "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+                  "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+                  kImEnd, "\n");
+}
+
+// An assistant message's calls (Qwen2.5 and Qwen3 alike): each
+// "<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>", the first
+// after a newline when the message has text, later ones after a newline.
+void AppendToolCalls(const ChatMessage& m, bool has_text, std::string* out) {
+  for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+    if (k > 0 || has_text) absl::StrAppend(out, "\n");
+    absl::StrAppend(out, "<tool_call>\n{\"name\": \"", m.tool_calls[k].name, "\", \"arguments\": ",
+                    m.tool_calls[k].arguments, "}\n</tool_call>");
+  }
+}
+
+// A tool result: consecutive ones share one user turn, each wrapped in
+// <tool_response>.
+void AppendToolResult(const std::vector<ChatMessage>& messages, size_t i, std::string* out) {
+  if (i == 0 || messages[i - 1].role != "tool") absl::StrAppend(out, kImStart, "user");
+  absl::StrAppend(out, "\n<tool_response>\n", messages[i].content, "\n</tool_response>");
+  if (i + 1 == messages.size() || messages[i + 1].role != "tool") absl::StrAppend(out, kImEnd, "\n");
+}
+
+// ChatML as Qwen2.5's template writes it: with tools, a tools section
+// (holding the first system message, or the default one) opens it; an
+// assistant message with calls writes them after its text.
+std::string RenderChatML(const std::vector<ChatMessage>& messages, const std::string& default_system,
+                         const std::vector<std::string>& tools) {
+  std::string out;
+  const bool first_system = messages[0].role == "system";
+  if (!tools.empty()) {
+    AppendToolsSection(absl::StrCat(first_system ? messages[0].content : default_system, "\n\n"), tools,
+                       &out);
+  } else if (!default_system.empty() && !first_system) {
+    AppendChatMLTurn("system", default_system, &out);
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (i == 0 && first_system && !tools.empty()) continue;  // in the tools section
+    if (m.role == "tool") {
+      AppendToolResult(messages, i, &out);
+    } else if (m.role == "assistant" && !m.tool_calls.empty()) {
+      absl::StrAppend(&out, kImStart, "assistant");
+      if (!m.content.empty()) absl::StrAppend(&out, "\n", m.content);
+      for (const ToolCall& c : m.tool_calls) {
+        absl::StrAppend(&out, "\n<tool_call>\n{\"name\": \"", c.name, "\", \"arguments\": ", c.arguments,
+                        "}\n</tool_call>");
+      }
+      absl::StrAppend(&out, kImEnd, "\n");
+    } else {
+      AppendChatMLTurn(m.role, m.content, &out);
+    }
+  }
+  return out;
+}
+
+// Qwen3's template, message by message.
+//   tools: a tools section opens it (holding the first system message).
 //   last_query: the last user message that is not a wrapped tool result
 //     ("<tool_response>...</tool_response>"); the last message if none.
 //   system first: a plain ChatML turn before the loop; a later system
@@ -109,7 +178,7 @@ void AppendChatMLTurn(absl::string_view role, absl::string_view content, std::st
 //     message or has reasoning, it is written with its <think> block;
 //     otherwise as its answer alone.
 std::string RenderQwen3(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                        bool enable_thinking) {
+                        bool enable_thinking, const std::vector<std::string>& tools) {
   size_t last_query = messages.size() - 1;
   for (size_t i = messages.size(); i-- > 0;) {
     const std::string& c = messages[i].content;
@@ -121,8 +190,17 @@ std::string RenderQwen3(const std::vector<ChatMessage>& messages, bool add_gener
     }
   }
   std::string out;
+  const bool first_system = messages[0].role == "system";
+  if (!tools.empty()) {
+    AppendToolsSection(first_system ? absl::StrCat(messages[0].content, "\n\n") : "", tools, &out);
+  }
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
+    if (i == 0 && first_system && !tools.empty()) continue;  // in the tools section
+    if (m.role == "tool") {
+      AppendToolResult(messages, i, &out);
+      continue;
+    }
     if (m.role != "assistant") {
       AppendChatMLTurn(m.role, m.content, &out);
       continue;
@@ -147,6 +225,7 @@ std::string RenderQwen3(const std::vector<ChatMessage>& messages, bool add_gener
     } else {
       absl::StrAppend(&out, answer);
     }
+    AppendToolCalls(m, !answer.empty(), &out);
     absl::StrAppend(&out, kImEnd, "\n");
   }
   if (add_generation_prompt) {
@@ -321,24 +400,32 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
                                                  bool add_generation_prompt,
                                                  const ChatOptions& options) const {
   if (messages.empty()) return absl::InvalidArgumentError("chat: the conversation is empty");
+  const bool tools = supports_tools();
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
-    if (role != "system" && role != "user" && role != "assistant") {
+    if (role != "system" && role != "user" && role != "assistant" && !(tools && role == "tool")) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "chat: message ", i, " has role \"", role, "\"; roles are system, user, assistant"));
+          "chat: message ", i, " has role \"", role, "\"; roles are system, user, assistant",
+          tools ? ", tool" : absl::StrCat(" (tool results need a template with tools; this is ",
+                                          ChatFamilyName(family_), ")")));
     }
+    if (!tools && !messages[i].tool_calls.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("chat: message ", i, " has tool calls; the ",
+                                                     ChatFamilyName(family_), " template has no tools"));
+    }
+  }
+  if (!tools && !options.tools.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("chat: tools need a template with tools (ChatML, Qwen3); this is ",
+                                                   ChatFamilyName(family_)));
   }
   std::string out;
   switch (family_) {
     case ChatFamily::kChatML:
-      if (!default_system_.empty() && messages[0].role != "system") {
-        AppendChatMLTurn("system", default_system_, &out);
-      }
-      for (const ChatMessage& m : messages) AppendChatMLTurn(m.role, m.content, &out);
+      out = RenderChatML(messages, default_system_, options.tools);
       if (add_generation_prompt) absl::StrAppend(&out, kImStart, "assistant\n");
       break;
     case ChatFamily::kQwen3:
-      out = RenderQwen3(messages, add_generation_prompt, options.enable_thinking);
+      out = RenderQwen3(messages, add_generation_prompt, options.enable_thinking, options.tools);
       break;
     case ChatFamily::kLlama3:
       for (const ChatMessage& m : messages) {
@@ -420,28 +507,41 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer& tokenizer,
   // marker's text as plain text. The pieces split where the specials'
   // partition would have split anyway, so content without control texts
   // encodes exactly as before.
+  // (Tools and tool calls come from the client too: their text is escaped
+  // the same way.)
+  std::vector<ChatMessage> escaped = messages;
+  ChatOptions escaped_options = options;
+  std::vector<std::string*> texts;
+  for (ChatMessage& m : escaped) {
+    texts.push_back(&m.content);
+    for (ToolCall& c : m.tool_calls) {
+      texts.push_back(&c.name);
+      texts.push_back(&c.arguments);
+    }
+  }
+  for (std::string& t : escaped_options.tools) texts.push_back(&t);
   std::string marker = "\x1f" "dpl";
   for (bool clash = true; clash;) {
     clash = false;
-    for (const ChatMessage& m : messages) clash = clash || absl::StrContains(m.content, marker);
+    for (const std::string* t : texts) clash = clash || absl::StrContains(*t, marker);
     if (clash) marker += "\x1f";
   }
   std::vector<std::string> literals;
-  std::vector<ChatMessage> escaped = messages;
-  for (ChatMessage& m : escaped) {
-    const std::vector<std::pair<size_t, size_t>> spans = tokenizer.ControlTextSpans(m.content);
+  for (std::string* t : texts) {
+    const std::vector<std::pair<size_t, size_t>> spans = tokenizer.ControlTextSpans(*t);
     if (spans.empty()) continue;
     std::string content;
     size_t at = 0;
     for (const auto& [begin, end] : spans) {
-      absl::StrAppend(&content, absl::string_view(m.content).substr(at, begin - at), marker, literals.size(), marker);
-      literals.emplace_back(m.content.substr(begin, end - begin));
+      absl::StrAppend(&content, absl::string_view(*t).substr(at, begin - at), marker, literals.size(), marker);
+      literals.emplace_back(t->substr(begin, end - begin));
       at = end;
     }
-    content.append(m.content, at);
-    m.content = std::move(content);
+    content.append(*t, at);
+    *t = std::move(content);
   }
-  DPL_ASSIGN_OR_RETURN(const std::string text, chat_template.Render(escaped, add_generation_prompt, options));
+  DPL_ASSIGN_OR_RETURN(const std::string text,
+                       chat_template.Render(escaped, add_generation_prompt, escaped_options));
   std::vector<int32_t> ids;
   auto append = [&ids](std::vector<int32_t> more) { ids.insert(ids.end(), more.begin(), more.end()); };
   if (tokenizer.adds_bos_by_default() && tokenizer.bos_id() != kNoToken) ids.push_back(tokenizer.bos_id());

@@ -99,9 +99,18 @@ absl::string_view ChatFamilyName(ChatFamily family);
 // Every name FromName accepts, comma-separated ("chatml, llama3, ...").
 const std::string& ChatTemplateNames();
 
+// A function call an assistant message made (OpenAI's tool_calls[i].function).
+struct ToolCall {
+  std::string name;
+  // The arguments as the template writes them: a JSON object in Python's
+  // json.dumps spacing (", ", ": "), as Jinja's tojson gives it.
+  std::string arguments;
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user" or "assistant"
+  std::string role;  // "system", "user", "assistant", or "tool" (a call's result)
   std::string content;
+  std::vector<ToolCall> tool_calls;  // an assistant message's calls
 };
 
 // What a render may vary beyond the messages (the Jinja variables llama.cpp
@@ -116,6 +125,11 @@ struct ChatOptions {
   // turns) or stays text (false, the default: OpenAI's API, where content is
   // only ever content). The template's own markup is tokens either way.
   bool content_specials = false;
+  // Tools the model may call (OpenAI's tools[i], each as Jinja's tojson
+  // writes it). Only the families with a tools section take them
+  // (supports_tools(): ChatML and Qwen3, as Qwen2.5's and Qwen3's templates
+  // write them); their text, like the content's, is never special tokens.
+  std::vector<std::string> tools;
 };
 
 class ChatTemplate {
@@ -135,12 +149,17 @@ class ChatTemplate {
   ChatFamily family() const { return family_; }
   // Whether ChatOptions::enable_thinking changes the rendering (Qwen3).
   bool has_thinking() const { return family_ == ChatFamily::kQwen3; }
+  // Whether the family writes tools, tool calls and tool results (Qwen2.5's
+  // and Qwen3's: a "# Tools" system section, <tool_call> JSON in assistant
+  // turns, <tool_response> in a user turn) and answers calls that way.
+  bool supports_tools() const { return family_ == ChatFamily::kChatML || family_ == ChatFamily::kQwen3; }
   // Empty when the template inserts none.
   const std::string& default_system_prompt() const { return default_system_; }
 
   // The prompt text (without a leading BOS) for `messages`. The [INST]
   // families ignore add_generation_prompt (they have none). Errors: empty
-  // conversation, a role other than system/user/assistant.
+  // conversation, a role other than system/user/assistant (tool, and tools
+  // or tool calls, where supports_tools()).
   absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
                                      bool add_generation_prompt,
                                      const ChatOptions& options = {}) const;

@@ -691,6 +691,111 @@ TEST_CASE("[INST] families through a Mistral-like tokenizer: one BOS, </s> ends 
   CHECK(bos->StopTokens(*tok) == std::vector<int32_t>{kEosId});
 }
 
+// Tools as Qwen2.5's and Qwen3's templates write them (the section, the
+// calls in an assistant turn, consecutive results in one user turn); the
+// expected text follows the templates line by line (kQwen3Template's tools
+// branch; Qwen2.5's is the same with its default system prompt).
+const std::string kTool =
+    R"({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}})";
+const std::string kToolsSection =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n" + kTool +
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n";
+const std::string kToolTurns =
+    "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+    "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\nsunny\n"
+    "</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n";
+
+std::vector<ChatMessage> ToolConversation(bool system) {
+  std::vector<ChatMessage> m;
+  if (system) m.push_back({"system", "Be brief.", {}});
+  m.push_back({"user", "Weather in Paris?", {}});
+  m.push_back({"assistant", "", {{"get_weather", R"({"city": "Paris"})"}}});
+  m.push_back({"tool", R"({"temp": 21})", {}});
+  m.push_back({"tool", "sunny", {}});
+  return m;
+}
+
+TEST_CASE("tools, tool calls and tool results: Qwen2.5's and Qwen3's format") {
+  ChatOptions o;
+  o.tools = {kTool};
+  auto qwen3 = ChatTemplate::Detect(kQwen3Template);
+  REQUIRE(qwen3.ok());
+  CHECK(qwen3->supports_tools());
+  auto q3 = qwen3->Render(ToolConversation(true), true, o);
+  REQUIRE_MESSAGE(q3.ok(), q3.status().ToString());
+  CHECK(*q3 == "<|im_start|>system\nBe brief.\n\n" + kToolsSection + kToolTurns);
+  auto q3_nosys = qwen3->Render(ToolConversation(false), true, o);
+  REQUIRE(q3_nosys.ok());
+  CHECK(*q3_nosys == "<|im_start|>system\n" + kToolsSection + kToolTurns);
+
+  auto qwen25 = ChatTemplate::Detect(kQwen25Template);
+  REQUIRE(qwen25.ok());
+  auto q25 = qwen25->Render(ToolConversation(false), true, o);
+  REQUIRE(q25.ok());
+  CHECK(*q25 == "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n" +
+                    kToolsSection + kToolTurns);
+  auto q25_sys = qwen25->Render(ToolConversation(true), true, o);
+  REQUIRE(q25_sys.ok());
+  CHECK(*q25_sys == "<|im_start|>system\nBe brief.\n\n" + kToolsSection + kToolTurns);
+
+  // An answer with text and two calls (Qwen3 gives the final assistant
+  // message its <think> block, empty here); without tools the conversation
+  // renders as before.
+  std::vector<ChatMessage> two = {{"user", "Both?", {}},
+                                  {"assistant", "Checking.", {{"a", "{}"}, {"b", R"({"x": 1})"}}}};
+  const std::string calls =
+      "Checking.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n"
+      "{\"name\": \"b\", \"arguments\": {\"x\": 1}}\n</tool_call><|im_end|>\n";
+  auto t2 = qwen3->Render(two, false);
+  REQUIRE(t2.ok());
+  CHECK(*t2 == "<|im_start|>user\nBoth?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" + calls);
+  auto t25 = qwen25->Render(two, false);
+  REQUIRE(t25.ok());
+  CHECK(*t25 == "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+                "<|im_start|>user\nBoth?<|im_end|>\n<|im_start|>assistant\n" + calls);
+
+  // Families without a tools section refuse them by name.
+  auto llama3 = ChatTemplate::FromName("llama3");
+  REQUIRE(llama3.ok());
+  CHECK(!llama3->supports_tools());
+  const auto no_tools = llama3->Render({{"user", "Hi", {}}}, true, o);
+  REQUIRE(!no_tools.ok());
+  CHECK(no_tools.status().message().find("llama3") != absl::string_view::npos);
+  const auto no_role = llama3->Render({{"user", "Hi", {}}, {"tool", "ok", {}}}, true);
+  REQUIRE(!no_role.ok());
+  CHECK(no_role.status().message().find("role \"tool\"") != absl::string_view::npos);
+  const auto no_calls = llama3->Render(ToolConversation(false), true);
+  REQUIRE(!no_calls.ok());
+  CHECK(no_calls.status().message().find("tool calls") != absl::string_view::npos);
+}
+
+// A tool's text is the client's, like content: a control-token text in it
+// stays text.
+TEST_CASE("control-token texts in tools and tool calls stay text") {
+  const formats::Metadata meta = LoadMetadata("vocab/ggml-vocab-qwen2.gguf");
+  auto tok = Tokenizer::FromMetadata(meta);
+  REQUIRE(tok.ok());
+  auto t = ChatTemplate::FromMetadata(meta);
+  REQUIRE(t.ok());
+  ChatOptions o;
+  o.tools = {R"({"name": "x<|im_end|>"})"};
+  std::vector<ChatMessage> m = {{"user", "Hi", {}}, {"assistant", "", {{"f<|im_start|>", "{}"}}},
+                                {"tool", "ok", {}}};
+  auto ids = EncodeChat(*tok, *t, m, true, o);
+  REQUIRE_MESSAGE(ids.ok(), ids.status().ToString());
+  // <|im_start|> (151644): system, user, assistant, the tool turn, the prompt;
+  // <|im_end|> (151645): the four closed turns. The texts in the tool's and
+  // the call's names are neither.
+  CHECK(std::count(ids->begin(), ids->end(), 151644) == 5);
+  CHECK(std::count(ids->begin(), ids->end(), 151645) == 4);
+}
+
 TEST_CASE("overrides, unknown templates and bad conversations are clear errors") {
   auto llama = ChatTemplate::FromMetadata(formats::Metadata{}, "llama3");
   REQUIRE(llama.ok());
