@@ -59,6 +59,21 @@ if grep -qE '"cached_tokens":[1-9]' "$tmp/body"; then ok "chat again: usage.prom
 else bad "chat again: $(head -c 400 "$tmp/body")"; fi
 expect 200 "chat, cache_prompt false" "$C" -d "$(chat ',"max_tokens":4,"cache_prompt":false')"
 body_has "cache_prompt false: nothing cached" '"cached_tokens":0'
+# Tools (issue 32): offered tools go into the prompt (more prompt tokens), a
+# conversation with an assistant's calls and their results is accepted, and
+# a streamed answer with tools still ends with [DONE]; a bad tool_choice is a 400.
+tools='"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]'
+expect 200 "chat with tools" "$C" -d "$(chat ",\"max_tokens\":2,$tools")"
+with_tools=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$tmp/body")
+expect 200 "chat without them" "$C" -d "$(chat ',"max_tokens":2')"
+without=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$tmp/body")
+if [[ -n $with_tools && -n $without && $with_tools -gt $((without + 50)) ]]; then ok "tools reach the prompt ($without -> $with_tools tokens)"
+else bad "tools in the prompt: $without -> $with_tools tokens"; fi
+turns='{"messages":[{"role":"user","content":"Weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"21 C"}],"max_tokens":2,'"$tools"'}'
+expect 200 "tool results continue the conversation" "$C" -d "$turns"
+expect 200 "tools, streamed" -N "$C" -d "$(chat ",\"max_tokens\":3,\"stream\":true,$tools")"
+[[ $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && ok "tools, streamed: ends with [DONE]" || bad "tools streamed: $(tail -c 300 "$tmp/body")"
+expect 400 "tool_choice naming no tool" "$C" -d "$(chat ",\"max_tokens\":2,$tools,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}")"
 expect 200 "chat, streamed" -N "$C" -d "$(chat ',"max_tokens":3,"stream":true')"
 if [[ $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && grep -q '"chat.completion.chunk"' "$tmp/body" &&
    grep -q '"finish_reason":"length"' "$tmp/body"; then ok "SSE chunks end with data: [DONE]"

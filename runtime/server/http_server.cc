@@ -148,6 +148,10 @@ struct HttpServer::Handlers {
     const size_t n = streams.size();
     std::vector<CompletionChoice> choices(n);
     std::vector<bool> final(n, false);
+    // With tools, a streamed answer's text goes out up to a "<tool_call>"
+    // (or what may begin one); from there it is held and parsed at the end.
+    std::vector<std::string> held(n);
+    std::vector<bool> in_call(n, false);
     size_t finals = 0;
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     auto send = [&res](const json& j) { return res.Write(absl::StrCat("data: ", Dump(j), "\n\n")); };
@@ -168,7 +172,29 @@ struct HttpServer::Handlers {
         for (StreamEvent& e : streams[i]->Wait(n == 1 ? absl::Milliseconds(500) : absl::Milliseconds(5))) {
           heard = true;
           choices[i].text += e.text;
-          if (p.stream && !e.text.empty()) ok = chunk(i, false, e.text, nullptr);
+          if (p.stream && !e.text.empty()) {
+            if (!p.parse_tool_calls) {
+              ok = chunk(i, false, e.text, nullptr);
+            } else {
+              held[i] += e.text;
+              std::string out;
+              if (!in_call[i]) {
+                const size_t at = held[i].find("<tool_call>");
+                if (at != std::string::npos) {
+                  out = held[i].substr(0, at);
+                  held[i].erase(0, at);
+                  in_call[i] = true;
+                } else {
+                  // Keep the longest tail that may begin "<tool_call>".
+                  size_t keep = std::min<size_t>(held[i].size(), 10);
+                  while (keep > 0 && !absl::StartsWith("<tool_call>", absl::string_view(held[i]).substr(held[i].size() - keep))) --keep;
+                  out = held[i].substr(0, held[i].size() - keep);
+                  held[i].erase(0, held[i].size() - keep);
+                }
+              }
+              if (!out.empty()) ok = chunk(i, false, out, nullptr);
+            }
+          }
           if (!e.final || !ok) continue;
           if (!e.error.ok()) {
             cancel_all();
@@ -182,7 +208,21 @@ struct HttpServer::Handlers {
           prompt_tokens += e.prompt_tokens;
           completion_tokens += e.completion_tokens;
           cached_tokens += e.cached_tokens;
-          if (p.stream) ok = chunk(i, false, "", &e.finish);
+          if (p.parse_tool_calls) {
+            // Calls found: they are the answer (finish_reason "tool_calls").
+            ParsedAnswer a = ParseToolCalls(p.stream ? held[i] : choices[i].text);
+            if (!a.calls.empty()) {
+              choices[i].finish = FinishReason::kToolCalls;
+              choices[i].tool_calls = a.calls;
+              if (!p.stream) choices[i].text = a.content;
+            }
+            if (p.stream) {
+              const std::string rest = a.calls.empty() ? held[i] : a.content;
+              if (ok && !rest.empty()) ok = chunk(i, false, rest, nullptr);
+              if (ok && !a.calls.empty()) ok = send(ToolCallsChunkJson(head, static_cast<int>(i), a.calls));
+            }
+          }
+          if (p.stream && ok) ok = chunk(i, false, "", &choices[i].finish);
         }
       }
       // Nothing to say for a while (queued, a long prompt): a comment line
@@ -284,10 +324,15 @@ struct HttpServer::Handlers {
                                    "this model has no vocabulary: use /v1/completions with token ids"));
       }
       size_t bytes = 0;
-      for (const auto& msg : r->messages) bytes += msg.content.size();
+      for (const auto& msg : r->messages) {
+        bytes += msg.content.size();
+        for (const auto& c : msg.tool_calls) bytes += c.name.size() + c.arguments.size();
+      }
+      for (const std::string& t : r->tools) bytes += t.size();
       if (absl::Status st = CheckTextFits(*m, bytes); !st.ok()) return ReplyError(res, st);
       tokenizer::ChatOptions chat_options;
       chat_options.content_specials = s.options_.content_specials;
+      chat_options.tools = r->tools;
       absl::StatusOr<std::vector<int32_t>> ids =
           tokenizer::EncodeChat(*m->tok, *m->chat, r->messages, true, chat_options);
       if (!ids.ok()) return ReplyError(res, absl::InvalidArgumentError(ids.status().message()));

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -195,6 +196,78 @@ absl::StatusOr<std::vector<int32_t>> TokenIds(const json& array, const char* fie
 
 }  // namespace
 
+namespace {
+
+// A tool call's arguments as the template writes them: the JSON text
+// re-dumped in Python's spacing, or as given when it is not JSON.
+std::string TemplateArguments(const std::string& arguments) {
+  nlohmann::ordered_json v = nlohmann::ordered_json::parse(arguments, nullptr, /*allow_exceptions=*/false);
+  return v.is_discarded() ? arguments : PythonJson(v);
+}
+
+// tools and tool_choice (from the body parsed again keeping key order, as
+// the template's tojson writes them) into r->tools.
+absl::Status ParseTools(const json& j, const nlohmann::ordered_json& ordered, ChatRequest* r) {
+  const json* tools = Field(j, "tools");
+  if (tools == nullptr) return absl::OkStatus();
+  if (!tools->is_array()) return FieldError("tools", "must be an array");
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const json& t = (*tools)[i];
+    const std::string field = absl::StrCat("tools[", i, "]");
+    const json* type = t.is_object() ? Field(t, "type") : nullptr;
+    const json* fn = t.is_object() ? Field(t, "function") : nullptr;
+    const json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+    if (type == nullptr || *type != "function" || name == nullptr || !name->is_string()) {
+      return FieldError(field, "must be {\"type\": \"function\", \"function\": {\"name\": string, ...}}");
+    }
+    names.push_back(name->get<std::string>());
+    r->tools.push_back(PythonJson(ordered["tools"][i]));
+  }
+  const json* choice = Field(j, "tool_choice");
+  if (choice == nullptr) return absl::OkStatus();
+  if (choice->is_string()) {
+    const std::string c = choice->get<std::string>();
+    if (c == "none") r->tools.clear();
+    if (c != "none" && c != "auto" && c != "required") {
+      return FieldError("tool_choice", "must be \"none\", \"auto\", \"required\" or a named function");
+    }
+    return absl::OkStatus();
+  }
+  const json* fn = choice->is_object() ? Field(*choice, "function") : nullptr;
+  const json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+  if (name == nullptr || !name->is_string()) {
+    return FieldError("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": string}}");
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name->get<std::string>()) {
+      r->tools = {r->tools[i]};
+      return absl::OkStatus();
+    }
+  }
+  return FieldError("tool_choice", absl::StrCat("names \"", name->get<std::string>(), "\", which is not in 'tools'"));
+}
+
+// An assistant message's tool_calls: [{id, type, function {name, arguments}}].
+absl::StatusOr<std::vector<tokenizer::ToolCall>> ToolCalls(const json& calls, const std::string& field) {
+  if (!calls.is_array()) return FieldError(field, "must be an array");
+  std::vector<tokenizer::ToolCall> out;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const json& c = calls[k];
+    const json* fn = c.is_object() ? Field(c, "function") : nullptr;
+    const json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+    const json* args = fn != nullptr && fn->is_object() ? Field(*fn, "arguments") : nullptr;
+    if (name == nullptr || !name->is_string() || (args != nullptr && !args->is_string())) {
+      return FieldError(absl::StrCat(field, "[", k, "]"),
+                        "must be {\"type\": \"function\", \"function\": {\"name\": string, \"arguments\": string}}");
+    }
+    out.push_back({name->get<std::string>(), TemplateArguments(args ? args->get<std::string>() : "{}")});
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
   ChatRequest r;
@@ -210,8 +283,8 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
     if (role == nullptr || !role->is_string()) return FieldError(field + ".role", "must be a string");
     std::string r_name = role->get<std::string>();
     if (r_name == "developer") r_name = "system";  // OpenAI's newer name for it
-    if (r_name != "system" && r_name != "user" && r_name != "assistant") {
-      return FieldError(field + ".role", "must be system, developer, user or assistant");
+    if (r_name != "system" && r_name != "user" && r_name != "assistant" && r_name != "tool") {
+      return FieldError(field + ".role", "must be system, developer, user, assistant or tool");
     }
     const json* content = Field(m, "content");
     std::string text;
@@ -220,9 +293,68 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
     } else if (r_name != "assistant") {
       return FieldError(field + ".content", "is required");
     }
-    r.messages.push_back({std::move(r_name), std::move(text)});
+    std::vector<tokenizer::ToolCall> calls;
+    if (const json* tc = Field(m, "tool_calls"); tc != nullptr && r_name == "assistant") {
+      DPL_ASSIGN_OR_RETURN(calls, ToolCalls(*tc, field + ".tool_calls"));
+    }
+    r.messages.push_back({std::move(r_name), std::move(text), std::move(calls)});
   }
+  if (Field(j, "tools") != nullptr) {
+    // Parsed once already within the limits: the same text again, keeping
+    // the client's key order for the template.
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+    if (ordered.is_discarded()) return FieldError("tools", "could not be read");
+    DPL_RETURN_IF_ERROR(ParseTools(j, ordered, &r));
+  }
+  if (const json* ptc = Field(j, "parallel_tool_calls"); ptc != nullptr && !ptc->is_boolean()) {
+    return FieldError("parallel_tool_calls", "must be true or false");
+  }
+  r.params.parse_tool_calls = !r.tools.empty();
   return r;
+}
+
+std::string PythonJson(const nlohmann::ordered_json& v) {
+  if (v.is_object()) {
+    std::string out = "{";
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      absl::StrAppend(&out, first ? "" : ", ", nlohmann::ordered_json(it.key()).dump(-1, ' ', false,
+                      nlohmann::ordered_json::error_handler_t::replace), ": ", PythonJson(it.value()));
+      first = false;
+    }
+    return out + "}";
+  }
+  if (v.is_array()) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) absl::StrAppend(&out, i ? ", " : "", PythonJson(v[i]));
+    return out + "]";
+  }
+  return v.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+ParsedAnswer ParseToolCalls(const std::string& text) {
+  static const std::string kOpen = "<tool_call>", kClose = "</tool_call>";
+  ParsedAnswer a;
+  std::string content;
+  size_t at = 0;
+  for (size_t open; (open = text.find(kOpen, at)) != std::string::npos;) {
+    const size_t close = text.find(kClose, open + kOpen.size());
+    if (close == std::string::npos) break;
+    const std::string inner = text.substr(open + kOpen.size(), close - open - kOpen.size());
+    const nlohmann::ordered_json call = nlohmann::ordered_json::parse(inner, nullptr, false);
+    const bool ok = !call.is_discarded() && call.is_object() && call.contains("name") &&
+                    call["name"].is_string() && (!call.contains("arguments") || call["arguments"].is_object());
+    if (!ok) break;  // not a call: the rest is content
+    content += text.substr(at, open - at);
+    a.calls.push_back({call["name"].get<std::string>(),
+                       call.contains("arguments") ? call["arguments"].dump() : std::string("{}")});
+    at = close + kClose.size();
+  }
+  content += text.substr(at);
+  const size_t b = content.find_first_not_of(" \t\r\n"), e = content.find_last_not_of(" \t\r\n");
+  a.content = b == std::string::npos ? "" : content.substr(b, e - b + 1);
+  if (a.calls.empty()) a.content = text;  // no call: the answer as it was
+  return a;
 }
 
 absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
@@ -382,6 +514,20 @@ namespace {
 json Envelope(const ResponseHead& head, const char* object) {
   return {{"id", head.id}, {"object", object}, {"created", head.created}, {"model", head.model}};
 }
+
+// OpenAI's tool_calls: [{id, type "function", function {name, arguments}}];
+// the ids are made up ("call_" and 24 random letters and digits).
+json ToolCallsJson(const std::vector<ParsedToolCall>& calls) {
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  json out = json::array();
+  for (const ParsedToolCall& c : calls) {
+    std::string id = "call_";
+    for (int k = 0; k < 24; ++k) id += kChars[rng() % (sizeof(kChars) - 1)];
+    out.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  return out;
+}
 }  // namespace
 
 json ChatCompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
@@ -389,9 +535,12 @@ json ChatCompletionJson(const ResponseHead& head, const std::vector<CompletionCh
   json j = Envelope(head, "chat.completion");
   j["choices"] = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
-    j["choices"].push_back({{"index", i},
-                            {"message", {{"role", "assistant"}, {"content", choices[i].text}}},
-                            {"finish_reason", FinishReasonName(choices[i].finish)}});
+    json message = {{"role", "assistant"}, {"content", choices[i].text}};
+    if (!choices[i].tool_calls.empty()) {
+      if (choices[i].text.empty()) message["content"] = nullptr;
+      message["tool_calls"] = ToolCallsJson(choices[i].tool_calls);
+    }
+    j["choices"].push_back({{"index", i}, {"message", message}, {"finish_reason", FinishReasonName(choices[i].finish)}});
   }
   j["usage"] = UsageJson(prompt_tokens, completion_tokens, cached_tokens);
   return j;
@@ -408,6 +557,14 @@ json CompletionJson(const ResponseHead& head, const std::vector<CompletionChoice
                             {"finish_reason", FinishReasonName(choices[i].finish)}});
   }
   j["usage"] = UsageJson(prompt_tokens, completion_tokens, cached_tokens);
+  return j;
+}
+
+json ToolCallsChunkJson(const ResponseHead& head, int index, const std::vector<ParsedToolCall>& calls) {
+  json j = Envelope(head, "chat.completion.chunk");
+  json list = ToolCallsJson(calls);
+  for (size_t k = 0; k < list.size(); ++k) list[k]["index"] = k;
+  j["choices"] = json::array({{{"index", index}, {"delta", {{"tool_calls", list}}}, {"finish_reason", nullptr}}});
   return j;
 }
 

@@ -30,11 +30,16 @@ struct GenerationParams {
   bool include_usage = false;   // stream_options.include_usage
   bool ignore_eos = false;      // llama-server's extension
   bool cache_prompt = true;     // llama-server's: a slot's cached prompt start may be reused
+  bool parse_tool_calls = false;  // tools were offered: an answer's <tool_call> blocks are calls
 };
 
 struct ChatRequest {
   GenerationParams params;
   std::vector<tokenizer::ChatMessage> messages;
+  // The tools the template gets (ChatOptions::tools), each as Jinja's tojson
+  // writes it: all of `tools`, the one a named tool_choice picks, none for
+  // tool_choice "none".
+  std::vector<std::string> tools;
 };
 
 struct CompletionPrompt {
@@ -69,8 +74,32 @@ inline constexpr size_t kMaxJsonValues = size_t{1} << 20;
 // temperature, top_p, top_k, min_p, seed, stop (string or array),
 // repeat_penalty, repeat_last_n, presence_penalty and frequency_penalty (0
 // only), n (samples of each prompt, up to 64 choices in all), stream,
-// stream_options.include_usage, ignore_eos.
+// stream_options.include_usage, ignore_eos, cache_prompt; tools
+// ({"type": "function", "function": {name, description, parameters}}),
+// tool_choice ("auto", "none", "required" or {"type": "function",
+// "function": {"name"}}; "required" and a named choice are not enforced: no
+// grammar constrains the answer), parallel_tool_calls (accepted), messages
+// of role tool ({content, tool_call_id}) and an assistant's tool_calls.
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
+
+// Python's json.dumps(x, ensure_ascii=False) of a JSON value (", " and ": "
+// separators, keys in the order given): what Jinja's tojson writes into a
+// chat template.
+std::string PythonJson(const nlohmann::ordered_json& value);
+
+// The calls in an answer (Qwen's and Hermes' format): each
+// "<tool_call>{"name": ..., "arguments": {...}}</tool_call>" block, its JSON
+// parsed; content is the text outside them, trimmed. A block that does not
+// close or whose JSON is not such an object stays content.
+struct ParsedToolCall {
+  std::string name;
+  std::string arguments;  // a JSON text (OpenAI's function.arguments)
+};
+struct ParsedAnswer {
+  std::string content;
+  std::vector<ParsedToolCall> calls;
+};
+ParsedAnswer ParseToolCalls(const std::string& text);
 // POST /v1/responses (OpenAI's Responses API), text in and out: `input` a
 // string (one user message) or an array of messages ({role, content} or
 // {"type": "message", role, content}; content a string or input_text /
@@ -111,6 +140,7 @@ nlohmann::json UsageJson(int64_t prompt_tokens, int64_t completion_tokens, int64
 struct CompletionChoice {
   std::string text;
   FinishReason finish = FinishReason::kStop;
+  std::vector<ParsedToolCall> tool_calls;  // chat: message.tool_calls (ids made up here)
 };
 nlohmann::json ChatCompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
                                   int64_t prompt_tokens, int64_t completion_tokens,
@@ -123,6 +153,9 @@ nlohmann::json ChatChunkJson(const ResponseHead& head, int index, bool first, co
                              const FinishReason* finish);
 nlohmann::json CompletionChunkJson(const ResponseHead& head, int index, const std::string& text,
                                    const FinishReason* finish);
+// A chat stream's chunk of choice `index`'s calls: delta.tool_calls, each
+// {index, id, type "function", function {name, arguments}} whole.
+nlohmann::json ToolCallsChunkJson(const ResponseHead& head, int index, const std::vector<ParsedToolCall>& calls);
 // The usage chunk of stream_options.include_usage: empty choices.
 nlohmann::json UsageChunkJson(const ResponseHead& head, bool chat, int64_t prompt_tokens,
                               int64_t completion_tokens, int64_t cached_tokens = 0);

@@ -68,7 +68,7 @@ TEST_CASE("bad chat requests name the field") {
   CHECK(ErrorOf("{}").find("'messages' is required") != std::string::npos);
   CHECK(ErrorOf(R"({"messages": "hi"})").find("'messages'") != std::string::npos);
   CHECK(ErrorOf(R"({"messages": [{"content": "hi"}]})").find("messages[0].role") != std::string::npos);
-  CHECK(ErrorOf(R"({"messages": [{"role": "tool", "content": "x"}]})").find("messages[0].role") !=
+  CHECK(ErrorOf(R"({"messages": [{"role": "function", "content": "x"}]})").find("messages[0].role") !=
         std::string::npos);
   CHECK(ErrorOf(R"({"messages": [{"role": "user"}]})").find("messages[0].content") != std::string::npos);
   CHECK(ErrorOf(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})")
@@ -188,6 +188,84 @@ TEST_CASE("errors, responses and chunks in OpenAI's shape") {
 
 // Issue 28: bodies that made the parser build huge trees, or threw an
 // uncaught out_of_range (a 500), are 400s naming the limit.
+// Tool calling (issue 32): tools keep the client's key order and reach the
+// template in Python's json.dumps spacing; tool_choice "none" drops them, a
+// named choice keeps that one; tool results and an assistant's calls are
+// messages; an answer's <tool_call> blocks become tool_calls.
+TEST_CASE("tools, tool_choice, tool messages and tool calls") {
+  auto r = ParseChatRequest(R"({"messages": [
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\",\"unit\":\"c\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "21"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}}}, "description": "Weather now"}},
+      {"type": "function", "function": {"name": "get_time"}}],
+    "parallel_tool_calls": true})");
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  REQUIRE(r->tools.size() == 2);
+  CHECK(r->tools[0] ==
+        R"({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", )"
+        R"("properties": {"city": {"type": "string"}}}, "description": "Weather now"}})");
+  CHECK(r->params.parse_tool_calls);
+  REQUIRE(r->messages.size() == 3);
+  REQUIRE(r->messages[1].tool_calls.size() == 1);
+  CHECK(r->messages[1].tool_calls[0].name == "get_weather");
+  CHECK(r->messages[1].tool_calls[0].arguments == R"({"city": "Paris", "unit": "c"})");
+  CHECK(r->messages[2].role == "tool");
+  CHECK(r->messages[2].content == "21");
+
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "a"}},
+                                         {"type": "function", "function": {"name": "b"}}])";
+  auto none = ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}], )" + tools +
+                               R"(, "tool_choice": "none"})");
+  REQUIRE(none.ok());
+  CHECK(none->tools.empty());
+  CHECK(!none->params.parse_tool_calls);
+  auto named = ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}], )" + tools +
+                                R"(, "tool_choice": {"type": "function", "function": {"name": "b"}}})");
+  REQUIRE(named.ok());
+  CHECK(named->tools == std::vector<std::string>{R"({"type": "function", "function": {"name": "b"}})"});
+  auto unknown = ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}], )" + tools +
+                                  R"(, "tool_choice": {"type": "function", "function": {"name": "c"}}})");
+  REQUIRE(!unknown.ok());
+  CHECK(unknown.status().message().find("'tool_choice'") != absl::string_view::npos);
+  CHECK(!ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]})").ok());
+  CHECK(!ParseChatRequest(R"({"messages": [{"role": "tool"}]})").ok());  // a result needs content
+  CHECK(PythonJson(nlohmann::ordered_json::parse(R"({"b": [1, 2.5, "é\n"], "a": null})")) ==
+        "{\"b\": [1, 2.5, \"é\\n\"], \"a\": null}");
+
+  // Answers.
+  ParsedAnswer a = ParseToolCalls(
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>");
+  REQUIRE(a.calls.size() == 2);
+  CHECK(a.calls[0].name == "get_weather");
+  CHECK(a.calls[0].arguments == R"({"city":"Paris"})");
+  CHECK(a.calls[1].arguments == "{}");
+  CHECK(a.content == "Let me check.");
+  CHECK(ParseToolCalls("no calls here").calls.empty());
+  CHECK(ParseToolCalls("<tool_call>{\"name\": \"x\"").content == "<tool_call>{\"name\": \"x\"");  // cut off
+  CHECK(ParseToolCalls("<tool_call>not json</tool_call>").calls.empty());
+
+  const ResponseHead head{"chatcmpl-1", 1700000000, "m"};
+  CompletionChoice c{"", FinishReason::kToolCalls, a.calls};
+  const json whole = ChatCompletionJson(head, {c}, 10, 5);
+  CHECK(whole["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(whole["choices"][0]["message"]["content"].is_null());
+  const json& calls = whole["choices"][0]["message"]["tool_calls"];
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[0]["type"] == "function");
+  CHECK(calls[0]["function"]["name"] == "get_weather");
+  CHECK(calls[0]["function"]["arguments"] == R"({"city":"Paris"})");
+  CHECK(calls[0]["id"].get<std::string>().rfind("call_", 0) == 0);
+  CHECK(calls[0]["id"] != calls[1]["id"]);
+  const json chunk = ToolCallsChunkJson(head, 0, a.calls);
+  CHECK(chunk["object"] == "chat.completion.chunk");
+  CHECK(chunk["choices"][0]["delta"]["tool_calls"][1]["index"] == 1);
+  CHECK(chunk["choices"][0]["delta"]["tool_calls"][1]["function"]["name"] == "get_time");
+}
+
 TEST_CASE("JSON depth, value count and out-of-range numbers are 400s") {
   const std::string deep = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
   CHECK(ParseDetokenizeRequest("{\"tokens\":" + deep + "}").status().message().find("deeper than 64") !=

@@ -22,7 +22,7 @@ void Histogram::Observe(double v) {
 }
 
 const char* FinishReasonName(FinishReason reason) {
-  return reason == FinishReason::kLength ? "length" : "stop";
+  return reason == FinishReason::kLength ? "length" : reason == FinishReason::kToolCalls ? "tool_calls" : "stop";
 }
 
 std::vector<StreamEvent> RequestStream::Wait(absl::Duration timeout) {

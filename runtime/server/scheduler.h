@@ -50,7 +50,9 @@ struct GenerationRequest {
   bool cache_prompt = true;                  // llama-server's: reuse a slot's cached start
 };
 
-enum class FinishReason { kStop, kLength };  // OpenAI's "stop" and "length"
+// OpenAI's "stop" and "length"; "tool_calls" only the API layer gives (an
+// answer that was function calls).
+enum class FinishReason { kStop, kLength, kToolCalls };
 const char* FinishReasonName(FinishReason reason);
 
 // What a request's stream delivers, in order: pieces of text, then one final
