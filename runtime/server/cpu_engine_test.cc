@@ -39,8 +39,8 @@ class RefDecoder : public generate::Decoder {
   std::unique_ptr<reference::ReferenceModel> m_;
 };
 
-std::shared_ptr<formats::ModelFile> Model() {
-  auto f = formats::ModelFile::Open(testing::SharedDir() + "/oracle/small-qwen2-q4km.gguf");
+std::shared_ptr<formats::ModelFile> Model(const std::string& name = "small-qwen2-q4km") {
+  auto f = formats::ModelFile::Open(testing::SharedDir() + "/oracle/" + name + ".gguf");
   REQUIRE_MESSAGE(f.ok(), f.status().ToString());
   return *f;
 }
@@ -116,6 +116,45 @@ TEST_CASE("greedy slots decoded together give the single-sequence tokens") {
     alone.push_back(next[0]);
   }
   CHECK(alone == want[1]);
+}
+
+// The CPU engine runs a mixture of experts as any model (issue 31), and a
+// slot kept to a prefix of what it ran (the prompt cache) continues from it
+// as the model does alone.
+TEST_CASE("a qwen3moe model in the engine; KeepPrefix continues a kept start") {
+  auto file = Model("mini-qwen3moe-q4km");
+  const std::vector<int32_t> prompt = {5, 900, 31, 7, 1200};
+  constexpr int kTokens = 6;
+  const std::vector<int32_t> want = Reference(file, prompt, kTokens);
+  CpuEngineOptions o;
+  o.n_slots = 2;
+  o.n_ctx = 64;
+  auto engine = CpuEngine::Load(file, o);
+  REQUIRE_MESSAGE(engine.ok(), engine.status().ToString());
+  CpuEngine& e = **engine;
+  SamplerParams greedy;
+  greedy.temperature = 0;
+  auto run = [&](int slot, absl::Span<const int32_t> rest, int n) {
+    auto first = e.Prefill(slot, rest, true, greedy);
+    REQUIRE(first.ok());
+    std::vector<int32_t> out = {*first};
+    while (static_cast<int>(out.size()) < n) {
+      int32_t next = -1;
+      REQUIRE(e.Step(absl::MakeConstSpan(&slot, 1), absl::MakeSpan(&next, 1)).ok());
+      out.push_back(next);
+    }
+    return out;
+  };
+  CHECK(run(1, prompt, kTokens) == want);
+  // Keep the prompt and the first two answer tokens; the third runs next.
+  std::vector<int32_t> kept = prompt;
+  kept.push_back(want[0]);
+  kept.push_back(want[1]);
+  CHECK(!e.KeepPrefix(1, std::vector<int32_t>(e.n_past(1) + 1, 1)).ok());
+  REQUIRE(e.KeepPrefix(1, kept).ok());
+  CHECK(e.n_past(1) == static_cast<int64_t>(kept.size()));
+  const std::vector<int32_t> rest = run(1, absl::MakeConstSpan(&want[2], 1), kTokens - 3);
+  CHECK(rest == std::vector<int32_t>(want.begin() + 3, want.end()));
 }
 
 TEST_CASE("engine errors: bad slot, bad token, a step without a pending token, a full context") {
