@@ -73,6 +73,8 @@ turns='{"messages":[{"role":"user","content":"Weather?"},{"role":"assistant","co
 expect 200 "tool results continue the conversation" "$C" -d "$turns"
 expect 200 "tools, streamed" -N "$C" -d "$(chat ",\"max_tokens\":3,\"stream\":true,$tools")"
 [[ $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && ok "tools, streamed: ends with [DONE]" || bad "tools streamed: $(tail -c 300 "$tmp/body")"
+expect 200 "/v1/responses with function tools and call items" "$url/v1/responses" -d '{"input":[{"role":"user","content":"Weather?"},{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"21 C"}],"tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}],"max_output_tokens":2}'
+body_has "/v1/responses with tools: a response" '"object":"response"'
 expect 400 "tool_choice naming no tool" "$C" -d "$(chat ",\"max_tokens\":2,$tools,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}")"
 expect 200 "chat, streamed" -N "$C" -d "$(chat ',"max_tokens":3,"stream":true')"
 if [[ $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && grep -q '"chat.completion.chunk"' "$tmp/body" &&
@@ -114,7 +116,7 @@ body_has "responses stream opens" '^event: response.created'
 body_has "responses stream deltas" '^event: response.output_text.delta'
 grep -q '^event: response.\(completed\|incomplete\)' <(tail -n 3 "$tmp/body") && ok "responses stream closes" ||
   bad "responses stream close: $(tail -c 300 "$tmp/body")"
-expect 400 "responses, a function call item" "$url/v1/responses" -d '{"input":[{"type":"function_call_output","call_id":"1","output":"x"}]}'
+expect 400 "responses, an item it does not take" "$url/v1/responses" -d '{"input":[{"type":"reasoning","summary":[]}]}'
 body_has "names the item" 'input\[0\].type'
 expect 200 "tokenize" "$url/tokenize" -d '{"content":"Hello world"}'
 body_has "tokenize ids" '"tokens":\[9707,1879\]'

@@ -148,10 +148,8 @@ struct HttpServer::Handlers {
     const size_t n = streams.size();
     std::vector<CompletionChoice> choices(n);
     std::vector<bool> final(n, false);
-    // With tools, a streamed answer's text goes out up to a "<tool_call>"
-    // (or what may begin one); from there it is held and parsed at the end.
-    std::vector<std::string> held(n);
-    std::vector<bool> in_call(n, false);
+    // With tools, a streamed answer's text is held from a "<tool_call>" on.
+    std::vector<ToolCallHoldback> held(n);
     size_t finals = 0;
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     auto send = [&res](const json& j) { return res.Write(absl::StrCat("data: ", Dump(j), "\n\n")); };
@@ -173,27 +171,8 @@ struct HttpServer::Handlers {
           heard = true;
           choices[i].text += e.text;
           if (p.stream && !e.text.empty()) {
-            if (!p.parse_tool_calls) {
-              ok = chunk(i, false, e.text, nullptr);
-            } else {
-              held[i] += e.text;
-              std::string out;
-              if (!in_call[i]) {
-                const size_t at = held[i].find("<tool_call>");
-                if (at != std::string::npos) {
-                  out = held[i].substr(0, at);
-                  held[i].erase(0, at);
-                  in_call[i] = true;
-                } else {
-                  // Keep the longest tail that may begin "<tool_call>".
-                  size_t keep = std::min<size_t>(held[i].size(), 10);
-                  while (keep > 0 && !absl::StartsWith("<tool_call>", absl::string_view(held[i]).substr(held[i].size() - keep))) --keep;
-                  out = held[i].substr(0, held[i].size() - keep);
-                  held[i].erase(0, held[i].size() - keep);
-                }
-              }
-              if (!out.empty()) ok = chunk(i, false, out, nullptr);
-            }
+            const std::string out = p.parse_tool_calls ? held[i].Push(e.text) : e.text;
+            if (!out.empty()) ok = chunk(i, false, out, nullptr);
           }
           if (!e.final || !ok) continue;
           if (!e.error.ok()) {
@@ -210,15 +189,14 @@ struct HttpServer::Handlers {
           cached_tokens += e.cached_tokens;
           if (p.parse_tool_calls) {
             // Calls found: they are the answer (finish_reason "tool_calls").
-            ParsedAnswer a = ParseToolCalls(p.stream ? held[i] : choices[i].text);
+            ParsedAnswer a = p.stream ? held[i].Finish() : ParseToolCalls(choices[i].text);
             if (!a.calls.empty()) {
               choices[i].finish = FinishReason::kToolCalls;
               choices[i].tool_calls = a.calls;
               if (!p.stream) choices[i].text = a.content;
             }
             if (p.stream) {
-              const std::string rest = a.calls.empty() ? held[i] : a.content;
-              if (ok && !rest.empty()) ok = chunk(i, false, rest, nullptr);
+              if (ok && !a.content.empty()) ok = chunk(i, false, a.content, nullptr);
               if (ok && !a.calls.empty()) ok = send(ToolCallsChunkJson(head, static_cast<int>(i), a.calls));
             }
           }
@@ -268,11 +246,19 @@ struct HttpServer::Handlers {
           text += e.text;
           if (!e.final) continue;
           if (!e.error.ok()) return ReplyError(res, e.error);
+          if (p.parse_tool_calls) {
+            ParsedAnswer a = ParseToolCalls(text);
+            if (!a.calls.empty()) {
+              text = a.content;
+              events.SetCalls(a.calls, /*with_message=*/!text.empty());
+            }
+          }
           return Reply(res, 200, events.Response(text, e.finish, e.prompt_tokens, e.completion_tokens,
                                                  e.cached_tokens));
         }
       }
     }
+    ToolCallHoldback holdback;
     auto send = [&res](const json& j) {
       return res.Write(absl::StrCat("event: ", j["type"].get<std::string>(), "\ndata: ", Dump(j), "\n\n"));
     };
@@ -284,13 +270,22 @@ struct HttpServer::Handlers {
       for (StreamEvent& e : got) {
         if (!ok) break;
         if (!e.text.empty()) {
-          text += e.text;
-          ok = send(events.Delta(e.text));
+          const std::string out = p.parse_tool_calls ? holdback.Push(e.text) : e.text;
+          text += out;
+          if (!out.empty()) ok = send(events.Delta(out));
         }
         if (!e.final || !ok) continue;
         if (!e.error.ok()) {
           ok = send(events.Error(e.error));
         } else {
+          if (p.parse_tool_calls) {
+            const ParsedAnswer a = holdback.Finish();
+            if (!a.content.empty()) {
+              text += a.content;
+              ok = send(events.Delta(a.content));
+            }
+            if (!a.calls.empty()) events.SetCalls(a.calls, /*with_message=*/true);
+          }
           for (const json& j : events.Close(text, e.finish, e.prompt_tokens, e.completion_tokens, e.cached_tokens)) {
             ok = ok && send(j);
           }

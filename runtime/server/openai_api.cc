@@ -205,6 +205,36 @@ std::string TemplateArguments(const std::string& arguments) {
   return v.is_discarded() ? arguments : PythonJson(v);
 }
 
+// tool_choice over the offered tools (their names, their template texts):
+// "none" drops them all, "auto" and "required" keep them, a named function
+// (chat: {"type": "function", "function": {"name"}}; Responses, flat:
+// {"type": "function", "name"}) keeps that one.
+absl::Status ApplyToolChoice(const json* choice, const std::vector<std::string>& names, bool flat,
+                             std::vector<std::string>* tools) {
+  if (choice == nullptr) return absl::OkStatus();
+  if (choice->is_string()) {
+    const std::string c = choice->get<std::string>();
+    if (c == "none") tools->clear();
+    if (c != "none" && c != "auto" && c != "required") {
+      return FieldError("tool_choice", "must be \"none\", \"auto\", \"required\" or a named function");
+    }
+    return absl::OkStatus();
+  }
+  const json* fn = !choice->is_object() ? nullptr : flat ? choice : Field(*choice, "function");
+  const json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
+  if (name == nullptr || !name->is_string()) {
+    return FieldError("tool_choice", flat ? "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"name\": string}"
+                                          : "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": string}}");
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name->get<std::string>()) {
+      *tools = {(*tools)[i]};
+      return absl::OkStatus();
+    }
+  }
+  return FieldError("tool_choice", absl::StrCat("names \"", name->get<std::string>(), "\", which is not in 'tools'"));
+}
+
 // tools and tool_choice (from the body parsed again keeping key order, as
 // the template's tojson writes them) into r->tools.
 absl::Status ParseTools(const json& j, const nlohmann::ordered_json& ordered, ChatRequest* r) {
@@ -224,28 +254,7 @@ absl::Status ParseTools(const json& j, const nlohmann::ordered_json& ordered, Ch
     names.push_back(name->get<std::string>());
     r->tools.push_back(PythonJson(ordered["tools"][i]));
   }
-  const json* choice = Field(j, "tool_choice");
-  if (choice == nullptr) return absl::OkStatus();
-  if (choice->is_string()) {
-    const std::string c = choice->get<std::string>();
-    if (c == "none") r->tools.clear();
-    if (c != "none" && c != "auto" && c != "required") {
-      return FieldError("tool_choice", "must be \"none\", \"auto\", \"required\" or a named function");
-    }
-    return absl::OkStatus();
-  }
-  const json* fn = choice->is_object() ? Field(*choice, "function") : nullptr;
-  const json* name = fn != nullptr && fn->is_object() ? Field(*fn, "name") : nullptr;
-  if (name == nullptr || !name->is_string()) {
-    return FieldError("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": string}}");
-  }
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == name->get<std::string>()) {
-      r->tools = {r->tools[i]};
-      return absl::OkStatus();
-    }
-  }
-  return FieldError("tool_choice", absl::StrCat("names \"", name->get<std::string>(), "\", which is not in 'tools'"));
+  return ApplyToolChoice(Field(j, "tool_choice"), names, /*flat=*/false, &r->tools);
 }
 
 // An assistant message's tool_calls: [{id, type, function {name, arguments}}].
@@ -332,6 +341,27 @@ std::string PythonJson(const nlohmann::ordered_json& v) {
   return v.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
+std::string ToolCallHoldback::Push(const std::string& text) {
+  static const std::string kOpen = "<tool_call>";
+  held_ += text;
+  if (in_call_) return "";
+  std::string out;
+  const size_t at = held_.find(kOpen);
+  if (at != std::string::npos) {
+    out = held_.substr(0, at);
+    held_.erase(0, at);
+    in_call_ = true;
+    return out;
+  }
+  size_t keep = std::min(held_.size(), kOpen.size() - 1);  // the longest tail that may begin it
+  while (keep > 0 && kOpen.compare(0, keep, held_, held_.size() - keep, keep) != 0) --keep;
+  out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+ParsedAnswer ToolCallHoldback::Finish() const { return ParseToolCalls(held_); }
+
 ParsedAnswer ParseToolCalls(const std::string& text) {
   static const std::string kOpen = "<tool_call>", kClose = "</tool_call>";
   ParsedAnswer a;
@@ -369,6 +399,32 @@ absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
     if (!ins->is_string()) return FieldError("instructions", "must be a string");
     r.messages.push_back({"system", ins->get<std::string>()});
   }
+  // Tools, flat ({"type": "function", "name", "description", "parameters"}),
+  // made the chat form the template writes ({"type": "function",
+  // "function": {...the rest, in order}}).
+  if (const json* tools = Field(j, "tools"); tools != nullptr) {
+    if (!tools->is_array()) return FieldError("tools", "must be an array");
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+    if (ordered.is_discarded()) return FieldError("tools", "could not be read");
+    std::vector<std::string> names;
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const json* type = t.is_object() ? Field(t, "type") : nullptr;
+      const json* name = t.is_object() ? Field(t, "name") : nullptr;
+      if (type == nullptr || *type != "function" || name == nullptr || !name->is_string()) {
+        return FieldError(absl::StrCat("tools[", i, "]"),
+                          "must be {\"type\": \"function\", \"name\": string, ...} (only function tools)");
+      }
+      names.push_back(name->get<std::string>());
+      nlohmann::ordered_json fn = nlohmann::ordered_json::object();
+      for (auto it = ordered["tools"][i].begin(); it != ordered["tools"][i].end(); ++it) {
+        if (it.key() != "type" && it.key() != "strict") fn[it.key()] = it.value();
+      }
+      r.tools.push_back(PythonJson(nlohmann::ordered_json{{"type", "function"}, {"function", fn}}));
+    }
+    DPL_RETURN_IF_ERROR(ApplyToolChoice(Field(j, "tool_choice"), names, /*flat=*/true, &r.tools));
+    r.params.parse_tool_calls = !r.tools.empty();
+  }
   const json* input = Field(j, "input");
   if (input == nullptr) return FieldError("input", "is required");
   if (input->is_string()) {
@@ -380,9 +436,29 @@ absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
     const json& m = (*input)[i];
     const std::string field = absl::StrCat("input[", i, "]");
     if (!m.is_object()) return FieldError(field, "must be an object");
-    if (const json* type = Field(m, "type"); type != nullptr && *type != "message") {
-      return FieldError(field + ".type", absl::StrCat("'", type->is_string() ? type->get<std::string>() : type->dump(),
-                                                      "' is not supported (only message items)"));
+    const json* item = Field(m, "type");
+    if (item != nullptr && *item == "function_call") {
+      // A call the model made: joins the assistant message before it.
+      const json* name = Field(m, "name");
+      const json* args = Field(m, "arguments");
+      if (name == nullptr || !name->is_string() || (args != nullptr && !args->is_string())) {
+        return FieldError(field, "a function_call needs \"name\" and \"arguments\" strings");
+      }
+      if (r.messages.empty() || r.messages.back().role != "assistant") r.messages.push_back({"assistant", ""});
+      r.messages.back().tool_calls.push_back(
+          {name->get<std::string>(), TemplateArguments(args ? args->get<std::string>() : "{}")});
+      continue;
+    }
+    if (item != nullptr && *item == "function_call_output") {
+      const json* out = Field(m, "output");
+      if (out == nullptr || !out->is_string()) return FieldError(field + ".output", "must be a string");
+      r.messages.push_back({"tool", out->get<std::string>()});
+      continue;
+    }
+    if (item != nullptr && *item != "message") {
+      return FieldError(field + ".type", absl::StrCat("'", item->is_string() ? item->get<std::string>() : item->dump(),
+                                                      "' is not supported (message, function_call and "
+                                                      "function_call_output items)"));
     }
     const json* role = Field(m, "role");
     if (role == nullptr || !role->is_string()) return FieldError(field + ".role", "must be a string");
@@ -607,6 +683,26 @@ json ResponsesEvents::Message(const char* status, const std::string* text) const
   return {{"type", "message"}, {"id", msg_id_}, {"status", status}, {"role", "assistant"}, {"content", content}};
 }
 
+void ResponsesEvents::SetCalls(const std::vector<ParsedToolCall>& calls, bool with_message) {
+  message_ = with_message;
+  const json list = ToolCallsJson(calls);  // ids "call_..."
+  calls_.clear();
+  for (const json& c : list) {
+    std::string id = c["id"].get<std::string>();
+    id.replace(0, 5, "fc_");
+    calls_.push_back({{"type", "function_call"}, {"id", id}, {"call_id", c["id"]},
+                      {"name", c["function"]["name"]}, {"arguments", c["function"]["arguments"]},
+                      {"status", "completed"}});
+  }
+}
+
+json ResponsesEvents::Output(const char* status, const std::string& text) const {
+  json out = json::array();
+  if (message_) out.push_back(Message(status, &text));
+  for (const json& c : calls_) out.push_back(c);
+  return out;
+}
+
 json ResponsesEvents::Response(const std::string& text, FinishReason finish, int64_t prompt_tokens,
                                int64_t completion_tokens, int64_t cached_tokens) const {
   const bool cut = finish == FinishReason::kLength;
@@ -617,7 +713,7 @@ json ResponsesEvents::Response(const std::string& text, FinishReason finish, int
           {"status", cut ? "incomplete" : "completed"},
           {"incomplete_details", cut ? json{{"reason", "max_output_tokens"}} : json()},
           {"error", nullptr},
-          {"output", json::array({Message(cut ? "incomplete" : "completed", &text)})},
+          {"output", Output(cut ? "incomplete" : "completed", text)},
           {"usage",
            {{"input_tokens", prompt_tokens},
             {"input_tokens_details", {{"cached_tokens", cached_tokens}}},
@@ -659,6 +755,21 @@ std::vector<json> ResponsesEvents::Close(const std::string& text, FinishReason f
   out.push_back(Event("response.content_part.done",
                       {{"item_id", msg_id_}, {"output_index", 0}, {"content_index", 0}, {"part", part}}));
   out.push_back(Event("response.output_item.done", {{"output_index", 0}, {"item", whole["output"][0]}}));
+  // The calls, each an item of its own after the message: added, its
+  // arguments in one delta, done.
+  for (size_t k = 0; k < calls_.size(); ++k) {
+    json open = calls_[k];
+    open["status"] = "in_progress";
+    open["arguments"] = "";
+    const int index = static_cast<int>(k) + 1;
+    const json& id = calls_[k]["id"];
+    out.push_back(Event("response.output_item.added", {{"output_index", index}, {"item", open}}));
+    out.push_back(Event("response.function_call_arguments.delta",
+                        {{"item_id", id}, {"output_index", index}, {"delta", calls_[k]["arguments"]}}));
+    out.push_back(Event("response.function_call_arguments.done",
+                        {{"item_id", id}, {"output_index", index}, {"arguments", calls_[k]["arguments"]}}));
+    out.push_back(Event("response.output_item.done", {{"output_index", index}, {"item", calls_[k]}}));
+  }
   out.push_back(Event(finish == FinishReason::kLength ? "response.incomplete" : "response.completed",
                       {{"response", whole}}));
   return out;

@@ -100,12 +100,31 @@ struct ParsedAnswer {
   std::vector<ParsedToolCall> calls;
 };
 ParsedAnswer ParseToolCalls(const std::string& text);
+
+// A streamed answer with tools offered: its text goes out as it comes up to
+// a "<tool_call>" (or a tail that may begin one); from there it is held and
+// parsed when the answer ends.
+class ToolCallHoldback {
+ public:
+  // The text that can go out now.
+  std::string Push(const std::string& text);
+  // What was held, parsed: content (the held text itself when it holds no
+  // call) and the calls.
+  ParsedAnswer Finish() const;
+
+ private:
+  std::string held_;
+  bool in_call_ = false;
+};
 // POST /v1/responses (OpenAI's Responses API), text in and out: `input` a
 // string (one user message) or an array of messages ({role, content} or
 // {"type": "message", role, content}; content a string or input_text /
 // output_text parts), `instructions` a system message before them,
-// `max_output_tokens`, and the sampling fields above. Other input items
-// (function calls, images) are refused, naming the item.
+// `max_output_tokens`, the sampling fields above, function `tools` (flat:
+// {"type": "function", "name", ...}) and `tool_choice`, and function_call /
+// function_call_output input items (a call joins the assistant message
+// before it; an output is a tool result). Other items (images, reasoning)
+// are refused, naming the item.
 absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body);
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
 // POST /tokenize {"content": text, "add_special": bool=false}.
@@ -166,6 +185,10 @@ nlohmann::json UsageChunkJson(const ResponseHead& head, bool chat, int64_t promp
 class ResponsesEvents {
  public:
   explicit ResponsesEvents(ResponseHead head);
+  // The answer's function calls (ParseToolCalls): function_call items after
+  // the message (or alone, without it: with_message false, when the answer
+  // has no text and was not streamed), "fc_..." ids and "call_..." call ids.
+  void SetCalls(const std::vector<ParsedToolCall>& calls, bool with_message);
   // The whole response (stream = false, and response.completed's): status
   // "completed", or "incomplete" with incomplete_details.reason
   // "max_output_tokens" when the length ended it.
@@ -187,6 +210,9 @@ class ResponsesEvents {
  private:
   nlohmann::json Event(const char* type, nlohmann::json fields);
   nlohmann::json Message(const char* status, const std::string* text) const;
+  nlohmann::json Output(const char* status, const std::string& text) const;
+  std::vector<nlohmann::json> calls_;  // function_call items (SetCalls)
+  bool message_ = true;                // the message item is in the output
   ResponseHead head_;
   std::string msg_id_;
   int seq_ = 0;
