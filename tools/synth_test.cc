@@ -549,6 +549,16 @@ TEST_CASE("real presets: Q4_K_M sizes match llama.cpp's files") {
     CHECK(std::lround(PlanDataBytes(MustPlan(p, Ftype::kQ4_K_M)) / gib * 100) == want);
   }
 
+  // Qwen3-30B-A3B with the qwen2 vocabulary: 17.28 GiB (anchors.md), q6_K
+  // on the 24 "more bits" layers' attn_v and ffn_down_exps and the head.
+  Preset moe = MustPreset("qwen3-30b-a3b");
+  moe.n_vocab = 151936;
+  const std::vector<PlannedTensor> pm = MustPlan(moe, Ftype::kQ4_K_M);
+  CHECK(std::lround(PlanDataBytes(pm) / gib * 100) == 1728);
+  int q6_moe = 0;
+  for (const PlannedTensor& t : pm) q6_moe += t.spec.type == GgmlType::kQ6_K;
+  CHECK(q6_moe == 2 * 24 + 1);
+
   const std::vector<PlannedTensor> p7 = MustPlan(MustPreset("qwen2.5-7b"), Ftype::kQ4_K_M);
   CHECK(p7.size() == 1 + 28 * 12 + 2);
   int q6 = 0;
