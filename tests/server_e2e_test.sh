@@ -169,8 +169,9 @@ expect 400 "temperature a string" "$C" -d "$(chat ',"temperature":"hot"')"
 body_has "names temperature" "'temperature'"
 expect 400 "max_tokens negative" "$C" -d "$(chat ',"max_tokens":-3')"
 expect 400 "n = 65" "$C" -d "$(chat ',"n":65')"
-expect 400 "presence_penalty unsupported" "$C" -d "$(chat ',"presence_penalty":0.5')"
-body_has "names presence_penalty" "'presence_penalty' is not supported"
+expect 200 "presence and frequency penalties" "$C" -d "$(chat ',"presence_penalty":0.5,"frequency_penalty":0.5,"max_tokens":2')"
+expect 400 "presence_penalty out of range" "$C" -d "$(chat ',"presence_penalty":3')"
+body_has "names presence_penalty" "'presence_penalty' must be in"
 expect 200 "any model name (one model a process, as llama-server)" "$C" -d '{"model":"gpt-9","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
 body_has "answers with the served model" '"model":"tiny-qwen2-vocab-q4km.gguf"'
 expect 200 "max_tokens -1: until the context ends" "$url/v1/completions" -d '{"prompt":[9707,1879],"max_tokens":-1,"stop":["\n"]}'

@@ -83,6 +83,8 @@ __device__ Row LoadRow(const Rows& a, int r) {
   n = n < 0 ? 0 : n;
   w.p.repeat_last_n = n < a.ring_stride ? n : a.ring_stride;
   if (!(w.p.repeat_penalty > 0.0f)) w.p.repeat_penalty = 1.0f;
+  if (!(w.p.presence_penalty == w.p.presence_penalty)) w.p.presence_penalty = 0.0f;  // NaN: off
+  if (!(w.p.frequency_penalty == w.p.frequency_penalty)) w.p.frequency_penalty = 0.0f;
   w.greedy = !(w.p.temperature > 0.0f);
   w.logits = a.logits + static_cast<size_t>(r) * a.n_vocab;
   w.ring = a.rings ? a.rings + static_cast<size_t>(seq) * a.ring_stride : nullptr;
@@ -93,8 +95,9 @@ __device__ Row LoadRow(const Rows& a, int r) {
 }
 
 // One block per row (grid.x = row): zeroes the header's accumulators (the
-// first kernel of every call, so no memset node), then the repetition penalty,
-// each distinct ring token once: l = l > 0 ? l / penalty : l * penalty
+// first kernel of every call, so no memset node), then the penalties, each
+// distinct ring token once (count: its occurrences in the window):
+//   l = l > 0 ? l / repeat : l * repeat;  l -= frequency count + presence
 __global__ void PrepareKernel(Rows a) {
   const Row w = LoadRow(a, blockIdx.x);
   if (!w.active) return;
@@ -103,7 +106,8 @@ __global__ void PrepareKernel(Rows a) {
     w.ws->h.n_cand = 0;
   }
   const int n_slots = w.p.repeat_last_n;
-  if (w.p.repeat_penalty == 1.0f || n_slots == 0) return;
+  const bool additive = w.p.presence_penalty != 0.0f || w.p.frequency_penalty != 0.0f;
+  if ((w.p.repeat_penalty == 1.0f && !additive) || n_slots == 0) return;
   const int count = w.state->ring_count < n_slots ? w.state->ring_count : n_slots;
   const int* ring = w.ring;
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
@@ -111,8 +115,14 @@ __global__ void PrepareKernel(Rows a) {
     bool first = t >= 0 && t < a.n_vocab;
     for (int j = 0; j < i && first; ++j) first = ring[j] != t;
     if (first) {
-      const float l = w.logits[t];
-      w.logits[t] = l > 0.0f ? l / w.p.repeat_penalty : l * w.p.repeat_penalty;
+      float l = w.logits[t];
+      l = l > 0.0f ? l / w.p.repeat_penalty : l * w.p.repeat_penalty;
+      if (additive) {
+        int n = 0;
+        for (int j = i; j < count; ++j) n += ring[j] == t;
+        l -= static_cast<float>(n) * w.p.frequency_penalty + w.p.presence_penalty;
+      }
+      w.logits[t] = l;
     }
   }
 }

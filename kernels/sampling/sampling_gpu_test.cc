@@ -275,6 +275,31 @@ TEST_CASE("repetition penalty: distinct ring tokens once, llama.cpp rule, ring p
   CHECK(d.Ring()[3] == 11);
 }
 
+// OpenAI's presence and frequency penalties after the repetition penalty,
+// each distinct ring token once with its count (the host sampler's rule).
+TEST_CASE("presence and frequency penalties: count a token's ring entries") {
+  std::vector<float> l = VocabLogits(1000, 5);
+  l[10] = 40.0f;
+  l[11] = 31.5f;
+  l[12] = -3.0f;
+  Dev d(l, 4);
+  const RecentRing ring = MakeRecentRing(std::vector<int32_t>{10, 12, 10}, 4);
+  REQUIRE(cudaMemcpy(d.ring, ring.tokens.data(), 16, cudaMemcpyHostToDevice) == cudaSuccess);
+  SamplerState s{};
+  s.ring_head = ring.head;
+  s.ring_count = ring.count;
+  REQUIRE(cudaMemcpy(d.state, &s, sizeof(s), cudaMemcpyHostToDevice) == cudaSuccess);
+  SamplingParams p{0.0f, 0, 1.0f, 0.0f, 1.25f, 4, 0, 0.5f, 0.25f};
+  CHECK(d.Sample(p) == 11);  // 40 / 1.25 - (2 x 0.25 + 0.5) = 31 < 31.5
+  std::vector<float> after(l.size());
+  REQUIRE(cudaMemcpy(after.data(), d.logits, l.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(after[10] == 31.0f);
+  CHECK(after[12] == -4.5f);  // -3 x 1.25 - (0.25 + 0.5)
+  for (int i = 0; i < 1000; ++i) {
+    if (i != 10 && i != 12) REQUIRE(after[i] == l[i]);
+  }
+}
+
 TEST_CASE("sampling time on 152064 logits") {
   auto l = VocabLogits(152064, 11);
   Dev d(l, 64);

@@ -44,6 +44,11 @@ struct SamplingParams {
   float repeat_penalty = 1.0f;  // 1: off
   int32_t repeat_last_n = 64;   // tokens the penalty looks back over (device: ring slots)
   uint64_t seed = 0;
+  // OpenAI's (llama.cpp's penalties sampler, over the same window, after the
+  // repetition penalty): l -= frequency_penalty count + presence_penalty
+  // for each token the window holds `count` times. 0: off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
 };
 
 DPL_SAMPLING_HD uint64_t SplitMix64(uint64_t x) {

@@ -652,9 +652,9 @@ absl::Status CudaDecoder::StartSampling(int seq, const generate::SamplerParams& 
   kernels::SamplingParams& p = h_params_.get()[0];
   p = params;
   // The ring holds at most ring_stride_ tokens; no penalty, no ring.
-  p.repeat_last_n = params.repeat_penalty != 1.0f
-                        ? std::clamp(params.repeat_last_n, 0, ring_stride_)
-                        : 0;
+  const bool penalized = params.repeat_penalty != 1.0f || params.presence_penalty != 0.0f ||
+                         params.frequency_penalty != 0.0f;
+  p.repeat_last_n = penalized ? std::clamp(params.repeat_last_n, 0, ring_stride_) : 0;
   cudaStream_t s = stream_.get();
   Buffers& b = buf_;
   DPL_CUDA_CHECK(cudaMemcpyAsync(b.params + seq, &p, sizeof(p), cudaMemcpyHostToDevice, s));

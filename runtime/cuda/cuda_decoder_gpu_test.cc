@@ -430,6 +430,26 @@ TEST_CASE("on-device greedy sampling follows the logits; seeded sampling repeats
   CHECK(DeviceSample(**other, p, prompt, 32) != a);
 }
 
+// OpenAI's presence penalty alone (repeat_penalty 1) keeps the penalty ring:
+// a penalty far above the logits' spread means no token comes twice within
+// the window (prompt included), greedy or not.
+TEST_CASE("a presence penalty alone still penalizes on the device") {
+  const std::string path = MakeDpl("tiny-llama");
+  auto d = CudaDecoder::Create(path, {});
+  REQUIRE(d.ok());
+  const std::vector<int32_t> prompt = Tokens(5, (*d)->n_vocab());
+  generate::SamplerParams p;
+  p.temperature = 0;
+  p.repeat_penalty = 1.0f;
+  p.presence_penalty = 1000.0f;
+  p.repeat_last_n = 64;
+  const std::vector<int32_t> got = DeviceSample(**d, p, prompt, 32);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), got.begin(), got.end());
+  std::sort(all.begin(), all.end());
+  CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
+}
+
 TEST_CASE("the sampling loop stops where the caller says and keeps the cache consistent") {
   const std::string path = MakeDpl("tiny-llama");
   auto d = CudaDecoder::Create(path, {});

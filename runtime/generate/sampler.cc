@@ -21,15 +21,22 @@ int32_t Sampler::Sample(absl::Span<const float> logits) {
   candidates_.resize(n);
   for (int32_t i = 0; i < n; ++i) candidates_[i] = {logits[i], i};
 
-  // Repetition penalty (llama.cpp): each distinct recent token once.
-  if (p_.repeat_penalty != 1.0f && !recent_.empty()) {
+  // Penalties (llama.cpp's penalties sampler): each distinct recent token
+  // once, the repetition penalty, then frequency x its count + presence.
+  const bool additive = p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
+  if ((p_.repeat_penalty != 1.0f || additive) && !recent_.empty()) {
     std::vector<int32_t> seen(recent_.begin(), recent_.end());
     std::sort(seen.begin(), seen.end());
-    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-    for (int32_t t : seen) {
+    for (size_t i = 0; i < seen.size();) {
+      size_t j = i;
+      while (j < seen.size() && seen[j] == seen[i]) ++j;
+      const int32_t t = seen[i];
+      const float count = static_cast<float>(j - i);
+      i = j;
       if (t < 0 || t >= n) continue;
       float& l = candidates_[t].first;
       l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+      if (additive) l -= count * p_.frequency_penalty + p_.presence_penalty;
     }
   }
 

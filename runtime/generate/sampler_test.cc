@@ -92,5 +92,34 @@ TEST_CASE("repetition penalty pushes recent tokens down") {
   CHECK(s.Sample(kLogits) == 6);  // 3.0 / 2 = 1.5 for ids 1 and 4
 }
 
+// OpenAI's presence and frequency penalties, as llama.cpp applies them over
+// the window: l -= frequency x count + presence.
+TEST_CASE("presence and frequency penalties subtract per recent token") {
+  const std::vector<float> l = {1.0f, 5.0f, 4.5f, 4.0f};
+  SamplerParams p;
+  p.temperature = 0;
+  {
+    p.presence_penalty = 0.6f;
+    Sampler s(p);
+    s.Accept(1);
+    CHECK(s.Sample(l) == 2);  // 5 - 0.6 = 4.4 < 4.5
+  }
+  {
+    p.presence_penalty = 0.0f;
+    p.frequency_penalty = 0.3f;
+    Sampler s(p);
+    s.Accept(1);
+    CHECK(s.Sample(l) == 1);  // 5 - 0.3 = 4.7
+    s.Accept(1);              // window: 1, 1
+    CHECK(s.Sample(l) == 2);  // 5 - 0.6 = 4.4 < 4.5
+  }
+  {
+    p.frequency_penalty = -1.5f;  // negative: encourages
+    Sampler s(p);
+    s.Accept(3);
+    CHECK(s.Sample(l) == 3);  // 4 + 1.5 = 5.5 > 5
+  }
+}
+
 }  // namespace
 }  // namespace dpl::generate

@@ -135,12 +135,9 @@ absl::StatusOr<GenerationParams> ParseParams(const json& j) {
       p.seed_given = true;
     }
   }
-  // The host and device samplers have no presence or frequency penalty.
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    float v = 0;
-    DPL_RETURN_IF_ERROR(Number(j, name, -2, 2, &v));
-    if (v != 0) return FieldError(name, "is not supported (only 0); repeat_penalty is");
-  }
+  // OpenAI's range; applied over the repeat_last_n window, as llama.cpp does.
+  DPL_RETURN_IF_ERROR(Number(j, "presence_penalty", -2, 2, &s.presence_penalty));
+  DPL_RETURN_IF_ERROR(Number(j, "frequency_penalty", -2, 2, &s.frequency_penalty));
   if (const json* stop = Field(j, "stop")) {
     if (stop->is_string()) {
       p.stop.push_back(stop->get<std::string>());

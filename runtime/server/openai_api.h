@@ -67,13 +67,13 @@ inline constexpr size_t kMaxJsonValues = size_t{1} << 20;
 
 // Body parsers. Errors (InvalidArgument) name the field: "bad JSON at byte
 // 12: ...", "'messages' is required", "'temperature' must be a number",
-// "'n' must be in [1, 64]", "'presence_penalty' is not supported (only 0)".
+// "'n' must be in [1, 64]", "'presence_penalty' must be in [-2, 2]".
 // Supported: model, messages (system/developer/user/assistant; content a
 // string or an array of {"type": "text"} parts), prompt (a string, an
 // array of ids, or a list of either: one choice each), max_tokens, max_completion_tokens,
 // temperature, top_p, top_k, min_p, seed, stop (string or array),
-// repeat_penalty, repeat_last_n, presence_penalty and frequency_penalty (0
-// only), n (samples of each prompt, up to 64 choices in all), stream,
+// repeat_penalty, repeat_last_n, presence_penalty and frequency_penalty
+// (-2..2), n (samples of each prompt, up to 64 choices in all), stream,
 // stream_options.include_usage, ignore_eos, cache_prompt; tools
 // ({"type": "function", "function": {name, description, parameters}}),
 // tool_choice ("auto", "none", "required" or {"type": "function",

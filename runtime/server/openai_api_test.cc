@@ -90,8 +90,13 @@ TEST_CASE("bad chat requests name the field") {
   CHECK(with(R"("stream": "yes")").find("'stream'") != std::string::npos);
   CHECK(with(R"("stream_options": {"include_usage": 1})").find("stream_options.include_usage") !=
         std::string::npos);
-  CHECK(with(R"("presence_penalty": 0.5)").find("'presence_penalty' is not supported") != std::string::npos);
-  CHECK(with(R"("frequency_penalty": 1)").find("'frequency_penalty' is not supported") != std::string::npos);
+  CHECK(with(R"("presence_penalty": 2.5)").find("'presence_penalty' must be in [-2, 2]") != std::string::npos);
+  CHECK(with(R"("frequency_penalty": "x")").find("'frequency_penalty' must be a number") != std::string::npos);
+  auto pen = ParseChatRequest(R"({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0.5,
+                                  "frequency_penalty": -1})");
+  REQUIRE(pen.ok());
+  CHECK(pen->params.sampling.presence_penalty == 0.5f);
+  CHECK(pen->params.sampling.frequency_penalty == -1.0f);
   CHECK(with(R"("model": 5)").find("'model'") != std::string::npos);
   CHECK(ParseChatRequest("{" + ok + R"(, "seed": 18446744073709551615})").ok());  // clamped
   CHECK(with(R"("seed": "x")").find("'seed'") != std::string::npos);
