@@ -140,6 +140,7 @@ if command -v node >/dev/null; then
 fi
 expect 200 "/props" "$url/props"
 body_has "/props slots" '"total_slots":2'
+body_has "/props sampling defaults" '"presence_penalty":0.0'
 expect 200 "/slots" "$url/slots"
 body_has "/slots: two, idle" '\[{"id":0,"is_processing":false,"n_ctx":256},{"id":1,"is_processing":false,"n_ctx":256}\]'
 expect 200 "model by its file stem" "$C" -d '{"model":"tiny-qwen2-vocab-q4km","messages":[{"role":"user","content":"Hi"}],"max_tokens":1}'

@@ -408,7 +408,8 @@ struct HttpServer::Handlers {
             {{"n_ctx", e.n_ctx()},
              {"params", {{"temperature", d.temperature}, {"top_k", d.top_k}, {"top_p", d.top_p},
                          {"min_p", d.min_p}, {"repeat_penalty", d.repeat_penalty},
-                         {"repeat_last_n", d.repeat_last_n}, {"n_predict", -1}}}}},
+                         {"repeat_last_n", d.repeat_last_n}, {"presence_penalty", d.presence_penalty},
+                         {"frequency_penalty", d.frequency_penalty}, {"n_predict", -1}}}}},
            {"total_slots", e.n_slots()},
            {"model_path", s.options_.model_path},
            {"modalities", {{"vision", false}, {"audio", false}}}});

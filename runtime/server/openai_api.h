@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -157,6 +158,10 @@ nlohmann::json UsageJson(int64_t prompt_tokens, int64_t completion_tokens, int64
 // Whole responses (stream = false).
 // Choice i of an answer: its text and why it ended.
 struct CompletionChoice {
+  CompletionChoice() = default;
+  CompletionChoice(std::string t, FinishReason f, std::vector<ParsedToolCall> calls = {})
+      : text(std::move(t)), finish(f), tool_calls(std::move(calls)) {}
+
   std::string text;
   FinishReason finish = FinishReason::kStop;
   std::vector<ParsedToolCall> tool_calls;  // chat: message.tool_calls (ids made up here)

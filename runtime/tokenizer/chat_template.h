@@ -71,6 +71,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -108,6 +109,10 @@ struct ToolCall {
 };
 
 struct ChatMessage {
+  ChatMessage() = default;
+  ChatMessage(std::string r, std::string c, std::vector<ToolCall> calls = {})
+      : role(std::move(r)), content(std::move(c)), tool_calls(std::move(calls)) {}
+
   std::string role;  // "system", "user", "assistant", or "tool" (a call's result)
   std::string content;
   std::vector<ToolCall> tool_calls;  // an assistant message's calls
