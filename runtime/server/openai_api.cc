@@ -202,6 +202,16 @@ std::string TemplateArguments(const std::string& arguments) {
   return v.is_discarded() ? arguments : PythonJson(v);
 }
 
+// The key-ordered parse holds the same tools array as the first parse (both
+// keep a duplicated key's last value; checked anyway, so no index runs past it).
+absl::Status SameTools(const nlohmann::ordered_json& ordered, const json& tools) {
+  if (!ordered.is_object() || !ordered.contains("tools") || !ordered.at("tools").is_array() ||
+      ordered.at("tools").size() != tools.size()) {
+    return FieldError("tools", "could not be read (a duplicated key?)");
+  }
+  return absl::OkStatus();
+}
+
 // tool_choice over the offered tools (their names, their template texts):
 // "none" drops them all, "auto" and "required" keep them, a named function
 // (chat: {"type": "function", "function": {"name"}}; Responses, flat:
@@ -238,6 +248,7 @@ absl::Status ParseTools(const json& j, const nlohmann::ordered_json& ordered, Ch
   const json* tools = Field(j, "tools");
   if (tools == nullptr) return absl::OkStatus();
   if (!tools->is_array()) return FieldError("tools", "must be an array");
+  DPL_RETURN_IF_ERROR(SameTools(ordered, *tools));
   std::vector<std::string> names;
   for (size_t i = 0; i < tools->size(); ++i) {
     const json& t = (*tools)[i];
@@ -249,7 +260,7 @@ absl::Status ParseTools(const json& j, const nlohmann::ordered_json& ordered, Ch
       return FieldError(field, "must be {\"type\": \"function\", \"function\": {\"name\": string, ...}}");
     }
     names.push_back(name->get<std::string>());
-    r->tools.push_back(PythonJson(ordered["tools"][i]));
+    r->tools.push_back(PythonJson(ordered.at("tools").at(i)));
   }
   return ApplyToolChoice(Field(j, "tool_choice"), names, /*flat=*/false, &r->tools);
 }
@@ -403,6 +414,7 @@ absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
     if (!tools->is_array()) return FieldError("tools", "must be an array");
     const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
     if (ordered.is_discarded()) return FieldError("tools", "could not be read");
+    DPL_RETURN_IF_ERROR(SameTools(ordered, *tools));
     std::vector<std::string> names;
     for (size_t i = 0; i < tools->size(); ++i) {
       const json& t = (*tools)[i];
@@ -414,7 +426,8 @@ absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
       }
       names.push_back(name->get<std::string>());
       nlohmann::ordered_json fn = nlohmann::ordered_json::object();
-      for (auto it = ordered["tools"][i].begin(); it != ordered["tools"][i].end(); ++it) {
+      const nlohmann::ordered_json& flat = ordered.at("tools").at(i);
+      for (auto it = flat.begin(); it != flat.end(); ++it) {
         if (it.key() != "type" && it.key() != "strict") fn[it.key()] = it.value();
       }
       r.tools.push_back(PythonJson(nlohmann::ordered_json{{"type", "function"}, {"function", fn}}));

@@ -237,6 +237,12 @@ TEST_CASE("tools, tool_choice, tool messages and tool calls") {
   CHECK(unknown.status().message().find("'tool_choice'") != absl::string_view::npos);
   CHECK(!ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]})").ok());
   CHECK(!ParseChatRequest(R"({"messages": [{"role": "tool"}]})").ok());  // a result needs content
+  // A duplicated key: the last one, in both parses (no index past the array).
+  auto dup = ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"name": "b"}}],
+      "tools": [{"type": "function", "function": {"name": "c"}}]})");
+  REQUIRE_MESSAGE(dup.ok(), dup.status().ToString());
+  CHECK(dup->tools == std::vector<std::string>{R"({"type": "function", "function": {"name": "c"}})"});
   CHECK(PythonJson(nlohmann::ordered_json::parse(R"({"b": [1, 2.5, "é\n"], "a": null})")) ==
         "{\"b\": [1, 2.5, \"é\\n\"], \"a\": null}");
 
