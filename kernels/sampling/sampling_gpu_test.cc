@@ -248,18 +248,24 @@ TEST_CASE("top-p, min-p and top-k exclude what they should") {
   }
 }
 
+// The penalty window `tokens` (oldest first) into d's ring of `slots` slots.
+void LoadRing(Dev& d, const std::vector<int32_t>& tokens, int slots) {
+  const RecentRing ring = MakeRecentRing(tokens, slots);
+  REQUIRE(cudaMemcpy(d.ring, ring.tokens.data(), ring.tokens.size() * sizeof(int32_t), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
+  SamplerState s{};
+  s.ring_head = ring.head;
+  s.ring_count = ring.count;
+  REQUIRE(cudaMemcpy(d.state, &s, sizeof(s), cudaMemcpyHostToDevice) == cudaSuccess);
+}
+
 TEST_CASE("repetition penalty: distinct ring tokens once, llama.cpp rule, ring push") {
   std::vector<float> l = VocabLogits(1000, 5);
   l[10] = 40.0f;   // positive: divided
   l[11] = 39.0f;
   l[12] = -3.0f;   // negative: multiplied
   Dev d(l, 4);
-  const RecentRing ring = MakeRecentRing(std::vector<int32_t>{10, 12, 10}, 4);
-  REQUIRE(cudaMemcpy(d.ring, ring.tokens.data(), 16, cudaMemcpyHostToDevice) == cudaSuccess);
-  SamplerState s{};
-  s.ring_head = ring.head;
-  s.ring_count = ring.count;
-  REQUIRE(cudaMemcpy(d.state, &s, sizeof(s), cudaMemcpyHostToDevice) == cudaSuccess);
+  LoadRing(d, {10, 12, 10}, 4);
   SamplingParams p{0.0f, 0, 1.0f, 0.0f, 1.25f, 4, 0};
   CHECK(d.Sample(p) == 11);  // 40 / 1.25 = 32 < 39
   std::vector<float> after(l.size());
@@ -283,12 +289,7 @@ TEST_CASE("presence and frequency penalties: count a token's ring entries") {
   l[11] = 31.5f;
   l[12] = -3.0f;
   Dev d(l, 4);
-  const RecentRing ring = MakeRecentRing(std::vector<int32_t>{10, 12, 10}, 4);
-  REQUIRE(cudaMemcpy(d.ring, ring.tokens.data(), 16, cudaMemcpyHostToDevice) == cudaSuccess);
-  SamplerState s{};
-  s.ring_head = ring.head;
-  s.ring_count = ring.count;
-  REQUIRE(cudaMemcpy(d.state, &s, sizeof(s), cudaMemcpyHostToDevice) == cudaSuccess);
+  LoadRing(d, {10, 12, 10}, 4);
   SamplingParams p{0.0f, 0, 1.0f, 0.0f, 1.25f, 4, 0, 0.5f, 0.25f};
   CHECK(d.Sample(p) == 11);  // 40 / 1.25 - (2 x 0.25 + 0.5) = 31 < 31.5
   std::vector<float> after(l.size());

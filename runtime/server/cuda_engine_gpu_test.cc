@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -71,13 +72,18 @@ std::vector<int32_t> ThroughEngine(CudaEngine& e, const std::vector<int32_t>& pr
   return out;
 }
 
+std::unique_ptr<CudaEngine> LoadEngine(const std::string& path, const runtime::CudaDecoderOptions& o) {
+  auto engine = CudaEngine::Load(path, o);
+  REQUIRE_MESSAGE(engine.ok(), engine.status().ToString());
+  return *std::move(engine);
+}
+
 TEST_CASE("the CUDA engine gives the decoder's own tokens, greedy and seeded, slot reused") {
   const std::string path = MakeModel();
   runtime::CudaDecoderOptions o;
   o.n_ctx = 256;
-  auto engine = CudaEngine::Load(path, o);
-  REQUIRE(engine.ok());
-  CudaEngine& e = **engine;
+  std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
+  CudaEngine& e = *engine;
   CHECK(e.n_slots() == 1);
   const std::vector<int32_t> prompt = {1, 17, 240, 33, 5, 99, 7, 1000};
   SamplerParams greedy;
@@ -100,9 +106,8 @@ TEST_CASE("a slot kept to a prompt's start continues as the decoder after Rewind
   const std::string path = MakeModel();
   runtime::CudaDecoderOptions o;
   o.n_ctx = 256;
-  auto engine = CudaEngine::Load(path, o);
-  REQUIRE(engine.ok());
-  CudaEngine& e = **engine;
+  std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
+  CudaEngine& e = *engine;
   const std::vector<int32_t> prompt = {1, 17, 240, 33, 5, 99, 7, 1000};
   SamplerParams greedy;
   greedy.temperature = 0;
