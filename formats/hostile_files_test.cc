@@ -4,6 +4,7 @@
 // while they are mapped.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -125,6 +126,56 @@ std::shared_ptr<MappedFile> MapThenTruncate(const std::string& path, const std::
   REQUIRE_MESSAGE(m.ok(), m.status().ToString());
   REQUIRE(::truncate(path.c_str(), static_cast<off_t>(keep)) == 0);
   return *m;
+}
+
+// Minor page faults this process took while fn ran.
+template <class F>
+long MinorFaults(F fn) {
+  struct rusage before, after;
+  ::getrusage(RUSAGE_SELF, &before);
+  fn();
+  ::getrusage(RUSAGE_SELF, &after);
+  return after.ru_minflt - before.ru_minflt;
+}
+
+TEST_CASE("Populate maps a file's pages ahead of the reads; past a truncated end it is only a hint") {
+  const std::string path = testing::TempDir() + "/populate.bin";
+  std::string bytes(16 << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 131 >> 7);
+  WriteTemp("populate.bin", bytes);
+  const uint64_t want = XXH3_64bits(bytes.data(), bytes.size());
+  uint64_t sum = 0;
+  absl::StatusOr<std::shared_ptr<MappedFile>> fresh = MappedFile::Open(path);
+  REQUIRE(fresh.ok());
+  const long cold = MinorFaults([&] { sum = XXH3_64bits((*fresh)->data(), (*fresh)->size()); });
+  CHECK(sum == want);
+  absl::StatusOr<std::shared_ptr<MappedFile>> m = MappedFile::Open(path);
+  REQUIRE(m.ok());
+  // Two halves, as the loader's threads populate disjoint slices; a length
+  // past the end is clipped.
+  const bool mapped = (*m)->Populate(0, 8 << 20) & (*m)->Populate(8 << 20, 64 << 20);
+  const long warm = MinorFaults([&] { sum = XXH3_64bits((*m)->data(), (*m)->size()); });
+  CHECK(sum == want);
+  CHECK((*m)->Intact().ok());
+  CAPTURE(cold);
+  CAPTURE(warm);
+  if (mapped) {
+    CHECK(warm < cold);  // the reads found their pages mapped
+  } else {
+    MESSAGE("this kernel has no MADV_POPULATE_READ (Linux 5.14+): Populate was a readahead hint");
+  }
+  CHECK((*m)->Populate(16 << 20, 1) == false);  // nothing there
+  // Truncated under the mapping: Populate says no and raises no SIGBUS; the
+  // read after it still reports the truncation.
+  const std::shared_ptr<MappedFile> t = MapThenTruncate(path, bytes, 4096);
+  CHECK(t->Populate(0, t->size()) == false);
+  CHECK(t->Intact().code() == absl::StatusCode::kDataLoss);  // the size, not a fault
+  const absl::Status s = t->SafeRead([&] {
+    sum = XXH3_64bits(t->data(), t->size());
+    return absl::OkStatus();
+  });
+  CHECK(s.message().find("reading offset 4096 failed (bus error)") != absl::string_view::npos);
+  std::remove(path.c_str());
 }
 
 TEST_CASE("a file truncated while mapped: SafeRead names it, no SIGBUS") {

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -158,7 +159,9 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& 
   const uint8_t* data = nullptr;
   int slot = -1;
   if (size > 0) {
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    // MAP_SHARED: read-only either way, and its pages can be pinned for DMA
+    // (MappedFile's header says why).
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
@@ -174,6 +177,21 @@ MappedFile::~MappedFile() {
   Unregister(slot_);
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
   ::close(fd_);
+}
+
+bool MappedFile::Populate(uint64_t offset, uint64_t len) const {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14; older headers lack it
+#endif
+  if (data_ == nullptr || offset >= size_) return len == 0;
+  len = std::min(len, size_ - offset);
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = (reinterpret_cast<uintptr_t>(data_) + offset) / page * page;
+  const uint64_t end = reinterpret_cast<uintptr_t>(data_) + offset + len;
+  void* at = reinterpret_cast<void*>(begin);
+  if (::madvise(at, end - begin, MADV_POPULATE_READ) == 0) return true;
+  if (errno == EINVAL) ::madvise(at, end - begin, MADV_WILLNEED);  // a kernel before 5.14
+  return false;
 }
 
 absl::Status MappedFile::Intact() const {
