@@ -2,11 +2,16 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "formats/mapped_file.h"
 #include "formats/model_file.h"
+#include "formats/parallel_for.h"
+#include "kernels/gemm/cublas_api.h"
 #include "runtime/cuda/cuda_decoder.h"
 #include "runtime/reference/reference_model.h"
 
@@ -68,9 +73,35 @@ std::future<double> StartDeviceInit(const std::string& device) {
   }
   return std::async(std::launch::async, [] {
     const auto t0 = std::chrono::steady_clock::now();
+    // cuBLAS is opened alongside (its constructors: kernels/gemm/cublas_api.h).
+    std::future<void> cublas = std::async(std::launch::async, kernels::PreloadCublas);
     // Creates the primary context. An error here (no GPU) is reported by
     // CreateDecoder, which asks again.
     if (cudaFree(nullptr) != cudaSuccess) cudaGetLastError();  // not left for a later check
+    cublas.wait();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+}
+
+std::future<double> StartWeightPrefault(std::shared_ptr<const formats::ModelFile> index) {
+  std::shared_ptr<const formats::MappedFile> m;
+  if (index != nullptr && index->dpl_file() != nullptr) m = index->dpl_file()->mapping();
+  if (m == nullptr || m->size() == 0) {
+    std::promise<double> none;
+    none.set_value(0);
+    return none.get_future();
+  }
+  return std::async(std::launch::async, [m] {
+    const auto t0 = std::chrono::steady_clock::now();
+    constexpr uint64_t kSlice = 64ull << 20;
+    const int threads =
+        static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
+    // Populate is a hint: a range it cannot map is read (and reported) by
+    // the loader itself.
+    formats::ParallelFor(threads, (m->size() + kSlice - 1) / kSlice, [&](size_t i) {
+      m->Populate(i * kSlice, kSlice);
+      return absl::OkStatus();
+    }).IgnoreError();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   });
 }
@@ -92,6 +123,7 @@ absl::StatusOr<std::unique_ptr<generate::Decoder>> CreateDecoder(const std::stri
     co.eager = options.eager;
     co.max_batch = options.max_batch;
     co.index = options.index;
+    DPL_ASSIGN_OR_RETURN(co.load.method, ParseUploadMethod(options.weights_upload));
     DPL_ASSIGN_OR_RETURN(std::unique_ptr<CudaDecoder> cuda, CudaDecoder::Create(path, co));
     return std::unique_ptr<generate::Decoder>(std::move(cuda));
   }

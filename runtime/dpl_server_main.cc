@@ -55,6 +55,9 @@ void AddFlags(cxxopts::Options& options) {
       ("chat-template",
        absl::StrCat("one of ", dpl::tokenizer::ChatTemplateNames(), " (default: from the model, else chatml)"),
        cxxopts::value<std::string>()->default_value(""))
+      ("weights-upload",
+       "cuda: how the weights reach the GPU: pin, staged or auto (as dpl-run)",
+       cxxopts::value<std::string>()->default_value("auto"))
       ("ubatch-size", "prompt tokens fed between two decode steps, all prompts together (-ub)",
        cxxopts::value<int>()->default_value("512"))
       ("header-timeout", "seconds a request's headers may take from their first byte (408 after)",
@@ -80,6 +83,8 @@ absl::Status CheckFlags(const cxxopts::ParseResult& args) {
   DPL_RETURN_IF_ERROR(range("--queue", args["queue"].as<int>(), 0, 1 << 16));
   DPL_RETURN_IF_ERROR(range("-t", args["threads"].as<int>(), 0, 1024));
   DPL_RETURN_IF_ERROR(range("-ub", args["ubatch-size"].as<int>(), 1, 8192));
+  DPL_RETURN_IF_ERROR(
+      dpl::runtime::ParseUploadMethod(args["weights-upload"].as<std::string>()).status());
   DPL_RETURN_IF_ERROR(range("--header-timeout", args["header-timeout"].as<double>(), 0.1, 3600));
   DPL_RETURN_IF_ERROR(range("--body-timeout", args["body-timeout"].as<double>(), 0.1, 3600));
   DPL_RETURN_IF_ERROR(range("--max-connections", args["max-connections"].as<int>(), 16, 1 << 20));
@@ -117,6 +122,8 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
     co.n_ctx = args["ctx-size"].as<int64_t>();
     co.n_seq = args["parallel"].as<int>();
     co.index = file;
+    DPL_ASSIGN_OR_RETURN(co.load.method,
+                         dpl::runtime::ParseUploadMethod(args["weights-upload"].as<std::string>()));
     DPL_ASSIGN_OR_RETURN(m.engine, dpl::server::CudaEngine::Load(path, co));
     return m;
   }

@@ -99,6 +99,7 @@ expect_error "dpl-run: text prompt on a vocabulary-less model" "no vocabulary" "
 expect_error "dpl-run: token id out of range" "outside" "$run" -m "$m" --device cpu --tokens 1,99999
 expect_error "dpl-run: prompt longer than the context" "context" "$run" -m "$m" --device cpu -c 2 --tokens 1,2,3
 expect_error "dpl-run: unknown device" "unknown device" "$run" -m "$m" --device tpu --tokens 1
+expect_error "dpl-run: unknown --weights-upload" "expected auto, pin or staged" "$run" -m "$m" --device cpu --weights-upload mmap --tokens 1
 expect_error "dpl-run: corrupt model" "not a model file" "$run" -m "$tmp/out.txt" --tokens 1
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   expect_error "dpl-run: the default device needs a GPU" "no CUDA device" "$run" -m "$m" --tokens 1

@@ -3,7 +3,6 @@
 // and the cuBLAS GEMM of PromptGemm. See prompt_gemm.h.
 #include "kernels/gemm/prompt_gemm.h"
 
-#include <cublas_v2.h>
 #include <cuda_fp16.h>
 
 #include <climits>
@@ -15,6 +14,7 @@
 #include "formats/tensor_layout.h"
 #include "kernels/cuda_check.h"
 #include "kernels/dequant.cuh"
+#include "kernels/gemm/cublas_api.h"
 
 namespace dpl::kernels {
 namespace {
@@ -24,9 +24,11 @@ using formats::TensorLayout;
 
 absl::Status CublasStatus(cublasStatus_t st, const char* what, const char* file, int line) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, " failed at ", file, ":", line, ": ",
-                                          cublasGetStatusName(st), " (",
-                                          cublasGetStatusString(st), ")"));
+  const absl::StatusOr<const CublasApi*> api = Cublas();  // opened: it made the call
+  return absl::InternalError(absl::StrCat(
+      what, " failed at ", file, ":", line, ": ",
+      api.ok() ? absl::StrCat((*api)->status_name(st), " (", (*api)->status_string(st), ")")
+               : absl::StrCat("cublasStatus_t ", static_cast<int>(st))));
 }
 
 }  // namespace
@@ -242,22 +244,25 @@ absl::Status ConvertToF16(const float* x, int64_t n, uint16_t* out, cudaStream_t
   return absl::OkStatus();
 }
 
-void PromptGemm::HandleDeleter::operator()(cublasContext* h) const { cublasDestroy(h); }
+void PromptGemm::HandleDeleter::operator()(cublasContext* h) const {
+  if (const absl::StatusOr<const CublasApi*> api = Cublas(); api.ok()) (*api)->destroy(h);
+}
 
 absl::StatusOr<PromptGemm> PromptGemm::Create(cudaStream_t stream) {
   PromptGemm g;
   g.stream_ = stream;
+  DPL_ASSIGN_OR_RETURN(const CublasApi* cublas, Cublas());
   DPL_ASSIGN_OR_RETURN(g.workspace_, DeviceBuffer<uint8_t>::Allocate(kWorkspaceBytes));
   cublasHandle_t h = nullptr;
-  DPL_CUBLAS_CHECK(cublasCreate(&h));
+  DPL_CUBLAS_CHECK(cublas->create(&h));
   g.handle_.reset(h);
-  DPL_CUBLAS_CHECK(cublasSetStream(h, stream));
+  DPL_CUBLAS_CHECK(cublas->set_stream(h, stream));
   // After cublasSetStream, which resets the workspace to cuBLAS's own pool
   // (allocated on demand: what this workspace exists to avoid).
-  DPL_CUBLAS_CHECK(cublasSetWorkspace(h, g.workspace_.get(), kWorkspaceBytes));
+  DPL_CUBLAS_CHECK(cublas->set_workspace(h, g.workspace_.get(), kWorkspaceBytes));
   // f16 inputs, float32 sums: the math mode only forbids reductions in a
   // type narrower than the compute type (a split-K sum in f16, say).
-  DPL_CUBLAS_CHECK(cublasSetMathMode(
+  DPL_CUBLAS_CHECK(cublas->set_math_mode(
       h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
                                    CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   return g;
@@ -278,12 +283,14 @@ absl::Status PromptGemm::GemmF16(const uint16_t* w_f16, int64_t n_rows, int64_t 
   // C (N, T) = A^T B with A = W as a (K, N) column-major matrix (lda = K)
   // and B = x as (K, T) (ldb = K); C's leading dimension is y's row, ldy.
   const float alpha = 1.0f;
-  DPL_CUBLAS_CHECK(cublasGemmEx(handle_.get(), CUBLAS_OP_T, CUBLAS_OP_N,
-                                static_cast<int>(n_rows), static_cast<int>(n_tokens),
-                                static_cast<int>(n_cols), &alpha, w_f16, CUDA_R_16F,
-                                static_cast<int>(n_cols), x_f16, CUDA_R_16F,
-                                static_cast<int>(n_cols), &beta, y, CUDA_R_32F,
-                                static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  DPL_ASSIGN_OR_RETURN(const CublasApi* cublas, Cublas());  // opened: Create succeeded
+  DPL_CUBLAS_CHECK(cublas->gemm_ex(handle_.get(), CUBLAS_OP_T, CUBLAS_OP_N,
+                                   static_cast<int>(n_rows), static_cast<int>(n_tokens),
+                                   static_cast<int>(n_cols), &alpha, w_f16, CUDA_R_16F,
+                                   static_cast<int>(n_cols), x_f16, CUDA_R_16F,
+                                   static_cast<int>(n_cols), &beta, y, CUDA_R_32F,
+                                   static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
   return absl::OkStatus();
 }
 

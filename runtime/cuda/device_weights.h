@@ -1,7 +1,16 @@
 // Loads a .dpl file's data region onto the GPU: one cudaMalloc of exactly
-// data_bytes, filled through two pinned staging buffers (one being filled
-// from the file while the other is copied to the device), no per-tensor host
-// work. A tensor's device pointer is base + its offset.
+// data_bytes, no per-tensor host work. A tensor's device pointer is base +
+// its offset. The region goes up in chunks, one of two ways:
+//   pinned: a few threads pin the file mapping's own pages (the page cache;
+//     cudaHostRegister, read-only) chunk by chunk, the copy engine reads
+//     them, and each chunk is unpinned once copied: no host memcpy;
+//   staged: host threads copy the mapping (or inflate zstd frames) into two
+//     pinned staging buffers in turn while the other one is copied.
+// kPinnedFile pins (an error where it cannot), kStaged stages, kAuto pins
+// and stages what cannot be pinned: everything for a compressed file, a GPU
+// that cannot pin read-only memory or a region not on a page, and the
+// chunks a pinning worker failed or left unfinished for kPinWatchdog
+// (LoadStats::fallback says why). Upload says why pinning comes first.
 #pragma once
 
 #include <cstdint>
@@ -9,20 +18,33 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "formats/dpl_file.h"
 #include "formats/model_file.h"
 #include "kernels/cuda_handles.h"
 
 namespace dpl::runtime {
 
+enum class UploadMethod { kAuto, kPinnedFile, kStaged };
+
+// "auto", "pin" or "staged" (the --weights-upload flag); InvalidArgument otherwise.
+absl::StatusOr<UploadMethod> ParseUploadMethod(absl::string_view name);
+
 struct LoadOptions {
-  uint64_t staging_bytes = 64ull << 20;  // per staging buffer (two of them)
-  int host_threads = 0;  // memcpy / zstd workers filling staging (0: all cores, max 16)
+  UploadMethod method = UploadMethod::kAuto;
+  uint64_t staging_bytes = 64ull << 20;  // a chunk: a staging buffer (two), or a pinned range
+  int host_threads = 0;  // memcpy / zstd workers filling staging (0: cores - pin_threads, max 16)
+  int pin_threads = 4;   // threads pinning chunks (kAuto, kPinnedFile)
 };
 
 struct LoadStats {
+  int pinned_chunks = 0;     // chunks copied from the file's own pinned pages
+  int staged_chunks = 0;     // chunks copied through staging
+  std::string fallback;      // why kAuto staged chunks it meant to pin, if it did
+  double pin_seconds = 0;    // thread time in cudaHostRegister
   uint64_t bytes = 0;        // data region bytes copied to the device
   double seconds = 0;        // from first read to the last copy's completion
+  double staging_seconds = 0;  // of which the pinned staging buffers were allocated
   double fill_seconds = 0;   // of which host threads filled staging buffers
   double wait_seconds = 0;   // and the host waited for a buffer's copy to drain
   double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
@@ -50,7 +72,10 @@ class DeviceWeights {
 
  private:
   DeviceWeights() = default;
+  struct Chunks;
   absl::Status Upload(const LoadOptions& options);
+  static void PinWorker(std::shared_ptr<Chunks> c, std::shared_ptr<const formats::DplFile> file,
+                        uint8_t* dst, uint64_t chunk, int device, cudaStream_t stream);
 
   std::shared_ptr<const formats::DplFile> file_;
   kernels::DeviceBuffer<uint8_t> base_;

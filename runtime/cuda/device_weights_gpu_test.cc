@@ -31,28 +31,64 @@ std::string MakeDpl(const std::string& preset, bool compress) {
   return dpl;
 }
 
-TEST_CASE("both .dpl forms load onto the device bit for bit") {
+// The device's copy of the data region equals the file's tensors byte for byte.
+void CheckLoaded(const DeviceWeights& w, const std::string& path) {
+  std::vector<uint8_t> back(w.device_bytes());
+  REQUIRE(cudaMemcpy(back.data(), w.device_base(), back.size(), cudaMemcpyDeviceToHost) ==
+          cudaSuccess);
+  auto model = formats::ModelFile::Open(path);  // inflates the compressed form
+  REQUIRE(model.ok());
+  for (const formats::TensorView& t : (*model)->tensors()) {
+    CAPTURE(t.name);
+    CHECK(std::memcmp(back.data() + t.data_offset, t.data, t.n_bytes) == 0);
+    auto p = w.TensorPtr(t.name);
+    REQUIRE(p.ok());
+    CHECK(*p == w.device_base() + t.data_offset);
+  }
+}
+
+TEST_CASE("both .dpl forms load onto the device bit for bit, pinned and staged") {
   for (bool compress : {false, true}) {
     const std::string path = MakeDpl("small-llama", compress);
-    LoadOptions opt;
-    opt.staging_bytes = 1 << 20;  // several rounds through both staging buffers
-    auto w = DeviceWeights::Load(path, opt);
-    REQUIRE_MESSAGE(w.ok(), w.status().ToString());
-    std::vector<uint8_t> back((*w)->device_bytes());
-    REQUIRE(cudaMemcpy(back.data(), (*w)->device_base(), back.size(), cudaMemcpyDeviceToHost) ==
-            cudaSuccess);
-    auto model = formats::ModelFile::Open(path);  // inflates the compressed form
-    REQUIRE(model.ok());
-    for (const formats::TensorView& t : (*model)->tensors()) {
-      CAPTURE(t.name);
-      CHECK(std::memcmp(back.data() + t.data_offset, t.data, t.n_bytes) == 0);
-      auto p = (*w)->TensorPtr(t.name);
-      REQUIRE(p.ok());
-      CHECK(*p == (*w)->device_base() + t.data_offset);
+    for (UploadMethod method : {UploadMethod::kAuto, UploadMethod::kPinnedFile, UploadMethod::kStaged}) {
+      CAPTURE(compress);
+      CAPTURE(static_cast<int>(method));
+      LoadOptions opt;
+      opt.method = method;
+      opt.staging_bytes = 1 << 20;  // several chunks, several rounds through both staging buffers
+      opt.pin_threads = 2;
+      auto w = DeviceWeights::Load(path, opt);
+      if (compress && method == UploadMethod::kPinnedFile) {  // asked for, impossible: said so
+        REQUIRE(!w.ok());
+        CHECK(std::string(w.status().message()).find("compressed file is inflated, not pinned") !=
+              std::string::npos);
+        continue;
+      }
+      REQUIRE_MESSAGE(w.ok(), w.status().ToString());
+      const LoadStats& st = (*w)->stats();
+      const int chunks = static_cast<int>(((*w)->device_bytes() + (1 << 20) - 1) >> 20);
+      CHECK(st.pinned_chunks + st.staged_chunks == chunks);
+      if (method == UploadMethod::kPinnedFile) CHECK(st.pinned_chunks == chunks);
+      if (method == UploadMethod::kStaged || compress) CHECK(st.pinned_chunks == 0);
+      // Every Hopper pins read-only memory: only the compressed file stages by fallback.
+      CHECK(st.fallback.empty() == !(compress && method == UploadMethod::kAuto));
+      CHECK(st.bytes == (*w)->device_bytes());
+      CheckLoaded(**w, path);
+      std::printf("load %s, method %d: %.1f MB in %.3f s (%.2f GB/s), %d chunks pinned, %d staged%s%s\n",
+                  compress ? "compressed" : "plain", static_cast<int>(method), st.bytes / 1e6,
+                  st.seconds, st.gb_per_s(), st.pinned_chunks, st.staged_chunks,
+                  st.fallback.empty() ? "" : ": ", st.fallback.c_str());
     }
-    std::printf("load %s: %.1f MB in %.3f s (%.2f GB/s)\n", compress ? "compressed" : "plain",
-                (*w)->stats().bytes / 1e6, (*w)->stats().seconds, (*w)->stats().gb_per_s());
   }
+}
+
+TEST_CASE("--weights-upload names") {
+  CHECK(*ParseUploadMethod("auto") == UploadMethod::kAuto);
+  CHECK(*ParseUploadMethod("pin") == UploadMethod::kPinnedFile);
+  CHECK(*ParseUploadMethod("staged") == UploadMethod::kStaged);
+  const auto bad = ParseUploadMethod("mmap");
+  REQUIRE(!bad.ok());
+  CHECK(std::string(bad.status().message()).find("expected auto, pin or staged") != std::string::npos);
 }
 
 TEST_CASE("a GGUF is refused with advice to convert it") {
