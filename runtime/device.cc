@@ -83,27 +83,36 @@ std::future<double> StartDeviceInit(const std::string& device) {
   });
 }
 
-std::future<double> StartWeightPrefault(std::shared_ptr<const formats::ModelFile> index) {
+WeightPrefault StartWeightPrefault(std::shared_ptr<const formats::ModelFile> index) {
   std::shared_ptr<const formats::MappedFile> m;
   if (index != nullptr && index->dpl_file() != nullptr) m = index->dpl_file()->mapping();
+  WeightPrefault r;
   if (m == nullptr || m->size() == 0) {
-    std::promise<double> none;
-    none.set_value(0);
-    return none.get_future();
+    std::promise<double> rate, seconds;
+    rate.set_value(0);
+    seconds.set_value(0);
+    r.host_copy_gb_per_s = rate.get_future();
+    r.seconds = seconds.get_future();
+    return r;
   }
-  return std::async(std::launch::async, [m] {
+  auto rate = std::make_shared<std::promise<double>>();
+  r.host_copy_gb_per_s = rate->get_future();
+  r.seconds = std::async(std::launch::async, [m, rate] {
     const auto t0 = std::chrono::steady_clock::now();
-    constexpr uint64_t kSlice = 64ull << 20;
+    constexpr uint64_t kMeasure = 256ull << 20, kSlice = 64ull << 20;
+    rate->set_value(MeasureHostCopy(*m, kMeasure, 0, LoadOptions()));
     const int threads =
         static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
     // Populate is a hint: a range it cannot map is read (and reported) by
     // the loader itself.
-    formats::ParallelFor(threads, (m->size() + kSlice - 1) / kSlice, [&](size_t i) {
-      m->Populate(i * kSlice, kSlice);
+    const uint64_t rest = m->size() > kMeasure ? m->size() - kMeasure : 0;
+    formats::ParallelFor(threads, (rest + kSlice - 1) / kSlice, [&](size_t i) {
+      m->Populate(kMeasure + i * kSlice, kSlice);
       return absl::OkStatus();
     }).IgnoreError();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   });
+  return r;
 }
 
 absl::StatusOr<std::unique_ptr<generate::Decoder>> CreateDecoder(const std::string& path,
@@ -124,6 +133,7 @@ absl::StatusOr<std::unique_ptr<generate::Decoder>> CreateDecoder(const std::stri
     co.max_batch = options.max_batch;
     co.index = options.index;
     DPL_ASSIGN_OR_RETURN(co.load.method, ParseUploadMethod(options.weights_upload));
+    co.load.host_copy_gb_per_s = options.host_copy_gb_per_s;
     DPL_ASSIGN_OR_RETURN(std::unique_ptr<CudaDecoder> cuda, CudaDecoder::Create(path, co));
     return std::unique_ptr<generate::Decoder>(std::move(cuda));
   }

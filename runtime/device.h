@@ -20,6 +20,7 @@ struct DeviceOptions {
   int max_batch = 2048;         // cuda: prompt chunk, tokens per forward pass (-ub)
   bool eager = false;           // cuda: launch kernel by kernel (DPL_EAGER=1), no graph
   std::string weights_upload = "auto";  // cuda: auto, pin or staged (DeviceWeights)
+  double host_copy_gb_per_s = 0;        // cuda, auto: StartWeightPrefault's measure (0: none)
   // cuda: `path` already opened with ModelFile::OpenIndex (parsed once), or null.
   std::shared_ptr<formats::ModelFile> index;
 };
@@ -31,13 +32,18 @@ struct DeviceOptions {
 // initialization).
 std::future<double> StartDeviceInit(const std::string& device);
 
-// Starts reading a .dpl file's mapping into the page tables on background
-// threads (MappedFile::Populate, 64 MiB slices in file order, up to 16
-// threads) so that the weight upload that follows copies without page
-// faults; started beside StartDeviceInit, it runs while the CUDA context is
-// created. The future holds the seconds it took (0 for a GGUF or an image
-// without a mapping). The future keeps the mapping alive until it is done.
-std::future<double> StartWeightPrefault(std::shared_ptr<const formats::ModelFile> index);
+// Started beside StartDeviceInit, while the CUDA context is created: first
+// measures how fast this host copies the file (runtime::MeasureHostCopy, the
+// first 256 MiB: what --weights-upload auto chooses by), then reads the rest
+// of the mapping into the page tables (MappedFile::Populate, 64 MiB slices in
+// file order, up to 16 threads) so that the upload copies without page
+// faults. Zeros for a GGUF or an image without a mapping. The futures keep
+// the mapping alive until they are done.
+struct WeightPrefault {
+  std::future<double> host_copy_gb_per_s;  // ready first
+  std::future<double> seconds;             // the whole of it
+};
+WeightPrefault StartWeightPrefault(std::shared_ptr<const formats::ModelFile> index);
 
 // Loads `path` onto the chosen device. Errors name an unknown device, a
 // missing GPU, a GGUF given to the GPU runtime, or memory that does not fit.

@@ -124,6 +124,11 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
     co.index = file;
     DPL_ASSIGN_OR_RETURN(co.load.method,
                          dpl::runtime::ParseUploadMethod(args["weights-upload"].as<std::string>()));
+    if (co.load.method == dpl::runtime::UploadMethod::kAuto && file->dpl_file() != nullptr &&
+        file->dpl_file()->mapping() != nullptr) {  // what auto chooses by (DeviceWeights)
+      co.load.host_copy_gb_per_s =
+          dpl::runtime::MeasureHostCopy(*file->dpl_file()->mapping(), 256ull << 20, 0, co.load);
+    }
     DPL_ASSIGN_OR_RETURN(m.engine, dpl::server::CudaEngine::Load(path, co));
     return m;
   }

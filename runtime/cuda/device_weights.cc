@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -192,11 +193,12 @@ void DeviceWeights::PinWorker(std::shared_ptr<Chunks> c, std::shared_ptr<const f
 // let the copy engine read them (no host memcpy; PinWorker), or this thread
 // filling two pinned staging buffers in turn with host_threads memcpy (or
 // zstd) workers; chunks a worker could not pin, or left unfinished for
-// kPinWatchdog, are staged after. Why pinning first (H100 boxes, 7B and
-// 14B, docs/PERF.md "Start-up"): it moves 19-29 GB/s on every box tried
-// (41-49 where the chunks stay pinned to the end of the load), whatever the
-// box's memcpy, where staging moved 14-42 GB/s from box to box (10.4 on
-// the loaded H200 box of issue 33).
+// kPinWatchdog, are staged after. Which one (H100 boxes, 7B and 14B,
+// docs/PERF.md "Start-up"): pinning moved 19-29 GB/s on every box tried
+// (41-49 where the chunks stayed pinned to the end of the load) whatever
+// the box's memcpy, staging 14-42 GB/s from box to box (10.4 on the loaded
+// H200 box of issue 33): kAuto stages where the host copies fast
+// (kStageFromGbPerS) and pins where it does not.
 absl::Status DeviceWeights::Upload(const LoadOptions& opt) {
   const formats::DplFile& f = *file_;
   const uint64_t total = f.header().data_bytes;
@@ -219,6 +221,8 @@ absl::Status DeviceWeights::Upload(const LoadOptions& opt) {
     std::string why;
     if (region == nullptr) {
       why = "a compressed file is inflated, not pinned";
+    } else if (opt.method == UploadMethod::kAuto && opt.host_copy_gb_per_s >= kStageFromGbPerS) {
+      why = absl::StrFormat("the host copies at %.0f GB/s", opt.host_copy_gb_per_s);
     } else if (!read_only) {
       why = "this GPU cannot pin read-only host memory";
     } else if (reinterpret_cast<uintptr_t>(region) % page != 0) {
@@ -372,6 +376,33 @@ absl::Status DeviceWeights::Upload(const LoadOptions& opt) {
   stats_.pin_seconds = c->pin_ns.load() / 1e9;
   stats_.seconds = Since(t0);
   return absl::OkStatus();
+}
+
+double MeasureHostCopy(const formats::MappedFile& m, uint64_t bytes, int threads,
+                       const LoadOptions& options) {
+  constexpr uint64_t kSlice = 4ull << 20, kScratch = 64ull << 20;
+  bytes = std::min(bytes, m.size());
+  if (bytes == 0) return 0;
+  if (threads <= 0) {
+    const int cores = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
+    threads = options.host_threads > 0 ? options.host_threads : std::max(1, cores - options.pin_threads);
+  }
+  m.Populate(0, bytes);
+  void* scratch = ::mmap(nullptr, kScratch, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (scratch == MAP_FAILED) return 0;
+  uint8_t* dst = static_cast<uint8_t*>(scratch);
+  const auto t = std::chrono::steady_clock::now();
+  // Reads of a truncated file past its end see zeros (MappedFile's guard);
+  // the load that follows reports it.
+  formats::ParallelFor(threads, (bytes + kSlice - 1) / kSlice, [&](size_t i) {
+    const uint64_t at = i * kSlice;
+    std::memcpy(dst + at % kScratch, m.data() + at, std::min(kSlice, bytes - at));
+    return absl::OkStatus();
+  }).IgnoreError();
+  const double sec = Since(t);
+  ::munmap(scratch, kScratch);
+  return sec > 0 ? bytes / sec / 1e9 : 0;
 }
 
 }  // namespace dpl::runtime

@@ -6,11 +6,12 @@
 //     them, and each chunk is unpinned once copied: no host memcpy;
 //   staged: host threads copy the mapping (or inflate zstd frames) into two
 //     pinned staging buffers in turn while the other one is copied.
-// kPinnedFile pins (an error where it cannot), kStaged stages, kAuto pins
-// and stages what cannot be pinned: everything for a compressed file, a GPU
-// that cannot pin read-only memory or a region not on a page, and the
-// chunks a pinning worker failed or left unfinished for kPinWatchdog
-// (LoadStats::fallback says why). Upload says why pinning comes first.
+// kPinnedFile pins (an error where it cannot), kStaged stages, kAuto stages
+// where the host copies at kStageFromGbPerS or more (measured before the
+// load) and pins otherwise, and stages what cannot be pinned: everything
+// for a compressed file, a GPU that cannot pin read-only memory or a region
+// not on a page, and the chunks a pinning worker failed or left unfinished
+// for kPinWatchdog (LoadStats::fallback says why).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,9 @@ absl::StatusOr<UploadMethod> ParseUploadMethod(absl::string_view name);
 
 struct LoadOptions {
   UploadMethod method = UploadMethod::kAuto;
+  // kAuto: the host's copy speed, GB/s (MeasureHostCopy; 0: not measured,
+  // pin). From kStageFromGbPerS up the load stages instead of pinning.
+  double host_copy_gb_per_s = 0;
   uint64_t staging_bytes = 64ull << 20;  // a chunk: a staging buffer (two), or a pinned range
   int host_threads = 0;  // memcpy / zstd workers filling staging (0: cores - pin_threads, max 16)
   int pin_threads = 4;   // threads pinning chunks (kAuto, kPinnedFile)
@@ -40,7 +44,7 @@ struct LoadOptions {
 struct LoadStats {
   int pinned_chunks = 0;     // chunks copied from the file's own pinned pages
   int staged_chunks = 0;     // chunks copied through staging
-  std::string fallback;      // why kAuto staged chunks it meant to pin, if it did
+  std::string fallback;      // why kAuto staged chunks, if it did
   double pin_seconds = 0;    // thread time in cudaHostRegister
   uint64_t bytes = 0;        // data region bytes copied to the device
   double seconds = 0;        // from first read to the last copy's completion
@@ -81,6 +85,20 @@ class DeviceWeights {
   kernels::DeviceBuffer<uint8_t> base_;
   LoadStats stats_;
 };
+
+// kAuto stages from this host copy speed up, pins below it. Why 30 GB/s
+// (H100 boxes, docs/PERF.md "Start-up"): pinning, each chunk unpinned once
+// copied, moved 19-29 GB/s on every box; staging costs its buffers (40-60
+// ms) plus the bytes at the host's copy speed, which beats 24 GB/s pinned
+// from ~30 GB/s (7B: 32, 14B: 28).
+inline constexpr double kStageFromGbPerS = 30;
+
+// The staged path's fill speed on this host, GB/s: `threads` workers (0:
+// as the loader's, cores - pin_threads) copy the first `bytes` of the file
+// mapping (populated first) in 4 MiB slices into a 64 MiB scratch buffer.
+// Host work only (no CUDA): it runs beside the CUDA context's creation.
+double MeasureHostCopy(const formats::MappedFile& m, uint64_t bytes, int threads,
+                       const LoadOptions& options);
 
 // Free and total device memory, for "not enough device memory" errors.
 absl::StatusOr<std::pair<uint64_t, uint64_t>> DeviceMemoryInfo();

@@ -82,15 +82,6 @@ TEST_CASE("both .dpl forms load onto the device bit for bit, pinned and staged")
   }
 }
 
-TEST_CASE("--weights-upload names") {
-  CHECK(*ParseUploadMethod("auto") == UploadMethod::kAuto);
-  CHECK(*ParseUploadMethod("pin") == UploadMethod::kPinnedFile);
-  CHECK(*ParseUploadMethod("staged") == UploadMethod::kStaged);
-  const auto bad = ParseUploadMethod("mmap");
-  REQUIRE(!bad.ok());
-  CHECK(std::string(bad.status().message()).find("expected auto, pin or staged") != std::string::npos);
-}
-
 TEST_CASE("a GGUF is refused with advice to convert it") {
   const std::string gguf = testing::TempDir() + "/refuse.gguf";
   synth::SynthOptions so;
