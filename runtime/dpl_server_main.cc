@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "cli/cli.h"
 #include "formats/model_file.h"
 #include "runtime/cuda/cuda_decoder.h"
+#include "runtime/device.h"
 #include "runtime/server/cpu_engine.h"
 #include "runtime/server/cuda_engine.h"
 #include "runtime/server/http_server.h"
@@ -104,8 +106,13 @@ absl::Status CheckFlags(const cxxopts::ParseResult& args) {
 absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& args) {
   const std::string path = args["model"].as<std::string>();
   const bool cuda = args["device"].as<std::string>() == "cuda";
+  // As dpl-run: the CUDA context (and cuBLAS) made while the index, the
+  // tokenizer and the template are read, and the host's copy speed measured
+  // and the file's pages mapped meanwhile (runtime/device.h).
+  std::future<double> device_init = dpl::runtime::StartDeviceInit(args["device"].as<std::string>());
   DPL_ASSIGN_OR_RETURN(std::shared_ptr<dpl::formats::ModelFile> file,
                        cuda ? dpl::formats::ModelFile::OpenIndex(path) : dpl::formats::ModelFile::Open(path));
+  dpl::runtime::WeightPrefault prefault = dpl::runtime::StartWeightPrefault(cuda ? file : nullptr);
   dpl::server::ServedModel m;
   DPL_ASSIGN_OR_RETURN(dpl::tokenizer::Tokenizer tok, dpl::tokenizer::Tokenizer::FromMetadata(file->metadata()));
   m.tokenizer = std::make_unique<dpl::tokenizer::Tokenizer>(std::move(tok));
@@ -124,11 +131,8 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
     co.index = file;
     DPL_ASSIGN_OR_RETURN(co.load.method,
                          dpl::runtime::ParseUploadMethod(args["weights-upload"].as<std::string>()));
-    if (co.load.method == dpl::runtime::UploadMethod::kAuto && file->dpl_file() != nullptr &&
-        file->dpl_file()->mapping() != nullptr) {  // what auto chooses by (DeviceWeights)
-      co.load.host_copy_gb_per_s =
-          dpl::runtime::MeasureHostCopy(*file->dpl_file()->mapping(), 256ull << 20, 0, co.load);
-    }
+    co.load.host_copy_gb_per_s = prefault.host_copy_gb_per_s.get();
+    device_init.get();
     DPL_ASSIGN_OR_RETURN(m.engine, dpl::server::CudaEngine::Load(path, co));
     return m;
   }
