@@ -93,6 +93,14 @@ double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The staging's memcpy / zstd workers: host_threads, or the cores (at most
+// 16) the pinning workers leave.
+int StagingThreads(const LoadOptions& opt, int pin_threads) {
+  if (opt.host_threads > 0) return opt.host_threads;
+  const int cores = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
+  return std::max(1, cores - pin_threads);
+}
+
 }  // namespace
 
 // What the chunks' producers share: the claim counter, and each chunk's
@@ -203,7 +211,6 @@ absl::Status DeviceWeights::Upload(const LoadOptions& opt) {
   const formats::DplFile& f = *file_;
   const uint64_t total = f.header().data_bytes;
   const auto t0 = std::chrono::steady_clock::now();
-  const int cores = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
   const uint8_t* region = f.data_region();  // nullptr when compressed
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   // Chunks: whole frames for a compressed file, whole pages otherwise.
@@ -274,7 +281,7 @@ absl::Status DeviceWeights::Upload(const LoadOptions& opt) {
     cudaStream_t s;
     ~Drain() { cudaStreamSynchronize(s); }
   } drain{stream.get()};
-  const int threads = opt.host_threads > 0 ? opt.host_threads : std::max(1, cores - pin_threads);
+  const int threads = StagingThreads(opt, pin_threads);
   int b = 0;
   auto stage = [&](size_t i) -> absl::Status {
     if (staging[0].get() == nullptr) {
@@ -383,10 +390,7 @@ double MeasureHostCopy(const formats::MappedFile& m, uint64_t bytes, int threads
   constexpr uint64_t kSlice = 4ull << 20, kScratch = 64ull << 20;
   bytes = std::min(bytes, m.size());
   if (bytes == 0) return 0;
-  if (threads <= 0) {
-    const int cores = static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
-    threads = options.host_threads > 0 ? options.host_threads : std::max(1, cores - options.pin_threads);
-  }
+  if (threads <= 0) threads = StagingThreads(options, 0);  // as the staging that auto would choose
   m.Populate(0, bytes);
   void* scratch = ::mmap(nullptr, kScratch, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);

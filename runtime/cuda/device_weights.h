@@ -37,7 +37,7 @@ struct LoadOptions {
   // pin). From kStageFromGbPerS up the load stages instead of pinning.
   double host_copy_gb_per_s = 0;
   uint64_t staging_bytes = 64ull << 20;  // a chunk: a staging buffer (two), or a pinned range
-  int host_threads = 0;  // memcpy / zstd workers filling staging (0: cores - pin_threads, max 16)
+  int host_threads = 0;  // memcpy / zstd workers filling staging (0: the cores the pinning leaves, max 16)
   int pin_threads = 4;   // threads pinning chunks (kAuto, kPinnedFile)
 };
 
@@ -94,7 +94,7 @@ class DeviceWeights {
 inline constexpr double kStageFromGbPerS = 30;
 
 // The staged path's fill speed on this host, GB/s: `threads` workers (0:
-// as the loader's, cores - pin_threads) copy the first `bytes` of the file
+// as many as the staging would use) copy the first `bytes` of the file
 // mapping (populated first) in 4 MiB slices into a 64 MiB scratch buffer.
 // Host work only (no CUDA): it runs beside the CUDA context's creation.
 double MeasureHostCopy(const formats::MappedFile& m, uint64_t bytes, int threads,
