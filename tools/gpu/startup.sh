@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Start-up and first-token times of dpl-run, on the GPU machine (issue 8):
-#   bash startup.sh DIR   (DIR: an unpacked .gpu/suite, see stage.sh)
-# 1. start to exit of `dpl-run -m 14B.dpl -p Hello -n 1` and of a 3254-token
-#    prompt file on the 7B (`-f PROMPT -n 1`), three runs each, the file in
-#    page cache (read once before); the timing block of the last run of each;
-# 2. the same prompt at chunk sizes (-ub) 256..4096 (dpl-bench pp rows).
+# Start-up and first-token times of dpl-run, on the GPU machine (issues 8, 33):
+#   bash startup.sh DIR [ub]   (DIR: an unpacked .gpu/suite, see stage.sh)
+# 1. start to exit of `dpl-run -m M -p Hello -n 1` for the 7B and the 14B,
+#    the file in page cache (read once before), the weights uploaded each way
+#    (--weights-upload auto, pin, staged; the baseline build's dpl-run when
+#    packed), interleaved, three rounds: wall seconds and the load line of
+#    the timing block for each run (it names the measured host copy speed and
+#    which chunks were pinned or staged);
+# 2. the same with the 7B's file dropped from the page cache first (cold);
+# 3. a 3254-token prompt file on the 7B (`-f PROMPT -n 1`), three runs;
+# 4. with `ub`: that prompt at chunk sizes (-ub) 256..4096 (dpl-bench pp rows).
 # Models: dpl-synth qwen2.5-7b / -14b with the qwen2 vocabulary (the prompt
 # file is tokenized by it), converted; kept in /tmp/ab (shared with ab.sh).
 set -u
@@ -35,10 +40,31 @@ wall() {  # LABEL CMD...: three runs, wall seconds each, then the last timing bl
   grep -A4 "timings:" $T/err.txt | sed 's/^/    /'
   grep "cuda:" $T/err.txt | sed 's/^/    /'
 }
-wall "14B -p Hello -n 1" ./dpl-run -m $T/q14.dpl -p Hello -n 1 --temp 0
-[[ -x base/dpl-run ]] && wall "14B -p Hello -n 1, baseline build" ./base/dpl-run -m $T/q14.dpl -p Hello -n 1 --temp 0
-wall "7B -p Hello -n 1" ./dpl-run -m $T/q7.dpl -p Hello -n 1 --temp 0
+once() {  # LABEL CMD...: one run, wall seconds and the load line
+  local label=$1; shift
+  local t0=$(date +%s.%N)
+  "$@" >/dev/null 2>$T/err.txt
+  local t1=$(date +%s.%N)
+  echo "$label $(awk "BEGIN{printf \"%.3f\", $t1 - $t0}") s | $(grep 'load:' $T/err.txt | sed 's/^ *//')"
+}
+drop() {  # the file out of the page cache
+  python3 -c "import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)" "$1"
+}
+for r in 1 2 3; do
+  for m in 7 14; do
+    [[ -x base/dpl-run ]] && once "base   q$m" ./base/dpl-run -m $T/q$m.dpl -p Hello -n 1 --temp 0
+    for how in auto pin staged; do
+      once "$(printf '%-6s' $how) q$m" ./dpl-run -m $T/q$m.dpl -p Hello -n 1 --temp 0 --weights-upload $how
+    done
+  done
+done
+for how in auto pin staged; do
+  drop $T/q7.dpl
+  once "cold $(printf '%-6s' $how) q7" ./dpl-run -m $T/q7.dpl -p Hello -n 1 --temp 0 --weights-upload $how
+done
+cat $T/q7.dpl >/dev/null
 wall "7B -f prompt-3254 -n 1" ./dpl-run -m $T/q7.dpl -f $prompt -n 1 --temp 0 -c 4096
+[[ ${2:-} == ub ]] || exit 0
 for ub in 256 512 1024 2048 4096; do
   ./dpl-bench -m $T/q7.dpl -p 3254 -n 0 -d 0 -r 3 -ub $ub | grep "| pp" | sed "s/^/ub $ub: /"
 done
