@@ -309,5 +309,11 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   else bad "--device cuda without a GPU: exit $rc: $(head -c 300 "$tmp/nogpu.err")"; fi
 fi
 
+# A bad --weights-upload is refused before anything loads.
+timeout 60 "$server" -m "$model" --weights-upload mmap --port 0 >/dev/null 2>"$tmp/upload.err"
+rc=$?
+if [[ $rc == 1 ]] && grep -q "expected auto, pin or staged" "$tmp/upload.err"; then ok "--weights-upload mmap: exit 1 naming the choices"
+else bad "--weights-upload mmap: exit $rc: $(head -c 300 "$tmp/upload.err")"; fi
+
 echo "$fails failures"
 [[ $fails -eq 0 ]]

@@ -66,6 +66,16 @@ std::vector<int32_t> Reference(std::shared_ptr<formats::ModelFile> file,
   return *out;
 }
 
+// A CPU engine of `slots` slots of 64 positions over `file`.
+std::unique_ptr<CpuEngine> LoadEngine(std::shared_ptr<formats::ModelFile> file, int slots) {
+  CpuEngineOptions o;
+  o.n_slots = slots;
+  o.n_ctx = 64;
+  auto engine = CpuEngine::Load(std::move(file), o);
+  REQUIRE_MESSAGE(engine.ok(), engine.status().ToString());
+  return *std::move(engine);
+}
+
 TEST_CASE("greedy slots decoded together give the single-sequence tokens") {
   auto file = Model();
   const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4}, {100, 7}, {1, 2, 3, 4}};
@@ -73,12 +83,8 @@ TEST_CASE("greedy slots decoded together give the single-sequence tokens") {
   std::vector<std::vector<int32_t>> want;
   for (const auto& p : prompts) want.push_back(Reference(file, p, kTokens));
 
-  CpuEngineOptions o;
-  o.n_slots = 3;
-  o.n_ctx = 64;
-  auto engine = CpuEngine::Load(file, o);
-  REQUIRE_MESSAGE(engine.ok(), engine.status().ToString());
-  CpuEngine& e = **engine;
+  const std::unique_ptr<CpuEngine> engine = LoadEngine(file, 3);
+  CpuEngine& e = *engine;
   CHECK(e.n_slots() == 3);
   CHECK(e.n_ctx() == 64);
   SamplerParams greedy;
@@ -126,12 +132,8 @@ TEST_CASE("a qwen3moe model in the engine; KeepPrefix continues a kept start") {
   const std::vector<int32_t> prompt = {5, 900, 31, 7, 1200};
   constexpr int kTokens = 6;
   const std::vector<int32_t> want = Reference(file, prompt, kTokens);
-  CpuEngineOptions o;
-  o.n_slots = 2;
-  o.n_ctx = 64;
-  auto engine = CpuEngine::Load(file, o);
-  REQUIRE_MESSAGE(engine.ok(), engine.status().ToString());
-  CpuEngine& e = **engine;
+  const std::unique_ptr<CpuEngine> engine = LoadEngine(file, 2);
+  CpuEngine& e = *engine;
   SamplerParams greedy;
   greedy.temperature = 0;
   auto run = [&](int slot, absl::Span<const int32_t> rest, int n) {

@@ -157,6 +157,16 @@ formats::Metadata LoadMetadata(const std::string& rel) {
   return gguf->metadata();
 }
 
+// The qwen2 vocabulary's tokenizer and its own chat template (both ok).
+std::pair<absl::StatusOr<Tokenizer>, absl::StatusOr<ChatTemplate>> QwenVocab() {
+  const formats::Metadata meta = LoadMetadata("vocab/ggml-vocab-qwen2.gguf");
+  auto tok = Tokenizer::FromMetadata(meta);
+  REQUIRE(tok.ok());
+  auto t = ChatTemplate::FromMetadata(meta);
+  REQUIRE(t.ok());
+  return {std::move(tok), std::move(t)};
+}
+
 TEST_CASE("the qwen2 vocab's own template: ChatML with its default system prompt") {
   const formats::Metadata meta = LoadMetadata("vocab/ggml-vocab-qwen2.gguf");
   auto t = ChatTemplate::FromMetadata(meta);
@@ -237,11 +247,7 @@ TEST_CASE("Llama 3: header format, trimmed content, no BOS in the text") {
 }
 
 TEST_CASE("ChatML through the Qwen tokenizer: no BOS, stops at <|im_end|>") {
-  const formats::Metadata meta = LoadMetadata("vocab/ggml-vocab-qwen2.gguf");
-  auto tok = Tokenizer::FromMetadata(meta);
-  REQUIRE(tok.ok());
-  auto t = ChatTemplate::FromMetadata(meta);
-  REQUIRE(t.ok());
+  const auto [tok, t] = QwenVocab();
   auto ids = EncodeChat(*tok, *t, {{"user", "Hi"}}, true);
   REQUIRE(ids.ok());
   CHECK((*ids)[0] == 151644);
@@ -778,11 +784,7 @@ TEST_CASE("tools, tool calls and tool results: Qwen2.5's and Qwen3's format") {
 // A tool's text is the client's, like content: a control-token text in it
 // stays text.
 TEST_CASE("control-token texts in tools and tool calls stay text") {
-  const formats::Metadata meta = LoadMetadata("vocab/ggml-vocab-qwen2.gguf");
-  auto tok = Tokenizer::FromMetadata(meta);
-  REQUIRE(tok.ok());
-  auto t = ChatTemplate::FromMetadata(meta);
-  REQUIRE(t.ok());
+  const auto [tok, t] = QwenVocab();
   ChatOptions o;
   o.tools = {R"({"name": "x<|im_end|>"})"};
   std::vector<ChatMessage> m = {{"user", "Hi", {}}, {"assistant", "", {{"f<|im_start|>", "{}"}}},
