@@ -232,7 +232,7 @@ generated=$(metric tokens_predicted_total)
 [[ -n $generated && ${generated%.*} -lt 600 ]] && ok "cancelled streams stopped generating ($generated tokens in all)" ||
   bad "cancelled streams: $generated tokens"
 expect 200 "/metrics" "$url/metrics"
-for m in prompt_tokens_total prompt_tokens_cached_total tokens_predicted_total requests_total requests_processing requests_deferred \
+for m in prompt_tokens_total prompt_tokens_cached_total prompt_tokens_copied_total tokens_predicted_total requests_total requests_processing requests_deferred \
          predicted_tokens_seconds kv_cache_usage_ratio kv_cache_tokens; do
   grep -q "^dpl:$m " "$tmp/body" || bad "/metrics lacks dpl:$m"
 done
@@ -263,6 +263,18 @@ if "$repo/tools/server_load.sh" --url "$url" --api-key "$key" -n 3 --prompt 8 --
   ok "tools/server_load.sh: 3 streams of 6 tokens"
 else
   bad "tools/server_load.sh: $(cat "$tmp/load.out")"
+fi
+
+# A shared start (a system prompt) in a slot's cache after a warm-up
+# request: each stream finds its 12 tokens cached, the one that lands on the
+# other slot by a copy (dpl:prompt_tokens_copied_total counts them).
+copied_before=$(metric prompt_tokens_copied_total)
+if "$repo/tools/server_load.sh" --url "$url" --api-key "$key" -n 2 --prompt 4 --shared 12 --warm --gen 3 >"$tmp/load.out" 2>&1 &&
+   [[ $(grep -c " 12 prompt tokens cached" "$tmp/load.out") == 2 ]] &&
+   (( $(metric prompt_tokens_copied_total) >= copied_before + 12 )); then
+  ok "tools/server_load.sh --shared 12 --warm: both streams start from the cached 12, copied to the other slot"
+else
+  bad "tools/server_load.sh --shared: $(cat "$tmp/load.out")"
 fi
 
 # SIGTERM with a stream open: it ends with [DONE], the server exits 0.

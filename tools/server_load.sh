@@ -8,16 +8,23 @@
 # chunk), the aggregate (all generated tokens over the time from the first
 # request to the last answer: prompts included) and the decode rate (the
 # sum of the streams' t/s, which counts decoding only).
+# --shared S puts the same S token ids before every stream's own prompt (a
+# system prompt); --warm first runs one such request alone (not counted), so
+# the shared start is in a slot's cache before the streams arrive. Each
+# stream's line names the prompt tokens the server found cached.
 #
-#   tools/server_load.sh [--url http://127.0.0.1:8080] [-n 16] [--prompt 128] [--gen 128] [--api-key KEY]
+#   tools/server_load.sh [--url http://127.0.0.1:8080] [-n 16] [--prompt 128] [--gen 128]
+#                        [--shared 0] [--warm] [--api-key KEY]
 set -u
-url=http://127.0.0.1:8080 n=16 prompt=128 gen=128 key=
+url=http://127.0.0.1:8080 n=16 prompt=128 gen=128 key= shared=0 warm=
 while (($#)); do
   case $1 in
     --url) url=$2; shift 2 ;;
     -n) n=$2; shift 2 ;;
     --prompt) prompt=$2; shift 2 ;;
     --gen) gen=$2; shift 2 ;;
+    --shared) shared=$2; shift 2 ;;
+    --warm) warm=1; shift ;;
     --api-key) key=$2; shift 2 ;;
     *) echo "server_load: unknown argument $1" >&2; exit 1 ;;
   esac
@@ -25,29 +32,39 @@ done
 for v in "$n" "$prompt" "$gen"; do
   [[ $v =~ ^[0-9]+$ && $v -ge 1 ]] || { echo "server_load: -n, --prompt and --gen take positive integers" >&2; exit 1; }
 done
+[[ $shared =~ ^[0-9]+$ ]] || { echo "server_load: --shared takes a count of tokens (0 or more)" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 auth=()
 [[ -n $key ]] && auth=(-H "Authorization: Bearer $key")
 
-# Stream I: its prompt ids differ from the others' (no shared prefix), its
-# seed is I; one line per data chunk, "TIME" or "TIME usage N".
+# The shared start: the same ids for every stream (none with --shared 0).
+shared_ids=$( ((shared > 0)) && seq 0 $((shared - 1)) | awk '{printf "%d,", 100 + (7 + $1 * 7727) % 20000}')
+# Stream I: after the shared start, its prompt ids differ from the others',
+# its seed is I; one line per data chunk, "TIME" or "TIME usage N CACHED".
 stream() {
   local i=$1 ids
-  ids=$(seq 0 $((prompt - 1)) | awk -v s="$i" '{printf "%s%d", (NR > 1 ? "," : ""), 100 + (s * 7919 + $1 * 104729) % 20000}')
+  ids=$shared_ids$(seq 0 $((prompt - 1)) | awk -v s="$i" '{printf "%s%d", (NR > 1 ? "," : ""), 100 + (s * 7919 + $1 * 104729) % 20000}')
   local body="{\"prompt\":[$ids],\"max_tokens\":$gen,\"ignore_eos\":true,\"stream\":true,\"seed\":$i,\"stream_options\":{\"include_usage\":true}}"
   echo "$EPOCHREALTIME" >"$tmp/$i.start"
   curl -sN "${auth[@]}" -H 'Content-Type: application/json' -d "$body" "$url/v1/completions" |
     while IFS= read -r line; do
       case $line in
         'data: [DONE]') ;;
-        *'"completion_tokens":'*) echo "$EPOCHREALTIME usage $(sed 's/.*"completion_tokens":\([0-9]*\).*/\1/' <<<"$line")" ;;
+        *'"completion_tokens":'*)
+          local cached=0
+          [[ $line == *'"cached_tokens":'* ]] && cached=$(sed 's/.*"cached_tokens":\([0-9]*\).*/\1/' <<<"$line")
+          echo "$EPOCHREALTIME usage $(sed 's/.*"completion_tokens":\([0-9]*\).*/\1/' <<<"$line") $cached" ;;
         *'"error"'*) echo "$EPOCHREALTIME error $line" ;;
         data:*'"text":""'*) ;;  # an empty delta (the final finish_reason chunk)
         data:*) echo "$EPOCHREALTIME" ;;
       esac
     done >"$tmp/$i.log"
 }
+if [[ -n $warm ]]; then
+  stream "$n" && awk '$2 == "usage" {found = 1} END {exit !found}' "$tmp/$n.log" ||
+    { echo "server_load: the warm-up request failed" >&2; exit 1; }
+fi
 for ((i = 0; i < n; i++)); do stream "$i" & done
 wait
 
@@ -55,11 +72,11 @@ awk -v n="$n" -v gen="$gen" -v dir="$tmp" 'BEGIN {
   t0 = 1e300; t1 = 0; total = 0; bad = 0
   for (i = 0; i < n; i++) {
     f = dir "/" i ".start"; getline s < f; close(f)
-    first = 0; last = 0; toks = 0; err = ""
+    first = 0; last = 0; toks = 0; cached = 0; err = ""
     f = dir "/" i ".log"
     while ((getline line < f) > 0) {
       split(line, w, " ")
-      if (w[2] == "usage") { toks = w[3]; continue }
+      if (w[2] == "usage") { toks = w[3]; cached = w[4]; continue }
       if (w[2] == "error") { err = line; continue }
       if (first == 0) first = w[1]
       last = w[1]
@@ -72,9 +89,13 @@ awk -v n="$n" -v gen="$gen" -v dir="$tmp" 'BEGIN {
     tps = last > first ? (toks - 1) / (last - first) : 0
     sum_tps += tps
     if ((first - s) * 1e3 > max_ttft) max_ttft = (first - s) * 1e3
-    printf "stream %3d: ttft %8.1f ms, %4d tokens, %8.2f t/s\n", i, (first - s) * 1e3, toks, tps
+    ttft[++ok] = (first - s) * 1e3
+    printf "stream %3d: ttft %8.1f ms, %4d tokens, %8.2f t/s, %d prompt tokens cached\n", i, (first - s) * 1e3, toks, tps, cached
   }
+  for (i = 1; i <= ok; i++) for (j = i + 1; j <= ok; j++) if (ttft[j] < ttft[i]) { x = ttft[i]; ttft[i] = ttft[j]; ttft[j] = x }
+  median = ok == 0 ? 0 : (ok % 2 ? ttft[(ok + 1) / 2] : (ttft[ok / 2] + ttft[ok / 2 + 1]) / 2)
   printf "aggregate: %d streams, %d tokens in %.2f s: %.1f t/s%s\n", n, total, t1 - t0, total / (t1 - t0), bad ? sprintf(" (%d failed)", bad) : ""
   printf "decode: sum of the streams'"'"' t/s %.1f (%.2f per stream), slowest ttft %.1f ms\n", sum_tps, sum_tps / n, max_ttft
+  printf "ttft: median %.1f ms, slowest %.1f ms\n", median, max_ttft
   exit bad > 0
 }'

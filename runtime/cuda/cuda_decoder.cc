@@ -594,6 +594,35 @@ absl::Status CudaDecoder::RewindSeq(int seq, int64_t n) {
   return absl::OkStatus();
 }
 
+absl::Status CudaDecoder::CopySeqPrefix(int dst, int src, int64_t n) {
+  DPL_RETURN_IF_ERROR(CheckSeq(dst));
+  DPL_RETURN_IF_ERROR(CheckSeq(src));
+  if (dst == src) return absl::InvalidArgumentError(absl::StrCat("cannot copy sequence ", src, " onto itself"));
+  if (n < 0 || n > n_past_[src]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot copy ", n, " positions of sequence ", src, ": it holds ", n_past_[src]));
+  }
+  if (n > 0) {
+    // Rows of head_dim f16 at a pitch of n_ctx positions; the rows of one
+    // array (layer l's K or V) are (n_seq, n_kv_head) and the arrays follow
+    // each other (K0 V0 K1 V1 ...), so a sequence's rows form one 3-D box:
+    // x = n positions, y = its n_kv_head heads, z = 2 n_layer arrays.
+    const kernels::KvCacheLayout& L = kv_layout_;
+    const size_t pitch = static_cast<size_t>(L.n_ctx) * L.head_dim * sizeof(uint16_t);
+    const size_t rows = static_cast<size_t>(L.n_seq) * L.n_kv_head;
+    cudaMemcpy3DParms p{};
+    p.srcPtr = make_cudaPitchedPtr(buf_.kv + L.SeqOffset(src), pitch, pitch, rows);
+    p.dstPtr = make_cudaPitchedPtr(buf_.kv + L.SeqOffset(dst), pitch, pitch, rows);
+    p.extent = make_cudaExtent(static_cast<size_t>(n) * L.head_dim * sizeof(uint16_t),
+                               static_cast<size_t>(L.n_kv_head), 2 * static_cast<size_t>(L.n_layer));
+    p.kind = cudaMemcpyDeviceToDevice;
+    DPL_CUDA_CHECK(cudaMemcpy3DAsync(&p, stream_.get()));
+  }
+  n_past_[dst] = n;
+  sampling_[dst] = false;
+  return absl::OkStatus();
+}
+
 std::vector<int> CudaDecoder::step_buckets() const {
   std::vector<int> out;
   for (const Bucket& b : buckets_) out.push_back(b.batch);

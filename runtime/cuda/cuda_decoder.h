@@ -124,6 +124,12 @@ class CudaDecoder : public generate::Decoder {
   absl::Status EvalSeq(int seq, absl::Span<const int32_t> tokens, std::vector<float>* last,
                        std::vector<float>* all);
   absl::Status RewindSeq(int seq, int64_t n);
+  // Sequence `dst` becomes the first n positions of sequence `src` (left as
+  // it is): their keys and values copied on the decoder's stream, after
+  // everything enqueued before (one 3-D copy: every layer's K and V rows of
+  // every head). Errors: a sequence out of range, dst == src, n outside
+  // [0, n_past(src)].
+  absl::Status CopySeqPrefix(int dst, int src, int64_t n);
   // After EvalSeq of a prompt: samples the sequence's first token from the
   // prompt's last logits with `params` (`history`: the ids so far, for the
   // repetition penalty) and keeps it pending; from then on each StepSeqs

@@ -405,6 +405,23 @@ static void Rope(const model::Hparams& h, const std::vector<double>& inv_freq, i
   }
 }
 
+absl::Status ReferenceModel::CopyPrefix(const ReferenceModel& src, int64_t n) {
+  if (n < 0 || n > src.n_past_) {
+    return absl::InvalidArgumentError(absl::StrCat("CopyPrefix: ", n, " positions, the source holds ", src.n_past_));
+  }
+  if (src.n_ctx_ != n_ctx_ || src.k_cache_.size() != k_cache_.size() || src.hp_.n_layer != hp_.n_layer) {
+    return absl::InvalidArgumentError("CopyPrefix: the source's cache has another shape");
+  }
+  // Per layer, positions [0, n) are the first n * kv_dim floats of its (n_ctx, kv_dim) block.
+  const size_t row = static_cast<size_t>(hp_.kv_dim()), block = static_cast<size_t>(n_ctx_) * row;
+  for (size_t il = 0; il < static_cast<size_t>(hp_.n_layer); ++il) {
+    std::copy_n(src.k_cache_.begin() + il * block, static_cast<size_t>(n) * row, k_cache_.begin() + il * block);
+    std::copy_n(src.v_cache_.begin() + il * block, static_cast<size_t>(n) * row, v_cache_.begin() + il * block);
+  }
+  n_past_ = n;
+  return absl::OkStatus();
+}
+
 void ReferenceModel::Attention(int il, int64_t pos) {
   const model::Hparams& h = hp_;
   const int64_t kv_dim = h.kv_dim();

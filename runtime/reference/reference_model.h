@@ -76,6 +76,10 @@ class ReferenceModel {
   void Reset() { n_past_ = 0; }
   // Keeps the first n cached positions (n <= n_past()).
   void Truncate(int64_t n) { n_past_ = std::min(n_past_, std::max<int64_t>(n, 0)); }
+  // The cache becomes the first n positions of `src`'s (a model of the same
+  // file and n_ctx: a server's other slot), which is left as it was.
+  // Errors: n outside [0, src.n_past()], a cache of another shape.
+  absl::Status CopyPrefix(const ReferenceModel& src, int64_t n);
 
   const model::Hparams& hparams() const { return hp_; }
   int n_vocab() const { return static_cast<int>(hp_.n_vocab); }

@@ -13,8 +13,9 @@
 // A slot's life: Prefill(slot, chunk, false) ... Prefill(slot, chunk, true)
 // -> first token; then Step({..., slot, ...}) -> one token per call; then
 // KeepPrefix(slot, ...) for the next request on the slot (its prompt's
-// cached start) or Release(slot). Calls come from one thread (the
-// scheduler's).
+// cached start), or CopyPrefix(slot, other, ...) when another slot holds a
+// longer start (a shared system prompt), or Release(slot). Calls come from
+// one thread (the scheduler's), in order: a copy sees every call before it.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +63,14 @@ class BatchEngine {
   // history, as if Prefill had run them). Errors: a slot out of range,
   // kept.size() > n_past(slot).
   virtual absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) = 0;
+
+  // The slot's cache becomes the first kept.size() positions of slot
+  // `from`'s, which is left as it is (it may be running), with no token
+  // pending, as KeepPrefix leaves it: a copy of keys and values instead of
+  // recomputing a start that another slot holds. `kept` are the tokens
+  // `from` ran there. Errors: a slot out of range, from == slot,
+  // kept.size() > n_past(from).
+  virtual absl::Status CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) = 0;
 
   // The slot's cache becomes empty; its next Prefill starts a new sequence.
   virtual void Release(int slot) = 0;

@@ -109,6 +109,18 @@ absl::Status CpuEngine::KeepPrefix(int slot, absl::Span<const int32_t> kept) {
   return absl::OkStatus();
 }
 
+absl::Status CpuEngine::CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  DPL_RETURN_IF_ERROR(CheckSlot(from));
+  if (from == slot) return absl::InvalidArgumentError(absl::StrCat("CopyPrefix: slot ", slot, " onto itself"));
+  Slot& s = slots_[slot];
+  DPL_RETURN_IF_ERROR(s.model->CopyPrefix(*slots_[from].model, static_cast<int64_t>(kept.size())));
+  s.sampler.reset();
+  s.prompt.assign(kept.begin(), kept.end());
+  s.pending = -1;
+  return absl::OkStatus();
+}
+
 void CpuEngine::Release(int slot) {
   if (!CheckSlot(slot).ok()) return;
   Slot& s = slots_[slot];

@@ -125,9 +125,9 @@ TEST_CASE("greedy slots decoded together give the single-sequence tokens") {
 }
 
 // The CPU engine runs a mixture of experts as any model (issue 31), and a
-// slot kept to a prefix of what it ran (the prompt cache) continues from it
-// as the model does alone.
-TEST_CASE("a qwen3moe model in the engine; KeepPrefix continues a kept start") {
+// slot kept to a prefix of what it ran (the prompt cache), or given that
+// prefix copied from another slot, continues from it as the model does alone.
+TEST_CASE("a qwen3moe model in the engine; a kept or copied start continues as alone") {
   auto file = Model("mini-qwen3moe-q4km");
   const std::vector<int32_t> prompt = {5, 900, 31, 7, 1200};
   constexpr int kTokens = 6;
@@ -157,6 +157,16 @@ TEST_CASE("a qwen3moe model in the engine; KeepPrefix continues a kept start") {
   CHECK(e.n_past(1) == static_cast<int64_t>(kept.size()));
   const std::vector<int32_t> rest = run(1, absl::MakeConstSpan(&want[2], 1), kTokens - 3);
   CHECK(rest == std::vector<int32_t>(want.begin() + 3, want.end()));
+  // The same start copied into the other slot continues the same way, and
+  // the slot copied from is left as it was.
+  const int64_t had = e.n_past(1);
+  CHECK(!e.CopyPrefix(0, 1, std::vector<int32_t>(had + 1, 1)).ok());
+  CHECK(!e.CopyPrefix(1, 1, kept).ok());
+  CHECK(!e.CopyPrefix(0, 2, kept).ok());
+  REQUIRE(e.CopyPrefix(0, 1, kept).ok());
+  CHECK(e.n_past(0) == static_cast<int64_t>(kept.size()));
+  CHECK(e.n_past(1) == had);
+  CHECK(run(0, absl::MakeConstSpan(&want[2], 1), kTokens - 3) == rest);
 }
 
 TEST_CASE("engine errors: bad slot, bad token, a step without a pending token, a full context") {

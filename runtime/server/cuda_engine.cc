@@ -60,6 +60,15 @@ absl::Status CudaEngine::KeepPrefix(int slot, absl::Span<const int32_t> kept) {
   return absl::OkStatus();
 }
 
+absl::Status CudaEngine::CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  DPL_RETURN_IF_ERROR(CheckSlot(from));
+  // CopySeqPrefix checks from != slot and kept.size() <= n_past(from).
+  DPL_RETURN_IF_ERROR(decoder_->CopySeqPrefix(slot, from, static_cast<int64_t>(kept.size())));
+  prompts_[slot].assign(kept.begin(), kept.end());
+  return absl::OkStatus();
+}
+
 void CudaEngine::Release(int slot) {
   if (!CheckSlot(slot).ok()) return;
   decoder_->RewindSeq(slot, 0).IgnoreError();  // 0 <= n_past always

@@ -30,6 +30,7 @@ class CudaEngine : public BatchEngine {
   absl::Status Step(absl::Span<const int> slots, absl::Span<int32_t> next) override;
   int64_t n_past(int slot) const override;
   absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) override;
+  absl::Status CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) override;
   void Release(int slot) override;
 
   const runtime::CudaDecoder& decoder() const { return *decoder_; }

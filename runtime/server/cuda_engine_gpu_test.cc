@@ -1,7 +1,8 @@
 // The CUDA engine against the decoder's own sampling loop (needs a GPU; tags
 // manual): same prompt, same greedy and seeded tokens, one slot or several
 // decoding together as requests come and go; a released slot starts over; a
-// slot kept to a prompt's start continues from it; bad calls are errors.
+// slot kept to a prompt's start, or given it by a copy from another slot,
+// continues from it; bad calls are errors.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -101,44 +102,63 @@ TEST_CASE("the CUDA engine gives the decoder's own tokens, greedy and seeded, sl
 
 // The prompt cache: a slot cut back to a prompt's start (KeepPrefix, the
 // scheduler's match) runs only the rest and continues as the decoder does
-// after its own Rewind to that start.
-TEST_CASE("a slot kept to a prompt's start continues as the decoder after Rewind") {
+// after its own Rewind to that start; so does another slot given that start
+// by a copy (CopyPrefix: a shared system prompt), across a slot between
+// them, and the slot copied from is left as it was.
+TEST_CASE("a slot kept to a prompt's start, or given it by a copy, continues as the decoder after Rewind") {
   const std::string path = MakeModel();
   runtime::CudaDecoderOptions o;
   o.n_ctx = 256;
+  o.n_seq = 3;
   std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
   CudaEngine& e = *engine;
   const std::vector<int32_t> prompt = {1, 17, 240, 33, 5, 99, 7, 1000};
   SamplerParams greedy;
   greedy.temperature = 0;
-  ThroughEngine(e, prompt, greedy, 8);
-  CHECK(!e.KeepPrefix(0, std::vector<int32_t>(e.n_past(0) + 1, 1)).ok());  // more than it holds
-  REQUIRE(e.KeepPrefix(0, absl::MakeConstSpan(prompt).subspan(0, 6)).ok());
-  CHECK(e.n_past(0) == 6);
-  auto t = e.Prefill(0, absl::MakeConstSpan(prompt).subspan(6), true, greedy);
-  REQUIRE(t.ok());
-  std::vector<int32_t> got = {*t};
-  const int slot = 0;
-  while (got.size() < 8) {
-    int32_t next = -1;
-    REQUIRE(e.Step(absl::MakeConstSpan(&slot, 1), absl::MakeSpan(&next, 1)).ok());
-    got.push_back(next);
-  }
   // The decoder alone: the same chunks, 8 tokens, back to 6, the rest again.
-  auto d = runtime::CudaDecoder::Create(path, o);
-  REQUIRE(d.ok());
-  const size_t half = prompt.size() / 2;
-  REQUIRE((*d)->Eval(absl::MakeConstSpan(prompt).subspan(0, half), nullptr, nullptr).ok());
-  REQUIRE((*d)->Eval(absl::MakeConstSpan(prompt).subspan(half), nullptr, nullptr).ok());
-  REQUIRE((*d)->SampleLoop(greedy, prompt, 8, [](int32_t) { return true; }).ok());
-  REQUIRE((*d)->Rewind(6).ok());
-  REQUIRE((*d)->Eval(absl::MakeConstSpan(prompt).subspan(6), nullptr, nullptr).ok());
   std::vector<int32_t> want;
-  REQUIRE((*d)->SampleLoop(greedy, prompt, 8, [&](int32_t x) {
-                 want.push_back(x);
-                 return true;
-               }).ok());
-  CHECK(got == want);
+  {
+    runtime::CudaDecoderOptions one = o;
+    one.n_seq = 1;
+    auto d = runtime::CudaDecoder::Create(path, one);
+    REQUIRE(d.ok());
+    const size_t half = prompt.size() / 2;
+    REQUIRE((*d)->Eval(absl::MakeConstSpan(prompt).subspan(0, half), nullptr, nullptr).ok());
+    REQUIRE((*d)->Eval(absl::MakeConstSpan(prompt).subspan(half), nullptr, nullptr).ok());
+    REQUIRE((*d)->SampleLoop(greedy, prompt, 8, [](int32_t) { return true; }).ok());
+    REQUIRE((*d)->Rewind(6).ok());
+    REQUIRE((*d)->Eval(absl::MakeConstSpan(prompt).subspan(6), nullptr, nullptr).ok());
+    REQUIRE((*d)->SampleLoop(greedy, prompt, 8, [&](int32_t x) {
+                   want.push_back(x);
+                   return true;
+                 }).ok());
+  }
+  // The rest of the prompt and 8 tokens on `slot`, which holds its first 6.
+  auto rest = [&](int slot) {
+    auto t = e.Prefill(slot, absl::MakeConstSpan(prompt).subspan(6), true, greedy);
+    REQUIRE(t.ok());
+    std::vector<int32_t> got = {*t};
+    while (got.size() < 8) {
+      int32_t next = -1;
+      REQUIRE(e.Step(absl::MakeConstSpan(&slot, 1), absl::MakeSpan(&next, 1)).ok());
+      got.push_back(next);
+    }
+    return got;
+  };
+  ThroughEngine(e, prompt, greedy, 8);
+  const int64_t held = e.n_past(0);
+  const absl::Span<const int32_t> start = absl::MakeConstSpan(prompt).subspan(0, 6);
+  CHECK(!e.CopyPrefix(2, 0, std::vector<int32_t>(held + 1, 1)).ok());  // more than it holds
+  CHECK(!e.CopyPrefix(0, 0, start).ok());
+  CHECK(!e.CopyPrefix(3, 0, start).ok());
+  REQUIRE(e.CopyPrefix(2, 0, start).ok());
+  CHECK(e.n_past(2) == 6);
+  CHECK(e.n_past(0) == held);
+  CHECK(rest(2) == want);
+  CHECK(!e.KeepPrefix(0, std::vector<int32_t>(e.n_past(0) + 1, 1)).ok());  // more than it holds
+  REQUIRE(e.KeepPrefix(0, start).ok());
+  CHECK(e.n_past(0) == 6);
+  CHECK(rest(0) == want);
 }
 
 // Requests that arrive before given engine steps, as a server drives slots:

@@ -495,6 +495,9 @@ struct HttpServer::Handlers {
     metric("prompt_tokens_total", "counter", "Prompt tokens processed.", x.prompt_tokens_total);
     metric("prompt_tokens_cached_total", "counter", "Prompt tokens taken from a slot's cache instead.",
            x.prompt_tokens_cached_total);
+    metric("prompt_tokens_copied_total", "counter",
+           "Of the cached prompt tokens, those copied from another slot's cache (a shared start).",
+           x.prompt_tokens_copied_total);
     metric("tokens_predicted_total", "counter", "Generated tokens.", x.generated_tokens_total);
     metric("requests_total", "counter", "Requests accepted.", x.requests_total);
     metric("prompt_seconds_total", "counter", "Engine seconds spent on prompts.", x.prompt_seconds);

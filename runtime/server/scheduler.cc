@@ -13,6 +13,15 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// How many of the prompt's first tokens `held` (a slot's cache) holds, at
+// most all but the prompt's last token (that one runs for the first logits).
+size_t SharedStart(const std::vector<int32_t>& held, const std::vector<int32_t>& prompt) {
+  const size_t limit = std::min(held.size(), prompt.size() - 1);
+  size_t n = 0;
+  while (n < limit && held[n] == prompt[n]) ++n;
+  return n;
+}
+
 }  // namespace
 
 void Histogram::Observe(double v) {
@@ -47,8 +56,8 @@ struct Scheduler::Active {
   std::shared_ptr<RequestStream> stream;
   int slot = -1;
   size_t prefilled = 0;     // prompt tokens in the slot's cache
-  size_t cached = 0;        // of them, found there (the slot's cache kept its first `cached`)
-  bool started = false;     // the slot's cache was cut to `cached` (the first PrefillChunk)
+  size_t cached = 0;        // of them, found in a cache (its slot's, kept, or another's, copied)
+  bool started = false;     // Start made the slot's cache the prompt's first `cached` tokens
   bool decoding = false;    // the prompt is in; a sampled token is pending
   std::vector<int32_t> sampled;  // every token sampled (the slot's cache runs all but the last)
   int64_t completion = 0;   // tokens generated (stop tokens excluded)
@@ -161,18 +170,17 @@ bool Scheduler::Admit(std::vector<std::unique_ptr<Active>>& active) {
   if (shutdown_) return false;
   DropCancelledLocked();
   while (!queue_.empty() && !free_slots_.empty()) {
-    // The free slot whose cache shares the longest start with the prompt
-    // (at most all but its last token: that one runs for the first logits);
-    // with no match (or cache_prompt off) the one free longest.
+    // The free slot whose whole cache is the longest start of the prompt
+    // (the next turn of a chat: nothing of that cache is lost), else the one
+    // free longest. Start() then takes the prompt's longest cached start
+    // from any slot.
     const std::vector<int32_t>& prompt = queue_.front().request.prompt;
     size_t best = 0, best_len = 0;
     if (queue_.front().request.cache_prompt) {
       for (size_t i = 0; i < free_slots_.size(); ++i) {
-        const std::vector<int32_t>& have = slot_tokens_[static_cast<size_t>(free_slots_[i])];
-        const size_t limit = std::min(have.size(), prompt.size() - 1);
-        size_t n = 0;
-        while (n < limit && have[n] == prompt[n]) ++n;
-        if (n > best_len) {
+        const std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(free_slots_[i])];
+        const size_t n = SharedStart(held, prompt);
+        if (n > best_len && n + 1 >= held.size()) {
           best = i;
           best_len = n;
         }
@@ -181,7 +189,6 @@ bool Scheduler::Admit(std::vector<std::unique_ptr<Active>>& active) {
     const int slot = free_slots_[best];
     free_slots_.erase(free_slots_.begin() + static_cast<std::ptrdiff_t>(best));
     active.push_back(std::make_unique<Active>(std::move(queue_.front()), slot, tokenizer_));
-    active.back()->cached = best_len;
     queue_.pop_front();
     ++running_;
   }
@@ -254,21 +261,46 @@ bool Scheduler::Take(Active& a, int32_t token) {
   return a.done;
 }
 
+void Scheduler::Start(Active& a) {
+  const std::vector<int32_t>& prompt = a.request.prompt;
+  std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(a.slot)];
+  // The prompt's longest start that a slot's cache holds: the slot's own
+  // (kept in place), or another's, free or running, when it holds more (a
+  // system prompt that another request ran: its keys and values copied).
+  // Requests start oldest first, so one admitted together with the request
+  // that runs their shared start finds it here.
+  int from = -1;
+  size_t n = 0;
+  if (a.request.cache_prompt) {
+    n = SharedStart(held, prompt);
+    for (int s = 0; s < static_cast<int>(slot_tokens_.size()); ++s) {
+      const size_t m = s == a.slot ? 0 : SharedStart(slot_tokens_[static_cast<size_t>(s)], prompt);
+      if (m > n) {
+        from = s;
+        n = m;
+      }
+    }
+  }
+  a.started = true;
+  const absl::Span<const int32_t> start = absl::MakeConstSpan(prompt).subspan(0, n);
+  const absl::Status kept = from >= 0 ? engine_.CopyPrefix(a.slot, from, start) : engine_.KeepPrefix(a.slot, start);
+  held.assign(start.begin(), start.end());
+  if (!kept.ok()) {
+    held.clear();
+    Finish(a, FinishReason::kStop, kept);
+    return;
+  }
+  a.cached = a.prefilled = n;
+  absl::MutexLock lock(&mu_);
+  metrics_.prompt_tokens_cached_total += static_cast<int64_t>(n);
+  if (from >= 0) metrics_.prompt_tokens_copied_total += static_cast<int64_t>(n);
+}
+
 int Scheduler::PrefillChunk(Active& a, int budget) {
   const std::vector<int32_t>& prompt = a.request.prompt;
   if (!a.started) {
-    // The slot keeps the prompt's cached start (Admit matched it), no more.
-    a.started = true;
-    const absl::Status kept = engine_.KeepPrefix(
-        a.slot, absl::MakeConstSpan(prompt).subspan(0, a.cached));
-    slot_tokens_[static_cast<size_t>(a.slot)].clear();
-    if (!kept.ok()) {
-      Finish(a, FinishReason::kStop, kept);
-      return 0;
-    }
-    a.prefilled = a.cached;
-    absl::MutexLock lock(&mu_);
-    metrics_.prompt_tokens_cached_total += static_cast<int64_t>(a.cached);
+    Start(a);
+    if (a.done) return 0;
   }
   const size_t n = std::min(prompt.size() - a.prefilled, static_cast<size_t>(budget));
   const bool last = a.prefilled + n == prompt.size();
@@ -285,6 +317,9 @@ int Scheduler::PrefillChunk(Active& a, int budget) {
     return static_cast<int>(n);
   }
   a.prefilled += n;
+  std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(a.slot)];
+  held.insert(held.end(), prompt.begin() + static_cast<std::ptrdiff_t>(a.prefilled - n),
+              prompt.begin() + static_cast<std::ptrdiff_t>(a.prefilled));
   if (!last) return static_cast<int>(n);
   a.decoding = true;
   a.first_token = std::chrono::steady_clock::now();
@@ -307,6 +342,9 @@ void Scheduler::DecodeStep(std::vector<std::unique_ptr<Active>>& active) {
     if (a->decoding && !a->done) {
       slots.push_back(a->slot);
       who.push_back(a.get());
+      // The step runs the pending token into the slot's cache (an error
+      // fails the request, whose Finish empties the record).
+      slot_tokens_[static_cast<size_t>(a->slot)].push_back(a->sampled.back());
     }
   }
   if (slots.empty()) return;

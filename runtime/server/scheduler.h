@@ -3,13 +3,18 @@
 //
 // Each iteration of the engine thread, between two steps:
 //   1. admit: queued requests take free slots (FIFO), each the free slot
-//      whose cache shares the longest start with its prompt (llama-server's
+//      whose whole cache is the longest start of its prompt (llama-server's
 //      prompt cache: a finished request's slot keeps its prompt and answer,
-//      so the next turn of a chat, or another request with the same system
-//      prompt, processes only what differs), else the slot free longest;
+//      so the next turn of a chat processes only what is new), else the
+//      slot free longest;
 //   2. leave: requests whose client went away (RequestStream::Cancel) free
 //      their slot;
-//   3. prefill: at most SchedulerOptions::prefill_chunk prompt tokens in
+//   3. prefill: a request's first prefill starts from the longest start of
+//      its prompt that any slot's cache holds: its own slot's kept in
+//      place, or another slot's (free or running: a shared system prompt)
+//      copied (BatchEngine::CopyPrefix); prompts start oldest first, so a
+//      request admitted beside the one that runs their shared start finds
+//      it. Then at most SchedulerOptions::prefill_chunk prompt tokens in
 //      all, oldest request first: one chunk of a long prompt, or several
 //      short prompts (each its own engine call) until the budget is spent
 //      (llama-server's n_batch), so a burst of arrivals reaches its first
@@ -112,6 +117,7 @@ struct SchedulerMetrics {
   int64_t requests_total = 0;        // accepted
   int64_t prompt_tokens_total = 0;   // prefilled
   int64_t prompt_tokens_cached_total = 0;  // taken from a slot's cache instead
+  int64_t prompt_tokens_copied_total = 0;  // of those, copied from another slot's cache
   int64_t generated_tokens_total = 0;  // the sum of the requests' completion_tokens
   double prompt_seconds = 0;         // engine time in Prefill
   double decode_seconds = 0;         // engine time in Step
@@ -166,8 +172,11 @@ class Scheduler {
   void DropCancelledLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One iteration's admit step; false when shutting down.
   bool Admit(std::vector<std::unique_ptr<Active>>& active);
-  // Feeds up to `budget` more of a's prompt (one engine call); returns how
-  // many tokens it took.
+  // A request's first prefill: its slot's cache becomes the longest start
+  // of its prompt that any slot holds (kept or copied); Finish on error.
+  void Start(Active& a);
+  // Feeds up to `budget` more of a's prompt (one engine call, after Start
+  // the first time); returns how many tokens it took.
   int PrefillChunk(Active& a, int budget);
   void DecodeStep(std::vector<std::unique_ptr<Active>>& active);
   // Takes a sampled token; true when the request is finished.
@@ -181,9 +190,10 @@ class Scheduler {
   mutable absl::Mutex mu_;
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);  // least recently freed first
-  // Per slot: the tokens whose keys and values its cache holds (positions
-  // 0 .. n_past), what a new prompt's start is matched against. Engine
-  // thread only (Admit reads it under mu_, on the engine thread).
+  // Per slot, free or running: the tokens whose keys and values its cache
+  // holds (positions 0 .. n_past), what a new prompt's start is matched
+  // against. Engine thread only (Admit reads it under mu_, on the engine
+  // thread).
   std::vector<std::vector<int32_t>> slot_tokens_;
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // requests that hold a slot
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

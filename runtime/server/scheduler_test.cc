@@ -155,10 +155,25 @@ class RecordingEngine : public BatchEngine {
   absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) override {
     return e_.KeepPrefix(slot, kept);
   }
+  absl::Status CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) override {
+    {
+      absl::MutexLock lock(&mu_);
+      copies_.push_back({from, slot, static_cast<int>(kept.size())});
+    }
+    return e_.CopyPrefix(slot, from, kept);
+  }
   void Release(int slot) override { e_.Release(slot); }
   std::vector<std::pair<int, int>> calls() {
     absl::MutexLock lock(&mu_);
     return calls_;
+  }
+  struct Copy {
+    int from, to, n;
+    bool operator==(const Copy& o) const { return from == o.from && to == o.to && n == o.n; }
+  };
+  std::vector<Copy> copies() {
+    absl::MutexLock lock(&mu_);
+    return copies_;
   }
 
  private:
@@ -169,6 +184,7 @@ class RecordingEngine : public BatchEngine {
   BatchEngine& e_;
   absl::Mutex mu_;
   std::vector<std::pair<int, int>> calls_;  // (slot or -1, tokens or rows)
+  std::vector<Copy> copies_;
 };
 
 // The ids of an ids-only vocabulary's text ("<12><7>" -> {12, 7}).
@@ -237,6 +253,53 @@ TEST_CASE("a slot's cache serves the next prompt that starts like it") {
   const SchedulerMetrics m = s.metrics();
   CHECK(m.prompt_tokens_cached_total == 5 + 7 + 3);
   CHECK(m.prompt_tokens_total == 4 + 3 + 2 + 3 + 1 + 10);
+}
+
+// A shared start (a system prompt) that another slot holds is copied, not
+// recomputed: from a running request's slot (admitted together: the second
+// starts once the first has run its prompt) and from a free slot that keeps
+// it, the free slot's own cache left for its conversation's next turn.
+// Each text is the text the prompt gives alone; cache_prompt false copies
+// nothing.
+TEST_CASE("a start that another slot holds is copied into the request's slot") {
+  Fixture f(3);
+  RecordingEngine rec(*f.engine);
+  Scheduler s(rec, *f.tok, {4, 256});
+  const std::vector<int32_t> system = {21, 22, 23, 24, 25, 26};
+  const GenerationRequest a = Greedy(Concat(system, {30, 31}), 4), b = Greedy(Concat(system, {40}), 3);
+  const std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, {a, b});
+  const Result ra = Collect(*streams[0]), rb = Collect(*streams[1]);
+  CHECK(ra.final.cached_tokens == 0);
+  CHECK(rb.final.cached_tokens == 6);
+  CHECK(ra.text == RunAlone(a).text);
+  CHECK(rb.text == RunAlone(b).text);
+  REQUIRE(rec.copies().size() == 1);
+  CHECK(rec.copies()[0] == RecordingEngine::Copy{0, 1, 6});  // a's slot, running, into b's
+
+  // c takes the third slot (free longest: never used) and copies the
+  // system prompt from a free slot, which keeps its own conversation.
+  const GenerationRequest c = Greedy(Concat(system, {50, 51, 52}), 2);
+  const Result rc = Collect(**s.Submit(c));
+  CHECK(rc.final.cached_tokens == 6);
+  CHECK(rc.text == RunAlone(c).text);
+  REQUIRE(rec.copies().size() == 2);
+  CHECK(rec.copies()[1].to == 2);
+  CHECK(rec.copies()[1].n == 6);
+  // a's next turn finds its whole history in place (slot 0: no copy).
+  const GenerationRequest a2 = Greedy(Concat(Concat(a.prompt, Ids(ra.text)), {60}), 2);
+  const Result ra2 = Collect(**s.Submit(a2));
+  CHECK(ra2.final.cached_tokens == static_cast<int64_t>(a.prompt.size() + 3));
+  CHECK(ra2.text == RunAlone(a2).text);
+  CHECK(rec.copies().size() == 2);
+  GenerationRequest off = Greedy(Concat(system, {70}), 2);
+  off.cache_prompt = false;
+  const Result roff = Collect(**s.Submit(off));
+  CHECK(roff.final.cached_tokens == 0);
+  CHECK(roff.text == RunAlone(off).text);
+  CHECK(rec.copies().size() == 2);
+  const SchedulerMetrics m = s.metrics();
+  CHECK(m.prompt_tokens_copied_total == 12);
+  CHECK(m.prompt_tokens_cached_total == 12 + a.prompt.size() + 3);
 }
 
 // Between two steps the scheduler feeds at most prefill_chunk prompt tokens

@@ -8,8 +8,9 @@
 #    the timing block for each run (it names the measured host copy speed and
 #    which chunks were pinned or staged);
 # 2. the same with the 7B's file dropped from the page cache first (cold);
-# 3. a 3254-token prompt file on the 7B (`-f PROMPT -n 1`), three runs;
-# 4. with `ub`: that prompt at chunk sizes (-ub) 256..4096 (dpl-bench pp rows).
+# 3. dpl-server: launch to healthy and to its first token, 7B and 14B;
+# 4. a 3254-token prompt file on the 7B (`-f PROMPT -n 1`), three runs;
+# 5. with `ub`: that prompt at chunk sizes (-ub) 256..4096 (dpl-bench pp rows).
 # Models: dpl-synth qwen2.5-7b / -14b with the qwen2 vocabulary (the prompt
 # file is tokenized by it), converted; kept in /tmp/ab (shared with ab.sh).
 set -u
@@ -63,6 +64,23 @@ for how in auto pin staged; do
   once "cold $(printf '%-6s' $how) q7" ./dpl-run -m $T/q7.dpl -p Hello -n 1 --temp 0 --weights-upload $how
 done
 cat $T/q7.dpl >/dev/null
+# dpl-server: launch to a healthy /health (the model loaded), then one
+# 1-token completion; three rounds a model.
+port=18081
+for r in 1 2 3; do
+  for m in 7 14; do
+    t0=$(date +%s.%N)
+    ./dpl-server -m $T/q$m.dpl --device cuda --port $port -c 4096 2>$T/server.err &
+    pid=$!
+    for _ in $(seq 1 3000); do curl -sf http://127.0.0.1:$port/health >/dev/null && break; sleep 0.01; done
+    t1=$(date +%s.%N)
+    curl -sf http://127.0.0.1:$port/v1/completions -H 'Content-Type: application/json' \
+      -d '{"prompt":"Hello","max_tokens":1,"temperature":0}' >/dev/null
+    t2=$(date +%s.%N)
+    kill -TERM $pid; wait $pid
+    echo "server q$m: healthy $(awk "BEGIN{printf \"%.3f\", $t1 - $t0}") s, first token $(awk "BEGIN{printf \"%.3f\", $t2 - $t0}") s | $(grep 'loaded:' $T/server.err | sed 's/^ *//')"
+  done
+done
 wall "7B -f prompt-3254 -n 1" ./dpl-run -m $T/q7.dpl -f $prompt -n 1 --temp 0 -c 4096
 [[ ${2:-} == ub ]] || exit 0
 for ub in 256 512 1024 2048 4096; do
