@@ -11,6 +11,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <memory>
@@ -160,6 +161,9 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   o.n_slots = args["parallel"].as<int>();
   o.scheduler.max_queue = args["queue"].as<int>();
   o.scheduler.prefill_chunk = args["ubatch-size"].as<int>();
+  if (const char* e = std::getenv("DPL_PREFILL_BATCH"); e != nullptr && std::string(e) == "0") {
+    o.scheduler.batch_prefill = false;
+  }
   o.http.header_timeout = absl::Seconds(args["header-timeout"].as<double>());
   o.http.body_timeout = absl::Seconds(args["body-timeout"].as<double>());
   o.http.max_connections = args["max-connections"].as<int>();

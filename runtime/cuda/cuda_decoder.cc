@@ -65,6 +65,7 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   n_past_.assign(options.n_seq, 0);
   sampling_.assign(options.n_seq, false);
   last_step_.assign(options.n_seq, 0);
+  last_logits_row_.assign(options.n_seq, 0);
   eager_ = options.eager;
   if (options.tuning.has_value()) {
     tuning_ = *options.tuning;
@@ -230,6 +231,7 @@ absl::Status CudaDecoder::Allocate() {
       {T * 4, &b.tokens},          {T * 4, &b.positions},      {static_cast<uint64_t>(hp_.n_rot / 2) * 8, &b.inv_freq},
       {static_cast<uint64_t>(hp_.n_rot / 2) * 16, &b.rope_cs},
       {S * 4, &b.row_seq},         {S * 4, &b.seq_token},      {S * 4, &b.seq_pos},
+      {T * 4, &b.pass_seq},        {S * E * 4, &b.head_x},
       {T * E * 4, &b.x},           {T * E * 4, &b.h},          {T * Q * 4, &b.q},
       {T * KV * 4, &b.k},          {T * KV * 4, &b.v},         {T * Q * 4, &b.att},
       {T * F * 4, &b.gate},        {T * F * 4, &b.up},         {static_cast<uint64_t>(logit_rows_) * V * 4, &b.logits},
@@ -300,7 +302,7 @@ absl::Status CudaDecoder::InitRope(const model::ModelDesc& desc) {
   return absl::OkStatus();
 }
 
-absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, int first_pos, int seq,
+absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<const Segment> segments,
                                          bool all_logits) {
   const int E = static_cast<int>(hp_.n_embd), F = static_cast<int>(hp_.n_ff);
   const int Q = static_cast<int>(hp_.q_dim());
@@ -381,14 +383,16 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, int first_po
     DPL_RETURN_IF_ERROR(kernels::RopeTable(b.positions, b.inv_freq, rope_shape_.n_rot / 2,
                                            b.rope_cs, s, pdl));
   }
+  // A step's rows reach their regions through b.row_seq on the device, a
+  // packed prompt pass's through b.pass_seq; one prompt's tokens all write
+  // one region, addressed by its offset.
+  const bool packed = step == nullptr && segments.size() > 1;
+  const uint64_t region = step != nullptr || packed ? 0 : kv_layout_.SeqOffset(segments[0].seq);
+  const int* row_seq = step != nullptr ? b.row_seq : packed ? b.pass_seq : nullptr;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    // A step's rows reach their regions through b.row_seq on the device; a
-    // prompt's tokens all write one region, addressed by its offset.
-    const uint64_t region = step != nullptr ? 0 : kv_layout_.SeqOffset(seq);
     uint16_t* k_cache = b.kv + kv_layout_.KOffset(static_cast<int>(l)) + region;
     uint16_t* v_cache = b.kv + kv_layout_.VOffset(static_cast<int>(l)) + region;
-    const int* row_seq = step != nullptr ? b.row_seq : nullptr;
     // Attention block.
     DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.attn_norm, n));
     // q, k, v = Wq h, Wk h, Wv h (+ biases); q and k rotated (RoPE), k and
@@ -420,9 +424,13 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, int first_po
       DPL_RETURN_IF_ERROR(kernels::DecodeAttention(plan, b.q, k_cache, v_cache, b.positions,
                                                    b.attn_ws, b.att, s, aq ? &*aq : nullptr, row_seq));
       if (!aq) DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
-    } else {  // causal flash attention over the chunk
-      DPL_RETURN_IF_ERROR(kernels::PromptAttention(prompt_attn_, b.q, k_cache, v_cache, first_pos,
-                                                   n, b.att, s));
+    } else {  // causal flash attention over each sequence's chunk
+      for (const Segment& g : segments) {
+        const uint64_t at = packed ? kv_layout_.SeqOffset(g.seq) : 0;
+        DPL_RETURN_IF_ERROR(kernels::PromptAttention(prompt_attn_, b.q + static_cast<int64_t>(g.row) * Q,
+                                                     k_cache + at, v_cache + at, g.first_pos, g.n,
+                                                     b.att + static_cast<int64_t>(g.row) * Q, s));
+      }
       DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
     }
     DPL_RETURN_IF_ERROR(mm(L.wo, b.att, {b.x, L.bo, b.x}, n));  // x += Wo a
@@ -439,7 +447,19 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, int first_po
     }
     DPL_RETURN_IF_ERROR(mm(L.w_down, b.gate, {b.x, nullptr, b.x}, n));  // x += Wdown g
   }
-  // LM head: every token's (a step: every row's) logits, or the last token's only.
+  // LM head: every token's (a step: every row's) logits, or the last token's
+  // only; a packed pass's segments' last tokens, gathered into rows.
+  if (packed) {
+    const int k = static_cast<int>(segments.size());
+    for (int i = 0; i < k; ++i) {
+      const Segment& g = segments[static_cast<size_t>(i)];
+      DPL_CUDA_CHECK(cudaMemcpyAsync(b.head_x + static_cast<int64_t>(i) * E,
+                                     b.x + static_cast<int64_t>(g.row + g.n - 1) * E, E * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, s));
+    }
+    DPL_RETURN_IF_ERROR(norm_prepare(b.head_x, output_norm_, k));
+    return mm(out_, b.h, {b.logits, nullptr, nullptr}, k);
+  }
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
   DPL_RETURN_IF_ERROR(norm_prepare(b.x + first * E, output_norm_, rows));
@@ -451,8 +471,7 @@ absl::Status CudaDecoder::EnqueueStep(const Bucket& bucket, bool sample) {
   cudaStream_t s = stream_.get();
   DPL_RETURN_IF_ERROR(kernels::GatherStepRows(b.row_seq, b.seq_token, b.seq_pos, bucket.batch,
                                               b.tokens, b.positions, s));
-  DPL_RETURN_IF_ERROR(EnqueueForward(bucket.batch, &bucket, /*first_pos=*/-1, /*seq=*/-1,
-                                     /*all_logits=*/true));
+  DPL_RETURN_IF_ERROR(EnqueueForward(bucket.batch, &bucket, /*segments=*/{}, /*all_logits=*/true));
   if (sample) {
     // The rows' input ids are spent by now: their sampled ids replace them.
     DPL_RETURN_IF_ERROR(SampleRows(bucket.batch, b.logits, b.tokens));
@@ -534,16 +553,16 @@ absl::Status CudaDecoder::RunChunk(int seq, absl::Span<const int32_t> tokens, bo
                                    cudaMemcpyHostToDevice, s));
     DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, positions.data(), n * sizeof(int),
                                    cudaMemcpyHostToDevice, s));
-    DPL_RETURN_IF_ERROR(EnqueueForward(n, /*step=*/nullptr, first_pos, seq, all_logits));
+    const Segment one{seq, first_pos, 0, n};
+    DPL_RETURN_IF_ERROR(EnqueueForward(n, /*step=*/nullptr, absl::MakeConstSpan(&one, 1), all_logits));
     DPL_CUDA_CHECK(cudaStreamSynchronize(s));  // the host vectors must outlive the copies
   }
   n_past_[seq] += n;
-  last_logits_row_ = all_logits ? n - 1 : 0;
+  last_logits_row_[seq] = all_logits ? n - 1 : 0;
   return absl::OkStatus();
 }
 
-absl::Status CudaDecoder::EvalSeq(int seq, absl::Span<const int32_t> tokens,
-                                  std::vector<float>* last, std::vector<float>* all) {
+absl::Status CudaDecoder::CheckChunk(int seq, absl::Span<const int32_t> tokens) const {
   DPL_RETURN_IF_ERROR(CheckSeq(seq));
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens to evaluate");
   if (n_past_[seq] + static_cast<int64_t>(tokens.size()) > n_ctx_) {
@@ -557,6 +576,65 @@ absl::Status CudaDecoder::EvalSeq(int seq, absl::Span<const int32_t> tokens,
           absl::StrCat("token id ", t, " is outside the vocabulary [0, ", hp_.n_vocab, ")"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::EvalSeqs(absl::Span<const SeqChunk> chunks, std::vector<float>* last) {
+  if (chunks.empty()) return absl::InvalidArgumentError("no chunks to evaluate");
+  if (chunks.size() == 1) {
+    std::vector<float> one;
+    DPL_RETURN_IF_ERROR(EvalSeq(chunks[0].seq, chunks[0].tokens, last != nullptr ? &one : nullptr, nullptr));
+    if (last != nullptr) *last = std::move(one);
+    return absl::OkStatus();
+  }
+  // Every chunk checked before anything runs; the rows' tokens, positions
+  // and sequences staged (pinned-free host vectors: the pass syncs before
+  // they go).
+  std::vector<Segment> segments;
+  std::vector<int> tokens, positions, row_seq;
+  ++step_count_;  // distinct sequences, as StepSeqs checks them
+  for (const SeqChunk& c : chunks) {
+    DPL_RETURN_IF_ERROR(CheckChunk(c.seq, c.tokens));
+    if (last_step_[c.seq] == step_count_) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", c.seq, " twice in a prompt pass"));
+    }
+    last_step_[c.seq] = step_count_;
+    const int n = static_cast<int>(c.tokens.size()), first_pos = static_cast<int>(n_past_[c.seq]);
+    segments.push_back({c.seq, first_pos, static_cast<int>(tokens.size()), n});
+    for (int t = 0; t < n; ++t) {
+      tokens.push_back(c.tokens[static_cast<size_t>(t)]);
+      positions.push_back(first_pos + t);
+      row_seq.push_back(c.seq);
+    }
+  }
+  const int n = static_cast<int>(tokens.size());
+  if (n > max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a prompt pass of ", n, " tokens; at most ", max_batch_, " (max_batch)"));
+  }
+  cudaStream_t s = stream_.get();
+  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.tokens, tokens.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, positions.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.pass_seq, row_seq.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
+  DPL_RETURN_IF_ERROR(EnqueueForward(n, /*step=*/nullptr, segments, /*all_logits=*/false));
+  if (last != nullptr) {
+    last->resize(chunks.size() * static_cast<size_t>(hp_.n_vocab));
+    DPL_CUDA_CHECK(cudaMemcpyAsync(last->data(), buf_.logits, last->size() * sizeof(float),
+                                   cudaMemcpyDeviceToHost, s));
+  }
+  DPL_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int seq = chunks[i].seq;
+    sampling_[seq] = false;
+    n_past_[seq] += static_cast<int64_t>(chunks[i].tokens.size());
+    last_logits_row_[seq] = static_cast<int>(i);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::EvalSeq(int seq, absl::Span<const int32_t> tokens,
+                                  std::vector<float>* last, std::vector<float>* all) {
+  DPL_RETURN_IF_ERROR(CheckChunk(seq, tokens));
   sampling_[seq] = false;  // a pending token would now be at the wrong position
   const int64_t V = hp_.n_vocab;
   if (all != nullptr) all->clear();
@@ -577,7 +655,7 @@ absl::Status CudaDecoder::EvalSeq(int seq, absl::Span<const int32_t> tokens,
     if (all != nullptr) {
       std::copy(all->end() - V, all->end(), last->begin());
     } else {
-      DPL_CUDA_CHECK(cudaMemcpy(last->data(), buf_.logits + last_logits_row_ * V, V * 4,
+      DPL_CUDA_CHECK(cudaMemcpy(last->data(), buf_.logits + last_logits_row_[seq] * V, V * 4,
                                 cudaMemcpyDeviceToHost));
     }
   }
@@ -707,7 +785,7 @@ absl::Status CudaDecoder::StartSampling(int seq, const generate::SamplerParams& 
   h_rows_.get()[0] = seq;
   DPL_CUDA_CHECK(cudaMemcpyAsync(b.row_seq, h_rows_.get(), sizeof(int), cudaMemcpyHostToDevice, s));
   DPL_RETURN_IF_ERROR(
-      SampleRows(1, b.logits + static_cast<int64_t>(last_logits_row_) * hp_.n_vocab, b.seq_token + seq));
+      SampleRows(1, b.logits + static_cast<int64_t>(last_logits_row_[seq]) * hp_.n_vocab, b.seq_token + seq));
   DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_.get()[0], b.seq_token + seq, sizeof(int),
                                  cudaMemcpyDeviceToHost, s));
   DPL_CUDA_CHECK(cudaEventRecord(token_ready_[0].get(), s));

@@ -124,6 +124,20 @@ class CudaDecoder : public generate::Decoder {
   absl::Status EvalSeq(int seq, absl::Span<const int32_t> tokens, std::vector<float>* last,
                        std::vector<float>* all);
   absl::Status RewindSeq(int seq, int64_t n);
+  // Prompt chunks of several sequences (distinct) in ONE forward pass: their
+  // tokens packed as rows, chunk after chunk (at most max_batch() in all),
+  // so every weight is read once for all of them, each chunk's attention
+  // over its own sequence. `last` (if not null) gets each chunk's last
+  // logits, chunk i's at [i * n_vocab, (i + 1) * n_vocab); BeginSampling of
+  // a chunk's sequence samples from them. One chunk is EvalSeq. Errors (the
+  // pass runs only when every chunk is good): as EvalSeq's, a sequence
+  // twice, more than max_batch() tokens.
+  struct SeqChunk {
+    int seq = 0;
+    absl::Span<const int32_t> tokens;
+  };
+  absl::Status EvalSeqs(absl::Span<const SeqChunk> chunks, std::vector<float>* last);
+  int max_batch() const { return max_batch_; }
   // Sequence `dst` becomes the first n positions of sequence `src` (left as
   // it is): their keys and values copied on the decoder's stream, after
   // everything enqueued before (one 3-D copy: every layer's K and V rows of
@@ -206,6 +220,8 @@ class CudaDecoder : public generate::Decoder {
     int* tokens = nullptr;       // (T) token ids of the current pass (a step: the rows' sampled ids after it)
     int* positions = nullptr;    // (T) their positions
     int* row_seq = nullptr;      // (S) a step's row -> sequence (< 0: padding), written by the host
+    int* pass_seq = nullptr;     // (T) a packed prompt pass's row -> sequence, written by the host
+    float* head_x = nullptr;     // (S, n_embd) a packed pass's chunks' last rows of x, for the LM head
     int* seq_token = nullptr;    // (S) each sequence's pending token
     int* seq_pos = nullptr;      // (S) each sequence's next position
     double* inv_freq = nullptr;  // (n_rot / 2) RoPE frequencies
@@ -236,14 +252,27 @@ class CudaDecoder : public generate::Decoder {
   absl::Status Allocate();
   absl::Status InitRope(const model::ModelDesc& desc);
   absl::Status CheckSeq(int seq) const;
+  // A prompt chunk for the sequence: not empty, ids in the vocabulary, room
+  // in its context.
+  absl::Status CheckChunk(int seq, absl::Span<const int32_t> tokens) const;
+  // A prompt pass's run of consecutive tokens of one sequence: rows
+  // [row, row + n) at positions first_pos, first_pos + 1, ...
+  struct Segment {
+    int seq = 0;
+    int first_pos = 0;
+    int row = 0;
+    int n = 0;
+  };
   // Enqueues a forward pass of the n rows in buf_.tokens at buf_.positions
   // (device memory), in one of two shapes:
   //   step != null: a decode step, n = step->batch rows, row r one token of
   //     sequence buf_.row_seq[r]; every row's logits land in buf_.logits.
-  //   step == null: n consecutive tokens of sequence `seq` at first_pos,
-  //     first_pos + 1, ...; the last token's logits (all_logits: every
-  //     token's) land in buf_.logits.
-  absl::Status EnqueueForward(int n, const Bucket* step, int first_pos, int seq, bool all_logits);
+  //   step == null: prompt tokens, `segments` in row order (n rows in all).
+  //     One segment: its last token's logits (all_logits: every token's)
+  //     land in buf_.logits. Several (EvalSeqs; buf_.pass_seq holds each
+  //     row's sequence): segment i's last token's logits in row i.
+  absl::Status EnqueueForward(int n, const Bucket* step, absl::Span<const Segment> segments,
+                              bool all_logits);
   // One decode step of `bucket`: the rows gathered from their sequences, the
   // forward pass, (with `sample`) each live row's next token sampled into
   // buf_.tokens, then the sequences moved on (FinishStepRows). What the step
@@ -288,7 +317,7 @@ class CudaDecoder : public generate::Decoder {
   // needs one per row.
   static constexpr int kMaxLogitRows = 512;
   int logit_rows_ = 0;
-  int last_logits_row_ = 0;  // the row of the last EvalSeq's last logits
+  std::vector<int> last_logits_row_;  // (n_seq) the row of buf_.logits with each sequence's last prompt logits
   // Penalty ring slots per sequence: repeat_last_n beyond it looks back over
   // the last ring_stride_ tokens only (min(n_ctx, kMaxRing)).
   static constexpr int kMaxRing = 8192;

@@ -352,6 +352,78 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
   CHECK(d_single < 0.04);
 }
 
+// Prompt chunks of four sequences packed into one pass (EvalSeqs: tensor
+// cores for 107 rows, then the int8 path for 6), each chunk's last logits
+// against its own CPU reference at that position (the limit of the chunking
+// test above), the caches then continued by a decode step; the same pass
+// again gives the same bits; bad passes change nothing.
+TEST_CASE("a packed prompt pass of several sequences follows each sequence's reference") {
+  const std::string path = MakeDpl("small-qwen2");
+  auto file = formats::ModelFile::Open(path);
+  REQUIRE(file.ok());
+  CudaDecoderOptions o;
+  o.n_ctx = 256;
+  o.n_seq = 4;
+  o.max_batch = 128;
+  auto made = CudaDecoder::Create(path, o);
+  REQUIRE_MESSAGE(made.ok(), made.status().ToString());
+  CudaDecoder& d = **made;
+  const int V = d.n_vocab();
+  const std::vector<int> first_len = {37, 5, 64, 1}, second_len = {2, 1, 1, 2};
+  std::vector<std::vector<int32_t>> toks(4);
+  std::vector<std::unique_ptr<reference::ReferenceModel>> refs;
+  for (int s = 0; s < 4; ++s) {
+    for (int i = 0; i < first_len[s] + second_len[s]; ++i) toks[s].push_back((i * 7919 + 13 + 1000 * s) % V);
+    reference::ReferenceOptions ro;
+    ro.n_ctx = 256;
+    auto r = reference::ReferenceModel::Load(*file, ro);
+    REQUIRE(r.ok());
+    refs.push_back(*std::move(r));
+  }
+  auto pass = [&](const std::vector<int>& from, const std::vector<int>& len, std::vector<float>* last) {
+    std::vector<CudaDecoder::SeqChunk> chunks;
+    for (int s = 0; s < 4; ++s) chunks.push_back({s, absl::MakeConstSpan(toks[s]).subspan(from[s], len[s])});
+    return d.EvalSeqs(chunks, last);
+  };
+  auto check = [&](const std::vector<float>& last, const std::vector<int>& upto) {
+    REQUIRE(last.size() == 4 * static_cast<size_t>(V));
+    for (int s = 0; s < 4; ++s) {
+      std::vector<float> want;
+      for (int i = static_cast<int>(refs[s]->n_past()); i < upto[s]; ++i) {
+        auto row = refs[s]->Forward(toks[s][i], i);
+        REQUIRE(row.ok());
+        want = *row;
+      }
+      const double e = RelRms(std::vector<float>(last.begin() + s * V, last.begin() + (s + 1) * V), want);
+      CAPTURE(s);
+      CHECK(e < 0.04);
+      CHECK(d.n_past(s) == upto[s]);
+    }
+  };
+  std::vector<float> last, again;
+  REQUIRE(pass({0, 0, 0, 0}, first_len, &last).ok());
+  check(last, first_len);
+  // The same pass again on rewound sequences: the same bits.
+  for (int s = 0; s < 4; ++s) REQUIRE(d.RewindSeq(s, 0).ok());
+  REQUIRE(pass({0, 0, 0, 0}, first_len, &again).ok());
+  CHECK(again == last);
+  // Bad passes: nothing runs, nothing moves.
+  std::vector<CudaDecoder::SeqChunk> twice = {{1, absl::MakeConstSpan(toks[1]).subspan(0, 1)},
+                                              {1, absl::MakeConstSpan(toks[1]).subspan(1, 1)}};
+  CHECK(!d.EvalSeqs(twice, nullptr).ok());
+  const std::vector<int32_t> big(100, 3), bad = {V};
+  std::vector<CudaDecoder::SeqChunk> too_many = {{0, big}, {1, big}};
+  CHECK(!d.EvalSeqs(too_many, nullptr).ok());
+  std::vector<CudaDecoder::SeqChunk> bad_id = {{0, big}, {1, bad}};
+  CHECK(!d.EvalSeqs(bad_id, nullptr).ok());
+  for (int s = 0; s < 4; ++s) CHECK(d.n_past(s) == first_len[s]);
+  // The second chunks (6 rows: the int8 path), at each sequence's position.
+  REQUIRE(pass(first_len, second_len, &last).ok());
+  std::vector<int> total(4);
+  for (int s = 0; s < 4; ++s) total[s] = first_len[s] + second_len[s];
+  check(last, total);
+}
+
 TEST_CASE("prompts on tensor cores: one chunk, several, token by token, all follow the reference") {
   // Chunks of 64 and tails of 5 and 3 tokens (see above).
   REQUIRE(kernels::DecodeTuning{}.gemm_min_tokens <= 64);

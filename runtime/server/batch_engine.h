@@ -11,7 +11,7 @@
 // implements this same interface.
 //
 // A slot's life: Prefill(slot, chunk, false) ... Prefill(slot, chunk, true)
-// -> first token; then Step({..., slot, ...}) -> one token per call; then
+// -> first token (or its chunks in PrefillBatch calls beside other slots'); then Step({..., slot, ...}) -> one token per call; then
 // KeepPrefix(slot, ...) for the next request on the slot (its prompt's
 // cached start), or CopyPrefix(slot, other, ...) when another slot holds a
 // longer start (a shared system prompt), or Release(slot). Calls come from
@@ -46,6 +46,31 @@ class BatchEngine {
   // logits.
   virtual absl::StatusOr<int32_t> Prefill(int slot, absl::Span<const int32_t> tokens, bool last,
                                           const SamplerParams& params) = 0;
+
+  // Prompt chunks of several slots (distinct), each as Prefill(part.slot,
+  // part.tokens, part.last, *part.params) would run it, first[i] the first
+  // token of part i when it is its prompt's last chunk, else -1
+  // (first.size() == parts.size()). An engine that can runs them in one
+  // forward pass (every weight read once for all of them); this default
+  // calls Prefill for each. An error fails every part (a chunk that ran
+  // before it stays in its slot's cache).
+  struct PrefillPart {
+    int slot = 0;
+    absl::Span<const int32_t> tokens;
+    bool last = false;
+    const SamplerParams* params = nullptr;  // with `last`
+  };
+  virtual absl::Status PrefillBatch(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) {
+    if (parts.size() != first.size()) return absl::InvalidArgumentError("PrefillBatch: one output per part");
+    for (size_t i = 0; i < parts.size(); ++i) {
+      static const SamplerParams kNone;
+      absl::StatusOr<int32_t> t = Prefill(parts[i].slot, parts[i].tokens, parts[i].last,
+                                          parts[i].params != nullptr ? *parts[i].params : kNone);
+      if (!t.ok()) return t.status();
+      first[i] = *t;
+    }
+    return absl::OkStatus();
+  }
 
   // One decode step for `slots` (distinct; each has a sampled token pending
   // and a free position): runs every slot's pending token, samples the next

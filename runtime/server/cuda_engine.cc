@@ -33,8 +33,50 @@ absl::StatusOr<int32_t> CudaEngine::Prefill(int slot, absl::Span<const int32_t> 
   std::vector<int32_t>& prompt = prompts_[slot];
   prompt.insert(prompt.end(), tokens.begin(), tokens.end());
   if (!last) return -1;
-  DPL_RETURN_IF_ERROR(generate::CheckFinite(logits_, decoder_->n_past(slot) - 1));
-  return decoder_->BeginSampling(slot, params, prompt);
+  return BeginSampling(slot, logits_, params);
+}
+
+absl::StatusOr<int32_t> CudaEngine::BeginSampling(int slot, absl::Span<const float> logits,
+                                                  const SamplerParams& params) {
+  DPL_RETURN_IF_ERROR(generate::CheckFinite(logits, decoder_->n_past(slot) - 1));
+  return decoder_->BeginSampling(slot, params, prompts_[slot]);
+}
+
+absl::Status CudaEngine::PrefillBatch(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) {
+  if (parts.size() != first.size()) return absl::InvalidArgumentError("PrefillBatch: one output per part");
+  for (const PrefillPart& p : parts) {
+    DPL_RETURN_IF_ERROR(CheckSlot(p.slot));
+    if (p.last && p.params == nullptr) return absl::InvalidArgumentError("PrefillBatch: a last chunk without params");
+  }
+  // Passes of consecutive parts, each at most max_batch tokens (a longer
+  // part alone: EvalSeq splits it).
+  const size_t V = static_cast<size_t>(n_vocab());
+  for (size_t at = 0; at < parts.size();) {
+    size_t end = at, tokens = 0;
+    std::vector<runtime::CudaDecoder::SeqChunk> chunks;
+    bool any_last = false;
+    while (end < parts.size() && (end == at || tokens + parts[end].tokens.size() <=
+                                                   static_cast<size_t>(decoder_->max_batch()))) {
+      tokens += parts[end].tokens.size();
+      chunks.push_back({parts[end].slot, parts[end].tokens});
+      any_last = any_last || parts[end].last;
+      ++end;
+    }
+    DPL_RETURN_IF_ERROR(decoder_->EvalSeqs(chunks, any_last ? &logits_ : nullptr));
+    for (size_t i = at; i < end; ++i) {
+      std::vector<int32_t>& prompt = prompts_[parts[i].slot];
+      prompt.insert(prompt.end(), parts[i].tokens.begin(), parts[i].tokens.end());
+      first[i] = -1;
+    }
+    for (size_t i = at; i < end; ++i) {
+      if (!parts[i].last) continue;
+      DPL_ASSIGN_OR_RETURN(first[i], BeginSampling(parts[i].slot,
+                                                   absl::MakeConstSpan(logits_).subspan((i - at) * V, V),
+                                                   *parts[i].params));
+    }
+    at = end;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaEngine::Step(absl::Span<const int> slots, absl::Span<int32_t> next) {

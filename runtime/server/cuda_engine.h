@@ -27,6 +27,9 @@ class CudaEngine : public BatchEngine {
   int32_t n_vocab() const override { return decoder_->n_vocab(); }
   absl::StatusOr<int32_t> Prefill(int slot, absl::Span<const int32_t> tokens, bool last,
                                   const SamplerParams& params) override;
+  // The parts in packed prompt passes (CudaDecoder::EvalSeqs) of at most
+  // max_batch tokens each.
+  absl::Status PrefillBatch(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) override;
   absl::Status Step(absl::Span<const int> slots, absl::Span<int32_t> next) override;
   int64_t n_past(int slot) const override;
   absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) override;
@@ -41,7 +44,11 @@ class CudaEngine : public BatchEngine {
 
   std::unique_ptr<runtime::CudaDecoder> decoder_;
   std::vector<std::vector<int32_t>> prompts_;  // (n_slots) the history for the repetition penalty
-  std::vector<float> logits_;                  // a prompt's last logits (checked finite)
+  // After a prompt's last chunk: its sequence's first token, sampled from its
+  // last logits (`logits`, checked finite) with `params`.
+  absl::StatusOr<int32_t> BeginSampling(int slot, absl::Span<const float> logits, const SamplerParams& params);
+
+  std::vector<float> logits_;                  // a pass's last logits (checked finite), a chunk's after another
 };
 
 }  // namespace dpl::server

@@ -296,43 +296,86 @@ void Scheduler::Start(Active& a) {
   if (from >= 0) metrics_.prompt_tokens_copied_total += static_cast<int64_t>(n);
 }
 
-int Scheduler::PrefillChunk(Active& a, int budget) {
+bool Scheduler::WaitsForSharedStart(const Active& a, absl::Span<const std::unique_ptr<Active>> older) const {
+  if (!a.request.cache_prompt) return false;
   const std::vector<int32_t>& prompt = a.request.prompt;
-  if (!a.started) {
-    Start(a);
-    if (a.done) return 0;
+  size_t held = 0;  // the longest start a cache holds now
+  for (const std::vector<int32_t>& t : slot_tokens_) held = std::max(held, SharedStart(t, prompt));
+  for (const auto& p : older) {
+    if (p->decoding || p->done || !p->request.cache_prompt) continue;
+    if (SharedStart(p->request.prompt, prompt) >= held + static_cast<size_t>(options_.defer_for_shared_start)) {
+      return true;
+    }
   }
-  const size_t n = std::min(prompt.size() - a.prefilled, static_cast<size_t>(budget));
-  const bool last = a.prefilled + n == prompt.size();
+  return false;
+}
+
+void Scheduler::Prefill(std::vector<std::unique_ptr<Active>>& active) {
+  // Oldest prompt first, up to one budget's worth of tokens in all; each
+  // request starts (Start) when its turn comes, after the prompts before it
+  // have run, so it can find what they ran.
+  std::vector<Active*> who;
+  std::vector<BatchEngine::PrefillPart> parts;
+  int budget = options_.prefill_chunk;
+  for (size_t i = 0; i < active.size() && budget > 0; ++i) {
+    Active& a = *active[i];
+    if (a.decoding || a.done) continue;
+    if (!a.started) {
+      if (WaitsForSharedStart(a, absl::MakeConstSpan(active).subspan(0, i))) continue;
+      Start(a);
+      if (a.done) continue;
+    }
+    const std::vector<int32_t>& prompt = a.request.prompt;
+    const size_t n = std::min(prompt.size() - a.prefilled, static_cast<size_t>(budget));
+    const bool last = a.prefilled + n == prompt.size();
+    parts.push_back({a.slot, absl::MakeConstSpan(prompt).subspan(a.prefilled, n), last, &a.request.sampling});
+    who.push_back(&a);
+    budget -= static_cast<int>(n);
+  }
+  if (parts.empty()) return;
+  std::vector<int32_t> first(parts.size(), -1);
   const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<int32_t> first = engine_.Prefill(
-      a.slot, absl::MakeConstSpan(prompt).subspan(a.prefilled, n), last, a.request.sampling);
+  absl::Status s;
+  if (options_.batch_prefill) {
+    s = engine_.PrefillBatch(parts, absl::MakeSpan(first));
+  } else {
+    for (size_t i = 0; i < parts.size() && s.ok(); ++i) {
+      s = engine_.PrefillBatch(absl::MakeConstSpan(parts).subspan(i, 1), absl::MakeSpan(first).subspan(i, 1));
+    }
+  }
+  const auto done = std::chrono::steady_clock::now();
   {
     absl::MutexLock lock(&mu_);
-    metrics_.prompt_seconds += SecondsSince(t0);
-    if (first.ok()) metrics_.prompt_tokens_total += n;
+    metrics_.prompt_seconds += std::chrono::duration<double>(done - t0).count();
+    if (s.ok()) {
+      for (const auto& p : parts) metrics_.prompt_tokens_total += static_cast<int64_t>(p.tokens.size());
+    }
   }
-  if (!first.ok()) {
-    Finish(a, FinishReason::kStop, first.status());
-    return static_cast<int>(n);
+  for (size_t i = 0; i < who.size(); ++i) {
+    Active& a = *who[i];
+    if (!s.ok()) {
+      // What ran of the batch is not known: the slot's record is emptied
+      // (Finish releases the slot).
+      Finish(a, FinishReason::kStop, s);
+      continue;
+    }
+    const size_t n = parts[i].tokens.size();
+    a.prefilled += n;
+    std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(a.slot)];
+    held.insert(held.end(), parts[i].tokens.begin(), parts[i].tokens.end());
+    if (!parts[i].last) continue;
+    a.decoding = true;
+    a.first_token = done;
+    {
+      absl::MutexLock lock(&mu_);
+      metrics_.time_to_first_token.Observe(std::chrono::duration<double>(a.first_token - a.submitted).count());
+    }
+    if (a.request.max_tokens == 0) {
+      Finish(a, FinishReason::kLength, absl::OkStatus());
+      continue;
+    }
+    Take(a, first[i]);
   }
-  a.prefilled += n;
-  std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(a.slot)];
-  held.insert(held.end(), prompt.begin() + static_cast<std::ptrdiff_t>(a.prefilled - n),
-              prompt.begin() + static_cast<std::ptrdiff_t>(a.prefilled));
-  if (!last) return static_cast<int>(n);
-  a.decoding = true;
-  a.first_token = std::chrono::steady_clock::now();
-  {
-    absl::MutexLock lock(&mu_);
-    metrics_.time_to_first_token.Observe(std::chrono::duration<double>(a.first_token - a.submitted).count());
-  }
-  if (a.request.max_tokens == 0) {
-    Finish(a, FinishReason::kLength, absl::OkStatus());
-    return static_cast<int>(n);
-  }
-  Take(a, *first);
-  return static_cast<int>(n);
 }
 
 void Scheduler::DecodeStep(std::vector<std::unique_ptr<Active>>& active) {
@@ -379,12 +422,7 @@ void Scheduler::Loop() {
       if (a->stream->cancelled()) Finish(*a, FinishReason::kStop, absl::CancelledError("client gone"));
     }
     sweep();
-    // Prompt tokens, oldest prompt first, up to one chunk's worth in all.
-    int budget = options_.prefill_chunk;
-    for (auto& a : active) {
-      if (budget <= 0) break;
-      if (!a->decoding && !a->done) budget -= PrefillChunk(*a, budget);
-    }
+    Prefill(active);
     DecodeStep(active);
     sweep();
     int64_t kv = 0;

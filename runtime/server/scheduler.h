@@ -12,14 +12,17 @@
 //   3. prefill: a request's first prefill starts from the longest start of
 //      its prompt that any slot's cache holds: its own slot's kept in
 //      place, or another slot's (free or running: a shared system prompt)
-//      copied (BatchEngine::CopyPrefix); prompts start oldest first, so a
-//      request admitted beside the one that runs their shared start finds
-//      it. Then at most SchedulerOptions::prefill_chunk prompt tokens in
+//      copied (BatchEngine::CopyPrefix); prompts start oldest first, and a
+//      request that shares a long start with an older prompt still running
+//      waits for it (SchedulerOptions::defer_for_shared_start), so a burst
+//      of requests with one system prompt runs it once. Then at most SchedulerOptions::prefill_chunk prompt tokens in
 //      all, oldest request first: one chunk of a long prompt, or several
-//      short prompts (each its own engine call) until the budget is spent
-//      (llama-server's n_batch), so a burst of arrivals reaches its first
-//      tokens with fewer decode steps in between, and a long prompt still
-//      delays the others' next token by one chunk at most;
+//      short prompts until the budget is spent (llama-server's n_batch), in
+//      ONE BatchEngine::PrefillBatch (the CUDA engine packs them into one
+//      forward pass), so a burst of arrivals reaches its first tokens with
+//      fewer decode steps in between and every weight read once for all of
+//      them, and a long prompt still delays the others' next token by one
+//      chunk at most;
 //   4. decode: one BatchEngine::Step for every slot that has a token pending.
 // A request leaves when its turn ends (an end-of-generation token, unless
 // ignore_eos), a stop string completes, max_tokens are generated, or its
@@ -98,6 +101,16 @@ class RequestStream {
 struct SchedulerOptions {
   int max_queue = 64;        // requests waiting for a slot; one more is refused
   int prefill_chunk = 256;   // prompt tokens fed between two decode steps (all calls together)
+  // A request whose prompt shares at least this many more tokens with an
+  // older request's prompt that is still being prefilled than any cache
+  // holds now waits for that prompt to run, then copies its start (16
+  // requests with one system prompt, arriving together: one runs it, the
+  // others copy). Below it, running the shared tokens again in the same
+  // packed pass costs less than the wait (a decode step and more).
+  int defer_for_shared_start = 256;
+  // false: each prompt's chunk its own engine call, as before packed passes
+  // (dpl-server's DPL_PREFILL_BATCH=0, an A/B).
+  bool batch_prefill = true;
 };
 
 // A Prometheus histogram: observations counted under ascending upper bounds
@@ -175,9 +188,13 @@ class Scheduler {
   // A request's first prefill: its slot's cache becomes the longest start
   // of its prompt that any slot holds (kept or copied); Finish on error.
   void Start(Active& a);
-  // Feeds up to `budget` more of a's prompt (one engine call, after Start
-  // the first time); returns how many tokens it took.
-  int PrefillChunk(Active& a, int budget);
+  // One iteration's prompt tokens: up to prefill_chunk in all, oldest
+  // prompt first (each Started when its turn comes), in one
+  // BatchEngine::PrefillBatch; a prompt's last chunk gives its first token.
+  void Prefill(std::vector<std::unique_ptr<Active>>& active);
+  // Whether `a` (not started) waits for an `older` request's prompt to run
+  // (SchedulerOptions::defer_for_shared_start).
+  bool WaitsForSharedStart(const Active& a, absl::Span<const std::unique_ptr<Active>> older) const;
   void DecodeStep(std::vector<std::unique_ptr<Active>>& active);
   // Takes a sampled token; true when the request is finished.
   bool Take(Active& a, int32_t token);

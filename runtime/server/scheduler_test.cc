@@ -147,6 +147,18 @@ class RecordingEngine : public BatchEngine {
     Log({slot, static_cast<int>(tokens.size())});
     return e_.Prefill(slot, tokens, last, params);
   }
+  // The base's PrefillBatch (a Prefill per part, each logged), its sizes kept.
+  absl::Status PrefillBatch(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) override {
+    {
+      absl::MutexLock lock(&mu_);
+      batches_.push_back(static_cast<int>(parts.size()));
+    }
+    return BatchEngine::PrefillBatch(parts, first);
+  }
+  std::vector<int> batches() {
+    absl::MutexLock lock(&mu_);
+    return batches_;
+  }
   absl::Status Step(absl::Span<const int> slots, absl::Span<int32_t> next) override {
     Log({-1, static_cast<int>(slots.size())});
     return e_.Step(slots, next);
@@ -185,6 +197,7 @@ class RecordingEngine : public BatchEngine {
   absl::Mutex mu_;
   std::vector<std::pair<int, int>> calls_;  // (slot or -1, tokens or rows)
   std::vector<Copy> copies_;
+  std::vector<int> batches_;  // parts per PrefillBatch call
 };
 
 // The ids of an ids-only vocabulary's text ("<12><7>" -> {12, 7}).
@@ -264,7 +277,9 @@ TEST_CASE("a slot's cache serves the next prompt that starts like it") {
 TEST_CASE("a start that another slot holds is copied into the request's slot") {
   Fixture f(3);
   RecordingEngine rec(*f.engine);
-  Scheduler s(rec, *f.tok, {4, 256});
+  SchedulerOptions o{4, 256};
+  o.defer_for_shared_start = 4;  // b, admitted beside a, waits for a's 6 shared tokens to run
+  Scheduler s(rec, *f.tok, o);
   const std::vector<int32_t> system = {21, 22, 23, 24, 25, 26};
   const GenerationRequest a = Greedy(Concat(system, {30, 31}), 4), b = Greedy(Concat(system, {40}), 3);
   const std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, {a, b});
@@ -303,7 +318,7 @@ TEST_CASE("a start that another slot holds is copied into the request's slot") {
 }
 
 // Between two steps the scheduler feeds at most prefill_chunk prompt tokens
-// in all: several short prompts go in one after another (a burst of
+// in all: several short prompts go in one PrefillBatch (a burst of
 // arrivals), a long one in chunks. The texts do not change.
 TEST_CASE("short prompts share one step's prefill budget; a long one goes in chunks") {
   const std::vector<GenerationRequest> reqs = {Greedy({1, 2, 3}, 3), Greedy({9, 8}, 3),
@@ -337,9 +352,12 @@ TEST_CASE("short prompts share one step's prefill budget; a long one goes in chu
   for (int k = 0; k < 4; ++k) {
     if (slot_tokens[k] == 10) CHECK(slot_calls[k] >= 2);  // the long prompt in chunks
   }
-  // Prompts admitted together run in one iteration (the test submits all
-  // four before the first prefill of 3 tokens has finished on the CPU).
+  // Prompts admitted together run in one iteration, one PrefillBatch (the
+  // test submits all four before the first prefill of 3 tokens has finished
+  // on the CPU).
   CHECK(back_to_back >= 1);
+  const std::vector<int> batches = rec.batches();
+  CHECK(*std::max_element(batches.begin(), batches.end()) >= 2);
 }
 
 TEST_CASE("stop strings, stop tokens, ignore_eos, max_tokens 0 and a full context") {
