@@ -277,6 +277,16 @@ else
   bad "tools/server_load.sh --shared: $(cat "$tmp/load.out")"
 fi
 
+# A chat replay: the second turn resends the first turn's prompt and answer,
+# which the slot's cache holds (all but the answer's last token, never run).
+if "$repo/tools/server_load.sh" --url "$url" --api-key "$key" -n 1 --prompt 4 --gen 3 --turns 2 >"$tmp/load.out" 2>&1 &&
+   grep -q "turn 1: .* 0 prompt tokens cached" "$tmp/load.out" &&
+   grep -Eq "turn 2: .* ([6-9]|[1-9][0-9]+) prompt tokens cached" "$tmp/load.out"; then
+  ok "tools/server_load.sh --turns 2: the second turn finds its history cached"
+else
+  bad "tools/server_load.sh --turns: $(cat "$tmp/load.out")"
+fi
+
 # SIGTERM with a stream open: it ends with [DONE], the server exits 0.
 # (The pattern waits for a generated token: the first chunk's "content" is
 # the empty role delta.)
