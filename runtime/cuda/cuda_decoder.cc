@@ -303,7 +303,7 @@ absl::Status CudaDecoder::InitRope(const model::ModelDesc& desc) {
 }
 
 absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<const Segment> segments,
-                                         bool all_logits) {
+                                         bool all_logits, const Bucket* step_rows, int n_step_rows) {
   const int E = static_cast<int>(hp_.n_embd), F = static_cast<int>(hp_.n_ff);
   const int Q = static_cast<int>(hp_.q_dim());
   const float eps = static_cast<float>(hp_.rms_eps);
@@ -386,7 +386,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
   // A step's rows reach their regions through b.row_seq on the device, a
   // packed prompt pass's through b.pass_seq; one prompt's tokens all write
   // one region, addressed by its offset.
-  const bool packed = step == nullptr && segments.size() > 1;
+  const bool packed = step == nullptr && (segments.size() > 1 || n_step_rows > 0);
   const uint64_t region = step != nullptr || packed ? 0 : kv_layout_.SeqOffset(segments[0].seq);
   const int* row_seq = step != nullptr ? b.row_seq : packed ? b.pass_seq : nullptr;
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -425,6 +425,12 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
                                                    b.attn_ws, b.att, s, aq ? &*aq : nullptr, row_seq));
       if (!aq) DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
     } else {  // causal flash attention over each sequence's chunk
+      if (n_step_rows > 0) {
+        // A mixed pass's decode rows first (rows 0..k of step_rows's plan;
+        // its other rows are chunk rows, their results overwritten below).
+        DPL_RETURN_IF_ERROR(kernels::DecodeAttention(step_rows->attn, b.q, k_cache, v_cache, b.positions,
+                                                     b.attn_ws, b.att, s, nullptr, b.row_seq));
+      }
       for (const Segment& g : segments) {
         const uint64_t at = packed ? kv_layout_.SeqOffset(g.seq) : 0;
         DPL_RETURN_IF_ERROR(kernels::PromptAttention(prompt_attn_, b.q + static_cast<int64_t>(g.row) * Q,
@@ -450,9 +456,14 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
   // LM head: every token's (a step: every row's) logits, or the last token's
   // only; a packed pass's segments' last tokens, gathered into rows.
   if (packed) {
-    const int k = static_cast<int>(segments.size());
-    for (int i = 0; i < k; ++i) {
-      const Segment& g = segments[static_cast<size_t>(i)];
+    // Logits rows: the decode rows', then each chunk's last token's.
+    if (n_step_rows > 0) {
+      DPL_CUDA_CHECK(cudaMemcpyAsync(b.head_x, b.x, static_cast<size_t>(n_step_rows) * E * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, s));
+    }
+    const int k = n_step_rows + static_cast<int>(segments.size());
+    for (int i = n_step_rows; i < k; ++i) {
+      const Segment& g = segments[static_cast<size_t>(i - n_step_rows)];
       DPL_CUDA_CHECK(cudaMemcpyAsync(b.head_x + static_cast<int64_t>(i) * E,
                                      b.x + static_cast<int64_t>(g.row + g.n - 1) * E, E * sizeof(float),
                                      cudaMemcpyDeviceToDevice, s));
@@ -587,47 +598,86 @@ absl::Status CudaDecoder::EvalSeqs(absl::Span<const SeqChunk> chunks, std::vecto
     if (last != nullptr) *last = std::move(one);
     return absl::OkStatus();
   }
-  // Every chunk checked before anything runs; the rows' tokens, positions
-  // and sequences staged (pinned-free host vectors: the pass syncs before
-  // they go).
-  std::vector<Segment> segments;
-  std::vector<int> tokens, positions, row_seq;
   ++step_count_;  // distinct sequences, as StepSeqs checks them
+  return RunPacked({}, {}, chunks, last);
+}
+
+absl::Status CudaDecoder::StepWithChunks(absl::Span<const int> seqs, absl::Span<int32_t> next,
+                                         absl::Span<const SeqChunk> chunks, std::vector<float>* last) {
+  if (chunks.empty()) return StepSeqs(seqs, next);
+  if (seqs.empty()) return EvalSeqs(chunks, last);
+  DPL_RETURN_IF_ERROR(CheckStepSeqs(seqs, next));  // marks them for the chunks' distinctness check
+  return RunPacked(seqs, next, chunks, last);
+}
+
+absl::Status CudaDecoder::RunPacked(absl::Span<const int> seqs, absl::Span<int32_t> next,
+                                    absl::Span<const SeqChunk> chunks, std::vector<float>* last) {
+  // Every chunk checked before anything runs (the step's sequences are
+  // checked and marked for this round already); the rows' tokens, positions
+  // and sequences staged: the step's rows first (their tokens and positions
+  // gathered on the device), then each chunk's.
+  const int k = static_cast<int>(seqs.size());
+  std::vector<Segment> segments;
+  std::vector<int> tokens, positions, row_seq(seqs.begin(), seqs.end());
   for (const SeqChunk& c : chunks) {
     DPL_RETURN_IF_ERROR(CheckChunk(c.seq, c.tokens));
     if (last_step_[c.seq] == step_count_) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", c.seq, " twice in a prompt pass"));
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", c.seq, " twice in a pass"));
     }
     last_step_[c.seq] = step_count_;
     const int n = static_cast<int>(c.tokens.size()), first_pos = static_cast<int>(n_past_[c.seq]);
-    segments.push_back({c.seq, first_pos, static_cast<int>(tokens.size()), n});
+    segments.push_back({c.seq, first_pos, k + static_cast<int>(tokens.size()), n});
     for (int t = 0; t < n; ++t) {
       tokens.push_back(c.tokens[static_cast<size_t>(t)]);
       positions.push_back(first_pos + t);
       row_seq.push_back(c.seq);
     }
   }
-  const int n = static_cast<int>(tokens.size());
+  const int n = static_cast<int>(row_seq.size());
   if (n > max_batch_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a prompt pass of ", n, " tokens; at most ", max_batch_, " (max_batch)"));
+        absl::StrCat("a pass of ", n, " tokens; at most ", max_batch_, " (max_batch)"));
   }
   cudaStream_t s = stream_.get();
-  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.tokens, tokens.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
-  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, positions.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
-  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.pass_seq, row_seq.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
-  DPL_RETURN_IF_ERROR(EnqueueForward(n, /*step=*/nullptr, segments, /*all_logits=*/false));
+  Buffers& b = buf_;
+  const Bucket* step = nullptr;
+  if (k > 0) {
+    step = &BucketFor(k);
+    std::copy(seqs.begin(), seqs.end(), h_rows_.get());
+    DPL_RETURN_IF_ERROR(UploadRows(*step, k));
+    DPL_RETURN_IF_ERROR(kernels::GatherStepRows(b.row_seq, b.seq_token, b.seq_pos, k, b.tokens, b.positions, s));
+  }
+  const size_t m = tokens.size();
+  DPL_CUDA_CHECK(cudaMemcpyAsync(b.tokens + k, tokens.data(), m * sizeof(int), cudaMemcpyHostToDevice, s));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(b.positions + k, positions.data(), m * sizeof(int), cudaMemcpyHostToDevice, s));
+  DPL_CUDA_CHECK(cudaMemcpyAsync(b.pass_seq, row_seq.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
+  if (step != nullptr && step->batch > n) {  // the plan's rows past the pass: padding (position -1)
+    DPL_CUDA_CHECK(cudaMemsetAsync(b.positions + n, 0xff, (step->batch - n) * sizeof(int), s));
+  }
+  DPL_RETURN_IF_ERROR(EnqueueForward(n, /*step=*/nullptr, segments, /*all_logits=*/false, step, k));
+  if (k > 0) {
+    // The step's rows sample (logits rows 0..k) and move their sequences on,
+    // as a decode step does.
+    DPL_RETURN_IF_ERROR(SampleRows(k, b.logits, b.tokens));
+    DPL_RETURN_IF_ERROR(kernels::FinishStepRows(b.row_seq, k, b.tokens, b.seq_token, b.seq_pos, s));
+    DPL_CUDA_CHECK(cudaMemcpyAsync(h_tokens_.get(), b.tokens, k * sizeof(int), cudaMemcpyDeviceToHost, s));
+  }
   if (last != nullptr) {
-    last->resize(chunks.size() * static_cast<size_t>(hp_.n_vocab));
-    DPL_CUDA_CHECK(cudaMemcpyAsync(last->data(), buf_.logits, last->size() * sizeof(float),
+    const size_t V = static_cast<size_t>(hp_.n_vocab);
+    last->resize(chunks.size() * V);
+    DPL_CUDA_CHECK(cudaMemcpyAsync(last->data(), b.logits + k * V, last->size() * sizeof(float),
                                    cudaMemcpyDeviceToHost, s));
   }
-  DPL_CUDA_CHECK(cudaStreamSynchronize(s));
+  DPL_CUDA_CHECK(cudaStreamSynchronize(s));  // the host vectors must outlive the copies
+  for (int i = 0; i < k; ++i) {
+    ++n_past_[seqs[i]];
+    next[i] = h_tokens_.get()[i];
+  }
   for (size_t i = 0; i < chunks.size(); ++i) {
     const int seq = chunks[i].seq;
     sampling_[seq] = false;
     n_past_[seq] += static_cast<int64_t>(chunks[i].tokens.size());
-    last_logits_row_[seq] = static_cast<int>(i);
+    last_logits_row_[seq] = k + static_cast<int>(i);
   }
   return absl::OkStatus();
 }
@@ -801,7 +851,7 @@ absl::StatusOr<int32_t> CudaDecoder::BeginSampling(int seq, const generate::Samp
   return h_tokens_.get()[0];
 }
 
-absl::Status CudaDecoder::StepSeqs(absl::Span<const int> seqs, absl::Span<int32_t> next) {
+absl::Status CudaDecoder::CheckStepSeqs(absl::Span<const int> seqs, absl::Span<int32_t> next) {
   const int k = static_cast<int>(seqs.size());
   if (k == 0 || k > n_seq()) {
     return absl::InvalidArgumentError(
@@ -828,6 +878,12 @@ absl::Status CudaDecoder::StepSeqs(absl::Span<const int> seqs, absl::Span<int32_
           absl::StrCat("sequence ", seq, ": the context of ", n_ctx_, " positions is full"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::StepSeqs(absl::Span<const int> seqs, absl::Span<int32_t> next) {
+  DPL_RETURN_IF_ERROR(CheckStepSeqs(seqs, next));
+  const int k = static_cast<int>(seqs.size());
   const Bucket& bucket = BucketFor(k);
   std::copy(seqs.begin(), seqs.end(), h_rows_.get());
   DPL_RETURN_IF_ERROR(UploadRows(bucket, k));

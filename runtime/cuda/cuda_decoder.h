@@ -137,6 +137,16 @@ class CudaDecoder : public generate::Decoder {
     absl::Span<const int32_t> tokens;
   };
   absl::Status EvalSeqs(absl::Span<const SeqChunk> chunks, std::vector<float>* last);
+  // A mixed pass: a decode step for `seqs` (as StepSeqs: next[i] the next
+  // token of seqs[i]) and prompt chunks of other sequences (as EvalSeqs) in
+  // ONE forward pass, run eagerly: the step's rows first (decode attention),
+  // then the chunks' (prompt attention), every weight read once for all of
+  // them (Sarathi-Serve's piggybacking: a burst of prompts does not stall
+  // the running streams for a step of their own). Either may be empty.
+  // Errors as StepSeqs's and EvalSeqs's, a sequence in both, more than
+  // max_batch() rows; nothing runs then.
+  absl::Status StepWithChunks(absl::Span<const int> seqs, absl::Span<int32_t> next,
+                              absl::Span<const SeqChunk> chunks, std::vector<float>* last);
   int max_batch() const { return max_batch_; }
   // Sequence `dst` becomes the first n positions of sequence `src` (left as
   // it is): their keys and values copied on the decoder's stream, after
@@ -271,8 +281,19 @@ class CudaDecoder : public generate::Decoder {
   //     One segment: its last token's logits (all_logits: every token's)
   //     land in buf_.logits. Several (EvalSeqs; buf_.pass_seq holds each
   //     row's sequence): segment i's last token's logits in row i.
+  //   A mixed pass (StepWithChunks) is the second shape with n_step_rows
+  //   decode rows before the segments: rows 0..n_step_rows of step_rows's
+  //   plan (buf_.row_seq, buf_.positions as a step gathers them) attend
+  //   through decode attention; logits rows are theirs, then the segments'.
   absl::Status EnqueueForward(int n, const Bucket* step, absl::Span<const Segment> segments,
-                              bool all_logits);
+                              bool all_logits, const Bucket* step_rows = nullptr, int n_step_rows = 0);
+  // StepSeqs's checks; marks the sequences for this round (step_count_).
+  absl::Status CheckStepSeqs(absl::Span<const int> seqs, absl::Span<int32_t> next);
+  // The packed pass of EvalSeqs (seqs empty) and StepWithChunks: checks the
+  // chunks (distinct from each other and from seqs, already checked), runs,
+  // samples the step's rows, copies the chunks' last logits to `last`.
+  absl::Status RunPacked(absl::Span<const int> seqs, absl::Span<int32_t> next,
+                         absl::Span<const SeqChunk> chunks, std::vector<float>* last);
   // One decode step of `bucket`: the rows gathered from their sequences, the
   // forward pass, (with `sample`) each live row's next token sampled into
   // buf_.tokens, then the sequences moved on (FinishStepRows). What the step

@@ -424,6 +424,76 @@ TEST_CASE("a packed prompt pass of several sequences follows each sequence's ref
   check(last, total);
 }
 
+// A mixed pass (StepWithChunks: sequence 0's decode row and two prompt
+// chunks of sequences 1 and 2 in one forward pass) against the same work as
+// a step and then a packed pass on a twin decoder: the step's logits, the
+// chunks' last logits, and after it a step of all three (the caches the
+// mixed pass wrote, at the right positions of the right regions), each row
+// within the chunking limit of the reference comparisons above (the passes
+// take other matmul paths, so not the same bits); greedy.
+TEST_CASE("a mixed pass of a decode row and prompt chunks follows a step and a packed pass") {
+  const std::string path = MakeDpl("small-qwen2");
+  CudaDecoderOptions o;
+  o.n_ctx = 256;
+  o.n_seq = 3;
+  o.max_batch = 128;
+  auto made_a = CudaDecoder::Create(path, o), made_b = CudaDecoder::Create(path, o);
+  REQUIRE(made_a.ok());
+  REQUIRE(made_b.ok());
+  CudaDecoder &a = **made_a, &b = **made_b;
+  const int V = a.n_vocab();
+  generate::SamplerParams greedy;
+  greedy.temperature = 0;
+  std::vector<std::vector<int32_t>> toks(3);
+  const int len[3] = {20, 30, 3};
+  for (int s = 0; s < 3; ++s) {
+    for (int i = 0; i < len[s]; ++i) toks[s].push_back((i * 7919 + 29 + 977 * s) % V);
+  }
+  for (CudaDecoder* d : {&a, &b}) {
+    REQUIRE(d->EvalSeq(0, toks[0], nullptr, nullptr).ok());
+    REQUIRE(d->BeginSampling(0, greedy, toks[0]).ok());
+  }
+  const std::vector<CudaDecoder::SeqChunk> chunks = {{1, toks[1]}, {2, toks[2]}};
+  const int zero[1] = {0};
+  int32_t next_a[1] = {-1}, next_b[1] = {-1};
+  std::vector<float> last_a, last_b, row_a, row_b;
+  REQUIRE(a.StepWithChunks(zero, next_a, chunks, &last_a).ok());
+  REQUIRE(a.StepLogits(0, &row_a).ok());
+  REQUIRE(b.StepSeqs(zero, next_b).ok());
+  REQUIRE(b.StepLogits(0, &row_b).ok());
+  REQUIRE(b.EvalSeqs(chunks, &last_b).ok());
+  CHECK(RelRms(row_a, row_b) < 0.04);
+  REQUIRE(last_a.size() == 2 * static_cast<size_t>(V));
+  REQUIRE(last_b.size() == last_a.size());
+  for (int c = 0; c < 2; ++c) {
+    CAPTURE(c);
+    CHECK(RelRms(std::vector<float>(last_a.begin() + c * V, last_a.begin() + (c + 1) * V),
+                 std::vector<float>(last_b.begin() + c * V, last_b.begin() + (c + 1) * V)) < 0.04);
+  }
+  for (int s = 0; s < 3; ++s) CHECK(a.n_past(s) == b.n_past(s));
+  // Sequences 1 and 2 start sampling; one step of all three on each.
+  for (CudaDecoder* d : {&a, &b}) {
+    REQUIRE(d->BeginSampling(1, greedy, toks[1]).ok());
+    REQUIRE(d->BeginSampling(2, greedy, toks[2]).ok());
+  }
+  const int all[3] = {0, 1, 2};
+  int32_t na[3], nb[3];
+  REQUIRE(a.StepSeqs(all, na).ok());
+  REQUIRE(b.StepSeqs(all, nb).ok());
+  for (int i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    REQUIRE(a.StepLogits(i, &row_a).ok());
+    REQUIRE(b.StepLogits(i, &row_b).ok());
+    CHECK(RelRms(row_a, row_b) < 0.04);
+  }
+  // A sequence in both the step and a chunk, or too many rows: refused.
+  const std::vector<CudaDecoder::SeqChunk> overlap = {{0, toks[2]}};
+  CHECK(!a.StepWithChunks(zero, next_a, overlap, nullptr).ok());
+  const std::vector<int32_t> big(128, 5);
+  const std::vector<CudaDecoder::SeqChunk> too_big = {{1, big}};
+  CHECK(!a.StepWithChunks(zero, next_a, too_big, nullptr).ok());
+}
+
 TEST_CASE("prompts on tensor cores: one chunk, several, token by token, all follow the reference") {
   // Chunks of 64 and tails of 5 and 3 tokens (see above).
   REQUIRE(kernels::DecodeTuning{}.gemm_min_tokens <= 64);

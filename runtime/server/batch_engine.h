@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "base/status_macros.h"
 #include "kernels/sampling/sampling_util.h"
 
 namespace dpl::server {
@@ -69,6 +70,19 @@ class BatchEngine {
       if (!t.ok()) return t.status();
       first[i] = *t;
     }
+    return absl::OkStatus();
+  }
+
+  // One scheduler iteration: the prompt `parts` (as PrefillBatch, first[i]
+  // for part i) and a decode step for `slots` (as Step, next[i] for slot i;
+  // slots already decoding, none of them a part's). Either may be empty. An
+  // engine that can runs both in one forward pass (the decode rows ride
+  // along the prompt rows); this default runs PrefillBatch, then Step. An
+  // error fails both.
+  virtual absl::Status StepWithPrefill(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first,
+                                       absl::Span<const int> slots, absl::Span<int32_t> next) {
+    if (!parts.empty()) DPL_RETURN_IF_ERROR(PrefillBatch(parts, first));
+    if (!slots.empty()) return Step(slots, next);
     return absl::OkStatus();
   }
 

@@ -50,7 +50,6 @@ absl::Status CudaEngine::PrefillBatch(absl::Span<const PrefillPart> parts, absl:
   }
   // Passes of consecutive parts, each at most max_batch tokens (a longer
   // part alone: EvalSeq splits it).
-  const size_t V = static_cast<size_t>(n_vocab());
   for (size_t at = 0; at < parts.size();) {
     size_t end = at, tokens = 0;
     std::vector<runtime::CudaDecoder::SeqChunk> chunks;
@@ -63,20 +62,47 @@ absl::Status CudaEngine::PrefillBatch(absl::Span<const PrefillPart> parts, absl:
       ++end;
     }
     DPL_RETURN_IF_ERROR(decoder_->EvalSeqs(chunks, any_last ? &logits_ : nullptr));
-    for (size_t i = at; i < end; ++i) {
-      std::vector<int32_t>& prompt = prompts_[parts[i].slot];
-      prompt.insert(prompt.end(), parts[i].tokens.begin(), parts[i].tokens.end());
-      first[i] = -1;
-    }
-    for (size_t i = at; i < end; ++i) {
-      if (!parts[i].last) continue;
-      DPL_ASSIGN_OR_RETURN(first[i], BeginSampling(parts[i].slot,
-                                                   absl::MakeConstSpan(logits_).subspan((i - at) * V, V),
-                                                   *parts[i].params));
-    }
+    DPL_RETURN_IF_ERROR(AfterParts(parts.subspan(at, end - at), first.subspan(at, end - at)));
     at = end;
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaEngine::AfterParts(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) {
+  const size_t V = static_cast<size_t>(n_vocab());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::vector<int32_t>& prompt = prompts_[parts[i].slot];
+    prompt.insert(prompt.end(), parts[i].tokens.begin(), parts[i].tokens.end());
+    first[i] = -1;
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!parts[i].last) continue;
+    DPL_ASSIGN_OR_RETURN(first[i], BeginSampling(parts[i].slot, absl::MakeConstSpan(logits_).subspan(i * V, V),
+                                                 *parts[i].params));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::StepWithPrefill(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first,
+                                         absl::Span<const int> slots, absl::Span<int32_t> next) {
+  size_t rows = slots.size();
+  for (const PrefillPart& p : parts) rows += p.tokens.size();
+  if (parts.empty() || slots.empty() || rows > static_cast<size_t>(decoder_->max_batch())) {
+    return BatchEngine::StepWithPrefill(parts, first, slots, next);
+  }
+  if (parts.size() != first.size() || slots.size() != next.size()) {
+    return absl::InvalidArgumentError("StepWithPrefill: one output per part and per slot");
+  }
+  std::vector<runtime::CudaDecoder::SeqChunk> chunks;
+  bool any_last = false;
+  for (const PrefillPart& p : parts) {
+    DPL_RETURN_IF_ERROR(CheckSlot(p.slot));
+    if (p.last && p.params == nullptr) return absl::InvalidArgumentError("StepWithPrefill: a last chunk without params");
+    chunks.push_back({p.slot, p.tokens});
+    any_last = any_last || p.last;
+  }
+  DPL_RETURN_IF_ERROR(decoder_->StepWithChunks(slots, next, chunks, any_last ? &logits_ : nullptr));
+  return AfterParts(parts, first);
 }
 
 absl::Status CudaEngine::Step(absl::Span<const int> slots, absl::Span<int32_t> next) {

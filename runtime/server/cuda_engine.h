@@ -31,6 +31,10 @@ class CudaEngine : public BatchEngine {
   // max_batch tokens each.
   absl::Status PrefillBatch(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) override;
   absl::Status Step(absl::Span<const int> slots, absl::Span<int32_t> next) override;
+  // Both in one mixed pass (CudaDecoder::StepWithChunks) when the decode
+  // rows and the parts fit max_batch; else PrefillBatch, then Step.
+  absl::Status StepWithPrefill(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first,
+                               absl::Span<const int> slots, absl::Span<int32_t> next) override;
   int64_t n_past(int slot) const override;
   absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) override;
   absl::Status CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) override;
@@ -47,6 +51,9 @@ class CudaEngine : public BatchEngine {
   // After a prompt's last chunk: its sequence's first token, sampled from its
   // last logits (`logits`, checked finite) with `params`.
   absl::StatusOr<int32_t> BeginSampling(int slot, absl::Span<const float> logits, const SamplerParams& params);
+  // After a pass of `parts` (their tokens run, logits_ holding one row per
+  // part): the prompts' histories extended, the last parts' first tokens.
+  absl::Status AfterParts(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first);
 
   std::vector<float> logits_;                  // a pass's last logits (checked finite), a chunk's after another
 };

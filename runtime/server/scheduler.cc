@@ -310,11 +310,21 @@ bool Scheduler::WaitsForSharedStart(const Active& a, absl::Span<const std::uniqu
   return false;
 }
 
-void Scheduler::Prefill(std::vector<std::unique_ptr<Active>>& active) {
-  // Oldest prompt first, up to one budget's worth of tokens in all; each
-  // request starts (Start) when its turn comes, after the prompts before it
-  // have run, so it can find what they ran.
-  std::vector<Active*> who;
+void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
+  // The decode rows: every request with a token pending before this
+  // iteration's prompts run.
+  std::vector<int> slots;
+  std::vector<Active*> decoders;
+  for (auto& a : active) {
+    if (a->decoding && !a->done) {
+      slots.push_back(a->slot);
+      decoders.push_back(a.get());
+    }
+  }
+  // The prompt parts: oldest prompt first, up to one budget's worth of
+  // tokens in all; each request starts (Start) when its turn comes, after
+  // the prompts before it have run, so it can find what they ran.
+  std::vector<Active*> prompts;
   std::vector<BatchEngine::PrefillPart> parts;
   int budget = options_.prefill_chunk;
   for (size_t i = 0; i < active.size() && budget > 0; ++i) {
@@ -329,34 +339,49 @@ void Scheduler::Prefill(std::vector<std::unique_ptr<Active>>& active) {
     const size_t n = std::min(prompt.size() - a.prefilled, static_cast<size_t>(budget));
     const bool last = a.prefilled + n == prompt.size();
     parts.push_back({a.slot, absl::MakeConstSpan(prompt).subspan(a.prefilled, n), last, &a.request.sampling});
-    who.push_back(&a);
+    prompts.push_back(&a);
     budget -= static_cast<int>(n);
   }
-  if (parts.empty()) return;
-  std::vector<int32_t> first(parts.size(), -1);
+  if (parts.empty() && slots.empty()) return;
+  int64_t prompt_tokens = 0;
+  for (const auto& p : parts) prompt_tokens += static_cast<int64_t>(p.tokens.size());
+  // Each decode row runs its pending token into the slot's cache (an error
+  // fails the request, whose Finish empties the record).
+  for (Active* a : decoders) slot_tokens_[static_cast<size_t>(a->slot)].push_back(a->sampled.back());
+
+  std::vector<int32_t> first(parts.size(), -1), next(slots.size(), -1);
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status s;
-  if (options_.batch_prefill) {
-    s = engine_.PrefillBatch(parts, absl::MakeSpan(first));
+  absl::Status prompt_status, step_status;
+  if (options_.mixed_steps && options_.batch_prefill) {
+    prompt_status = step_status = engine_.StepWithPrefill(parts, absl::MakeSpan(first), slots, absl::MakeSpan(next));
   } else {
-    for (size_t i = 0; i < parts.size() && s.ok(); ++i) {
-      s = engine_.PrefillBatch(absl::MakeConstSpan(parts).subspan(i, 1), absl::MakeSpan(first).subspan(i, 1));
+    if (options_.batch_prefill) {
+      if (!parts.empty()) prompt_status = engine_.PrefillBatch(parts, absl::MakeSpan(first));
+    } else {
+      for (size_t i = 0; i < parts.size() && prompt_status.ok(); ++i) {
+        prompt_status = engine_.PrefillBatch(absl::MakeConstSpan(parts).subspan(i, 1), absl::MakeSpan(first).subspan(i, 1));
+      }
     }
+    if (!slots.empty()) step_status = engine_.Step(slots, absl::MakeSpan(next));
   }
   const auto done = std::chrono::steady_clock::now();
   {
+    // A mixed call's time goes to prompts and decoding by their rows.
+    const double sec = std::chrono::duration<double>(done - t0).count();
+    const double prompt_share =
+        static_cast<double>(prompt_tokens) / static_cast<double>(prompt_tokens + static_cast<int64_t>(slots.size()));
     absl::MutexLock lock(&mu_);
-    metrics_.prompt_seconds += std::chrono::duration<double>(done - t0).count();
-    if (s.ok()) {
-      for (const auto& p : parts) metrics_.prompt_tokens_total += static_cast<int64_t>(p.tokens.size());
-    }
+    metrics_.prompt_seconds += sec * prompt_share;
+    metrics_.decode_seconds += sec * (1 - prompt_share);
+    if (prompt_status.ok()) metrics_.prompt_tokens_total += prompt_tokens;
+    if (step_status.ok()) metrics_.decode_tokens += static_cast<int64_t>(slots.size());
   }
-  for (size_t i = 0; i < who.size(); ++i) {
-    Active& a = *who[i];
-    if (!s.ok()) {
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Active& a = *prompts[i];
+    if (!prompt_status.ok()) {
       // What ran of the batch is not known: the slot's record is emptied
       // (Finish releases the slot).
-      Finish(a, FinishReason::kStop, s);
+      Finish(a, FinishReason::kStop, prompt_status);
       continue;
     }
     const size_t n = parts[i].tokens.size();
@@ -376,36 +401,11 @@ void Scheduler::Prefill(std::vector<std::unique_ptr<Active>>& active) {
     }
     Take(a, first[i]);
   }
-}
-
-void Scheduler::DecodeStep(std::vector<std::unique_ptr<Active>>& active) {
-  std::vector<int> slots;
-  std::vector<Active*> who;
-  for (auto& a : active) {
-    if (a->decoding && !a->done) {
-      slots.push_back(a->slot);
-      who.push_back(a.get());
-      // The step runs the pending token into the slot's cache (an error
-      // fails the request, whose Finish empties the record).
-      slot_tokens_[static_cast<size_t>(a->slot)].push_back(a->sampled.back());
-    }
-  }
-  if (slots.empty()) return;
-  std::vector<int32_t> next(slots.size(), -1);
-  const auto t0 = std::chrono::steady_clock::now();
-  const absl::Status s = engine_.Step(slots, absl::MakeSpan(next));
-  {
-    absl::MutexLock lock(&mu_);
-    metrics_.decode_seconds += SecondsSince(t0);
-    if (s.ok()) {
-      metrics_.decode_tokens += slots.size();
-    }
-  }
-  for (size_t i = 0; i < who.size(); ++i) {
-    if (!s.ok()) {
-      Finish(*who[i], FinishReason::kStop, s);
+  for (size_t i = 0; i < decoders.size(); ++i) {
+    if (!step_status.ok()) {
+      Finish(*decoders[i], FinishReason::kStop, step_status);
     } else {
-      Take(*who[i], next[i]);
+      Take(*decoders[i], next[i]);
     }
   }
 }
@@ -422,8 +422,7 @@ void Scheduler::Loop() {
       if (a->stream->cancelled()) Finish(*a, FinishReason::kStop, absl::CancelledError("client gone"));
     }
     sweep();
-    Prefill(active);
-    DecodeStep(active);
+    Iterate(active);
     sweep();
     int64_t kv = 0;
     for (const auto& a : active) kv += engine_.n_past(a->slot);

@@ -9,21 +9,22 @@
 //      slot free longest;
 //   2. leave: requests whose client went away (RequestStream::Cancel) free
 //      their slot;
-//   3. prefill: a request's first prefill starts from the longest start of
-//      its prompt that any slot's cache holds: its own slot's kept in
+//   3. prompts: a request's first prefill starts from the longest start
+//      of its prompt that any slot's cache holds: its own slot's kept in
 //      place, or another slot's (free or running: a shared system prompt)
 //      copied (BatchEngine::CopyPrefix); prompts start oldest first, and a
 //      request that shares a long start with an older prompt still running
 //      waits for it (SchedulerOptions::defer_for_shared_start), so a burst
-//      of requests with one system prompt runs it once. Then at most SchedulerOptions::prefill_chunk prompt tokens in
-//      all, oldest request first: one chunk of a long prompt, or several
-//      short prompts until the budget is spent (llama-server's n_batch), in
-//      ONE BatchEngine::PrefillBatch (the CUDA engine packs them into one
-//      forward pass), so a burst of arrivals reaches its first tokens with
-//      fewer decode steps in between and every weight read once for all of
-//      them, and a long prompt still delays the others' next token by one
-//      chunk at most;
-//   4. decode: one BatchEngine::Step for every slot that has a token pending.
+//      of requests with one system prompt runs it once. At most
+//      SchedulerOptions::prefill_chunk prompt tokens go in all, oldest
+//      request first: one chunk of a long prompt, or several short prompts
+//      until the budget is spent (llama-server's n_batch);
+//   4. one engine call, BatchEngine::StepWithPrefill: those prompt tokens
+//      and a decode step for every slot that had a token pending (the CUDA
+//      engine runs them as ONE forward pass, every weight read once for all
+//      of them), so a burst of arrivals reaches its first tokens in fewer
+//      passes and the running streams never wait a step of their own for
+//      it, while a long prompt delays their next token by one chunk at most.
 // A request leaves when its turn ends (an end-of-generation token, unless
 // ignore_eos), a stop string completes, max_tokens are generated, or its
 // slot's context is full. Requests beyond the slots wait in a bounded queue.
@@ -111,6 +112,11 @@ struct SchedulerOptions {
   // false: each prompt's chunk its own engine call, as before packed passes
   // (dpl-server's DPL_PREFILL_BATCH=0, an A/B).
   bool batch_prefill = true;
+  // With batch_prefill, the prompt tokens and the decode step in ONE engine
+  // call (BatchEngine::StepWithPrefill; the CUDA engine runs them as one
+  // forward pass); false: a PrefillBatch, then a Step (dpl-server's
+  // DPL_MIXED_STEPS=0, an A/B).
+  bool mixed_steps = true;
 };
 
 // A Prometheus histogram: observations counted under ascending upper bounds
@@ -188,14 +194,14 @@ class Scheduler {
   // A request's first prefill: its slot's cache becomes the longest start
   // of its prompt that any slot holds (kept or copied); Finish on error.
   void Start(Active& a);
-  // One iteration's prompt tokens: up to prefill_chunk in all, oldest
-  // prompt first (each Started when its turn comes), in one
-  // BatchEngine::PrefillBatch; a prompt's last chunk gives its first token.
-  void Prefill(std::vector<std::unique_ptr<Active>>& active);
+  // One iteration's engine work: prompt tokens, up to prefill_chunk in all,
+  // oldest prompt first (each Started when its turn comes; a prompt's last
+  // chunk gives its first token), and a decode step for every request that
+  // had a token pending, in one BatchEngine::StepWithPrefill.
+  void Iterate(std::vector<std::unique_ptr<Active>>& active);
   // Whether `a` (not started) waits for an `older` request's prompt to run
   // (SchedulerOptions::defer_for_shared_start).
   bool WaitsForSharedStart(const Active& a, absl::Span<const std::unique_ptr<Active>> older) const;
-  void DecodeStep(std::vector<std::unique_ptr<Active>>& active);
   // Takes a sampled token; true when the request is finished.
   bool Take(Active& a, int32_t token);
   void Finish(Active& a, FinishReason reason, absl::Status error);

@@ -153,6 +153,7 @@ class RecordingEngine : public BatchEngine {
       absl::MutexLock lock(&mu_);
       batches_.push_back(static_cast<int>(parts.size()));
     }
+    Log({-2, static_cast<int>(parts.size())});
     return BatchEngine::PrefillBatch(parts, first);
   }
   std::vector<int> batches() {
@@ -195,7 +196,7 @@ class RecordingEngine : public BatchEngine {
   }
   BatchEngine& e_;
   absl::Mutex mu_;
-  std::vector<std::pair<int, int>> calls_;  // (slot or -1, tokens or rows)
+  std::vector<std::pair<int, int>> calls_;  // (slot, tokens), (-1, a step's rows) or (-2, a batch's parts)
   std::vector<Copy> copies_;
   std::vector<int> batches_;  // parts per PrefillBatch call
 };
@@ -341,7 +342,7 @@ TEST_CASE("short prompts share one step's prefill budget; a long one goes in chu
       continue;
     }
     fed += calls[i].second;
-    CHECK(fed <= 6);  // the budget between two steps
+    CHECK(fed <= 6);  // the budget of one iteration (one PrefillBatch)
     slot_tokens[calls[i].first] += calls[i].second;
     ++slot_calls[calls[i].first];
     if (i > 0 && calls[i - 1].first >= 0 && calls[i - 1].first != calls[i].first) ++back_to_back;
