@@ -164,8 +164,8 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   if (const char* e = std::getenv("DPL_PREFILL_BATCH"); e != nullptr && std::string(e) == "0") {
     o.scheduler.batch_prefill = false;
   }
-  if (const char* e = std::getenv("DPL_MIXED_STEPS"); e != nullptr && std::string(e) == "0") {
-    o.scheduler.mixed_steps = false;
+  if (const char* e = std::getenv("DPL_MIXED_STEPS"); e != nullptr && std::string(e) == "1") {
+    o.scheduler.mixed_steps = true;
   }
   o.http.header_timeout = absl::Seconds(args["header-timeout"].as<double>());
   o.http.body_timeout = absl::Seconds(args["body-timeout"].as<double>());

@@ -19,12 +19,13 @@
 //      SchedulerOptions::prefill_chunk prompt tokens go in all, oldest
 //      request first: one chunk of a long prompt, or several short prompts
 //      until the budget is spent (llama-server's n_batch);
-//   4. one engine call, BatchEngine::StepWithPrefill: those prompt tokens
-//      and a decode step for every slot that had a token pending (the CUDA
-//      engine runs them as ONE forward pass, every weight read once for all
-//      of them), so a burst of arrivals reaches its first tokens in fewer
-//      passes and the running streams never wait a step of their own for
-//      it, while a long prompt delays their next token by one chunk at most.
+//   4. the engine: those prompt tokens in one BatchEngine::PrefillBatch
+//      (the CUDA engine packs them into one forward pass, every weight read
+//      once for all of them), then a decode step for every slot that had a
+//      token pending; with SchedulerOptions::mixed_steps both in one
+//      BatchEngine::StepWithPrefill (the CUDA engine: ONE forward pass, so
+//      the running streams never wait a step of their own for a burst). A
+//      long prompt delays their next token by one chunk at most.
 // A request leaves when its turn ends (an end-of-generation token, unless
 // ignore_eos), a stop string completes, max_tokens are generated, or its
 // slot's context is full. Requests beyond the slots wait in a bounded queue.
@@ -114,9 +115,10 @@ struct SchedulerOptions {
   bool batch_prefill = true;
   // With batch_prefill, the prompt tokens and the decode step in ONE engine
   // call (BatchEngine::StepWithPrefill; the CUDA engine runs them as one
-  // forward pass); false: a PrefillBatch, then a Step (dpl-server's
-  // DPL_MIXED_STEPS=0, an A/B).
-  bool mixed_steps = true;
+  // forward pass); false: a PrefillBatch, then a Step. Off by default until
+  // the CUDA engine's mixed pass has run on a GPU (dpl-server's
+  // DPL_MIXED_STEPS=1 turns it on).
+  bool mixed_steps = false;
 };
 
 // A Prometheus histogram: observations counted under ascending upper bounds

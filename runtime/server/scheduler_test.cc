@@ -106,6 +106,13 @@ TEST_CASE("requests decoded together give the text each gives alone") {
     CHECK(got.final.completion_tokens == reqs[i].max_tokens);
     CHECK(got.final.prompt_tokens == static_cast<int64_t>(reqs[i].prompt.size()));
   }
+  // The same with each iteration's prompts and step in one engine call.
+  SchedulerOptions mixed{4, 2};
+  mixed.mixed_steps = true;
+  Fixture fm(2);
+  Scheduler sm(*fm.engine, *fm.tok, mixed);
+  const std::vector<std::shared_ptr<RequestStream>> mixed_streams = SubmitAll(sm, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) CHECK(Collect(*mixed_streams[i]).text == alone[i].text);
   const SchedulerMetrics m = s.metrics();
   CHECK(m.requests_total == 3);
   // {1, 2, 3} may find {1, 2} in the first request's slot.
