@@ -55,7 +55,8 @@ fi
 # (gzipped: 5.7 -> 2.5 MB of the 64 MiB; suite.sh and startup.sh unpack it).
 mkdir -p "$out/shared/vocab" && gzip -c "$shared/vocab/ggml-vocab-qwen2.gguf" >"$out/shared/vocab/ggml-vocab-qwen2.gguf.gz"
 cp tools/gpu/env.sh tools/gpu/suite.sh tools/gpu/ab.sh tools/gpu/startup.sh tools/gpu/types.sh \
-   tools/gpu/server.sh tools/gpu/batched.sh tools/gpu/server_ab.sh tools/gpu/prompt-3254.txt tools/server_load.sh "$out/"
+   tools/gpu/server.sh tools/gpu/batched.sh tools/gpu/server_ab.sh tools/gpu/server_reuse.sh tools/gpu/prompt-3254.txt \
+   tools/server_load.sh "$out/"
 du -sh "$out"
 # A device call carries at most 64 MiB: this folder plus the tracked tree.
 # Say so here, not as a refused call (each refusal costs device time).
