@@ -115,9 +115,10 @@ struct SchedulerOptions {
   bool batch_prefill = true;
   // With batch_prefill, the prompt tokens and the decode step in ONE engine
   // call (BatchEngine::StepWithPrefill; the CUDA engine runs them as one
-  // forward pass); false: a PrefillBatch, then a Step. Off by default until
-  // the CUDA engine's mixed pass has run on a GPU (dpl-server's
-  // DPL_MIXED_STEPS=1 turns it on).
+  // forward pass); false: a PrefillBatch, then a Step. Off by default: on an
+  // H100 the mixed pass gave the 64-stream burst no gain (first tokens
+  // median 324-329 vs 300-318 ms, docs/PERF.md); dpl-server's
+  // DPL_MIXED_STEPS=1 turns it on.
   bool mixed_steps = false;
 };
 
