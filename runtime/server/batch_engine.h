@@ -11,11 +11,12 @@
 // implements this same interface.
 //
 // A slot's life: Prefill(slot, chunk, false) ... Prefill(slot, chunk, true)
-// -> first token (or its chunks in PrefillBatch calls beside other slots'); then Step({..., slot, ...}) -> one token per call; then
-// KeepPrefix(slot, ...) for the next request on the slot (its prompt's
-// cached start), or CopyPrefix(slot, other, ...) when another slot holds a
-// longer start (a shared system prompt), or Release(slot). Calls come from
-// one thread (the scheduler's), in order: a copy sees every call before it.
+// -> first token (or its chunks in PrefillBatch calls beside other slots');
+// then Step({..., slot, ...}) -> one token per call; then KeepPrefix(slot,
+// ...) for the next request on the slot (its prompt's cached start), or
+// CopyPrefix(slot, other, ...) when another slot holds a longer start (a
+// shared system prompt), or Release(slot). Calls come from one thread (the
+// scheduler's), in order: a copy sees every call before it.
 #pragma once
 
 #include <cstdint>

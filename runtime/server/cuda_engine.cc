@@ -42,12 +42,17 @@ absl::StatusOr<int32_t> CudaEngine::BeginSampling(int slot, absl::Span<const flo
   return decoder_->BeginSampling(slot, params, prompts_[slot]);
 }
 
-absl::Status CudaEngine::PrefillBatch(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) {
-  if (parts.size() != first.size()) return absl::InvalidArgumentError("PrefillBatch: one output per part");
+absl::Status CudaEngine::CheckParts(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) const {
+  if (parts.size() != first.size()) return absl::InvalidArgumentError("prompt parts: one output per part");
   for (const PrefillPart& p : parts) {
     DPL_RETURN_IF_ERROR(CheckSlot(p.slot));
-    if (p.last && p.params == nullptr) return absl::InvalidArgumentError("PrefillBatch: a last chunk without params");
+    if (p.last && p.params == nullptr) return absl::InvalidArgumentError("prompt parts: a last chunk without params");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::PrefillBatch(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) {
+  DPL_RETURN_IF_ERROR(CheckParts(parts, first));
   // Passes of consecutive parts, each at most max_batch tokens (a longer
   // part alone: EvalSeq splits it).
   for (size_t at = 0; at < parts.size();) {
@@ -90,14 +95,10 @@ absl::Status CudaEngine::StepWithPrefill(absl::Span<const PrefillPart> parts, ab
   if (parts.empty() || slots.empty() || rows > static_cast<size_t>(decoder_->max_batch())) {
     return BatchEngine::StepWithPrefill(parts, first, slots, next);
   }
-  if (parts.size() != first.size() || slots.size() != next.size()) {
-    return absl::InvalidArgumentError("StepWithPrefill: one output per part and per slot");
-  }
+  DPL_RETURN_IF_ERROR(CheckParts(parts, first));  // StepWithChunks checks the slots and next
   std::vector<runtime::CudaDecoder::SeqChunk> chunks;
   bool any_last = false;
   for (const PrefillPart& p : parts) {
-    DPL_RETURN_IF_ERROR(CheckSlot(p.slot));
-    if (p.last && p.params == nullptr) return absl::InvalidArgumentError("StepWithPrefill: a last chunk without params");
     chunks.push_back({p.slot, p.tokens});
     any_last = any_last || p.last;
   }

@@ -45,6 +45,8 @@ class CudaEngine : public BatchEngine {
  private:
   explicit CudaEngine(std::unique_ptr<runtime::CudaDecoder> d);
   absl::Status CheckSlot(int slot) const;
+  // One output per part, every slot in range, params with every last part.
+  absl::Status CheckParts(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) const;
 
   std::unique_ptr<runtime::CudaDecoder> decoder_;
   std::vector<std::vector<int32_t>> prompts_;  // (n_slots) the history for the repetition penalty

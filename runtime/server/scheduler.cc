@@ -359,7 +359,8 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
       if (!parts.empty()) prompt_status = engine_.PrefillBatch(parts, absl::MakeSpan(first));
     } else {
       for (size_t i = 0; i < parts.size() && prompt_status.ok(); ++i) {
-        prompt_status = engine_.PrefillBatch(absl::MakeConstSpan(parts).subspan(i, 1), absl::MakeSpan(first).subspan(i, 1));
+        prompt_status =
+            engine_.PrefillBatch(absl::MakeConstSpan(parts).subspan(i, 1), absl::MakeSpan(first).subspan(i, 1));
       }
     }
     if (!slots.empty()) step_status = engine_.Step(slots, absl::MakeSpan(next));
