@@ -93,13 +93,6 @@ struct DecodeTuning {
   // kernel) keeps.
   int mma_f16_min_tokens = 9;
   int mma_f16_min_tokens_q6k = 9;
-  // Mma products of up to this many tokens whose k is split over CTAs
-  // (MmaSplits) add the splits in the last CTA of each row tile
-  // (kernels/matvec/split_sum.cuh); more tokens: in a second kernel
-  // (MmaSumSplits). Same bits either way. 0 until measured on a GPU (the
-  // first build of it had no device: docs/PERF.md); dpl-bench and
-  // matvec_bench take DPL_TILE_SUM_MAX.
-  int mma_tile_sum_max_tokens = 0;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

@@ -105,11 +105,7 @@ void CheckQuantizedOutput(const DecodeAttentionPlan& plan, const float* dq, cons
   CUDA_OK(cudaMalloc(&ma, *bytes));
   CUDA_OK(cudaMalloc(&mb, *bytes));
   CUDA_OK(cudaMalloc(&dout, n_out * 4));
-  absl::StatusOr<MatVecScratch> fused_or = MatVecScratchIn(ma, n_out, 1),
-                                plain_or = MatVecScratchIn(mb, n_out, 1);
-  REQUIRE(fused_or.ok());
-  REQUIRE(plain_or.ok());
-  MatVecScratch fused = *fused_or, plain = *plain_or;
+  MatVecScratch fused = MatVecScratchIn(ma, n_out, 1), plain = MatVecScratchIn(mb, n_out, 1);
   auto target = QuantizeInto(n_out, 1, &fused);
   REQUIRE(target.ok());
   STATUS_OK(DecodeAttention(plan, dq, s.dk, s.dv, dpos, dws, dout, 0, &*target));

@@ -18,10 +18,6 @@ int64_t PartialFloats(int64_t max_tokens) {
   return max_tokens < 2 ? 0 : std::min<int64_t>(max_tokens, kMmaMaxTokens) * kMmaMaxPartialRows;
 }
 
-// Counters of the split products' row tiles (none when every launch is one
-// token).
-int64_t SplitTiles(int64_t max_tokens) { return max_tokens < 2 ? 0 : kMmaMaxSplitTiles; }
-
 // Halves of the f16 activation copy (the f16 mma form's input).
 int64_t HalfValues(int64_t max_cols, int64_t max_tokens) {
   return max_tokens < 2 ? 0
@@ -30,9 +26,8 @@ int64_t HalfValues(int64_t max_cols, int64_t max_tokens) {
 }
 }  // namespace
 
-// Layout: q at 0, then d, s, the partials, the f16 copy and the split
-// counters each at the next 256-byte boundary (the kernels read d and s
-// with 8- and 16-byte loads).
+// Layout: q at 0, then d, s, the partials and the f16 copy each at the next
+// 256-byte boundary (the kernels read d and s with 8- and 16-byte loads).
 absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens) {
   if (max_cols <= 0 || max_cols % kActBlock != 0 || max_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("matvec scratch: max_cols ", max_cols,
@@ -42,11 +37,10 @@ absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens
   const uint64_t n = static_cast<uint64_t>(max_cols) * static_cast<uint64_t>(max_tokens);
   return Align256(n) + 2 * Align256(n / kActBlock * sizeof(float)) +
          Align256(PartialFloats(max_tokens) * sizeof(float)) +
-         Align256(HalfValues(max_cols, max_tokens) * sizeof(__half)) +
-         Align256(SplitTiles(max_tokens) * sizeof(unsigned));
+         Align256(HalfValues(max_cols, max_tokens) * sizeof(__half));
 }
 
-absl::StatusOr<MatVecScratch> MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens) {
+MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens) {
   const uint64_t n = static_cast<uint64_t>(max_cols) * static_cast<uint64_t>(max_tokens);
   const uint64_t scales = Align256(n / kActBlock * sizeof(float));
   uint8_t* base = static_cast<uint8_t*>(mem);
@@ -57,13 +51,9 @@ absl::StatusOr<MatVecScratch> MatVecScratchIn(void* mem, int64_t max_cols, int64
   s.partial_floats = PartialFloats(max_tokens);
   const uint64_t partial_at = Align256(n) + 2 * scales;
   if (s.partial_floats > 0) s.partial = reinterpret_cast<float*>(base + partial_at);
-  const uint64_t half_at = partial_at + Align256(s.partial_floats * sizeof(float));
-  const int64_t halves = HalfValues(max_cols, max_tokens);
-  if (halves > 0) s.h = reinterpret_cast<__half*>(base + half_at);
-  const int64_t tiles = SplitTiles(max_tokens);
-  if (tiles > 0) {
-    s.split_done = reinterpret_cast<unsigned*>(base + half_at + Align256(halves * sizeof(__half)));
-    DPL_CUDA_CHECK(cudaMemset(s.split_done, 0, tiles * sizeof(unsigned)));
+  if (HalfValues(max_cols, max_tokens) > 0) {
+    s.h = reinterpret_cast<__half*>(base + partial_at +
+                                    Align256(s.partial_floats * sizeof(float)));
   }
   s.max_cols = max_cols;
   s.max_tokens = max_tokens;
@@ -234,7 +224,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
                    });
   a.n_parts = static_cast<int>(ws.size());
   a.rope = io.rope;
-  int64_t grid_x = 0, blocks = 0, partial_used = 0, tiles_used = 0;
+  int64_t grid_x = 0, blocks = 0, partial_used = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
     const WeightMatrix& w = *ws[i];
     if (w.n_cols != ws[0]->n_cols) {
@@ -257,15 +247,6 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
         }
         p.partial = io.qx->partial + partial_used;
         partial_used += need;
-        if (io.n_tokens <= plan.tile_sum_max_tokens) {
-          if (io.qx->split_done == nullptr || tiles_used + grid.y > kMmaMaxSplitTiles) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                what, ": the k-split counters need ", tiles_used + grid.y, ", the scratch holds ",
-                io.qx->split_done == nullptr ? 0 : kMmaMaxSplitTiles));
-          }
-          p.split_done = io.qx->split_done + tiles_used;
-          tiles_used += grid.y;
-        }
       }
     }
     p.w = static_cast<const uint8_t*>(w.data);

@@ -43,9 +43,6 @@ struct MatVecScratch {
   int64_t f16_min_tokens = 2;
   float* partial = nullptr;    // (partial_floats): min(max_tokens, kMmaMaxTokens)
   int64_t partial_floats = 0;  // x kMmaMaxPartialRows floats when max_tokens >= 2
-  // (kMmaMaxSplitTiles) counters of the split products' row tiles
-  // (split_sum.cuh): zeros between launches; null when max_tokens < 2.
-  unsigned* split_done = nullptr;
   int64_t max_cols = 0;
   int64_t max_tokens = 0;
   // Shape of the activations last quantized into this scratch (host-side
@@ -57,10 +54,9 @@ struct MatVecScratch {
 // Device bytes a scratch for (max_tokens, max_cols) needs (max_cols a
 // multiple of 32), and the scratch laid out in `mem`, which holds that many
 // bytes, is 256-byte aligned and stays owned by the caller (allocated once,
-// at init: never inside a step). MatVecScratchIn zeroes the split counters
-// (a synchronous cudaMemset).
+// at init: never inside a step).
 absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens);
-absl::StatusOr<MatVecScratch> MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens);
+MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens);
 
 // Quantizes x: (n_tokens, n_cols) f32 on the device into `scratch`, where
 // every quantized matvec reading x then finds it (quantize once, use for Q, K

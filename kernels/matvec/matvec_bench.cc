@@ -300,21 +300,14 @@ int Main() {
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs, L2 %d MB; peak used for %%: %.0f GB/s\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, kPeakGBs);
-  absl::StatusOr<DecodeTuning> tuning = DecodeTuningForDevice();
+  const absl::StatusOr<DecodeTuning> tuning = DecodeTuningForDevice();
   BENCH_OK(tuning.status());
-  // The split sums' crossover (DecodeTuning::mma_tile_sum_max_tokens), as
-  // dpl-bench takes it: DPL_TILE_SUM_MAX=0 sums in a second kernel.
-  if (const char* e = std::getenv("DPL_TILE_SUM_MAX"); e != nullptr) {
-    tuning->mma_tile_sum_max_tokens = std::atoi(e);
-  }
   std::printf("tuning: q6_K decode CTAs per SM %d\n", tuning->q6k_ctas_per_sm);
   const absl::StatusOr<uint64_t> scratch_bytes = MatVecScratchBytes(18944, 512);
   BENCH_OK(scratch_bytes.status());
   absl::StatusOr<DeviceBuffer<uint8_t>> scratch_mem = DeviceBuffer<uint8_t>::Allocate(*scratch_bytes);
   BENCH_OK(scratch_mem.status());
-  absl::StatusOr<MatVecScratch> scratch_or = MatVecScratchIn(scratch_mem->get(), 18944, 512);
-  BENCH_OK(scratch_or.status());
-  MatVecScratch scratch = *scratch_or;
+  MatVecScratch scratch = MatVecScratchIn(scratch_mem->get(), 18944, 512);
   std::vector<Shape> shapes = {
       // Qwen2.5-7B (hidden 3584, ffn 18944, kv 512, vocab 152064)
       {"7B ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584, 1},

@@ -107,9 +107,6 @@ inline constexpr int MmaF16Splits(int64_t n_rows, int64_t n_cols) {
 // for each of up to kMaxMatVecParts matrices.
 inline constexpr int64_t kMmaMaxPartialRows =
     int64_t{kMaxMatVecParts} * 2 * kMmaTargetCtas * kMmaCtaRows;
-// Row tiles a launch's split parts may have (a split matrix has fewer than
-// kMmaTargetCtas): one counter each (split_sum.cuh).
-inline constexpr int64_t kMmaMaxSplitTiles = int64_t{kMaxMatVecParts} * kMmaTargetCtas;
 
 // How one launch walks a matrix. One kernel skeleton (MatVecT in
 // matvec_kernels.cu) takes all four knobs as template parameters:

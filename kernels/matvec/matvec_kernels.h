@@ -30,13 +30,10 @@ struct MatVecPart {
   const float* residual = nullptr;  // (n_tokens, n_rows) or null; may alias y
   MatVecRole role = MatVecRole::kPlain;  // single token only (matvec_rope.h)
   // The mma form's k-split (MmaSplits): with splits > 1 its CTAs write
-  // partial sums here, (splits, n_tokens, n_rows), and they are added with
-  // bias and residual into y by the last CTA of each row tile to finish
-  // (split_sum.cuh), counting on split_done, or by a second kernel
-  // (MmaSumSplits) when split_done is null.
+  // partial sums here, (splits, n_tokens, n_rows), and a second kernel adds
+  // them with bias and residual into y.
   int splits = 1;
   float* partial = nullptr;
-  unsigned* split_done = nullptr;  // (row tiles) zeros, or null
 };
 
 struct MatVecArgs {
@@ -79,8 +76,8 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
                                 bool pdl, cudaStream_t stream);
 
 // The second kernel of a k-split mma launch (either form): for the parts
-// with splits > 1 and no split_done counters, y = sum of the partials in
-// split order (+ bias) (+ residual). Launches nothing when no part needs it.
+// with splits > 1, y = sum of the partials in split order (+ bias)
+// (+ residual). Launches nothing when no part splits.
 absl::Status LaunchMmaSumSplits(const MatVecArgs& args, bool pdl, cudaStream_t stream);
 
 // CTAs of that kernel and geometry resident per SM on the current device

@@ -18,9 +18,8 @@
 // 7B ffn_gate/up took 27.6 / 45.2 / 121 / 260 us at 4 / 16 / 32 / 64 tokens,
 // this form 24.7 / 30.4 / 44.5 / 71.3 (probe; dequantize + cuBLAS ~96).
 // Matrices with few row blocks split k over CTAs (grid.z, MmaSplits in
-// matvec_geometry.h): each split writes partial sums, added in split order
-// with the bias and residual (deterministic) by the last CTA of the row
-// tile (split_sum.cuh) or by MmaSumSplits.
+// matvec_geometry.h): each split writes partial sums and MmaSumSplits adds
+// them in split order with the bias and residual (deterministic).
 //
 // Fragments (PTX ISA, mma .s8): lane = 4 g + t.
 //   m16n8k32  A: a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][16+4t..], a3 = A[g+8][16+4t..]
@@ -44,7 +43,6 @@
 #include "kernels/launch.cuh"
 #include "kernels/matvec/matvec_kernels.h"
 #include "kernels/matvec/matvec_traits.cuh"
-#include "kernels/matvec/split_sum.cuh"
 
 namespace dpl::kernels {
 namespace {
@@ -493,10 +491,6 @@ __global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs 
       P.y[o] = v;
     }
   }
-  if (P.splits > 1 && P.split_done != nullptr) {
-    const int tile = static_cast<int>(blockIdx.y) - P.row_block0;
-    SumSplitsIfLast<kMmaThreads>(P, a.n_tokens, tile, tile * kMmaCtaRows, kMmaCtaRows);
-  }
 }
 
 //   y[t, r] = (sum_z partial[z, t, r]) (+ bias[r]) (+ residual[t, r])
@@ -507,7 +501,7 @@ __global__ void __launch_bounds__(256) MmaSumSplits(const MatVecArgs a) {
   GridLaunchDependents();
   const int64_t n = static_cast<int64_t>(a.n_tokens) * P.n_rows;
   const int64_t o = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
-  if (P.splits <= 1 || P.split_done != nullptr || o >= n) return;
+  if (P.splits <= 1 || o >= n) return;
   float v = P.partial[o];
   for (int z = 1; z < P.splits; ++z) v += P.partial[z * n + o];
   if (P.bias != nullptr) v += P.bias[o % P.n_rows];
@@ -563,7 +557,7 @@ absl::Status LaunchMmaSumSplits(const MatVecArgs& args, bool pdl, cudaStream_t s
   bool split = false;
   for (int i = 0; i < args.n_parts; ++i) {
     max_rows = std::max<int64_t>(max_rows, args.part[i].n_rows);
-    split = split || (args.part[i].splits > 1 && args.part[i].split_done == nullptr);
+    split = split || args.part[i].splits > 1;
   }
   if (!split) return absl::OkStatus();
   const int64_t elems = max_rows * args.n_tokens;

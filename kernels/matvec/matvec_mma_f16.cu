@@ -26,8 +26,7 @@
 // tokens: 7.4 warps a SM, issue slots 26% busy); with wgmma gate/up at 64
 // tokens 62.0 -> 47.7 us, down 48.1 -> 35.3, the lm head 314 -> 283.
 // Matrices with few row blocks split k over grid.z (MmaF16Splits), partials
-// summed in split order by the row tile's last CTA (split_sum.cuh) or by the
-// int8 form's MmaSumSplits.
+// summed in split order by the int8 form's MmaSumSplits.
 //
 // Instructions a stage: few warps a SM, so each instruction of the
 // per-stage chain costs time. Three cuts that keep every result bit: the
@@ -55,7 +54,6 @@
 #include "formats/tensor_layout.h"
 #include "kernels/attention/mma_f16.cuh"
 #include "kernels/matvec/matvec_kernels.h"
-#include "kernels/matvec/split_sum.cuh"
 #include "kernels/wgmma.cuh"
 
 namespace dpl::kernels {
@@ -549,10 +547,6 @@ __global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs 
         P.y[o] = v;
       }
     }
-  }
-  if (P.splits > 1 && P.split_done != nullptr) {
-    SumSplitsIfLast<kThreads>(P, a.n_tokens, static_cast<int>(blockIdx.y) - P.row_block0, row0,
-                              kMmaF16CtaRows);
   }
 }
 

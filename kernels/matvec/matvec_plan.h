@@ -60,9 +60,6 @@ struct MatVecPlan {
   // DecodeTuning::mma_f16_min_tokens (q4_K) or mma_f16_min_tokens_q6k where
   // MatVecMmaF16Supports.
   int mma_f16_min_tokens = 0;
-  // Split products of up to this many tokens sum in their last CTA (same
-  // bits as the separate sum kernel); DecodeTuning::mma_tile_sum_max_tokens.
-  int tile_sum_max_tokens = 0;
 };
 
 // Checks shape, stride and alignment of `w`, picks its kernel and the

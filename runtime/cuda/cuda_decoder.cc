@@ -260,8 +260,7 @@ absl::Status CudaDecoder::Allocate() {
     std::memcpy(e.slot, &at, sizeof(void*));  // every slot is a pointer (a member of b, or qx_mem)
     at += align(e.bytes);
   }
-  DPL_ASSIGN_OR_RETURN(b.qx, kernels::MatVecScratchIn(qx_mem, static_cast<int64_t>(W),
-                                                      static_cast<int64_t>(qx_tokens)));
+  b.qx = kernels::MatVecScratchIn(qx_mem, static_cast<int64_t>(W), static_cast<int64_t>(qx_tokens));
   // The f16 copy only where a plan reads it.
   b.qx.f16_min_tokens = std::min(tuning_.mma_f16_min_tokens, tuning_.mma_f16_min_tokens_q6k);
   // Sequences start with RNG counter 0, token 0 at position 0, and
