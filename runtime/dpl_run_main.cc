@@ -107,7 +107,10 @@ void AddFlags(cxxopts::Options& options) {
       ("single-turn", "chat: answer the -p prompt once and exit")
       ("sys,system-prompt", "chat: system message", cxxopts::value<std::string>())
       ("chat-template",
-       absl::StrCat("chat: one of ", dpl::tokenizer::ChatTemplateNames(), " (default: from the model)"),
+       absl::StrCat("chat: a built-in family renderer, one of ", dpl::tokenizer::ChatTemplateNames(),
+                    " (default: the model's own Jinja template)"),
+       cxxopts::value<std::string>()->default_value(""))
+      ("chat-template-file", "chat: a Jinja chat template file, rendered in place of the model's",
        cxxopts::value<std::string>()->default_value(""))
       ("reasoning-budget",
        "chat: thinking allowed, -1 unrestricted or 0 off (qwen3; other templates ignore it)",
@@ -282,11 +285,9 @@ absl::Status CheckFlags(const cxxopts::ParseResult& args) {
         "--reasoning-budget ", budget, ": only -1 (unrestricted thinking) and 0 (thinking off) "
         "are supported"));
   }
-  // A bad --chat-template name is reported before the model loads.
-  if (const std::string name = args["chat-template"].as<std::string>(); !name.empty()) {
-    DPL_RETURN_IF_ERROR(dpl::tokenizer::ChatTemplate::FromName(name).status());
-  }
-  return absl::OkStatus();
+  // A bad --chat-template name or file is reported before the model loads.
+  return dpl::tokenizer::CheckChatTemplateFlags(args["chat-template"].as<std::string>(),
+                                                args["chat-template-file"].as<std::string>());
 }
 
 // Chat: render the whole conversation each turn; feed only what the cache lacks.
@@ -294,9 +295,14 @@ absl::Status RunChat(const cxxopts::ParseResult& args, Loaded& l, const std::str
                      dpl::generate::Sampler& sampler, Timings* timings) {
   dpl::generate::Decoder& dec = *l.decoder;
   const dpl::tokenizer::Tokenizer& tok = *l.tok;
+  std::string jinja;  // --chat-template-file's text
+  if (const std::string file = args["chat-template-file"].as<std::string>(); !file.empty()) {
+    DPL_ASSIGN_OR_RETURN(jinja, dpl::tokenizer::ReadChatTemplateFile(file));
+  }
   DPL_ASSIGN_OR_RETURN(const dpl::tokenizer::ChatTemplate tmpl,
                        dpl::tokenizer::ChatTemplate::FromMetadata(
-                           l.index->metadata(), args["chat-template"].as<std::string>()));
+                           l.index->metadata(), args["chat-template"].as<std::string>(), jinja));
+  std::fprintf(stderr, "chat template: %s\n", tmpl.Describe().c_str());
   dpl::tokenizer::ChatOptions options;
   options.enable_thinking = args["reasoning-budget"].as<int32_t>() != 0;  // checked: -1 or 0
   std::vector<dpl::tokenizer::ChatMessage> messages;

@@ -56,7 +56,10 @@ void AddFlags(cxxopts::Options& options) {
        cxxopts::value<std::string>()->default_value("cuda"))
       ("t,threads", "CPU threads (0: all)", cxxopts::value<int>()->default_value("0"))
       ("chat-template",
-       absl::StrCat("one of ", dpl::tokenizer::ChatTemplateNames(), " (default: from the model, else chatml)"),
+       absl::StrCat("a built-in family renderer, one of ", dpl::tokenizer::ChatTemplateNames(),
+                    " (default: the model's own Jinja template, else chatml)"),
+       cxxopts::value<std::string>()->default_value(""))
+      ("chat-template-file", "a Jinja chat template file, rendered in place of the model's",
        cxxopts::value<std::string>()->default_value(""))
       ("weights-upload",
        "cuda: how the weights reach the GPU: pin, staged or auto (as dpl-run)",
@@ -91,9 +94,8 @@ absl::Status CheckFlags(const cxxopts::ParseResult& args) {
   DPL_RETURN_IF_ERROR(range("--header-timeout", args["header-timeout"].as<double>(), 0.1, 3600));
   DPL_RETURN_IF_ERROR(range("--body-timeout", args["body-timeout"].as<double>(), 0.1, 3600));
   DPL_RETURN_IF_ERROR(range("--max-connections", args["max-connections"].as<int>(), 16, 1 << 20));
-  if (const std::string name = args["chat-template"].as<std::string>(); !name.empty()) {
-    DPL_RETURN_IF_ERROR(dpl::tokenizer::ChatTemplate::FromName(name).status());
-  }
+  DPL_RETURN_IF_ERROR(dpl::tokenizer::CheckChatTemplateFlags(args["chat-template"].as<std::string>(),
+                                                             args["chat-template-file"].as<std::string>()));
   const std::string device = args["device"].as<std::string>();
   if (device != "cpu" && device != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("unknown device '", device, "' (expected cuda or cpu)"));
@@ -119,11 +121,16 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
   m.tokenizer = std::make_unique<dpl::tokenizer::Tokenizer>(std::move(tok));
   if (m.tokenizer->has_vocab()) {
     const std::string name = args["chat-template"].as<std::string>();
-    auto tmpl = dpl::tokenizer::ChatTemplate::FromMetadata(file->metadata(), name);
-    // Like llama-server: a model without a known template gets ChatML.
-    if (!tmpl.ok() && name.empty()) tmpl = dpl::tokenizer::ChatTemplate::FromName("chatml");
+    std::string jinja;  // --chat-template-file's text
+    if (const std::string path = args["chat-template-file"].as<std::string>(); !path.empty()) {
+      DPL_ASSIGN_OR_RETURN(jinja, dpl::tokenizer::ReadChatTemplateFile(path));
+    }
+    auto tmpl = dpl::tokenizer::ChatTemplate::FromMetadata(file->metadata(), name, jinja);
+    // Like llama-server: a model without a usable template gets ChatML.
+    if (!tmpl.ok() && name.empty() && jinja.empty()) tmpl = dpl::tokenizer::ChatTemplate::FromName("chatml");
     DPL_RETURN_IF_ERROR(tmpl.status());
     m.chat_template = *tmpl;
+    std::fprintf(stderr, "dpl-server: chat template: %s\n", m.chat_template->Describe().c_str());
   }
   if (cuda) {
     dpl::runtime::CudaDecoderOptions co;

@@ -112,6 +112,29 @@ done
 expect_error "dpl-run: unknown --chat-template" \
   'unknown chat template "vicuna"; choose one of: chatml, llama3, qwen3, mistral-v7' \
   "$run" -m "$tmp/chat.dpl" --device cpu --single-turn -p hi --chat-template vicuna
+# The renderer dpl-run says it uses: the model's own template through minja,
+# a family by --chat-template, a --chat-template-file through minja.
+if grep -q "^chat template: jinja (minja), family chatml$" "$tmp/single.err"; then ok "dpl-run: the model's template through minja"; else
+  bad "dpl-run: no 'chat template: jinja' line"; cat "$tmp/single.err"; fi
+"$run" -m "$tmp/chat.dpl" --device cpu --single-turn -p hi -n 1 --temp 0 --chat-template chatml >/dev/null 2>"$tmp/named.err"
+if grep -q "^chat template: family chatml (built-in renderer)$" "$tmp/named.err"; then ok "dpl-run --chat-template: the family renderer"; else
+  bad "dpl-run --chat-template: no family line"; cat "$tmp/named.err"; fi
+printf '%s' "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\nSure, " >"$tmp/custom.jinja"
+custom=$(prompt_tokens --chat-template-file "$tmp/custom.jinja")
+if [[ -n $custom && -n $chatml_on && $custom -lt $chatml_on ]] &&
+   "$run" -m "$tmp/chat.dpl" --device cpu --single-turn -p hi -n 1 --temp 0 --chat-template-file "$tmp/custom.jinja" 2>&1 >/dev/null |
+     grep -q "^chat template: jinja (minja), family chatml$"; then
+  ok "dpl-run --chat-template-file: rendered by minja ($custom prompt tokens, the model's template $chatml_on)"
+else
+  bad "dpl-run --chat-template-file: '$custom' prompt tokens, the model's template '$chatml_on'"
+fi
+expect_error "dpl-run: missing --chat-template-file" "--chat-template-file $tmp/none.jinja: cannot open" \
+  "$run" -m "$tmp/chat.dpl" --device cpu --single-turn -p hi --chat-template-file "$tmp/none.jinja"
+printf '%s' "{% for m in messages %}{{ m.content }}" >"$tmp/bad.jinja"
+expect_error "dpl-run: --chat-template-file that does not parse" "bad.jinja: the chat template does not parse" \
+  "$run" -m "$tmp/chat.dpl" --device cpu --single-turn -p hi --chat-template-file "$tmp/bad.jinja"
+expect_error "dpl-run: --chat-template with --chat-template-file" "use one" \
+  "$run" -m "$tmp/chat.dpl" --device cpu --single-turn -p hi --chat-template chatml --chat-template-file "$tmp/custom.jinja"
 expect_error "dpl-tokenize: vocabulary-less model" "no vocabulary" "$tokenize" -m "$m" -p hi
 
 echo "run_cli_test: $fails failure(s)"

@@ -278,7 +278,9 @@ absl::StatusOr<std::vector<tokenizer::ToolCall>> ToolCalls(const json& calls, co
       return FieldError(absl::StrCat(field, "[", k, "]"),
                         "must be {\"type\": \"function\", \"function\": {\"name\": string, \"arguments\": string}}");
     }
-    out.push_back({name->get<std::string>(), TemplateArguments(args ? args->get<std::string>() : "{}")});
+    const json* id = Field(c, "id");
+    out.push_back({name->get<std::string>(), TemplateArguments(args ? args->get<std::string>() : "{}"),
+                   id != nullptr && id->is_string() ? id->get<std::string>() : ""});
   }
   return out;
 }
@@ -315,6 +317,10 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
       DPL_ASSIGN_OR_RETURN(calls, ToolCalls(*tc, field + ".tool_calls"));
     }
     r.messages.push_back({std::move(r_name), std::move(text), std::move(calls)});
+    // A tool result's call id, for templates that write it (jinja mode).
+    if (const json* id = Field(m, "tool_call_id"); id != nullptr && id->is_string() && r.messages.back().role == "tool") {
+      r.messages.back().tool_call_id = id->get<std::string>();
+    }
   }
   if (Field(j, "tools") != nullptr) {
     // Parsed once already within the limits: the same text again, keeping
@@ -455,14 +461,19 @@ absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
         return FieldError(field, "a function_call needs \"name\" and \"arguments\" strings");
       }
       if (r.messages.empty() || r.messages.back().role != "assistant") r.messages.push_back({"assistant", ""});
+      const json* call_id = Field(m, "call_id");
       r.messages.back().tool_calls.push_back(
-          {name->get<std::string>(), TemplateArguments(args ? args->get<std::string>() : "{}")});
+          {name->get<std::string>(), TemplateArguments(args ? args->get<std::string>() : "{}"),
+           call_id != nullptr && call_id->is_string() ? call_id->get<std::string>() : ""});
       continue;
     }
     if (item != nullptr && *item == "function_call_output") {
       const json* out = Field(m, "output");
       if (out == nullptr || !out->is_string()) return FieldError(field + ".output", "must be a string");
       r.messages.push_back({"tool", out->get<std::string>()});
+      if (const json* call_id = Field(m, "call_id"); call_id != nullptr && call_id->is_string()) {
+        r.messages.back().tool_call_id = call_id->get<std::string>();
+      }
       continue;
     }
     if (item != nullptr && *item != "message") {

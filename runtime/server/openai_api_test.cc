@@ -217,8 +217,11 @@ TEST_CASE("tools, tool_choice, tool messages and tool calls") {
   REQUIRE(r->messages[1].tool_calls.size() == 1);
   CHECK(r->messages[1].tool_calls[0].name == "get_weather");
   CHECK(r->messages[1].tool_calls[0].arguments == R"({"city": "Paris", "unit": "c"})");
+  CHECK(r->messages[1].tool_calls[0].id == "call_1");  // for templates that write ids
   CHECK(r->messages[2].role == "tool");
   CHECK(r->messages[2].content == "21");
+  CHECK(r->messages[2].tool_call_id == "call_1");
+  CHECK(r->messages[0].tool_call_id.empty());
 
   const std::string tools = R"("tools": [{"type": "function", "function": {"name": "a"}},
                                          {"type": "function", "function": {"name": "b"}}])";
@@ -298,7 +301,9 @@ TEST_CASE("/v1/responses: function tools, call items, and calls in the answer") 
   CHECK(r->messages[1].role == "assistant");
   REQUIRE(r->messages[1].tool_calls.size() == 1);
   CHECK(r->messages[1].tool_calls[0].arguments == R"({"city": "Paris"})");
+  CHECK(r->messages[1].tool_calls[0].id == "call_1");
   CHECK(r->messages[2].role == "tool");
+  CHECK(r->messages[2].tool_call_id == "call_1");
   CHECK(!ParseResponsesRequest(R"({"input": "x", "tools": [{"type": "web_search"}]})").ok());
   CHECK(!ParseResponsesRequest(R"({"input": "x", "tools": [{"type": "function", "name": "a"}],
                                    "tool_choice": {"type": "function", "name": "b"}})").ok());

@@ -1,16 +1,41 @@
 #include "runtime/tokenizer/chat_template.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
 
+// minja is included here only (it is large): one translation unit compiles it.
+#include "minja/minja.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "runtime/tokenizer/unicode.h"
 
 namespace dpl::tokenizer {
+
+// What minja renders, and what the load learned of the template.
+struct ChatTemplate::Jinja {
+  std::string source;
+  std::shared_ptr<minja::TemplateNode> root;
+  std::string bos_token, eos_token;
+  // It writes a system message given to it (else system messages are folded
+  // into the next user message, as minja's chat-template.hpp polyfill does).
+  bool system_role = true;
+  // It writes the tools it is given.
+  bool tools = false;
+};
+
 namespace {
+
+using ojson = nlohmann::ordered_json;
 
 // Every family once: its name (FromName, ChatFamilyName, the choices listed
 // in errors and in dpl-run's --help).
@@ -307,13 +332,132 @@ std::string RenderLlama2(const std::vector<ChatMessage>& messages, ChatFamily fa
   return out;
 }
 
+// ---- jinja() mode ----
+
+absl::StatusOr<std::shared_ptr<minja::TemplateNode>> ParseJinja(absl::string_view text) {
+  try {
+    // chat-template.hpp's (and so llama.cpp's) options.
+    return minja::Parser::parse(std::string(text), {/*trim_blocks=*/true, /*lstrip_blocks=*/true,
+                                                    /*keep_trailing_newline=*/false});
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("the chat template does not parse: ", e.what()));
+  }
+}
+
+// A call's arguments as the template sees them: the JSON object (so that
+// "arguments | tojson" writes it, as llama.cpp passes it to templates that
+// want an object), or the text when it is not JSON.
+ojson ArgumentsJson(const std::string& arguments) {
+  ojson v = ojson::parse(arguments, nullptr, /*allow_exceptions=*/false);
+  return v.is_discarded() ? ojson(arguments) : v;
+}
+
+ojson MessageJson(const ChatMessage& m) {
+  ojson j = {{"role", m.role}, {"content", m.content}};
+  if (!m.tool_calls.empty()) {
+    ojson calls = ojson::array();
+    for (const ToolCall& c : m.tool_calls) {
+      ojson call = {{"type", "function"},
+                    {"function", {{"name", c.name}, {"arguments", ArgumentsJson(c.arguments)}}}};
+      if (!c.id.empty()) call["id"] = c.id;
+      calls.push_back(std::move(call));
+    }
+    j["tool_calls"] = std::move(calls);
+  }
+  if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+  return j;
+}
+
+// The messages variable. fold_system: minja's system-role polyfill (its
+// chat-template.hpp, which llama.cpp applies): system texts gather, "\n"
+// between them, and open the next user message ("{system}\n{user}", or the
+// system text alone for an empty user message); before any other message,
+// or at the end, they become a user message of their own.
+ojson MessagesJson(const std::vector<ChatMessage>& messages, bool fold_system) {
+  ojson out = ojson::array();
+  std::string pending;
+  auto flush = [&] {
+    if (pending.empty()) return;
+    out.push_back({{"role", "user"}, {"content", pending}});
+    pending.clear();
+  };
+  for (const ChatMessage& m : messages) {
+    if (!fold_system) {
+      out.push_back(MessageJson(m));
+      continue;
+    }
+    if (m.role == "system") {
+      if (!pending.empty()) pending += "\n";
+      pending += m.content;
+      continue;
+    }
+    ojson j = MessageJson(m);
+    if (m.role == "user") {
+      if (!pending.empty()) {
+        j["content"] = m.content.empty() ? pending : absl::StrCat(pending, "\n", m.content);
+        pending.clear();
+      }
+    } else {
+      flush();
+    }
+    out.push_back(std::move(j));
+  }
+  flush();
+  return out;
+}
+
+// One render: the variables llama.cpp passes (common/chat.cpp and minja's
+// chat_template::apply); a leading bos_token removed (the BOS rule).
+absl::StatusOr<std::string> RenderMinja(const minja::TemplateNode& root, const std::string& bos_token,
+                                        const std::string& eos_token, const ojson& messages,
+                                        bool add_generation_prompt, const ojson* tools, bool enable_thinking,
+                                        int64_t now) {
+  try {
+    ojson vars = {{"messages", messages},
+                  {"add_generation_prompt", add_generation_prompt},
+                  {"bos_token", bos_token},
+                  {"eos_token", eos_token},
+                  {"enable_thinking", enable_thinking}};
+    if (tools != nullptr) vars["tools"] = *tools;
+    std::shared_ptr<minja::Context> context = minja::Context::make(minja::Value(vars));
+    context->set("strftime_now",
+                 minja::Value::callable([now](const std::shared_ptr<minja::Context>&, minja::ArgumentsValue& args) {
+                   args.expectArgs("strftime_now", {1, 1}, {0, 0});
+                   const std::string format = args.args[0].get<std::string>();
+                   const std::time_t t = static_cast<std::time_t>(now);
+                   std::tm local{};
+                   localtime_r(&t, &local);
+                   std::ostringstream ss;
+                   ss << std::put_time(&local, format.c_str());
+                   return minja::Value(ss.str());
+                 }));
+    std::string out = root.render(context);
+    if (!bos_token.empty() && absl::StartsWith(out, bos_token)) out.erase(0, bos_token.size());
+    return out;
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("chat template: ", e.what()));
+  }
+}
+
+// The token text an id key names (bos_token_id, eos_token_id); empty when
+// absent.
+std::string TokenTextOf(const formats::Metadata& meta, absl::string_view id_key) {
+  const formats::MetaValue* id = meta.Find(id_key);
+  if (id == nullptr || !id->is_integer()) return "";
+  const absl::StatusOr<const formats::MetaValue*> tokens = meta.GetArray("tokenizer.ggml.tokens");
+  if (!tokens.ok() || (*tokens)->elem_type != formats::GgufValueType::kString) return "";
+  const int64_t i = id->AsInt();
+  if (i < 0 || static_cast<uint64_t>(i) >= (*tokens)->count) return "";
+  return std::string((*tokens)->StringAt(static_cast<uint64_t>(i)));
+}
+
 }  // namespace
 
 absl::string_view ChatFamilyName(ChatFamily family) {
   for (const FamilyName& f : kFamilies) {
     if (f.family == family) return f.name;
   }
-  return "?";
+  return family == ChatFamily::kOther ? "other" : "?";
 }
 
 const std::string& ChatTemplateNames() {
@@ -384,21 +528,112 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Detect(absl::string_view jinja) {
   return t;
 }
 
+absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(absl::string_view jinja, absl::string_view bos_token,
+                                                     absl::string_view eos_token) {
+  auto j = std::make_shared<Jinja>();
+  j->source = std::string(jinja);
+  DPL_ASSIGN_OR_RETURN(j->root, ParseJinja(jinja));
+  j->bos_token = std::string(bos_token);
+  j->eos_token = std::string(eos_token);
+  // What the template does with a system message and with tools, tried once
+  // as minja's chat-template.hpp does (a template that raises does neither).
+  constexpr absl::string_view kSystemNeedle = "<System Needle>", kUserNeedle = "<User Needle>";
+  const ojson user = {{"role", "user"}, {"content", kUserNeedle}};
+  const absl::StatusOr<std::string> with_system =
+      RenderMinja(*j->root, j->bos_token, j->eos_token,
+                  ojson::array({{{"role", "system"}, {"content", kSystemNeedle}}, user}), false, nullptr, true, 0);
+  j->system_role = with_system.ok() && absl::StrContains(*with_system, kSystemNeedle);
+  const ojson tools = ojson::array({{{"type", "function"},
+                                     {"function",
+                                      {{"name", "some_tool"},
+                                       {"description", "Some tool."},
+                                       {"parameters", {{"type", "object"}, {"properties", ojson::object()}}}}}}});
+  const absl::StatusOr<std::string> with_tools =
+      RenderMinja(*j->root, j->bos_token, j->eos_token, ojson::array({user}), false, &tools, true, 0);
+  j->tools = with_tools.ok() && absl::StrContains(*with_tools, "some_tool");
+
+  ChatTemplate t;
+  if (absl::StatusOr<ChatTemplate> family = Detect(jinja); family.ok()) {
+    t = *std::move(family);
+  } else {
+    t.family_ = ChatFamily::kOther;
+  }
+  t.jinja_ = std::move(j);
+  return t;
+}
+
 absl::StatusOr<ChatTemplate> ChatTemplate::FromMetadata(const formats::Metadata& meta,
-                                                        absl::string_view override_name) {
+                                                        absl::string_view override_name,
+                                                        absl::string_view override_jinja) {
   if (!override_name.empty()) return FromName(override_name);
+  const std::string bos = TokenTextOf(meta, "tokenizer.ggml.bos_token_id");
+  const std::string eos = TokenTextOf(meta, "tokenizer.ggml.eos_token_id");
+  if (!override_jinja.empty()) return FromJinja(override_jinja, bos, eos);
   constexpr absl::string_view kKey = "tokenizer.chat_template";
   if (meta.Find(kKey) == nullptr) {
     return absl::NotFoundError(absl::StrCat("the model has no ", kKey,
                                             "; choose a chat template: ", ChatTemplateNames()));
   }
   DPL_ASSIGN_OR_RETURN(const absl::string_view jinja, meta.GetString(kKey));
-  return Detect(jinja);
+  // llama.cpp accepts a family name in place of a template.
+  if (absl::StatusOr<ChatTemplate> named = FromName(jinja); named.ok()) return named;
+  absl::StatusOr<ChatTemplate> t = FromJinja(jinja, bos, eos);
+  if (t.ok()) return t;
+  // minja cannot parse it: the family's renderer, if it has a family.
+  absl::StatusOr<ChatTemplate> family = Detect(jinja);
+  if (family.ok()) return family;
+  return absl::InvalidArgumentError(
+      absl::StrCat(t.status().message(), "; and ", family.status().message()));
+}
+
+std::string ChatTemplate::Describe() const {
+  if (jinja()) return absl::StrCat("jinja (minja), family ", ChatFamilyName(family_));
+  return absl::StrCat("family ", ChatFamilyName(family_), " (built-in renderer)");
+}
+
+absl::StatusOr<std::string> ReadChatTemplateFile(const std::string& path) {
+  constexpr std::streamoff kMaxBytes = 1 << 20;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--chat-template-file ", path, ": cannot open it (", std::strerror(errno), ")"));
+  }
+  std::string text;
+  char buf[65536];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    text.append(buf, static_cast<size_t>(in.gcount()));
+    if (static_cast<std::streamoff>(text.size()) > kMaxBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("--chat-template-file ", path, ": larger than 1 MiB"));
+    }
+  }
+  if (in.bad()) {
+    return absl::InvalidArgumentError(absl::StrCat("--chat-template-file ", path, ": cannot read it"));
+  }
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat("--chat-template-file ", path, ": empty"));
+  if (const auto parsed = ParseJinja(text); !parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--chat-template-file ", path, ": ", parsed.status().message()));
+  }
+  return text;
+}
+
+absl::Status CheckChatTemplateFlags(absl::string_view name, const std::string& file) {
+  if (!name.empty() && !file.empty()) {
+    return absl::InvalidArgumentError("--chat-template and --chat-template-file both choose the template: use one");
+  }
+  if (!name.empty()) DPL_RETURN_IF_ERROR(ChatTemplate::FromName(name).status());
+  if (!file.empty()) DPL_RETURN_IF_ERROR(ReadChatTemplateFile(file).status());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                                  bool add_generation_prompt,
                                                  const ChatOptions& options) const {
+  return RenderAt(messages, add_generation_prompt, options, static_cast<int64_t>(std::time(nullptr)));
+}
+
+absl::StatusOr<std::string> ChatTemplate::RenderAt(const std::vector<ChatMessage>& messages,
+                                                   bool add_generation_prompt, const ChatOptions& options,
+                                                   int64_t now) const {
   if (messages.empty()) return absl::InvalidArgumentError("chat: the conversation is empty");
   const bool tools = supports_tools();
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -418,6 +653,29 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
     return absl::InvalidArgumentError(absl::StrCat("chat: tools need a template with tools (ChatML, Qwen3); this is ",
                                                    ChatFamilyName(family_)));
   }
+  if (jinja_ != nullptr) {
+    const bool tool_parts = !options.tools.empty() ||
+                            std::any_of(messages.begin(), messages.end(), [](const ChatMessage& m) {
+                              return m.role == "tool" || !m.tool_calls.empty();
+                            });
+    // A template that writes no tools leaves them to its family's renderer.
+    if (!tool_parts || jinja_->tools) {
+      ojson tools = ojson::array();
+      for (const std::string& t : options.tools) {
+        ojson v = ojson::parse(t, nullptr, /*allow_exceptions=*/false);
+        if (v.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("chat: a tool is not JSON: ", t));
+        tools.push_back(std::move(v));
+      }
+      return RenderMinja(*jinja_->root, jinja_->bos_token, jinja_->eos_token,
+                         MessagesJson(messages, !jinja_->system_role), add_generation_prompt,
+                         options.tools.empty() ? nullptr : &tools, options.enable_thinking, now);
+    }
+  }
+  return RenderFamily(messages, add_generation_prompt, options);
+}
+
+std::string ChatTemplate::RenderFamily(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                       const ChatOptions& options) const {
   std::string out;
   switch (family_) {
     case ChatFamily::kChatML:
@@ -451,6 +709,8 @@ absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>&
     case ChatFamily::kLlama2SysStrip:
       out = RenderLlama2(messages, family_);
       break;
+    case ChatFamily::kOther:  // only ever jinja()
+      break;
   }
   return out;
 }
@@ -477,6 +737,9 @@ std::vector<int32_t> ChatTemplate::StopTokens(const Tokenizer& tokenizer) const 
     case ChatFamily::kLlama2SysStrip:
       texts = {kEos};
       break;
+    case ChatFamily::kOther:
+      texts = {"<|end|>", "<end_of_turn>"};
+      break;
   }
   for (absl::string_view text : texts) {
     const int32_t id = tokenizer.FindToken(text);
@@ -496,69 +759,114 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer& tokenizer,
     return absl::FailedPreconditionError(
         "chat needs a tokenizer vocabulary; this model has ids only");
   }
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));  // one clock for every render
   if (options.content_specials) {
-    DPL_ASSIGN_OR_RETURN(const std::string text, chat_template.Render(messages, add_generation_prompt, options));
+    DPL_ASSIGN_OR_RETURN(const std::string text,
+                         chat_template.RenderAt(messages, add_generation_prompt, options, now));
     return tokenizer.Encode(text, tokenizer.adds_bos_by_default(), /*parse_special=*/true);
   }
-  // Each control-token text in content is swapped for a marker that no
-  // message holds (so the renderers' own handling of content, trimming
-  // included, is untouched), the conversation rendered, and the rendering
-  // encoded piece by piece: the markup between markers with its specials, each
-  // marker's text as plain text. The pieces split where the specials'
-  // partition would have split anyway, so content without control texts
-  // encodes exactly as before.
-  // (Tools and tool calls come from the client too: their text is escaped
-  // the same way.)
+  // Each control-token text in content is swapped for a marker, the
+  // conversation rendered, and the rendering encoded piece by piece: the
+  // markup between markers with its specials, each marker's text as plain
+  // text. The pieces split where the specials' partition would have split
+  // anyway, so content without control texts encodes exactly as before.
+  // (Tools, tool calls and call ids come from the client too: their text is
+  // escaped the same way.)
   std::vector<ChatMessage> escaped = messages;
   ChatOptions escaped_options = options;
   std::vector<std::string*> texts;
   for (ChatMessage& m : escaped) {
     texts.push_back(&m.content);
+    texts.push_back(&m.tool_call_id);
     for (ToolCall& c : m.tool_calls) {
       texts.push_back(&c.name);
       texts.push_back(&c.arguments);
+      texts.push_back(&c.id);
     }
   }
   for (std::string& t : escaped_options.tools) texts.push_back(&t);
-  std::string marker = "\x1f" "dpl";
-  for (bool clash = true; clash;) {
-    clash = false;
-    for (const std::string* t : texts) clash = clash || absl::StrContains(*t, marker);
-    if (clash) marker += "\x1f";
-  }
   std::vector<std::string> literals;
-  for (std::string* t : texts) {
-    const std::vector<std::pair<size_t, size_t>> spans = tokenizer.ControlTextSpans(*t);
-    if (spans.empty()) continue;
+  std::vector<std::vector<std::pair<size_t, size_t>>> spans(texts.size());
+  for (size_t k = 0; k < texts.size(); ++k) {
+    spans[k] = tokenizer.ControlTextSpans(*texts[k]);
+    for (const auto& [begin, end] : spans[k]) literals.emplace_back(texts[k]->substr(begin, end - begin));
+  }
+  if (literals.empty()) {
+    DPL_ASSIGN_OR_RETURN(const std::string text,
+                         chat_template.RenderAt(messages, add_generation_prompt, options, now));
+    return tokenizer.Encode(text, tokenizer.adds_bos_by_default(), /*parse_special=*/true);
+  }
+  // The marker: a private-use character (U+E000 on) that no text and no
+  // template holds, around the literal's index: "\uE000" "3" "\uE000".
+  // JSON keeps it as it is (tojson), trimming and case changes leave it.
+  const std::string source = chat_template.jinja_ != nullptr ? chat_template.jinja_->source : "";
+  std::string marker;
+  for (uint32_t cp = 0xE000; cp <= 0xF8FF && marker.empty(); ++cp) {
+    std::string m;
+    AppendUtf8(cp, m);
+    bool clash = absl::StrContains(source, m);
+    for (const std::string* t : texts) clash = clash || absl::StrContains(*t, m);
+    if (!clash) marker = std::move(m);
+  }
+  if (marker.empty()) {
+    return absl::InvalidArgumentError("chat: the messages use every private-use character; no content marker is left");
+  }
+  size_t index = 0;
+  for (size_t k = 0; k < texts.size(); ++k) {
+    if (spans[k].empty()) continue;
+    std::string* t = texts[k];
     std::string content;
     size_t at = 0;
-    for (const auto& [begin, end] : spans) {
-      absl::StrAppend(&content, absl::string_view(*t).substr(at, begin - at), marker, literals.size(), marker);
-      literals.emplace_back(t->substr(begin, end - begin));
+    for (const auto& [begin, end] : spans[k]) {
+      absl::StrAppend(&content, absl::string_view(*t).substr(at, begin - at), marker, index++, marker);
       at = end;
     }
     content.append(*t, at);
     *t = std::move(content);
   }
   DPL_ASSIGN_OR_RETURN(const std::string text,
-                       chat_template.Render(escaped, add_generation_prompt, escaped_options));
+                       chat_template.RenderAt(escaped, add_generation_prompt, escaped_options, now));
+  // The rendering cut at the markers: markup, literal index, markup, ...
+  std::vector<absl::string_view> markup;
+  std::vector<size_t> which;
+  bool intact = true;
+  size_t at = 0;
+  for (size_t hit; intact && (hit = text.find(marker, at)) != std::string::npos;) {
+    markup.push_back(absl::string_view(text).substr(at, hit - at));
+    const size_t digits = hit + marker.size();
+    const size_t close = text.find(marker, digits);
+    size_t i = 0;
+    intact = close != std::string::npos && absl::SimpleAtoi(text.substr(digits, close - digits), &i) &&
+             i < literals.size();
+    which.push_back(i);
+    at = intact ? close + marker.size() : text.size();
+  }
+  markup.push_back(absl::string_view(text).substr(at));
+  // The template kept every marker as it was: then the literals put back give
+  // the rendering of the conversation as it is.
+  if (intact) {
+    std::string rebuilt;
+    for (size_t k = 0; k < which.size(); ++k) absl::StrAppend(&rebuilt, markup[k], literals[which[k]]);
+    rebuilt.append(markup.back().data(), markup.back().size());
+    DPL_ASSIGN_OR_RETURN(const std::string plain,
+                         chat_template.RenderAt(messages, add_generation_prompt, options, now));
+    intact = rebuilt == plain;
+  }
+  if (!intact) {
+    return absl::InvalidArgumentError(
+        "chat: the chat template changes message text that holds control-token texts (such as \"" +
+        literals[0] +
+        "\"), so they cannot be kept as plain text; remove them from the messages, or let them act as tokens "
+        "(content_specials, dpl-server's --chat-content-specials)");
+  }
   std::vector<int32_t> ids;
   auto append = [&ids](std::vector<int32_t> more) { ids.insert(ids.end(), more.begin(), more.end()); };
   if (tokenizer.adds_bos_by_default() && tokenizer.bos_id() != kNoToken) ids.push_back(tokenizer.bos_id());
-  size_t at = 0;
-  for (size_t hit; (hit = text.find(marker, at)) != std::string::npos;) {
-    append(tokenizer.Encode(absl::string_view(text).substr(at, hit - at), false, /*parse_special=*/true));
-    const size_t digits = hit + marker.size();
-    const size_t close = text.find(marker, digits);
-    size_t index = 0;
-    if (close == std::string::npos || !absl::SimpleAtoi(text.substr(digits, close - digits), &index) ||
-        index >= literals.size()) {
-      return absl::InternalError("chat: a content marker did not survive rendering");
-    }
-    append(tokenizer.Encode(literals[index], false, /*parse_special=*/false));
-    at = close + marker.size();
+  for (size_t k = 0; k < which.size(); ++k) {
+    append(tokenizer.Encode(markup[k], false, /*parse_special=*/true));
+    append(tokenizer.Encode(literals[which[k]], false, /*parse_special=*/false));
   }
-  append(tokenizer.Encode(absl::string_view(text).substr(at), false, /*parse_special=*/true));
+  append(tokenizer.Encode(markup.back(), false, /*parse_special=*/true));
   return ids;
 }
 

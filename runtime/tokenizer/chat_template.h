@@ -1,8 +1,32 @@
-// Chat templates without a Jinja engine: tokenizer.chat_template is matched
-// to a known family from its text (the markers llama.cpp's
-// llm_chat_detect_template looks for), and the family's format is written
-// here. Each family's name is what FromName and dpl-run's --chat-template
-// take (llama.cpp's names where it has one).
+// Chat templates, rendered two ways.
+//
+// jinja() mode: a model's own tokenizer.chat_template, or a file given with
+// --chat-template-file, rendered by minja (third_party/minja, the Jinja
+// engine llama.cpp uses) with the variables llama.cpp passes: messages
+// (OpenAI-style {role, content}; an assistant's calls as tool_calls
+// [{type: "function", function: {name, arguments: <object>}}] with their id,
+// and a tool result's tool_call_id, where the client gave them),
+// add_generation_prompt, bos_token and eos_token (the vocabulary's texts),
+// tools (parsed JSON objects, only when given), enable_thinking and
+// strftime_now. As llama.cpp's minja wrapper does, a template that drops or
+// refuses a system message (tried once at load with a sample one) gets the
+// system messages folded into the next user message ("{system}\n{user}").
+//
+// Family renderers: each template is also matched to a known family from its
+// text (the markers llama.cpp's llm_chat_detect_template looks for), else
+// ChatFamily::kOther. The family decides StopTokens(), has_thinking() and
+// supports_tools() in both modes, and its renderer, written here, renders
+// when there is no Jinja text: a family named with FromName (dpl-run's and
+// dpl-server's --chat-template), a model without tokenizer.chat_template, or
+// a template minja cannot parse (FromMetadata falls back to its family). A
+// Jinja template whose family supports tools but that writes none itself
+// (it leaves out a sample tool given to it at load: the plain ChatML of
+// Qwen2's vocabulary) hands conversations with tools, tool calls or tool
+// results to the family renderer, so the model sees them in the form the
+// server parses. For the families' own templates both modes render the same
+// text (chat_template_test checks it byte for byte), except where noted.
+// Each family's name is what FromName and --chat-template take (llama.cpp's
+// names where it has one).
 //
 //   chatml (Qwen2, Qwen2.5): "<|im_start|>{role}\n{content}<|im_end|>\n" per
 //     message, then "<|im_start|>assistant\n" for the generation prompt. When
@@ -51,9 +75,11 @@
 //     "{user} [/INST]"); assistant: " {assistant}</s>" (v3 trims the
 //     assistant text, v3-tekken has no space). v1 is told by " [INST]",
 //     v3-tekken by "\"[INST]\"", else v3. Why the system prompt goes first:
-//     llama.cpp's renderer does so (Mistral's own v3 Jinja puts it before the
-//     last user message), and it keeps a chat's earlier turns, and so its
-//     cached prefix, unchanged from one turn to the next.
+//     llama.cpp's renderer does so, and it keeps a chat's earlier turns, and
+//     so its cached prefix, unchanged from one turn to the next. Mistral's
+//     own v3 and v3-tekken templates put it before the LAST user message
+//     instead, and that is what the jinja() mode renders for a model that
+//     carries them (chat_template_test shows both).
 //
 //   llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip (any other [INST]
 //     template: Mistral 7B v0.1/v0.2, Llama 2): "[INST] " opens a turn,
@@ -63,17 +89,38 @@
 //     with "bos_token + '[INST]") opens every later turn with "<s>[INST] ";
 //     -sys-strip (templates with "content.strip()") trims every message.
 //
-// BOS rule (llama.cpp's): the rendered text never starts with BOS; the caller
-// tokenizes it with add_bos = tokenizer.adds_bos_by_default() and
+//   other (ChatFamily::kOther, jinja() mode only): a template of none of
+//     these families (Phi-3's "<|user|>", Gemma's "<start_of_turn>", ...):
+//     no thinking switch, no tools; stops: the tokenizer's end-of-generation
+//     ids and the end-of-turn texts "<|end|>" and "<end_of_turn>".
+//
+// BOS rule (llama.cpp's): the rendered text never starts with BOS (jinja()
+// mode removes a leading bos_token the template writes, as llama.cpp does);
+// the caller tokenizes it with add_bos = tokenizer.adds_bos_by_default() and
 // parse_special = true, so Llama 3 and Mistral get exactly one leading BOS
 // (<|begin_of_text|>, <s>) and Qwen none. EncodeChat does exactly that.
+//
+// Content is never markup (EncodeChat, unless content_specials): each
+// control-token text in a message's content, a tool call's name, arguments
+// or id, a tool result's call id or a tool is swapped for a marker before
+// rendering, and the markers encoded as that text, plain. Only the control
+// texts are swapped, so templates that trim, split or test content (Llama 3's
+// trim, Qwen3's </think> split) see it as it is. A template that alters a
+// marker (tojson of content escapes its \x1f bytes; upper() or slicing would
+// change it) is caught: the conversation is rendered again unmarked, and
+// unless putting the control texts back into the marked rendering gives
+// exactly that text, EncodeChat fails with an InvalidArgument error saying
+// so, rather than encode either text (never a forged turn, never changed
+// content; content_specials, or a family renderer, avoids it).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "formats/metadata.h"
@@ -94,18 +141,27 @@ enum class ChatFamily : uint8_t {
   kLlama2Sys,
   kLlama2SysBos,
   kLlama2SysStrip,
+  // A Jinja template of no family above (jinja() mode only; FromName has
+  // no such name).
+  kOther,
 };
-// The family's name, as FromName accepts it ("chatml", "qwen3", ...).
+// The family's name, as FromName accepts it ("chatml", "qwen3", ...;
+// kOther: "other").
 absl::string_view ChatFamilyName(ChatFamily family);
 // Every name FromName accepts, comma-separated ("chatml, llama3, ...").
 const std::string& ChatTemplateNames();
 
 // A function call an assistant message made (OpenAI's tool_calls[i].function).
 struct ToolCall {
+  ToolCall() = default;
+  ToolCall(std::string n, std::string args, std::string call_id = "")
+      : name(std::move(n)), arguments(std::move(args)), id(std::move(call_id)) {}
+
   std::string name;
   // The arguments as the template writes them: a JSON object in Python's
   // json.dumps spacing (", ", ": "), as Jinja's tojson gives it.
   std::string arguments;
+  std::string id;  // the client's call id (tool_calls[i].id); empty: none given
 };
 
 struct ChatMessage {
@@ -116,6 +172,7 @@ struct ChatMessage {
   std::string role;  // "system", "user", "assistant", or "tool" (a call's result)
   std::string content;
   std::vector<ToolCall> tool_calls;  // an assistant message's calls
+  std::string tool_call_id;          // a tool result's call id; empty: none given
 };
 
 // What a render may vary beyond the messages (the Jinja variables llama.cpp
@@ -145,11 +202,27 @@ class ChatTemplate {
   // Recognizes the family of a Jinja template text (or a template that is
   // just a family name, as llama.cpp allows); error names the choices.
   static absl::StatusOr<ChatTemplate> Detect(absl::string_view jinja);
-  // override_name non-empty: FromName(override_name). Otherwise Detect() on
-  // tokenizer.chat_template; a missing template is an error naming the
-  // override choices.
+  // A Jinja template rendered by minja (jinja() mode), its family as Detect()
+  // finds it, else kOther. bos_token, eos_token: the texts the template's
+  // variables of those names hold. Error: the template does not parse
+  // (minja's message, with the line and column).
+  static absl::StatusOr<ChatTemplate> FromJinja(absl::string_view jinja, absl::string_view bos_token,
+                                                absl::string_view eos_token);
+  // override_name non-empty: FromName(override_name). Else override_jinja
+  // non-empty (a --chat-template-file): FromJinja(override_jinja). Else
+  // tokenizer.chat_template: FromJinja, or, where minja cannot parse it,
+  // Detect(). bos/eos texts: the tokens tokenizer.ggml.bos_token_id and
+  // eos_token_id name (empty when absent). A missing template is an error
+  // naming the override choices.
   static absl::StatusOr<ChatTemplate> FromMetadata(const formats::Metadata& meta,
-                                                   absl::string_view override_name = "");
+                                                   absl::string_view override_name = "",
+                                                   absl::string_view override_jinja = "");
+
+  // Whether minja renders the template (else the family's renderer).
+  bool jinja() const { return jinja_ != nullptr; }
+  // Which renderer renders, for dpl-run's and dpl-server's start line:
+  // "jinja (minja), family qwen3" or "family chatml (built-in renderer)".
+  std::string Describe() const;
 
   ChatFamily family() const { return family_; }
   // Whether ChatOptions::enable_thinking changes the rendering (Qwen3).
@@ -162,9 +235,11 @@ class ChatTemplate {
   const std::string& default_system_prompt() const { return default_system_; }
 
   // The prompt text (without a leading BOS) for `messages`. The [INST]
-  // families ignore add_generation_prompt (they have none). Errors: empty
-  // conversation, a role other than system/user/assistant (tool, and tools
-  // or tool calls, where supports_tools()).
+  // families' renderers ignore add_generation_prompt (they have none).
+  // Errors, in both modes: empty conversation, a role other than
+  // system/user/assistant (tool, and tools or tool calls, where
+  // supports_tools()); in jinja() mode also an InvalidArgument error for
+  // what the template raises (raise_exception) or minja cannot evaluate.
   absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
                                      bool add_generation_prompt,
                                      const ChatOptions& options = {}) const;
@@ -176,9 +251,30 @@ class ChatTemplate {
   std::vector<int32_t> StopTokens(const Tokenizer& tokenizer) const;
 
  private:
+  struct Jinja;  // minja's parsed template and what was learned of it at load
+  friend absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer&, const ChatTemplate&,
+                                                         const std::vector<ChatMessage>&, bool,
+                                                         const ChatOptions&);
+  // Render with strftime_now's clock at `now` (seconds since the epoch).
+  absl::StatusOr<std::string> RenderAt(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                       const ChatOptions& options, int64_t now) const;
+  std::string RenderFamily(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                           const ChatOptions& options) const;
+
   ChatFamily family_ = ChatFamily::kChatML;
   std::string default_system_;
+  std::shared_ptr<const Jinja> jinja_;  // null: the family's renderer
 };
+
+// The text of a Jinja chat template file (--chat-template-file), checked to
+// parse. Errors name the path: unreadable, empty, over 1 MiB, or minja's
+// parse error.
+absl::StatusOr<std::string> ReadChatTemplateFile(const std::string& path);
+
+// dpl-run's and dpl-server's --chat-template NAME and --chat-template-file
+// PATH, checked before the model loads: a known name, a file
+// ReadChatTemplateFile takes, not both.
+absl::Status CheckChatTemplateFlags(absl::string_view name, const std::string& file);
 
 // Render + Encode(add_bos = adds_bos_by_default(), parse_special = true),
 // with control-token texts inside message content encoded as plain text
