@@ -4,7 +4,9 @@
 # and after, curl streaming and not, every hostile request with its status,
 # several clients at once, a full queue (503), killed clients freeing their
 # slots, the official npm openai client, and SIGTERM with a stream open
-# (the stream ends with [DONE], exit status 0).
+# (the stream ends with [DONE], exit status 0); tools with Qwen's template
+# and, through --chat-template-file, Llama 3.1's and Mistral Nemo's
+# (tests/templates).
 set -u
 repo=$(cd "$(dirname "$(readlink -f tests/shared_anchor.txt)")/.." && pwd)
 shared=${DPL_SHARED_DIR:-$(cd "$repo/.." && pwd)/shared}
@@ -320,6 +322,63 @@ grep -qi '^access-control-allow-origin' "$tmp/head" && bad "--cors-origin: an un
   ok "--cors-origin: an unlisted origin gets no header"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X OPTIONS -H 'Origin: http://evil.example' "$C")
 [[ $code == 403 ]] && ok "--cors-origin: an unlisted origin's preflight is 403" || bad "unlisted preflight: $code"
+kill -TERM "$pid"; wait "$pid"
+
+# Tools with Llama 3.1's and Mistral Nemo's own templates (issue 32; given
+# with --chat-template-file, the tiny model's vocabulary writing their
+# control texts as text): tools reach the prompt, a call and its result
+# continue the conversation (Nemo's template takes only 9-letter call ids:
+# OpenAI-style ones, or none, are fitted, not a 400), the template's own
+# refusal is a 400 naming it, a streamed answer with tools ends with [DONE];
+# the built-in llama3 renderer refuses tools with a 400 saying why.
+wait_healthy() {
+  for _ in $(seq 300); do
+    [[ $(curl -s -o /dev/null -w '%{http_code}' "$url/health") == 200 ]] && break
+    sleep 0.1
+  done
+}
+call_turns() {  # CALL_ID RESULT_ID [MORE_CALLS]: a call to get_weather, its result
+  echo '{"messages":[{"role":"user","content":"Weather?"},{"role":"assistant","content":null,"tool_calls":[{'"$1"'"type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}'"${3:-}"']},{"role":"tool",'"$2"'"content":"21 C"}],"max_tokens":2,'"$tools"'}'
+}
+templates="$repo/tests/templates"
+start_server --device cpu -np 1 -c 512 -t 1 --chat-template-file "$templates/meta-llama-Llama-3.1-8B-Instruct.jinja"
+C="$url/v1/chat/completions"
+wait_healthy
+grep -q "chat template: jinja (minja), family llama3" "$tmp/server.err" && ok "Llama 3.1 template: jinja, family llama3" ||
+  bad "Llama 3.1 template: $(cat "$tmp/server.err")"
+expect 200 "Llama 3.1: chat with tools" "$C" -d "$(chat ",\"max_tokens\":2,$tools")"
+with_tools=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$tmp/body")
+expect 200 "Llama 3.1: chat without them" "$C" -d "$(chat ',"max_tokens":2')"
+without=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$tmp/body")
+if [[ -n $with_tools && -n $without && $with_tools -gt $((without + 50)) ]]; then ok "Llama 3.1: tools reach the prompt ($without -> $with_tools tokens)"
+else bad "Llama 3.1: tools in the prompt: $without -> $with_tools tokens"; fi
+expect 200 "Llama 3.1: a call and its result continue the conversation" "$C" -d "$(call_turns '"id":"call_1",' '"tool_call_id":"call_1",')"
+expect 400 "Llama 3.1: two calls in one message (the template's refusal)" "$C" \
+  -d "$(call_turns '' '' ',{"type":"function","function":{"name":"get_time","arguments":"{}"}}')"
+body_has "Llama 3.1: the template's message" "only supports single tool-calls"
+expect 200 "Llama 3.1: tools, streamed" -N "$C" -d "$(chat ",\"max_tokens\":3,\"stream\":true,$tools")"
+[[ $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && ok "Llama 3.1: tools, streamed: ends with [DONE]" || bad "Llama 3.1 tools streamed: $(tail -c 300 "$tmp/body")"
+kill -TERM "$pid"; wait "$pid"
+
+start_server --device cpu -np 1 -c 512 -t 1 --chat-template-file "$templates/mistralai-Mistral-Nemo-Instruct-2407.jinja"
+C="$url/v1/chat/completions"
+wait_healthy
+grep -q "chat template: jinja (minja), family mistral-v3-tekken" "$tmp/server.err" && ok "Nemo template: jinja, family mistral-v3-tekken" ||
+  bad "Nemo template: $(cat "$tmp/server.err")"
+expect 200 "Nemo: chat with tools" "$C" -d "$(chat ",\"max_tokens\":2,$tools")"
+expect 200 "Nemo: OpenAI-style call ids fitted" "$C" -d "$(call_turns '"id":"call_abc123",' '"tool_call_id":"call_abc123",')"
+expect 200 "Nemo: 9-letter call ids" "$C" -d "$(call_turns '"id":"aB3dE5gH9",' '"tool_call_id":"aB3dE5gH9",')"
+expect 200 "Nemo: no call ids at all" "$C" -d "$(call_turns '' '')"
+expect 200 "Nemo: tools, streamed" -N "$C" -d "$(chat ",\"max_tokens\":3,\"stream\":true,$tools")"
+[[ $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && ok "Nemo: tools, streamed: ends with [DONE]" || bad "Nemo tools streamed: $(tail -c 300 "$tmp/body")"
+kill -TERM "$pid"; wait "$pid"
+
+start_server --device cpu -np 1 -c 256 -t 1 --chat-template llama3
+C="$url/v1/chat/completions"
+wait_healthy
+expect 400 "--chat-template llama3: tools refused" "$C" -d "$(chat ",\"max_tokens\":2,$tools")"
+body_has "--chat-template llama3: says why" "the built-in llama3 renderer writes no tools"
+expect 200 "--chat-template llama3: chat without tools" "$C" -d "$(chat ',"max_tokens":2')"
 kill -TERM "$pid"; wait "$pid"
 
 # Without a GPU (CI), loading the GPU engine (four slots) fails: exit 1 with

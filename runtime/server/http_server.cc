@@ -148,8 +148,10 @@ struct HttpServer::Handlers {
     const size_t n = streams.size();
     std::vector<CompletionChoice> choices(n);
     std::vector<bool> final(n, false);
-    // With tools, a streamed answer's text is held from a "<tool_call>" on.
-    std::vector<ToolCallHoldback> held(n);
+    // With tools, a streamed answer's text is held from where a call may
+    // begin (the template's format: "<tool_call>", "[TOOL_CALLS]", Llama's
+    // "{" or <|python_tag|>).
+    std::vector<ToolCallHoldback> held(n, ToolCallHoldback(p.tool_format));
     size_t finals = 0;
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     auto send = [&res](const json& j) { return res.Write(absl::StrCat("data: ", Dump(j), "\n\n")); };
@@ -189,7 +191,7 @@ struct HttpServer::Handlers {
           cached_tokens += e.cached_tokens;
           if (p.parse_tool_calls) {
             // Calls found: they are the answer (finish_reason "tool_calls").
-            ParsedAnswer a = p.stream ? held[i].Finish() : ParseToolCalls(choices[i].text);
+            ParsedAnswer a = p.stream ? held[i].Finish() : ParseToolCalls(choices[i].text, p.tool_format);
             if (!a.calls.empty()) {
               choices[i].finish = FinishReason::kToolCalls;
               choices[i].tool_calls = a.calls;
@@ -247,7 +249,7 @@ struct HttpServer::Handlers {
           if (!e.final) continue;
           if (!e.error.ok()) return ReplyError(res, e.error);
           if (p.parse_tool_calls) {
-            ParsedAnswer a = ParseToolCalls(text);
+            ParsedAnswer a = ParseToolCalls(text, p.tool_format);
             if (!a.calls.empty()) {
               text = a.content;
               events.SetCalls(a.calls, /*with_message=*/!text.empty());
@@ -258,7 +260,7 @@ struct HttpServer::Handlers {
         }
       }
     }
-    ToolCallHoldback holdback;
+    ToolCallHoldback holdback(p.tool_format);
     auto send = [&res](const json& j) {
       return res.Write(absl::StrCat("event: ", j["type"].get<std::string>(), "\ndata: ", Dump(j), "\n\n"));
     };
@@ -332,6 +334,7 @@ struct HttpServer::Handlers {
           tokenizer::EncodeChat(*m->tok, *m->chat, r->messages, true, chat_options);
       if (!ids.ok()) return ReplyError(res, absl::InvalidArgumentError(ids.status().message()));
       params = r->params;
+      params.tool_format = m->chat->tool_call_format();  // how this model's calls look
       g = ToRequest(params, *std::move(ids));
     }
     for (int32_t id : m->chat->StopTokens(*m->tok)) g.stop_tokens.insert(id);

@@ -1,9 +1,12 @@
 #include "runtime/server/openai_api.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
@@ -355,29 +358,110 @@ std::string PythonJson(const nlohmann::ordered_json& v) {
   return v.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-std::string ToolCallHoldback::Push(const std::string& text) {
-  static const std::string kOpen = "<tool_call>";
-  held_ += text;
-  if (in_call_) return "";
-  std::string out;
-  const size_t at = held_.find(kOpen);
-  if (at != std::string::npos) {
-    out = held_.substr(0, at);
-    held_.erase(0, at);
-    in_call_ = true;
-    return out;
-  }
-  size_t keep = std::min(held_.size(), kOpen.size() - 1);  // the longest tail that may begin it
-  while (keep > 0 && kOpen.compare(0, keep, held_, held_.size() - keep, keep) != 0) --keep;
-  out = held_.substr(0, held_.size() - keep);
-  held_.erase(0, held_.size() - keep);
-  return out;
+namespace {
+
+using tokenizer::ToolCallFormat;
+using ojson = nlohmann::ordered_json;
+
+constexpr absl::string_view kHermesOpen = "<tool_call>";
+constexpr absl::string_view kHermesClose = "</tool_call>";
+constexpr absl::string_view kPythonTag = "<|python_tag|>";
+constexpr absl::string_view kMistralCalls = "[TOOL_CALLS]";
+constexpr absl::string_view kMistralArgs = "[ARGS]";
+constexpr absl::string_view kMistralCallId = "[CALL_ID]";
+// Calls nest no deeper (a deeper "call" is text: no recursion on it).
+constexpr int kMaxCallDepth = 64;
+
+bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+size_t SkipSpace(absl::string_view text, size_t at) {
+  while (at < text.size() && IsSpace(text[at])) ++at;
+  return at;
 }
 
-ParsedAnswer ToolCallHoldback::Finish() const { return ParseToolCalls(held_); }
+std::string Trimmed(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
 
-ParsedAnswer ParseToolCalls(const std::string& text) {
-  static const std::string kOpen = "<tool_call>", kClose = "</tool_call>";
+// The JSON object or array that opens at text[at]: kClosed with *end just
+// after its closing bracket, kOpen when the text ends first, kBad when a
+// bracket does not match or it nests deeper than kMaxCallDepth.
+enum class Scan { kClosed, kOpen, kBad };
+Scan ScanJson(absl::string_view text, size_t at, size_t* end) {
+  std::string open;  // the brackets to close, innermost last
+  bool in_string = false, escaped = false;
+  for (size_t i = at; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (open.size() >= static_cast<size_t>(kMaxCallDepth)) return Scan::kBad;
+      open.push_back(c == '{' ? '}' : ']');
+    } else if (c == '}' || c == ']') {
+      if (open.empty() || open.back() != c) return Scan::kBad;
+      open.pop_back();
+      if (open.empty()) {
+        *end = i + 1;
+        return Scan::kClosed;
+      }
+    } else if (open.empty()) {
+      return Scan::kBad;  // at does not open a bracket
+    }
+  }
+  return Scan::kOpen;
+}
+
+// A call's arguments as OpenAI's JSON text: an object as it is, a string
+// holding an object parsed, absent as "{}"; anything else is no call.
+bool ArgumentsText(const ojson* v, std::string* out) {
+  if (v == nullptr) {
+    *out = "{}";
+    return true;
+  }
+  if (v->is_string()) {
+    const ojson inner = ojson::parse(v->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (inner.is_discarded() || !inner.is_object()) return false;
+    *out = inner.dump(-1, ' ', false, ojson::error_handler_t::replace);
+    return true;
+  }
+  if (!v->is_object()) return false;
+  *out = v->dump(-1, ' ', false, ojson::error_handler_t::replace);
+  return true;
+}
+
+const ojson* Member(const ojson& j, const char* key) {
+  auto it = j.find(key);
+  return it == j.end() ? nullptr : &*it;
+}
+
+// The JSON value at text[at, end) (a scanned bracket), or discarded.
+ojson JsonAt(absl::string_view text, size_t at, size_t end) {
+  return ojson::parse(text.begin() + at, text.begin() + end, nullptr, /*allow_exceptions=*/false);
+}
+
+std::string MistralCallId() {
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string id;
+  for (int k = 0; k < 9; ++k) id += kChars[rng() % (sizeof(kChars) - 1)];
+  return id;
+}
+
+// ---- Hermes (Qwen): <tool_call>{...}</tool_call> ----
+
+ParsedAnswer ParseHermes(const std::string& text) {
+  const std::string kOpen(kHermesOpen), kClose(kHermesClose);
   ParsedAnswer a;
   std::string content;
   size_t at = 0;
@@ -385,7 +469,7 @@ ParsedAnswer ParseToolCalls(const std::string& text) {
     const size_t close = text.find(kClose, open + kOpen.size());
     if (close == std::string::npos) break;
     const std::string inner = text.substr(open + kOpen.size(), close - open - kOpen.size());
-    const nlohmann::ordered_json call = nlohmann::ordered_json::parse(inner, nullptr, false);
+    const ojson call = ojson::parse(inner, nullptr, false);
     const bool ok = !call.is_discarded() && call.is_object() && call.contains("name") &&
                     call["name"].is_string() && (!call.contains("arguments") || call["arguments"].is_object());
     if (!ok) break;  // not a call: the rest is content
@@ -395,11 +479,257 @@ ParsedAnswer ParseToolCalls(const std::string& text) {
     at = close + kClose.size();
   }
   content += text.substr(at);
-  const size_t b = content.find_first_not_of(" \t\r\n"), e = content.find_last_not_of(" \t\r\n");
-  a.content = b == std::string::npos ? "" : content.substr(b, e - b + 1);
+  a.content = Trimmed(content);
   if (a.calls.empty()) a.content = text;  // no call: the answer as it was
   return a;
 }
+
+// ---- Llama 3.x: [<|python_tag|>]{"name": ..., "parameters": {...}} ----
+
+// A Llama call object: {"name": string, "parameters" or "arguments",
+// "type": "function"?}, nothing else.
+bool LlamaCall(const ojson& j, ParsedToolCall* call) {
+  if (!j.is_object()) return false;
+  const ojson* name = Member(j, "name");
+  if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) return false;
+  const ojson* params = Member(j, "parameters");
+  const ojson* args = Member(j, "arguments");
+  if ((params == nullptr) == (args == nullptr)) return false;  // one of them
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "type" ? *it != "function"
+                           : it.key() != "name" && it.key() != "parameters" && it.key() != "arguments") {
+      return false;
+    }
+  }
+  call->name = name->get<std::string>();
+  call->id.clear();
+  return ArgumentsText(params != nullptr ? params : args, &call->arguments);
+}
+
+// Where a Llama call may begin, at or after `from`: <|python_tag|>, or a '{'
+// with only spaces or tabs before it on its line.
+size_t FindLlamaStart(absl::string_view text, size_t from) {
+  for (size_t i = from; i < text.size(); ++i) {
+    if (text[i] == '<' && text.substr(i, kPythonTag.size()) == kPythonTag) return i;
+    if (text[i] != '{') continue;
+    size_t b = i;
+    while (b > 0 && (text[b - 1] == ' ' || text[b - 1] == '\t')) --b;
+    if (b == 0 || text[b - 1] == '\n') return i;
+  }
+  return std::string::npos;
+}
+
+// What the text at a start (FindLlamaStart) is.
+struct LlamaStart {
+  enum Kind {
+    kCalls,     // one or more calls, text[start, end)
+    kText,      // no call: text[start, end) is text
+    kOpen,      // a JSON object not closed yet: maybe a call
+    kOpenTag,   // <|python_tag|> and nothing but space after it yet
+  } kind;
+  size_t end = 0;
+  std::vector<ParsedToolCall> calls;
+};
+LlamaStart AtLlamaStart(absl::string_view text, size_t start) {
+  LlamaStart r{LlamaStart::kText, start + 1, {}};
+  size_t at = start;
+  const bool tagged = text.substr(start, kPythonTag.size()) == kPythonTag;
+  if (tagged) {
+    r.end = start + kPythonTag.size();
+    at = SkipSpace(text, r.end);
+    if (at == text.size()) {
+      r.kind = LlamaStart::kOpenTag;
+      return r;
+    }
+    if (text[at] != '{') return r;  // a built-in tool's call, or text: kept as text
+  }
+  // Calls, one after another: "{...}", then ";" or white space.
+  for (;;) {
+    size_t end = 0;
+    const Scan scan = ScanJson(text, at, &end);
+    ParsedToolCall call;
+    if (scan == Scan::kOpen && r.calls.empty()) r.kind = LlamaStart::kOpen;
+    if (scan != Scan::kClosed || !LlamaCall(JsonAt(text, at, end), &call)) {
+      // Not a call: the first one's object (or tag) is text; after a call,
+      // the calls end here.
+      if (r.calls.empty() && !tagged && scan == Scan::kClosed) r.end = end;
+      return r;
+    }
+    r.kind = LlamaStart::kCalls;
+    r.calls.push_back(std::move(call));
+    r.end = end;
+    at = SkipSpace(text, end);
+    if (at < text.size() && text[at] == ';') at = SkipSpace(text, at + 1);
+    if (at >= text.size() || text[at] != '{') return r;
+  }
+}
+
+ParsedAnswer ParseLlama3(const std::string& text) {
+  ParsedAnswer a;
+  std::string content;
+  size_t at = 0;
+  for (size_t start; (start = FindLlamaStart(text, at)) != std::string::npos;) {
+    LlamaStart r = AtLlamaStart(text, start);
+    if (r.kind == LlamaStart::kOpen || r.kind == LlamaStart::kOpenTag) break;  // the rest is text
+    if (r.kind == LlamaStart::kText) {
+      content.append(text, at, r.end - at);
+    } else {
+      content.append(text, at, start - at);
+      for (ParsedToolCall& c : r.calls) a.calls.push_back(std::move(c));
+    }
+    at = r.end;
+  }
+  content.append(text, at, std::string::npos);
+  a.content = Trimmed(content);
+  if (a.calls.empty()) a.content = text;
+  return a;
+}
+
+// ---- Mistral: [TOOL_CALLS][{...}, ...] or [TOOL_CALLS]name[ARGS]{...} ----
+
+bool MistralCall(const ojson& j, ParsedToolCall* call) {
+  if (!j.is_object()) return false;
+  const ojson* name = Member(j, "name");
+  if (name == nullptr || !name->is_string() || name->get<std::string>().empty()) return false;
+  if (!ArgumentsText(Member(j, "arguments"), &call->arguments)) return false;
+  call->name = name->get<std::string>();
+  const ojson* id = Member(j, "id");
+  const bool fits = id != nullptr && id->is_string() && tokenizer::IsMistralCallId(id->get<std::string>());
+  call->id = fits ? id->get<std::string>() : MistralCallId();
+  return true;
+}
+
+// The block after a [TOOL_CALLS] at text[at]: its calls and *end, or false.
+bool MistralBlock(absl::string_view text, size_t at, size_t* end, std::vector<ParsedToolCall>* calls) {
+  at = SkipSpace(text, at);
+  if (at < text.size() && (text[at] == '[' || text[at] == '{')) {
+    if (ScanJson(text, at, end) != Scan::kClosed) return false;
+    const ojson j = JsonAt(text, at, *end);
+    if (j.is_discarded()) return false;
+    const ojson list = j.is_array() ? j : ojson::array({j});
+    if (list.empty()) return false;
+    for (const ojson& one : list) {
+      ParsedToolCall call;
+      if (!MistralCall(one, &call)) return false;
+      calls->push_back(std::move(call));
+    }
+    return true;
+  }
+  // name[ARGS]{...}, or name[CALL_ID]id[ARGS]{...}.
+  auto word = [&text](size_t from, bool id_chars) {
+    size_t e = from;
+    while (e < text.size() && (std::isalnum(static_cast<unsigned char>(text[e])) ||
+                               (!id_chars && (text[e] == '_' || text[e] == '-' || text[e] == '.')))) {
+      ++e;
+    }
+    return e;
+  };
+  ParsedToolCall call;
+  size_t e = word(at, false);
+  if (e == at) return false;
+  call.name = std::string(text.substr(at, e - at));
+  if (text.substr(e, kMistralCallId.size()) == kMistralCallId) {
+    const size_t id_at = e + kMistralCallId.size();
+    e = word(id_at, true);
+    call.id = std::string(text.substr(id_at, e - id_at));
+  }
+  if (!tokenizer::IsMistralCallId(call.id)) call.id = MistralCallId();
+  if (text.substr(e, kMistralArgs.size()) != kMistralArgs) return false;
+  const size_t args = SkipSpace(text, e + kMistralArgs.size());
+  if (args >= text.size() || text[args] != '{' || ScanJson(text, args, end) != Scan::kClosed) return false;
+  const ojson j = JsonAt(text, args, *end);
+  if (j.is_discarded() || !ArgumentsText(&j, &call.arguments)) return false;
+  calls->push_back(std::move(call));
+  return true;
+}
+
+ParsedAnswer ParseMistral(const std::string& text) {
+  ParsedAnswer a;
+  std::string content;
+  size_t at = 0;
+  for (size_t mark; (mark = absl::string_view(text).find(kMistralCalls, at)) != std::string::npos;) {
+    size_t end = 0;
+    std::vector<ParsedToolCall> calls;
+    if (!MistralBlock(text, mark + kMistralCalls.size(), &end, &calls)) break;  // the rest is text
+    content.append(text, at, mark - at);
+    for (ParsedToolCall& c : calls) a.calls.push_back(std::move(c));
+    at = end;
+  }
+  content.append(text, at, std::string::npos);
+  a.content = Trimmed(content);
+  if (a.calls.empty()) a.content = text;
+  return a;
+}
+
+// The longest tail of text[from, end) that is a proper prefix of marker.
+size_t MarkerTail(const std::string& text, size_t from, absl::string_view marker) {
+  size_t keep = std::min(text.size() - from, marker.size() - 1);
+  while (keep > 0 && marker.substr(0, keep) != absl::string_view(text).substr(text.size() - keep)) --keep;
+  return keep;
+}
+
+}  // namespace
+
+ParsedAnswer ParseToolCalls(const std::string& text, tokenizer::ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kLlama3: return ParseLlama3(text);
+    case ToolCallFormat::kMistral: return ParseMistral(text);
+    case ToolCallFormat::kHermes:
+    case ToolCallFormat::kNone: break;
+  }
+  return ParseHermes(text);
+}
+
+std::string ToolCallHoldback::Push(const std::string& text) {
+  text_ += text;
+  if (in_call_) return "";
+  std::string out;
+  if (format_ != ToolCallFormat::kLlama3) {
+    // One marker: held from it to the end.
+    const absl::string_view marker = format_ == ToolCallFormat::kMistral ? kMistralCalls : kHermesOpen;
+    const size_t at = absl::string_view(text_).find(marker, sent_);
+    if (at != std::string::npos) {
+      out = text_.substr(sent_, at - sent_);
+      sent_ = at;
+      in_call_ = true;
+      return out;
+    }
+    const size_t keep = MarkerTail(text_, sent_, marker);
+    out = text_.substr(sent_, text_.size() - keep - sent_);
+    sent_ = text_.size() - keep;
+    return out;
+  }
+  // Llama: each start is held until it proves a call (held to the end) or
+  // text (it goes out, and the search goes on after it).
+  if (undecided_ && need_close_ && text.find_first_of("}]") == std::string::npos) return "";
+  for (;;) {
+    if (undecided_) {
+      const LlamaStart r = AtLlamaStart(text_, sent_);
+      if (r.kind == LlamaStart::kCalls) {
+        in_call_ = true;
+        return out;
+      }
+      if (r.kind != LlamaStart::kText) {
+        need_close_ = r.kind == LlamaStart::kOpen;
+        return out;
+      }
+      out.append(text_, sent_, r.end - sent_);
+      sent_ = r.end;
+      undecided_ = false;
+    }
+    const size_t start = FindLlamaStart(text_, sent_);
+    if (start == std::string::npos) break;
+    out.append(text_, sent_, start - sent_);
+    sent_ = start;
+    undecided_ = true;
+  }
+  const size_t keep = MarkerTail(text_, sent_, kPythonTag);
+  out.append(text_, sent_, text_.size() - keep - sent_);
+  sent_ = text_.size() - keep;
+  return out;
+}
+
+ParsedAnswer ToolCallHoldback::Finish() const { return ParseToolCalls(text_.substr(sent_), format_); }
 
 absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
@@ -613,14 +943,18 @@ json Envelope(const ResponseHead& head, const char* object) {
 }
 
 // OpenAI's tool_calls: [{id, type "function", function {name, arguments}}];
-// the ids are made up ("call_" and 24 random letters and digits).
+// the ids are the parsed call's (Mistral's 9 letters and digits) or made up
+// ("call_" and 24 random letters and digits).
 json ToolCallsJson(const std::vector<ParsedToolCall>& calls) {
   static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   thread_local std::mt19937_64 rng{std::random_device{}()};
   json out = json::array();
   for (const ParsedToolCall& c : calls) {
-    std::string id = "call_";
-    for (int k = 0; k < 24; ++k) id += kChars[rng() % (sizeof(kChars) - 1)];
+    std::string id = c.id;  // the model's (Mistral's), else made up
+    if (id.empty()) {
+      id = "call_";
+      for (int k = 0; k < 24; ++k) id += kChars[rng() % (sizeof(kChars) - 1)];
+    }
     out.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
   }
   return out;
@@ -710,7 +1044,7 @@ void ResponsesEvents::SetCalls(const std::vector<ParsedToolCall>& calls, bool wi
   calls_.clear();
   for (const json& c : list) {
     std::string id = c["id"].get<std::string>();
-    id.replace(0, 5, "fc_");
+    id = absl::StartsWith(id, "call_") ? id.replace(0, 5, "fc_") : "fc_" + id;
     calls_.push_back({{"type", "function_call"}, {"id", id}, {"call_id", c["id"]},
                       {"name", c["function"]["name"]}, {"arguments", c["function"]["arguments"]},
                       {"status", "completed"}});

@@ -31,7 +31,10 @@ struct GenerationParams {
   bool include_usage = false;   // stream_options.include_usage
   bool ignore_eos = false;      // llama-server's extension
   bool cache_prompt = true;     // llama-server's: a slot's cached prompt start may be reused
-  bool parse_tool_calls = false;  // tools were offered: an answer's <tool_call> blocks are calls
+  bool parse_tool_calls = false;  // tools were offered: an answer's calls are parsed
+  // How the answer's calls look (the chat template's tool_call_format();
+  // the server sets it, the body parsers leave kHermes).
+  tokenizer::ToolCallFormat tool_format = tokenizer::ToolCallFormat::kHermes;
 };
 
 struct ChatRequest {
@@ -88,25 +91,59 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
 // chat template.
 std::string PythonJson(const nlohmann::ordered_json& value);
 
-// The calls in an answer (Qwen's and Hermes' format): each
-// "<tool_call>{"name": ..., "arguments": {...}}</tool_call>" block, its JSON
-// parsed; content is the text outside them, trimmed. A block that does not
-// close or whose JSON is not such an object stays content.
+// The calls in an answer, in the chat template's format (llama.cpp's
+// common/chat.cpp parsers, written anew). In every format content is the
+// text outside the calls, trimmed, and the answer as it was when it holds no
+// call; a call's arguments are the JSON object's compact text.
+//   kHermes (Qwen, Hermes): each "<tool_call>{"name": ..., "arguments":
+//     {...}}</tool_call>" block, its JSON parsed. A block that does not close
+//     or whose JSON is not such an object ends the parse: it and the rest
+//     stay content.
+//   kLlama3: a JSON object {"name": string, "parameters": {...}} (or
+//     "arguments"; either as an object or as a string holding one; an
+//     optional "type": "function"; no other keys) that starts the answer or
+//     a line, or follows <|python_tag|>; several in a row, separated by ";"
+//     or white space. An object that is not such a call, and a built-in
+//     tool call (<|python_tag|>brave_search.call(query="...")), stay
+//     content; an object that does not close ends the parse. (llama.cpp
+//     takes one call, at the start of the answer only.)
+//   kMistral: "[TOOL_CALLS]" and a JSON array of {"name", "arguments"
+//     (object or string holding one), "id"} objects (or one such object),
+//     or v11 tekken's "[TOOL_CALLS]name[ARGS]{...}" (with "[CALL_ID]id"
+//     before [ARGS] in later ones); a block after each marker. A block that
+//     is not such calls ends the parse: it and the rest stay content. A
+//     call's id is the model's when it is 9 letters and digits, else one made
+//     up that is (Mistral's templates take no other).
 struct ParsedToolCall {
+  ParsedToolCall() = default;
+  ParsedToolCall(std::string n, std::string args, std::string call_id = "")
+      : name(std::move(n)), arguments(std::move(args)), id(std::move(call_id)) {}
+
   std::string name;
   std::string arguments;  // a JSON text (OpenAI's function.arguments)
+  std::string id;         // empty: made up in the response ("call_...")
 };
 struct ParsedAnswer {
   std::string content;
   std::vector<ParsedToolCall> calls;
 };
-ParsedAnswer ParseToolCalls(const std::string& text);
+ParsedAnswer ParseToolCalls(const std::string& text,
+                            tokenizer::ToolCallFormat format = tokenizer::ToolCallFormat::kHermes);
 
 // A streamed answer with tools offered: its text goes out as it comes up to
-// a "<tool_call>" (or a tail that may begin one); from there it is held and
-// parsed when the answer ends.
+// where a call may begin (kHermes: "<tool_call>"; kMistral: "[TOOL_CALLS]";
+// kLlama3: "<|python_tag|>" or a "{" that starts the answer or a line), and
+// a tail that may begin such a marker waits for the next text. From there
+// the text is held and parsed when the answer ends; kLlama3 alone lets the
+// held text go again once it is plainly no call (a closed JSON object that
+// is not one, a python tag before something else), so that JSON in an
+// answer does not stop its stream. Finish() and ParseToolCalls of the whole
+// answer agree: the content streamed plus Finish's content is the answer's
+// content (untrimmed), the calls are the same.
 class ToolCallHoldback {
  public:
+  explicit ToolCallHoldback(tokenizer::ToolCallFormat format = tokenizer::ToolCallFormat::kHermes)
+      : format_(format) {}
   // The text that can go out now.
   std::string Push(const std::string& text);
   // What was held, parsed: content (the held text itself when it holds no
@@ -114,8 +151,12 @@ class ToolCallHoldback {
   ParsedAnswer Finish() const;
 
  private:
-  std::string held_;
-  bool in_call_ = false;
+  tokenizer::ToolCallFormat format_;
+  std::string text_;        // the answer so far
+  size_t sent_ = 0;         // text_[0, sent_) went out
+  bool in_call_ = false;    // held from sent_ to the end: a call begins there
+  bool undecided_ = false;  // kLlama3: held from sent_, maybe a call
+  bool need_close_ = false; // kLlama3: undecided until a '}' or ']' comes
 };
 // POST /v1/responses (OpenAI's Responses API), text in and out: `input` a
 // string (one user message) or an array of messages ({role, content} or

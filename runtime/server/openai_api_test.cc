@@ -4,6 +4,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <string>
 
 #include "runtime/server/openai_api.h"
@@ -443,6 +445,268 @@ TEST_CASE("/v1/responses: requests parse into messages; the answer and its event
   CHECK(all[4]["delta"] == "hel");
   CHECK(all[6]["text"] == "hello");
   CHECK(all[9]["response"]["output"][0]["content"][0]["text"] == "hello");
+}
+
+// ---- Llama 3.x and Mistral tool calls (issue 32) ----
+
+using tokenizer::ToolCallFormat;
+
+bool Alnum9(const std::string& id) {
+  return id.size() == 9 &&
+         std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); });
+}
+
+std::string NoSpace(std::string s) {
+  s.erase(std::remove_if(s.begin(), s.end(), [](char c) { return std::isspace(static_cast<unsigned char>(c)); }),
+          s.end());
+  return s;
+}
+
+TEST_CASE("Llama 3.x tool calls: JSON objects at a line's start or after <|python_tag|>") {
+  const ToolCallFormat f = ToolCallFormat::kLlama3;
+  ParsedAnswer one = ParseToolCalls(R"({"name": "get_weather", "parameters": {"city": "Paris"}})", f);
+  REQUIRE(one.calls.size() == 1);
+  CHECK(one.calls[0].name == "get_weather");
+  CHECK(one.calls[0].arguments == R"({"city":"Paris"})");
+  CHECK(one.calls[0].id.empty());  // made up in the response
+  CHECK(one.content.empty());
+  // <|python_tag|> before it, "arguments" for "parameters", "type".
+  ParsedAnswer tagged =
+      ParseToolCalls(R"(<|python_tag|>{"type": "function", "name": "f", "arguments": {"x": [1, {"y": "}"}]}})", f);
+  REQUIRE(tagged.calls.size() == 1);
+  CHECK(tagged.calls[0].name == "f");
+  CHECK(tagged.calls[0].arguments == R"({"x":[1,{"y":"}"}]})");
+  CHECK(tagged.content.empty());
+  // Several: ";" or new lines between them; text before them.
+  ParsedAnswer several = ParseToolCalls(
+      "Let me check both.\n{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"y\": 2}}\n"
+      "{\"name\": \"c\", \"parameters\": {}}",
+      f);
+  REQUIRE(several.calls.size() == 3);
+  CHECK(several.calls[0].name == "a");
+  CHECK(several.calls[0].arguments == "{}");
+  CHECK(several.calls[1].arguments == R"({"y":2})");
+  CHECK(several.calls[2].name == "c");
+  CHECK(several.content == "Let me check both.");
+  // Arguments as a string holding the object.
+  ParsedAnswer str = ParseToolCalls(R"({"name": "f", "parameters": "{\"x\": 1}"})", f);
+  REQUIRE(str.calls.size() == 1);
+  CHECK(str.calls[0].arguments == R"({"x":1})");
+  // A JSON object that is no call stays text; a call after it is found.
+  ParsedAnswer after = ParseToolCalls("{\"a\": 1}\n{\"name\": \"f\", \"parameters\": {}}", f);
+  REQUIRE(after.calls.size() == 1);
+  CHECK(after.content == "{\"a\": 1}");
+  // Not calls: the answer as it was.
+  for (const std::string text : {
+           std::string(R"({"name": "f", "parameters": {"x": }})"),       // malformed JSON
+           std::string(R"({"name": "f", "parameters": {"x": 1})"),       // cut off
+           std::string(R"({"name": "f", "parameters": "not json"})"),    // arguments not an object
+           std::string(R"({"name": "f", "parameters": [1]})"),
+           std::string(R"({"name": "Bob", "age": 3})"),                  // no parameters
+           std::string(R"({"name": "f", "parameters": {}, "extra": 1})"),
+           std::string(R"({"name": "f", "parameters": {}, "type": "tool"})"),
+           std::string(R"({"name": "", "parameters": {}})"),
+           std::string(R"({"name": 3, "parameters": {}})"),
+           std::string(R"(The call: {"name": "f", "parameters": {}})"),  // not at a line's start
+           std::string(R"(<|python_tag|>brave_search.call(query="weather in Paris"))"),  // a built-in tool
+           std::string(R"(<|python_tag|>)"),
+           std::string(R"({"name": "f", "parameters": {}]})"),
+           std::string("{}{}{[}"),
+           std::string(200000, '{'),  // deeper than any call: text, no recursion
+           std::string(200000, '[') + "<|python_tag|>",
+       }) {
+    CAPTURE(text.substr(0, 80));
+    const ParsedAnswer a = ParseToolCalls(text, f);
+    CHECK(a.calls.empty());
+    CHECK(a.content == text);
+  }
+  // The formats are the template's: Qwen's blocks are not Llama's calls, nor
+  // the other way round.
+  CHECK(ParseToolCalls("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", f).calls.empty());
+  CHECK(ParseToolCalls(R"({"name": "f", "parameters": {}})").calls.empty());
+}
+
+TEST_CASE("Mistral tool calls: [TOOL_CALLS] and a JSON array, or name[ARGS]{...}") {
+  const ToolCallFormat f = ToolCallFormat::kMistral;
+  ParsedAnswer one = ParseToolCalls(
+      R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "aB3dE5gH9"}])", f);
+  REQUIRE(one.calls.size() == 1);
+  CHECK(one.calls[0].name == "get_weather");
+  CHECK(one.calls[0].arguments == R"({"city":"Paris"})");
+  CHECK(one.calls[0].id == "aB3dE5gH9");  // the model's id, kept
+  CHECK(one.content.empty());
+  // Several, text before, v7's space, ids missing or not fitting (made up,
+  // 9 letters and digits each), arguments as a string.
+  ParsedAnswer several = ParseToolCalls(
+      "Checking both. [TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}, \"id\": \"call_1\"}, "
+      "{\"name\": \"b\", \"arguments\": \"{\\\"x\\\": 1}\"}, {\"name\": \"c\"}]",
+      f);
+  REQUIRE(several.calls.size() == 3);
+  CHECK(several.content == "Checking both.");
+  CHECK(several.calls[1].arguments == R"({"x":1})");
+  CHECK(several.calls[2].arguments == "{}");
+  for (const ParsedToolCall& c : several.calls) CHECK(Alnum9(c.id));
+  CHECK(several.calls[0].id != several.calls[1].id);
+  // One object instead of an array.
+  CHECK(ParseToolCalls(R"([TOOL_CALLS]{"name": "f", "arguments": {}})", f).calls.size() == 1);
+  // v11 tekken: name[ARGS]{...}, one marker a call; [CALL_ID] in later ones.
+  ParsedAnswer tekken =
+      ParseToolCalls("[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_time[CALL_ID]aB3dE5gH9"
+                     "[ARGS]{}",
+                     f);
+  REQUIRE(tekken.calls.size() == 2);
+  CHECK(tekken.calls[0].name == "get_weather");
+  CHECK(tekken.calls[0].arguments == R"({"city":"Paris"})");
+  CHECK(Alnum9(tekken.calls[0].id));
+  CHECK(tekken.calls[1].name == "get_time");
+  CHECK(tekken.calls[1].id == "aB3dE5gH9");
+  CHECK(tekken.content.empty());
+  // A good block, then a bad one: the calls so far, the rest text.
+  ParsedAnswer partial = ParseToolCalls("[TOOL_CALLS]a[ARGS]{}[TOOL_CALLS]b[ARGS]{", f);
+  REQUIRE(partial.calls.size() == 1);
+  CHECK(partial.content == "[TOOL_CALLS]b[ARGS]{");
+  for (const std::string text : {
+           std::string(R"([TOOL_CALLS][{"name": "f", "arguments": {]})"),  // malformed JSON
+           std::string(R"([TOOL_CALLS][{"name": "f", "arguments": {}})"),  // cut off
+           std::string(R"([TOOL_CALLS][{"arguments": {}}])"),              // no name
+           std::string(R"([TOOL_CALLS][{"name": "f", "arguments": 3}])"),
+           std::string(R"([TOOL_CALLS][{"name": "f"}, 3])"),
+           std::string(R"([TOOL_CALLS][])"),
+           std::string("[TOOL_CALLS]not json"),
+           std::string("[TOOL_CALLS]f[ARGS]not json"),
+           std::string("[TOOL_CALLS]f[ARGS][1]"),
+           std::string("[TOOL_CALLS]"),
+           std::string("[TOOL_CALLS]") + std::string(100000, '['),
+           std::string("no calls [TOOL_CALL] here"),
+       }) {
+    CAPTURE(text.substr(0, 80));
+    const ParsedAnswer a = ParseToolCalls(text, f);
+    CHECK(a.calls.empty());
+    CHECK(a.content == text);
+  }
+
+  // The model's ids are the response's (its next turn sends them back, and
+  // the template takes only such ids).
+  const ResponseHead head{"chatcmpl-1", 1700000000, "m"};
+  const json whole = ChatCompletionJson(head, {{"", FinishReason::kToolCalls, one.calls}}, 10, 5);
+  CHECK(whole["choices"][0]["message"]["tool_calls"][0]["id"] == "aB3dE5gH9");
+  CHECK(ToolCallsChunkJson(head, 0, one.calls)["choices"][0]["delta"]["tool_calls"][0]["id"] == "aB3dE5gH9");
+  ResponsesEvents ev({"resp_abc", 1700000000, "m"});
+  ev.SetCalls(one.calls, /*with_message=*/false);
+  const json r = ev.Response("", FinishReason::kStop, 3, 2);
+  CHECK(r["output"][0]["call_id"] == "aB3dE5gH9");
+  CHECK(r["output"][0]["id"] == "fc_aB3dE5gH9");
+}
+
+// Streams the answer in the given pieces; the streamed text, then Finish.
+struct Streamed {
+  std::string text;
+  ParsedAnswer finish;
+};
+Streamed StreamIn(ToolCallFormat f, const std::vector<std::string>& pieces) {
+  ToolCallHoldback h(f);
+  Streamed s;
+  for (const std::string& p : pieces) s.text += h.Push(p);
+  s.finish = h.Finish();
+  return s;
+}
+
+TEST_CASE("ToolCallHoldback: Mistral's and Llama's calls held, split markers, text streamed") {
+  const ToolCallFormat llama = ToolCallFormat::kLlama3, mistral = ToolCallFormat::kMistral;
+  {
+    ToolCallHoldback h(mistral);
+    CHECK(h.Push("Sure, ") == "Sure, ");
+    CHECK(h.Push("let me [TOOL") == "let me ");
+    CHECK(h.Push("_CALLS][{\"name\": \"f\", ") == "");
+    CHECK(h.Push("\"arguments\": {}, \"id\": \"aB3dE5gH9\"}]") == "");
+    const ParsedAnswer a = h.Finish();
+    REQUIRE(a.calls.size() == 1);
+    CHECK(a.calls[0].id == "aB3dE5gH9");
+    CHECK(a.content.empty());
+  }
+  {
+    ToolCallHoldback h(mistral);
+    CHECK(h.Push("a [b] [TOO") == "a [b] ");
+    CHECK(h.Push("K") == "[TOOK");
+    CHECK(h.Push(" [") == " ");
+    CHECK(h.Finish().content == "[");
+  }
+  {
+    ToolCallHoldback h(llama);
+    CHECK(h.Push("Let me check.\n") == "Let me check.\n");
+    CHECK(h.Push("  {\"na") == "  ");
+    CHECK(h.Push("me\": \"f\", \"parameters\": {}}") == "");
+    CHECK(h.Push(" and more") == "");  // after a call: held to the end
+    const ParsedAnswer a = h.Finish();
+    REQUIRE(a.calls.size() == 1);
+    CHECK(a.calls[0].name == "f");
+    CHECK(a.content == "and more");
+  }
+  {
+    ToolCallHoldback h(llama);
+    CHECK(h.Push("<|pyth") == "");
+    CHECK(h.Push("on_tag|>") == "");
+    CHECK(h.Push("{\"name\": \"f\", \"parameters\": {\"x\": 1}}") == "");
+    const ParsedAnswer a = h.Finish();
+    REQUIRE(a.calls.size() == 1);
+    CHECK(a.calls[0].arguments == R"({"x":1})");
+  }
+  {
+    // JSON that is no call, a brace inside a line, a built-in tool call:
+    // held only until they prove text.
+    ToolCallHoldback h(llama);
+    CHECK(h.Push("Here:\n{\"a\": ") == "Here:\n");
+    CHECK(h.Push("{\"b\": 2}") == "");
+    CHECK(h.Push("}") == "{\"a\": {\"b\": 2}}");
+    CHECK(h.Push(" x = {1, 2}\n") == " x = {1, 2}\n");
+    CHECK(h.Push("<|python_tag|>brave_search.call(query=\"x\")") == "<|python_tag|>brave_search.call(query=\"x\")");
+    CHECK(h.Push("<|python") == "");
+    CHECK(h.Push("_tag|>  ") == "");
+    CHECK(h.Push("ok") == "<|python_tag|>  ok");
+    const ParsedAnswer a = h.Finish();
+    CHECK(a.calls.empty());
+    CHECK(a.content.empty());
+  }
+
+  // Streamed in every split (two pieces, and a character at a time), an
+  // answer gives what ParseToolCalls gives the whole: the same calls, and
+  // the streamed text plus Finish's content is its content (as it was
+  // without calls; with calls, the same but for white space).
+  const std::vector<std::pair<ToolCallFormat, std::string>> answers = {
+      {llama, "Let me check.\n{\"name\": \"a\", \"parameters\": {\"q\": \"}{\"}}; {\"name\": \"b\", \"parameters\": {}}"},
+      {llama, "{\"a\": 1}\nthen\n<|python_tag|>{\"name\": \"f\", \"arguments\": \"{}\"}\nafter"},
+      {llama, "No call {here}.\n{\"name\": \"x\"}\n<|python_tag|>web.call(q=1)\n{\"b\":"},
+      {llama, "plain text only"},
+      {mistral, "Sure.[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"aB3dE5gH9\"}] done"},
+      {mistral, "[TOOL_CALLS]f[ARGS]{\"x\": 1}[TOOL_CALLS]g[ARGS]{}"},
+      {mistral, "[TOOL_CALLS] bad [TOOL_CALLS]f[ARGS]{}"},
+      {ToolCallFormat::kHermes, "A <tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call> B"},
+  };
+  for (const auto& [format, answer] : answers) {
+    CAPTURE(answer);
+    const ParsedAnswer whole = ParseToolCalls(answer, format);
+    std::vector<std::vector<std::string>> splits;
+    for (size_t cut = 0; cut <= answer.size(); ++cut) splits.push_back({answer.substr(0, cut), answer.substr(cut)});
+    splits.emplace_back();
+    for (char c : answer) splits.back().push_back(std::string(1, c));
+    for (const auto& pieces : splits) {
+      CAPTURE(pieces[0]);
+      const Streamed s = StreamIn(format, pieces);
+      REQUIRE(s.finish.calls.size() == whole.calls.size());
+      for (size_t k = 0; k < whole.calls.size(); ++k) {
+        CHECK(s.finish.calls[k].name == whole.calls[k].name);
+        CHECK(s.finish.calls[k].arguments == whole.calls[k].arguments);
+        // The model's ids are kept; made-up ones differ from parse to parse.
+        const std::string& id = whole.calls[k].id;
+        if (!id.empty() && answer.find(id) != std::string::npos) CHECK(s.finish.calls[k].id == id);
+      }
+      if (whole.calls.empty()) {
+        CHECK(s.text + s.finish.content == answer);
+      } else {
+        CHECK(NoSpace(s.text + s.finish.content) == NoSpace(whole.content));
+      }
+    }
+  }
 }
 
 }  // namespace

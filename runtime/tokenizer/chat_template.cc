@@ -332,6 +332,65 @@ std::string RenderLlama2(const std::vector<ChatMessage>& messages, ChatFamily fa
   return out;
 }
 
+// Mistral's call ids (the header comment's "Tools"): an id its templates
+// refuse becomes 9 letters and digits, FNV-1a of the id in base 62.
+std::string MistralIdFrom(absl::string_view key) {
+  static constexpr char kDigits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  uint64_t h = 14695981039346656037ull;
+  for (const char c : key) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 1099511628211ull;
+  }
+  std::string id(9, 'a');
+  for (char& c : id) {  // 62^9 < 2^64: every digit from the hash
+    c = kDigits[h % 62];
+    h /= 62;
+  }
+  return id;
+}
+
+std::string MistralId(absl::string_view id) {
+  return IsMistralCallId(id) ? std::string(id) : MistralIdFrom(absl::StrCat("id:", id));
+}
+
+// The conversation with every call id and result id one Mistral's templates
+// take: a client's fitting id as it is, another one mapped (MistralId), a
+// missing call id made from the call's place, a missing result id the id of
+// the call it answers (the k-th result after an assistant message with
+// calls answers its k-th call).
+std::vector<ChatMessage> WithMistralCallIds(const std::vector<ChatMessage>& messages) {
+  std::vector<ChatMessage> out = messages;
+  std::vector<std::string> open;  // the last assistant message's call ids
+  size_t answered = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    ChatMessage& m = out[i];
+    for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+      std::string& id = m.tool_calls[k].id;
+      id = id.empty() ? MistralIdFrom(absl::StrCat("call:", i, ":", k)) : MistralId(id);
+    }
+    if (m.role == "assistant" && !m.tool_calls.empty()) {
+      open.clear();
+      for (const ToolCall& c : m.tool_calls) open.push_back(c.id);
+      answered = 0;
+    } else if (m.role == "tool") {
+      if (!m.tool_call_id.empty()) {
+        m.tool_call_id = MistralId(m.tool_call_id);
+      } else if (answered < open.size()) {
+        m.tool_call_id = open[answered];
+      } else {
+        m.tool_call_id = MistralIdFrom(absl::StrCat("result:", i));
+      }
+      ++answered;
+    }
+  }
+  return out;
+}
+
+bool IsMistralFamily(ChatFamily f) {
+  return f == ChatFamily::kMistralV7 || f == ChatFamily::kMistralV7Tekken || f == ChatFamily::kMistralV3 ||
+         f == ChatFamily::kMistralV3Tekken || f == ChatFamily::kMistralV1;
+}
+
 // ---- jinja() mode ----
 
 absl::StatusOr<std::shared_ptr<minja::TemplateNode>> ParseJinja(absl::string_view text) {
@@ -467,6 +526,48 @@ const std::string& ChatTemplateNames() {
     return new std::string(absl::StrJoin(v, ", "));
   }();
   return *names;
+}
+
+absl::string_view ToolCallFormatName(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kNone: return "none";
+    case ToolCallFormat::kHermes: return "hermes";
+    case ToolCallFormat::kLlama3: return "llama3";
+    case ToolCallFormat::kMistral: return "mistral";
+  }
+  return "?";
+}
+
+bool IsMistralCallId(absl::string_view id) {
+  return id.size() == 9 && std::all_of(id.begin(), id.end(), [](char c) {
+           return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+         });
+}
+
+ToolCallFormat ChatTemplate::tool_call_format() const {
+  if (family_ == ChatFamily::kChatML || family_ == ChatFamily::kQwen3) return ToolCallFormat::kHermes;
+  // Llama 3 and Mistral: only their own Jinja templates that write tools
+  // (the header comment's "Tools" says why).
+  if (jinja_ == nullptr || !jinja_->tools) return ToolCallFormat::kNone;
+  if (family_ == ChatFamily::kLlama3) return ToolCallFormat::kLlama3;
+  if (IsMistralFamily(family_)) return ToolCallFormat::kMistral;
+  return ToolCallFormat::kNone;
+}
+
+std::string ChatTemplate::NoToolsReason() const {
+  const absl::string_view name = ChatFamilyName(family_);
+  if (family_ == ChatFamily::kLlama3 || IsMistralFamily(family_)) {
+    if (jinja_ == nullptr) {
+      return absl::StrCat("the built-in ", name,
+                          " renderer writes no tools (its tools prompt differs from model to model): use the "
+                          "model's own Jinja template (Llama 3.1+, Mistral's templates with [AVAILABLE_TOOLS]), "
+                          "or give one with --chat-template-file");
+    }
+    return absl::StrCat("this ", name, " Jinja template writes no tools (the model's template has no tools section)");
+  }
+  return absl::StrCat("this template (family ", name,
+                      ") has no tools; ChatML and Qwen3 templates, and Llama 3.1+ and Mistral Jinja templates "
+                      "that write tools, take them");
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromName(absl::string_view name) {
@@ -628,7 +729,11 @@ absl::Status CheckChatTemplateFlags(absl::string_view name, const std::string& f
 absl::StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                                  bool add_generation_prompt,
                                                  const ChatOptions& options) const {
-  return RenderAt(messages, add_generation_prompt, options, static_cast<int64_t>(std::time(nullptr)));
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  if (tool_call_format() == ToolCallFormat::kMistral) {
+    return RenderAt(WithMistralCallIds(messages), add_generation_prompt, options, now);
+  }
+  return RenderAt(messages, add_generation_prompt, options, now);
 }
 
 absl::StatusOr<std::string> ChatTemplate::RenderAt(const std::vector<ChatMessage>& messages,
@@ -641,17 +746,15 @@ absl::StatusOr<std::string> ChatTemplate::RenderAt(const std::vector<ChatMessage
     if (role != "system" && role != "user" && role != "assistant" && !(tools && role == "tool")) {
       return absl::InvalidArgumentError(absl::StrCat(
           "chat: message ", i, " has role \"", role, "\"; roles are system, user, assistant",
-          tools ? ", tool" : absl::StrCat(" (tool results need a template with tools; this is ",
-                                          ChatFamilyName(family_), ")")));
+          tools ? ", tool" : absl::StrCat(" (tool results need a template with tools: ", NoToolsReason(), ")")));
     }
     if (!tools && !messages[i].tool_calls.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("chat: message ", i, " has tool calls; the ",
-                                                     ChatFamilyName(family_), " template has no tools"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chat: message ", i, " has tool calls; ", NoToolsReason()));
     }
   }
   if (!tools && !options.tools.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("chat: tools need a template with tools (ChatML, Qwen3); this is ",
-                                                   ChatFamilyName(family_)));
+    return absl::InvalidArgumentError(absl::StrCat("chat: tools are not taken: ", NoToolsReason()));
   }
   if (jinja_ != nullptr) {
     const bool tool_parts = !options.tools.empty() ||
@@ -760,6 +863,19 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const Tokenizer& tokenizer,
         "chat needs a tokenizer vocabulary; this model has ids only");
   }
   const int64_t now = static_cast<int64_t>(std::time(nullptr));  // one clock for every render
+  // Mistral's call ids made to fit before anything else (they hold no
+  // control texts then, and every render below sees the same ids).
+  if (chat_template.tool_call_format() == ToolCallFormat::kMistral) {
+    return chat_template.EncodeAt(tokenizer, WithMistralCallIds(messages), add_generation_prompt, options, now);
+  }
+  return chat_template.EncodeAt(tokenizer, messages, add_generation_prompt, options, now);
+}
+
+absl::StatusOr<std::vector<int32_t>> ChatTemplate::EncodeAt(const Tokenizer& tokenizer,
+                                                            const std::vector<ChatMessage>& messages,
+                                                            bool add_generation_prompt, const ChatOptions& options,
+                                                            int64_t now) const {
+  const ChatTemplate& chat_template = *this;
   if (options.content_specials) {
     DPL_ASSIGN_OR_RETURN(const std::string text,
                          chat_template.RenderAt(messages, add_generation_prompt, options, now));

@@ -15,7 +15,8 @@
 // Family renderers: each template is also matched to a known family from its
 // text (the markers llama.cpp's llm_chat_detect_template looks for), else
 // ChatFamily::kOther. The family decides StopTokens(), has_thinking() and
-// supports_tools() in both modes, and its renderer, written here, renders
+// tool_call_format() (with the template: see "Tools" below) in both modes,
+// and its renderer, written here, renders
 // when there is no Jinja text: a family named with FromName (dpl-run's and
 // dpl-server's --chat-template), a model without tokenizer.chat_template, or
 // a template minja cannot parse (FromMetadata falls back to its family). A
@@ -112,6 +113,46 @@
 // exactly that text, EncodeChat fails with an InvalidArgument error saying
 // so, rather than encode either text (never a forged turn, never changed
 // content; content_specials, or a family renderer, avoids it).
+//
+// Tools (OpenAI's tools, an assistant's tool_calls, role "tool" results):
+// tool_call_format() says how a template writes them and how the model
+// answers a call (dpl-server parses the answer by it), per family:
+//   kHermes (chatml, qwen3; both modes): Qwen2.5's / Qwen3's "# Tools"
+//     section, <tool_call>{"name", "arguments"}</tool_call> blocks. The
+//     family renderers write them as those templates do, and a ChatML
+//     template that writes no tools hands tool conversations to them.
+//   kLlama3 (llama3): Llama 3.1 / 3.2 / 3.3's own templates write the tools
+//     (into the first user message, or the system message) and the calls
+//     ({"name", "parameters"} JSON) and results (an "ipython" turn); the
+//     model answers {"name": ..., "parameters": {...}}, maybe after
+//     <|python_tag|>, and ends a call with <|eom_id|> or <|eot_id|>.
+//   kMistral (mistral-v1/-v3/-v3-tekken/-v7/-v7-tekken): Mistral's own
+//     templates (7B v0.3, Nemo, Large 2407/2411, Small 3.x) write
+//     [AVAILABLE_TOOLS] before the last user message, [TOOL_CALLS] [{...,
+//     "id"}] and [TOOL_RESULTS]; the model answers [TOOL_CALLS] and a JSON
+//     array of {"name", "arguments", "id"} (or, v11 tekken, name[ARGS]{...}).
+//     Their templates refuse a call id that is not 9 characters: before
+//     rendering, an id that is not 9 ASCII letters and digits is replaced by
+//     one that is, derived from it (an FNV-1a hash in base 62: the same
+//     client id gives the same id in the call and in its result, and the
+//     same prompt turn after turn, so the prompt cache holds); a call
+//     without an id gets one from its place, and a result without a
+//     tool_call_id the id of the call it answers (the k-th result after an
+//     assistant message, its k-th call).
+//   kNone: every other case, tools refused with an InvalidArgument naming
+//     the reason (dpl-server: a 400).
+// Llama 3 and Mistral take tools only in jinja() mode, with a template that
+// writes them (the load tries a sample tool, as for ChatML): the family
+// renderers (--chat-template NAME, a model without a template, a template
+// minja cannot parse) and a template without tools (Llama 3.0's, Mistral
+// 7B v0.1/v0.2's) refuse them. Their tools prompt differs from version to
+// version (Llama 3.1's "Environment: ipython" system text and date, 3.2's
+// tools in the system message or the first user message; Mistral v3's
+// spaces, v7's [SYSTEM_PROMPT], v11's name[ARGS] calls), so a built-in
+// renderer would write some model's prompt wrongly, and the model would not
+// call as it was trained to; llama.cpp too renders tools only through the
+// model's Jinja template (--jinja). --chat-template-file gives a model
+// without one the right template.
 #pragma once
 
 #include <cstdint>
@@ -151,6 +192,20 @@ absl::string_view ChatFamilyName(ChatFamily family);
 // Every name FromName accepts, comma-separated ("chatml, llama3, ...").
 const std::string& ChatTemplateNames();
 
+// How a template writes tools and the model answers a call (the header
+// comment's "Tools").
+enum class ToolCallFormat : uint8_t {
+  kNone,     // no tools
+  kHermes,   // <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen2.5, Qwen3, Hermes)
+  kLlama3,   // [<|python_tag|>]{"name": ..., "parameters": {...}} (Llama 3.1+)
+  kMistral,  // [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}] (Mistral)
+};
+// "none", "hermes", "llama3", "mistral".
+absl::string_view ToolCallFormatName(ToolCallFormat format);
+// Whether `id` is a call id Mistral's templates take: 9 ASCII letters and
+// digits.
+bool IsMistralCallId(absl::string_view id);
+
 // A function call an assistant message made (OpenAI's tool_calls[i].function).
 struct ToolCall {
   ToolCall() = default;
@@ -188,9 +243,9 @@ struct ChatOptions {
   // only ever content). The template's own markup is tokens either way.
   bool content_specials = false;
   // Tools the model may call (OpenAI's tools[i], each as Jinja's tojson
-  // writes it). Only the families with a tools section take them
-  // (supports_tools(): ChatML and Qwen3, as Qwen2.5's and Qwen3's templates
-  // write them); their text, like the content's, is never special tokens.
+  // writes it). Only templates with a tool_call_format() take them
+  // (supports_tools(); the header comment's "Tools"); their text, like the
+  // content's, is never special tokens.
   std::vector<std::string> tools;
 };
 
@@ -227,10 +282,16 @@ class ChatTemplate {
   ChatFamily family() const { return family_; }
   // Whether ChatOptions::enable_thinking changes the rendering (Qwen3).
   bool has_thinking() const { return family_ == ChatFamily::kQwen3; }
-  // Whether the family writes tools, tool calls and tool results (Qwen2.5's
-  // and Qwen3's: a "# Tools" system section, <tool_call> JSON in assistant
-  // turns, <tool_response> in a user turn) and answers calls that way.
-  bool supports_tools() const { return family_ == ChatFamily::kChatML || family_ == ChatFamily::kQwen3; }
+  // How this template writes tools, tool calls and tool results, and so how
+  // the model answers a call: kHermes for ChatML and Qwen3 (both modes:
+  // Qwen2.5's and Qwen3's "# Tools" system section, <tool_call> JSON in
+  // assistant turns, <tool_response> in a user turn); kLlama3 and kMistral
+  // for those families' Jinja templates that write tools (jinja() mode
+  // only); else kNone.
+  ToolCallFormat tool_call_format() const;
+  // tool_call_format() != kNone: tools, tool calls and role "tool" messages
+  // are taken.
+  bool supports_tools() const { return tool_call_format() != ToolCallFormat::kNone; }
   // Empty when the template inserts none.
   const std::string& default_system_prompt() const { return default_system_; }
 
@@ -238,8 +299,11 @@ class ChatTemplate {
   // families' renderers ignore add_generation_prompt (they have none).
   // Errors, in both modes: empty conversation, a role other than
   // system/user/assistant (tool, and tools or tool calls, where
-  // supports_tools()); in jinja() mode also an InvalidArgument error for
-  // what the template raises (raise_exception) or minja cannot evaluate.
+  // supports_tools(); otherwise the error says why this template takes
+  // none); in jinja() mode also an InvalidArgument error for what the
+  // template raises (raise_exception: Llama 3.1's "only supports single
+  // tool-calls at once", Mistral's alternating roles) or minja cannot
+  // evaluate. kMistral: call ids made to fit first (the header's "Tools").
   absl::StatusOr<std::string> Render(const std::vector<ChatMessage>& messages,
                                      bool add_generation_prompt,
                                      const ChatOptions& options = {}) const;
@@ -260,6 +324,12 @@ class ChatTemplate {
                                        const ChatOptions& options, int64_t now) const;
   std::string RenderFamily(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                            const ChatOptions& options) const;
+  // EncodeChat's work, with the messages' call ids already fitted.
+  absl::StatusOr<std::vector<int32_t>> EncodeAt(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
+                                                bool add_generation_prompt, const ChatOptions& options,
+                                                int64_t now) const;
+  // Why tools are refused (tool_call_format() kNone), for the errors.
+  std::string NoToolsReason() const;
 
   ChatFamily family_ = ChatFamily::kChatML;
   std::string default_system_;

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "formats/gguf.h"
 #include "runtime/tokenizer/chat_template.h"
@@ -801,7 +803,6 @@ TEST_CASE("control-token texts in tools and tool calls stay text") {
   CHECK(std::count(ids->begin(), ids->end(), 151645) == 4);
 }
 
-
 // ---- jinja() mode: the model's own template rendered by minja ----
 
 // Qwen2.5-Instruct's whole template (kQwen25Template above is its excerpt
@@ -1375,6 +1376,483 @@ TEST_CASE("overrides, unknown templates and bad conversations are clear errors")
   auto bad_role = chatml->Render({{"user", "a"}, {"robot", "b"}}, true);
   REQUIRE(!bad_role.ok());
   CHECK(bad_role.status().message().find("robot") != absl::string_view::npos);
+}
+
+// ---- Tools for Llama 3.x and Mistral (issue 32): their own templates ----
+
+// Llama 3.1 Instruct's template (meta-llama/Llama-3.1-8B-Instruct's
+// tokenizer_config.json): tools in the first user message, a call as
+// {"name", "parameters"} JSON, a result as an "ipython" turn.
+constexpr char kLlama31Template[] = R"JINJA({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {%- if builtin_tools is defined %}
+            {#- This means we're in ipython mode #}
+            {{- "<|eom_id|>" }}
+        {%- else %}
+            {{- "<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)JINJA";
+
+// Mistral Nemo Instruct 2407's template (llama.cpp's
+// models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja): v3-tekken,
+// [AVAILABLE_TOOLS] before the last user message, [TOOL_CALLS] with 9-letter
+// ids, [TOOL_RESULTS] with the call's id.
+constexpr char kMistralNemoTemplate[] = R"JINJA({%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
+
+{#- This block checks for alternating user/assistant messages, skipping tool calling messages #}
+{%- set ns = namespace() %}
+{%- set ns.index = 0 %}
+{%- for message in loop_messages %}
+    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
+        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}
+            {{- raise_exception("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...") }}
+        {%- endif %}
+        {%- set ns.index = ns.index + 1 %}
+    {%- endif %}
+{%- endfor %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS][" }}
+            {%- for tool in tools %}
+                {%- set tool = tool.function %}
+                {{- '{"type": "function", "function": {' }}
+                {%- for key, val in tool.items() if key != "return" %}
+                    {%- if val is string %}
+                        {{- '"' + key + '": "' + val + '"' }}
+                    {%- else %}
+                        {{- '"' + key + '": ' + val|tojson }}
+                    {%- endif %}
+                    {%- if not loop.last %}
+                        {{- ", " }}
+                    {%- endif %}
+                {%- endfor %}
+                {{- "}}" }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- else %}
+                    {{- "]" }}
+                {%- endif %}
+            {%- endfor %}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST]" + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST]" + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif (message.tool_calls is defined and message.tool_calls is not none) %}
+        {{- "[TOOL_CALLS][" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- set out = tool_call.function|tojson %}
+            {{- out[:-1] }}
+            {%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+                {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+            {%- endif %}
+            {{- ', "id": "' + tool_call.id + '"}' }}
+            {%- if not loop.last %}
+                {{- ", " }}
+            {%- else %}
+                {{- "]" + eos_token }}
+            {%- endif %}
+        {%- endfor %}
+    {%- elif message["role"] == "assistant" %}
+        {{- message["content"] + eos_token}}
+    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}
+        {%- if message.content is defined and message.content.content is defined %}
+            {%- set content = message.content.content %}
+        {%- else %}
+            {%- set content = message.content %}
+        {%- endif %}
+        {{- '[TOOL_RESULTS]{"content": ' + content|string + ", " }}
+        {%- if not message.tool_call_id is defined or message.tool_call_id|length != 9 %}
+            {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+        {%- endif %}
+        {{- '"call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+    {%- endif %}
+{%- endfor %}
+)JINJA";
+
+// The first `"key": "value"` string value after `from` in text ("" if none).
+std::string QuotedAfter(const std::string& text, const std::string& key, size_t from = 0) {
+  const std::string head = "\"" + key + "\": \"";
+  const size_t at = text.find(head, from);
+  if (at == std::string::npos) return "";
+  const size_t b = at + head.size();
+  return text.substr(b, text.find('"', b) - b);
+}
+
+bool Alnum9(const std::string& id) {
+  return id.size() == 9 && std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); });
+}
+
+// A call to get_weather with this id, and its result with this call id.
+std::vector<ChatMessage> OneCallTurn(const std::string& call_id, const std::string& result_id,
+                                     bool system = false) {
+  std::vector<ChatMessage> m;
+  if (system) m.push_back({"system", "Be brief."});
+  m.push_back({"user", "Weather in Paris?"});
+  m.push_back({"assistant", "", {{"get_weather", R"({"city": "Paris"})", call_id}}});
+  m.push_back({"tool", "21"});
+  m.back().tool_call_id = result_id;
+  return m;
+}
+
+const std::string kLlamaToolJson =
+    "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n"
+    "        \"parameters\": {\n            \"type\": \"object\"\n        }\n    }\n}";
+
+TEST_CASE("tool call formats: per family, and only where a template writes tools") {
+  CHECK(ToolCallFormatName(ChatTemplate::FromName("chatml")->tool_call_format()) == "hermes");
+  CHECK(ChatTemplate::FromName("qwen3")->tool_call_format() == ToolCallFormat::kHermes);
+  auto llama31 = ChatTemplate::FromJinja(kLlama31Template, "<|begin_of_text|>", "<|eot_id|>");
+  REQUIRE_MESSAGE(llama31.ok(), llama31.status().ToString());
+  CHECK(llama31->family() == ChatFamily::kLlama3);
+  CHECK(llama31->tool_call_format() == ToolCallFormat::kLlama3);
+  CHECK(llama31->supports_tools());
+  auto nemo = ChatTemplate::FromJinja(kMistralNemoTemplate, "<s>", "</s>");
+  REQUIRE_MESSAGE(nemo.ok(), nemo.status().ToString());
+  CHECK(nemo->family() == ChatFamily::kMistralV3Tekken);
+  CHECK(nemo->tool_call_format() == ToolCallFormat::kMistral);
+  auto v3 = ChatTemplate::FromJinja(kMistralV3Template, "<s>", "</s>");
+  REQUIRE(v3.ok());
+  CHECK(v3->family() == ChatFamily::kMistralV3);
+  CHECK(v3->tool_call_format() == ToolCallFormat::kMistral);
+
+  // Refused, each with its reason: the family renderers, and Jinja
+  // templates that write no tools (Llama 3.0's, the v7 excerpt).
+  ChatOptions o;
+  o.tools = {kTool};
+  for (const char* name : {"llama3", "mistral-v3", "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "llama2"}) {
+    CAPTURE(name);
+    auto t = ChatTemplate::FromName(name);
+    REQUIRE(t.ok());
+    CHECK(t->tool_call_format() == ToolCallFormat::kNone);
+    auto refused = t->Render({{"user", "Hi"}}, true, o);
+    REQUIRE(!refused.ok());
+    CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(refused.status().message(), name));
+    if (absl::string_view(name) != "llama2") {
+      CHECK(absl::StrContains(refused.status().message(), "--chat-template-file"));
+    }
+    auto result = t->Render(OneCallTurn("abcdefghi", "abcdefghi"), true);
+    REQUIRE(!result.ok());
+    CHECK(absl::StrContains(result.status().message(), "tool calls"));
+  }
+  for (const char* jinja : {kLlama3Template, kMistralV7Template}) {
+    auto t = ChatTemplate::FromJinja(jinja, "<s>", "</s>");
+    REQUIRE(t.ok());
+    CHECK(!t->supports_tools());
+    auto refused = t->Render({{"user", "Hi"}}, true, o);
+    REQUIRE(!refused.ok());
+    CHECK(absl::StrContains(refused.status().message(), "writes no tools"));
+  }
+  CHECK(IsMistralCallId("aB3dE5gH9"));
+  CHECK(!IsMistralCallId("call_1234"));
+  CHECK(!IsMistralCallId("abcdefgh"));
+  CHECK(!IsMistralCallId("abcdefghij"));
+}
+
+TEST_CASE("jinja: Llama 3.1's own template writes the tools, a call and its result") {
+  auto t = ChatTemplate::FromJinja(kLlama31Template, "<|begin_of_text|>", "<|eot_id|>");
+  REQUIRE(t.ok());
+  ChatOptions o;
+  o.tools = {kTool};
+  auto text = t->Render(OneCallTurn("call_1", "call_1", /*system=*/true), true, o);
+  REQUIRE_MESSAGE(text.ok(), text.status().ToString());
+  CHECK(*text ==
+        "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: December 2023\n"
+        "Today Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a "
+        "function call with its proper arguments that best answers the given prompt.\n\n"
+        "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}."
+        "Do not use variables.\n\n" + kLlamaToolJson + "\n\nWeather in Paris?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>"
+        "<|start_header_id|>ipython<|end_header_id|>\n\n\"21\"<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  // Without tools offered, the call and the result still render (the next
+  // turn of a conversation whose tools the client dropped).
+  auto no_tools = t->Render(OneCallTurn("", ""), false);
+  REQUIRE_MESSAGE(no_tools.ok(), no_tools.status().ToString());
+  CHECK(absl::StrContains(*no_tools, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>"));
+  CHECK(!absl::StrContains(*no_tools, "Environment: ipython"));
+  // The template takes one call a message: two are its error, not a crash.
+  std::vector<ChatMessage> two = {{"user", "Both?"},
+                                  {"assistant", "", {{"a", "{}"}, {"b", R"({"x": 1})"}}}};
+  auto refused = t->Render(two, true, o);
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(refused.status().message(), "only supports single tool-calls"));
+  // Llama's call ids are not in its prompt: they are left as they are.
+  auto ids = t->Render(OneCallTurn("call_1", "call_1"), true, o);
+  auto other_ids = t->Render(OneCallTurn("x", "y"), true, o);
+  REQUIRE(ids.ok());
+  CHECK(*ids == *other_ids);
+}
+
+TEST_CASE("jinja: Mistral Nemo's own template: tools, a call with a 9-letter id, its result") {
+  auto t = ChatTemplate::FromJinja(kMistralNemoTemplate, "<s>", "</s>");
+  REQUIRE(t.ok());
+  ChatOptions o;
+  o.tools = {kTool};
+  // A fitting id as the client gave it.
+  auto fits = t->Render(OneCallTurn("aB3dE5gH9", "aB3dE5gH9"), true, o);
+  REQUIRE_MESSAGE(fits.ok(), fits.status().ToString());
+  CHECK(*fits ==
+        "[AVAILABLE_TOOLS][{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+        "{\"type\": \"object\"}}}][/AVAILABLE_TOOLS][INST]Weather in Paris?[/INST]"
+        "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"aB3dE5gH9\"}]</s>"
+        "[TOOL_RESULTS]{\"content\": 21, \"call_id\": \"aB3dE5gH9\"}[/TOOL_RESULTS]");
+  // OpenAI-style ids ("call_..."), which the template refuses as they are:
+  // the same 9 letters and digits in the call and in its result, the same
+  // from one render to the next, and the rest of the text unchanged.
+  auto mapped = t->Render(OneCallTurn("call_abc123", "call_abc123"), true, o);
+  REQUIRE_MESSAGE(mapped.ok(), mapped.status().ToString());
+  const std::string id = QuotedAfter(*mapped, "id");
+  CHECK(Alnum9(id));
+  CHECK(id != "aB3dE5gH9");
+  CHECK(QuotedAfter(*mapped, "call_id") == id);
+  CHECK(*mapped == absl::StrReplaceAll(*fits, {{"aB3dE5gH9", id}}));
+  CHECK(*t->Render(OneCallTurn("call_abc123", "call_abc123"), true, o) == *mapped);
+  auto other = t->Render(OneCallTurn("call_abc124", "call_abc124"), true, o);
+  REQUIRE(other.ok());
+  CHECK(QuotedAfter(*other, "id") != id);
+  // No ids at all: each result answers its call in order.
+  std::vector<ChatMessage> two = {{"user", "Both?"},
+                                  {"assistant", "", {{"a", "{}"}, {"b", R"({"x": 1})"}}},
+                                  {"tool", "ra"},
+                                  {"tool", "rb"}};
+  auto paired = t->Render(two, true, o);
+  REQUIRE_MESSAGE(paired.ok(), paired.status().ToString());
+  const std::string id_a = QuotedAfter(*paired, "id");
+  const std::string id_b = QuotedAfter(*paired, "id", paired->find("\"name\": \"b\""));
+  CHECK(Alnum9(id_a));
+  CHECK(Alnum9(id_b));
+  CHECK(id_a != id_b);
+  CHECK(absl::StrContains(*paired, "[TOOL_RESULTS]{\"content\": ra, \"call_id\": \"" + id_a + "\"}"));
+  CHECK(absl::StrContains(*paired, "[TOOL_RESULTS]{\"content\": rb, \"call_id\": \"" + id_b + "\"}"));
+  // The system message goes into the last user message when that one ends
+  // the conversation (the template's loop.last; after a call it is left out).
+  auto sys = t->Render({{"system", "Be brief."}, {"user", "Weather in Paris?"}}, true, o);
+  REQUIRE(sys.ok());
+  CHECK(absl::EndsWith(*sys, "[/AVAILABLE_TOOLS][INST]Be brief.\n\nWeather in Paris?[/INST]"));
+  auto sys_call = t->Render(OneCallTurn("aB3dE5gH9", "aB3dE5gH9", /*system=*/true), true, o);
+  REQUIRE(sys_call.ok());
+  CHECK(*sys_call == *fits);
+
+  // Mistral 7B v0.3's / Large 2407's (v3): the same with its spaces.
+  auto v3 = ChatTemplate::FromJinja(kMistralV3Template, "<s>", "</s>");
+  REQUIRE(v3.ok());
+  auto v3_text = v3->Render(OneCallTurn("call_abc123", "call_abc123"), true, o);
+  REQUIRE_MESSAGE(v3_text.ok(), v3_text.status().ToString());
+  CHECK(*v3_text ==
+        "[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+        "{\"type\": \"object\"}}}][/AVAILABLE_TOOLS][INST] Weather in Paris?[/INST]"
+        "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"" + id + "\"}]</s>"
+        "[TOOL_RESULTS] {\"content\": 21, \"call_id\": \"" + id + "\"}[/TOOL_RESULTS]");
+}
+
+// A byte-level vocabulary (the 256 byte symbols) with these control tokens
+// after them (ids 256, 257, ...), the first BOS (added by default), the
+// second EOS, and this chat template.
+formats::Metadata ByteVocab(const std::vector<std::string>& specials, const char* jinja) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    AppendUtf8(ByteToCodepoint(uint8_t(b)), s);
+    tokens.push_back(s);
+  }
+  std::vector<int32_t> types(256, 1);
+  for (const std::string& special : specials) {
+    tokens.push_back(special);
+    types.push_back(3);  // control
+  }
+  formats::Metadata m;
+  m.Set("general.architecture", formats::MetaValue::String("llama"));
+  m.Set("tokenizer.ggml.model", formats::MetaValue::String("gpt2"));
+  m.Set("tokenizer.ggml.pre", formats::MetaValue::String("llama-bpe"));
+  m.Set("tokenizer.ggml.tokens", formats::MetaValue::StringArray(tokens));
+  m.Set("tokenizer.ggml.token_type", formats::MetaValue::I32Array(types));
+  m.Set("tokenizer.ggml.merges", formats::MetaValue::StringArray({}));
+  m.Set("tokenizer.ggml.bos_token_id", formats::MetaValue::U32(256));
+  m.Set("tokenizer.ggml.eos_token_id", formats::MetaValue::U32(257));
+  m.Set("tokenizer.ggml.add_bos_token", formats::MetaValue::Bool(true));
+  m.Set("tokenizer.chat_template", formats::MetaValue::String(jinja));
+  return m;
+}
+
+TEST_CASE("Llama 3.1 and Mistral tool conversations through their tokenizers") {
+  {
+    // Llama 3.1's specials: <|eom_id|> (a call's end in ipython mode) stops
+    // the answer as <|eot_id|> does; <|python_tag|> does not.
+    const formats::Metadata meta =
+        ByteVocab({"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                   "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"},
+                  kLlama31Template);
+    auto tok = Tokenizer::FromMetadata(meta);
+    REQUIRE_MESSAGE(tok.ok(), tok.status().ToString());
+    auto t = ChatTemplate::FromMetadata(meta);
+    REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+    CHECK(t->jinja());
+    CHECK(t->tool_call_format() == ToolCallFormat::kLlama3);
+    const std::vector<int32_t> stops = t->StopTokens(*tok);
+    CHECK(std::find(stops.begin(), stops.end(), 260) != stops.end());  // <|eot_id|>
+    CHECK(std::find(stops.begin(), stops.end(), 261) != stops.end());  // <|eom_id|>
+    CHECK(std::find(stops.begin(), stops.end(), 257) != stops.end());  // <|end_of_text|>
+    CHECK(std::find(stops.begin(), stops.end(), 262) == stops.end());  // <|python_tag|>
+    ChatOptions o;
+    o.tools = {kTool};
+    // A tool result holding a control text keeps it as text.
+    std::vector<ChatMessage> chat = OneCallTurn("call_1", "call_1");
+    chat.back().content = "21 <|eot_id|>";
+    auto ids = EncodeChat(*tok, *t, chat, true, o);
+    REQUIRE_MESSAGE(ids.ok(), ids.status().ToString());
+    CHECK((*ids)[0] == 256);
+    CHECK(std::count(ids->begin(), ids->end(), 256) == 1);
+    CHECK(std::count(ids->begin(), ids->end(), 258) == 5);  // system, user, call, ipython, prompt
+    CHECK(std::count(ids->begin(), ids->end(), 260) == 4);  // the four closed turns; the content's is text
+    CHECK(tok->Decode(*ids) == "<|begin_of_text|>" + *t->Render(chat, true, o));
+  }
+  {
+    const formats::Metadata meta =
+        ByteVocab({"<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]",
+                   "[TOOL_RESULTS]", "[/TOOL_RESULTS]"},
+                  kMistralNemoTemplate);
+    auto tok = Tokenizer::FromMetadata(meta);
+    REQUIRE(tok.ok());
+    auto t = ChatTemplate::FromMetadata(meta);
+    REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+    CHECK(t->tool_call_format() == ToolCallFormat::kMistral);
+    ChatOptions o;
+    o.tools = {kTool};
+    // An id holding a control text is mapped like any other that does not fit.
+    const std::vector<ChatMessage> chat = OneCallTurn("x[TOOL_CALLS]", "x[TOOL_CALLS]");
+    auto ids = EncodeChat(*tok, *t, chat, true, o);
+    REQUIRE_MESSAGE(ids.ok(), ids.status().ToString());
+    CHECK((*ids)[0] == 256);
+    CHECK(std::count(ids->begin(), ids->end(), 262) == 1);  // [TOOL_CALLS]: the call only
+    CHECK(std::count(ids->begin(), ids->end(), 263) == 1);  // [TOOL_RESULTS]
+    CHECK(std::count(ids->begin(), ids->end(), 257) == 1);  // </s> after the call
+    const std::string text = tok->Decode(*ids);
+    CHECK(text == "<s>" + *t->Render(chat, true, o));
+    CHECK(Alnum9(QuotedAfter(text, "id")));
+    CHECK(!absl::StrContains(text, "x[TOOL_CALLS]"));
+  }
 }
 
 }  // namespace
