@@ -93,6 +93,15 @@ struct DecodeTuning {
   // kernel) keeps.
   int mma_f16_min_tokens = 9;
   int mma_f16_min_tokens_q6k = 9;
+  // CTAs a SM of the f16 form up to 16 tokens: 2 (whole-block stages, three
+  // or four of them), 3 (whole-block stages, two) or 4 (half-block stages,
+  // registers capped at 128). Why more might pay: ncu of 7B ffn_down q4_K at
+  // 16 tokens on an H100 (docs/PERF.md, "Where a mid-size f16-form product
+  // waits"): 2 CTAs a SM, 8 warps, 4.4 cycles between a warp's
+  // instructions, DRAM 38% busy. 2 until 3 and 4 are measured (no GPU came
+  // the session they were written); dpl-bench and matvec_bench take
+  // DPL_F16_CTAS.
+  int mma_f16_small_ctas_per_sm = 2;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

@@ -278,7 +278,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", blocks, " row blocks, more than ", kMaxGridY));
   }
-  if (f16) return Annotate(LaunchMatVecMmaF16(kernel, a, blocks, plan.pdl, stream), what);
+  if (f16) return Annotate(LaunchMatVecMmaF16(kernel, a, blocks, plan.pdl, stream, plan.mma_f16_small_ctas), what);
   if (mma) return Annotate(LaunchMatVecMma(kernel, a, blocks, plan.pdl, stream), what);
   return Annotate(LaunchMatVec(kernel, a, g, grid_x, blocks, plan.pdl, stream,
                                plan.mixed ? plan.last_kernel : kernel),

@@ -300,8 +300,12 @@ int Main() {
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs, L2 %d MB; peak used for %%: %.0f GB/s\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, kPeakGBs);
-  const absl::StatusOr<DecodeTuning> tuning = DecodeTuningForDevice();
+  absl::StatusOr<DecodeTuning> tuning = DecodeTuningForDevice();
   BENCH_OK(tuning.status());
+  // The f16 form's CTAs a SM up to 16 tokens, as dpl-bench takes it.
+  if (const char* e = std::getenv("DPL_F16_CTAS"); e != nullptr) {
+    tuning->mma_f16_small_ctas_per_sm = std::atoi(e);
+  }
   std::printf("tuning: q6_K decode CTAs per SM %d\n", tuning->q6k_ctas_per_sm);
   const absl::StatusOr<uint64_t> scratch_bytes = MatVecScratchBytes(18944, 512);
   BENCH_OK(scratch_bytes.status());

@@ -542,8 +542,9 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
 // what is left is the f16 rounding of each weight (one rounding of q s - m)
 // and of d sc, d dmin, ~2-4e-4; the int8 form's int8 activations give ~4e-3
 // against the same reference, so the gate also tells which form ran. Odd
-// row and token counts, k-splits 1-8, bias and residual (in place), and a
-// grouped launch of two matrices equal to one launch each, bit for bit.
+// row and token counts, k-splits 1-8, bias and residual (in place), a
+// grouped launch of two matrices equal to one launch each, bit for bit, and
+// the 3- and 4-CTA-a-SM variants up to 16 tokens.
 TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") {
   ScratchHolder sh;
   const Case cases[] = {
@@ -611,6 +612,23 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
       CHECK_MESSAGE(e16 < 1e-3, "f16 form err " << e16);
       CHECK_MESSAGE(e8 > 2 * e16, "the int8 form should carry the int8 activation error");
       CHECK(same);
+      // More CTAs a SM up to 16 tokens (DecodeTuning::mma_f16_small_ctas_per_sm):
+      // three with whole-block stages walk k as two do (the same bits); four
+      // with half-block stages may split k elsewhere (the reference's error).
+      if (n_tokens <= 16) {
+        for (int ctas : {3, 4}) {
+          MatVecPlan pc = p16;
+          pc.mma_f16_small_ctas = ctas;
+          DevFloats yc(c.n_rows * n_tokens);
+          yc.Upload(res);
+          STATUS_OK(Run(dm.w, pc, dx.get(), n_tokens, yc.get(), db.get(), yc.get(), &sh.s));
+          const std::vector<float> got = yc.Download();
+          const double ec = NormErr(got.data(), ref);
+          CAPTURE(ctas);
+          CHECK_MESSAGE(ec < 1e-3, "f16 form, " << ctas << " CTAs a SM, err " << ec);
+          if (ctas == 3) CHECK(std::memcmp(got.data(), a.data(), a.size() * 4) == 0);
+        }
+      }
       // A scratch whose owner wants no f16 copy for this many tokens gets
       // none written, and the plan falls back to the int8 form: its bits.
       sh.s.f16_min_tokens = n_tokens + 1;

@@ -82,12 +82,14 @@ struct Stage {
   __half x[W::kCols / 8][T][8];
 };
 
-// Stages in flight: as many as keep two CTAs a SM (shared memory <= ~110
-// KB each), at most 4.
-template <class W, int NT>
+// Stages in flight: as many as keep kCtas CTAs a SM (two: shared memory <=
+// ~110 KB each; more: an equal share of the SM's 227 KB less the 1 KB the
+// driver reserves a CTA), at most 4.
+template <class W, int NT, int kCtas = 2>
 constexpr int StagesFor() {
   constexpr int kBytes = static_cast<int>(sizeof(Stage<W, 8 * NT>));
-  return 110 * 1024 / kBytes >= 4 ? 4 : 110 * 1024 / kBytes;
+  constexpr int kBudget = kCtas == 2 ? 110 * 1024 : (227 * 1024) / kCtas - 1024;
+  return kBudget / kBytes >= 4 ? 4 : kBudget / kBytes;
 }
 
 __device__ __forceinline__ uint32_t U32(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
@@ -470,9 +472,9 @@ __device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
 // part's rows 128 (y - row_block0) .. +127 and the W::kCols-column stages
 // [ns z / splits, ns (z + 1) / splits) (none for some splits of a short
 // row: their partials are zeros).
-template <class W, int NT>
-__global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs a) {
-  constexpr int T = 8 * NT, kS = StagesFor<W, NT>();
+template <class W, int NT, int kCtas>
+__device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
+  constexpr int T = 8 * NT, kS = StagesFor<W, NT, kCtas>();
   static_assert(kS >= 2, "a stage in flight while one is multiplied");
   extern __shared__ __align__(16) uint8_t smem[];
   Stage<W, T>* stage = reinterpret_cast<Stage<W, T>*>(smem);
@@ -550,7 +552,18 @@ __global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs 
   }
 }
 
+// The kernels: two CTAs a SM with the launch bounds the form was tuned
+// with (no minimum), more with that minimum (which caps the registers).
 template <class W, int NT>
+__global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs a) {
+  MatVecMmaF16Body<W, NT, 2>(a);
+}
+template <class W, int NT, int kCtas>
+__global__ void __launch_bounds__(kThreads, kCtas) MatVecMmaF16KernelCtas(const MatVecArgs a) {
+  MatVecMmaF16Body<W, NT, kCtas>(a);
+}
+
+template <class W, int NT, int kCtas = 2>
 absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
                     cudaStream_t stream) {
   static_assert(W::kCols / 8 * 8 * NT % kThreads == 0, "a stage's activation copies split evenly");
@@ -558,10 +571,17 @@ absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl
     return absl::InternalError(absl::StrCat("matvec f16 mma: ", args.n_tokens, " tokens in a ",
                                             8 * NT, "-token tile"));
   }
-  constexpr int kSmem = StagesFor<W, NT>() * static_cast<int>(sizeof(Stage<W, 8 * NT>));
-  DPL_RETURN_IF_ERROR((OptInSharedMemory<MatVecMmaF16Kernel<W, NT>>(kSmem)));
-  return LaunchKernel(MatVecMmaF16Kernel<W, NT>, dim3(1, static_cast<unsigned>(grid_y), splits),
-                      dim3(kThreads), kSmem, stream, pdl, args);
+  constexpr int kSmem = StagesFor<W, NT, kCtas>() * static_cast<int>(sizeof(Stage<W, 8 * NT>));
+  constexpr auto kKernel = [] {
+    if constexpr (kCtas == 2) {
+      return MatVecMmaF16Kernel<W, NT>;
+    } else {
+      return MatVecMmaF16KernelCtas<W, NT, kCtas>;
+    }
+  }();
+  DPL_RETURN_IF_ERROR((OptInSharedMemory<kKernel>(kSmem)));
+  return LaunchKernel(kKernel, dim3(1, static_cast<unsigned>(grid_y), splits), dim3(kThreads),
+                      kSmem, stream, pdl, args);
 }
 
 // Whole-block stages where two CTAs a SM still fit them: every token count
@@ -569,9 +589,23 @@ absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl
 // whole-block activations would leave one CTA a SM), half blocks beyond.
 // Why whole blocks at 64 tokens too (H100, 7B, wgmma form): gate/up 52.8 ->
 // 48.0 us, q4_K down 39.1 -> 35.0; the 64-sequence step 9,811 -> 10,268 t/s.
+// Up to 16 tokens, small_ctas (DecodeTuning::mma_f16_small_ctas_per_sm)
+// may ask for more CTAs a SM: 3 (whole-block stages, two of them) or 4
+// (half-block stages, registers capped at 128 by the launch bounds). Why
+// try: ncu of 7B ffn_down q4_K at 16 tokens (docs/PERF.md, "Where a
+// mid-size f16-form product waits"): 2 CTAs a SM, 8 warps, 4.4 cycles
+// between a warp's instructions, DRAM 38% busy.
 template <template <int> class W>
 absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int small_ctas) {
+  if (args.n_tokens <= 16 && small_ctas == 3) {
+    if (args.n_tokens <= 8) return Launch<W<256>, 1, 3>(args, grid_y, splits, pdl, stream);
+    return Launch<W<256>, 2, 3>(args, grid_y, splits, pdl, stream);
+  }
+  if (args.n_tokens <= 16 && small_ctas == 4) {
+    if (args.n_tokens <= 8) return Launch<W<128>, 1, 4>(args, grid_y, splits, pdl, stream);
+    return Launch<W<128>, 2, 4>(args, grid_y, splits, pdl, stream);
+  }
   if (args.n_tokens <= 8) return Launch<W<256>, 1>(args, grid_y, splits, pdl, stream);
   if (args.n_tokens <= 16) return Launch<W<256>, 2>(args, grid_y, splits, pdl, stream);
   if (args.n_tokens <= 32) return Launch<W<256>, 4>(args, grid_y, splits, pdl, stream);
@@ -585,7 +619,7 @@ absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool 
 }  // namespace
 
 absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
-                                bool pdl, cudaStream_t stream) {
+                                bool pdl, cudaStream_t stream, int small_ctas_per_sm) {
   if (kernel != MatVecKernel::kQ4K && kernel != MatVecKernel::kQ6KDpl) {
     return absl::InvalidArgumentError(absl::StrCat("matvec f16 mma: kernel ",
                                                    static_cast<int>(kernel),
@@ -610,9 +644,9 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
     splits = std::max(splits, p.splits);
   }
   if (kernel == MatVecKernel::kQ4K) {
-    DPL_RETURN_IF_ERROR(LaunchFor<Q4KF16>(args, grid_y, splits, pdl, stream));
+    DPL_RETURN_IF_ERROR(LaunchFor<Q4KF16>(args, grid_y, splits, pdl, stream, small_ctas_per_sm));
   } else {
-    DPL_RETURN_IF_ERROR(LaunchFor<Q6KF16>(args, grid_y, splits, pdl, stream));
+    DPL_RETURN_IF_ERROR(LaunchFor<Q6KF16>(args, grid_y, splits, pdl, stream, small_ctas_per_sm));
   }
   return LaunchMmaSumSplits(args, pdl, stream);
 }

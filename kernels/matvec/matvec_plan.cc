@@ -193,6 +193,7 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   plan.decode = PlannedDecodeGeometry(k, w.n_rows, w.n_cols, tuning);
   plan.prompt = MatVecGeometry{kTokenTile, 1, 2, false};
   plan.pdl = tuning.pdl;
+  plan.mma_f16_small_ctas = tuning.mma_f16_small_ctas_per_sm;
   if (MatVecMmaF16Supports(k, w.n_cols)) {
     plan.mma_f16_min_tokens =
         k == MatVecKernel::kQ4K ? tuning.mma_f16_min_tokens : tuning.mma_f16_min_tokens_q6k;

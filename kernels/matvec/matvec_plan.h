@@ -60,6 +60,9 @@ struct MatVecPlan {
   // DecodeTuning::mma_f16_min_tokens (q4_K) or mma_f16_min_tokens_q6k where
   // MatVecMmaF16Supports.
   int mma_f16_min_tokens = 0;
+  // The f16 form's CTAs a SM up to 16 tokens
+  // (DecodeTuning::mma_f16_small_ctas_per_sm).
+  int mma_f16_small_ctas = 2;
 };
 
 // Checks shape, stride and alignment of `w`, picks its kernel and the

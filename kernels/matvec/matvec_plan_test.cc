@@ -384,9 +384,11 @@ TEST_CASE("the f16 mma threshold reaches q4_K plans only") {
   DecodeTuning t = H200();
   t.mma_f16_min_tokens = 16;
   t.mma_f16_min_tokens_q6k = 4;
+  t.mma_f16_small_ctas_per_sm = 4;
   const absl::StatusOr<MatVecPlan> q4 = PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584), t);
   REQUIRE(q4.ok());
   CHECK(q4->mma_f16_min_tokens == 16);
+  CHECK(q4->mma_f16_small_ctas == 4);
   const absl::StatusOr<MatVecPlan> q6 = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kDpl, 512, 3584), t);
   REQUIRE(q6.ok());
   CHECK(q6->mma_f16_min_tokens == 4);
