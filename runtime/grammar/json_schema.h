@@ -1,0 +1,50 @@
+// JSON schema -> GBNF (llama.cpp's json-schema-to-grammar, the subset
+// clients send), and the grammar of any JSON object (response_format
+// json_object).
+//
+// Rules written (llama.cpp's primitives):
+//   space    ::= | " " | "\n" [ \t]{0,20}     at most one newline and 20
+//                                             indents between tokens: the
+//                                             model cannot loop on spaces
+//   string   ::= "\"" char* "\"" space
+//   char     ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
+//   number   ::= "-"? integral ("." [0-9]{1,16})? ([eE] [-+]? integral)? space
+//   integral ::= [0] | [1-9] [0-9]{0,15}
+//   integer  ::= "-"? integral space ; boolean, null; value: any JSON value
+// Keywords: type (a name or a list of names), properties + required (keys
+// in the schema's order, each optional one may be left out; the rest of
+// the order is fixed), additionalProperties (false, true or a schema; not
+// given: false when properties are, else any), items, minItems / maxItems,
+// minLength / maxLength, enum, const, anyOf / oneOf, $ref to #/$defs/NAME or
+// #/definitions/NAME (recursion allowed), an empty schema or true: any
+// value. An object's keys with optional ones, p_1..p_n, are two chains of
+// rules: head_i (nothing written yet) ::= kv_i tail_(i+1) [| head_(i+1) when
+// p_i is optional], tail_i ::= "," space kv_i tail_(i+1) [or ("," space
+// kv_i)? tail_(i+1) when optional], both ending in the additional keys.
+// Unknown keywords (title, description, format, minimum, ...) are ignored,
+// as llama.cpp ignores those it does not know; keywords whose meaning the
+// grammar would silently break are refused (InvalidArgument naming the
+// keyword and where it is): pattern, allOf, not, if/then/else,
+// patternProperties, $ref elsewhere, a false schema.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "runtime/grammar/grammar.h"
+
+namespace dpl::grammar {
+
+// GBNF text whose rule "root" accepts exactly the JSON texts the schema
+// describes (within the subset above).
+absl::StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema);
+// Parsed.
+absl::StatusOr<Grammar> JsonSchemaToGrammar(const nlohmann::ordered_json& schema);
+// Any JSON object (response_format {"type": "json_object"}).
+std::string JsonObjectGbnf();
+// A string as a GBNF literal ("..." with escapes).
+std::string GbnfLiteral(const std::string& bytes);
+
+}  // namespace dpl::grammar
