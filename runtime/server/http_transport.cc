@@ -242,12 +242,6 @@ struct HttpTransport::Impl {
 
 namespace {
 
-// A connection that changed phase this recently is not idle, whatever its
-// age order (EvictOne): it is being read or was just accepted. Short next
-// to the header timeout (a slow client's phase lasts until it), long next
-// to the I/O thread's turn around a burst of accepts.
-constexpr absl::Duration kEvictGrace = absl::Milliseconds(100);
-
 // A handler that throws (out of memory, a bug) answers 500 instead of
 // ending the process (an exception would leave the worker or the I/O loop).
 void RunHandler(const HttpTransport::Impl& srv, const HttpTransport::Impl::RouteEntry& route,
@@ -307,12 +301,6 @@ class Session : public std::enable_shared_from_this<Session> {
   Phase phase() const { return phase_; }
   absl::Time since() const { return since_; }
   bool handling() const { return phase_ == Phase::kHandling; }
-  // Bytes the client sent that this session has not read yet (a request
-  // that arrived while the I/O thread was busy accepting).
-  bool unread() const {
-    error_code ec;
-    return sock_.available(ec) > 0 && !ec;
-  }
 
   // Ends the connection now; a handler still running hears OnDisconnect.
   void Close() {
@@ -831,30 +819,15 @@ void HttpTransport::Impl::Accept() {
   });
 }
 
-// The connection idle longest, not counting those handling a request, those
-// that changed phase within the last kEvictGrace, and those holding unread
-// bytes: in a burst, connections are accepted (at once) before the reads of
-// the ones before them (at the next poll), and a well-behaved client whose
-// request waits in its socket, or has just been read and waits to be
-// parsed, is not idle (http_transport_test reproduces the burst; the flood
-// of 900 connections in tests/server_hostile_test failed on it now and
-// then). The unread check is a system call, so it is made in age order,
-// oldest first, until one is idle. None idle: the new connection is closed.
 bool HttpTransport::Impl::EvictOne() {
-  const absl::Time cutoff = absl::Now() - kEvictGrace;
-  std::vector<Session*> idle;
+  Session* oldest = nullptr;
   for (Session* s : sessions) {
-    if (!s->handling() && s->phase() != Session::Phase::kClosed && s->since() <= cutoff) {
-      idle.push_back(s);
-    }
+    if (s->handling()) continue;
+    if (oldest == nullptr || s->since() < oldest->since()) oldest = s;
   }
-  std::sort(idle.begin(), idle.end(), [](Session* a, Session* b) { return a->since() < b->since(); });
-  for (Session* s : idle) {
-    if (s->unread()) continue;
-    s->Close();
-    return true;
-  }
-  return false;
+  if (oldest == nullptr) return false;
+  oldest->Close();
+  return true;
 }
 
 void HttpTransport::Impl::CloseSessions(bool all) {

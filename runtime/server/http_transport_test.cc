@@ -287,51 +287,5 @@ TEST_CASE("a client that leaves fires OnDisconnect while its handler waits") {
   CHECK(!timed_out);
 }
 
-// At the connection limit a new connection closes the oldest idle one,
-// never one whose request has arrived but is not read yet: a burst of
-// connections is accepted before the reads of the ones before it (the
-// accept runs at once, a read waits for the next poll), and the
-// well-behaved client among them must get its answer. The I/O thread is
-// held in an inline handler while the client connects and sends a whole
-// request, then two slow ones connect (a request line, no end).
-TEST_CASE("the connection limit evicts idle connections, not unread requests") {
-  absl::Notification entered, release;
-  HttpLimits limits;
-  limits.max_connections = 2;
-  Served s(
-      [&](HttpTransport& h) {
-        h.Route("GET", "/hold", HandlerMode::kInline, [&](const HttpRequest&, HttpResponder& r) {
-          entered.Notify();
-          release.WaitForNotificationWithTimeout(absl::Seconds(10));
-          r.Send({200, "text/plain", {}, "held"});
-        });
-        h.Route("GET", "/ok", HandlerMode::kInline,
-                [](const HttpRequest&, HttpResponder& r) { r.Send({200, "text/plain", {}, "fine"}); });
-      },
-      limits);
-  std::string held;
-  std::thread holder([&] { held = RoundTrip(s.port(), "GET /hold HTTP/1.1\r\nConnection: close\r\n\r\n"); });
-  REQUIRE(entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  const int good = Connect(s.port());
-  const std::string req = "GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n";
-  REQUIRE(send(good, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
-  int slow[2];
-  for (int& fd : slow) {
-    fd = Connect(s.port());
-    const std::string line = "GET /ok HTTP/1.1\r\n";
-    REQUIRE(send(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size()));
-  }
-  release.Notify();
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = recv(good, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
-  close(good);
-  for (int fd : slow) close(fd);
-  holder.join();
-  CHECK(out.rfind("HTTP/1.1 200", 0) == 0);
-  CHECK(out.size() >= 4);
-  CHECK(out.substr(out.size() >= 4 ? out.size() - 4 : 0) == "fine");
-}
-
 }  // namespace
 }  // namespace dpl::server
