@@ -78,6 +78,29 @@ expect 200 "tools, streamed" -N "$C" -d "$(chat ",\"max_tokens\":3,\"stream\":tr
 expect 200 "/v1/responses with function tools and call items" "$url/v1/responses" -d '{"input":[{"role":"user","content":"Weather?"},{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"21 C"}],"tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}],"max_output_tokens":2}'
 body_has "/v1/responses with tools: a response" '"object":"response"'
 expect 400 "tool_choice naming no tool" "$C" -d "$(chat ",\"max_tokens\":2,$tools,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}")"
+# Structured output (issue 32): a JSON schema's answer parses and has its
+# required keys with their types (no strings in it: every value is bounded,
+# so even this random-weight model completes it, then only the end of
+# generation may follow); a GBNF grammar on completions; a bad schema and
+# two grammars at once are 400s naming the field.
+schema='{"type":"object","properties":{"n":{"type":"integer"},"ok":{"type":"boolean"},"c":{"enum":["red","green"]}},"required":["n","ok","c"]}'
+expect 200 "response_format json_schema" "$C" -d "$(chat ".8,\"seed\":3,\"max_tokens\":200,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"t\",\"strict\":true,\"schema\":$schema}}")"
+if python3 -c '
+import json, sys
+b = json.load(open(sys.argv[1]))
+c = b["choices"][0]
+assert c["finish_reason"] == "stop", c["finish_reason"]
+a = json.loads(c["message"]["content"])
+assert isinstance(a["n"], int) and isinstance(a["ok"], bool) and a["c"] in ("red", "green"), a
+' "$tmp/body" 2>"$tmp/py.err"; then ok "json_schema: the answer parses, with n, ok and c"
+else bad "json_schema answer: $(head -c 300 "$tmp/py.err") $(head -c 400 "$tmp/body")"; fi
+expect 200 "completions with a GBNF grammar" "$url/v1/completions" -d '{"prompt":"Is it?","max_tokens":20,"temperature":1,"seed":1,"grammar":"root ::= \"yes\" | \"no\""}'
+grep -qE '"text":"(yes|no)"' "$tmp/body" && ok "grammar: the text is yes or no" || bad "grammar: $(head -c 300 "$tmp/body")"
+expect 400 "response_format with an unsupported schema" "$C" -d "$(chat ",\"max_tokens\":2,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"t\",\"schema\":{\"type\":\"string\",\"pattern\":\"^a\"}}}")"
+body_has "bad schema: names the field" "response_format.json_schema.schema' is not usable"
+body_has "bad schema: an OpenAI error" '"type":"invalid_request_error"'
+expect 400 "grammar and json_schema both" "$C" -d "$(chat ',"max_tokens":2,"grammar":"root ::= [a]","json_schema":{}')"
+body_has "two grammars: names the field" "'grammar' and 'json_schema' are both given"
 expect 200 "chat, streamed" -N "$C" -d "$(chat ',"max_tokens":3,"stream":true')"
 if [[ $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && grep -q '"chat.completion.chunk"' "$tmp/body" &&
    grep -q '"finish_reason":"length"' "$tmp/body"; then ok "SSE chunks end with data: [DONE]"

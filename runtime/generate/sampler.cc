@@ -4,6 +4,9 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
 namespace dpl::generate {
 
 double Sampler::NextUniform() {
@@ -16,7 +19,7 @@ void Sampler::Accept(int32_t token) {
   while (static_cast<int32_t>(recent_.size()) > p_.repeat_last_n) recent_.pop_front();
 }
 
-int32_t Sampler::Sample(absl::Span<const float> logits) {
+void Sampler::Fill(absl::Span<const float> logits) {
   const int32_t n = static_cast<int32_t>(logits.size());
   candidates_.resize(n);
   for (int32_t i = 0; i < n; ++i) candidates_[i] = {logits[i], i};
@@ -40,6 +43,30 @@ int32_t Sampler::Sample(absl::Span<const float> logits) {
     }
   }
 
+}
+
+int32_t Sampler::Sample(absl::Span<const float> logits) {
+  Fill(logits);
+  return Draw();
+}
+
+absl::StatusOr<int32_t> Sampler::SampleAllowed(absl::Span<const float> logits, absl::Span<const uint32_t> allowed) {
+  const size_t words = (logits.size() + 31) / 32;
+  if (allowed.size() != words) {
+    return absl::InvalidArgumentError(absl::StrCat("the allowed-token mask has ", allowed.size(),
+                                                   " words; ", logits.size(), " tokens need ", words));
+  }
+  Fill(logits);
+  auto masked = [allowed](const std::pair<float, int32_t>& c) {
+    return ((allowed[static_cast<size_t>(c.second) / 32] >> (c.second % 32)) & 1u) == 0;
+  };
+  candidates_.erase(std::remove_if(candidates_.begin(), candidates_.end(), masked), candidates_.end());
+  if (candidates_.empty()) return absl::FailedPreconditionError("the allowed-token mask allows no token");
+  return Draw();
+}
+
+int32_t Sampler::Draw() {
+  const int32_t n = static_cast<int32_t>(candidates_.size());
   auto by_logit = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   };

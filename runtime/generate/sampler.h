@@ -8,6 +8,7 @@
 #include <deque>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/sampling/sampling_util.h"
 
@@ -25,12 +26,23 @@ class Sampler {
   // Chooses the next token from `logits` (n_vocab). Ties in greedy mode go
   // to the lowest id. Deterministic for a given seed and call sequence.
   int32_t Sample(absl::Span<const float> logits);
+  // The same draw among the allowed tokens only: bit (id % 32) of
+  // allowed[id / 32] set (a grammar's mask, grammar::Matcher::FillMask;
+  // (n_vocab + 31) / 32 words). A token whose bit is clear is never chosen,
+  // whatever the filters and the rounding of the draw; the chain (penalties,
+  // top-k, top-p, min-p) runs over the allowed tokens. Errors: a mask of the
+  // wrong size (InvalidArgument), no token allowed (FailedPrecondition).
+  absl::StatusOr<int32_t> SampleAllowed(absl::Span<const float> logits, absl::Span<const uint32_t> allowed);
   // Remembers a token for the repetition penalty (prompt and generated).
   void Accept(int32_t token);
 
  private:
   // Uniform in [0, 1) from (seed, draw counter): splitmix64 of both.
   double NextUniform();
+  // The chain over candidates_ (ids already in it, penalties applied).
+  int32_t Draw();
+  // candidates_ = every token with its logit, penalties applied.
+  void Fill(absl::Span<const float> logits);
 
   SamplerParams p_;
   uint64_t draws_ = 0;

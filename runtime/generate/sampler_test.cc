@@ -121,5 +121,53 @@ TEST_CASE("presence and frequency penalties subtract per recent token") {
   }
 }
 
+// A mask of kLogits' 8 tokens allowing `ids`.
+std::vector<uint32_t> Allow(std::initializer_list<int> ids) {
+  std::vector<uint32_t> m(1, 0);
+  for (int id : ids) m[0] |= 1u << id;
+  return m;
+}
+
+TEST_CASE("a mask: greedy takes the best allowed token") {
+  SamplerParams p;
+  p.temperature = 0;
+  Sampler s(p);
+  CHECK(*s.SampleAllowed(kLogits, Allow({0, 3, 6})) == 6);
+  CHECK(*s.SampleAllowed(kLogits, Allow({7})) == 7);
+  CHECK(*s.SampleAllowed(kLogits, Allow({0, 1, 2, 3, 4, 5, 6, 7})) == 1);
+}
+
+TEST_CASE("a mask: random draws never pick a masked token, whatever the filters") {
+  for (float t : {0.5f, 1.0f, 50.0f}) {
+    SamplerParams p = Plain(t);
+    p.top_k = 2;  // the two best overall (1, 4) are both masked
+    p.top_p = 0.9f;
+    p.min_p = 0.05f;
+    p.seed = 7;
+    Sampler s(p);
+    for (int i = 0; i < 300; ++i) {
+      const int32_t id = *s.SampleAllowed(kLogits, Allow({3, 5, 7}));
+      CHECK((id == 3 || id == 5 || id == 7));
+    }
+  }
+  // Only a very unlikely token allowed: it is the draw every time (the
+  // rounding fallback is an allowed token too).
+  SamplerParams p = Plain(0.01f);
+  Sampler s(p);
+  for (int i = 0; i < 50; ++i) CHECK(*s.SampleAllowed(kLogits, Allow({7})) == 7);
+}
+
+TEST_CASE("a mask: none allowed or the wrong size is an error") {
+  Sampler s(Plain(1));
+  absl::StatusOr<int32_t> none = s.SampleAllowed(kLogits, Allow({}));
+  CHECK(none.status().code() == absl::StatusCode::kFailedPrecondition);
+  std::vector<uint32_t> two(2, ~0u);
+  CHECK(s.SampleAllowed(kLogits, two).status().code() == absl::StatusCode::kInvalidArgument);
+  SamplerParams g;
+  g.temperature = 0;
+  Sampler greedy(g);
+  CHECK(!greedy.SampleAllowed(kLogits, Allow({})).ok());
+}
+
 }  // namespace
 }  // namespace dpl::generate

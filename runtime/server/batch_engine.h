@@ -20,16 +20,24 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "kernels/sampling/sampling_util.h"
+#include "runtime/grammar/grammar.h"
 
 namespace dpl::server {
 
 using SamplerParams = kernels::SamplingParams;
+
+// The refusal of an engine without structured output (BatchEngine::SetGrammar).
+inline absl::Status GrammarUnsupported() {
+  return absl::FailedPreconditionError(
+      "response_format, grammar and json_schema are not supported on this device yet (only on the cpu device)");
+}
 
 class BatchEngine {
  public:
@@ -114,6 +122,21 @@ class BatchEngine {
 
   // The slot's cache becomes empty; its next Prefill starts a new sequence.
   virtual void Release(int slot) = 0;
+
+  // Structured output (response_format, grammar, json_schema): the tokens
+  // the slot samples from its next Prefill's first token on, for the
+  // request it now serves, are those `grammar` allows (a matcher per slot,
+  // a token mask per draw; end-of-generation only once the grammar is
+  // complete). Called after KeepPrefix / CopyPrefix, before the prompt's
+  // last chunk; null clears it. KeepPrefix, CopyPrefix and Release clear
+  // it too (the request ended). supports_grammar() says whether the engine
+  // can; this default cannot (the CUDA engine: its captured sampler has no
+  // mask yet) and refuses a grammar with FailedPrecondition.
+  virtual bool supports_grammar() const { return false; }
+  virtual absl::Status SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
+    (void)slot;
+    return grammar == nullptr ? absl::OkStatus() : GrammarUnsupported();
+  }
 };
 
 }  // namespace dpl::server

@@ -115,6 +115,7 @@ struct HttpServer::Handlers {
     g.stop = p.stop;
     g.ignore_eos = p.ignore_eos;
     g.cache_prompt = p.cache_prompt;
+    g.grammar = p.grammar;
     return g;
   }
 

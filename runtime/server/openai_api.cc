@@ -1,5 +1,7 @@
 #include "runtime/server/openai_api.h"
 
+#include <memory>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -9,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "runtime/grammar/json_schema.h"
 
 namespace dpl::server {
 namespace {
@@ -288,12 +291,109 @@ absl::StatusOr<std::vector<tokenizer::ToolCall>> ToolCalls(const json& calls, co
   return out;
 }
 
+// Structured output. `format`: the response_format object (chat) or the
+// Responses API's text.format (flat: name and schema beside type), named
+// `field`; `ordered`: the same object parsed keeping the client's key order
+// (a schema's properties are generated in that order).
+absl::Status FormatGrammar(const json& format, const nlohmann::ordered_json& ordered, const std::string& field,
+                           bool flat, std::shared_ptr<const grammar::Grammar>* out) {
+  const json* type = format.is_object() ? Field(format, "type") : nullptr;
+  if (type == nullptr || !type->is_string()) {
+    return FieldError(field, "must be an object with a \"type\": text, json_object or json_schema");
+  }
+  const std::string t = type->get<std::string>();
+  if (t == "text") return absl::OkStatus();
+  absl::StatusOr<grammar::Grammar> g;
+  if (t == "json_object") {
+    // llama-server's extension: a "schema" beside it constrains it.
+    if (Field(format, "schema") != nullptr) {
+      g = grammar::JsonSchemaToGrammar(ordered.at("schema"));
+      if (!g.ok()) return FieldError(field + ".schema", absl::StrCat("is not usable: ", g.status().message()));
+    } else {
+      g = grammar::Grammar::Parse(grammar::JsonObjectGbnf());
+      if (!g.ok()) return g.status();
+    }
+  } else if (t == "json_schema") {
+    const std::string holder = flat ? field : field + ".json_schema";
+    const json* js = flat ? &format : Field(format, "json_schema");
+    if (js == nullptr || !js->is_object()) return FieldError(holder, "must be an object with a \"schema\"");
+    const json* schema = Field(*js, "schema");
+    if (schema == nullptr) return FieldError(holder + ".schema", "is required");
+    if (const json* strict = Field(*js, "strict"); strict != nullptr && !strict->is_boolean()) {
+      return FieldError(holder + ".strict", "must be true or false");
+    }
+    const nlohmann::ordered_json& o = flat ? ordered.at("schema") : ordered.at("json_schema").at("schema");
+    g = grammar::JsonSchemaToGrammar(o);
+    if (!g.ok()) return FieldError(holder + ".schema", absl::StrCat("is not usable: ", g.status().message()));
+  } else {
+    return FieldError(field + ".type", absl::StrCat("'", t, "' is not one of text, json_object, json_schema"));
+  }
+  *out = std::make_shared<const grammar::Grammar>(*std::move(g));
+  return absl::OkStatus();
+}
+
+// response_format (chat), text.format (Responses), grammar and json_schema
+// (llama-server's; chat and completions): at most one constrains the answer.
+absl::Status ParseStructuredUnguarded(const json& j, absl::string_view body, bool chat, bool responses,
+                                      GenerationParams* p) {
+  const json* rf = chat ? Field(j, "response_format") : nullptr;
+  const json* text = responses ? Field(j, "text") : nullptr;
+  const json* tf = text != nullptr && text->is_object() ? Field(*text, "format") : nullptr;
+  const json* gbnf = responses ? nullptr : Field(j, "grammar");
+  const json* schema = responses ? nullptr : Field(j, "json_schema");
+  if (text != nullptr && !text->is_object()) return FieldError("text", "must be an object");
+  if (rf == nullptr && tf == nullptr && gbnf == nullptr && schema == nullptr) return absl::OkStatus();
+  // Parsed once already within the limits: again, keeping the key order.
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+  if (ordered.is_discarded() || !ordered.is_object()) return absl::InvalidArgumentError("the body could not be read");
+  std::shared_ptr<const grammar::Grammar> from_format;
+  if (rf != nullptr) {
+    DPL_RETURN_IF_ERROR(FormatGrammar(*rf, ordered.at("response_format"), "response_format", false, &from_format));
+  }
+  if (tf != nullptr) {
+    DPL_RETURN_IF_ERROR(FormatGrammar(*tf, ordered.at("text").at("format"), "text.format", true, &from_format));
+  }
+  if (gbnf != nullptr && schema != nullptr) {
+    return FieldError("grammar", "and 'json_schema' are both given: give one");
+  }
+  if ((gbnf != nullptr || schema != nullptr) && from_format != nullptr) {
+    return FieldError(gbnf != nullptr ? "grammar" : "json_schema",
+                      "and 'response_format' both constrain the answer: give one");
+  }
+  if (gbnf != nullptr) {
+    if (!gbnf->is_string()) return FieldError("grammar", "must be a string (GBNF)");
+    absl::StatusOr<grammar::Grammar> g = grammar::Grammar::Parse(gbnf->get<std::string>());
+    if (!g.ok()) return FieldError("grammar", absl::StrCat("is not usable: ", g.status().message()));
+    p->grammar = std::make_shared<const grammar::Grammar>(*std::move(g));
+  } else if (schema != nullptr) {
+    if (!schema->is_object() && !schema->is_boolean()) {
+      return FieldError("json_schema", "must be a JSON schema (an object)");
+    }
+    absl::StatusOr<grammar::Grammar> g = grammar::JsonSchemaToGrammar(ordered.at("json_schema"));
+    if (!g.ok()) return FieldError("json_schema", absl::StrCat("is not usable: ", g.status().message()));
+    p->grammar = std::make_shared<const grammar::Grammar>(*std::move(g));
+  } else {
+    p->grammar = std::move(from_format);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStructured(const json& j, absl::string_view body, bool chat, bool responses,
+                             GenerationParams* p) {
+  try {
+    return ParseStructuredUnguarded(j, body, chat, responses, p);
+  } catch (const nlohmann::ordered_json::exception& e) {  // the ordered parse differs (duplicate keys)
+    return absl::InvalidArgumentError(absl::StrCat("the body's structured-output fields could not be read: ", e.what()));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
   ChatRequest r;
   DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
+  DPL_RETURN_IF_ERROR(ParseStructured(j, body, /*chat=*/true, /*responses=*/false, &r.params));
   const json* messages = Field(j, "messages");
   if (messages == nullptr) return FieldError("messages", "is required");
   if (!messages->is_array() || messages->empty()) return FieldError("messages", "must be a non-empty array");
@@ -735,6 +835,7 @@ absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
   ChatRequest r;
   DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
+  DPL_RETURN_IF_ERROR(ParseStructured(j, body, /*chat=*/false, /*responses=*/true, &r.params));
   if (r.params.n != 1) return FieldError("n", "is not a Responses API field (one output a response)");
   int64_t max_out = -2;
   DPL_RETURN_IF_ERROR(Integer(j, "max_output_tokens", -1, std::numeric_limits<int32_t>::max(), &max_out));
@@ -847,6 +948,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
   CompletionRequest r;
   DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
+  DPL_RETURN_IF_ERROR(ParseStructured(j, body, /*chat=*/false, /*responses=*/false, &r.params));
   const json* prompt = Field(j, "prompt");
   if (prompt == nullptr) return FieldError("prompt", "is required");
   constexpr const char* kShape =

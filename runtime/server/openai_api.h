@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "runtime/grammar/grammar.h"
 #include "runtime/server/batch_engine.h"
 #include "runtime/server/scheduler.h"
 #include "runtime/tokenizer/chat_template.h"
@@ -35,6 +37,11 @@ struct GenerationParams {
   // How the answer's calls look (the chat template's tool_call_format();
   // the server sets it, the body parsers leave kHermes).
   tokenizer::ToolCallFormat tool_format = tokenizer::ToolCallFormat::kHermes;
+  // Structured output: response_format {"type": "json_object"} or
+  // {"type": "json_schema", "json_schema": {"schema": ...}} (chat), the
+  // Responses API's text.format, llama-server's `grammar` (GBNF) and
+  // `json_schema` (chat and completions); null: free text.
+  std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 struct ChatRequest {

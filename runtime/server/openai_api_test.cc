@@ -8,6 +8,7 @@
 #include <cctype>
 #include <string>
 
+#include "runtime/grammar/matcher.h"
 #include "runtime/server/openai_api.h"
 
 namespace dpl::server {
@@ -707,6 +708,84 @@ TEST_CASE("ToolCallHoldback: Mistral's and Llama's calls held, split markers, te
       }
     }
   }
+}
+
+// Whether the request's grammar accepts `text` whole.
+bool Accepts(const GenerationParams& p, absl::string_view text) {
+  REQUIRE(p.grammar != nullptr);
+  grammar::Matcher m(p.grammar);
+  return m.Accept(text).ok() && m.IsComplete();
+}
+
+TEST_CASE("structured output: response_format, grammar, json_schema, text.format") {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  auto chat = [&](const std::string& extra) { return ParseChatRequest("{" + msgs + ", " + extra + "}"); };
+  auto r = chat(R"("response_format": {"type": "text"})");
+  REQUIRE(r.ok());
+  CHECK(r->params.grammar == nullptr);
+  REQUIRE(ParseChatRequest("{" + msgs + "}").ok());
+  CHECK(ParseChatRequest("{" + msgs + "}")->params.grammar == nullptr);
+
+  r = chat(R"("response_format": {"type": "json_object"})");
+  REQUIRE(r.ok());
+  CHECK(Accepts(r->params, R"({"a": [1, "x"]})"));
+  CHECK(!Accepts(r->params, "[1]"));
+
+  // The schema's key order is the client's: "z" before "a".
+  r = chat(R"("response_format": {"type": "json_schema", "json_schema": {"name": "t", "strict": true,
+      "schema": {"type": "object", "properties": {"z": {"type": "integer"}, "a": {"type": "boolean"}},
+                 "required": ["z", "a"]}}})");
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  CHECK(Accepts(r->params, R"({"z": 1, "a": true})"));
+  CHECK(!Accepts(r->params, R"({"a": true, "z": 1})"));
+  CHECK(!Accepts(r->params, R"({"z": 1})"));
+
+  r = chat(R"("grammar": "root ::= \"yes\" | \"no\"")");
+  REQUIRE(r.ok());
+  CHECK(Accepts(r->params, "no"));
+  r = chat(R"("json_schema": {"type": "array", "items": {"type": "integer"}})");
+  REQUIRE(r.ok());
+  CHECK(Accepts(r->params, "[1, 2]"));
+
+  auto c = ParseCompletionRequest(R"({"prompt": "x", "grammar": "root ::= [0-9]+"})");
+  REQUIRE(c.ok());
+  CHECK(Accepts(c->params, "42"));
+  c = ParseCompletionRequest(R"({"prompt": "x", "json_schema": {"type": "boolean"}})");
+  REQUIRE(c.ok());
+  CHECK(Accepts(c->params, "true"));
+
+  auto resp = ParseResponsesRequest(R"({"input": "hi", "text": {"format": {"type": "json_schema", "name": "t",
+      "schema": {"type": "object", "properties": {"b": {"type": "null"}}, "required": ["b"]}}}})");
+  REQUIRE_MESSAGE(resp.ok(), resp.status().ToString());
+  CHECK(Accepts(resp->params, R"({"b": null})"));
+  resp = ParseResponsesRequest(R"({"input": "hi", "text": {"format": {"type": "text"}}})");
+  REQUIRE(resp.ok());
+  CHECK(resp->params.grammar == nullptr);
+}
+
+TEST_CASE("structured output errors name the field and the grammar engine's message") {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  auto err = [&](const std::string& extra) { return ErrorOf("{" + msgs + ", " + extra + "}"); };
+  CHECK(err(R"("grammar": "root ::= \"a\"", "json_schema": {"type": "string"})").find("'grammar'") == 0);
+  CHECK(err(R"("grammar": "root ::= \"a\"", "response_format": {"type": "json_object"})").find("'grammar'") == 0);
+  CHECK(err(R"("response_format": {"type": "yaml"})").find("'response_format.type'") == 0);
+  CHECK(err(R"("response_format": "json")").find("'response_format'") == 0);
+  CHECK(err(R"("response_format": {"type": "json_schema"})").find("'response_format.json_schema'") == 0);
+  CHECK(err(R"("response_format": {"type": "json_schema", "json_schema": {"name": "x"}})")
+            .find("'response_format.json_schema.schema' is required") == 0);
+  const std::string bad_schema =
+      err(R"("response_format": {"type": "json_schema",
+                               "json_schema": {"schema": {"type": "string", "pattern": "^a"}}})");
+  CHECK(bad_schema.find("'response_format.json_schema.schema' is not usable: ") == 0);
+  CHECK(bad_schema.find("pattern") != std::string::npos);
+  const std::string bad_gbnf = err(R"("grammar": "root ::= \"a")");
+  CHECK(bad_gbnf.find("'grammar' is not usable: ") == 0);
+  CHECK(bad_gbnf.find("line") != std::string::npos);
+  CHECK(err(R"("grammar": 3)").find("'grammar' must be a string") == 0);
+  CHECK(err(R"("json_schema": {"not": {}})").find("'json_schema' is not usable: ") == 0);
+  auto c = ParseCompletionRequest(R"({"prompt": "x", "grammar": "root ::= undefined"})");
+  REQUIRE(!c.ok());
+  CHECK(std::string(c.status().message()).find("'grammar' is not usable: ") == 0);
 }
 
 }  // namespace

@@ -130,6 +130,13 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerationReque
                                                      engine_.n_vocab(), ")"));
     }
   }
+  if (r.grammar != nullptr) {
+    if (!engine_.supports_grammar()) return GrammarUnsupported();
+    // The grammar allows the end-of-generation tokens once it is complete
+    // (and only them once nothing can follow): they end the request, even
+    // with ignore_eos.
+    for (int32_t id : tokenizer_.end_of_generation_ids()) r.stop_tokens.insert(id);
+  }
   if (r.max_tokens < -1) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens ", r.max_tokens, " is negative"));
   }
@@ -238,7 +245,7 @@ void Scheduler::Finish(Active& a, FinishReason reason, absl::Status error) {
 
 bool Scheduler::Take(Active& a, int32_t token) {
   a.sampled.push_back(token);
-  if (!a.request.ignore_eos && a.request.stop_tokens.contains(token)) {
+  if ((!a.request.ignore_eos || a.request.grammar != nullptr) && a.request.stop_tokens.contains(token)) {
     Finish(a, FinishReason::kStop, absl::OkStatus());
     return true;
   }
@@ -283,7 +290,10 @@ void Scheduler::Start(Active& a) {
   }
   a.started = true;
   const absl::Span<const int32_t> start = absl::MakeConstSpan(prompt).subspan(0, n);
-  const absl::Status kept = from >= 0 ? engine_.CopyPrefix(a.slot, from, start) : engine_.KeepPrefix(a.slot, start);
+  absl::Status kept = from >= 0 ? engine_.CopyPrefix(a.slot, from, start) : engine_.KeepPrefix(a.slot, start);
+  // The request's grammar (if any) from its first sampled token on; the
+  // start above cleared the previous request's.
+  if (kept.ok() && a.request.grammar != nullptr) kept = engine_.SetGrammar(a.slot, a.request.grammar);
   held.assign(start.begin(), start.end());
   if (!kept.ok()) {
     held.clear();

@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "runtime/grammar/grammar.h"
 #include "runtime/server/batch_engine.h"
 #include "runtime/server/text_stream.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -58,6 +59,10 @@ struct GenerationRequest {
   absl::flat_hash_set<int32_t> stop_tokens;  // end-of-generation ids (not part of the text)
   bool ignore_eos = false;                   // llama-server's: stop_tokens do not end it
   bool cache_prompt = true;                  // llama-server's: reuse a slot's cached start
+  // Structured output: the generated text follows this grammar (the engine
+  // masks each draw; BatchEngine::SetGrammar). Submit refuses it on an
+  // engine without (FailedPrecondition, before anything is streamed).
+  std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 // OpenAI's "stop" and "length"; "tool_calls" only the API layer gives (an
@@ -168,7 +173,8 @@ class Scheduler {
   // Checks and queues a request. Errors: InvalidArgument (an empty prompt, an
   // id outside the vocabulary, max_tokens < -1), OutOfRange (the prompt plus
   // max_tokens do not fit a slot's context), ResourceExhausted (the queue is
-  // full), Unavailable (shutting down).
+  // full), Unavailable (shutting down), FailedPrecondition (a grammar on an
+  // engine without structured output).
   absl::StatusOr<std::shared_ptr<RequestStream>> Submit(GenerationRequest request);
 
   // Refuses new requests, ends every queued and running one (its final event

@@ -11,8 +11,13 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/synchronization/mutex.h"
 #include "formats/model_file.h"
+#include "runtime/grammar/grammar.h"
+#include "runtime/grammar/json_schema.h"
+#include "runtime/grammar/matcher.h"
 #include "runtime/server/cpu_engine.h"
 #include "runtime/server/scheduler.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -481,6 +486,165 @@ TEST_CASE("a cancelled request frees its slot; shutdown ends every stream") {
   CHECK(Collect(**c).final.error.code() == absl::StatusCode::kUnavailable);
   CHECK(Collect(**d).final.error.code() == absl::StatusCode::kUnavailable);
   CHECK(s.Submit(Greedy({1}, 1)).status().code() == absl::StatusCode::kUnavailable);
+}
+
+// Structured output (issue 32) on the tiny Qwen2 model with qwen2's real
+// vocabulary and random weights: whatever the model prefers, the text
+// follows the grammar.
+struct VocabFixture {
+  std::shared_ptr<formats::ModelFile> file;
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::unique_ptr<CpuEngine> engine;
+
+  explicit VocabFixture(int slots) {
+    auto f = formats::ModelFile::Open(testing::SharedDir() + "/oracle/tiny-qwen2-vocab-q4km.gguf");
+    REQUIRE_MESSAGE(f.ok(), f.status().ToString());
+    file = *f;
+    auto t = tokenizer::Tokenizer::FromMetadata(file->metadata());
+    REQUIRE(t.ok());
+    tok = std::make_unique<tokenizer::Tokenizer>(*std::move(t));
+    CpuEngineOptions o;
+    o.n_slots = slots;
+    o.n_ctx = 256;
+    o.threads = 1;
+    auto e = CpuEngine::Load(file, o);
+    REQUIRE(e.ok());
+    engine = *std::move(e);
+  }
+};
+
+std::shared_ptr<const grammar::Grammar> SchemaGrammar(const char* schema) {
+  auto g = grammar::JsonSchemaToGrammar(nlohmann::ordered_json::parse(schema));
+  REQUIRE_MESSAGE(g.ok(), g.status().ToString());
+  return std::make_shared<const grammar::Grammar>(*std::move(g));
+}
+
+GenerationRequest Sampled(std::vector<int32_t> prompt, int32_t max_tokens, uint64_t seed) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 1;
+  r.sampling.seed = seed;
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+TEST_CASE("a JSON schema: the answer parses, with its required keys and types, and ends by itself") {
+  VocabFixture f(2);
+  Scheduler s(*f.engine, *f.tok, {});
+  // No strings: every value is bounded, so the grammar completes within a
+  // few dozen tokens, and then only the end of generation may follow.
+  auto schema = SchemaGrammar(R"({"type": "object", "properties": {
+      "n": {"type": "integer"}, "ok": {"type": "boolean"}, "c": {"enum": ["red", "green"]},
+      "xs": {"type": "array", "items": {"type": "number"}, "maxItems": 3}},
+      "required": ["n", "ok", "c"]})");
+  const std::vector<int32_t> prompt = {9707, 11, 1879, 0};
+  const Result plain = Collect(**s.Submit(Greedy(prompt, 12)));
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (uint64_t seed : {1, 2, 3}) {
+    GenerationRequest r = Sampled(prompt, 200, seed);
+    r.grammar = schema;
+    auto st = s.Submit(std::move(r));
+    REQUIRE(st.ok());
+    streams.push_back(*st);
+  }
+  for (auto& st : streams) {
+    const Result got = Collect(*st);
+    INFO(got.text);
+    REQUIRE(got.final.error.ok());
+    CHECK(got.final.finish == FinishReason::kStop);
+    const nlohmann::json j = nlohmann::json::parse(got.text, nullptr, false);
+    REQUIRE(j.is_object());
+    CHECK(j.at("n").is_number_integer());
+    CHECK(j.at("ok").is_boolean());
+    CHECK((j.at("c") == "red" || j.at("c") == "green"));
+    if (j.contains("xs")) CHECK(j.at("xs").is_array());
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      CHECK((it.key() == "n" || it.key() == "ok" || it.key() == "c" || it.key() == "xs"));
+    }
+  }
+  // The slots' grammars ended with their requests: free text again.
+  GenerationRequest again = Greedy(prompt, 12);
+  again.cache_prompt = false;
+  CHECK(Collect(**s.Submit(again)).text == plain.text);
+}
+
+TEST_CASE("a grammar cut by max_tokens: a prefix the grammar accepts") {
+  VocabFixture f(1);
+  Scheduler s(*f.engine, *f.tok, {});
+  auto schema = SchemaGrammar(R"({"type": "object", "properties": {
+      "name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]})");
+  auto any = grammar::Grammar::Parse(grammar::JsonObjectGbnf());
+  REQUIRE(any.ok());
+  auto object = std::make_shared<const grammar::Grammar>(*std::move(any));
+  for (const auto& g : {schema, object}) {
+    GenerationRequest r = Sampled({9707, 11}, 10, 5);
+    r.grammar = g;
+    const Result got = Collect(**s.Submit(std::move(r)));
+    INFO(got.text);
+    REQUIRE(got.final.error.ok());
+    if (got.final.finish == FinishReason::kLength) CHECK(got.final.completion_tokens == 10);
+    grammar::Matcher m(g);
+    CHECK(m.Accept(got.text).ok());
+    CHECK(got.text.rfind("{", 0) == 0);
+  }
+  // A GBNF grammar: exactly one of three words.
+  auto words = grammar::Grammar::Parse("root ::= \"yes\" | \"no\" | \"maybe\"");
+  REQUIRE(words.ok());
+  GenerationRequest r = Sampled({9707}, 20, 11);
+  r.grammar = std::make_shared<const grammar::Grammar>(*std::move(words));
+  const Result got = Collect(**s.Submit(std::move(r)));
+  CHECK((got.text == "yes" || got.text == "no" || got.text == "maybe"));
+  CHECK(got.final.finish == FinishReason::kStop);
+}
+
+// An engine without structured output (the CUDA engine's case): the
+// default SetGrammar, refused at Submit, before anything streams.
+class NoGrammarEngine : public BatchEngine {
+ public:
+  explicit NoGrammarEngine(BatchEngine& e) : e_(e) {}
+  int n_slots() const override { return e_.n_slots(); }
+  int64_t n_ctx() const override { return e_.n_ctx(); }
+  int32_t n_vocab() const override { return e_.n_vocab(); }
+  absl::StatusOr<int32_t> Prefill(int slot, absl::Span<const int32_t> tokens, bool last,
+                                  const SamplerParams& params) override {
+    return e_.Prefill(slot, tokens, last, params);
+  }
+  absl::Status Step(absl::Span<const int> slots, absl::Span<int32_t> next) override { return e_.Step(slots, next); }
+  int64_t n_past(int slot) const override { return e_.n_past(slot); }
+  absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) override { return e_.KeepPrefix(slot, kept); }
+  absl::Status CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) override {
+    return e_.CopyPrefix(slot, from, kept);
+  }
+  void Release(int slot) override { e_.Release(slot); }
+
+ private:
+  BatchEngine& e_;
+};
+
+TEST_CASE("grammar refusals: an engine without them, a model without a vocabulary") {
+  auto g = grammar::Grammar::Parse("root ::= \"a\"");
+  REQUIRE(g.ok());
+  auto shared = std::make_shared<const grammar::Grammar>(*std::move(g));
+  Fixture f(1);  // ids only: no token has text
+  NoGrammarEngine no(*f.engine);
+  CHECK(no.SetGrammar(0, nullptr).ok());
+  CHECK(no.SetGrammar(0, shared).code() == absl::StatusCode::kFailedPrecondition);
+  {
+    Scheduler s(no, *f.tok, {});
+    GenerationRequest r = Greedy({1, 2}, 4);
+    r.grammar = shared;
+    const absl::Status refused = s.Submit(r).status();
+    CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(std::string(refused.message()).find("response_format") != std::string::npos);
+  }
+  Scheduler s(*f.engine, *f.tok, {});
+  GenerationRequest r = Greedy({1, 2}, 4);
+  r.grammar = shared;
+  auto st = s.Submit(r);
+  REQUIRE(st.ok());
+  const Result got = Collect(**st);
+  CHECK(got.final.error.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(got.text.empty());
 }
 
 }  // namespace
