@@ -31,8 +31,9 @@ struct Fixture {
   std::unique_ptr<tokenizer::Tokenizer> tok;
   std::unique_ptr<CpuEngine> engine;
 
-  explicit Fixture(int slots, int64_t n_ctx = 64) {
-    auto f = formats::ModelFile::Open(testing::SharedDir() + "/oracle/small-qwen2-q4km.gguf");
+  // model: an oracle file's name (../shared/oracle/MODEL.gguf).
+  explicit Fixture(int slots, int64_t n_ctx = 64, const char* model = "small-qwen2-q4km") {
+    auto f = formats::ModelFile::Open(testing::SharedDir() + "/oracle/" + model + ".gguf");
     REQUIRE_MESSAGE(f.ok(), f.status().ToString());
     file = *f;
     auto t = tokenizer::Tokenizer::FromMetadata(file->metadata());
@@ -491,26 +492,8 @@ TEST_CASE("a cancelled request frees its slot; shutdown ends every stream") {
 // Structured output (issue 32) on the tiny Qwen2 model with qwen2's real
 // vocabulary and random weights: whatever the model prefers, the text
 // follows the grammar.
-struct VocabFixture {
-  std::shared_ptr<formats::ModelFile> file;
-  std::unique_ptr<tokenizer::Tokenizer> tok;
-  std::unique_ptr<CpuEngine> engine;
-
-  explicit VocabFixture(int slots) {
-    auto f = formats::ModelFile::Open(testing::SharedDir() + "/oracle/tiny-qwen2-vocab-q4km.gguf");
-    REQUIRE_MESSAGE(f.ok(), f.status().ToString());
-    file = *f;
-    auto t = tokenizer::Tokenizer::FromMetadata(file->metadata());
-    REQUIRE(t.ok());
-    tok = std::make_unique<tokenizer::Tokenizer>(*std::move(t));
-    CpuEngineOptions o;
-    o.n_slots = slots;
-    o.n_ctx = 256;
-    o.threads = 1;
-    auto e = CpuEngine::Load(file, o);
-    REQUIRE(e.ok());
-    engine = *std::move(e);
-  }
+struct VocabFixture : Fixture {
+  explicit VocabFixture(int slots) : Fixture(slots, 256, "tiny-qwen2-vocab-q4km") {}
 };
 
 std::shared_ptr<const grammar::Grammar> SchemaGrammar(const char* schema) {
