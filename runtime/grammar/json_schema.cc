@@ -77,6 +77,25 @@ class Converter {
     return static_cast<uint32_t>(v.get<int64_t>());
   }
 
+  // The bounds a schema gives with keys lo and hi (minLength / maxLength,
+  // minItems / maxItems): 0 and UINT32_MAX where absent.
+  static absl::StatusOr<std::pair<uint32_t, uint32_t>> Bounds(const nlohmann::ordered_json& s, const char* lo,
+                                                              const char* hi, const std::string& where) {
+    std::pair<uint32_t, uint32_t> b(0, UINT32_MAX);
+    if (s.contains(lo)) {
+      absl::StatusOr<uint32_t> v = Count(s, lo, where);
+      if (!v.ok()) return v.status();
+      b.first = *v;
+    }
+    if (s.contains(hi)) {
+      absl::StatusOr<uint32_t> v = Count(s, hi, where);
+      if (!v.ok()) return v.status();
+      b.second = *v;
+    }
+    if (b.second < b.first) return Error(where, absl::StrCat("'", hi, "' is below '", lo, "'"));
+    return b;
+  }
+
   // x{min,max} as GBNF (max UINT32_MAX: unbounded).
   static std::string Rep(const std::string& x, uint32_t min, uint32_t max) {
     if (max == UINT32_MAX) return min == 0 ? absl::StrCat(x, "*") : absl::StrCat(x, "{", min, ",}");
@@ -179,19 +198,9 @@ class Converter {
     if (type == "null" || type == "boolean" || type == "number" || type == "integer") return type;
     if (type == "string") {
       if (!s.contains("minLength") && !s.contains("maxLength")) return std::string("string");
-      uint32_t min = 0, max = UINT32_MAX;
-      if (s.contains("minLength")) {
-        absl::StatusOr<uint32_t> v = Count(s, "minLength", where);
-        if (!v.ok()) return v.status();
-        min = *v;
-      }
-      if (s.contains("maxLength")) {
-        absl::StatusOr<uint32_t> v = Count(s, "maxLength", where);
-        if (!v.ok()) return v.status();
-        max = *v;
-      }
-      if (max < min) return Error(where, "'maxLength' is below 'minLength'");
-      return Define(hint, absl::StrCat("\"\\\"\" ", Rep("char", min, max), " \"\\\"\" space"));
+      absl::StatusOr<std::pair<uint32_t, uint32_t>> b = Bounds(s, "minLength", "maxLength", where);
+      if (!b.ok()) return b.status();
+      return Define(hint, absl::StrCat("\"\\\"\" ", Rep("char", b->first, b->second), " \"\\\"\" space"));
     }
     if (type == "array") {
       std::string item = "value";
@@ -201,18 +210,9 @@ class Converter {
         if (!it.ok()) return it.status();
         item = *it;
       }
-      uint32_t min = 0, max = UINT32_MAX;
-      if (s.contains("minItems")) {
-        absl::StatusOr<uint32_t> v = Count(s, "minItems", where);
-        if (!v.ok()) return v.status();
-        min = *v;
-      }
-      if (s.contains("maxItems")) {
-        absl::StatusOr<uint32_t> v = Count(s, "maxItems", where);
-        if (!v.ok()) return v.status();
-        max = *v;
-      }
-      if (max < min) return Error(where, "'maxItems' is below 'minItems'");
+      absl::StatusOr<std::pair<uint32_t, uint32_t>> b = Bounds(s, "minItems", "maxItems", where);
+      if (!b.ok()) return b.status();
+      const uint32_t min = b->first, max = b->second;
       const std::string more = absl::StrCat("(\",\" space ", item, ")");
       std::string body;
       if (max == 0) {
