@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "kernels/cuda_check.h"
@@ -36,21 +37,42 @@ __device__ __forceinline__ void GridLaunchDependents() {
 // dependent launch when `pdl` (cudaLaunchKernelEx with
 // cudaLaunchAttributeProgrammaticStreamSerialization; a captured graph keeps
 // it as a programmatic edge). Checks the launch.
+// `cluster` (LaunchClusterKernel): CTAs grouped into thread block clusters
+// of that shape (Hopper: co-scheduled on one GPC, sharing their shared
+// memory); (1, 1, 1) is an ordinary launch.
 template <typename... KArgs, typename... Args>
-absl::Status LaunchKernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                          cudaStream_t stream, bool pdl, Args&&... args) {
+absl::Status LaunchClusterKernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, dim3 cluster,
+                                 size_t smem, cudaStream_t stream, bool pdl, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n].val.clusterDim.z = cluster.z;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = n;
   DPL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
   return absl::OkStatus();
+}
+
+template <typename... KArgs, typename... Args>
+absl::Status LaunchKernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t stream, bool pdl, Args&&... args) {
+  return LaunchClusterKernel(kernel, grid, block, dim3(1, 1, 1), smem, stream, pdl,
+                             std::forward<Args>(args)...);
 }
 
 // Kernel may use `bytes` of dynamic shared memory: above 48 KB that needs

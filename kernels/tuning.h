@@ -95,13 +95,26 @@ struct DecodeTuning {
   int mma_f16_min_tokens_q6k = 9;
   // CTAs a SM of the f16 form up to 16 tokens: 2 (whole-block stages, three
   // or four of them), 3 (whole-block stages, two) or 4 (half-block stages,
-  // registers capped at 128). Why more might pay: ncu of 7B ffn_down q4_K at
-  // 16 tokens on an H100 (docs/PERF.md, "Where a mid-size f16-form product
-  // waits"): 2 CTAs a SM, 8 warps, 4.4 cycles between a warp's
-  // instructions, DRAM 38% busy. 2 until 3 and 4 are measured (no GPU came
-  // the session they were written); dpl-bench and matvec_bench take
-  // DPL_F16_CTAS.
+  // registers capped at 128), taken only by launches of more CTAs than two
+  // a SM hold (MatVecPlan::mma_f16_small_min_grid). Why more might pay: ncu
+  // of 7B ffn_down q4_K at 16 tokens on an H100 (docs/PERF.md, "Where a
+  // mid-size f16-form product waits"): 2 CTAs a SM, 8 warps, 4.4 cycles
+  // between a warp's instructions. Why only big grids: on every launch, 3
+  // won in matvec_bench (7B gate/up at 16 tokens 30.7 -> 25.7 us, others
+  // level) and under ncu (each f16 launch of a 16-row step 0-13% faster)
+  // but lost in the captured step, 4,083 -> 3,804 t/s at 16 sequences
+  // (with PDL off it won: 3,926 -> 3,987). The guess, not yet measured: a
+  // launch that starts early beside the previous kernel packs its CTAs
+  // three a SM onto the SMs free first, where two a SM would have spread a
+  // grid of under two waves. dpl-bench and matvec_bench take DPL_F16_CTAS.
   int mma_f16_small_ctas_per_sm = 2;
+  // The f16 form's k splits added inside thread block clusters of a row
+  // tile's CTAs (MmaF16Options::cluster_sum: the same bits, no second
+  // launch); false: partials through global memory and MmaSumSplits. Not
+  // yet measured on a GPU: false until it is. dpl-bench and matvec_bench
+  // take DPL_F16_CLUSTER.
+  // 0: never; 1: launches whose CTAs fit one wave; 2: every split launch.
+  int mma_f16_cluster_sum = 0;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

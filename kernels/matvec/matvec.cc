@@ -278,7 +278,16 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", blocks, " row blocks, more than ", kMaxGridY));
   }
-  if (f16) return Annotate(LaunchMatVecMmaF16(kernel, a, blocks, plan.pdl, stream, plan.mma_f16_small_ctas), what);
+  if (f16) {
+    int splits = 1;
+    for (int i = 0; i < a.n_parts; ++i) splits = std::max(splits, a.part[i].splits);
+    MmaF16Options o;
+    o.ctas_per_sm = blocks * splits >= plan.mma_f16_small_min_grid ? plan.mma_f16_small_ctas : 2;
+    o.cluster_sum = plan.mma_f16_cluster_sum == 2 ||
+                    (plan.mma_f16_cluster_sum == 1 &&
+                     blocks * splits <= int64_t{o.ctas_per_sm} * plan.num_sms);
+    return Annotate(LaunchMatVecMmaF16(kernel, a, blocks, plan.pdl, stream, o), what);
+  }
   if (mma) return Annotate(LaunchMatVecMma(kernel, a, blocks, plan.pdl, stream), what);
   return Annotate(LaunchMatVec(kernel, a, g, grid_x, blocks, plan.pdl, stream,
                                plan.mixed ? plan.last_kernel : kernel),

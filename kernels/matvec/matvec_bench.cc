@@ -302,7 +302,11 @@ int Main() {
               prop.multiProcessorCount, prop.l2CacheSize >> 20, kPeakGBs);
   absl::StatusOr<DecodeTuning> tuning = DecodeTuningForDevice();
   BENCH_OK(tuning.status());
-  // The f16 form's CTAs a SM up to 16 tokens, as dpl-bench takes it.
+  // The f16 form's k-split sum in clusters and its CTAs a SM up to 16
+  // tokens, as dpl-bench takes them.
+  if (const char* e = std::getenv("DPL_F16_CLUSTER"); e != nullptr) {
+    tuning->mma_f16_cluster_sum = std::atoi(e);
+  }
   if (const char* e = std::getenv("DPL_F16_CTAS"); e != nullptr) {
     tuning->mma_f16_small_ctas_per_sm = std::atoi(e);
   }

@@ -543,8 +543,9 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
 // and of d sc, d dmin, ~2-4e-4; the int8 form's int8 activations give ~4e-3
 // against the same reference, so the gate also tells which form ran. Odd
 // row and token counts, k-splits 1-8, bias and residual (in place), a
-// grouped launch of two matrices equal to one launch each, bit for bit, and
-// the 3- and 4-CTA-a-SM variants up to 16 tokens.
+// grouped launch of two matrices equal to one launch each, bit for bit, the
+// 3- and 4-CTA-a-SM variants up to 16 tokens, and the k splits summed in
+// clusters equal to the sum kernel's, bit for bit.
 TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") {
   ScratchHolder sh;
   const Case cases[] = {
@@ -612,6 +613,21 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
       CHECK_MESSAGE(e16 < 1e-3, "f16 form err " << e16);
       CHECK_MESSAGE(e8 > 2 * e16, "the int8 form should carry the int8 activation error");
       CHECK(same);
+      // The k splits added inside clusters of a row tile's CTAs
+      // (MatVecPlan::mma_f16_cluster_sum): MmaSumSplits' additions in its
+      // order, so its bits, alone (bias, residual in place) and grouped.
+      {
+        MatVecPlan pc = p16;
+        pc.mma_f16_cluster_sum = 2;
+        DevFloats yc(c.n_rows * n_tokens), yca(c.n_rows * n_tokens), ycb(c.n_rows * n_tokens);
+        yc.Upload(res);
+        STATUS_OK(Run(dm.w, pc, dx.get(), n_tokens, yc.get(), db.get(), yc.get(), &sh.s));
+        const MatVecOut couts[2] = {{yca.get(), nullptr, nullptr}, {ycb.get(), nullptr, nullptr}};
+        STATUS_OK(RunMatVecGroup(ws, pc, couts, io, nullptr));
+        CHECK(std::memcmp(yc.Download().data(), a.data(), a.size() * 4) == 0);
+        CHECK(std::memcmp(yca.Download().data(), one.data(), one.size() * 4) == 0);
+        CHECK(std::memcmp(ycb.Download().data(), one.data(), one.size() * 4) == 0);
+      }
       // More CTAs a SM up to 16 tokens (DecodeTuning::mma_f16_small_ctas_per_sm):
       // three with whole-block stages walk k as two do (the same bits); four
       // with half-block stages may split k elsewhere (the reference's error).
@@ -619,6 +635,7 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
         for (int ctas : {3, 4}) {
           MatVecPlan pc = p16;
           pc.mma_f16_small_ctas = ctas;
+          pc.mma_f16_small_min_grid = 0;  // every launch, however small its grid
           DevFloats yc(c.n_rows * n_tokens);
           yc.Upload(res);
           STATUS_OK(Run(dm.w, pc, dx.get(), n_tokens, yc.get(), db.get(), yc.get(), &sh.s));
@@ -627,6 +644,10 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
           CAPTURE(ctas);
           CHECK_MESSAGE(ec < 1e-3, "f16 form, " << ctas << " CTAs a SM, err " << ec);
           if (ctas == 3) CHECK(std::memcmp(got.data(), a.data(), a.size() * 4) == 0);
+          pc.mma_f16_cluster_sum = 2;  // and its splits in clusters: the same bits
+          yc.Upload(res);
+          STATUS_OK(Run(dm.w, pc, dx.get(), n_tokens, yc.get(), db.get(), yc.get(), &sh.s));
+          CHECK(std::memcmp(yc.Download().data(), got.data(), got.size() * 4) == 0);
         }
       }
       // A scratch whose owner wants no f16 copy for this many tokens gets

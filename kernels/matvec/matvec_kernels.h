@@ -72,10 +72,18 @@ absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_
 // tokens: grid.y = all parts' row blocks of kMmaF16CtaRows rows, grid.z =
 // the largest of the parts' splits (MmaF16Splits, with partial scratch).
 // Needs the f16 activations (xh), n_cols % 256 == 0 and 16-byte row strides.
-// small_ctas_per_sm: CTAs a SM up to 16 tokens, 2, 3 or 4
-// (DecodeTuning::mma_f16_small_ctas_per_sm); other values mean 2.
+struct MmaF16Options {
+  // CTAs a SM up to 16 tokens, 2, 3 or 4 (DecodeTuning::
+  // mma_f16_small_ctas_per_sm); other values mean 2.
+  int ctas_per_sm = 2;
+  // A k-split launch whose parts all split alike, 2 to 8 ways, adds its
+  // splits inside clusters of a row tile's CTAs (distributed shared
+  // memory: no partials, no MmaSumSplits launch; the same bits).
+  // DecodeTuning::mma_f16_cluster_sum.
+  bool cluster_sum = false;
+};
 absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
-                                bool pdl, cudaStream_t stream, int small_ctas_per_sm);
+                                bool pdl, cudaStream_t stream, const MmaF16Options& options);
 
 // The second kernel of a k-split mma launch (either form): for the parts
 // with splits > 1, y = sum of the partials in split order (+ bias)

@@ -41,6 +41,7 @@
 // copy holds the activations in that same k order (F16MmaPos). Without
 // wgmma (the compute_90 PTX) MmaSubBlock multiplies by mma.sync from the
 // same shared memory.
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -463,6 +464,70 @@ struct Q6KF16 {
   }
 };
 
+// CTAs in this CTA's thread block cluster: 1 unless launched as clusters.
+__device__ __forceinline__ int ClusterCtas() {
+  return static_cast<int>(cooperative_groups::this_cluster().num_blocks());
+}
+
+// The k-split sum inside the cluster (a launch whose clusters are a row
+// tile's P.splits CTAs, cluster rank = blockIdx.z): each CTA leaves its
+// 128 rows x T tokens of partial sums in its own shared memory, and CTA z
+// adds the z-th 1/splits of the tile's outputs over all the cluster's
+// shared memories (distributed shared memory), in split order, then bias
+// and residual: MmaSumSplits' additions in its order, so the same bits,
+// with no partials through global memory and no second launch.
+//   y[t, r] = ((p_0[t, r] + p_1[t, r]) + ... + p_{S-1}[t, r]) (+ bias[r]) (+ residual[t, r])
+// Why: the sum kernels were 112 of a 16-sequence 7B step's 425 launches
+// (docs/PERF.md, "A 16-sequence step, kernel by kernel"); one CTA adding a
+// whole tile lost (its chain of L2 round trips, "The k-split sums in the
+// row tile's last CTA"): here every CTA of the tile adds a share.
+template <class W, int NT>
+__device__ __forceinline__ void ClusterSum(const MatVecArgs& a, const MatVecPart& P, int row0,
+                                           int z, int warp, int g, int t,
+                                           const float (&acc)[2][NT][4], uint8_t* smem) {
+  constexpr int T = 8 * NT;
+  // red[token][row], rows padded to 132 floats: thread (g, t)'s tokens 2t,
+  // 2t + 1 and rows g.. land on distinct banks (132 = 4 mod 32).
+  constexpr int kPitch = kMmaF16CtaRows + 4;
+  static_assert(T * kPitch * 4 <= 2 * static_cast<int>(sizeof(Stage<W, T>)),
+                "the partial tile fits in the stages' shared memory");
+  float* red = reinterpret_cast<float*>(smem);
+  CpAsyncWait<0>();  // no copy still landing in the stages
+  __syncthreads();   // every warp done reading them
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        red[(8 * n + 2 * t + (e & 1)) * kPitch + TileRow(warp, i, g, e >> 1)] = acc[i][n][e];
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.sync();  // every split's partials written and visible cluster-wide
+  const int splits = P.splits, n_tok = a.n_tokens < T ? a.n_tokens : T;
+  const int n_out = n_tok * kMmaF16CtaRows;
+  const int lo = n_out * z / splits, hi = n_out * (z + 1) / splits;
+  for (int o = lo + static_cast<int>(threadIdx.x); o < hi; o += kThreads) {
+    const int tok = o / kMmaF16CtaRows, r = o % kMmaF16CtaRows, row = row0 + r;
+    if (row >= P.n_rows) continue;
+    const int at = tok * kPitch + r;
+    float p[kMmaMaxSplits];  // every split's load in flight before the first add
+#pragma unroll
+    for (int s = 0; s < kMmaMaxSplits; ++s) {
+      p[s] = s < splits ? cluster.map_shared_rank(red, s)[at] : 0.f;
+    }
+    float v = p[0];
+#pragma unroll
+    for (int s = 1; s < kMmaMaxSplits; ++s) {
+      if (s < splits) v += p[s];
+    }
+    const int64_t off = static_cast<int64_t>(tok) * P.n_rows + row;
+    if (P.bias != nullptr) v += P.bias[row];
+    if (P.residual != nullptr) v += P.residual[off];  // may alias y: read before write
+    P.y[off] = v;
+  }
+  cluster.sync();  // no CTA leaves while another still reads its shared memory
+}
+
 __device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
   return m == 0 ? a.part[0] : m == 1 ? a.part[1] : a.part[2];
 }
@@ -529,6 +594,10 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
     WgmmaWait<0>();
   }
   // Thread (g, t) holds rows TileRow(warp, i, g, 0 / 1) x tokens 8n + 2t, + 1.
+  if (P.splits > 1 && ClusterCtas() == P.splits) {
+    ClusterSum<W, NT>(a, P, row0, z, warp, g, t, acc, smem);
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
@@ -565,7 +634,7 @@ __global__ void __launch_bounds__(kThreads, kCtas) MatVecMmaF16KernelCtas(const 
 
 template <class W, int NT, int kCtas = 2>
 absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, bool cluster_sum) {
   static_assert(W::kCols / 8 * 8 * NT % kThreads == 0, "a stage's activation copies split evenly");
   if (F16TokenSlots(args.n_tokens) != 8 * NT) {
     return absl::InternalError(absl::StrCat("matvec f16 mma: ", args.n_tokens, " tokens in a ",
@@ -580,8 +649,9 @@ absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl
     }
   }();
   DPL_RETURN_IF_ERROR((OptInSharedMemory<kKernel>(kSmem)));
-  return LaunchKernel(kKernel, dim3(1, static_cast<unsigned>(grid_y), splits), dim3(kThreads),
-                      kSmem, stream, pdl, args);
+  return LaunchClusterKernel(kKernel, dim3(1, static_cast<unsigned>(grid_y), splits),
+                             dim3(kThreads), dim3(1, 1, cluster_sum ? splits : 1), kSmem, stream,
+                             pdl, args);
 }
 
 // Whole-block stages where two CTAs a SM still fit them: every token count
@@ -597,29 +667,30 @@ absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl
 // between a warp's instructions, DRAM 38% busy.
 template <template <int> class W>
 absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
-                       cudaStream_t stream, int small_ctas) {
-  if (args.n_tokens <= 16 && small_ctas == 3) {
-    if (args.n_tokens <= 8) return Launch<W<256>, 1, 3>(args, grid_y, splits, pdl, stream);
-    return Launch<W<256>, 2, 3>(args, grid_y, splits, pdl, stream);
+                       cudaStream_t stream, const MmaF16Options& o) {
+  const bool c = o.cluster_sum;
+  if (args.n_tokens <= 16 && o.ctas_per_sm == 3) {
+    if (args.n_tokens <= 8) return Launch<W<256>, 1, 3>(args, grid_y, splits, pdl, stream, c);
+    return Launch<W<256>, 2, 3>(args, grid_y, splits, pdl, stream, c);
   }
-  if (args.n_tokens <= 16 && small_ctas == 4) {
-    if (args.n_tokens <= 8) return Launch<W<128>, 1, 4>(args, grid_y, splits, pdl, stream);
-    return Launch<W<128>, 2, 4>(args, grid_y, splits, pdl, stream);
+  if (args.n_tokens <= 16 && o.ctas_per_sm == 4) {
+    if (args.n_tokens <= 8) return Launch<W<128>, 1, 4>(args, grid_y, splits, pdl, stream, c);
+    return Launch<W<128>, 2, 4>(args, grid_y, splits, pdl, stream, c);
   }
-  if (args.n_tokens <= 8) return Launch<W<256>, 1>(args, grid_y, splits, pdl, stream);
-  if (args.n_tokens <= 16) return Launch<W<256>, 2>(args, grid_y, splits, pdl, stream);
-  if (args.n_tokens <= 32) return Launch<W<256>, 4>(args, grid_y, splits, pdl, stream);
+  if (args.n_tokens <= 8) return Launch<W<256>, 1>(args, grid_y, splits, pdl, stream, c);
+  if (args.n_tokens <= 16) return Launch<W<256>, 2>(args, grid_y, splits, pdl, stream, c);
+  if (args.n_tokens <= 32) return Launch<W<256>, 4>(args, grid_y, splits, pdl, stream, c);
   if constexpr (sizeof(Stage<W<256>, 64>) * 2 <= 110 * 1024) {
-    return Launch<W<256>, 8>(args, grid_y, splits, pdl, stream);
+    return Launch<W<256>, 8>(args, grid_y, splits, pdl, stream, c);
   } else {
-    return Launch<W<128>, 8>(args, grid_y, splits, pdl, stream);
+    return Launch<W<128>, 8>(args, grid_y, splits, pdl, stream, c);
   }
 }
 
 }  // namespace
 
 absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
-                                bool pdl, cudaStream_t stream, int small_ctas_per_sm) {
+                                bool pdl, cudaStream_t stream, const MmaF16Options& options) {
   if (kernel != MatVecKernel::kQ4K && kernel != MatVecKernel::kQ6KDpl) {
     return absl::InvalidArgumentError(absl::StrCat("matvec f16 mma: kernel ",
                                                    static_cast<int>(kernel),
@@ -643,11 +714,17 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
     }
     splits = std::max(splits, p.splits);
   }
+  MmaF16Options o = options;
+  // Clusters only where every part splits k alike (a cluster is one row
+  // tile's splits), 2 to 8 ways (the portable cluster size).
+  for (int i = 0; i < args.n_parts; ++i) o.cluster_sum &= args.part[i].splits == splits;
+  o.cluster_sum &= splits > 1 && splits <= 8;
   if (kernel == MatVecKernel::kQ4K) {
-    DPL_RETURN_IF_ERROR(LaunchFor<Q4KF16>(args, grid_y, splits, pdl, stream, small_ctas_per_sm));
+    DPL_RETURN_IF_ERROR(LaunchFor<Q4KF16>(args, grid_y, splits, pdl, stream, o));
   } else {
-    DPL_RETURN_IF_ERROR(LaunchFor<Q6KF16>(args, grid_y, splits, pdl, stream, small_ctas_per_sm));
+    DPL_RETURN_IF_ERROR(LaunchFor<Q6KF16>(args, grid_y, splits, pdl, stream, o));
   }
+  if (o.cluster_sum) return absl::OkStatus();
   return LaunchMmaSumSplits(args, pdl, stream);
 }
 
