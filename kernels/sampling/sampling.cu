@@ -58,6 +58,8 @@ struct Rows {
   SamplerState* states;          // (n_seqs)
   char* ws;                      // (batch, kRowBytes): Workspace of row r at ws + r * kRowBytes
   int* tokens_out;               // (batch)
+  const uint32_t* allowed;       // (n_seqs, AllowedWords(n_vocab)) token masks; null: none
+  const int* allowed_on;         // (n_seqs) nonzero: the sequence's mask applies
 };
 
 // One row as a block sees it. Every thread loads it (a broadcast read): the
@@ -71,6 +73,7 @@ struct Row {
   SamplerState* state = nullptr;
   Workspace* ws = nullptr;
   int* token_out = nullptr;
+  const uint32_t* allowed = nullptr;  // (AllowedWords(n_vocab)) the row's mask; null: every token
 };
 
 __device__ Row LoadRow(const Rows& a, int r) {
@@ -91,6 +94,9 @@ __device__ Row LoadRow(const Rows& a, int r) {
   w.state = a.states + seq;
   w.ws = reinterpret_cast<Workspace*>(a.ws + static_cast<size_t>(r) * kRowBytes);
   w.token_out = a.tokens_out + r;
+  if (a.allowed != nullptr && a.allowed_on[seq] != 0) {
+    w.allowed = a.allowed + static_cast<size_t>(seq) * AllowedWords(a.n_vocab);
+  }
   return w;
 }
 
@@ -146,7 +152,12 @@ __global__ void MaxKernel(Rows a) {
   }
   unsigned long long best = 0;
   for (int i = first; i < a.n_vocab; i += stride) {
-    const unsigned long long k = CandidateKey(__float_as_uint(w.logits[i]), i);
+    float l = w.logits[i];
+    if (w.allowed != nullptr && ((w.allowed[i >> 5] >> (i & 31)) & 1u) == 0) {
+      l = -INFINITY;  // the mask: this row's later passes read -inf, weight 0
+      w.logits[i] = l;
+    }
+    const unsigned long long k = CandidateKey(__float_as_uint(l), i);
     best = k > best ? k : best;
   }
   for (int o = 16; o > 0; o >>= 1) {
@@ -557,6 +568,9 @@ absl::Status SampleTokens(const SampleBatch& b, cudaStream_t stream) {
         "SampleTokens: need n_vocab > 0, 0 < batch <= 65535, n_seqs >= 1, ring_stride >= 0; got n_vocab ",
         b.n_vocab, ", batch ", b.batch, ", n_seqs ", b.n_seqs, ", ring_stride ", b.ring_stride));
   }
+  if ((b.allowed == nullptr) != (b.allowed_on == nullptr)) {
+    return absl::InvalidArgumentError("SampleTokens: allowed masks need both allowed and allowed_on");
+  }
   if (b.ring_stride > 0 && !b.rings) {
     return absl::InvalidArgumentError(
         absl::StrCat("SampleTokens: ring_stride ", b.ring_stride, " needs device rings"));
@@ -575,6 +589,8 @@ absl::Status SampleTokens(const SampleBatch& b, cudaStream_t stream) {
   a.states = b.states;
   a.ws = static_cast<char*>(b.workspace);
   a.tokens_out = b.tokens_out;
+  a.allowed = b.allowed_on != nullptr ? b.allowed : nullptr;
+  a.allowed_on = b.allowed_on;
   return Annotate(Launch(a, b.batch, /*sampled_passes=*/true, stream),
                   absl::StrCat("SampleTokens (batch ", b.batch, ")"));
 }

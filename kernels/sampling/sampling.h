@@ -4,7 +4,7 @@
 // step, and the same seed replays the same tokens.
 //
 // Chain (llama.cpp's default order, as the CPU sampler in runtime/generate):
-//   repetition penalty -> top-k -> top-p -> min-p -> temperature -> draw
+//   repetition penalty -> [allowed-token mask] -> top-k -> top-p -> min-p -> temperature -> draw
 //   - penalty: each distinct token of the last repeat_last_n (ring) once:
 //     logit > 0 ? logit / penalty : logit * penalty (written into `logits`)
 //   - temperature <= 0: greedy, argmax of the penalized logits, ties -> lowest id
@@ -96,7 +96,19 @@ struct SampleBatch {
   SamplerState* states = nullptr;          // (n_seqs)
   void* workspace = nullptr;               // SamplingWorkspaceBytes(batch) bytes, 256-byte aligned
   int* tokens_out = nullptr;               // (batch) row r's token (padding rows: untouched)
+  // Allowed-token masks (structured output; both null: none). Sequence s
+  // with allowed_on[s] != 0 draws only tokens whose bit is set in its mask,
+  // allowed + s * AllowedWords(n_vocab) (token i: bit i % 32 of word i / 32),
+  // as the CPU sampler's SampleAllowed: the masked logits become -inf
+  // (rewritten in place) after the penalties, before top-k. Device memory,
+  // written between steps (a captured graph reads the new masks); a mask
+  // must allow at least one token.
+  const uint32_t* allowed = nullptr;  // (n_seqs, AllowedWords(n_vocab))
+  const int* allowed_on = nullptr;    // (n_seqs)
 };
+
+// 32-bit words of a mask over n_vocab tokens.
+constexpr int AllowedWords(int n_vocab) { return (n_vocab + 31) / 32; }
 
 // Samples every row of `b` (six launches, graph-capturable; see the top).
 // Host checks are of pointers and sizes only: the params are not read here.

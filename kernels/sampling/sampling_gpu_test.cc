@@ -619,8 +619,92 @@ TEST_CASE("batched: host checks of pointers and sizes") {
   bad([](SampleBatch& c) { c.ring_stride = -1; });
   bad([](SampleBatch& c) { c.rings = nullptr; });
   bad([](SampleBatch& c) { c.workspace = static_cast<char*>(c.workspace) + 16; });
+  bad([&](SampleBatch& c) { c.allowed_on = bd.slots.get(); });  // a flag array with no masks
   CHECK(SamplingWorkspaceBytes(1) % 256 == 0);
   CHECK(SamplingWorkspaceBytes(64) == 64 * SamplingWorkspaceBytes(1));
+}
+
+// Allowed-token masks (structured output): a masked row draws what the
+// float64 chain draws from its logits with every disallowed one at -inf (the
+// CPU sampler's SampleAllowed drops them, the same draw), greedy and sampled,
+// a mask of a few tokens and of one; a row whose flag is off, and the same
+// rows with no masks at all, draw as before; a captured graph reads masks
+// rewritten between replays.
+TEST_CASE("batched: allowed-token masks") {
+  const int n_vocab = 152064, n_seqs = 5, batch = 5, words = AllowedWords(n_vocab);
+  const std::vector<SamplingParams> params = {
+      {0.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0},       // greedy, 5% of the vocab allowed
+      {0.8f, 40, 0.95f, 0.05f, 1.0f, 0, 31},   // the default chain, 5%
+      {1.0f, 0, 1.0f, 0.0f, 1.0f, 0, 32},      // no truncation, three tokens allowed
+      {0.8f, 40, 0.95f, 0.05f, 1.0f, 0, 33},   // one token allowed
+      {0.8f, 40, 0.95f, 0.05f, 1.0f, 0, 34},   // flag off: unmasked
+  };
+  std::mt19937 rng(5);
+  std::vector<uint32_t> masks(static_cast<size_t>(n_seqs) * words, 0);
+  auto allow = [&](int seq, int tok) { masks[static_cast<size_t>(seq) * words + tok / 32] |= 1u << (tok % 32); };
+  auto remask = [&](int step) {
+    std::fill(masks.begin(), masks.end(), 0u);
+    std::uniform_int_distribution<int> any(0, n_vocab - 1);
+    for (int seq : {0, 1, 4}) {
+      for (int i = 0; i < n_vocab / 20; ++i) allow(seq, any(rng));
+    }
+    for (int i = 0; i < 3; ++i) allow(2, (7 + 1000 * i + 37 * step) % n_vocab);
+    allow(3, n_vocab - 1 - step);
+  };
+  const std::vector<int> on = {1, 1, 1, 1, 0};
+  testing::GuardedArray<uint32_t> d_masks(masks.size());
+  testing::GuardedArray<int> d_on(on.size());
+  d_on.Upload(on);
+  BatchDev bd(n_seqs, batch, n_vocab, 0);
+  bd.params.Upload(params);
+  bd.FillVocabRows();
+  std::vector<float> logits;
+  for (int r = 0; r < batch; ++r) {
+    const auto l = VocabLogits(n_vocab, 300 + r);
+    logits.insert(logits.end(), l.begin(), l.end());
+  }
+  BatchDev plain(n_seqs, batch, n_vocab, 0);  // the same rows with no masks
+  plain.params.Upload(params);
+  plain.FillVocabRows();
+  cudaStream_t st = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  SampleBatch b = bd.Batch();
+  b.allowed = d_masks.get();
+  b.allowed_on = d_on.get();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  STATUS_OK(SampleTokens(b, st));
+  CUDA_OK(cudaStreamEndCapture(st, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int step = 0; step < 4; ++step) {
+    CAPTURE(step);
+    remask(step);
+    d_masks.Upload(masks);
+    bd.logits.Upload(logits);  // the masked rows' logits were rewritten to -inf
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    plain.logits.Upload(logits);
+    plain.Sample();
+    const std::vector<int> got = bd.tokens.Download(), free = plain.tokens.Download();
+    for (int r = 0; r < batch; ++r) {
+      CAPTURE(r);
+      std::vector<float> l(logits.begin() + static_cast<size_t>(r) * n_vocab,
+                           logits.begin() + static_cast<size_t>(r + 1) * n_vocab);
+      if (on[r] != 0) {
+        for (int i = 0; i < n_vocab; ++i) {
+          if (((masks[static_cast<size_t>(r) * words + i / 32] >> (i % 32)) & 1u) == 0) l[i] = -INFINITY;
+        }
+        CHECK(((masks[static_cast<size_t>(r) * words + got[r] / 32] >> (got[r] % 32)) & 1u) == 1u);
+      } else {
+        CHECK(got[r] == free[r]);
+      }
+      CHECK(got[r] == CpuSample(l, params[r], static_cast<uint64_t>(step)));
+    }
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(st));
 }
 
 TEST_CASE("batched sampling time on 152064 logits, graph replay") {

@@ -238,6 +238,7 @@ absl::Status CudaDecoder::Allocate() {
       {attn_ws_floats * 4, &b.attn_ws},                        {kv_layout_.TotalBytes(), &b.kv},
       {S * sizeof(kernels::SamplingParams), &b.params},        {S * sizeof(kernels::SamplerState), &b.sampler},
       {S * ring_stride_ * 4, &b.rings},                        {kernels::SamplingWorkspaceBytes(n_seq), &b.sampling_ws},
+      {S * kernels::AllowedWords(static_cast<int>(V)) * 4, &b.allowed}, {S * 4, &b.allowed_on},
       {qx_bytes, &qx_mem},
       {x_f16_bytes, &b.x_f16},     {static_cast<uint64_t>(w_f16_elems_) * 2, &b.w_f16},
   };
@@ -270,6 +271,7 @@ absl::Status CudaDecoder::Allocate() {
   DPL_CUDA_CHECK(cudaMemset(b.seq_token, 0, S * 4));
   DPL_CUDA_CHECK(cudaMemset(b.seq_pos, 0, S * 4));
   DPL_CUDA_CHECK(cudaMemset(b.row_seq, 0xff, S * 4));  // all -1: padding
+  DPL_CUDA_CHECK(cudaMemset(b.allowed_on, 0, S * 4));  // no masks
   {
     kernels::SamplingParams greedy;
     greedy.temperature = 0;
@@ -281,6 +283,8 @@ absl::Status CudaDecoder::Allocate() {
   DPL_ASSIGN_OR_RETURN(h_rows_, kernels::PinnedBuffer<int>::Allocate(n_seq));
   DPL_ASSIGN_OR_RETURN(h_tokens_, kernels::PinnedBuffer<int>::Allocate(std::max(2, n_seq)));
   DPL_ASSIGN_OR_RETURN(h_params_, kernels::PinnedBuffer<kernels::SamplingParams>::Allocate(1));
+  DPL_ASSIGN_OR_RETURN(h_allowed_, kernels::PinnedBuffer<uint32_t>::Allocate(
+                                       static_cast<size_t>(S) * kernels::AllowedWords(static_cast<int>(V))));
   for (kernels::Event& e : token_ready_) {
     DPL_ASSIGN_OR_RETURN(e, kernels::CreateEvent());
   }
@@ -506,7 +510,34 @@ absl::Status CudaDecoder::SampleRows(int rows, float* logits, int* tokens_out) {
   sb.states = buf_.sampler;
   sb.workspace = buf_.sampling_ws;
   sb.tokens_out = tokens_out;
+  sb.allowed = buf_.allowed;
+  sb.allowed_on = buf_.allowed_on;
   return kernels::SampleTokens(sb, stream_.get());
+}
+
+absl::Status CudaDecoder::SetAllowedTokens(int seq, absl::Span<const uint32_t> mask) {
+  DPL_RETURN_IF_ERROR(CheckSeq(seq));
+  const size_t words = kernels::AllowedWords(static_cast<int>(hp_.n_vocab));
+  if (mask.size() != words) {
+    return absl::InvalidArgumentError(absl::StrCat("SetAllowedTokens: a mask of ", mask.size(),
+                                                   " words; ", hp_.n_vocab, " tokens need ", words));
+  }
+  // Staged in pinned memory (the copy reads it when it runs), one region a
+  // sequence: the next call for this sequence comes after a step that
+  // synchronized, so the copy has run by then.
+  uint32_t* staged = h_allowed_.get() + static_cast<size_t>(seq) * words;
+  std::copy(mask.begin(), mask.end(), staged);
+  cudaStream_t s = stream_.get();
+  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.allowed + static_cast<size_t>(seq) * words, staged,
+                                 words * 4, cudaMemcpyHostToDevice, s));
+  DPL_CUDA_CHECK(cudaMemsetAsync(buf_.allowed_on + seq, 1, 1, s));  // nonzero: on
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::ClearAllowedTokens(int seq) {
+  DPL_RETURN_IF_ERROR(CheckSeq(seq));
+  DPL_CUDA_CHECK(cudaMemsetAsync(buf_.allowed_on + seq, 0, 4, stream_.get()));
+  return absl::OkStatus();
 }
 
 absl::Status CudaDecoder::LaunchGenerationStep(const Bucket& bucket) {

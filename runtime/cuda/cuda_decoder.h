@@ -163,6 +163,15 @@ class CudaDecoder : public generate::Decoder {
   // conversation).
   absl::StatusOr<int32_t> BeginSampling(int seq, const generate::SamplerParams& params,
                                         absl::Span<const int32_t> history);
+  // Structured output: every draw of the sequence from now on (BeginSampling,
+  // StepSeqs, StepWithChunks) takes only tokens whose bit is set in `mask`
+  // (AllowedWords(n_vocab) words; token i: bit i % 32 of word i / 32; at
+  // least one set), as the CPU sampler's SampleAllowed, until the next
+  // SetAllowedTokens or ClearAllowedTokens. Enqueued on the decoder's
+  // stream (the captured steps read the device copy): the caller sets the
+  // mask for each draw from its grammar's state after the last token.
+  absl::Status SetAllowedTokens(int seq, absl::Span<const uint32_t> mask);
+  absl::Status ClearAllowedTokens(int seq);
   // One batched decode step of the distinct sequences `seqs` (each with a
   // pending token and a free position): next[i] = seqs[i]'s new token (also
   // pending now). One graph replay and one host round trip for all of them.
@@ -178,6 +187,8 @@ class CudaDecoder : public generate::Decoder {
   absl::StatusOr<int32_t> NextToken();
 
   const model::Hparams& hparams() const { return hp_; }
+  // The file's metadata and tensor table (ModelFile::OpenIndex).
+  std::shared_ptr<const formats::ModelFile> file() const { return index_; }
   const kernels::DecodeTuning& tuning() const { return tuning_; }
   const CudaMemoryReport& memory() const { return report_; }
   // Bytes of weights one decode step reads (every tensor but the embedding
@@ -253,6 +264,8 @@ class CudaDecoder : public generate::Decoder {
     kernels::SamplerState* sampler = nullptr;   // (S), zeroed once: RNG counters persist
     int* rings = nullptr;                       // (S, ring_stride_) repetition-penalty rings
     void* sampling_ws = nullptr;                // (SamplingWorkspaceBytes(S)) bytes
+    uint32_t* allowed = nullptr;                // (S, AllowedWords(n_vocab)) allowed-token masks
+    int* allowed_on = nullptr;                  // (S) nonzero: the sequence's mask applies
     kernels::MatVecScratch qx;                  // int8 activations (T, max width)
   };
 
@@ -368,7 +381,8 @@ class CudaDecoder : public generate::Decoder {
 
   kernels::PinnedBuffer<int> h_rows_;    // (n_seq) a step's row -> sequence, staged for upload
   kernels::PinnedBuffer<int> h_tokens_;  // (max(2, n_seq)) sampled ids read by the host
-  kernels::PinnedBuffer<kernels::SamplingParams> h_params_;  // (1) staged for upload
+  kernels::PinnedBuffer<kernels::SamplingParams> h_params_;
+  kernels::PinnedBuffer<uint32_t> h_allowed_;  // (S, AllowedWords(n_vocab)) SetAllowedTokens' staging  // (1) staged for upload
   kernels::Event token_ready_[2];
 };
 

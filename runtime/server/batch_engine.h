@@ -36,7 +36,7 @@ using SamplerParams = kernels::SamplingParams;
 // The refusal of an engine without structured output (BatchEngine::SetGrammar).
 inline absl::Status GrammarUnsupported() {
   return absl::FailedPreconditionError(
-      "response_format, grammar and json_schema are not supported on this device yet (only on the cpu device)");
+      "response_format, grammar and json_schema are not supported by this engine");
 }
 
 class BatchEngine {
@@ -130,8 +130,8 @@ class BatchEngine {
   // complete). Called after KeepPrefix / CopyPrefix, before the prompt's
   // last chunk; null clears it. KeepPrefix, CopyPrefix and Release clear
   // it too (the request ended). supports_grammar() says whether the engine
-  // can; this default cannot (the CUDA engine: its captured sampler has no
-  // mask yet) and refuses a grammar with FailedPrecondition.
+  // can (the CPU and CUDA engines: SlotGrammars); this default cannot and
+  // refuses a grammar with FailedPrecondition.
   virtual bool supports_grammar() const { return false; }
   virtual absl::Status SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
     (void)slot;

@@ -5,8 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/generate/generate.h"
-#include "runtime/grammar/tokenizer_vocab.h"
-#include "runtime/tokenizer/tokenizer.h"
 
 namespace dpl::server {
 
@@ -28,6 +26,7 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Load(std::shared_ptr<forma
   }
   e->n_ctx_ = e->slots_[0].model->n_ctx();
   e->n_vocab_ = e->slots_[0].model->n_vocab();
+  e->grammars_ = std::make_unique<SlotGrammars>(file, options.n_slots, e->n_vocab_);
   e->file_ = std::move(file);
   return e;
 }
@@ -74,31 +73,19 @@ absl::StatusOr<int32_t> CpuEngine::Prefill(int slot, absl::Span<const int32_t> t
   if (!last) return -1;
   s.sampler = std::make_unique<generate::Sampler>(params);
   for (int32_t t : s.prompt) s.sampler->Accept(t);
-  DPL_ASSIGN_OR_RETURN(s.pending, SampleNext(s, logits));
+  DPL_ASSIGN_OR_RETURN(s.pending, SampleNext(slot, logits));
   return s.pending;
 }
 
-absl::StatusOr<int32_t> CpuEngine::SampleNext(Slot& s, absl::Span<const float> logits) {
+absl::StatusOr<int32_t> CpuEngine::SampleNext(int slot, absl::Span<const float> logits) {
+  Slot& s = slots_[slot];
   int32_t t;
-  if (s.matcher == nullptr) {
+  if (!grammars_->active(slot)) {
     t = s.sampler->Sample(logits);
   } else {
-    if (s.matcher->ended()) {
-      return absl::FailedPreconditionError("the grammar ended the generation: nothing may follow its end token");
-    }
-    mask_.assign(vocab_->mask_words(), 0);
-    s.matcher->FillMask(*vocab_, absl::MakeSpan(mask_));
-    // The model's vocabulary may be wider than the tokenizer's: those ids
-    // are never allowed (the mask's missing words are zero).
-    std::vector<uint32_t> allowed((logits.size() + 31) / 32, 0);
-    std::copy_n(mask_.begin(), std::min(mask_.size(), allowed.size()), allowed.begin());
-    if (logits.size() < static_cast<size_t>(vocab_->size()) && logits.size() % 32 != 0) {
-      allowed.back() &= (1u << (logits.size() % 32)) - 1;
-    }
-    absl::StatusOr<int32_t> got = s.sampler->SampleAllowed(logits, allowed);
-    if (!got.ok()) return Annotate(got.status(), "the grammar allows no token here");
-    t = *got;
-    DPL_RETURN_IF_ERROR(s.matcher->AcceptToken(*vocab_, t));
+    DPL_ASSIGN_OR_RETURN(const absl::Span<const uint32_t> allowed, grammars_->Allowed(slot));
+    DPL_ASSIGN_OR_RETURN(t, s.sampler->SampleAllowed(logits, allowed));
+    DPL_RETURN_IF_ERROR(grammars_->Accept(slot, t));
   }
   s.sampler->Accept(t);
   return t;
@@ -106,20 +93,7 @@ absl::StatusOr<int32_t> CpuEngine::SampleNext(Slot& s, absl::Span<const float> l
 
 absl::Status CpuEngine::SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
   DPL_RETURN_IF_ERROR(CheckSlot(slot));
-  Slot& s = slots_[slot];
-  if (grammar == nullptr) {
-    s.matcher.reset();
-    return absl::OkStatus();
-  }
-  if (vocab_ == nullptr) {
-    DPL_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::FromMetadata(file_->metadata()));
-    if (!tok.has_vocab()) {
-      return absl::FailedPreconditionError("the model has no vocabulary: a grammar cannot be matched");
-    }
-    vocab_ = std::make_unique<grammar::Vocabulary>(grammar::VocabularyFromTokenizer(tok));
-  }
-  s.matcher = std::make_unique<grammar::Matcher>(std::move(grammar));
-  return absl::OkStatus();
+  return grammars_->Set(slot, std::move(grammar));
 }
 
 absl::Status CpuEngine::Step(absl::Span<const int> slots, absl::Span<int32_t> next) {
@@ -135,7 +109,7 @@ absl::Status CpuEngine::Step(absl::Span<const int> slots, absl::Span<int32_t> ne
     }
     absl::StatusOr<std::vector<float>> logits = Run(s, s.pending);
     if (!logits.ok()) return Annotate(logits.status(), absl::StrCat("slot ", slots[i]));
-    absl::StatusOr<int32_t> t = SampleNext(s, *logits);
+    absl::StatusOr<int32_t> t = SampleNext(slots[i], *logits);
     if (!t.ok()) return Annotate(t.status(), absl::StrCat("slot ", slots[i]));
     s.pending = *t;
     next[i] = s.pending;
@@ -153,7 +127,7 @@ absl::Status CpuEngine::KeepPrefix(int slot, absl::Span<const int32_t> kept) {
   }
   s.model->Truncate(n);
   s.sampler.reset();
-  s.matcher.reset();
+  grammars_->Clear(slot);
   s.prompt.assign(kept.begin(), kept.end());
   s.pending = -1;
   return absl::OkStatus();
@@ -166,7 +140,7 @@ absl::Status CpuEngine::CopyPrefix(int slot, int from, absl::Span<const int32_t>
   Slot& s = slots_[slot];
   DPL_RETURN_IF_ERROR(s.model->CopyPrefix(*slots_[from].model, static_cast<int64_t>(kept.size())));
   s.sampler.reset();
-  s.matcher.reset();
+  grammars_->Clear(slot);
   s.prompt.assign(kept.begin(), kept.end());
   s.pending = -1;
   return absl::OkStatus();
@@ -177,7 +151,7 @@ void CpuEngine::Release(int slot) {
   Slot& s = slots_[slot];
   s.model->Reset();
   s.sampler.reset();
-  s.matcher.reset();
+  grammars_->Clear(slot);
   s.prompt.clear();
   s.pending = -1;
 }

@@ -11,9 +11,9 @@
 #include "absl/status/statusor.h"
 #include "formats/model_file.h"
 #include "runtime/generate/sampler.h"
-#include "runtime/grammar/matcher.h"
 #include "runtime/reference/reference_model.h"
 #include "runtime/server/batch_engine.h"
+#include "runtime/server/slot_grammars.h"
 
 namespace dpl::server {
 
@@ -42,9 +42,8 @@ class CpuEngine : public BatchEngine {
   absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) override;
   absl::Status CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) override;
   void Release(int slot) override;
-  // A grammar's mask needs the model's vocabulary (its tokenizer, read from
-  // the file's metadata at Load; built into the trie at the first grammar,
-  // once for the engine).
+  // A grammar's mask needs the model's vocabulary (SlotGrammars: built
+  // from the file's tokenizer at the first grammar, once for the engine).
   bool supports_grammar() const override { return true; }
   absl::Status SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) override;
 
@@ -54,7 +53,6 @@ class CpuEngine : public BatchEngine {
     std::unique_ptr<generate::Sampler> sampler;  // set by the prompt's last chunk
     std::vector<int32_t> prompt;                 // the history for the repetition penalty
     int32_t pending = -1;                        // sampled, not yet run
-    std::unique_ptr<grammar::Matcher> matcher;   // the request's grammar, if any
   };
   CpuEngine() = default;
   absl::Status CheckSlot(int slot) const;
@@ -62,14 +60,13 @@ class CpuEngine : public BatchEngine {
   absl::StatusOr<std::vector<float>> Run(Slot& s, int32_t token);
   // Samples the slot's next token from `logits` (within its grammar, which
   // then takes the token) and remembers it for the penalty.
-  absl::StatusOr<int32_t> SampleNext(Slot& s, absl::Span<const float> logits);
+  absl::StatusOr<int32_t> SampleNext(int slot, absl::Span<const float> logits);
 
   std::vector<Slot> slots_;
   int64_t n_ctx_ = 0;
   int32_t n_vocab_ = 0;
   std::shared_ptr<formats::ModelFile> file_;
-  std::unique_ptr<grammar::Vocabulary> vocab_;  // built at the first grammar
-  std::vector<uint32_t> mask_;                  // scratch, vocab_->mask_words()
+  std::unique_ptr<SlotGrammars> grammars_;
 };
 
 }  // namespace dpl::server

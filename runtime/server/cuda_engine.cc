@@ -14,7 +14,41 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Load(
 }
 
 CudaEngine::CudaEngine(std::unique_ptr<runtime::CudaDecoder> d)
-    : decoder_(std::move(d)), prompts_(decoder_->n_seq()) {}
+    : decoder_(std::move(d)),
+      prompts_(decoder_->n_seq()),
+      grammars_(decoder_->file(), decoder_->n_seq(), decoder_->n_vocab()) {}
+
+absl::Status CudaEngine::SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  if (grammar == nullptr) return DropGrammar(slot);
+  return grammars_.Set(slot, std::move(grammar));
+}
+
+absl::Status CudaEngine::DropGrammar(int slot) {
+  if (!grammars_.active(slot)) return absl::OkStatus();
+  grammars_.Clear(slot);
+  return decoder_->ClearAllowedTokens(slot);
+}
+
+absl::Status CudaEngine::MaskDraws(absl::Span<const int> slots) {
+  for (int slot : slots) {
+    DPL_RETURN_IF_ERROR(CheckSlot(slot));
+    if (!grammars_.active(slot)) continue;
+    absl::StatusOr<absl::Span<const uint32_t>> allowed = grammars_.Allowed(slot);
+    if (!allowed.ok()) return Annotate(allowed.status(), absl::StrCat("slot ", slot));
+    DPL_RETURN_IF_ERROR(decoder_->SetAllowedTokens(slot, *allowed));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::AcceptDraws(absl::Span<const int> slots, absl::Span<const int32_t> tokens) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!grammars_.active(slots[i])) continue;
+    absl::Status st = grammars_.Accept(slots[i], tokens[i]);
+    if (!st.ok()) return Annotate(st, absl::StrCat("slot ", slots[i], ": the device drew a token the grammar refuses"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CudaEngine::CheckSlot(int slot) const {
   if (slot < 0 || slot >= n_slots()) {
@@ -39,7 +73,12 @@ absl::StatusOr<int32_t> CudaEngine::Prefill(int slot, absl::Span<const int32_t> 
 absl::StatusOr<int32_t> CudaEngine::BeginSampling(int slot, absl::Span<const float> logits,
                                                   const SamplerParams& params) {
   DPL_RETURN_IF_ERROR(generate::CheckFinite(logits, decoder_->n_past(slot) - 1));
-  return decoder_->BeginSampling(slot, params, prompts_[slot]);
+  const int one[1] = {slot};
+  DPL_RETURN_IF_ERROR(MaskDraws(one));
+  DPL_ASSIGN_OR_RETURN(const int32_t t, decoder_->BeginSampling(slot, params, prompts_[slot]));
+  const int32_t got[1] = {t};
+  DPL_RETURN_IF_ERROR(AcceptDraws(one, got));
+  return t;
 }
 
 absl::Status CudaEngine::CheckParts(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) const {
@@ -102,7 +141,9 @@ absl::Status CudaEngine::StepWithPrefill(absl::Span<const PrefillPart> parts, ab
     chunks.push_back({p.slot, p.tokens});
     any_last = any_last || p.last;
   }
+  DPL_RETURN_IF_ERROR(MaskDraws(slots));
   DPL_RETURN_IF_ERROR(decoder_->StepWithChunks(slots, next, chunks, any_last ? &logits_ : nullptr));
+  DPL_RETURN_IF_ERROR(AcceptDraws(slots, next));
   return AfterParts(parts, first);
 }
 
@@ -114,7 +155,9 @@ absl::Status CudaEngine::Step(absl::Span<const int> slots, absl::Span<int32_t> n
   if (slots.empty()) return absl::OkStatus();
   // StepSeqs checks the slots: in range, distinct, each with a pending token
   // and a free position.
-  return decoder_->StepSeqs(slots, next);
+  DPL_RETURN_IF_ERROR(MaskDraws(slots));
+  DPL_RETURN_IF_ERROR(decoder_->StepSeqs(slots, next));
+  return AcceptDraws(slots, next);
 }
 
 int64_t CudaEngine::n_past(int slot) const {
@@ -126,7 +169,7 @@ absl::Status CudaEngine::KeepPrefix(int slot, absl::Span<const int32_t> kept) {
   // RewindSeq checks kept.size() <= n_past and drops the pending token.
   DPL_RETURN_IF_ERROR(decoder_->RewindSeq(slot, static_cast<int64_t>(kept.size())));
   prompts_[slot].assign(kept.begin(), kept.end());
-  return absl::OkStatus();
+  return DropGrammar(slot);
 }
 
 absl::Status CudaEngine::CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) {
@@ -135,13 +178,14 @@ absl::Status CudaEngine::CopyPrefix(int slot, int from, absl::Span<const int32_t
   // CopySeqPrefix checks from != slot and kept.size() <= n_past(from).
   DPL_RETURN_IF_ERROR(decoder_->CopySeqPrefix(slot, from, static_cast<int64_t>(kept.size())));
   prompts_[slot].assign(kept.begin(), kept.end());
-  return absl::OkStatus();
+  return DropGrammar(slot);
 }
 
 void CudaEngine::Release(int slot) {
   if (!CheckSlot(slot).ok()) return;
   decoder_->RewindSeq(slot, 0).IgnoreError();  // 0 <= n_past always
   prompts_[slot].clear();
+  DropGrammar(slot).IgnoreError();  // a failed device call fails the next step too
 }
 
 }  // namespace dpl::server

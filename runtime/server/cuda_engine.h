@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/cuda/cuda_decoder.h"
 #include "runtime/server/batch_engine.h"
+#include "runtime/server/slot_grammars.h"
 
 namespace dpl::server {
 
@@ -39,6 +40,11 @@ class CudaEngine : public BatchEngine {
   absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) override;
   absl::Status CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) override;
   void Release(int slot) override;
+  // Structured output: each draw of a slot with a grammar takes the mask
+  // of its grammar's state (SlotGrammars), copied to the device before the
+  // step (CudaDecoder::SetAllowedTokens), and the grammar takes the token.
+  bool supports_grammar() const override { return true; }
+  absl::Status SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) override;
 
   const runtime::CudaDecoder& decoder() const { return *decoder_; }
 
@@ -57,6 +63,14 @@ class CudaEngine : public BatchEngine {
   // part): the prompts' histories extended, the last parts' first tokens.
   absl::Status AfterParts(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first);
 
+  // Before a draw of each of `slots`: its grammar's mask on the device (a
+  // slot without a grammar: none). After: the grammars take the tokens.
+  absl::Status MaskDraws(absl::Span<const int> slots);
+  absl::Status AcceptDraws(absl::Span<const int> slots, absl::Span<const int32_t> tokens);
+  // The slot's request ended: no grammar, no mask.
+  absl::Status DropGrammar(int slot);
+
+  SlotGrammars grammars_;
   std::vector<float> logits_;                  // a pass's last logits (checked finite), a chunk's after another
 };
 

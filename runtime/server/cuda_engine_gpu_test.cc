@@ -14,7 +14,12 @@
 
 #include "converter/convert.h"
 #include "runtime/cuda/cuda_decoder.h"
+#include <nlohmann/json.hpp>
+#include "runtime/grammar/json_schema.h"
 #include "runtime/server/cuda_engine.h"
+#include "runtime/server/scheduler.h"
+#include "runtime/tokenizer/tokenizer.h"
+#include "tests/shared_dir.h"
 #include "tools/synth.h"
 
 namespace dpl::server {
@@ -267,6 +272,91 @@ TEST_CASE("several slots decode together, joining and leaving, each as if alone"
       CHECK(first[i] == Reference(path, reqs[i].prompt, reqs[i].params, reqs[i].n));
     }
   }
+}
+
+// Structured output on the device: each draw of a slot with a grammar
+// takes its mask (SlotGrammars -> CudaDecoder::SetAllowedTokens, read by the
+// captured step's sampler), so a random-weight model with Qwen2's real
+// vocabulary answers inside a JSON schema, three slots sampling at once
+// beside one without a grammar; afterwards the slots draw free text as
+// before (the masks cleared with their requests).
+TEST_CASE("a JSON schema through the device's mask: the answers parse and match it") {
+  const std::string dir = std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string gguf = dir + "/vocab.gguf", path = dir + "/vocab.dpl";
+  synth::SynthOptions so;
+  so.preset = *synth::FindPreset("tiny-qwen2");
+  so.seed = 7;
+  so.vocab_path = testing::SharedDir() + "/vocab/ggml-vocab-qwen2.gguf";
+  REQUIRE(synth::WriteSyntheticModel(so, gguf).ok());
+  REQUIRE(converter::ConvertGgufToDpl(gguf, path, {}).ok());
+  runtime::CudaDecoderOptions o;
+  o.n_ctx = 256;
+  o.n_seq = 4;
+  std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
+  auto tok = tokenizer::Tokenizer::FromMetadata(engine->decoder().file()->metadata());
+  REQUIRE(tok.ok());
+  Scheduler s(*engine, *tok, {});
+  auto schema = grammar::JsonSchemaToGrammar(nlohmann::ordered_json::parse(R"({"type": "object",
+      "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"},
+      "c": {"enum": ["red", "green"]}, "xs": {"type": "array", "items": {"type": "number"}, "maxItems": 3}},
+      "required": ["n", "ok", "c"]})"));
+  REQUIRE_MESSAGE(schema.ok(), schema.status().ToString());
+  const auto g = std::make_shared<const grammar::Grammar>(*std::move(schema));
+  const std::vector<int32_t> prompt = {9707, 11, 1879, 0};
+  auto run = [&](std::vector<GenerationRequest> reqs) {
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (GenerationRequest& r : reqs) {
+      auto st = s.Submit(std::move(r));
+      REQUIRE(st.ok());
+      streams.push_back(*st);
+    }
+    std::vector<std::pair<std::string, StreamEvent>> out;
+    for (auto& st : streams) {
+      std::string text;
+      for (bool done = false; !done;) {
+        for (StreamEvent& e : st->Wait(absl::Seconds(60))) {
+          text += e.text;
+          if (e.final) {
+            out.emplace_back(text, std::move(e));
+            done = true;
+          }
+        }
+      }
+    }
+    return out;
+  };
+  auto request = [&](float temperature, uint64_t seed, int max_tokens) {
+    GenerationRequest r;
+    r.prompt = prompt;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = seed;
+    r.max_tokens = max_tokens;
+    r.cache_prompt = false;
+    return r;
+  };
+  const std::string plain = run({request(0, 0, 12)})[0].first;
+  std::vector<GenerationRequest> reqs;
+  for (uint64_t seed : {1, 2, 3}) {
+    reqs.push_back(request(1, seed, 200));
+    reqs.back().grammar = g;
+  }
+  reqs.push_back(request(0, 0, 12));  // no grammar, decoding beside them
+  const auto got = run(std::move(reqs));
+  for (size_t i = 0; i < 3; ++i) {
+    INFO(got[i].first);
+    REQUIRE(got[i].second.error.ok());
+    CHECK(got[i].second.finish == FinishReason::kStop);
+    const nlohmann::json j = nlohmann::json::parse(got[i].first, nullptr, false);
+    REQUIRE(j.is_object());
+    CHECK(j.at("n").is_number_integer());
+    CHECK(j.at("ok").is_boolean());
+    CHECK((j.at("c") == "red" || j.at("c") == "green"));
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      CHECK((it.key() == "n" || it.key() == "ok" || it.key() == "c" || it.key() == "xs"));
+    }
+  }
+  CHECK(got[3].first == plain);
+  CHECK(run({request(0, 0, 12)})[0].first == plain);
 }
 
 TEST_CASE("the CUDA engine refuses what it cannot do") {
