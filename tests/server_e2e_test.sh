@@ -78,6 +78,27 @@ expect 200 "tools, streamed" -N "$C" -d "$(chat ",\"max_tokens\":3,\"stream\":tr
 expect 200 "/v1/responses with function tools and call items" "$url/v1/responses" -d '{"input":[{"role":"user","content":"Weather?"},{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"21 C"}],"tools":[{"type":"function","name":"get_weather","parameters":{"type":"object"}}],"max_output_tokens":2}'
 body_has "/v1/responses with tools: a response" '"object":"response"'
 expect 400 "tool_choice naming no tool" "$C" -d "$(chat ",\"max_tokens\":2,$tools,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}")"
+# tool_choice "required" (issue 32) is a grammar of the template's calls:
+# even this random-weight model answers one call (parallel_tool_calls
+# false) of the tool, its arguments with the schema's keys and types (no
+# strings: bounded), finish_reason "tool_calls"; with response_format it is a 400.
+light='"tools":[{"type":"function","function":{"name":"set_light","parameters":{"type":"object","properties":{"on":{"type":"boolean"},"color":{"enum":["red","green"]}},"required":["on","color"]}}}]'
+check_light_call() {  # NAME: the body holds one set_light call with valid arguments
+  if python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1]))["choices"][0]
+assert c["finish_reason"] == "tool_calls", c
+calls = c["message"]["tool_calls"]
+assert len(calls) == 1 and calls[0]["function"]["name"] == "set_light", calls
+a = json.loads(calls[0]["function"]["arguments"])
+assert isinstance(a["on"], bool) and a["color"] in ("red", "green") and len(a) == 2, a
+' "$tmp/body" 2>"$tmp/py.err"; then ok "$1: one set_light call, its arguments valid"
+  else bad "$1: $(head -c 300 "$tmp/py.err") $(head -c 600 "$tmp/body")"; fi
+}
+expect 200 "tool_choice required" "$C" -d "$(chat ".8,\"seed\":3,\"parallel_tool_calls\":false,$light,\"tool_choice\":\"required\"")"
+check_light_call "tool_choice required"
+expect 400 "tool_choice required with response_format" "$C" -d "$(chat ",\"max_tokens\":2,$light,\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}")"
+body_has "required with response_format: names both" "'tool_choice' forces a tool call (a grammar of calls), and 'response_format' constrains"
 # Structured output (issue 32): a JSON schema's answer parses and has its
 # required keys with their types (no strings in it: every value is bounded,
 # so even this random-weight model completes it, then only the end of
@@ -381,6 +402,8 @@ expect 400 "Llama 3.1: two calls in one message (the template's refusal)" "$C" \
 body_has "Llama 3.1: the template's message" "only supports single tool-calls"
 expect 200 "Llama 3.1: tools, streamed" -N "$C" -d "$(chat ",\"max_tokens\":3,\"stream\":true,$tools")"
 [[ $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && ok "Llama 3.1: tools, streamed: ends with [DONE]" || bad "Llama 3.1 tools streamed: $(tail -c 300 "$tmp/body")"
+expect 200 "Llama 3.1: a named tool_choice" "$C" -d "$(chat ".8,\"seed\":3,$light,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"set_light\"}}")"
+check_light_call "Llama 3.1: a named tool_choice (its {\"name\", \"parameters\"} form)"
 kill -TERM "$pid"; wait "$pid"
 
 start_server --device cpu -np 1 -c 512 -t 1 --chat-template-file "$templates/mistralai-Mistral-Nemo-Instruct-2407.jinja"
@@ -401,6 +424,8 @@ C="$url/v1/chat/completions"
 wait_healthy
 expect 400 "--chat-template llama3: tools refused" "$C" -d "$(chat ",\"max_tokens\":2,$tools")"
 body_has "--chat-template llama3: says why" "the built-in llama3 renderer writes no tools"
+expect 400 "--chat-template llama3: tool_choice required refused" "$C" -d "$(chat ",\"max_tokens\":2,$light,\"tool_choice\":\"required\"")"
+body_has "--chat-template llama3: tool_choice required says why" "chat template writes no tools"
 expect 200 "--chat-template llama3: chat without tools" "$C" -d "$(chat ',"max_tokens":2')"
 kill -TERM "$pid"; wait "$pid"
 

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "runtime/grammar/grammar.h"
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/matcher.h"
@@ -255,6 +256,27 @@ TEST_CASE("json schema: each keyword") {
     for (int i = 0; i < 100; ++i) deep = {{"type", "array"}, {"items", deep}};
     CHECK(err(deep.dump()).find("nested deeper than 64") != std::string::npos);
   }
+}
+
+// Several schemas in one grammar (tool_choice "required"): each keeps its
+// own $defs, though both name theirs "v", and the rules of neither clash
+// with "root" or with the other's.
+TEST_CASE("json schema rules: several schemas in one grammar") {
+  JsonSchemaRules rules;
+  const auto a = nlohmann::ordered_json::parse(R"({"$defs": {"v": {"type": "integer"}}, "type": "object",
+      "properties": {"root": {"$ref": "#/$defs/v"}}, "required": ["root"]})");
+  const auto b = nlohmann::ordered_json::parse(R"({"$defs": {"v": {"type": "boolean"}}, "$ref": "#/$defs/v"})");
+  absl::StatusOr<std::string> ea = rules.Add(a, "args");
+  absl::StatusOr<std::string> eb = rules.Add(b, "args");
+  REQUIRE((ea.ok() && eb.ok()));
+  CHECK(*ea != *eb);
+  const auto g = G(rules.Gbnf(absl::StrCat("\"a=\" ", *ea, " | \"b=\" ", *eb)));
+  CHECK(Full(g, R"(a={"root": 3})"));
+  CHECK(Full(g, "b=true"));
+  CHECK(!Full(g, R"(a={"root": true})"));
+  CHECK(!Full(g, "b=3"));
+  const auto bad = nlohmann::ordered_json::parse(R"({"$ref": "#/$defs/v"})");  // b's $defs are not its
+  CHECK(rules.Add(bad, "args").status().message() == "json schema at #: '$ref' \"#/$defs/v\" names no definition");
 }
 
 // Brute force: token t is allowed iff a fresh matcher (no cache shared)

@@ -1,5 +1,6 @@
 #include "runtime/grammar/json_schema.h"
 
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -28,19 +29,30 @@ constexpr const char* kPrimitives =
     "object ::= \"{\" space (string \":\" space value (\",\" space string \":\" space value)*)? \"}\" space\n"
     "array ::= \"[\" space (value (\",\" space value)*)? \"]\" space\n";
 
+}  // namespace
+
+// Outside the anonymous namespace: JsonSchemaRules holds one.
 class Converter {
  public:
-  explicit Converter(const nlohmann::ordered_json& root) : root_(root) {
+  Converter() {
     for (const char* n : {"space", "char", "string", "integral", "number", "integer", "boolean", "null", "value",
                           "object", "array", "root"}) {
       names_.insert(n);
     }
   }
 
-  absl::StatusOr<std::string> Run() {
-    absl::StatusOr<std::string> expr = Visit(root_, "root", "#", 0);
-    if (!expr.ok()) return expr.status();
-    std::string out = absl::StrCat("root ::= ", *expr, "\n", kPrimitives);
+  // The GBNF expression of one more schema (its $refs resolved within it).
+  absl::StatusOr<std::string> Add(const nlohmann::ordered_json& schema, const std::string& hint) {
+    root_ = &schema;
+    refs_.clear();  // "#/$defs/x" of another schema is another rule
+    absl::StatusOr<std::string> expr = Visit(schema, hint, "#", 0);
+    root_ = nullptr;
+    return expr;
+  }
+
+  // Every rule so far, with "root ::= " root_body.
+  std::string Gbnf(absl::string_view root_body) const {
+    std::string out = absl::StrCat("root ::= ", root_body, "\n", kPrimitives);
     for (const auto& [name, body] : rules_) absl::StrAppend(&out, name, " ::= ", body, "\n");
     return out;
   }
@@ -179,7 +191,8 @@ class Converter {
     if (key.empty() || name.empty() || name.find('/') != std::string::npos) {
       return Error(where, absl::StrCat("'$ref' \"", r, "\" is not supported (only #/$defs/NAME and #/definitions/NAME)"));
     }
-    if (!root_.is_object() || !root_.contains(key) || !root_[key].is_object() || !root_[key].contains(name)) {
+    const nlohmann::ordered_json& root = *root_;
+    if (!root.is_object() || !root.contains(key) || !root[key].is_object() || !root[key].contains(name)) {
       return Error(where, absl::StrCat("'$ref' \"", r, "\" names no definition"));
     }
     // Named before its body is visited: a recursive reference finds it.
@@ -187,7 +200,7 @@ class Converter {
     refs_[r] = rule;
     const size_t slot = rules_.size();
     rules_.emplace_back(rule, "");
-    absl::StatusOr<std::string> body = Visit(root_[key][name], rule, r, depth + 1);
+    absl::StatusOr<std::string> body = Visit(root[key][name], rule, r, depth + 1);
     if (!body.ok()) return body.status();
     rules_[slot].second = *body;
     return rule;
@@ -291,13 +304,11 @@ class Converter {
     return Define(hint, absl::StrCat("\"{\" space ", head, " \"}\" space"));
   }
 
-  const nlohmann::ordered_json& root_;
+  const nlohmann::ordered_json* root_ = nullptr;  // the schema Add is converting
   absl::flat_hash_set<std::string> names_;
   std::vector<std::pair<std::string, std::string>> rules_;
   absl::flat_hash_map<std::string, std::string> refs_;
 };
-
-}  // namespace
 
 std::string GbnfLiteral(const std::string& bytes) {
   std::string out = "\"";
@@ -315,7 +326,21 @@ std::string GbnfLiteral(const std::string& bytes) {
   return out;
 }
 
-absl::StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema) { return Converter(schema).Run(); }
+absl::StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema) {
+  Converter c;
+  absl::StatusOr<std::string> expr = c.Add(schema, "root");
+  if (!expr.ok()) return expr.status();
+  return c.Gbnf(*expr);
+}
+
+JsonSchemaRules::JsonSchemaRules() : converter_(std::make_unique<Converter>()) {}
+JsonSchemaRules::~JsonSchemaRules() = default;
+
+absl::StatusOr<std::string> JsonSchemaRules::Add(const nlohmann::ordered_json& schema, const std::string& hint) {
+  return converter_->Add(schema, hint);
+}
+
+std::string JsonSchemaRules::Gbnf(absl::string_view root_body) const { return converter_->Gbnf(root_body); }
 
 absl::StatusOr<Grammar> JsonSchemaToGrammar(const nlohmann::ordered_json& schema) {
   absl::StatusOr<std::string> text = JsonSchemaToGbnf(schema);

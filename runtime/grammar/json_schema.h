@@ -28,11 +28,13 @@
 // patternProperties, $ref elsewhere, a false schema.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/grammar/grammar.h"
 
 namespace dpl::grammar {
@@ -42,6 +44,26 @@ namespace dpl::grammar {
 absl::StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema);
 // Parsed.
 absl::StatusOr<Grammar> JsonSchemaToGrammar(const nlohmann::ordered_json& schema);
+
+// Several schemas in one grammar, sharing the primitives above (the tools of
+// tool_choice "required": each call's arguments follow its function's
+// schema). Add gives the GBNF expression that accepts exactly that schema's
+// JSON texts, its $refs resolved within it (errors as JsonSchemaToGbnf's);
+// its rules are named after `hint` ("root" is taken), so no two schemas'
+// rules clash, nor "root". Gbnf writes them all, with "root ::= " root_body
+// (which uses the expressions).
+class Converter;
+class JsonSchemaRules {
+ public:
+  JsonSchemaRules();
+  ~JsonSchemaRules();
+  absl::StatusOr<std::string> Add(const nlohmann::ordered_json& schema, const std::string& hint);
+  std::string Gbnf(absl::string_view root_body) const;
+
+ private:
+  std::unique_ptr<Converter> converter_;
+};
+
 // Any JSON object (response_format {"type": "json_object"}).
 std::string JsonObjectGbnf();
 // A string as a GBNF literal ("..." with escapes).

@@ -321,6 +321,8 @@ struct HttpServer::Handlers {
         return ReplyError(res, absl::FailedPreconditionError(
                                    "this model has no vocabulary: use /v1/completions with token ids"));
       }
+      // tool_choice "required" or named: a grammar of this model's calls.
+      if (absl::Status st = EnforceToolChoice(m->chat->tool_call_format(), &*r); !st.ok()) return ReplyError(res, st);
       size_t bytes = 0;
       for (const auto& msg : r->messages) {
         bytes += msg.content.size();

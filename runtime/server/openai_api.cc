@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "runtime/grammar/json_schema.h"
 
@@ -218,19 +219,21 @@ absl::Status SameTools(const nlohmann::ordered_json& ordered, const json& tools)
   return absl::OkStatus();
 }
 
-// tool_choice over the offered tools (their names, their template texts):
-// "none" drops them all, "auto" and "required" keep them, a named function
-// (chat: {"type": "function", "function": {"name"}}; Responses, flat:
-// {"type": "function", "name"}) keeps that one.
-absl::Status ApplyToolChoice(const json* choice, const std::vector<std::string>& names, bool flat,
-                             std::vector<std::string>* tools) {
+// tool_choice over the offered tools (r->tools: their template texts;
+// `offered`: their names and schemas): "none" drops them all, "auto" keeps
+// them, "required" keeps them and forces a call (r->forced_tools), a named
+// function (chat: {"type": "function", "function": {"name"}}; Responses,
+// flat: {"type": "function", "name"}) keeps that one and forces one call of it.
+absl::Status ApplyToolChoice(const json* choice, std::vector<ToolSchema> offered, bool flat, ChatRequest* r) {
   if (choice == nullptr) return absl::OkStatus();
   if (choice->is_string()) {
     const std::string c = choice->get<std::string>();
-    if (c == "none") tools->clear();
     if (c != "none" && c != "auto" && c != "required") {
       return FieldError("tool_choice", "must be \"none\", \"auto\", \"required\" or a named function");
     }
+    if (c == "none") r->tools.clear();
+    if (c == "required" && offered.empty()) return FieldError("tool_choice", "is \"required\", but 'tools' is empty");
+    if (c == "required") r->forced_tools = std::move(offered);
     return absl::OkStatus();
   }
   const json* fn = !choice->is_object() ? nullptr : flat ? choice : Field(*choice, "function");
@@ -239,9 +242,11 @@ absl::Status ApplyToolChoice(const json* choice, const std::vector<std::string>&
     return FieldError("tool_choice", flat ? "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"name\": string}"
                                           : "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": string}}");
   }
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == name->get<std::string>()) {
-      *tools = {(*tools)[i]};
+  for (size_t i = 0; i < offered.size(); ++i) {
+    if (offered[i].name == name->get<std::string>()) {
+      r->tools = {r->tools[i]};
+      r->forced_tools = {std::move(offered[i])};
+      r->one_call = true;
       return absl::OkStatus();
     }
   }
@@ -255,7 +260,7 @@ absl::Status ParseTools(const json& j, const nlohmann::ordered_json& ordered, Ch
   if (tools == nullptr) return absl::OkStatus();
   if (!tools->is_array()) return FieldError("tools", "must be an array");
   DPL_RETURN_IF_ERROR(SameTools(ordered, *tools));
-  std::vector<std::string> names;
+  std::vector<ToolSchema> offered;
   for (size_t i = 0; i < tools->size(); ++i) {
     const json& t = (*tools)[i];
     const std::string field = absl::StrCat("tools[", i, "]");
@@ -265,10 +270,12 @@ absl::Status ParseTools(const json& j, const nlohmann::ordered_json& ordered, Ch
     if (type == nullptr || *type != "function" || name == nullptr || !name->is_string()) {
       return FieldError(field, "must be {\"type\": \"function\", \"function\": {\"name\": string, ...}}");
     }
-    names.push_back(name->get<std::string>());
-    r->tools.push_back(PythonJson(ordered.at("tools").at(i)));
+    const nlohmann::ordered_json& tool = ordered.at("tools").at(i);
+    offered.push_back({name->get<std::string>(), tool.at("function").value("parameters", nlohmann::ordered_json()),
+                       field + ".function.parameters"});
+    r->tools.push_back(PythonJson(tool));
   }
-  return ApplyToolChoice(Field(j, "tool_choice"), names, /*flat=*/false, &r->tools);
+  return ApplyToolChoice(Field(j, "tool_choice"), std::move(offered), /*flat=*/false, r);
 }
 
 // An assistant message's tool_calls: [{id, type, function {name, arguments}}].
@@ -378,6 +385,26 @@ absl::Status ParseStructuredUnguarded(const json& j, absl::string_view body, boo
   return absl::OkStatus();
 }
 
+// parallel_tool_calls, and what a forced tool_choice (r->forced_tools,
+// enforced by a grammar) needs: tools, and no other grammar on the answer.
+absl::Status ParseForcedCalls(const json& j, bool responses, ChatRequest* r) {
+  const json* ptc = Field(j, "parallel_tool_calls");
+  if (ptc != nullptr && !ptc->is_boolean()) return FieldError("parallel_tool_calls", "must be true or false");
+  if (ptc != nullptr && !ptc->get<bool>()) r->one_call = true;
+  const json* choice = Field(j, "tool_choice");
+  if (choice != nullptr && (choice->is_object() || *choice == "required") && Field(j, "tools") == nullptr) {
+    return FieldError("tool_choice", "forces a tool call, but no 'tools' are given");
+  }
+  if (r->forced_tools.empty() || r->params.grammar == nullptr) return absl::OkStatus();
+  // A grammar/json_schema beside response_format is refused already: the one given made it.
+  const char* other = responses                           ? "text.format"
+                      : Field(j, "grammar") != nullptr     ? "grammar"
+                      : Field(j, "json_schema") != nullptr ? "json_schema"
+                                                           : "response_format";
+  return FieldError("tool_choice", absl::StrCat("forces a tool call (a grammar of calls), and '", other,
+                                                "' constrains the answer too: give one"));
+}
+
 absl::Status ParseStructured(const json& j, absl::string_view body, bool chat, bool responses,
                              GenerationParams* p) {
   try {
@@ -432,9 +459,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
     if (ordered.is_discarded()) return FieldError("tools", "could not be read");
     DPL_RETURN_IF_ERROR(ParseTools(j, ordered, &r));
   }
-  if (const json* ptc = Field(j, "parallel_tool_calls"); ptc != nullptr && !ptc->is_boolean()) {
-    return FieldError("parallel_tool_calls", "must be true or false");
-  }
+  DPL_RETURN_IF_ERROR(ParseForcedCalls(j, /*responses=*/false, &r));
   r.params.parse_tool_calls = !r.tools.empty();
   return r;
 }
@@ -768,6 +793,43 @@ size_t MarkerTail(const std::string& text, size_t from, absl::string_view marker
   return keep;
 }
 
+// How a format writes an answer of calls, as the parsers above read it:
+// prefix, each call as open {"name": ..., "<args_key>": {...}} close, with
+// sep between calls, then suffix. The spacing is the templates' own.
+struct CallsLayout {
+  std::string prefix, open, args_key, close, sep, suffix;
+};
+CallsLayout LayoutOf(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kLlama3: return {"", "", "parameters", "", "\n", ""};
+    case ToolCallFormat::kMistral: return {absl::StrCat(kMistralCalls, "["), "", "arguments", "", ", ", "]"};
+    case ToolCallFormat::kHermes:
+    case ToolCallFormat::kNone: break;
+  }
+  return {"", absl::StrCat(kHermesOpen, "\n"), "arguments", absl::StrCat("\n", kHermesClose), "\n", ""};
+}
+
+// The GBNF of an answer that is only calls of `tools` (one, or one or more).
+absl::StatusOr<std::string> ToolCallsGbnf(const CallsLayout& layout, const std::vector<ToolSchema>& tools,
+                                          bool one) {
+  grammar::JsonSchemaRules rules;
+  std::vector<std::string> calls;
+  for (const ToolSchema& t : tools) {
+    // No schema: any object (Hermes's and Llama's parsers take no other arguments).
+    const ojson schema = t.parameters.is_null() ? ojson{{"type", "object"}} : t.parameters;
+    absl::StatusOr<std::string> args = rules.Add(schema, "args");
+    if (!args.ok()) return FieldError(t.field, absl::StrCat("is not usable: ", args.status().message()));
+    const std::string name = ojson(t.name).dump(-1, ' ', false, ojson::error_handler_t::replace);
+    calls.push_back(absl::StrCat(
+        grammar::GbnfLiteral(absl::StrCat(layout.open, "{\"name\": ", name, ", \"", layout.args_key, "\": ")), " ",
+        *args, " ", grammar::GbnfLiteral(absl::StrCat("}", layout.close))));
+  }
+  const std::string call = absl::StrCat("(", absl::StrJoin(calls, " | "), ")");
+  const std::string more = one ? "" : absl::StrCat(" (", grammar::GbnfLiteral(layout.sep), " ", call, ")*");
+  return rules.Gbnf(absl::StrCat(grammar::GbnfLiteral(layout.prefix), " ", call, more, " ",
+                                 grammar::GbnfLiteral(layout.suffix)));
+}
+
 }  // namespace
 
 ParsedAnswer ParseToolCalls(const std::string& text, tokenizer::ToolCallFormat format) {
@@ -831,6 +893,20 @@ std::string ToolCallHoldback::Push(const std::string& text) {
 
 ParsedAnswer ToolCallHoldback::Finish() const { return ParseToolCalls(text_.substr(sent_), format_); }
 
+absl::Status EnforceToolChoice(ToolCallFormat format, ChatRequest* r) {
+  if (r->forced_tools.empty()) return absl::OkStatus();
+  if (format == ToolCallFormat::kNone) {
+    return absl::InvalidArgumentError(
+        "'tool_choice' forces a tool call, but this model's chat template writes no tools (no tool-call format)");
+  }
+  DPL_ASSIGN_OR_RETURN(const std::string gbnf, ToolCallsGbnf(LayoutOf(format), r->forced_tools, r->one_call));
+  absl::StatusOr<grammar::Grammar> g = grammar::Grammar::Parse(gbnf);
+  if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("'tool_choice': the calls' grammar is not usable: ",
+                                                              g.status().message()));
+  r->params.grammar = std::make_shared<const grammar::Grammar>(*std::move(g));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
   ChatRequest r;
@@ -852,7 +928,7 @@ absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
     const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
     if (ordered.is_discarded()) return FieldError("tools", "could not be read");
     DPL_RETURN_IF_ERROR(SameTools(ordered, *tools));
-    std::vector<std::string> names;
+    std::vector<ToolSchema> offered;
     for (size_t i = 0; i < tools->size(); ++i) {
       const json& t = (*tools)[i];
       const json* type = t.is_object() ? Field(t, "type") : nullptr;
@@ -861,17 +937,19 @@ absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
         return FieldError(absl::StrCat("tools[", i, "]"),
                           "must be {\"type\": \"function\", \"name\": string, ...} (only function tools)");
       }
-      names.push_back(name->get<std::string>());
       nlohmann::ordered_json fn = nlohmann::ordered_json::object();
       const nlohmann::ordered_json& flat = ordered.at("tools").at(i);
+      offered.push_back({name->get<std::string>(), flat.value("parameters", nlohmann::ordered_json()),
+                         absl::StrCat("tools[", i, "].parameters")});
       for (auto it = flat.begin(); it != flat.end(); ++it) {
         if (it.key() != "type" && it.key() != "strict") fn[it.key()] = it.value();
       }
       r.tools.push_back(PythonJson(nlohmann::ordered_json{{"type", "function"}, {"function", fn}}));
     }
-    DPL_RETURN_IF_ERROR(ApplyToolChoice(Field(j, "tool_choice"), names, /*flat=*/true, &r.tools));
+    DPL_RETURN_IF_ERROR(ApplyToolChoice(Field(j, "tool_choice"), std::move(offered), /*flat=*/true, &r));
     r.params.parse_tool_calls = !r.tools.empty();
   }
+  DPL_RETURN_IF_ERROR(ParseForcedCalls(j, /*responses=*/true, &r));
   const json* input = Field(j, "input");
   if (input == nullptr) return FieldError("input", "is required");
   if (input->is_string()) {

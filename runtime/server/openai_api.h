@@ -40,8 +40,16 @@ struct GenerationParams {
   // Structured output: response_format {"type": "json_object"} or
   // {"type": "json_schema", "json_schema": {"schema": ...}} (chat), the
   // Responses API's text.format, llama-server's `grammar` (GBNF) and
-  // `json_schema` (chat and completions); null: free text.
+  // `json_schema` (chat and completions), or the calls tool_choice
+  // "required" or a named function forces (EnforceToolChoice); null: free text.
   std::shared_ptr<const grammar::Grammar> grammar;
+};
+
+// An offered function as a forced call's grammar needs it.
+struct ToolSchema {
+  std::string name;
+  nlohmann::ordered_json parameters;  // its JSON schema, in the client's key order; null: none given
+  std::string field;                  // where the schema is, for errors ("tools[0].function.parameters")
 };
 
 struct ChatRequest {
@@ -51,6 +59,11 @@ struct ChatRequest {
   // writes it: all of `tools`, the one a named tool_choice picks, none for
   // tool_choice "none".
   std::vector<std::string> tools;
+  // tool_choice "required" (all of `tools`) or a named function (that one):
+  // the answer must be calls of these; empty for "auto", "none" or no
+  // tool_choice. EnforceToolChoice makes them params.grammar.
+  std::vector<ToolSchema> forced_tools;
+  bool one_call = false;  // a named function, or parallel_tool_calls false: exactly one call
 };
 
 struct CompletionPrompt {
@@ -88,10 +101,30 @@ inline constexpr size_t kMaxJsonValues = size_t{1} << 20;
 // stream_options.include_usage, ignore_eos, cache_prompt; tools
 // ({"type": "function", "function": {name, description, parameters}}),
 // tool_choice ("auto", "none", "required" or {"type": "function",
-// "function": {"name"}}; "required" and a named choice are not enforced: no
-// grammar constrains the answer), parallel_tool_calls (accepted), messages
-// of role tool ({content, tool_call_id}) and an assistant's tool_calls.
+// "function": {"name"}}; "required" and a named choice go to forced_tools,
+// and need tools, and no response_format, grammar or json_schema beside
+// them), parallel_tool_calls (false: one call at most), messages of role
+// tool ({content, tool_call_id}) and an assistant's tool_calls.
 absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
+
+// tool_choice "required" or a named function, enforced once the model's call
+// format is known: r->params.grammar becomes a grammar of answers that are
+// only calls (one when r->one_call, else one or more), written as `format`
+// writes them and ParseToolCalls reads them back, each naming one of
+// r->forced_tools with arguments that follow its parameters schema (any
+// JSON object where it has none):
+//   kHermes   <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>,
+//             "\n" between calls
+//   kLlama3   {"name": "f", "parameters": {...}}, "\n" between calls
+//             (no <|python_tag|>)
+//   kMistral  [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...] (the
+//             JSON form, also for v11 tekken models; the ids made up)
+// A control token ([TOOL_CALLS] of Mistral's vocabulary) is never sampled
+// under a grammar: its text is written in plain pieces. Nothing to enforce:
+// OK, the request unchanged. InvalidArgument for kNone (the template writes
+// no tools) and for a parameters schema the grammar cannot follow (naming
+// its field).
+absl::Status EnforceToolChoice(tokenizer::ToolCallFormat format, ChatRequest* r);
 
 // Python's json.dumps(x, ensure_ascii=False) of a JSON value (", " and ": "
 // separators, keys in the order given): what Jinja's tojson writes into a
@@ -170,7 +203,9 @@ class ToolCallHoldback {
 // {"type": "message", role, content}; content a string or input_text /
 // output_text parts), `instructions` a system message before them,
 // `max_output_tokens`, the sampling fields above, function `tools` (flat:
-// {"type": "function", "name", ...}) and `tool_choice`, and function_call /
+// {"type": "function", "name", ...}), `tool_choice` (a named function flat:
+// {"type": "function", "name"}) and `parallel_tool_calls`, as chat's (so
+// also forced_tools), and function_call /
 // function_call_output input items (a call joins the assistant message
 // before it; an output is a tool result). Other items (images, reasoning)
 // are refused, naming the item.

@@ -788,5 +788,138 @@ TEST_CASE("structured output errors name the field and the grammar engine's mess
   CHECK(std::string(c.status().message()).find("'grammar' is not usable: ") == 0);
 }
 
+
+// tool_choice "required" and a named function (issue 32) are enforced by a
+// grammar of the model's calls: what it accepts, ParseToolCalls reads back
+// as calls of the offered tools, with arguments that follow their schemas.
+using tokenizer::ToolCallFormat;
+
+const std::string kForcedTools = R"("messages": [{"role": "user", "content": "x"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}},
+              {"type": "function", "function": {"name": "get_time"}}])";
+
+// The chat request of kForcedTools and `extra`, its tool_choice enforced for `format`.
+ChatRequest Forced(const std::string& extra, ToolCallFormat format = ToolCallFormat::kHermes) {
+  absl::StatusOr<ChatRequest> r = ParseChatRequest("{" + kForcedTools + ", " + extra + "}");
+  REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+  const absl::Status st = EnforceToolChoice(format, &*r);
+  REQUIRE_MESSAGE(st.ok(), st.ToString());
+  return *std::move(r);
+}
+
+// Whether the grammar accepts `text`, and then that it parses back into `calls` (names and arguments).
+bool AcceptsCalls(const ChatRequest& r, ToolCallFormat format, const std::string& text,
+                  const std::vector<ParsedToolCall>& calls) {
+  if (!Accepts(r.params, text)) return false;
+  const ParsedAnswer a = ParseToolCalls(text, format);
+  CHECK(a.content.empty());
+  REQUIRE(a.calls.size() == calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    CHECK(a.calls[i].name == calls[i].name);
+    CHECK(a.calls[i].arguments == calls[i].arguments);
+  }
+  return true;
+}
+
+TEST_CASE("tool_choice required and named: a grammar of the model's calls") {
+  const std::vector<ParsedToolCall> weather = {{"get_weather", R"({"city":"Paris","days":2})"}};
+  const std::vector<ParsedToolCall> both = {{"get_weather", R"({"city":"Oslo"})"}, {"get_time", "{}"}};
+  const std::string hermes_weather =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>";
+  const std::string hermes_both =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+  ChatRequest r = Forced(R"("tool_choice": "required")");
+  CHECK(r.tools.size() == 2);
+  CHECK(AcceptsCalls(r, ToolCallFormat::kHermes, hermes_weather, weather));
+  CHECK(AcceptsCalls(r, ToolCallFormat::kHermes, hermes_both, both));
+  CHECK(!Accepts(r.params, "Sure, let me look."));  // no call
+  CHECK(!Accepts(r.params, ""));
+  CHECK(!Accepts(r.params, "<tool_call>\n{\"name\": \"get_news\", \"arguments\": {}}\n</tool_call>"));
+  CHECK(!Accepts(r.params, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"));
+  CHECK(!Accepts(r.params,  // days must be an integer
+                 "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"P\", \"days\": \"2\"}}\n</tool_call>"));
+  CHECK(!Accepts(r.params, hermes_weather + "\nDone."));
+
+  // parallel_tool_calls false, and a named function: exactly one call.
+  r = Forced(R"("tool_choice": "required", "parallel_tool_calls": false)");
+  CHECK(AcceptsCalls(r, ToolCallFormat::kHermes, hermes_weather, weather));
+  CHECK(!Accepts(r.params, hermes_both));
+  r = Forced(R"("tool_choice": {"type": "function", "function": {"name": "get_time"}})");
+  CHECK(r.tools.size() == 1);
+  CHECK(AcceptsCalls(r, ToolCallFormat::kHermes, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": [1]}}\n</tool_call>",
+                     {{"get_time", R"({"tz":[1]})"}}));
+  CHECK(!Accepts(r.params, hermes_weather));
+  CHECK(!Accepts(r.params, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": []}\n</tool_call>"));
+
+  // Llama 3.1's and Mistral's forms.
+  r = Forced(R"("tool_choice": "required")", ToolCallFormat::kLlama3);
+  CHECK(AcceptsCalls(r, ToolCallFormat::kLlama3, R"({"name": "get_weather", "parameters": {"city": "Paris", "days": 2}})",
+                     weather));
+  CHECK(AcceptsCalls(r, ToolCallFormat::kLlama3,
+                     "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}\n{\"name\": \"get_time\", \"parameters\": {}}",
+                     both));
+  CHECK(!Accepts(r.params, R"({"name": "get_weather", "arguments": {"city": "Paris"}})"));
+  r = Forced(R"("tool_choice": "required")", ToolCallFormat::kMistral);
+  CHECK(AcceptsCalls(r, ToolCallFormat::kMistral,
+                     R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}])",
+                     both));
+  CHECK(!Accepts(r.params, R"([TOOL_CALLS][])"));
+  CHECK(!Accepts(r.params, R"({"name": "get_time", "arguments": {}})"));
+
+  // The Responses API's flat named choice.
+  auto resp = ParseResponsesRequest(R"({"input": "x", "tools": [{"type": "function", "name": "a"},
+      {"type": "function", "name": "b", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                                         "required": ["n"]}}],
+      "tool_choice": {"type": "function", "name": "b"}})");
+  REQUIRE_MESSAGE(resp.ok(), resp.status().ToString());
+  REQUIRE(EnforceToolChoice(ToolCallFormat::kHermes, &*resp).ok());
+  CHECK(AcceptsCalls(*resp, ToolCallFormat::kHermes, "<tool_call>\n{\"name\": \"b\", \"arguments\": {\"n\": 7}}\n</tool_call>",
+                     {{"b", R"({"n":7})"}}));
+  CHECK(!Accepts(resp->params, "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>"));
+}
+
+TEST_CASE("tool_choice auto and none: no grammar; required without a way to call: a 400") {
+  for (const char* choice : {R"("tool_choice": "auto")", R"("tool_choice": "none")", R"("parallel_tool_calls": false)"}) {
+    INFO(choice);
+    const ChatRequest r = Forced(choice);
+    CHECK(r.forced_tools.empty());
+    CHECK(r.params.grammar == nullptr);
+  }
+  // auto with response_format: its grammar, as before.
+  CHECK(Forced(R"("tool_choice": "auto", "response_format": {"type": "json_object"})").params.grammar != nullptr);
+  // A template with no tool format: nothing to enforce for auto; required is refused.
+  ChatRequest none = *ParseChatRequest("{" + kForcedTools + R"(, "tool_choice": "auto"})");
+  CHECK(EnforceToolChoice(ToolCallFormat::kNone, &none).ok());
+  ChatRequest req = *ParseChatRequest("{" + kForcedTools + R"(, "tool_choice": "required"})");
+  const absl::Status no_format = EnforceToolChoice(ToolCallFormat::kNone, &req);
+  CHECK(no_format.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(no_format.message()).find("chat template writes no tools") != std::string::npos);
+  CHECK(req.params.grammar == nullptr);
+
+  auto err = [](const std::string& extra) { return ErrorOf("{" + kForcedTools + ", " + extra + "}"); };
+  CHECK(err(R"("tool_choice": "required", "response_format": {"type": "json_object"})") ==
+        "'tool_choice' forces a tool call (a grammar of calls), and 'response_format' constrains the answer too: "
+        "give one");
+  CHECK(err(R"("tool_choice": {"type": "function", "function": {"name": "get_time"}}, "grammar": "root ::= \"a\"")")
+            .find("and 'grammar' constrains the answer too") != std::string::npos);
+  CHECK(err(R"("tool_choice": "required", "parallel_tool_calls": 1)") == "'parallel_tool_calls' must be true or false");
+  CHECK(ErrorOf(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})") ==
+        "'tool_choice' forces a tool call, but no 'tools' are given");
+  CHECK(ErrorOf(R"({"messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "required"})") ==
+        "'tool_choice' is \"required\", but 'tools' is empty");
+  auto resp = ParseResponsesRequest(R"({"input": "x", "tools": [{"type": "function", "name": "a"}],
+      "tool_choice": "required", "text": {"format": {"type": "json_object"}}})");
+  REQUIRE(!resp.ok());
+  CHECK(std::string(resp.status().message()).find("'text.format' constrains the answer too") != std::string::npos);
+  // A parameters schema the grammar cannot follow: named when enforced.
+  ChatRequest bad = *ParseChatRequest(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+      "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "string", "pattern": "^a"}}}]})");
+  const absl::Status st = EnforceToolChoice(ToolCallFormat::kHermes, &bad);
+  CHECK(std::string(st.message()).find("'tools[0].function.parameters' is not usable: ") == 0);
+  CHECK(std::string(st.message()).find("pattern") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace dpl::server

@@ -19,6 +19,7 @@
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/matcher.h"
 #include "runtime/server/cpu_engine.h"
+#include "runtime/server/openai_api.h"
 #include "runtime/server/scheduler.h"
 #include "runtime/tokenizer/tokenizer.h"
 #include "tests/shared_dir.h"
@@ -578,6 +579,66 @@ TEST_CASE("a grammar cut by max_tokens: a prefix the grammar accepts") {
   const Result got = Collect(**s.Submit(std::move(r)));
   CHECK((got.text == "yes" || got.text == "no" || got.text == "maybe"));
   CHECK(got.final.finish == FinishReason::kStop);
+}
+
+// tool_choice "required" and a named function (issue 32): the grammar of
+// calls that openai_api's EnforceToolChoice builds, in each tool-call
+// format. Whatever the model prefers, the answer parses back into one call
+// (parallel_tool_calls false) of an offered tool, whose arguments have the
+// schema's required keys and types, and nothing else; it ends by itself (the
+// API then says finish_reason "tool_calls"). No strings in the schemas:
+// every value is bounded.
+void CheckArguments(const ParsedToolCall& call) {
+  INFO(call.arguments);
+  const nlohmann::json args = nlohmann::json::parse(call.arguments, nullptr, false);
+  REQUIRE(args.is_object());
+  if (call.name == "get_time") {
+    CHECK(args.size() == 1);
+    CHECK(args.at("utc").is_boolean());
+    return;
+  }
+  REQUIRE(call.name == "set_light");
+  CHECK(args.at("on").is_boolean());
+  CHECK((args.at("color") == "red" || args.at("color") == "green"));
+  if (args.contains("level")) CHECK(args.at("level").is_number_integer());
+  CHECK(args.size() == (args.contains("level") ? 3u : 2u));
+}
+
+TEST_CASE("tool_choice required or named: the answer is one call of an offered tool, its arguments valid") {
+  VocabFixture f(2);
+  Scheduler s(*f.engine, *f.tok, {});
+  const std::string body = R"({"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": false,
+      "tools": [{"type": "function", "function": {"name": "set_light", "parameters": {"type": "object",
+                   "properties": {"on": {"type": "boolean"}, "level": {"type": "integer"},
+                                  "color": {"enum": ["red", "green"]}}, "required": ["on", "color"]}}},
+                {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+                   "properties": {"utc": {"type": "boolean"}}, "required": ["utc"]}}}], )";
+  using tokenizer::ToolCallFormat;
+  for (ToolCallFormat format : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3, ToolCallFormat::kMistral}) {
+    for (const char* choice : {R"("tool_choice": "required"})",
+                               R"("tool_choice": {"type": "function", "function": {"name": "get_time"}}})"}) {
+      absl::StatusOr<ChatRequest> r = ParseChatRequest(body + choice);
+      REQUIRE_MESSAGE(r.ok(), r.status().ToString());
+      REQUIRE(EnforceToolChoice(format, &*r).ok());
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (uint64_t seed : {1, 2}) {
+        GenerationRequest g = Sampled({9707, 11, 1879, 0}, 240, seed);
+        g.grammar = r->params.grammar;
+        streams.push_back(*s.Submit(std::move(g)));
+      }
+      for (auto& st : streams) {
+        const Result got = Collect(*st);
+        INFO(tokenizer::ToolCallFormatName(format), " ", std::string(choice), ": ", got.text);
+        REQUIRE(got.final.error.ok());
+        CHECK(got.final.finish == FinishReason::kStop);
+        const ParsedAnswer a = ParseToolCalls(got.text, format);
+        CHECK(a.content.empty());
+        REQUIRE(a.calls.size() == 1);
+        if (r->one_call && r->forced_tools.size() == 1) CHECK(a.calls[0].name == "get_time");
+        CheckArguments(a.calls[0]);
+      }
+    }
+  }
 }
 
 // An engine without structured output (the CUDA engine's case): the
