@@ -3,14 +3,13 @@
 # ../shared (its real vocabulary and ChatML template): /health while loading
 # and after, curl streaming and not, every hostile request with its status,
 # several clients at once, a full queue (503), killed clients freeing their
-# slots, the official npm openai client, and SIGTERM with a stream open
+# slots, and SIGTERM with a stream open
 # (the stream ends with [DONE], exit status 0); tools with Qwen's template
 # and, through --chat-template-file, Llama 3.1's and Mistral Nemo's
 # (tests/templates).
 set -u
 repo=$(cd "$(dirname "$(readlink -f tests/shared_anchor.txt)")/.." && pwd)
 shared=${DPL_SHARED_DIR:-$(cd "$repo/.." && pwd)/shared}
-node_modules=${DPL_SERVER_TEST_NODE_MODULES:-$repo/tools/server-test/node_modules}
 server=runtime/dpl-server
 model="$shared/oracle/tiny-qwen2-vocab-q4km.gguf"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -290,17 +289,8 @@ for h in time_to_first_token_seconds time_per_output_token_seconds e2e_request_l
     bad "/metrics $h: +Inf $inf, count $count"
 done
 
-# The official OpenAI client library.
-if [[ -f $node_modules/openai/package.json ]]; then
-  NODE_PATH="$node_modules" node "$repo/tools/server-test/openai_client.js" "$url/v1" "$key" \
-    tiny-qwen2-vocab-q4km.gguf >"$tmp/node.out" 2>&1
-  rc=$?
-  cat "$tmp/node.out"
-  fails=$((fails + $(grep -c '^FAIL' "$tmp/node.out")))
-  [[ $rc == 0 ]] || bad "node openai client exit $rc"
-else
-  bad "no npm openai client in $node_modules (tools/setup.sh installs it)"
-fi
+# The npm clients (openai, AI SDK, LangChain) are tests of their own:
+# tests/server_client_test.sh.
 
 # The curl load script (the GPU machine has no Node): 3 streams on 2 slots,
 # every stream its 6 tokens, the aggregate counts all 18.

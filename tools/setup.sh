@@ -15,7 +15,7 @@ packages=(
   libboost1.81-dev     # dpl-server's HTTP transport (Boost.Beast and Asio, header-only)
   zlib1g-dev           # gzip and deflate request bodies (linked statically)
   curl                 # tests/server_e2e_test
-  nodejs               # (and its npm) tests/server_e2e_test drives dpl-server with the npm openai client
+  nodejs               # (and its npm; 20 or later) tests/server_*_client_test drive dpl-server with npm clients
   clang                # libFuzzer targets (formats/fuzz)
   libclang-rt-14-dev   # libFuzzer and sanitizer runtimes
 )
@@ -33,12 +33,25 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The official OpenAI client (npm "openai", pinned by package-lock.json) for
-# tests/server_e2e_test, into the git-ignored tools/server-test/node_modules.
+# The npm clients of tests/server_*_client_test (openai, Vercel's AI SDK,
+# LangChain JS, zod; exact versions in package.json, the whole tree pinned by
+# package-lock.json), into the git-ignored tools/server-test/node_modules:
+# npm ci whenever the lock file differs from the one last installed (a copy
+# kept in node_modules), so a stale tree is replaced. They need Node 20 or
+# later (Debian 12's nodejs is 18: install a newer one, e.g. NodeSource's).
 server_test="$(cd "$(dirname "$0")" && pwd)/server-test"
-if [[ ! -f $server_test/node_modules/openai/package.json ]]; then
-  echo "setup: installing the npm openai client into tools/server-test/node_modules"
-  (cd "$server_test" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if ((node_major < 20)); then
+  echo "setup: error: the npm clients of tests/server_*_client_test need Node 20 or later; found $(node --version 2>/dev/null || echo none)" >&2
+  exit 1
+fi
+if ! cmp -s "$server_test/package-lock.json" "$server_test/node_modules/.dpl-package-lock.json"; then
+  echo "setup: installing the npm clients (package-lock.json) into tools/server-test/node_modules"
+  if ! (cd "$server_test" && npm ci --no-audit --no-fund --loglevel=error >/dev/null); then
+    echo "setup: error: npm ci in tools/server-test failed (is npm's registry reachable?); the server client tests need it" >&2
+    exit 1
+  fi
+  cp "$server_test/package-lock.json" "$server_test/node_modules/.dpl-package-lock.json"
 fi
 
 if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then

@@ -1,22 +1,20 @@
 // Drives a running dpl-server with the official OpenAI client library (npm
-// "openai"), as an application would: chat and completions, streaming and
-// not, usage, any model name, and the errors the client raises for a bad field and a bad key.
+// "openai" 6), as an application would: chat and completions, streaming and
+// not, usage, tools with tool_choice "required" (arguments that validate
+// against the tool's schema) and a tool result continuing the conversation,
+// response_format json_schema (an answer that validates), the Responses API,
+// any model name, and the errors the client raises for a bad field and a bad key.
 //   node openai_client.js BASE_URL API_KEY MODEL
 // Prints "ok   NAME" / "FAIL NAME" lines; exits 1 on any failure.
 'use strict';
 const OpenAI = require('openai');
+const { harness, lightArgs, record, z } = require('./harness');
 
 const [baseURL, apiKey, model] = process.argv.slice(2);
-let fails = 0;
-const ok = (name) => console.log(`ok   openai client: ${name}`);
-const bad = (name, why) => { console.log(`FAIL openai client: ${name}: ${why}`); fails++; };
-async function check(name, fn) {
-  try { await fn(); ok(name); } catch (e) { bad(name, e && e.stack ? e.stack : e); }
-}
-function expect(cond, what) { if (!cond) throw new Error(what); }
+const { check, expect, run, fetch } = harness('openai client');
 
 async function main() {
-  const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60000 });
+  const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60000, fetch });
   const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hello' }];
 
   await check('chat.completions.create', async () => {
@@ -90,6 +88,77 @@ async function main() {
     expect(last.response.output[0].content[0].text === text, `${JSON.stringify(last.response)} vs ${text}`);
   });
 
+  // Tools: the schema is zod's own JSON schema of lightArgs.
+  const tools = [{
+    type: 'function',
+    function: { name: 'set_light', description: 'Switches the light', parameters: z.toJSONSchema(lightArgs) },
+  }];
+  const ask = [{ role: 'user', content: 'Turn the light on, red.' }];
+  let call = null;
+  await check('tools with tool_choice "required": a call whose arguments validate', async () => {
+    const r = await client.chat.completions.create({
+      model, messages: ask, tools, tool_choice: 'required', parallel_tool_calls: false, temperature: 0, max_tokens: 64,
+    });
+    const c = r.choices[0];
+    expect(c.finish_reason === 'tool_calls', `finish ${c.finish_reason}`);
+    expect(c.message.tool_calls && c.message.tool_calls.length === 1, JSON.stringify(c.message));
+    call = c.message.tool_calls[0];
+    expect(call.type === 'function' && call.function.name === 'set_light', JSON.stringify(call));
+    expect(typeof call.id === 'string' && call.id.length > 0, `id ${call.id}`);
+    lightArgs.strict().parse(JSON.parse(call.function.arguments));
+  });
+
+  await check('a tool message with tool_call_id continues the conversation', async () => {
+    expect(call, 'no call from the check before');
+    const r = await client.chat.completions.create({
+      model, temperature: 0, max_tokens: 4, tools,
+      messages: [...ask, { role: 'assistant', content: null, tool_calls: [call] },
+        { role: 'tool', tool_call_id: call.id, content: 'done' }],
+    });
+    const c = r.choices[0];
+    expect(['stop', 'length', 'tool_calls'].includes(c.finish_reason), `finish ${c.finish_reason}`);
+    expect(c.message.role === 'assistant' && r.usage.prompt_tokens > 0, JSON.stringify(r));
+  });
+
+  await check('tools, streamed with tool_choice "required": the call assembles from its deltas', async () => {
+    const stream = await client.chat.completions.create({
+      model, messages: ask, tools, tool_choice: 'required', parallel_tool_calls: false, temperature: 0, max_tokens: 64,
+      stream: true,
+    });
+    let name = '', args = '', finish = null;
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) {
+        for (const t of (c.delta && c.delta.tool_calls) || []) {
+          if (t.function && t.function.name) name += t.function.name;
+          if (t.function && t.function.arguments) args += t.function.arguments;
+        }
+        if (c.finish_reason) finish = c.finish_reason;
+      }
+    }
+    expect(finish === 'tool_calls' && name === 'set_light', `finish ${finish}, name ${name}`);
+    lightArgs.strict().parse(JSON.parse(args));
+  });
+
+  await check('response_format json_schema: the answer validates', async () => {
+    const r = await client.chat.completions.create({
+      model, messages: [{ role: 'user', content: 'A record, please.' }], temperature: 0, max_tokens: 96,
+      response_format: { type: 'json_schema', json_schema: { name: 'record', strict: true, schema: z.toJSONSchema(record) } },
+    });
+    const c = r.choices[0];
+    expect(c.finish_reason === 'stop', `finish ${c.finish_reason}: ${c.message.content}`);
+    record.strict().parse(JSON.parse(c.message.content));
+  });
+
+  await check('responses.create with a function tool and tool_choice "required"', async () => {
+    const r = await client.responses.create({
+      model, input: 'Turn the light on, red.', temperature: 0, max_output_tokens: 64, tool_choice: 'required',
+      tools: [{ type: 'function', name: 'set_light', parameters: z.toJSONSchema(lightArgs), strict: true }],
+    });
+    const calls = r.output.filter((o) => o.type === 'function_call');
+    expect(calls.length >= 1 && calls[0].name === 'set_light' && calls[0].call_id, JSON.stringify(r.output));
+    lightArgs.strict().parse(JSON.parse(calls[0].arguments));
+  });
+
   await check("any model name is served (a client's own default)", async () => {
     const r = await client.chat.completions.create({ model: 'gpt-4o-mini', messages, max_tokens: 1 });
     expect(r.model === model && r.choices.length === 1, JSON.stringify(r));
@@ -117,4 +186,4 @@ async function main() {
   });
 }
 
-main().then(() => process.exit(fails ? 1 : 0), (e) => { console.log(`FAIL openai client: ${e}`); process.exit(1); });
+run(main);
