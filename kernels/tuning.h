@@ -94,26 +94,29 @@ struct DecodeTuning {
   int mma_f16_min_tokens = 9;
   int mma_f16_min_tokens_q6k = 9;
   // CTAs a SM of the f16 form up to 16 tokens: 2 (whole-block stages, three
-  // or four of them), 3 (whole-block stages, two) or 4 (half-block stages,
-  // registers capped at 128), taken only by launches of more CTAs than two
-  // a SM hold (MatVecPlan::mma_f16_small_min_grid). Why more might pay: ncu
-  // of 7B ffn_down q4_K at 16 tokens on an H100 (docs/PERF.md, "Where a
-  // mid-size f16-form product waits"): 2 CTAs a SM, 8 warps, 4.4 cycles
-  // between a warp's instructions. Why only big grids: on every launch, 3
-  // won in matvec_bench (7B gate/up at 16 tokens 30.7 -> 25.7 us, others
-  // level) and under ncu (each f16 launch of a 16-row step 0-13% faster)
-  // but lost in the captured step, 4,083 -> 3,804 t/s at 16 sequences
-  // (with PDL off it won: 3,926 -> 3,987). The guess, not yet measured: a
-  // launch that starts early beside the previous kernel packs its CTAs
-  // three a SM onto the SMs free first, where two a SM would have spread a
-  // grid of under two waves. dpl-bench and matvec_bench take DPL_F16_CTAS.
-  int mma_f16_small_ctas_per_sm = 2;
+  // or four of them), 3 (whole-block stages, two: the same bits) or 4
+  // (half-block stages, registers capped at 128), taken only by launches of
+  // more CTAs than two a SM hold (MatVecPlan::mma_f16_small_min_grid: 7B's
+  // gate/up). Measured on an H100 (docs/PERF.md, "Three or four f16-form
+  // CTAs a SM up to 16 tokens"): on every launch, 3 won in matvec_bench
+  // (gate/up at 16 tokens 30.7 -> 25.7 us, the others level) and under ncu
+  // (0-13% a launch) but lost in the captured step, 4,083 -> 3,804 t/s at
+  // 16 sequences (with PDL off it won: 3,926 -> 3,987); on the big grids
+  // only, dpl-bench 7B, two calls, 12 / 16 sequences +1.1-1.7%
+  // (4,108 -> 4,176; 4,077-4,100 -> 4,144-4,147), 32 and 64 level; 4 lost
+  // everywhere. dpl-bench and matvec_bench take DPL_F16_CTAS.
+  int mma_f16_small_ctas_per_sm = 3;
   // The f16 form's k splits added inside thread block clusters of a row
   // tile's CTAs (MmaF16Options::cluster_sum: the same bits, no second
-  // launch); false: partials through global memory and MmaSumSplits. Not
-  // yet measured on a GPU: false until it is. dpl-bench and matvec_bench
-  // take DPL_F16_CLUSTER.
-  // 0: never; 1: launches whose CTAs fit one wave; 2: every split launch.
+  // launch) instead of partials through global memory and MmaSumSplits.
+  // 0: never; 1: launches of more CTAs than one wave holds (7B's gate/up);
+  // 2: every split launch. Measured on an H100 (docs/PERF.md, "The f16
+  // form's k splits summed inside clusters"): every product gained alone,
+  // but in the step clusters on the one-wave launches lost 3-7% at 12-64
+  // sequences, and on every split launch (with 3 CTAs a SM) won at 12, 16
+  // and 64 (+2.6%, +2.6%, +3.5%) and lost 6.5% at 32; 1 is the rule those
+  // numbers point to, not yet measured. 0 until a rule wins everywhere.
+  // dpl-bench and matvec_bench take DPL_F16_CLUSTER.
   int mma_f16_cluster_sum = 0;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a

@@ -285,7 +285,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     o.ctas_per_sm = blocks * splits >= plan.mma_f16_small_min_grid ? plan.mma_f16_small_ctas : 2;
     o.cluster_sum = plan.mma_f16_cluster_sum == 2 ||
                     (plan.mma_f16_cluster_sum == 1 &&
-                     blocks * splits <= int64_t{o.ctas_per_sm} * plan.num_sms);
+                     blocks * splits > int64_t{o.ctas_per_sm} * plan.num_sms);
     return Annotate(LaunchMatVecMmaF16(kernel, a, blocks, plan.pdl, stream, o), what);
   }
   if (mma) return Annotate(LaunchMatVecMma(kernel, a, blocks, plan.pdl, stream), what);

@@ -537,7 +537,7 @@ __device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
 // part's rows 128 (y - row_block0) .. +127 and the W::kCols-column stages
 // [ns z / splits, ns (z + 1) / splits) (none for some splits of a short
 // row: their partials are zeros).
-template <class W, int NT, int kCtas>
+template <class W, int NT, int kCtas, bool kCluster>
 __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
   constexpr int T = 8 * NT, kS = StagesFor<W, NT, kCtas>();
   static_assert(kS >= 2, "a stage in flight while one is multiplied");
@@ -594,9 +594,11 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
     WgmmaWait<0>();
   }
   // Thread (g, t) holds rows TileRow(warp, i, g, 0 / 1) x tokens 8n + 2t, + 1.
-  if (P.splits > 1 && ClusterCtas() == P.splits) {
-    ClusterSum<W, NT>(a, P, row0, z, warp, g, t, acc, smem);
-    return;
+  if constexpr (kCluster) {
+    if (P.splits > 1 && ClusterCtas() == P.splits) {
+      ClusterSum<W, NT>(a, P, row0, z, warp, g, t, acc, smem);
+      return;
+    }
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -623,13 +625,27 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
 
 // The kernels: two CTAs a SM with the launch bounds the form was tuned
 // with (no minimum), more with that minimum (which caps the registers).
-template <class W, int NT>
+// kCluster: the k-split sum inside the cluster (ClusterSum), compiled only
+// into the kernels launched as clusters. Why: compiled into every kernel
+// (a branch on the cluster's size) it cost the 64-token q4_K kernel 4
+// registers and the 64-sequence step 0.6% with clusters off (7B, H100:
+// 10,265 -> 10,208 t/s); without it the kernels have their former
+// register counts again (ptxas).
+template <class W, int NT, bool kCluster>
 __global__ void __launch_bounds__(kThreads) MatVecMmaF16Kernel(const MatVecArgs a) {
-  MatVecMmaF16Body<W, NT, 2>(a);
+  MatVecMmaF16Body<W, NT, 2, kCluster>(a);
 }
-template <class W, int NT, int kCtas>
+template <class W, int NT, int kCtas, bool kCluster>
 __global__ void __launch_bounds__(kThreads, kCtas) MatVecMmaF16KernelCtas(const MatVecArgs a) {
-  MatVecMmaF16Body<W, NT, kCtas>(a);
+  MatVecMmaF16Body<W, NT, kCtas, kCluster>(a);
+}
+
+template <auto kKernel>
+absl::Status LaunchOne(const MatVecArgs& args, int64_t grid_y, int splits, int cluster_z, int smem,
+                       bool pdl, cudaStream_t stream) {
+  DPL_RETURN_IF_ERROR((OptInSharedMemory<kKernel>(smem)));
+  return LaunchClusterKernel(kKernel, dim3(1, static_cast<unsigned>(grid_y), splits),
+                             dim3(kThreads), dim3(1, 1, cluster_z), smem, stream, pdl, args);
 }
 
 template <class W, int NT, int kCtas = 2>
@@ -641,17 +657,19 @@ absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl
                                             8 * NT, "-token tile"));
   }
   constexpr int kSmem = StagesFor<W, NT, kCtas>() * static_cast<int>(sizeof(Stage<W, 8 * NT>));
-  constexpr auto kKernel = [] {
-    if constexpr (kCtas == 2) {
-      return MatVecMmaF16Kernel<W, NT>;
-    } else {
-      return MatVecMmaF16KernelCtas<W, NT, kCtas>;
+  if constexpr (kCtas == 2) {
+    if (cluster_sum) {
+      return LaunchOne<MatVecMmaF16Kernel<W, NT, true>>(args, grid_y, splits, splits, kSmem, pdl, stream);
     }
-  }();
-  DPL_RETURN_IF_ERROR((OptInSharedMemory<kKernel>(kSmem)));
-  return LaunchClusterKernel(kKernel, dim3(1, static_cast<unsigned>(grid_y), splits),
-                             dim3(kThreads), dim3(1, 1, cluster_sum ? splits : 1), kSmem, stream,
-                             pdl, args);
+    return LaunchOne<MatVecMmaF16Kernel<W, NT, false>>(args, grid_y, splits, 1, kSmem, pdl, stream);
+  } else {
+    if (cluster_sum) {
+      return LaunchOne<MatVecMmaF16KernelCtas<W, NT, kCtas, true>>(args, grid_y, splits, splits, kSmem,
+                                                                    pdl, stream);
+    }
+    return LaunchOne<MatVecMmaF16KernelCtas<W, NT, kCtas, false>>(args, grid_y, splits, 1, kSmem, pdl,
+                                                                   stream);
+  }
 }
 
 // Whole-block stages where two CTAs a SM still fit them: every token count

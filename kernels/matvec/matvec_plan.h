@@ -67,7 +67,7 @@ struct MatVecPlan {
   int mma_f16_small_ctas = 2;
   int64_t mma_f16_small_min_grid = 0;
   // The f16 form's k splits summed in clusters (DecodeTuning::mma_f16_cluster_sum):
-  // 0 never, 1 launches of at most one wave (num_sms x their CTAs a SM), 2 always.
+  // 0 never, 1 launches of more than one wave (num_sms x their CTAs a SM), 2 always.
   int mma_f16_cluster_sum = 0;
   int num_sms = 0;
 };
