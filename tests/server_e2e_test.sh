@@ -125,6 +125,77 @@ expect 200 "chat, streamed" -N "$C" -d "$(chat ',"max_tokens":3,"stream":true')"
 if [[ $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && grep -q '"chat.completion.chunk"' "$tmp/body" &&
    grep -q '"finish_reason":"length"' "$tmp/body"; then ok "SSE chunks end with data: [DONE]"
 else bad "SSE stream: $(cat "$tmp/body")"; fi
+# Logprobs (issue 32). Echo scoring: the prompt's tokens, each (but the
+# first, null) scored from the logits before it, against the CPU reference's
+# own logits of the same ids through dpl-run (log-softmax computed here).
+ids=$(tr -d ' \n' <"$shared/oracle/tiny-qwen2-vocab-q4km.tokens" | cut -d, -f1-12)
+expect 200 "completions, echo + logprobs 1 + max_tokens 0" "$url/v1/completions" -d "{\"prompt\":[$ids],\"echo\":true,\"logprobs\":1,\"max_tokens\":0}"
+cp "$tmp/body" "$tmp/echo.json"
+if runtime/dpl-run -m "$model" --device cpu -c 256 -t 2 --tokens "$ids" --all-logits --dump-logits "$tmp/echo.f32" >/dev/null 2>&1 &&
+   python3 -c '
+import array, json, math, sys
+b = json.load(open(sys.argv[1]))
+ids = [int(x) for x in sys.argv[3].split(",")]
+c = b["choices"][0]
+assert c["finish_reason"] == "length" and b["usage"]["completion_tokens"] == 0, b
+lp = c["logprobs"]
+assert len(lp["tokens"]) == len(ids) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]), lp
+assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None, lp
+assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"]), lp["text_offset"]
+assert c["text"] == "".join(lp["tokens"]), (c["text"], lp["tokens"])
+logits = array.array("f")
+logits.frombytes(open(sys.argv[2], "rb").read())
+n = len(logits) // len(ids)
+for i in range(1, len(ids)):
+    row = logits[(i - 1) * n:i * n]
+    m = max(row)
+    lse = m + math.log(math.fsum(math.exp(x - m) for x in row))
+    want = row[ids[i]] - lse
+    got = lp["token_logprobs"][i]
+    assert abs(got - want) < 1e-3, (i, got, want)
+    top = lp["top_logprobs"][i]
+    assert len(top) == 1 and abs(list(top.values())[0] - (m - lse)) < 1e-3, (i, top, m - lse)
+' "$tmp/echo.json" "$tmp/echo.f32" "$ids" 2>"$tmp/py.err"; then ok "echo scoring: $(echo "$ids" | tr ',' '\n' | wc -l) entries, the first null, the rest the CPU reference's"
+else bad "echo scoring: $(head -c 600 "$tmp/py.err") $(head -c 600 "$tmp/echo.json")"; fi
+# Chat: every generated token with its top 3; top_logprobs alone is a 400.
+expect 200 "chat with logprobs and top_logprobs 3" "$C" -d "$(chat ',"max_tokens":3,"ignore_eos":true,"logprobs":true,"top_logprobs":3')"
+if python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1]))["choices"][0]
+content = c["logprobs"]["content"]
+assert len(content) == 3, content
+for e in content:
+    assert isinstance(e["token"], str) and isinstance(e["bytes"], list) and e["logprob"] <= 0, e
+    top = e["top_logprobs"]
+    assert len(top) == 3 and top[0]["logprob"] >= top[1]["logprob"] >= top[2]["logprob"], top
+    assert top[0]["token"] == e["token"] and top[0]["logprob"] == e["logprob"], e  # greedy
+assert "".join(e["token"] for e in content) == c["message"]["content"], c
+' "$tmp/body" 2>"$tmp/py.err"; then ok "chat logprobs: 3 entries with their top 3, greedy picks the top"
+else bad "chat logprobs: $(head -c 300 "$tmp/py.err") $(head -c 600 "$tmp/body")"; fi
+expect 400 "top_logprobs without logprobs" "$C" -d "$(chat ',"max_tokens":2,"top_logprobs":2')"
+expect 200 "chat logprobs, streamed" -N "$C" -d "$(chat ',"max_tokens":3,"ignore_eos":true,"logprobs":true,"stream":true')"
+n_lp=$(grep -o '"logprobs":{"content":\[{' "$tmp/body" | wc -l)
+[[ $n_lp -ge 1 && $(tail -c 20 "$tmp/body") == *'data: [DONE]'* ]] && ok "chat logprobs streamed: $n_lp chunks carry them" ||
+  bad "chat logprobs streamed: $(head -c 600 "$tmp/body")"
+expect 200 "completions echo + logprobs 2, streamed" -N "$url/v1/completions" -d '{"prompt":"Once upon","max_tokens":2,"ignore_eos":true,"echo":true,"logprobs":2,"stream":true}'
+if python3 -c '
+import json, sys
+chunks = [json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: {")]
+lps = [c["choices"][0]["logprobs"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]]
+assert chunks[0]["choices"][0]["text"].startswith("Once upon"), chunks[0]
+first = lps[0]
+assert first["token_logprobs"][0] is None and "".join(first["tokens"]) == "Once upon", first
+gen = [t for l in lps[1:] for t in l["token_logprobs"]]
+assert len(gen) == 2 and all(t <= 0 for t in gen), lps
+assert all(len(l["top_logprobs"][-1]) == 2 for l in lps[1:]), lps
+offsets = [o for l in lps for o in l["text_offset"]]
+assert offsets == sorted(offsets) and offsets[len(first["tokens"])] == len("Once upon"), offsets
+' "$tmp/body" 2>"$tmp/py.err"; then ok "completions echo streamed: the prompt entries first, then one per token"
+else bad "completions echo streamed: $(head -c 300 "$tmp/py.err") $(head -c 900 "$tmp/body")"; fi
+expect 200 "completions echo without logprobs" "$url/v1/completions" -d '{"prompt":"Once upon","max_tokens":0,"echo":true}'
+body_has "echo: the prompt's text" '"text":"Once upon"'
+expect 200 "completions max_tokens 0 without echo" "$url/v1/completions" -d '{"prompt":"Once upon","max_tokens":0}'
+body_has "max_tokens 0: an empty completion" '"text":""'
 expect 200 "completions, text prompt" "$url/v1/completions" -d '{"prompt":"Once upon","max_tokens":2}'
 body_has "completion shape" '"object":"text_completion"'
 expect 200 "completions, token ids" "$url/v1/completions" -d '{"prompt":[9707,1879],"max_tokens":2,"stop":["\n"]}'

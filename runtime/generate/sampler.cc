@@ -19,11 +19,9 @@ void Sampler::Accept(int32_t token) {
   while (static_cast<int32_t>(recent_.size()) > p_.repeat_last_n) recent_.pop_front();
 }
 
-void Sampler::Fill(absl::Span<const float> logits) {
-  const int32_t n = static_cast<int32_t>(logits.size());
-  candidates_.resize(n);
-  for (int32_t i = 0; i < n; ++i) candidates_[i] = {logits[i], i};
-
+std::vector<float> Sampler::Penalized(absl::Span<const float> logits) const {
+  std::vector<float> out(logits.begin(), logits.end());
+  const int32_t n = static_cast<int32_t>(out.size());
   // Penalties (llama.cpp's penalties sampler): each distinct recent token
   // once, the repetition penalty, then frequency x its count + presence.
   const bool additive = p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
@@ -37,12 +35,19 @@ void Sampler::Fill(absl::Span<const float> logits) {
       const float count = static_cast<float>(j - i);
       i = j;
       if (t < 0 || t >= n) continue;
-      float& l = candidates_[t].first;
+      float& l = out[t];
       l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
       if (additive) l -= count * p_.frequency_penalty + p_.presence_penalty;
     }
   }
+  return out;
+}
 
+void Sampler::Fill(absl::Span<const float> logits) {
+  const std::vector<float> penalized = Penalized(logits);
+  const int32_t n = static_cast<int32_t>(penalized.size());
+  candidates_.resize(n);
+  for (int32_t i = 0; i < n; ++i) candidates_[i] = {penalized[i], i};
 }
 
 int32_t Sampler::Sample(absl::Span<const float> logits) {

@@ -33,6 +33,10 @@ class Sampler {
   // top-k, top-p, min-p) runs over the allowed tokens. Errors: a mask of the
   // wrong size (InvalidArgument), no token allowed (FailedPrecondition).
   absl::StatusOr<int32_t> SampleAllowed(absl::Span<const float> logits, absl::Span<const uint32_t> allowed);
+  // `logits` with the penalties applied (repetition, presence, frequency
+  // over the recent tokens): what the next draw's chain starts from, and
+  // what a draw's logprobs are computed from (before any Accept of it).
+  std::vector<float> Penalized(absl::Span<const float> logits) const;
   // Remembers a token for the repetition penalty (prompt and generated).
   void Accept(int32_t token);
 

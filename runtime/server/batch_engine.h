@@ -21,12 +21,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "kernels/sampling/sampling_util.h"
+#include "runtime/generate/logprobs.h"
 #include "runtime/grammar/grammar.h"
 
 namespace dpl::server {
@@ -38,6 +41,22 @@ inline absl::Status GrammarUnsupported() {
   return absl::FailedPreconditionError(
       "response_format, grammar and json_schema are not supported by this engine");
 }
+
+// The refusal of an engine without logprobs (BatchEngine::SetLogprobs).
+inline absl::Status LogprobsUnsupported() {
+  return absl::FailedPreconditionError("logprobs, top_logprobs and echo scoring are not supported by this engine");
+}
+
+// What a slot recorded since its last BatchEngine::TakeLogprobs.
+struct SlotLogprobs {
+  // With prompt scoring: one entry per prompt token the slot ran at a
+  // position p >= 1, in order: token p under the model's raw logits at p - 1.
+  std::vector<generate::TokenLogprobs> prompt;
+  // The slot's latest draw (Prefill's first token or Step's): the
+  // log-softmax of the logits it was drawn from, after the penalties and the
+  // grammar's mask, before temperature and the top-k/top-p/min-p filters.
+  std::optional<generate::TokenLogprobs> draw;
+};
 
 class BatchEngine {
  public:
@@ -136,6 +155,29 @@ class BatchEngine {
   virtual absl::Status SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
     (void)slot;
     return grammar == nullptr ? absl::OkStatus() : GrammarUnsupported();
+  }
+
+  // Logprobs (the API's logprobs / top_logprobs, and echo's prompt
+  // scoring): for the request the slot now serves, from its next Prefill on,
+  // each draw records its token's logprob and the top_n (0..
+  // generate::kMaxTopLogprobs) most probable; with `prompt`, each prompt
+  // token run at a position p >= 1 records its own from position p - 1's
+  // logits (so a scored prompt must not start from a kept cache, whose
+  // logits are gone: the scheduler runs it whole). top_n < 0 turns it off.
+  // Called where SetGrammar is; KeepPrefix, CopyPrefix and Release turn it
+  // off. TakeLogprobs returns what was recorded since the last take and
+  // forgets it (the scheduler takes after every engine call that ran the
+  // slot). supports_logprobs() says whether the engine can (the CPU
+  // engine); this default cannot and refuses with FailedPrecondition.
+  virtual bool supports_logprobs() const { return false; }
+  virtual absl::Status SetLogprobs(int slot, int top_n, bool prompt) {
+    (void)slot;
+    (void)prompt;
+    return top_n < 0 ? absl::OkStatus() : LogprobsUnsupported();
+  }
+  virtual absl::StatusOr<SlotLogprobs> TakeLogprobs(int slot) {
+    (void)slot;
+    return SlotLogprobs{};
   }
 };
 

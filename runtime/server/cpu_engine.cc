@@ -1,10 +1,12 @@
 #include "runtime/server/cpu_engine.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/generate/generate.h"
+#include "runtime/generate/logprobs.h"
 
 namespace dpl::server {
 
@@ -67,7 +69,12 @@ absl::StatusOr<int32_t> CpuEngine::Prefill(int slot, absl::Span<const int32_t> t
   }
   std::vector<float> logits;
   for (int32_t t : tokens) {
+    if (s.score_prompt && !s.prev_logits.empty()) {
+      DPL_ASSIGN_OR_RETURN(generate::TokenLogprobs lp, generate::ScoreToken(s.prev_logits, t, s.logprobs_top));
+      s.recorded.prompt.push_back(std::move(lp));
+    }
     DPL_ASSIGN_OR_RETURN(logits, Run(s, t));
+    if (s.score_prompt) s.prev_logits = logits;
     s.prompt.push_back(t);
   }
   if (!last) return -1;
@@ -79,14 +86,24 @@ absl::StatusOr<int32_t> CpuEngine::Prefill(int slot, absl::Span<const int32_t> t
 
 absl::StatusOr<int32_t> CpuEngine::SampleNext(int slot, absl::Span<const float> logits) {
   Slot& s = slots_[slot];
+  absl::Span<const uint32_t> allowed;  // empty: no grammar
+  if (grammars_->active(slot)) {
+    DPL_ASSIGN_OR_RETURN(allowed, grammars_->Allowed(slot));
+  }
+  // Scored from what the chain starts from, before this draw joins the
+  // penalty's history.
+  std::vector<float> penalized;
+  if (s.logprobs_top >= 0) penalized = s.sampler->Penalized(logits);
   int32_t t;
-  if (!grammars_->active(slot)) {
+  if (allowed.empty()) {
     t = s.sampler->Sample(logits);
   } else {
-    DPL_ASSIGN_OR_RETURN(const absl::Span<const uint32_t> allowed, grammars_->Allowed(slot));
     DPL_ASSIGN_OR_RETURN(t, s.sampler->SampleAllowed(logits, allowed));
-    DPL_RETURN_IF_ERROR(grammars_->Accept(slot, t));
   }
+  if (s.logprobs_top >= 0) {
+    DPL_ASSIGN_OR_RETURN(s.recorded.draw, generate::ScoreToken(penalized, t, s.logprobs_top, allowed));
+  }
+  if (!allowed.empty()) DPL_RETURN_IF_ERROR(grammars_->Accept(slot, t));
   s.sampler->Accept(t);
   return t;
 }
@@ -94,6 +111,35 @@ absl::StatusOr<int32_t> CpuEngine::SampleNext(int slot, absl::Span<const float> 
 absl::Status CpuEngine::SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
   DPL_RETURN_IF_ERROR(CheckSlot(slot));
   return grammars_->Set(slot, std::move(grammar));
+}
+
+void CpuEngine::ClearLogprobs(Slot& s) {
+  s.logprobs_top = -1;
+  s.score_prompt = false;
+  s.prev_logits.clear();
+  s.recorded = SlotLogprobs{};
+}
+
+absl::Status CpuEngine::SetLogprobs(int slot, int top_n, bool prompt) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  Slot& s = slots_[slot];
+  if (top_n > generate::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetLogprobs: top_n ", top_n, " is more than ", generate::kMaxTopLogprobs));
+  }
+  if (top_n >= 0 && prompt && s.model->n_past() != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("SetLogprobs: prompt scoring needs an empty slot; slot ", slot,
+                                                      " holds ", s.model->n_past(), " positions"));
+  }
+  ClearLogprobs(s);
+  s.logprobs_top = top_n < 0 ? -1 : top_n;
+  s.score_prompt = top_n >= 0 && prompt;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SlotLogprobs> CpuEngine::TakeLogprobs(int slot) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  return std::exchange(slots_[slot].recorded, SlotLogprobs{});
 }
 
 absl::Status CpuEngine::Step(absl::Span<const int> slots, absl::Span<int32_t> next) {
@@ -128,6 +174,7 @@ absl::Status CpuEngine::KeepPrefix(int slot, absl::Span<const int32_t> kept) {
   s.model->Truncate(n);
   s.sampler.reset();
   grammars_->Clear(slot);
+  ClearLogprobs(s);
   s.prompt.assign(kept.begin(), kept.end());
   s.pending = -1;
   return absl::OkStatus();
@@ -141,6 +188,7 @@ absl::Status CpuEngine::CopyPrefix(int slot, int from, absl::Span<const int32_t>
   DPL_RETURN_IF_ERROR(s.model->CopyPrefix(*slots_[from].model, static_cast<int64_t>(kept.size())));
   s.sampler.reset();
   grammars_->Clear(slot);
+  ClearLogprobs(s);
   s.prompt.assign(kept.begin(), kept.end());
   s.pending = -1;
   return absl::OkStatus();
@@ -152,6 +200,7 @@ void CpuEngine::Release(int slot) {
   s.model->Reset();
   s.sampler.reset();
   grammars_->Clear(slot);
+  ClearLogprobs(s);
   s.prompt.clear();
   s.pending = -1;
 }

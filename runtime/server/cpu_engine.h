@@ -46,6 +46,12 @@ class CpuEngine : public BatchEngine {
   // from the file's tokenizer at the first grammar, once for the engine).
   bool supports_grammar() const override { return true; }
   absl::Status SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) override;
+  // Draws are scored from the sampler's penalized logits (and the grammar's
+  // mask), prompt tokens from the reference's logits; with `prompt`, the
+  // slot must be empty (n_past 0): an earlier position's logits are gone.
+  bool supports_logprobs() const override { return true; }
+  absl::Status SetLogprobs(int slot, int top_n, bool prompt) override;
+  absl::StatusOr<SlotLogprobs> TakeLogprobs(int slot) override;
 
  private:
   struct Slot {
@@ -53,7 +59,13 @@ class CpuEngine : public BatchEngine {
     std::unique_ptr<generate::Sampler> sampler;  // set by the prompt's last chunk
     std::vector<int32_t> prompt;                 // the history for the repetition penalty
     int32_t pending = -1;                        // sampled, not yet run
+    int logprobs_top = -1;                       // SetLogprobs' top_n; -1: off
+    bool score_prompt = false;
+    std::vector<float> prev_logits;              // scoring: the last position's logits
+    SlotLogprobs recorded;                       // since the last TakeLogprobs
   };
+  // Turns the slot's logprobs off and forgets what it recorded (the request ended).
+  static void ClearLogprobs(Slot& s);
   CpuEngine() = default;
   absl::Status CheckSlot(int slot) const;
   // Runs `token` at the slot's next position; the logits of it.

@@ -4,10 +4,13 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <vector>
 
 #include "formats/model_file.h"
+#include "runtime/grammar/grammar.h"
 #include "runtime/generate/generate.h"
 #include "runtime/reference/reference_model.h"
 #include "runtime/server/cpu_engine.h"
@@ -167,6 +170,149 @@ TEST_CASE("a qwen3moe model in the engine; a kept or copied start continues as a
   CHECK(e.n_past(0) == static_cast<int64_t>(kept.size()));
   CHECK(e.n_past(1) == had);
   CHECK(run(0, absl::MakeConstSpan(&want[2], 1), kTokens - 3) == rest);
+}
+
+// log_softmax(logits)[token] in float64, computed here apart from the engine.
+double LogSoftmaxAt(const std::vector<float>& logits, int32_t token) {
+  const double max_l = *std::max_element(logits.begin(), logits.end());
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l) - max_l);
+  return static_cast<double>(logits[static_cast<size_t>(token)]) - max_l - std::log(z);
+}
+
+// A top list: descending, ties to the lower id, each entry's logprob the
+// log-softmax of `logits` at it, and nothing left out that beats its last.
+void CheckTop(const std::vector<generate::TokenLogprob>& top, const std::vector<float>& logits, size_t n) {
+  REQUIRE(top.size() == n);
+  for (size_t k = 0; k < top.size(); ++k) {
+    CHECK(top[k].logprob == doctest::Approx(LogSoftmaxAt(logits, top[k].token)).epsilon(1e-5));
+    if (k > 0) {
+      CHECK((top[k - 1].logprob > top[k].logprob ||
+             (top[k - 1].logprob == top[k].logprob && top[k - 1].token < top[k].token)));
+    }
+  }
+  int beating = 0;
+  for (float l : logits) beating += l > logits[static_cast<size_t>(top.back().token)];
+  CHECK(beating < static_cast<int>(n));
+}
+
+// Issue 32: prompt tokens scored with the model's raw logits (position p - 1
+// gives token p, across chunks), a draw scored with the penalized logits it
+// came from, checked against a second reference model run here.
+TEST_CASE("logprobs: prompt scoring across chunks and each draw's, against the reference") {
+  auto file = Model();
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 2};
+  const std::unique_ptr<CpuEngine> engine = LoadEngine(file, 1);
+  CpuEngine& e = *engine;
+  SamplerParams p;
+  p.temperature = 0.8f;
+  p.seed = 7;
+  p.repeat_penalty = 1.5f;  // the draw's logprobs come after it
+  REQUIRE(e.SetLogprobs(0, 3, true).ok());
+  REQUIRE(e.Prefill(0, absl::MakeConstSpan(prompt).subspan(0, 2), false, p).ok());
+  auto lp0 = e.TakeLogprobs(0);
+  REQUIRE(lp0.ok());
+  CHECK(!lp0->draw.has_value());
+  auto first = e.Prefill(0, absl::MakeConstSpan(prompt).subspan(2), true, p);
+  REQUIRE(first.ok());
+  auto lp1 = e.TakeLogprobs(0);
+  REQUIRE(lp1.ok());
+  std::vector<generate::TokenLogprobs> scored = lp0->prompt;
+  scored.insert(scored.end(), lp1->prompt.begin(), lp1->prompt.end());
+  REQUIRE(scored.size() == prompt.size() - 1);  // the first token has no logits before it
+  REQUIRE(lp1->draw.has_value());
+  int32_t next = -1;
+  const int slot[1] = {0};
+  REQUIRE(e.Step(slot, absl::MakeSpan(&next, 1)).ok());
+  auto lp2 = e.TakeLogprobs(0);
+  REQUIRE(lp2.ok());
+  CHECK(lp2->prompt.empty());
+  REQUIRE(lp2->draw.has_value());
+  auto empty = e.TakeLogprobs(0);
+  REQUIRE(empty.ok());
+  CHECK((empty->prompt.empty() && !empty->draw.has_value()));
+
+  reference::ReferenceOptions ro;
+  ro.n_ctx = 64;
+  auto ref = reference::ReferenceModel::Load(file, ro);
+  REQUIRE(ref.ok());
+  std::vector<float> logits;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (i > 0) {
+      CHECK(scored[i - 1].chosen.token == prompt[i]);
+      CHECK(scored[i - 1].chosen.logprob == doctest::Approx(LogSoftmaxAt(logits, prompt[i])).epsilon(1e-5));
+      CheckTop(scored[i - 1].top, logits, 3);
+    }
+    auto l = (*ref)->Forward(prompt[i], static_cast<int64_t>(i));
+    REQUIRE(l.ok());
+    logits = *l;
+  }
+  // The repetition penalty over the prompt's distinct tokens, by hand.
+  auto penalize = [&](std::vector<float> l, const std::vector<int32_t>& history) {
+    std::vector<int32_t> seen = history;
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t t : seen) l[t] = l[t] > 0 ? l[t] / 1.5f : l[t] * 1.5f;
+    return l;
+  };
+  std::vector<int32_t> history = prompt;
+  std::vector<float> penalized = penalize(logits, history);
+  CHECK(lp1->draw->chosen.token == *first);
+  CHECK(lp1->draw->chosen.logprob == doctest::Approx(LogSoftmaxAt(penalized, *first)).epsilon(1e-5));
+  CheckTop(lp1->draw->top, penalized, 3);
+  auto l = (*ref)->Forward(*first, static_cast<int64_t>(prompt.size()));
+  REQUIRE(l.ok());
+  history.push_back(*first);
+  penalized = penalize(*l, history);
+  CHECK(lp2->draw->chosen.token == next);
+  CHECK(lp2->draw->chosen.logprob == doctest::Approx(LogSoftmaxAt(penalized, next)).epsilon(1e-5));
+  CheckTop(lp2->draw->top, penalized, 3);
+
+  // Scoring needs the whole prompt run: refused on a slot that holds some.
+  CHECK(e.SetLogprobs(0, 1, true).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(!e.SetLogprobs(0, generate::kMaxTopLogprobs + 1, false).ok());
+  // KeepPrefix ends the request: nothing recorded from then on.
+  REQUIRE(e.KeepPrefix(0, absl::MakeConstSpan(prompt).subspan(0, 2)).ok());
+  REQUIRE(e.Prefill(0, absl::MakeConstSpan(prompt).subspan(2), true, p).ok());
+  auto off = e.TakeLogprobs(0);
+  REQUIRE(off.ok());
+  CHECK((off->prompt.empty() && !off->draw.has_value()));
+}
+
+TEST_CASE("logprobs under a grammar: masked tokens are never listed") {
+  auto file = Model("tiny-qwen2-vocab-q4km");  // qwen2's real vocabulary, random weights
+  auto tok = tokenizer::Tokenizer::FromMetadata(file->metadata());
+  REQUIRE(tok.ok());
+  auto words = grammar::Grammar::Parse("root ::= \"yes\" | \"no\" | \"maybe\"");
+  REQUIRE(words.ok());
+  const std::unique_ptr<CpuEngine> engine = LoadEngine(file, 1);
+  CpuEngine& e = *engine;
+  REQUIRE(e.SetGrammar(0, std::make_shared<const grammar::Grammar>(*std::move(words))).ok());
+  REQUIRE(e.SetLogprobs(0, generate::kMaxTopLogprobs, false).ok());
+  SamplerParams p;
+  p.seed = 3;
+  auto first = e.Prefill(0, std::vector<int32_t>{1, 2, 3}, true, p);
+  REQUIRE(first.ok());
+  auto lp = e.TakeLogprobs(0);
+  REQUIRE(lp.ok());
+  CHECK(lp->prompt.empty());  // no prompt scoring asked
+  REQUIRE(lp->draw.has_value());
+  CHECK(lp->draw->chosen.token == *first);
+  CHECK(std::isfinite(lp->draw->chosen.logprob));
+  // Only the words' starts are allowed: a short list, holding all the mass.
+  const auto& top = lp->draw->top;
+  REQUIRE(!top.empty());
+  CHECK(top.size() < static_cast<size_t>(generate::kMaxTopLogprobs));
+  double mass = 0;
+  for (const auto& t : top) {
+    const std::string piece = tok->TokenToPiece(t.token);
+    CHECK_MESSAGE((!piece.empty() && (std::string("yes").rfind(piece, 0) == 0 ||
+                                      std::string("no").rfind(piece, 0) == 0 ||
+                                      std::string("maybe").rfind(piece, 0) == 0)),
+                  piece);
+    mass += std::exp(static_cast<double>(t.logprob));
+  }
+  CHECK(mass == doctest::Approx(1.0).epsilon(1e-4));
 }
 
 TEST_CASE("engine errors: bad slot, bad token, a step without a pending token, a full context") {

@@ -116,6 +116,8 @@ struct HttpServer::Handlers {
     g.ignore_eos = p.ignore_eos;
     g.cache_prompt = p.cache_prompt;
     g.grammar = p.grammar;
+    g.logprobs = p.logprobs;
+    g.prompt_logprobs = p.echo && p.logprobs >= 0;
     return g;
   }
 
@@ -126,9 +128,13 @@ struct HttpServer::Handlers {
 
   // Choices of a chat or text completion: each its own request (its own
   // slot), choice i's chunks carrying index i, usage summed over all. Any
-  // error ends the answer and cancels the other choices.
+  // error ends the answer and cancels the other choices. echo[i] (completions'
+  // echo): choice i's prompt text, before its answer.
   void GenerateChoices(HttpResponder& res, const Served& m, std::vector<GenerationRequest> gs,
-                       const GenerationParams& p, bool chat) {
+                       const GenerationParams& p, bool chat, const std::vector<std::string>& echo = {}) {
+    // An echoed prompt's first token is listed unscored (no logits before it).
+    std::vector<int32_t> first_prompt_token;
+    for (const GenerationRequest& g : gs) first_prompt_token.push_back(g.prompt.empty() ? -1 : g.prompt[0]);
     std::vector<std::shared_ptr<RequestStream>> streams;
     auto cancel_all = [&streams] {
       for (auto& st : streams) st->Cancel();
@@ -153,16 +159,32 @@ struct HttpServer::Handlers {
     // begin (the template's format: "<tool_call>", "[TOOL_CALLS]", Llama's
     // "{" or <|python_tag|>).
     std::vector<ToolCallHoldback> held(n, ToolCallHoldback(p.tool_format));
+    // Logprobs: chat's generated entries (a whole answer's built at its end);
+    // completions' text offsets, the answer's starting after an echo.
+    std::vector<std::vector<generate::TokenLogprobs>> chat_logprobs(n);
+    std::vector<size_t> offsets(n, 0);
+    for (size_t i = 0; i < echo.size() && i < n; ++i) {
+      offsets[i] = echo[i].size();
+      if (!p.stream) choices[i].text = echo[i];
+    }
     size_t finals = 0;
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     auto send = [&res](const json& j) { return res.Write(absl::StrCat("data: ", Dump(j), "\n\n")); };
-    auto chunk = [&](size_t i, bool first, const std::string& text, const FinishReason* finish) {
-      return send(chat ? ChatChunkJson(head, static_cast<int>(i), first, text, finish)
-                       : CompletionChunkJson(head, static_cast<int>(i), text, finish));
+    auto chunk = [&](size_t i, bool first, const std::string& text, const FinishReason* finish,
+                     const json& logprobs = nullptr) {
+      return send(chat ? ChatChunkJson(head, static_cast<int>(i), first, text, finish, logprobs)
+                       : CompletionChunkJson(head, static_cast<int>(i), text, finish, logprobs));
     };
     bool ok = !p.stream || res.StartStream({200, "text/event-stream", {{"Cache-Control", "no-cache"}}, ""});
     if (p.stream && chat) {
       for (size_t i = 0; i < n && ok; ++i) ok = chunk(i, true, "", nullptr);  // the role delta
+    }
+    // A streamed echo goes first; with logprobs, with the prompt's entries
+    // when they come.
+    if (p.stream && p.logprobs < 0) {
+      for (size_t i = 0; i < echo.size() && ok; ++i) {
+        if (!echo[i].empty()) ok = chunk(i, false, echo[i], nullptr);
+      }
     }
     auto quiet_since = absl::Now();
     while (ok && finals < n) {
@@ -173,9 +195,25 @@ struct HttpServer::Handlers {
         for (StreamEvent& e : streams[i]->Wait(n == 1 ? absl::Milliseconds(500) : absl::Milliseconds(5))) {
           heard = true;
           choices[i].text += e.text;
-          if (p.stream && !e.text.empty()) {
-            const std::string out = p.parse_tool_calls ? held[i].Push(e.text) : e.text;
-            if (!out.empty()) ok = chunk(i, false, out, nullptr);
+          // This event's logprobs: a stream's chunk carries them; a whole
+          // answer collects them.
+          json chunk_logprobs;
+          json* into = p.stream ? &chunk_logprobs : &choices[i].logprobs;
+          std::string text = e.text;
+          if (e.prompt_scored) {
+            size_t at = 0;  // the echo starts the text
+            AppendCompletionLogprobs(*m.tok, first_prompt_token[i], e.prompt_logprobs, &at, into);
+            if (p.stream && i < echo.size()) text = echo[i] + text;
+          }
+          if (!e.logprobs.empty() && chat) {
+            chat_logprobs[i].insert(chat_logprobs[i].end(), e.logprobs.begin(), e.logprobs.end());
+            if (p.stream) chunk_logprobs = ChatLogprobsJson(*m.tok, e.logprobs);
+          } else if (!e.logprobs.empty()) {
+            AppendCompletionLogprobs(*m.tok, -1, e.logprobs, &offsets[i], into);
+          }
+          if (p.stream && (!text.empty() || !chunk_logprobs.is_null())) {
+            const std::string out = p.parse_tool_calls ? held[i].Push(text) : text;
+            if (!out.empty() || !chunk_logprobs.is_null()) ok = chunk(i, false, out, nullptr, chunk_logprobs);
           }
           if (!e.final || !ok) continue;
           if (!e.error.ok()) {
@@ -187,6 +225,13 @@ struct HttpServer::Handlers {
           final[i] = true;
           ++finals;
           choices[i].finish = e.finish;
+          if (!p.stream && p.logprobs >= 0) {
+            if (chat) {
+              choices[i].logprobs = ChatLogprobsJson(*m.tok, chat_logprobs[i]);
+            } else if (choices[i].logprobs.is_null()) {  // nothing generated: empty lists
+              AppendCompletionLogprobs(*m.tok, -1, {}, &offsets[i], &choices[i].logprobs);
+            }
+          }
           prompt_tokens += e.prompt_tokens;
           completion_tokens += e.completion_tokens;
           cached_tokens += e.cached_tokens;
@@ -352,6 +397,7 @@ struct HttpServer::Handlers {
     if (!m) return;
     GenerationParams params;
     std::vector<GenerationRequest> gs;
+    std::vector<std::string> echo;  // per choice, with echo
     {
       CpuGate::Pass pass(&cpu);
       absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(req.body);
@@ -368,12 +414,13 @@ struct HttpServer::Handlers {
           if (absl::Status st = CheckTextFits(*m, prompt.text.size()); !st.ok()) return ReplyError(res, st);
           ids = m->tok->Encode(prompt.text, m->tok->adds_bos_by_default(), true);
         }
+        if (params.echo) echo.resize(gs.size() + params.n, prompt.has_ids ? m->tok->Decode(ids) : prompt.text);
         GenerationRequest g = ToRequest(params, std::move(ids));
         for (int32_t id : m->tok->end_of_generation_ids()) g.stop_tokens.insert(id);
         AddSamples(params, g, &gs);
       }
     }
-    GenerateChoices(res, *m, std::move(gs), params, false);
+    GenerateChoices(res, *m, std::move(gs), params, false, echo);
   }
 
   json ModelObject(const BatchEngine& e) const {

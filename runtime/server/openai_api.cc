@@ -168,6 +168,26 @@ absl::StatusOr<GenerationParams> ParseParams(const json& j) {
   return p;
 }
 
+// Chat's logprobs (true: each generated token's) and top_logprobs (0..20
+// alternatives), which OpenAI refuses without logprobs true.
+absl::Status ParseChatLogprobs(const json& j, GenerationParams* p) {
+  bool on = false;
+  DPL_RETURN_IF_ERROR(Bool(j, "logprobs", &on));
+  int64_t top = 0;
+  DPL_RETURN_IF_ERROR(Integer(j, "top_logprobs", 0, generate::kMaxTopLogprobs, &top));
+  if (!on && Field(j, "top_logprobs") != nullptr) return FieldError("top_logprobs", "needs 'logprobs': true");
+  if (on) p->logprobs = static_cast<int>(top);
+  return absl::OkStatus();
+}
+
+// Completions' logprobs (0..20 alternatives per token; OpenAI's 5, llama.cpp's more) and echo.
+absl::Status ParseCompletionLogprobs(const json& j, GenerationParams* p) {
+  int64_t n = -1;
+  DPL_RETURN_IF_ERROR(Integer(j, "logprobs", 0, generate::kMaxTopLogprobs, &n));
+  p->logprobs = static_cast<int>(n);
+  return Bool(j, "echo", &p->echo);
+}
+
 // A message's content: a string, or an array of {"type": "text", "text": ...} parts.
 absl::StatusOr<std::string> Content(const json& content, size_t i) {
   const std::string field = absl::StrCat("messages[", i, "].content");
@@ -421,6 +441,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   ChatRequest r;
   DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
   DPL_RETURN_IF_ERROR(ParseStructured(j, body, /*chat=*/true, /*responses=*/false, &r.params));
+  DPL_RETURN_IF_ERROR(ParseChatLogprobs(j, &r.params));
   const json* messages = Field(j, "messages");
   if (messages == nullptr) return FieldError("messages", "is required");
   if (!messages->is_array() || messages->empty()) return FieldError("messages", "must be a non-empty array");
@@ -1027,6 +1048,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   CompletionRequest r;
   DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
   DPL_RETURN_IF_ERROR(ParseStructured(j, body, /*chat=*/false, /*responses=*/false, &r.params));
+  DPL_RETURN_IF_ERROR(ParseCompletionLogprobs(j, &r.params));
   const json* prompt = Field(j, "prompt");
   if (prompt == nullptr) return FieldError("prompt", "is required");
   constexpr const char* kShape =
@@ -1141,6 +1163,79 @@ json ToolCallsJson(const std::vector<ParsedToolCall>& calls) {
 }
 }  // namespace
 
+namespace {
+
+// Whether `s` is well-formed UTF-8 (no overlongs, surrogates or code
+// points past U+10FFFF): a piece that is part of a character is not.
+bool IsUtf8(absl::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    uint32_t cp = len == 1 ? c : c & (0x7F >> len);
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+// A token's "token" text and its "bytes".
+std::pair<std::string, json> TokenText(const tokenizer::Tokenizer& tok, int32_t id) {
+  const std::string piece = tok.TokenToPiece(id);
+  json bytes = json::array();
+  for (char c : piece) bytes.push_back(static_cast<unsigned char>(c));
+  if (IsUtf8(piece)) return {piece, bytes};
+  std::string text = "bytes:";
+  for (char c : piece) absl::StrAppend(&text, "\\x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+  return {text, bytes};
+}
+
+json ChatTokenJson(const tokenizer::Tokenizer& tok, const generate::TokenLogprob& t) {
+  auto [text, bytes] = TokenText(tok, t.token);
+  return {{"token", text}, {"logprob", t.logprob}, {"bytes", bytes}};
+}
+
+}  // namespace
+
+json ChatLogprobsJson(const tokenizer::Tokenizer& tok, absl::Span<const generate::TokenLogprobs> entries) {
+  json content = json::array();
+  for (const generate::TokenLogprobs& e : entries) {
+    json entry = ChatTokenJson(tok, e.chosen);
+    entry["top_logprobs"] = json::array();
+    for (const generate::TokenLogprob& t : e.top) entry["top_logprobs"].push_back(ChatTokenJson(tok, t));
+    content.push_back(std::move(entry));
+  }
+  return {{"content", std::move(content)}};
+}
+
+void AppendCompletionLogprobs(const tokenizer::Tokenizer& tok, int32_t unscored,
+                              absl::Span<const generate::TokenLogprobs> entries, size_t* offset, json* out) {
+  if (out->is_null()) {
+    *out = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+            {"text_offset", json::array()}};
+  }
+  auto add = [&](int32_t id, json logprob, json top) {
+    const std::string text = TokenText(tok, id).first;
+    (*out)["tokens"].push_back(text);
+    (*out)["token_logprobs"].push_back(std::move(logprob));
+    (*out)["top_logprobs"].push_back(std::move(top));
+    (*out)["text_offset"].push_back(*offset);
+    *offset += tok.TokenToPiece(id).size();  // the bytes the token adds to the text
+  };
+  if (unscored >= 0) add(unscored, nullptr, nullptr);
+  for (const generate::TokenLogprobs& e : entries) {
+    json top = json::object();
+    for (const generate::TokenLogprob& t : e.top) top[TokenText(tok, t.token).first] = t.logprob;
+    add(e.chosen.token, e.chosen.logprob, std::move(top));
+  }
+}
+
 json ChatCompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
                         int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
   json j = Envelope(head, "chat.completion");
@@ -1152,6 +1247,7 @@ json ChatCompletionJson(const ResponseHead& head, const std::vector<CompletionCh
       message["tool_calls"] = ToolCallsJson(choices[i].tool_calls);
     }
     j["choices"].push_back({{"index", i}, {"message", message}, {"finish_reason", FinishReasonName(choices[i].finish)}});
+    if (!choices[i].logprobs.is_null()) j["choices"].back()["logprobs"] = choices[i].logprobs;
   }
   j["usage"] = UsageJson(prompt_tokens, completion_tokens, cached_tokens);
   return j;
@@ -1164,7 +1260,7 @@ json CompletionJson(const ResponseHead& head, const std::vector<CompletionChoice
   for (size_t i = 0; i < choices.size(); ++i) {
     j["choices"].push_back({{"index", i},
                             {"text", choices[i].text},
-                            {"logprobs", nullptr},
+                            {"logprobs", choices[i].logprobs},
                             {"finish_reason", FinishReasonName(choices[i].finish)}});
   }
   j["usage"] = UsageJson(prompt_tokens, completion_tokens, cached_tokens);
@@ -1180,7 +1276,7 @@ json ToolCallsChunkJson(const ResponseHead& head, int index, const std::vector<P
 }
 
 json ChatChunkJson(const ResponseHead& head, int index, bool first, const std::string& text,
-                   const FinishReason* finish) {
+                   const FinishReason* finish, const json& logprobs) {
   json j = Envelope(head, "chat.completion.chunk");
   json delta = json::object();
   if (first) delta["role"] = "assistant";
@@ -1188,15 +1284,16 @@ json ChatChunkJson(const ResponseHead& head, int index, bool first, const std::s
   j["choices"] = json::array({{{"index", index},
                                {"delta", delta},
                                {"finish_reason", finish ? json(FinishReasonName(*finish)) : json()}}});
+  if (!logprobs.is_null()) j["choices"][0]["logprobs"] = logprobs;
   return j;
 }
 
 json CompletionChunkJson(const ResponseHead& head, int index, const std::string& text,
-                         const FinishReason* finish) {
+                         const FinishReason* finish, const json& logprobs) {
   json j = Envelope(head, "text_completion");
   j["choices"] = json::array({{{"index", index},
                                {"text", text},
-                               {"logprobs", nullptr},
+                               {"logprobs", logprobs},
                                {"finish_reason", finish ? json(FinishReasonName(*finish)) : json()}}});
   return j;
 }

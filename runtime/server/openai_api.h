@@ -14,10 +14,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "runtime/generate/logprobs.h"
 #include "runtime/grammar/grammar.h"
 #include "runtime/server/batch_engine.h"
 #include "runtime/server/scheduler.h"
 #include "runtime/tokenizer/chat_template.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace dpl::server {
 
@@ -43,6 +46,12 @@ struct GenerationParams {
   // `json_schema` (chat and completions), or the calls tool_choice
   // "required" or a named function forces (EnforceToolChoice); null: free text.
   std::shared_ptr<const grammar::Grammar> grammar;
+  // Logprobs (issue 32): alternatives listed per token, 0..20; -1: none.
+  // Chat: logprobs true sets it (top_logprobs, default 0); completions:
+  // logprobs N. echo (completions): the prompt's text before the answer,
+  // and with logprobs the prompt tokens' entries before the answer's.
+  int logprobs = -1;
+  bool echo = false;
 };
 
 // An offered function as a forced call's grammar needs it.
@@ -98,7 +107,9 @@ inline constexpr size_t kMaxJsonValues = size_t{1} << 20;
 // temperature, top_p, top_k, min_p, seed, stop (string or array),
 // repeat_penalty, repeat_last_n, presence_penalty and frequency_penalty
 // (-2..2), n (samples of each prompt, up to 64 choices in all), stream,
-// stream_options.include_usage, ignore_eos, cache_prompt; tools
+// stream_options.include_usage, ignore_eos, cache_prompt; logprobs (true)
+// and top_logprobs (0..20; without logprobs true a 400, as OpenAI's);
+// tools
 // ({"type": "function", "function": {name, description, parameters}}),
 // tool_choice ("auto", "none", "required" or {"type": "function",
 // "function": {"name"}}; "required" and a named choice go to forced_tools,
@@ -210,6 +221,8 @@ class ToolCallHoldback {
 // before it; an output is a tool result). Other items (images, reasoning)
 // are refused, naming the item.
 absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body);
+// /v1/completions: prompt and the fields above but the chat ones, plus
+// logprobs (0..20 alternatives per token) and echo.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
 // POST /tokenize {"content": text, "add_special": bool=false}.
 absl::StatusOr<std::pair<std::string, bool>> ParseTokenizeRequest(absl::string_view body);
@@ -248,7 +261,23 @@ struct CompletionChoice {
   std::string text;
   FinishReason finish = FinishReason::kStop;
   std::vector<ParsedToolCall> tool_calls;  // chat: message.tool_calls (ids made up here)
+  nlohmann::json logprobs;                 // ChatLogprobsJson / AppendCompletionLogprobs'; null: not asked
 };
+
+// Logprobs as the API shows them (issue 32). A token's "token" is its piece
+// (Tokenizer::TokenToPiece) when that is valid UTF-8 on its own, else
+// OpenAI's "bytes:\xNN..." form; "bytes" is always the piece's raw bytes.
+// Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token,
+// logprob, bytes}, ...]}, ...]}.
+nlohmann::json ChatLogprobsJson(const tokenizer::Tokenizer& tok, absl::Span<const generate::TokenLogprobs> entries);
+// Completions: appends to *out (null: starts {"tokens", "token_logprobs",
+// "top_logprobs", "text_offset"}) `unscored` first when >= 0 (an echoed
+// prompt's first token: its logprob and top_logprobs null), then `entries`
+// (top_logprobs {token: logprob, ...}). Offsets start at *offset, each
+// token's text after the one before, and *offset ends past the last (a
+// stream's next chunk continues from it).
+void AppendCompletionLogprobs(const tokenizer::Tokenizer& tok, int32_t unscored,
+                              absl::Span<const generate::TokenLogprobs> entries, size_t* offset, nlohmann::json* out);
 nlohmann::json ChatCompletionJson(const ResponseHead& head, const std::vector<CompletionChoice>& choices,
                                   int64_t prompt_tokens, int64_t completion_tokens,
                                   int64_t cached_tokens = 0);
@@ -256,10 +285,12 @@ nlohmann::json CompletionJson(const ResponseHead& head, const std::vector<Comple
                               int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens = 0);
 // Stream chunks: `finish` null for a content chunk. The chat stream's first
 // chunk carries delta.role = "assistant" (`first`).
+// `logprobs` (the builders' above, for this chunk's tokens): choice's
+// logprobs; null leaves chat's out and is completions' null.
 nlohmann::json ChatChunkJson(const ResponseHead& head, int index, bool first, const std::string& text,
-                             const FinishReason* finish);
+                             const FinishReason* finish, const nlohmann::json& logprobs = nullptr);
 nlohmann::json CompletionChunkJson(const ResponseHead& head, int index, const std::string& text,
-                                   const FinishReason* finish);
+                                   const FinishReason* finish, const nlohmann::json& logprobs = nullptr);
 // A chat stream's chunk of choice `index`'s calls: delta.tool_calls, each
 // {index, id, type "function", function {name, arguments}} whole.
 nlohmann::json ToolCallsChunkJson(const ResponseHead& head, int index, const std::vector<ParsedToolCall>& calls);

@@ -6,10 +6,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "formats/model_file.h"
 #include "runtime/grammar/matcher.h"
 #include "runtime/server/openai_api.h"
+#include "tests/shared_dir.h"
 
 namespace dpl::server {
 namespace {
@@ -919,6 +923,130 @@ TEST_CASE("tool_choice auto and none: no grammar; required without a way to call
   const absl::Status st = EnforceToolChoice(ToolCallFormat::kHermes, &bad);
   CHECK(std::string(st.message()).find("'tools[0].function.parameters' is not usable: ") == 0);
   CHECK(std::string(st.message()).find("pattern") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace dpl::server
+
+namespace dpl::server {
+namespace {
+
+// Issue 32's fields: chat's logprobs / top_logprobs, completions' logprobs N
+// and echo, and their refusals.
+TEST_CASE("logprobs fields: parsed, and refused where OpenAI refuses them") {
+  const char* kMsgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  auto chat = ParseChatRequest(absl::StrCat("{", kMsgs, R"(, "logprobs": true, "top_logprobs": 5})"));
+  REQUIRE_MESSAGE(chat.ok(), chat.status().ToString());
+  CHECK(chat->params.logprobs == 5);
+  auto bare = ParseChatRequest(absl::StrCat("{", kMsgs, R"(, "logprobs": true})"));
+  REQUIRE(bare.ok());
+  CHECK(bare->params.logprobs == 0);
+  auto off = ParseChatRequest(absl::StrCat("{", kMsgs, R"(, "logprobs": false})"));
+  REQUIRE(off.ok());
+  CHECK(off->params.logprobs == -1);
+  CHECK(ErrorOf(absl::StrCat("{", kMsgs, R"(, "top_logprobs": 2})")).find("top_logprobs") != std::string::npos);
+  CHECK(ErrorOf(absl::StrCat("{", kMsgs, R"(, "logprobs": false, "top_logprobs": 2})")).find("'logprobs': true") !=
+        std::string::npos);
+  CHECK(ErrorOf(absl::StrCat("{", kMsgs, R"(, "logprobs": true, "top_logprobs": 21})")).find("top_logprobs") !=
+        std::string::npos);
+  CHECK(ErrorOf(absl::StrCat("{", kMsgs, R"(, "logprobs": 3})")).find("logprobs") != std::string::npos);
+
+  auto c = ParseCompletionRequest(R"({"prompt": "a b", "logprobs": 1, "echo": true, "max_tokens": 0})");
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  CHECK(c->params.logprobs == 1);
+  CHECK(c->params.echo);
+  CHECK(c->params.max_tokens == 0);
+  auto plain = ParseCompletionRequest(R"({"prompt": "a", "logprobs": null})");
+  REQUIRE(plain.ok());
+  CHECK(plain->params.logprobs == -1);
+  CHECK(!plain->params.echo);
+  auto twenty = ParseCompletionRequest(R"({"prompt": "a", "logprobs": 20})");
+  REQUIRE(twenty.ok());
+  CHECK(twenty->params.logprobs == 20);
+  for (const char* bad : {R"({"prompt": "a", "logprobs": 21})", R"({"prompt": "a", "logprobs": -1})",
+                          R"({"prompt": "a", "logprobs": true})", R"({"prompt": "a", "echo": 1})"}) {
+    auto r = ParseCompletionRequest(bad);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+}
+
+tokenizer::Tokenizer QwenTokenizer() {
+  auto f = formats::ModelFile::Open(testing::SharedDir() + "/oracle/tiny-qwen2-vocab-q4km.gguf");
+  REQUIRE_MESSAGE(f.ok(), f.status().ToString());
+  auto t = tokenizer::Tokenizer::FromMetadata((*f)->metadata());
+  REQUIRE(t.ok());
+  return *std::move(t);
+}
+
+TEST_CASE("logprobs JSON: chat's content entries, completions' lists, chunks and responses") {
+  const tokenizer::Tokenizer tok = QwenTokenizer();
+  const std::vector<int32_t> hello = tok.Encode("hello world", false, false);
+  REQUIRE(hello.size() == 2);
+  // A token that is part of a UTF-8 character: its text in OpenAI's bytes form.
+  int32_t partial = -1;
+  for (int32_t id = 0; id < 1000 && partial < 0; ++id) {
+    const std::string piece = tok.TokenToPiece(id);
+    if (piece.size() == 1 && static_cast<unsigned char>(piece[0]) >= 0xC0) partial = id;
+  }
+  REQUIRE(partial >= 0);
+  const unsigned char byte = static_cast<unsigned char>(tok.TokenToPiece(partial)[0]);
+  generate::TokenLogprobs a{{hello[0], -0.5f}, {{hello[0], -0.5f}, {partial, -1.5f}}};
+  generate::TokenLogprobs b{{partial, -2.0f}, {{hello[1], -0.25f}, {partial, -2.0f}}};
+  const std::vector<generate::TokenLogprobs> entries = {a, b};
+
+  const json chat = ChatLogprobsJson(tok, entries);
+  REQUIRE(chat["content"].size() == 2);
+  const json& first = chat["content"][0];
+  CHECK(first["token"] == "hello");
+  CHECK(first["logprob"].get<double>() == -0.5);
+  CHECK(first["bytes"] == json::array({'h', 'e', 'l', 'l', 'o'}));
+  REQUIRE(first["top_logprobs"].size() == 2);
+  CHECK(first["top_logprobs"][0] == json({{"token", "hello"}, {"logprob", -0.5}, {"bytes", first["bytes"]}}));
+  const json& second = chat["content"][1];
+  char want[16];
+  std::snprintf(want, sizeof(want), "bytes:\\x%02x", byte);
+  CHECK(second["token"] == want);
+  CHECK(second["bytes"] == json::array({byte}));
+  CHECK(second["top_logprobs"][0]["token"] == " world");
+
+  // Completions with an echoed prompt: its first token unscored.
+  json lists;
+  size_t offset = 0;
+  AppendCompletionLogprobs(tok, hello[0], std::vector<generate::TokenLogprobs>{{{hello[1], -3.0f}, {}}}, &offset,
+                           &lists);
+  CHECK(offset == 11);
+  AppendCompletionLogprobs(tok, -1, entries, &offset, &lists);
+  CHECK(lists["tokens"] == json::array({"hello", " world", "hello", want}));
+  CHECK(lists["token_logprobs"] == json::array({nullptr, -3.0, -0.5, -2.0}));
+  CHECK(lists["top_logprobs"][0].is_null());
+  CHECK(lists["top_logprobs"][1] == json::object());
+  CHECK(lists["top_logprobs"][2] == json({{"hello", -0.5}, {want, -1.5}}));
+  CHECK(lists["text_offset"] == json::array({0, 5, 11, 16}));
+  CHECK(offset == 17);
+  json empty;
+  size_t at = 0;
+  AppendCompletionLogprobs(tok, -1, {}, &at, &empty);
+  CHECK(empty == json({{"tokens", json::array()}, {"token_logprobs", json::array()},
+                       {"top_logprobs", json::array()}, {"text_offset", json::array()}}));
+
+  const ResponseHead head{"x", 1, "m"};
+  const FinishReason length = FinishReason::kLength;
+  const json chunk = ChatChunkJson(head, 0, false, "hello", nullptr, chat);
+  CHECK(chunk["choices"][0]["logprobs"] == chat);
+  CHECK(!ChatChunkJson(head, 0, false, "hello", nullptr)["choices"][0].contains("logprobs"));
+  CHECK(CompletionChunkJson(head, 0, "hello", &length, lists)["choices"][0]["logprobs"] == lists);
+  CHECK(CompletionChunkJson(head, 0, "hello", nullptr)["choices"][0]["logprobs"].is_null());
+  CompletionChoice choice("hello world", FinishReason::kLength);
+  CHECK(CompletionJson(head, {choice}, 2, 0)["choices"][0]["logprobs"].is_null());
+  CHECK(!ChatCompletionJson(head, {choice}, 2, 0)["choices"][0].contains("logprobs"));
+  choice.logprobs = lists;
+  CHECK(CompletionJson(head, {choice}, 2, 0)["choices"][0]["logprobs"] == lists);
+  choice.logprobs = chat;
+  CHECK(ChatCompletionJson(head, {choice}, 2, 0)["choices"][0]["logprobs"] == chat);
+  // -inf never reaches the JSON (a masked token is never listed); the
+  // serialization of the lists is plain JSON.
+  CHECK(Dump(lists).find("\"token_logprobs\":[null,-3.0,-0.5,-2.0]") != std::string::npos);
 }
 
 }  // namespace

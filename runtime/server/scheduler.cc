@@ -60,6 +60,7 @@ struct Scheduler::Active {
   bool started = false;     // Start made the slot's cache the prompt's first `cached` tokens
   bool decoding = false;    // the prompt is in; a sampled token is pending
   std::vector<int32_t> sampled;  // every token sampled (the slot's cache runs all but the last)
+  std::vector<generate::TokenLogprobs> prompt_logprobs;  // scored so far (prompt_logprobs)
   int64_t completion = 0;   // tokens generated (stop tokens excluded)
   TextStream text;
   bool done = false;
@@ -137,6 +138,14 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerationReque
     // with ignore_eos.
     for (int32_t id : tokenizer_.end_of_generation_ids()) r.stop_tokens.insert(id);
   }
+  if (r.logprobs < -1 || r.logprobs > generate::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logprobs ", r.logprobs, " is outside [0, ", generate::kMaxTopLogprobs, "]"));
+  }
+  if (r.prompt_logprobs && r.logprobs < 0) {
+    return absl::InvalidArgumentError("prompt logprobs need logprobs (the number of alternatives, 0 or more)");
+  }
+  if (r.logprobs >= 0 && !engine_.supports_logprobs()) return LogprobsUnsupported();
   if (r.max_tokens < -1) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens ", r.max_tokens, " is negative"));
   }
@@ -243,7 +252,17 @@ void Scheduler::Finish(Active& a, FinishReason reason, absl::Status error) {
   a.stream->Push(std::move(e));  // last: the metrics show the slot free when the client hears
 }
 
-bool Scheduler::Take(Active& a, int32_t token) {
+std::optional<SlotLogprobs> Scheduler::TakeLogprobs(Active& a) {
+  if (a.request.logprobs < 0) return SlotLogprobs{};
+  absl::StatusOr<SlotLogprobs> lp = engine_.TakeLogprobs(a.slot);
+  if (!lp.ok()) {
+    Finish(a, FinishReason::kStop, Annotate(lp.status(), "logprobs"));
+    return std::nullopt;
+  }
+  return *std::move(lp);
+}
+
+bool Scheduler::Take(Active& a, int32_t token, std::optional<generate::TokenLogprobs> logprobs) {
   a.sampled.push_back(token);
   if ((!a.request.ignore_eos || a.request.grammar != nullptr) && a.request.stop_tokens.contains(token)) {
     Finish(a, FinishReason::kStop, absl::OkStatus());
@@ -253,9 +272,10 @@ bool Scheduler::Take(Active& a, int32_t token) {
   ++generated_unflushed_;  // what usage.completion_tokens counts
   bool stopped = false;
   std::string piece = a.text.Push(token, &stopped);
-  if (!piece.empty()) {
+  if (!piece.empty() || logprobs.has_value()) {
     StreamEvent e;
     e.text = std::move(piece);
+    if (logprobs.has_value()) e.logprobs.push_back(*std::move(logprobs));
     a.stream->Push(std::move(e));
   }
   if (stopped) {
@@ -278,7 +298,8 @@ void Scheduler::Start(Active& a) {
   // that runs their shared start finds it here.
   int from = -1;
   size_t n = 0;
-  if (a.request.cache_prompt) {
+  // A scored prompt runs whole: a cached start has no logits to score it.
+  if (a.request.cache_prompt && !a.request.prompt_logprobs) {
     n = SharedStart(held, prompt);
     for (int s = 0; s < static_cast<int>(slot_tokens_.size()); ++s) {
       const size_t m = s == a.slot ? 0 : SharedStart(slot_tokens_[static_cast<size_t>(s)], prompt);
@@ -294,6 +315,9 @@ void Scheduler::Start(Active& a) {
   // The request's grammar (if any) from its first sampled token on; the
   // start above cleared the previous request's.
   if (kept.ok() && a.request.grammar != nullptr) kept = engine_.SetGrammar(a.slot, a.request.grammar);
+  if (kept.ok() && a.request.logprobs >= 0) {
+    kept = engine_.SetLogprobs(a.slot, a.request.logprobs, a.request.prompt_logprobs);
+  }
   held.assign(start.begin(), start.end());
   if (!kept.ok()) {
     held.clear();
@@ -399,7 +423,16 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
     a.prefilled += n;
     std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(a.slot)];
     held.insert(held.end(), parts[i].tokens.begin(), parts[i].tokens.end());
+    std::optional<SlotLogprobs> lp = TakeLogprobs(a);
+    if (!lp.has_value()) continue;
+    for (generate::TokenLogprobs& t : lp->prompt) a.prompt_logprobs.push_back(std::move(t));
     if (!parts[i].last) continue;
+    if (a.request.prompt_logprobs) {
+      StreamEvent e;
+      e.prompt_logprobs = std::move(a.prompt_logprobs);
+      e.prompt_scored = true;
+      a.stream->Push(std::move(e));
+    }
     a.decoding = true;
     a.first_token = done;
     {
@@ -410,13 +443,13 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
       Finish(a, FinishReason::kLength, absl::OkStatus());
       continue;
     }
-    Take(a, first[i]);
+    Take(a, first[i], std::move(lp->draw));
   }
   for (size_t i = 0; i < decoders.size(); ++i) {
     if (!step_status.ok()) {
       Finish(*decoders[i], FinishReason::kStop, step_status);
-    } else {
-      Take(*decoders[i], next[i]);
+    } else if (std::optional<SlotLogprobs> lp = TakeLogprobs(*decoders[i])) {
+      Take(*decoders[i], next[i], std::move(lp->draw));
     }
   }
 }

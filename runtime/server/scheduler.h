@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +64,13 @@ struct GenerationRequest {
   // masks each draw; BatchEngine::SetGrammar). Submit refuses it on an
   // engine without (FailedPrecondition, before anything is streamed).
   std::shared_ptr<const grammar::Grammar> grammar;
+  // Logprobs (BatchEngine::SetLogprobs): each generated token's, with the
+  // `logprobs` most probable (0..generate::kMaxTopLogprobs; -1: none), and
+  // with prompt_logprobs also the prompt tokens' (echo): the prompt then
+  // runs whole, not from a cached start. Submit refuses them on an engine
+  // without (FailedPrecondition, before anything is streamed).
+  int logprobs = -1;
+  bool prompt_logprobs = false;
 };
 
 // OpenAI's "stop" and "length"; "tool_calls" only the API layer gives (an
@@ -74,6 +82,17 @@ const char* FinishReasonName(FinishReason reason);
 // event.
 struct StreamEvent {
   std::string text;
+  // With GenerationRequest::logprobs: the generated tokens this event
+  // reports, in order (a token's text may come in a later event: the text
+  // waits for whole UTF-8 characters and for what may begin a stop string);
+  // an end-of-generation token is not reported, nor is its text. A stop
+  // string's tokens are, though their text is cut.
+  std::vector<generate::TokenLogprobs> logprobs;
+  // With prompt_logprobs, one event before any generated token's
+  // (prompt_scored): the prompt tokens' from the second on (prompt.size() - 1
+  // entries).
+  std::vector<generate::TokenLogprobs> prompt_logprobs;
+  bool prompt_scored = false;
   bool final = false;
   // Final only:
   FinishReason finish = FinishReason::kStop;
@@ -174,7 +193,9 @@ class Scheduler {
   // id outside the vocabulary, max_tokens < -1), OutOfRange (the prompt plus
   // max_tokens do not fit a slot's context), ResourceExhausted (the queue is
   // full), Unavailable (shutting down), FailedPrecondition (a grammar on an
-  // engine without structured output).
+  // engine without structured output, logprobs on one without them);
+  // InvalidArgument also for logprobs outside [-1, 20], prompt_logprobs
+  // without logprobs.
   absl::StatusOr<std::shared_ptr<RequestStream>> Submit(GenerationRequest request);
 
   // Refuses new requests, ends every queued and running one (its final event
@@ -211,8 +232,12 @@ class Scheduler {
   // Whether `a` (not started) waits for an `older` request's prompt to run
   // (SchedulerOptions::defer_for_shared_start).
   bool WaitsForSharedStart(const Active& a, absl::Span<const std::unique_ptr<Active>> older) const;
-  // Takes a sampled token; true when the request is finished.
-  bool Take(Active& a, int32_t token);
+  // Takes a sampled token (and its logprobs, with the request's); true when
+  // the request is finished.
+  bool Take(Active& a, int32_t token, std::optional<generate::TokenLogprobs> logprobs = std::nullopt);
+  // The slot's logprobs since the engine's last call (none unless the
+  // request asked); Finish on error.
+  std::optional<SlotLogprobs> TakeLogprobs(Active& a);
   void Finish(Active& a, FinishReason reason, absl::Status error);
 
   BatchEngine& engine_;

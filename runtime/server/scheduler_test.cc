@@ -53,6 +53,8 @@ struct Fixture {
 struct Result {
   std::string text;
   StreamEvent final;
+  std::vector<generate::TokenLogprobs> logprobs, prompt_logprobs;  // all events'
+  int prompt_events = 0;  // events that carried prompt logprobs
 };
 
 Result Collect(RequestStream& s) {
@@ -60,6 +62,9 @@ Result Collect(RequestStream& s) {
   for (;;) {
     for (StreamEvent& e : s.Wait(absl::Seconds(30))) {
       r.text += e.text;
+      r.logprobs.insert(r.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
+      r.prompt_logprobs.insert(r.prompt_logprobs.end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+      r.prompt_events += !e.prompt_logprobs.empty();
       if (e.final) {
         r.final = std::move(e);
         return r;
@@ -689,6 +694,89 @@ TEST_CASE("grammar refusals: an engine without them, a model without a vocabular
   const Result got = Collect(**st);
   CHECK(got.final.error.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(got.text.empty());
+}
+
+TEST_CASE("logprobs refused by an engine without them, before anything streams") {
+  Fixture f(1);
+  NoGrammarEngine no(*f.engine);
+  CHECK(no.SetLogprobs(0, -1, false).ok());
+  CHECK(no.SetLogprobs(0, 0, false).code() == absl::StatusCode::kFailedPrecondition);
+  Scheduler s(no, *f.tok, {});
+  GenerationRequest r = Greedy({1, 2}, 4);
+  r.logprobs = 0;
+  const absl::Status refused = s.Submit(r).status();
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(refused.message()).find("logprobs") != std::string::npos);
+  Scheduler cpu(*f.engine, *f.tok, {});
+  r.logprobs = generate::kMaxTopLogprobs + 1;
+  CHECK(cpu.Submit(r).status().code() == absl::StatusCode::kInvalidArgument);
+  r.logprobs = -1;
+  r.prompt_logprobs = true;
+  CHECK(cpu.Submit(r).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 32 through the scheduler on the random-weight model: the prompt
+// scored across chunks and never from a cached start, one entry per
+// generated token, and echo's max_tokens 0 scoring the prompt alone.
+TEST_CASE("logprobs: prompt scoring in chunks, per generated token, max_tokens 0") {
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
+  // The engine's own scoring of the whole prompt in one call.
+  std::vector<generate::TokenLogprobs> want;
+  {
+    Fixture f(1);
+    REQUIRE(f.engine->SetLogprobs(0, 2, true).ok());
+    REQUIRE(f.engine->Prefill(0, prompt, true, SamplerParams{}).ok());
+    auto lp = f.engine->TakeLogprobs(0);
+    REQUIRE(lp.ok());
+    want = lp->prompt;
+  }
+  REQUIRE(want.size() == prompt.size() - 1);
+  Fixture f(1);
+  SchedulerOptions o;
+  o.prefill_chunk = 2;  // the prompt in three chunks
+  Scheduler s(*f.engine, *f.tok, o);
+  GenerationRequest r = Greedy(prompt, 4);
+  r.logprobs = 2;
+  r.prompt_logprobs = true;
+  for (int round = 0; round < 2; ++round) {  // the second finds the prompt cached, and runs it anyway
+    auto st = s.Submit(r);
+    REQUIRE(st.ok());
+    const Result got = Collect(**st);
+    REQUIRE(got.final.error.ok());
+    CHECK(got.final.cached_tokens == 0);
+    CHECK(got.prompt_events == 1);
+    REQUIRE(got.prompt_logprobs.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      CHECK(got.prompt_logprobs[i].chosen.token == prompt[i + 1]);
+      CHECK(got.prompt_logprobs[i].chosen.logprob == want[i].chosen.logprob);
+      REQUIRE(got.prompt_logprobs[i].top.size() == 2);
+      CHECK(got.prompt_logprobs[i].top[0].token == want[i].top[0].token);
+    }
+    REQUIRE(got.logprobs.size() == static_cast<size_t>(got.final.completion_tokens));
+    CHECK(got.final.completion_tokens == 4);
+    for (const auto& t : got.logprobs) {
+      REQUIRE(t.top.size() == 2);
+      CHECK(t.top[0].token == t.chosen.token);  // greedy, no penalty: the most probable
+      CHECK(t.top[0].logprob == t.chosen.logprob);
+      CHECK(t.top[0].logprob >= t.top[1].logprob);
+    }
+  }
+  GenerationRequest zero = r;
+  zero.max_tokens = 0;
+  auto st = s.Submit(zero);
+  REQUIRE(st.ok());
+  const Result got = Collect(**st);
+  REQUIRE(got.final.error.ok());
+  CHECK(got.final.finish == FinishReason::kLength);
+  CHECK(got.final.completion_tokens == 0);
+  CHECK(got.logprobs.empty());
+  REQUIRE(got.prompt_logprobs.size() == want.size());
+  CHECK(got.prompt_logprobs.back().chosen.logprob == want.back().chosen.logprob);
+  // Without logprobs nothing is reported.
+  auto plain = s.Submit(Greedy(prompt, 2));
+  REQUIRE(plain.ok());
+  const Result none = Collect(**plain);
+  CHECK((none.logprobs.empty() && none.prompt_logprobs.empty() && none.prompt_events == 0));
 }
 
 }  // namespace

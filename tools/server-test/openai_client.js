@@ -2,7 +2,8 @@
 // "openai" 6), as an application would: chat and completions, streaming and
 // not, usage, tools with tool_choice "required" (arguments that validate
 // against the tool's schema) and a tool result continuing the conversation,
-// response_format json_schema (an answer that validates), the Responses API,
+// response_format json_schema (an answer that validates), logprobs (chat's
+// top_logprobs, completions' echo scoring), the Responses API,
 // any model name, and the errors the client raises for a bad field and a bad key.
 //   node openai_client.js BASE_URL API_KEY MODEL
 // Prints "ok   NAME" / "FAIL NAME" lines; exits 1 on any failure.
@@ -61,6 +62,25 @@ async function main() {
     let finish = null;
     for await (const chunk of stream) if (chunk.choices[0] && chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
     expect(finish !== null, 'no finish_reason');
+  });
+
+  await check('logprobs: chat top_logprobs, completions echo scoring (max_tokens 0)', async () => {
+    const r = await client.chat.completions.create({
+      model, messages, max_tokens: 3, temperature: 0, ignore_eos: true, logprobs: true, top_logprobs: 2,
+    });
+    const content = r.choices[0].logprobs && r.choices[0].logprobs.content;
+    expect(Array.isArray(content) && content.length === 3, JSON.stringify(r.choices[0]));
+    for (const e of content) {
+      expect(typeof e.token === 'string' && e.logprob <= 0 && Array.isArray(e.bytes), JSON.stringify(e));
+      expect(e.top_logprobs.length === 2 && e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob, JSON.stringify(e));
+    }
+    const c = await client.completions.create({ model, prompt: [9707, 1879, 13], max_tokens: 0, echo: true, logprobs: 1 });
+    const lp = c.choices[0].logprobs;
+    expect(c.choices[0].finish_reason === 'length' && c.usage.completion_tokens === 0, JSON.stringify(c));
+    expect(lp.tokens.length === 3 && lp.token_logprobs[0] === null && lp.top_logprobs[0] === null, JSON.stringify(lp));
+    expect(lp.token_logprobs.slice(1).every((x) => typeof x === 'number' && x <= 0), JSON.stringify(lp));
+    expect(lp.top_logprobs.slice(1).every((t) => Object.keys(t).length === 1), JSON.stringify(lp));
+    expect(c.choices[0].text === lp.tokens.join(''), JSON.stringify(c.choices[0]));
   });
 
   await check('models.list', async () => {
