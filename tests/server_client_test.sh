@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One unmodified npm client against dpl-server on the CPU device (issue 32):
 # tests/BUILD.bazel runs it once per client script of tools/server-test
-# (openai_client.js, ai_sdk_client.js, langchain_client.js), each with the
+# (openai_client.js, ai_sdk_client.js, langchain_client.js, and
+# chat_page_client.js: the chat page at / in headless chromium), each with the
 # tiny Qwen2 model of ../shared (its real vocabulary, a Qwen-style template
 # with Hermes tool calls). The clients are the versions package-lock.json
 # pins, installed by tools/setup.sh (npm ci) into tools/server-test/node_modules;
 # a missing or stale install is a failure naming the fix, never a pass.
-#   server_client_test.sh CLIENT.js
+#   server_client_test.sh CLIENT.js [--no-api-key]   (the server without --api-key)
 set -u
 repo=$(cd "$(dirname "$(readlink -f tests/shared_anchor.txt)")/.." && pwd)
 shared=${DPL_SHARED_DIR:-$(cd "$repo/.." && pwd)/shared}
@@ -16,6 +17,7 @@ server=runtime/dpl-server
 model="$shared/oracle/tiny-qwen2-vocab-q4km.gguf"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 key=test-key
+[[ ${2-} == --no-api-key ]] && key=
 fails=0
 ok() { echo "ok   $1"; }
 bad() { echo "FAIL $1"; fails=$((fails + 1)); }

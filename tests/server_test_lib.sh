@@ -2,10 +2,10 @@
 # with a signal while a stream is open. Needs $server, $model, $tmp, $key and
 # the ok/bad functions of the sourcing test.
 
-# start_server ARGS...: dpl-server on a free port (--port 0) with the API key;
-# sets pid, port and url.
+# start_server ARGS...: dpl-server on a free port (--port 0) with the API key
+# (none if $key is empty); sets pid, port and url.
 start_server() {
-  "$server" -m "$model" --port 0 --api-key "$key" "$@" >"$tmp/server.out" 2>"$tmp/server.err" &
+  "$server" -m "$model" --port 0 ${key:+--api-key "$key"} "$@" >"$tmp/server.out" 2>"$tmp/server.err" &
   pid=$!
   port=
   for _ in $(seq 100); do

@@ -16,6 +16,7 @@ packages=(
   zlib1g-dev           # gzip and deflate request bodies (linked statically)
   curl                 # tests/server_e2e_test
   nodejs               # (and its npm; 20 or later) tests/server_*_client_test drive dpl-server with npm clients
+  chromium             # headless, driven by puppeteer-core: tests/server_chat_page_client_test (the chat page at /)
   clang                # libFuzzer targets (formats/fuzz)
   libclang-rt-14-dev   # libFuzzer and sanitizer runtimes
 )
@@ -34,7 +35,7 @@ if ((${#missing[@]})); then
 fi
 
 # The npm clients of tests/server_*_client_test (openai, Vercel's AI SDK,
-# LangChain JS, zod; exact versions in package.json, the whole tree pinned by
+# LangChain JS, zod, puppeteer-core; exact versions in package.json, the whole tree pinned by
 # package-lock.json), into the git-ignored tools/server-test/node_modules:
 # npm ci whenever the lock file differs from the one last installed (a copy
 # kept in node_modules), so a stale tree is replaced. They need Node 20 or
