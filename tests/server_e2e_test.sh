@@ -321,7 +321,7 @@ done
 
 # A full queue: 2 long streams hold the slots, 2 wait, the 5th gets 503;
 # then the 4 clients are killed and every slot frees.
-metric() { curl -s -H "Authorization: Bearer $key" "$url/metrics" | sed -n "s/^dpl:$1 //p"; }
+metric() { curl -s -H "Authorization: Bearer $key" "$url/metrics" | sed -n "s/^dpl_$1 //p"; }
 long_pids=()
 for i in 1 2 3 4; do
   curl -sN -H "Authorization: Bearer $key" "$url/v1/completions" \
@@ -350,12 +350,20 @@ generated=$(metric tokens_predicted_total)
 expect 200 "/metrics" "$url/metrics"
 for m in prompt_tokens_total prompt_tokens_cached_total prompt_tokens_copied_total tokens_predicted_total requests_total requests_processing requests_deferred \
          predicted_tokens_seconds kv_cache_usage_ratio kv_cache_tokens; do
-  grep -q "^dpl:$m " "$tmp/body" || bad "/metrics lacks dpl:$m"
+  grep -q "^dpl_$m " "$tmp/body" || bad "/metrics lacks dpl_$m"
 done
+# The text is valid Prometheus exposition, names and all (Debian's prometheus
+# package, installed by tools/setup.sh).
+if command -v promtool >/dev/null; then
+  promtool check metrics <"$tmp/body" >"$tmp/promtool.out" 2>&1 && ok "/metrics: promtool check metrics passes" ||
+    bad "/metrics: promtool check metrics: $(head -c 600 "$tmp/promtool.out")"
+else
+  bad "/metrics: no promtool (tools/setup.sh installs Debian's prometheus)"
+fi
 # Histograms: the +Inf bucket holds every observation; counts > 0 by now.
 for h in time_to_first_token_seconds time_per_output_token_seconds e2e_request_latency_seconds; do
-  inf=$(sed -n "s/^dpl:${h}_bucket{le=\"+Inf\"} //p" "$tmp/body")
-  count=$(sed -n "s/^dpl:${h}_count //p" "$tmp/body")
+  inf=$(sed -n "s/^dpl_${h}_bucket{le=\"+Inf\"} //p" "$tmp/body")
+  count=$(sed -n "s/^dpl_${h}_count //p" "$tmp/body")
   [[ -n $count && $inf == "$count" && $count -gt 0 ]] && ok "/metrics $h: $count observations" ||
     bad "/metrics $h: +Inf $inf, count $count"
 done
@@ -374,7 +382,7 @@ fi
 
 # A shared start (a system prompt) in a slot's cache after a warm-up
 # request: each stream finds its 12 tokens cached, the one that lands on the
-# other slot by a copy (dpl:prompt_tokens_copied_total counts them).
+# other slot by a copy (dpl_prompt_tokens_copied_total counts them).
 copied_before=$(metric prompt_tokens_copied_total)
 if "$repo/tools/server_load.sh" --url "$url" --api-key "$key" -n 2 --prompt 4 --shared 12 --warm --gen 3 >"$tmp/load.out" 2>&1 &&
    [[ $(grep -c " 12 prompt tokens cached" "$tmp/load.out") == 2 ]] &&

@@ -17,6 +17,7 @@ packages=(
   curl                 # tests/server_e2e_test
   nodejs               # (and its npm; 20 or later) tests/server_*_client_test drive dpl-server with npm clients
   chromium             # headless, driven by puppeteer-core: tests/server_chat_page_client_test (the chat page at /)
+  prometheus           # its promtool checks dpl-server's /metrics in tests/server_e2e_test
   clang                # libFuzzer targets (formats/fuzz)
   libclang-rt-14-dev   # libFuzzer and sanitizer runtimes
 )

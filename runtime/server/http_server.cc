@@ -531,7 +531,9 @@ struct HttpServer::Handlers {
     if (Model(res)) Reply(res, 200, {{"status", "ok"}});
   }
 
-  // Prometheus text, llama-server's metric names with "dpl:" for "llamacpp:".
+  // Prometheus text, llama-server's metric names with "dpl_" for "llamacpp:"
+  // (a ':' is for recording rules: `promtool check metrics` refuses it in an
+  // exporter's names; tests/server_e2e_test runs it).
   void Metrics(HttpResponder& res) {
     std::optional<Served> m = Model(res);
     if (!m) return;
@@ -542,7 +544,7 @@ struct HttpServer::Handlers {
     // and a rate() over it stalled).
     auto metric = [&out](const char* name, const char* type, const char* help, auto v) {
       const std::string value = std::is_integral_v<decltype(v)> ? absl::StrCat(v) : absl::StrFormat("%.17g", v);
-      absl::StrAppend(&out, "# HELP dpl:", name, " ", help, "\n# TYPE dpl:", name, " ", type, "\ndpl:", name,
+      absl::StrAppend(&out, "# HELP dpl_", name, " ", help, "\n# TYPE dpl_", name, " ", type, "\ndpl_", name,
                       " ", value, "\n");
     };
     metric("prompt_tokens_total", "counter", "Prompt tokens processed.", x.prompt_tokens_total);
@@ -566,14 +568,14 @@ struct HttpServer::Handlers {
            x.kv_positions_total > 0 ? static_cast<double>(x.kv_positions_used) / x.kv_positions_total : 0.0);
     metric("kv_cache_tokens", "gauge", "KV-cache positions the running requests hold.", x.kv_positions_used);
     auto histogram = [&out](const char* name, const char* help, const Histogram& h) {
-      absl::StrAppend(&out, "# HELP dpl:", name, " ", help, "\n# TYPE dpl:", name, " histogram\n");
+      absl::StrAppend(&out, "# HELP dpl_", name, " ", help, "\n# TYPE dpl_", name, " histogram\n");
       int64_t cumulative = 0;
       for (size_t i = 0; i <= h.bounds.size(); ++i) {
         cumulative += h.counts[i];
         const std::string le = i < h.bounds.size() ? absl::StrFormat("%.17g", h.bounds[i]) : "+Inf";
-        absl::StrAppend(&out, "dpl:", name, "_bucket{le=\"", le, "\"} ", cumulative, "\n");
+        absl::StrAppend(&out, "dpl_", name, "_bucket{le=\"", le, "\"} ", cumulative, "\n");
       }
-      absl::StrAppend(&out, "dpl:", name, "_sum ", absl::StrFormat("%.17g", h.sum), "\ndpl:", name, "_count ",
+      absl::StrAppend(&out, "dpl_", name, "_sum ", absl::StrFormat("%.17g", h.sum), "\ndpl_", name, "_count ",
                       h.count, "\n");
     };
     histogram("time_to_first_token_seconds", "Seconds from a request's arrival to its first token.",

@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 model=$(q7_model) || exit 1
 port=18091
 metrics() {
-  curl -s http://127.0.0.1:$port/metrics | sed -n -E 's/^dpl:(prompt_seconds_total|tokens_predicted_seconds_total|prompt_tokens_total|prompt_tokens_copied_total) /\1 /p' | tr '\n' ' '
+  curl -s http://127.0.0.1:$port/metrics | sed -n -E 's/^dpl_(prompt_seconds_total|tokens_predicted_seconds_total|prompt_tokens_total|prompt_tokens_copied_total) /\1 /p' | tr '\n' ' '
   echo
 }
 serve() {  # MIXED ARGS...: a server (DPL_MIXED_STEPS=MIXED) answering /health

@@ -146,7 +146,7 @@ async function healthMs() {
 
 async function metric(name) {
   const r = await call(request('GET', '/metrics', undefined, 'Connection: close\r\n'));
-  const m = r.body.match(new RegExp(`^dpl:${name} (\\S+)`, 'm'));
+  const m = r.body.match(new RegExp(`^dpl_${name} (\\S+)`, 'm'));
   return m ? Number(m[1]) : NaN;
 }
 
