@@ -96,7 +96,7 @@ struct DecodeTuning {
   // CTAs a SM of the f16 form up to 16 tokens: 2 (whole-block stages, three
   // or four of them), 3 (whole-block stages, two: the same bits) or 4
   // (half-block stages, registers capped at 128), taken only by launches of
-  // more CTAs than two a SM hold (MatVecPlan::mma_f16_small_min_grid: 7B's
+  // more CTAs than two a SM hold (MatVecPlan::num_sms; 7B's
   // gate/up). Measured on an H100 (docs/PERF.md, "Three or four f16-form
   // CTAs a SM up to 16 tokens"): on every launch, 3 won in matvec_bench
   // (gate/up at 16 tokens 30.7 -> 25.7 us, the others level) and under ncu

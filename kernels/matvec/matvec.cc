@@ -282,7 +282,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     int splits = 1;
     for (int i = 0; i < a.n_parts; ++i) splits = std::max(splits, a.part[i].splits);
     MmaF16Options o;
-    o.ctas_per_sm = blocks * splits >= plan.mma_f16_small_min_grid ? plan.mma_f16_small_ctas : 2;
+    o.ctas_per_sm = blocks * splits > 2 * int64_t{plan.num_sms} ? plan.mma_f16_small_ctas : 2;
     o.cluster_sum = plan.mma_f16_cluster_sum == 2 ||
                     (plan.mma_f16_cluster_sum == 1 &&
                      blocks * splits > int64_t{o.ctas_per_sm} * plan.num_sms);

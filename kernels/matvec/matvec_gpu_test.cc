@@ -635,7 +635,7 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
         for (int ctas : {3, 4}) {
           MatVecPlan pc = p16;
           pc.mma_f16_small_ctas = ctas;
-          pc.mma_f16_small_min_grid = 0;  // every launch, however small its grid
+          pc.num_sms = 0;  // every launch a big grid, however few its CTAs
           DevFloats yc(c.n_rows * n_tokens);
           yc.Upload(res);
           STATUS_OK(Run(dm.w, pc, dx.get(), n_tokens, yc.get(), db.get(), yc.get(), &sh.s));

@@ -194,7 +194,6 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   plan.prompt = MatVecGeometry{kTokenTile, 1, 2, false};
   plan.pdl = tuning.pdl;
   plan.mma_f16_small_ctas = tuning.mma_f16_small_ctas_per_sm;
-  plan.mma_f16_small_min_grid = 2 * int64_t{tuning.num_sms} + 1;
   plan.mma_f16_cluster_sum = tuning.mma_f16_cluster_sum;
   plan.num_sms = tuning.num_sms;
   if (MatVecMmaF16Supports(k, w.n_cols)) {

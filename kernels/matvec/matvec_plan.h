@@ -61,15 +61,14 @@ struct MatVecPlan {
   // MatVecMmaF16Supports.
   int mma_f16_min_tokens = 0;
   // The f16 form's CTAs a SM up to 16 tokens
-  // (DecodeTuning::mma_f16_small_ctas_per_sm), taken only by launches of at
-  // least mma_f16_small_min_grid CTAs (more than two a SM hold); smaller
-  // launches keep 2 (see DecodeTuning for why).
+  // (DecodeTuning::mma_f16_small_ctas_per_sm), taken only by launches of
+  // more CTAs than two a SM of num_sms hold; smaller launches keep 2 (see
+  // DecodeTuning for why).
   int mma_f16_small_ctas = 2;
-  int64_t mma_f16_small_min_grid = 0;
   // The f16 form's k splits summed in clusters (DecodeTuning::mma_f16_cluster_sum):
   // 0 never, 1 launches of more than one wave (num_sms x their CTAs a SM), 2 always.
   int mma_f16_cluster_sum = 0;
-  int num_sms = 0;
+  int num_sms = 0;  // the GPU's (DecodeTuning::num_sms): what "a wave" is above
 };
 
 // Checks shape, stride and alignment of `w`, picks its kernel and the

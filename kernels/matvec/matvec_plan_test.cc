@@ -389,7 +389,7 @@ TEST_CASE("the f16 mma threshold reaches q4_K plans only") {
   REQUIRE(q4.ok());
   CHECK(q4->mma_f16_min_tokens == 16);
   CHECK(q4->mma_f16_small_ctas == 4);
-  CHECK(q4->mma_f16_small_min_grid == 2 * t.num_sms + 1);
+  CHECK(q4->num_sms == t.num_sms);
   const absl::StatusOr<MatVecPlan> q6 = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kDpl, 512, 3584), t);
   REQUIRE(q6.ok());
   CHECK(q6->mma_f16_min_tokens == 4);

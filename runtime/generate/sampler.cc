@@ -19,8 +19,9 @@ void Sampler::Accept(int32_t token) {
   while (static_cast<int32_t>(recent_.size()) > p_.repeat_last_n) recent_.pop_front();
 }
 
-std::vector<float> Sampler::Penalized(absl::Span<const float> logits) const {
-  std::vector<float> out(logits.begin(), logits.end());
+absl::Span<const float> Sampler::Penalized(absl::Span<const float> logits) {
+  std::vector<float>& out = penalized_;
+  out.assign(logits.begin(), logits.end());
   const int32_t n = static_cast<int32_t>(out.size());
   // Penalties (llama.cpp's penalties sampler): each distinct recent token
   // once, the repetition penalty, then frequency x its count + presence.
@@ -44,7 +45,7 @@ std::vector<float> Sampler::Penalized(absl::Span<const float> logits) const {
 }
 
 void Sampler::Fill(absl::Span<const float> logits) {
-  const std::vector<float> penalized = Penalized(logits);
+  const absl::Span<const float> penalized = Penalized(logits);
   const int32_t n = static_cast<int32_t>(penalized.size());
   candidates_.resize(n);
   for (int32_t i = 0; i < n; ++i) candidates_[i] = {penalized[i], i};

@@ -36,7 +36,9 @@ class Sampler {
   // `logits` with the penalties applied (repetition, presence, frequency
   // over the recent tokens): what the next draw's chain starts from, and
   // what a draw's logprobs are computed from (before any Accept of it).
-  std::vector<float> Penalized(absl::Span<const float> logits) const;
+  // Valid until the next Penalized, Sample or SampleAllowed (one buffer,
+  // reused: no allocation a draw).
+  absl::Span<const float> Penalized(absl::Span<const float> logits);
   // Remembers a token for the repetition penalty (prompt and generated).
   void Accept(int32_t token);
 
@@ -52,6 +54,7 @@ class Sampler {
   uint64_t draws_ = 0;
   std::deque<int32_t> recent_;
   std::vector<std::pair<float, int32_t>> candidates_;  // reused buffer
+  std::vector<float> penalized_;                       // Penalized's, reused
 };
 
 }  // namespace dpl::generate

@@ -93,7 +93,10 @@ absl::StatusOr<int32_t> CpuEngine::SampleNext(int slot, absl::Span<const float> 
   // Scored from what the chain starts from, before this draw joins the
   // penalty's history.
   std::vector<float> penalized;
-  if (s.logprobs_top >= 0) penalized = s.sampler->Penalized(logits);
+  if (s.logprobs_top >= 0) {
+    const absl::Span<const float> p = s.sampler->Penalized(logits);  // the draw below reuses its buffer
+    penalized.assign(p.begin(), p.end());
+  }
   int32_t t;
   if (allowed.empty()) {
     t = s.sampler->Sample(logits);
