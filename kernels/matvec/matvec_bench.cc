@@ -378,6 +378,18 @@ int Main() {
       shapes.push_back({names.back().c_str(), type, layout, rows, cols, tokens});
     }
   }
+  // Wave fit of the f16 form (issue 29): q4_K matrices of 3584 columns whose
+  // row counts make whole or fractional waves of CTAs (two a SM at 64 tokens
+  // on a 132-SM H100: 8448, 16896, 33792 rows are one wave; 17152 is one wave
+  // and 4 CTAs, 18944 (7B gate/up) 1.12, 25344 1.5). If a product's time
+  // follows its waves rather than its bytes, a CTA's own chain bounds it.
+  for (int64_t tokens : {16, 64}) {
+    static std::deque<std::string> names;
+    for (int64_t rows : {8448, 16896, 17152, 18944, 25344, 33792}) {
+      names.push_back(absl::StrCat("waves q4_K ", rows, "x3584 ", tokens, "tok"));
+      shapes.push_back({names.back().c_str(), GgmlType::kQ4_K, TensorLayout::kRaw, rows, 3584, tokens});
+    }
+  }
   const char* only = std::getenv("DPL_MATVEC_BENCH_ONLY");  // substring filter on shape names
   if (only == nullptr || std::strstr("group", only) != nullptr) {
     using T = GgmlType;
