@@ -60,6 +60,8 @@ struct Rows {
   int* tokens_out;               // (batch)
   const uint32_t* allowed;       // (n_seqs, AllowedWords(n_vocab)) token masks; null: none
   const int* allowed_on;         // (n_seqs) nonzero: the sequence's mask applies
+  const LogitBias* bias;         // (n_seqs, kMaxLogitBias) logit biases; null: none
+  const int* n_bias;             // (n_seqs) entries of each sequence's list
 };
 
 // One row as a block sees it. Every thread loads it (a broadcast read): the
@@ -74,6 +76,8 @@ struct Row {
   Workspace* ws = nullptr;
   int* token_out = nullptr;
   const uint32_t* allowed = nullptr;  // (AllowedWords(n_vocab)) the row's mask; null: every token
+  const LogitBias* bias = nullptr;    // (n_bias) the row's biases
+  int n_bias = 0;                     // in [0, kMaxLogitBias]
 };
 
 __device__ Row LoadRow(const Rows& a, int r) {
@@ -97,12 +101,19 @@ __device__ Row LoadRow(const Rows& a, int r) {
   if (a.allowed != nullptr && a.allowed_on[seq] != 0) {
     w.allowed = a.allowed + static_cast<size_t>(seq) * AllowedWords(a.n_vocab);
   }
+  if (a.bias != nullptr) {
+    const int n = a.n_bias[seq];
+    w.n_bias = n < 0 ? 0 : n < kMaxLogitBias ? n : kMaxLogitBias;
+    w.bias = a.bias + static_cast<size_t>(seq) * kMaxLogitBias;
+  }
   return w;
 }
 
 // One block per row (grid.x = row): zeroes the header's accumulators (the
-// first kernel of every call, so no memset node), then the penalties, each
-// distinct ring token once (count: its occurrences in the window):
+// first kernel of every call, so no memset node), adds the logit biases
+// (l += bias, one thread an entry: the tokens are distinct), then the
+// penalties, each distinct ring token once (count: its occurrences in the
+// window), on the biased logits (llama.cpp's order):
 //   l = l > 0 ? l / repeat : l * repeat;  l -= frequency count + presence
 __global__ void PrepareKernel(Rows a) {
   const Row w = LoadRow(a, blockIdx.x);
@@ -110,6 +121,13 @@ __global__ void PrepareKernel(Rows a) {
   if (threadIdx.x == 0) {
     w.ws->h.argmax_key = 0;
     w.ws->h.n_cand = 0;
+  }
+  if (w.n_bias > 0) {  // the whole block or none (every thread loaded the same row)
+    for (int i = threadIdx.x; i < w.n_bias; i += blockDim.x) {
+      const LogitBias e = w.bias[i];
+      if (e.token >= 0 && e.token < a.n_vocab) w.logits[e.token] += e.bias;
+    }
+    __syncthreads();  // the penalty loop below reads logits another thread biased
   }
   const int n_slots = w.p.repeat_last_n;
   const bool additive = w.p.presence_penalty != 0.0f || w.p.frequency_penalty != 0.0f;
@@ -456,6 +474,17 @@ __global__ void __launch_bounds__(1024) FinalKernel(Rows a) {
     keep = s_cut;
     __syncthreads();
   }
+  // Never a -inf token (a logit_bias ban, a mask): the sorted tail of -inf
+  // is cut, at least one kept, so not even the draw's fallback (the last
+  // kept) can pick one; as the CPU sampler.
+  if (t == 0) s_cut = l0 == -INFINITY ? 1 : keep;
+  __syncthreads();
+  for (int i = 1 + t; i < keep; i += blockDim.x) {
+    if (logit(i) == -INFINITY && logit(i - 1) != -INFINITY) s_cut = i;  // one boundary: one writer
+  }
+  __syncthreads();
+  keep = s_cut;
+  __syncthreads();
   // Temperature, weights, draw.
   const double max_t = static_cast<double>(l0 / p.temperature);
   for (int i = t; i < keep; i += blockDim.x) {
@@ -571,6 +600,9 @@ absl::Status SampleTokens(const SampleBatch& b, cudaStream_t stream) {
   if ((b.allowed == nullptr) != (b.allowed_on == nullptr)) {
     return absl::InvalidArgumentError("SampleTokens: allowed masks need both allowed and allowed_on");
   }
+  if ((b.bias == nullptr) != (b.n_bias == nullptr)) {
+    return absl::InvalidArgumentError("SampleTokens: logit biases need both bias and n_bias");
+  }
   if (b.ring_stride > 0 && !b.rings) {
     return absl::InvalidArgumentError(
         absl::StrCat("SampleTokens: ring_stride ", b.ring_stride, " needs device rings"));
@@ -591,6 +623,8 @@ absl::Status SampleTokens(const SampleBatch& b, cudaStream_t stream) {
   a.tokens_out = b.tokens_out;
   a.allowed = b.allowed_on != nullptr ? b.allowed : nullptr;
   a.allowed_on = b.allowed_on;
+  a.bias = b.n_bias != nullptr ? b.bias : nullptr;
+  a.n_bias = b.n_bias;
   return Annotate(Launch(a, b.batch, /*sampled_passes=*/true, stream),
                   absl::StrCat("SampleTokens (batch ", b.batch, ")"));
 }

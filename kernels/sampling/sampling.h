@@ -4,7 +4,8 @@
 // step, and the same seed replays the same tokens.
 //
 // Chain (llama.cpp's default order, as the CPU sampler in runtime/generate):
-//   repetition penalty -> [allowed-token mask] -> top-k -> top-p -> min-p -> temperature -> draw
+//   [logit bias] -> repetition penalty -> [allowed-token mask] -> top-k -> top-p -> min-p -> temperature -> draw
+//   - logit bias (SampleBatch::bias): l += bias for each listed token (written into `logits`)
 //   - penalty: each distinct token of the last repeat_last_n (ring) once:
 //     logit > 0 ? logit / penalty : logit * penalty (written into `logits`)
 //   - temperature <= 0: greedy, argmax of the penalized logits, ties -> lowest id
@@ -12,6 +13,7 @@
 //   - top-p: softmax over the kept logits (no temperature), the shortest
 //     prefix whose mass reaches top_p (>= 1: off)
 //   - min-p: keep logit >= max_logit + log(min_p) (<= 0: off)
+//   - then the sorted tail of -inf logits (bans, masks) is cut, one kept at least
 //   - draw: u = UniformFromCounter(seed, step) * sum_i exp(l_i/T - l_0/T),
 //     first i with cumulative weight > u; step += 1 afterwards.
 //
@@ -26,7 +28,7 @@
 // state.truncations counts it (the tail beyond them is dropped).
 //
 // Launches (the same kernels serve one row and a batch): Prepare (zeroes the
-// row's workspace header, applies the penalty), Max (argmax; a sampling row
+// row's workspace header, adds the biases, applies the penalty), Max (argmax; a sampling row
 // also zeroes its histogram), Hist, Cutoff, Collect, Final (greedy: writes the
 // argmax). Every kernel runs grid.y = row (or grid.x = row for the one-block
 // kernels) and reads its row's params on the device.
@@ -70,6 +72,7 @@ struct SamplerState {
 uint64_t SamplingWorkspaceBytes(int batch = 1);
 
 // Samples one token and writes it to *d_token_out; pushes it into the ring.
+// No logit bias on this path (dpl-run's single sequence takes none).
 //   logits:    (n_vocab) floats; penalized entries are rewritten in place
 //   d_ring:    (params.repeat_last_n) ints (may be null when repeat_last_n <= 0)
 //   state:     one SamplerState in device memory
@@ -105,6 +108,15 @@ struct SampleBatch {
   // must allow at least one token.
   const uint32_t* allowed = nullptr;  // (n_seqs, AllowedWords(n_vocab))
   const int* allowed_on = nullptr;    // (n_seqs)
+  // Logit biases (OpenAI's logit_bias; both null: none). Sequence s adds
+  // bias[s * kMaxLogitBias + i].bias to the logit of its token for i <
+  // n_bias[s] (clamped to [0, kMaxLogitBias]), first, before the penalties
+  // (rewritten in place), as the CPU sampler does. A sequence's tokens must
+  // be distinct (one thread adds each entry: two of one token would race;
+  // CheckLogitBias); one outside [0, n_vocab) is skipped. Device memory,
+  // written between steps, as the masks.
+  const LogitBias* bias = nullptr;  // (n_seqs, kMaxLogitBias)
+  const int* n_bias = nullptr;      // (n_seqs) entries in use
 };
 
 // 32-bit words of a mask over n_vocab tokens.

@@ -19,6 +19,7 @@
 #include "kernels/cuda_handles.h"
 #include "kernels/sampling/sampling.h"
 #include "kernels/sampling/sampling_util.h"
+#include "runtime/generate/sampler.h"
 
 namespace dpl::kernels {
 namespace {
@@ -700,6 +701,155 @@ TEST_CASE("batched: allowed-token masks") {
         CHECK(got[r] == free[r]);
       }
       CHECK(got[r] == CpuSample(l, params[r], static_cast<uint64_t>(step)));
+    }
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(st));
+}
+
+// OpenAI's logit_bias (issue 32): rows of mixed params (greedy, the default
+// chain, top-k and top-p, min-p alone; penalties over rings that hold biased
+// tokens) and bias lists (bans of the best tokens, -100, +bias, 1024
+// entries, none), in a captured graph whose lists are rewritten between
+// replays, draw what the CPU sampler (generate::Sampler, the same biases
+// and history) draws, step after step; the logits the chain ran on are the
+// CPU's Penalized ones bit for bit (the bias added first, then the
+// penalties); a banned token never comes.
+TEST_CASE("batched: logit biases draw as the CPU sampler; a ban is never drawn") {
+  const int n_vocab = 152064, n_seqs = 5, batch = 5, stride = 64, steps = 4;
+  const std::vector<SamplingParams> params = {
+      {0.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0},                    // greedy
+      {0.8f, 40, 0.95f, 0.05f, 1.1f, stride, 31, 0.5f, 0},  // the default chain, penalties
+      // top-k 50 and top-p (top-p alone over this row's flat bulk, its
+      // best thirty pushed down, would hold more than kSamplingMaxCandidates:
+      // the device truncates there, the CPU does not)
+      {1.0f, 50, 0.9f, 0.0f, 1.0f, 0, 32},
+      {1.3f, 0, 1.0f, 0.1f, 1.2f, stride, 33},              // min-p alone, repetition penalty
+      {0.7f, 40, 0.95f, 0.05f, 1.0f, 0, 34},                // no biases
+  };
+  const std::vector<int> slots = {2, 0, 4, 1, 3};  // row r samples sequence slots[r]
+  auto row_logits = [&](int r, int step) { return VocabLogits(n_vocab, 300 + r + 10 * step); };
+  // Sequence s's list at `step`, given the logits its row sees.
+  std::mt19937 rng(11);
+  auto make_bias = [&](int seq, const std::vector<float>& l) {
+    std::vector<LogitBias> b;
+    const std::vector<int> top = TopIds(l, 60);
+    std::uniform_int_distribution<int> any(0, n_vocab - 1);
+    switch (seq) {
+      case 0:  // greedy: the argmax banned, the third pushed up
+        b = {{top[0], -INFINITY}, {top[2], 0.75f}};
+        break;
+      case 1:  // the ten best banned, a few others raised
+        for (int i = 0; i < 10; ++i) b.push_back({top[i], -INFINITY});
+        for (int i = 0; i < 5; ++i) b.push_back({top[20 + i], 3.0f});
+        break;
+      case 2:  // -100 on the best thirty, false on the next five
+        for (int i = 0; i < 30; ++i) b.push_back({top[i], -100.0f});
+        for (int i = 30; i < 35; ++i) b.push_back({top[i], -INFINITY});
+        break;
+      case 3: {  // a full list: random distinct tokens, small biases, some bans
+        std::vector<int> ids;
+        while (ids.size() < static_cast<size_t>(kMaxLogitBias)) {
+          const int id = any(rng);
+          if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+        }
+        std::uniform_real_distribution<float> small(-3.0f, 3.0f);
+        for (int id : ids) b.push_back({id, small(rng)});
+        for (int i = 0; i < 3; ++i) {  // the best three banned (replacing entries of theirs)
+          auto it = std::find_if(b.begin(), b.end(), [&](const LogitBias& e) { return e.token == top[i]; });
+          if (it != b.end()) b.erase(it);
+          b[static_cast<size_t>(i)] = {top[i], -INFINITY};
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    REQUIRE(CheckLogitBias(b, n_vocab).ok());
+    return b;
+  };
+  // The rings start from a history that holds the biased tokens too.
+  std::vector<std::vector<int32_t>> history(n_seqs);
+  BatchDev bd(n_seqs, batch, n_vocab, stride);
+  bd.params.Upload(params);
+  bd.slots.Upload(slots);
+  std::vector<int> rings(static_cast<size_t>(n_seqs) * stride, -1);
+  std::vector<SamplerState> states(n_seqs, SamplerState{});
+  std::vector<std::vector<float>> first(batch);
+  for (int r = 0; r < batch; ++r) first[r] = row_logits(r, 0);
+  for (int r = 0; r < batch; ++r) {
+    const int seq = slots[r];
+    const std::vector<int> top = TopIds(first[r], 40);
+    history[seq] = {top[0], top[2], top[5], top[21], top[5], top[33], 17};
+    const RecentRing ring = MakeRecentRing(history[seq], std::min(params[seq].repeat_last_n, stride));
+    std::copy(ring.tokens.begin(), ring.tokens.end(), rings.begin() + static_cast<size_t>(seq) * stride);
+    states[seq].ring_head = ring.head;
+    states[seq].ring_count = ring.count;
+  }
+  bd.rings.Upload(rings);
+  bd.states.Upload(states);
+  std::vector<std::unique_ptr<generate::Sampler>> cpu(n_seqs);
+  testing::GuardedArray<LogitBias> d_bias(static_cast<size_t>(n_seqs) * kMaxLogitBias);
+  testing::GuardedArray<int> d_n_bias(n_seqs);
+  cudaStream_t st = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  SampleBatch b = bd.Batch();
+  b.bias = d_bias.get();
+  b.n_bias = d_n_bias.get();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  STATUS_OK(SampleTokens(b, st));
+  CUDA_OK(cudaStreamEndCapture(st, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int step = 0; step < steps; ++step) {
+    CAPTURE(step);
+    std::vector<float> all;
+    std::vector<std::vector<float>> rows(batch);
+    std::vector<std::vector<LogitBias>> lists(n_seqs);
+    std::vector<LogitBias> packed(static_cast<size_t>(n_seqs) * kMaxLogitBias);
+    std::vector<int> counts(n_seqs, 0);
+    for (int r = 0; r < batch; ++r) {
+      rows[r] = row_logits(r, step);
+      all.insert(all.end(), rows[r].begin(), rows[r].end());
+      const int seq = slots[r];
+      lists[seq] = make_bias(seq, rows[r]);
+      std::copy(lists[seq].begin(), lists[seq].end(), packed.begin() + static_cast<size_t>(seq) * kMaxLogitBias);
+      counts[seq] = static_cast<int>(lists[seq].size());
+      // The CPU sampler takes its list at construction: a new one each
+      // step with this step's list, the window of the last (the history at
+      // step 0) and its draw counter moved on by the `step` draws before
+      // (a sampled draw takes one uniform; a greedy one none).
+      SamplingParams p = params[seq];
+      p.repeat_last_n = std::min(p.repeat_last_n, stride);
+      auto next = std::make_unique<generate::Sampler>(p, lists[seq]);
+      for (int32_t t : step == 0 ? history[seq] : cpu[seq]->recent()) next->Accept(t);
+      for (int k = 0; k < step && p.temperature > 0; ++k) (void)next->Sample(rows[r]);
+      cpu[seq] = std::move(next);
+    }
+    bd.logits.Upload(all);
+    d_bias.Upload(packed);
+    d_n_bias.Upload(counts);
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    const std::vector<int> got = bd.tokens.Download();
+    const std::vector<float> ran = bd.logits.Download();
+    for (int r = 0; r < batch; ++r) {
+      CAPTURE(r);
+      const int seq = slots[r];
+      const absl::Span<const float> want_logits = cpu[seq]->Penalized(rows[r]);
+      const float* dev = ran.data() + static_cast<size_t>(r) * n_vocab;
+      int differ = 0;
+      for (int i = 0; i < n_vocab; ++i) differ += !(dev[i] == want_logits[i] || (std::isnan(dev[i]) && std::isnan(want_logits[i])));
+      CHECK(differ == 0);
+      const int32_t want = cpu[seq]->Sample(rows[r]);
+      cpu[seq]->Accept(want);
+      CHECK(got[r] == want);
+      for (const LogitBias& e : lists[seq]) {
+        if (e.bias == -INFINITY) CHECK(got[r] != e.token);
+      }
+      if (seq == 0) CHECK(got[r] != TopIds(rows[r], 1)[0]);
     }
   }
   CUDA_OK(cudaGraphExecDestroy(exec));

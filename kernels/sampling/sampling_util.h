@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 
 #if defined(__CUDACC__)
@@ -50,6 +51,24 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
 };
+
+// OpenAI's logit_bias: `bias` is added to `token`'s logit before every other
+// step of the chain (llama.cpp's logit-bias sampler comes first), so the
+// penalties and filters see the biased logit; -inf (llama-server's `false`)
+// means the token is never drawn. The host sampler takes a list
+// (generate::Sampler), the device one a list per sequence in device memory
+// (SampleBatch::bias).
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0.0f;
+};
+// Entries a list may hold: the device keeps this many per sequence (8 KiB).
+inline constexpr int kMaxLogitBias = 1024;
+// A usable list: at most kMaxLogitBias entries, tokens distinct and in
+// [0, n_vocab) (two entries of one token would race on the device), biases
+// finite in [-100, 100] or -inf, not every token banned. InvalidArgument
+// naming the entry otherwise.
+absl::Status CheckLogitBias(absl::Span<const LogitBias> bias, int64_t n_vocab);
 
 DPL_SAMPLING_HD uint64_t SplitMix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;

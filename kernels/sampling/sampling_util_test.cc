@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/sampling/sampling_util.h"
@@ -67,6 +68,29 @@ TEST_CASE("MakeRecentRing keeps the last repeat_last_n tokens") {
   CHECK(short_ring.head == 2);
   CHECK(short_ring.tokens == std::vector<int32_t>{9, 8, -1, -1, -1});
   CHECK(MakeRecentRing(hist, 0).tokens.empty());
+}
+
+TEST_CASE("CheckLogitBias: distinct tokens in the vocabulary, biases in range, not every token banned") {
+  CHECK(CheckLogitBias({}, 10).ok());
+  CHECK(CheckLogitBias({{0, -100.0f}, {9, 100.0f}, {4, -INFINITY}}, 10).ok());
+  auto refused = [](std::vector<LogitBias> b, int64_t n_vocab, const char* what) {
+    const absl::Status s = CheckLogitBias(b, n_vocab);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_MESSAGE(std::string(s.message()).find(what) != std::string::npos, s.message());
+  };
+  refused({{10, 1.0f}}, 10, "token id 10 is outside the vocabulary [0, 10)");
+  refused({{-1, 1.0f}}, 10, "token id -1");
+  refused({{3, 100.5f}}, 10, "not in [-100, 100]");
+  refused({{3, INFINITY}}, 10, "not in [-100, 100]");
+  refused({{3, NAN}}, 10, "not in [-100, 100]");
+  refused({{3, 1.0f}, {5, 2.0f}, {3, 1.0f}}, 10, "token 3 is listed twice");
+  refused({{0, -INFINITY}, {1, -INFINITY}, {2, -INFINITY}}, 3, "bans every token");
+  CHECK(CheckLogitBias({{0, -INFINITY}, {1, -INFINITY}, {2, -100.0f}}, 3).ok());
+  std::vector<LogitBias> many(kMaxLogitBias + 1);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = {static_cast<int32_t>(i), 1.0f};
+  refused(many, 100000, "1025 entries, at most 1024");
+  many.pop_back();
+  CHECK(CheckLogitBias(many, 100000).ok());
 }
 
 }  // namespace

@@ -239,6 +239,7 @@ absl::Status CudaDecoder::Allocate() {
       {S * sizeof(kernels::SamplingParams), &b.params},        {S * sizeof(kernels::SamplerState), &b.sampler},
       {S * ring_stride_ * 4, &b.rings},                        {kernels::SamplingWorkspaceBytes(n_seq), &b.sampling_ws},
       {S * kernels::AllowedWords(static_cast<int>(V)) * 4, &b.allowed}, {S * 4, &b.allowed_on},
+      {S * kernels::kMaxLogitBias * sizeof(kernels::LogitBias), &b.bias}, {S * 4, &b.n_bias},
       {qx_bytes, &qx_mem},
       {x_f16_bytes, &b.x_f16},     {static_cast<uint64_t>(w_f16_elems_) * 2, &b.w_f16},
   };
@@ -272,6 +273,7 @@ absl::Status CudaDecoder::Allocate() {
   DPL_CUDA_CHECK(cudaMemset(b.seq_pos, 0, S * 4));
   DPL_CUDA_CHECK(cudaMemset(b.row_seq, 0xff, S * 4));  // all -1: padding
   DPL_CUDA_CHECK(cudaMemset(b.allowed_on, 0, S * 4));  // no masks
+  DPL_CUDA_CHECK(cudaMemset(b.n_bias, 0, S * 4));      // no logit biases
   {
     kernels::SamplingParams greedy;
     greedy.temperature = 0;
@@ -285,6 +287,9 @@ absl::Status CudaDecoder::Allocate() {
   DPL_ASSIGN_OR_RETURN(h_params_, kernels::PinnedBuffer<kernels::SamplingParams>::Allocate(1));
   DPL_ASSIGN_OR_RETURN(h_allowed_, kernels::PinnedBuffer<uint32_t>::Allocate(
                                        static_cast<size_t>(S) * kernels::AllowedWords(static_cast<int>(V))));
+  DPL_ASSIGN_OR_RETURN(h_bias_, kernels::PinnedBuffer<kernels::LogitBias>::Allocate(
+                                    static_cast<size_t>(S) * kernels::kMaxLogitBias));
+  DPL_ASSIGN_OR_RETURN(h_n_bias_, kernels::PinnedBuffer<int>::Allocate(S));
   for (kernels::Event& e : token_ready_) {
     DPL_ASSIGN_OR_RETURN(e, kernels::CreateEvent());
   }
@@ -512,6 +517,8 @@ absl::Status CudaDecoder::SampleRows(int rows, float* logits, int* tokens_out) {
   sb.tokens_out = tokens_out;
   sb.allowed = buf_.allowed;
   sb.allowed_on = buf_.allowed_on;
+  sb.bias = buf_.bias;
+  sb.n_bias = buf_.n_bias;
   return kernels::SampleTokens(sb, stream_.get());
 }
 
@@ -537,6 +544,32 @@ absl::Status CudaDecoder::SetAllowedTokens(int seq, absl::Span<const uint32_t> m
 absl::Status CudaDecoder::ClearAllowedTokens(int seq) {
   DPL_RETURN_IF_ERROR(CheckSeq(seq));
   DPL_CUDA_CHECK(cudaMemsetAsync(buf_.allowed_on + seq, 0, 4, stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::SetLogitBias(int seq, absl::Span<const kernels::LogitBias> bias) {
+  DPL_RETURN_IF_ERROR(CheckSeq(seq));
+  DPL_RETURN_IF_ERROR(kernels::CheckLogitBias(bias, hp_.n_vocab));
+  // Staged in pinned memory, one region a sequence, as SetAllowedTokens'
+  // masks: a later call for the sequence comes after a step that
+  // synchronized (the copies have run), or else its own copies, enqueued
+  // after these and before any draw, write the whole list again.
+  kernels::LogitBias* staged = h_bias_.get() + static_cast<size_t>(seq) * kernels::kMaxLogitBias;
+  std::copy(bias.begin(), bias.end(), staged);
+  int* count = h_n_bias_.get() + seq;
+  *count = static_cast<int>(bias.size());
+  cudaStream_t s = stream_.get();
+  if (!bias.empty()) {
+    DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.bias + static_cast<size_t>(seq) * kernels::kMaxLogitBias, staged,
+                                   bias.size() * sizeof(kernels::LogitBias), cudaMemcpyHostToDevice, s));
+  }
+  DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.n_bias + seq, count, sizeof(int), cudaMemcpyHostToDevice, s));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::ClearLogitBias(int seq) {
+  DPL_RETURN_IF_ERROR(CheckSeq(seq));
+  DPL_CUDA_CHECK(cudaMemsetAsync(buf_.n_bias + seq, 0, 4, stream_.get()));
   return absl::OkStatus();
 }
 

@@ -172,6 +172,16 @@ class CudaDecoder : public generate::Decoder {
   // mask for each draw from its grammar's state after the last token.
   absl::Status SetAllowedTokens(int seq, absl::Span<const uint32_t> mask);
   absl::Status ClearAllowedTokens(int seq);
+  // OpenAI's logit_bias: every draw of the sequence from now on
+  // (BeginSampling, StepSeqs, StepWithChunks) adds each entry's bias to its
+  // token's logit before the penalties (kernels::SampleBatch::bias), as the
+  // CPU sampler does, until the next SetLogitBias or ClearLogitBias. The
+  // list must pass kernels::CheckLogitBias (at most kMaxLogitBias distinct
+  // tokens in the vocabulary). Enqueued on the decoder's stream, as
+  // SetAllowedTokens (the captured steps read the device copy). The
+  // single-sequence SampleLoop / NextToken run no biases.
+  absl::Status SetLogitBias(int seq, absl::Span<const kernels::LogitBias> bias);
+  absl::Status ClearLogitBias(int seq);
   // One batched decode step of the distinct sequences `seqs` (each with a
   // pending token and a free position): next[i] = seqs[i]'s new token (also
   // pending now). One graph replay and one host round trip for all of them.
@@ -266,6 +276,8 @@ class CudaDecoder : public generate::Decoder {
     void* sampling_ws = nullptr;                // (SamplingWorkspaceBytes(S)) bytes
     uint32_t* allowed = nullptr;                // (S, AllowedWords(n_vocab)) allowed-token masks
     int* allowed_on = nullptr;                  // (S) nonzero: the sequence's mask applies
+    kernels::LogitBias* bias = nullptr;         // (S, kMaxLogitBias) each sequence's logit biases
+    int* n_bias = nullptr;                      // (S) entries of bias in use (0: none)
     kernels::MatVecScratch qx;                  // int8 activations (T, max width)
   };
 
@@ -383,6 +395,8 @@ class CudaDecoder : public generate::Decoder {
   kernels::PinnedBuffer<int> h_tokens_;  // (max(2, n_seq)) sampled ids read by the host
   kernels::PinnedBuffer<kernels::SamplingParams> h_params_;
   kernels::PinnedBuffer<uint32_t> h_allowed_;  // (S, AllowedWords(n_vocab)) SetAllowedTokens' staging  // (1) staged for upload
+  kernels::PinnedBuffer<kernels::LogitBias> h_bias_;  // (S, kMaxLogitBias) SetLogitBias' staging
+  kernels::PinnedBuffer<int> h_n_bias_;                // (S) its counts, staged
   kernels::Event token_ready_[2];
 };
 

@@ -23,6 +23,11 @@ absl::Span<const float> Sampler::Penalized(absl::Span<const float> logits) {
   std::vector<float>& out = penalized_;
   out.assign(logits.begin(), logits.end());
   const int32_t n = static_cast<int32_t>(out.size());
+  // The biases first (llama.cpp's logit-bias sampler heads its chain): the
+  // penalties below see the biased logits, as the device's PrepareKernel.
+  for (const LogitBias& b : bias_) {
+    if (b.token >= 0 && b.token < n) out[b.token] += b.bias;
+  }
   // Penalties (llama.cpp's penalties sampler): each distinct recent token
   // once, the repetition penalty, then frequency x its count + presence.
   const bool additive = p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
@@ -109,6 +114,13 @@ int32_t Sampler::Draw() {
     size_t cut = 1;
     while (cut < candidates_.size() && candidates_[cut].first >= threshold) ++cut;
     candidates_.resize(cut);
+  }
+
+  // Never a -inf token (a logit_bias ban): the sorted tail of -inf is cut,
+  // at least one kept, so not even the draw's rounding fallback below
+  // (the last candidate) can pick one. The device's FinalKernel does the same.
+  while (candidates_.size() > 1 && candidates_.back().first == -std::numeric_limits<float>::infinity()) {
+    candidates_.pop_back();
   }
 
   // Temperature, softmax, draw.

@@ -1,11 +1,12 @@
 // Host-side token sampling with llama.cpp's default chain and flag semantics:
-//   repetition penalty -> top-k -> top-p -> min-p -> temperature -> draw
+//   logit bias -> repetition penalty -> top-k -> top-p -> min-p -> temperature -> draw
 // Used by the CPU device; the CUDA device samples on the GPU with the same
 // chain (kernels/sampling).
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -15,11 +16,18 @@
 namespace dpl::generate {
 
 using SamplerParams = kernels::SamplingParams;
+using LogitBias = kernels::LogitBias;
 
 class Sampler {
  public:
-  explicit Sampler(const SamplerParams& params) : p_(params) {}
+  // `bias` (OpenAI's logit_bias): added to each listed token's logit before
+  // the penalties, every draw; an entry outside the vocabulary is skipped.
+  // Tokens should be distinct (kernels::CheckLogitBias: the device's rule);
+  // here a token listed twice gets both.
+  explicit Sampler(const SamplerParams& params, std::vector<LogitBias> bias = {})
+      : p_(params), bias_(std::move(bias)) {}
   const SamplerParams& params() const { return p_; }
+  absl::Span<const LogitBias> logit_bias() const { return bias_; }
   // Tokens remembered for the repetition penalty, oldest first.
   std::vector<int32_t> recent() const { return {recent_.begin(), recent_.end()}; }
 
@@ -33,8 +41,8 @@ class Sampler {
   // top-k, top-p, min-p) runs over the allowed tokens. Errors: a mask of the
   // wrong size (InvalidArgument), no token allowed (FailedPrecondition).
   absl::StatusOr<int32_t> SampleAllowed(absl::Span<const float> logits, absl::Span<const uint32_t> allowed);
-  // `logits` with the penalties applied (repetition, presence, frequency
-  // over the recent tokens): what the next draw's chain starts from, and
+  // `logits` with the biases added, then the penalties applied (repetition,
+  // presence, frequency over the recent tokens): what the next draw's chain starts from, and
   // what a draw's logprobs are computed from (before any Accept of it).
   // Valid until the next Penalized, Sample or SampleAllowed (one buffer,
   // reused: no allocation a draw).
@@ -47,10 +55,11 @@ class Sampler {
   double NextUniform();
   // The chain over candidates_ (ids already in it, penalties applied).
   int32_t Draw();
-  // candidates_ = every token with its logit, penalties applied.
+  // candidates_ = every token with its logit, biases and penalties applied.
   void Fill(absl::Span<const float> logits);
 
   SamplerParams p_;
+  std::vector<LogitBias> bias_;
   uint64_t draws_ = 0;
   std::deque<int32_t> recent_;
   std::vector<std::pair<float, int32_t>> candidates_;  // reused buffer

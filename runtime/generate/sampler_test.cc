@@ -169,5 +169,81 @@ TEST_CASE("a mask: none allowed or the wrong size is an error") {
   CHECK(!greedy.SampleAllowed(kLogits, Allow({})).ok());
 }
 
+// OpenAI's logit_bias: added to the logits before anything else.
+TEST_CASE("a logit bias changes the greedy choice") {
+  SamplerParams p;
+  p.temperature = 0;
+  CHECK(Sampler(p, {{6, 0.2f}}).Sample(kLogits) == 6);             // 2.9 + 0.2 beats 3.0
+  CHECK(Sampler(p, {{1, -100.0f}}).Sample(kLogits) == 4);          // 1 banned in practice: its tie, 4
+  CHECK(Sampler(p, {{1, -100.0f}, {4, -0.2f}}).Sample(kLogits) == 6);
+  CHECK(Sampler(p, {{7, 10.0f}}).Sample(kLogits) == 7);            // the worst, pushed to the top
+  CHECK(Sampler(p, {{99, 50.0f}}).Sample(kLogits) == 1);           // outside the vocabulary: skipped
+  Sampler s(p, {{2, 1.0f}});
+  const absl::Span<const float> biased = s.Penalized(kLogits);
+  CHECK(biased[2] == 3.5f);
+  CHECK(biased[1] == 3.0f);
+}
+
+TEST_CASE("a -inf bias (false) bans a token at any temperature, whatever the filters and seed") {
+  const std::vector<LogitBias> ban = {{1, -INFINITY}, {4, -INFINITY}, {6, -INFINITY}};
+  for (float t : {0.0f, 0.5f, 1.0f, 50.0f}) {
+    for (uint64_t seed = 0; seed < 100; ++seed) {
+      SamplerParams p = Plain(t);
+      p.seed = seed;
+      if (seed % 2 == 1) {  // the default filters on half of them
+        p.top_k = 2;       // the two best overall (1, 4) are both banned
+        p.top_p = 0.9f;
+        p.min_p = 0.05f;
+      }
+      Sampler s(p, ban);
+      for (int i = 0; i < 20; ++i) {
+        const int32_t id = s.Sample(kLogits);
+        CHECK((id != 1 && id != 4 && id != 6));
+      }
+    }
+  }
+  // Every token but the least likely banned: it is every draw, even at a
+  // temperature whose weights of the others would round to nothing.
+  std::vector<LogitBias> all_but_7;
+  for (int32_t id = 0; id < 7; ++id) all_but_7.push_back({id, -INFINITY});
+  for (float t : {0.01f, 1.0f, 1000.0f}) {
+    Sampler s(Plain(t), all_but_7);
+    for (int i = 0; i < 50; ++i) CHECK(s.Sample(kLogits) == 7);
+  }
+  // A ban holds with a mask too, which leaves only banned tokens and 5.
+  Sampler m(Plain(1), ban);
+  for (int i = 0; i < 50; ++i) CHECK(*m.SampleAllowed(kLogits, Allow({1, 4, 5, 6})) == 5);
+}
+
+// llama.cpp's chain: logit bias, then the penalties, on the biased logit.
+// Token 0 (1.0) is recent under repeat_penalty 2 and biased +1: first the
+// bias, then the penalty: (1 + 1) / 2 = 1.0 < 1.2, token 1 wins; the other
+// order would give 1 / 2 + 1 = 1.5 and token 0.
+TEST_CASE("the bias comes before the penalties") {
+  const std::vector<float> l = {1.0f, 1.2f};
+  SamplerParams p;
+  p.temperature = 0;
+  p.repeat_penalty = 2.0f;
+  Sampler s(p, {{0, 1.0f}});
+  s.Accept(0);
+  CHECK(s.Penalized(l)[0] == 1.0f);
+  CHECK(s.Sample(l) == 1);
+  // A negative logit: the penalty multiplies the biased value,
+  // (-1 - 1) x 2 = -4 < -3.5 (the other order: -1 x 2 - 1 = -3 > -3.5).
+  const std::vector<float> neg = {-1.0f, -3.5f};
+  Sampler n(p, {{0, -1.0f}});
+  n.Accept(0);
+  CHECK(n.Penalized(neg)[0] == -4.0f);
+  CHECK(n.Sample(neg) == 1);
+  // And the presence penalty subtracts from the biased logit.
+  SamplerParams q;
+  q.temperature = 0;
+  q.presence_penalty = 1.5f;
+  Sampler pr(q, {{0, 1.0f}});
+  pr.Accept(0);
+  CHECK(pr.Penalized(l)[0] == 0.5f);
+  CHECK(pr.Sample(l) == 1);
+}
+
 }  // namespace
 }  // namespace dpl::generate

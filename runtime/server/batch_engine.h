@@ -35,11 +35,17 @@
 namespace dpl::server {
 
 using SamplerParams = kernels::SamplingParams;
+using LogitBias = kernels::LogitBias;
 
 // The refusal of an engine without structured output (BatchEngine::SetGrammar).
 inline absl::Status GrammarUnsupported() {
   return absl::FailedPreconditionError(
       "response_format, grammar and json_schema are not supported by this engine");
+}
+
+// The refusal of an engine without logit biases (BatchEngine::SetLogitBias).
+inline absl::Status LogitBiasUnsupported() {
+  return absl::FailedPreconditionError("logit_bias is not supported by this engine");
 }
 
 // The refusal of an engine without logprobs (BatchEngine::SetLogprobs).
@@ -155,6 +161,21 @@ class BatchEngine {
   virtual absl::Status SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
     (void)slot;
     return grammar == nullptr ? absl::OkStatus() : GrammarUnsupported();
+  }
+
+  // OpenAI's logit_bias: each draw of the slot, from its next Prefill's
+  // first token on, for the request it now serves, adds each entry's bias
+  // to its token's logit before the penalties and every filter (-inf: never
+  // drawn). `bias` must pass kernels::CheckLogitBias (at most kMaxLogitBias
+  // distinct tokens in the vocabulary; InvalidArgument otherwise); empty
+  // clears it. Called where SetGrammar is; KeepPrefix, CopyPrefix and
+  // Release clear it. supports_logit_bias() says whether the engine can
+  // (the CPU and CUDA engines); this default cannot and refuses a list
+  // with FailedPrecondition.
+  virtual bool supports_logit_bias() const { return false; }
+  virtual absl::Status SetLogitBias(int slot, absl::Span<const LogitBias> bias) {
+    (void)slot;
+    return bias.empty() ? absl::OkStatus() : LogitBiasUnsupported();
   }
 
   // Logprobs (the API's logprobs / top_logprobs, and echo's prompt

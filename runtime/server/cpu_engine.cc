@@ -78,7 +78,7 @@ absl::StatusOr<int32_t> CpuEngine::Prefill(int slot, absl::Span<const int32_t> t
     s.prompt.push_back(t);
   }
   if (!last) return -1;
-  s.sampler = std::make_unique<generate::Sampler>(params);
+  s.sampler = std::make_unique<generate::Sampler>(params, s.bias);
   for (int32_t t : s.prompt) s.sampler->Accept(t);
   DPL_ASSIGN_OR_RETURN(s.pending, SampleNext(slot, logits));
   return s.pending;
@@ -114,6 +114,13 @@ absl::StatusOr<int32_t> CpuEngine::SampleNext(int slot, absl::Span<const float> 
 absl::Status CpuEngine::SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
   DPL_RETURN_IF_ERROR(CheckSlot(slot));
   return grammars_->Set(slot, std::move(grammar));
+}
+
+absl::Status CpuEngine::SetLogitBias(int slot, absl::Span<const LogitBias> bias) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  DPL_RETURN_IF_ERROR(kernels::CheckLogitBias(bias, n_vocab_));
+  slots_[slot].bias.assign(bias.begin(), bias.end());
+  return absl::OkStatus();
 }
 
 void CpuEngine::ClearLogprobs(Slot& s) {
@@ -178,6 +185,7 @@ absl::Status CpuEngine::KeepPrefix(int slot, absl::Span<const int32_t> kept) {
   s.sampler.reset();
   grammars_->Clear(slot);
   ClearLogprobs(s);
+  s.bias.clear();
   s.prompt.assign(kept.begin(), kept.end());
   s.pending = -1;
   return absl::OkStatus();
@@ -192,6 +200,7 @@ absl::Status CpuEngine::CopyPrefix(int slot, int from, absl::Span<const int32_t>
   s.sampler.reset();
   grammars_->Clear(slot);
   ClearLogprobs(s);
+  s.bias.clear();
   s.prompt.assign(kept.begin(), kept.end());
   s.pending = -1;
   return absl::OkStatus();
@@ -204,6 +213,7 @@ void CpuEngine::Release(int slot) {
   s.sampler.reset();
   grammars_->Clear(slot);
   ClearLogprobs(s);
+  s.bias.clear();
   s.prompt.clear();
   s.pending = -1;
 }

@@ -49,6 +49,9 @@ class CpuEngine : public BatchEngine {
   // Draws are scored from the sampler's penalized logits (and the grammar's
   // mask), prompt tokens from the reference's logits; with `prompt`, the
   // slot must be empty (n_past 0): an earlier position's logits are gone.
+  // Logit biases go to the slot's sampler, made by the prompt's last chunk.
+  bool supports_logit_bias() const override { return true; }
+  absl::Status SetLogitBias(int slot, absl::Span<const LogitBias> bias) override;
   bool supports_logprobs() const override { return true; }
   absl::Status SetLogprobs(int slot, int top_n, bool prompt) override;
   absl::StatusOr<SlotLogprobs> TakeLogprobs(int slot) override;
@@ -58,6 +61,7 @@ class CpuEngine : public BatchEngine {
     std::unique_ptr<reference::ReferenceModel> model;
     std::unique_ptr<generate::Sampler> sampler;  // set by the prompt's last chunk
     std::vector<int32_t> prompt;                 // the history for the repetition penalty
+    std::vector<LogitBias> bias;                 // SetLogitBias', for the next sampler
     int32_t pending = -1;                        // sampled, not yet run
     int logprobs_top = -1;                       // SetLogprobs' top_n; -1: off
     bool score_prompt = false;

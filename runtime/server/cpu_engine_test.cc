@@ -338,5 +338,45 @@ TEST_CASE("engine errors: bad slot, bad token, a step without a pending token, a
   CHECK(!CpuEngine::Load(Model(), CpuEngineOptions{0}).ok());
 }
 
+// Issue 32's logit_bias on the engine: a slot's biases reach its draws
+// only (the other slot decodes as before), every draw of the request (the
+// banned token is the unbiased answer's first, and the tiny model tends to
+// repeat it), and KeepPrefix clears them.
+TEST_CASE("logit bias: per slot, every draw, cleared when the request ends") {
+  auto file = Model();
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  const std::vector<int32_t> want = Reference(file, prompt, 4);
+  REQUIRE(want.size() == 4);
+  auto engine = LoadEngine(file, 2);
+  SamplerParams greedy;
+  greedy.temperature = 0;
+  const LogitBias ban[1] = {{want[0], -INFINITY}};
+  REQUIRE(engine->SetLogitBias(0, ban).ok());
+  auto first0 = engine->Prefill(0, prompt, true, greedy);
+  auto first1 = engine->Prefill(1, prompt, true, greedy);
+  REQUIRE((first0.ok() && first1.ok()));
+  CHECK(*first1 == want[0]);
+  CHECK(*first0 != want[0]);
+  const int both[2] = {0, 1};
+  std::vector<int32_t> got1 = {*first1};
+  for (int i = 0; i < 3; ++i) {
+    int32_t next[2];
+    REQUIRE(engine->Step(both, absl::MakeSpan(next)).ok());
+    CHECK(next[0] != want[0]);
+    got1.push_back(next[1]);
+  }
+  CHECK(got1 == want);
+  REQUIRE(engine->KeepPrefix(0, {}).ok());
+  auto again = engine->Prefill(0, prompt, true, greedy);
+  REQUIRE(again.ok());
+  CHECK(*again == want[0]);
+
+  const LogitBias outside[1] = {{engine->n_vocab(), 1.0f}};
+  CHECK(engine->SetLogitBias(0, outside).code() == absl::StatusCode::kInvalidArgument);
+  const LogitBias twice[2] = {{4, 1.0f}, {4, -1.0f}};
+  CHECK(engine->SetLogitBias(0, twice).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(engine->SetLogitBias(2, {}).code() == absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace dpl::server

@@ -16,12 +16,32 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Load(
 CudaEngine::CudaEngine(std::unique_ptr<runtime::CudaDecoder> d)
     : decoder_(std::move(d)),
       prompts_(decoder_->n_seq()),
-      grammars_(decoder_->file(), decoder_->n_seq(), decoder_->n_vocab()) {}
+      grammars_(decoder_->file(), decoder_->n_seq(), decoder_->n_vocab()),
+      biased_(decoder_->n_seq(), false) {}
 
 absl::Status CudaEngine::SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
   DPL_RETURN_IF_ERROR(CheckSlot(slot));
   if (grammar == nullptr) return DropGrammar(slot);
   return grammars_.Set(slot, std::move(grammar));
+}
+
+absl::Status CudaEngine::SetLogitBias(int slot, absl::Span<const LogitBias> bias) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  if (bias.empty()) {
+    if (biased_[slot]) DPL_RETURN_IF_ERROR(decoder_->ClearLogitBias(slot));
+  } else {
+    DPL_RETURN_IF_ERROR(decoder_->SetLogitBias(slot, bias));  // checks the list
+  }
+  biased_[slot] = !bias.empty();
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::EndRequest(int slot) {
+  if (biased_[slot]) {
+    DPL_RETURN_IF_ERROR(decoder_->ClearLogitBias(slot));
+    biased_[slot] = false;
+  }
+  return DropGrammar(slot);
 }
 
 absl::Status CudaEngine::DropGrammar(int slot) {
@@ -169,7 +189,7 @@ absl::Status CudaEngine::KeepPrefix(int slot, absl::Span<const int32_t> kept) {
   // RewindSeq checks kept.size() <= n_past and drops the pending token.
   DPL_RETURN_IF_ERROR(decoder_->RewindSeq(slot, static_cast<int64_t>(kept.size())));
   prompts_[slot].assign(kept.begin(), kept.end());
-  return DropGrammar(slot);
+  return EndRequest(slot);
 }
 
 absl::Status CudaEngine::CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) {
@@ -178,14 +198,14 @@ absl::Status CudaEngine::CopyPrefix(int slot, int from, absl::Span<const int32_t
   // CopySeqPrefix checks from != slot and kept.size() <= n_past(from).
   DPL_RETURN_IF_ERROR(decoder_->CopySeqPrefix(slot, from, static_cast<int64_t>(kept.size())));
   prompts_[slot].assign(kept.begin(), kept.end());
-  return DropGrammar(slot);
+  return EndRequest(slot);
 }
 
 void CudaEngine::Release(int slot) {
   if (!CheckSlot(slot).ok()) return;
   decoder_->RewindSeq(slot, 0).IgnoreError();  // 0 <= n_past always
   prompts_[slot].clear();
-  DropGrammar(slot).IgnoreError();  // a failed device call fails the next step too
+  EndRequest(slot).IgnoreError();  // a failed device call fails the next step too
 }
 
 }  // namespace dpl::server

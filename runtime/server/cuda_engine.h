@@ -45,6 +45,10 @@ class CudaEngine : public BatchEngine {
   // step (CudaDecoder::SetAllowedTokens), and the grammar takes the token.
   bool supports_grammar() const override { return true; }
   absl::Status SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) override;
+  // Logit biases: copied to the device once a request (CudaDecoder::SetLogitBias),
+  // read by every draw of the slot's sequence, cleared when the request ends.
+  bool supports_logit_bias() const override { return true; }
+  absl::Status SetLogitBias(int slot, absl::Span<const LogitBias> bias) override;
 
   const runtime::CudaDecoder& decoder() const { return *decoder_; }
 
@@ -67,10 +71,13 @@ class CudaEngine : public BatchEngine {
   // slot without a grammar: none). After: the grammars take the tokens.
   absl::Status MaskDraws(absl::Span<const int> slots);
   absl::Status AcceptDraws(absl::Span<const int> slots, absl::Span<const int32_t> tokens);
-  // The slot's request ended: no grammar, no mask.
+  // No grammar, no mask.
   absl::Status DropGrammar(int slot);
+  // The slot's request ended: DropGrammar, and no logit biases.
+  absl::Status EndRequest(int slot);
 
   SlotGrammars grammars_;
+  std::vector<bool> biased_;                   // (n_slots) the slot's sequence has logit biases on the device
   std::vector<float> logits_;                  // a pass's last logits (checked finite), a chunk's after another
 };
 

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -357,6 +358,68 @@ TEST_CASE("a JSON schema through the device's mask: the answers parse and match 
   }
   CHECK(got[3].first == plain);
   CHECK(run({request(0, 0, 12)})[0].first == plain);
+}
+
+// Issue 32's logit_bias through the device: slot 0 with the unbiased
+// answer's first token banned and slot 1 without, decoded together: slot 0
+// never draws the banned token (the prompt's first draw and every step's),
+// slot 1 gives the unbiased answer; +100 on a token makes it every draw;
+// KeepPrefix clears the list; a bad list is refused.
+TEST_CASE("logit biases on the device: per slot, every draw, cleared with the request") {
+  const std::string path = MakeModel();
+  runtime::CudaDecoderOptions o;
+  o.n_ctx = 256;
+  o.n_seq = 2;
+  std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
+  CudaEngine& e = *engine;
+  const std::vector<int32_t> prompt = {1, 17, 240, 33, 5, 99, 7, 1000};
+  SamplerParams greedy;
+  greedy.temperature = 0;
+  // The prompt in one chunk (as both slots run it below), then n - 1 steps
+  // of the slot alone; the slot is emptied after.
+  auto alone = [&e, &prompt](int slot, const SamplerParams& p, int n) {
+    std::vector<int32_t> out;
+    auto t = e.Prefill(slot, prompt, true, p);
+    REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+    out.push_back(*t);
+    while (static_cast<int>(out.size()) < n) {
+      int32_t next = -1;
+      REQUIRE(e.Step(absl::MakeConstSpan(&slot, 1), absl::MakeSpan(&next, 1)).ok());
+      out.push_back(next);
+    }
+    REQUIRE(e.KeepPrefix(slot, {}).ok());
+    return out;
+  };
+  const std::vector<int32_t> want = alone(0, greedy, 12);
+  const LogitBias ban[1] = {{want[0], -INFINITY}};
+  REQUIRE(e.SetLogitBias(0, ban).ok());
+  auto first0 = e.Prefill(0, prompt, true, greedy);
+  auto first1 = e.Prefill(1, prompt, true, greedy);
+  REQUIRE((first0.ok() && first1.ok()));
+  CHECK(*first0 != want[0]);
+  std::vector<int32_t> got1 = {*first1};
+  const int both[2] = {0, 1};
+  for (int i = 1; i < 12; ++i) {
+    int32_t next[2];
+    REQUIRE(e.Step(both, absl::MakeSpan(next)).ok());
+    CHECK(next[0] != want[0]);
+    got1.push_back(next[1]);
+  }
+  CHECK(got1 == want);
+  e.Release(1);
+  REQUIRE(e.KeepPrefix(0, {}).ok());  // clears slot 0's list
+  CHECK(alone(0, greedy, 12) == want);
+
+  const int32_t favored = want[0] == 5 ? 6 : 5;
+  const LogitBias push[1] = {{favored, 100.0f}};
+  REQUIRE(e.SetLogitBias(0, push).ok());
+  SamplerParams seeded;
+  seeded.seed = 42;
+  CHECK(alone(0, seeded, 8) == std::vector<int32_t>(8, favored));
+
+  const LogitBias outside[1] = {{e.n_vocab(), 1.0f}};
+  CHECK(e.SetLogitBias(0, outside).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(e.SetLogitBias(2, {}).code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("the CUDA engine refuses what it cannot do") {

@@ -118,6 +118,7 @@ struct HttpServer::Handlers {
     g.grammar = p.grammar;
     g.logprobs = p.logprobs;
     g.prompt_logprobs = p.echo && p.logprobs >= 0;
+    g.logit_bias = p.logit_bias;
     return g;
   }
 

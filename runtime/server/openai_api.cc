@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -105,6 +106,93 @@ absl::Status Bool(const json& obj, const char* name, bool* out) {
   return absl::OkStatus();
 }
 
+// A token id as logit_bias writes it: an object's key (decimal digits:
+// "15339") or an array pair's first element (an integer); false otherwise
+// (llama-server also takes text there, which it tokenizes; not here).
+bool LogitBiasKey(const std::string& key, int32_t* out) {
+  if (key.empty() || key.size() > 10) return false;
+  int64_t id = 0;
+  for (char c : key) {
+    if (c < '0' || c > '9') return false;
+    id = id * 10 + (c - '0');
+  }
+  if (id > std::numeric_limits<int32_t>::max()) return false;
+  *out = static_cast<int32_t>(id);
+  return true;
+}
+bool LogitBiasId(const json& v, int32_t* out) {
+  if (!v.is_number_integer()) return false;
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) return false;
+    *out = static_cast<int32_t>(v.get<uint64_t>());
+    return true;
+  }
+  const int64_t id = v.get<int64_t>();
+  if (id < 0 || id > std::numeric_limits<int32_t>::max()) return false;
+  *out = static_cast<int32_t>(id);
+  return true;
+}
+
+// A bias: a number in [-100, 100], or false (llama-server's ban: -inf).
+bool LogitBiasValue(const json& v, float* out) {
+  if (v.is_boolean() && !v.get<bool>()) {
+    *out = -std::numeric_limits<float>::infinity();
+    return true;
+  }
+  if (!v.is_number()) return false;
+  const double d = v.get<double>();
+  if (!(d >= -100.0 && d <= 100.0)) return false;
+  *out = static_cast<float>(d);
+  return true;
+}
+
+// logit_bias: OpenAI's {"ID": bias} or llama-server's [[ID, bias], ...]
+// into *out, distinct ids in ascending order, the later of an id given
+// twice kept. Ids are checked against the vocabulary at Submit (the model
+// is not known here).
+absl::Status ParseLogitBias(const json& j, std::vector<LogitBias>* out) {
+  const json* lb = Field(j, "logit_bias");
+  if (lb == nullptr) return absl::OkStatus();
+  if (!lb->is_object() && !lb->is_array()) {
+    return FieldError("logit_bias", "must be an object of token ids to biases, or an array of [token id, bias] pairs");
+  }
+  if (lb->size() > static_cast<size_t>(kernels::kMaxLogitBias)) {
+    return FieldError("logit_bias", absl::StrCat("has ", lb->size(), " entries; at most ", kernels::kMaxLogitBias));
+  }
+  std::map<int32_t, float> bias;  // later wins
+  const char* kRange = "must be a number in [-100, 100] or false";
+  if (lb->is_object()) {
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+      const std::string& key = it.key();
+      const json& value = it.value();
+      int32_t id = 0;
+      float b = 0;
+      if (!LogitBiasKey(key, &id)) {
+        const std::string shown = key.size() > 32 ? key.substr(0, 32) + "..." : key;
+        return FieldError("logit_bias", absl::StrCat("key \"", shown, "\" is not a token id (a non-negative integer)"));
+      }
+      if (!LogitBiasValue(value, &b)) return FieldError(absl::StrCat("logit_bias.", key), kRange);
+      bias[id] = b;
+    }
+  } else {
+    for (size_t i = 0; i < lb->size(); ++i) {
+      const json& e = (*lb)[i];
+      const std::string field = absl::StrCat("logit_bias[", i, "]");
+      if (!e.is_array() || e.size() != 2) return FieldError(field, "must be a [token id, bias] pair");
+      int32_t id = 0;
+      float b = 0;
+      if (!LogitBiasId(e[0], &id)) {
+        return FieldError(field + "[0]", "is not a token id (a non-negative integer)");
+      }
+      if (!LogitBiasValue(e[1], &b)) return FieldError(field + "[1]", kRange);
+      bias[id] = b;
+    }
+  }
+  out->clear();
+  for (const auto& [id, b] : bias) out->push_back({id, b});
+  return absl::OkStatus();
+}
+
 // The fields both generation endpoints take.
 absl::StatusOr<GenerationParams> ParseParams(const json& j) {
   GenerationParams p;
@@ -145,6 +233,7 @@ absl::StatusOr<GenerationParams> ParseParams(const json& j) {
   // OpenAI's range; applied over the repeat_last_n window, as llama.cpp does.
   DPL_RETURN_IF_ERROR(Number(j, "presence_penalty", -2, 2, &s.presence_penalty));
   DPL_RETURN_IF_ERROR(Number(j, "frequency_penalty", -2, 2, &s.frequency_penalty));
+  DPL_RETURN_IF_ERROR(ParseLogitBias(j, &p.logit_bias));
   if (const json* stop = Field(j, "stop")) {
     if (stop->is_string()) {
       p.stop.push_back(stop->get<std::string>());

@@ -52,7 +52,15 @@ struct GenerationParams {
   // and with logprobs the prompt tokens' entries before the answer's.
   int logprobs = -1;
   bool echo = false;
+  // OpenAI's logit_bias, {"ID": bias, ...}, or llama-server's array form
+  // [[ID, bias], ...] (bias `false`: -inf, never drawn; also as an object's
+  // value): distinct tokens, sorted by id (an id given twice: the later
+  // entry wins; an object's keys in the parser's order), biases in
+  // [-100, 100], at most kernels::kMaxLogitBias entries (1024, the device's
+  // per-sequence list). The ids are checked against the vocabulary at Submit.
+  std::vector<LogitBias> logit_bias;
 };
+
 
 // An offered function as a forced call's grammar needs it.
 struct ToolSchema {
@@ -107,7 +115,9 @@ inline constexpr size_t kMaxJsonValues = size_t{1} << 20;
 // temperature, top_p, top_k, min_p, seed, stop (string or array),
 // repeat_penalty, repeat_last_n, presence_penalty and frequency_penalty
 // (-2..2), n (samples of each prompt, up to 64 choices in all), stream,
-// stream_options.include_usage, ignore_eos, cache_prompt; logprobs (true)
+// stream_options.include_usage, ignore_eos, cache_prompt; logit_bias
+// ({"ID": -100..100} or [[ID, -100..100 or false], ...], at most 1024
+// entries: "'logit_bias' key \"x\" is not a token id"); logprobs (true)
 // and top_logprobs (0..20; without logprobs true a 400, as OpenAI's);
 // tools
 // ({"type": "function", "function": {name, description, parameters}}),

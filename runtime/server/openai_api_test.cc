@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -969,6 +970,78 @@ TEST_CASE("logprobs fields: parsed, and refused where OpenAI refuses them") {
     REQUIRE(!r.ok());
     CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
   }
+}
+
+// Issue 32: OpenAI's object form and llama-server's array form (false:
+// a ban), on every endpoint that parses the sampling fields.
+TEST_CASE("logit_bias: both forms parse; each bad entry is a 400 naming it") {
+  const char* kMsgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  auto chat = ParseChatRequest(absl::StrCat("{", kMsgs, R"(, "logit_bias": {"15339": -100, "7": 2.5, "0": 100}})"));
+  REQUIRE_MESSAGE(chat.ok(), chat.status().ToString());
+  const std::vector<LogitBias>& b = chat->params.logit_bias;
+  REQUIRE(b.size() == 3);  // ascending ids
+  CHECK((b[0].token == 0 && b[0].bias == 100.0f));
+  CHECK((b[1].token == 7 && b[1].bias == 2.5f));
+  CHECK((b[2].token == 15339 && b[2].bias == -100.0f));
+
+  auto c = ParseCompletionRequest(R"({"prompt": "a", "logit_bias": [[42, false], [3, -1.5], [42, 10], [9, false]]})");
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  const std::vector<LogitBias>& a = c->params.logit_bias;
+  REQUIRE(a.size() == 3);
+  CHECK((a[0].token == 3 && a[0].bias == -1.5f));
+  CHECK((a[1].token == 9 && a[1].bias == -INFINITY));
+  CHECK((a[2].token == 42 && a[2].bias == 10.0f));  // the later entry of 42 wins
+  auto obj_false = ParseCompletionRequest(R"({"prompt": "a", "logit_bias": {"5": false}})");
+  REQUIRE(obj_false.ok());
+  CHECK(obj_false->params.logit_bias[0].bias == -INFINITY);
+  auto responses = ParseResponsesRequest(R"({"input": "hi", "logit_bias": {"12": -3}})");
+  REQUIRE_MESSAGE(responses.ok(), responses.status().ToString());
+  REQUIRE(responses->params.logit_bias.size() == 1);
+  CHECK(responses->params.logit_bias[0].token == 12);
+  for (const char* none : {R"({"prompt": "a"})", R"({"prompt": "a", "logit_bias": null})",
+                           R"({"prompt": "a", "logit_bias": {}})", R"({"prompt": "a", "logit_bias": []})"}) {
+    auto r = ParseCompletionRequest(none);
+    REQUIRE(r.ok());
+    CHECK(r->params.logit_bias.empty());
+  }
+
+  auto with = [&](const std::string& field) { return ErrorOf(absl::StrCat("{", kMsgs, ", ", field, "}")); };
+  CHECK(with(R"("logit_bias": 5)").find("'logit_bias' must be an object") != std::string::npos);
+  CHECK(with(R"("logit_bias": {"hello": 1})").find("'logit_bias' key \"hello\" is not a token id") !=
+        std::string::npos);
+  CHECK(with(R"("logit_bias": {"-1": 1})").find("key \"-1\" is not a token id") != std::string::npos);
+  CHECK(with(R"("logit_bias": {"1.5": 1})").find("key \"1.5\"") != std::string::npos);
+  CHECK(with(R"("logit_bias": {"99999999999": 1})").find("is not a token id") != std::string::npos);
+  CHECK(with(R"("logit_bias": {"15": 101})").find("'logit_bias.15' must be a number in [-100, 100] or false") !=
+        std::string::npos);
+  CHECK(with(R"("logit_bias": {"15": -100.5})").find("'logit_bias.15'") != std::string::npos);
+  CHECK(with(R"("logit_bias": {"15": true})").find("'logit_bias.15'") != std::string::npos);
+  CHECK(with(R"("logit_bias": {"15": "1"})").find("'logit_bias.15'") != std::string::npos);
+  CHECK(with(R"("logit_bias": [5])").find("'logit_bias[0]' must be a [token id, bias] pair") != std::string::npos);
+  CHECK(with(R"("logit_bias": [[1, 2], [1, 2, 3]])").find("'logit_bias[1]' must be a [token id, bias] pair") !=
+        std::string::npos);
+  CHECK(with(R"("logit_bias": [["hello", 2]])").find("'logit_bias[0][0]' is not a token id") != std::string::npos);
+  CHECK(with(R"("logit_bias": [[-3, 2]])").find("'logit_bias[0][0]'") != std::string::npos);
+  CHECK(with(R"("logit_bias": [[3.5, 2]])").find("'logit_bias[0][0]'") != std::string::npos);
+  CHECK(with(R"("logit_bias": [[3, 200]])").find("'logit_bias[0][1]' must be a number in [-100, 100] or false") !=
+        std::string::npos);
+  CHECK(with(R"("logit_bias": [[3, true]])").find("'logit_bias[0][1]'") != std::string::npos);
+  // At most kMaxLogitBias (1024) entries, in either form.
+  std::string many = "{";
+  std::string pairs = "[";
+  for (int i = 0; i <= kernels::kMaxLogitBias; ++i) {
+    absl::StrAppend(&many, i > 0 ? ", " : "", "\"", i, "\": -1");
+    absl::StrAppend(&pairs, i > 0 ? ", " : "", "[", i, ", -1]");
+  }
+  many += "}";
+  pairs += "]";
+  CHECK(with(absl::StrCat(R"("logit_bias": )", many)).find("'logit_bias' has 1025 entries; at most 1024") !=
+        std::string::npos);
+  CHECK(with(absl::StrCat(R"("logit_bias": )", pairs)).find("'logit_bias' has 1025 entries") != std::string::npos);
+  auto full = ParseChatRequest(absl::StrCat("{", kMsgs, R"(, "logit_bias": )",
+                                            pairs.substr(0, pairs.rfind(", [")) + "]}"));
+  REQUIRE_MESSAGE(full.ok(), full.status().ToString());
+  CHECK(full->params.logit_bias.size() == static_cast<size_t>(kernels::kMaxLogitBias));
 }
 
 tokenizer::Tokenizer QwenTokenizer() {

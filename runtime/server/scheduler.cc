@@ -146,6 +146,19 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerationReque
     return absl::InvalidArgumentError("prompt logprobs need logprobs (the number of alternatives, 0 or more)");
   }
   if (r.logprobs >= 0 && !engine_.supports_logprobs()) return LogprobsUnsupported();
+  if (!r.logit_bias.empty()) {
+    // The API checks what it can without the model (ids, ranges, count);
+    // the vocabulary is known here.
+    if (!engine_.supports_logit_bias()) return LogitBiasUnsupported();
+    for (const LogitBias& b : r.logit_bias) {
+      if (b.token < 0 || b.token >= engine_.n_vocab()) {
+        return absl::InvalidArgumentError(absl::StrCat("'logit_bias' token id ", b.token,
+                                                       " is outside the vocabulary [0, ", engine_.n_vocab(), ")"));
+      }
+    }
+    const absl::Status usable = kernels::CheckLogitBias(r.logit_bias, engine_.n_vocab());
+    if (!usable.ok()) return absl::InvalidArgumentError(absl::StrCat("'logit_bias': ", usable.message()));
+  }
   if (r.max_tokens < -1) {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens ", r.max_tokens, " is negative"));
   }
@@ -315,6 +328,7 @@ void Scheduler::Start(Active& a) {
   // The request's grammar (if any) from its first sampled token on; the
   // start above cleared the previous request's.
   if (kept.ok() && a.request.grammar != nullptr) kept = engine_.SetGrammar(a.slot, a.request.grammar);
+  if (kept.ok() && !a.request.logit_bias.empty()) kept = engine_.SetLogitBias(a.slot, a.request.logit_bias);
   if (kept.ok() && a.request.logprobs >= 0) {
     kept = engine_.SetLogprobs(a.slot, a.request.logprobs, a.request.prompt_logprobs);
   }

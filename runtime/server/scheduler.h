@@ -71,6 +71,12 @@ struct GenerationRequest {
   // without (FailedPrecondition, before anything is streamed).
   int logprobs = -1;
   bool prompt_logprobs = false;
+  // OpenAI's logit_bias (BatchEngine::SetLogitBias): added to these tokens'
+  // logits before every other sampling step; distinct tokens, -inf bans.
+  // Submit checks the list against the model's vocabulary (InvalidArgument
+  // naming 'logit_bias') and refuses it on an engine without
+  // (FailedPrecondition).
+  std::vector<LogitBias> logit_bias;
 };
 
 // OpenAI's "stop" and "length"; "tool_calls" only the API layer gives (an
@@ -195,7 +201,8 @@ class Scheduler {
   // full), Unavailable (shutting down), FailedPrecondition (a grammar on an
   // engine without structured output, logprobs on one without them);
   // InvalidArgument also for logprobs outside [-1, 20], prompt_logprobs
-  // without logprobs.
+  // without logprobs, a logit_bias token outside the vocabulary (or a list
+  // kernels::CheckLogitBias refuses).
   absl::StatusOr<std::shared_ptr<RequestStream>> Submit(GenerationRequest request);
 
   // Refuses new requests, ends every queued and running one (its final event

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -777,6 +778,67 @@ TEST_CASE("logprobs: prompt scoring in chunks, per generated token, max_tokens 0
   REQUIRE(plain.ok());
   const Result none = Collect(**plain);
   CHECK((none.logprobs.empty() && none.prompt_logprobs.empty() && none.prompt_events == 0));
+}
+
+// Issue 32: logit_bias reaches the slot's sampler for its request only. A
+// ban of the greedy answer's first token changes the first token and keeps
+// that token out of the whole answer; +100 on a token makes it every draw;
+// the next request on the same slot (its cached start kept) samples as
+// before; Submit checks the ids against the vocabulary.
+TEST_CASE("logit_bias: a banned greedy token never comes; the next request is unbiased") {
+  Fixture f(1);
+  Scheduler s(*f.engine, *f.tok, {});
+  auto run = [&s](const GenerationRequest& r) {
+    auto st = s.Submit(r);
+    REQUIRE_MESSAGE(st.ok(), st.status().ToString());
+    return Ids(Collect(**st).text);
+  };
+  const std::vector<int32_t> base = run(Greedy({1, 2, 3}, 6));
+  REQUIRE(base.size() == 6);
+  GenerationRequest banned = Greedy({1, 2, 3}, 6);
+  banned.logit_bias = {{base[0], -INFINITY}};
+  const std::vector<int32_t> other = run(banned);
+  REQUIRE(other.size() == 6);
+  CHECK(other[0] != base[0]);
+  CHECK(std::find(other.begin(), other.end(), base[0]) == other.end());
+  CHECK(run(Greedy({1, 2, 3}, 6)) == base);  // the slot's next request: no bias left
+
+  // A sampled request too (penalties on): the ban holds every draw.
+  GenerationRequest sampled = Greedy({1, 2, 3}, 12);
+  sampled.sampling.temperature = 1.5f;
+  sampled.sampling.top_k = 0;
+  sampled.sampling.top_p = 1.0f;
+  sampled.sampling.min_p = 0.0f;
+  sampled.sampling.repeat_penalty = 1.3f;
+  sampled.sampling.seed = 7;
+  const int32_t also = (base[0] + 1) % f.engine->n_vocab();
+  sampled.logit_bias = {{base[0], -INFINITY}, {also, -INFINITY}};
+  for (int32_t t : run(sampled)) CHECK((t != base[0] && t != also));
+
+  GenerationRequest pushed = Greedy({1, 2, 3}, 5);
+  const int32_t favored = base[0] == 7 ? 8 : 7;
+  pushed.logit_bias = {{favored, 100.0f}};
+  CHECK(run(pushed) == std::vector<int32_t>(5, favored));
+
+  GenerationRequest bad = Greedy({1, 2}, 2);
+  bad.logit_bias = {{f.engine->n_vocab(), -1.0f}};
+  const absl::Status outside = s.Submit(bad).status();
+  CHECK(outside.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(outside.message()).find("'logit_bias' token id") != std::string::npos);
+  CHECK(std::string(outside.message()).find("outside the vocabulary") != std::string::npos);
+  bad.logit_bias = {{3, -1.0f}, {3, 2.0f}};
+  CHECK(s.Submit(bad).status().code() == absl::StatusCode::kInvalidArgument);
+  bad.logit_bias = {{3, 250.0f}};
+  CHECK(s.Submit(bad).status().code() == absl::StatusCode::kInvalidArgument);
+
+  NoGrammarEngine no(*f.engine);  // the default BatchEngine: no logit biases
+  CHECK(no.SetLogitBias(0, {}).ok());
+  Scheduler without(no, *f.tok, {});
+  GenerationRequest r = Greedy({1, 2}, 2);
+  r.logit_bias = {{3, -1.0f}};
+  const absl::Status refused = without.Submit(r).status();
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(refused.message()).find("logit_bias") != std::string::npos);
 }
 
 }  // namespace
