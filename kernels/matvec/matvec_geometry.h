@@ -133,6 +133,10 @@ struct F16Stripes {
     return 2 * int64_t{c} + (tile == Start(c) / ns ? 0 : 1);
   }
 };
+// Stages a striped CTA runs at least (where the launch has that many):
+// a run of one stage has nothing to overlap its copies with, and cuts its
+// tile into as many segments as the tile has stages.
+inline constexpr int kMinStripeUnits = 2;
 // Tiles of one striped launch at most (the tile counters' size).
 inline constexpr int kMaxStripeTiles = 8192;
 

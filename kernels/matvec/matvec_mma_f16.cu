@@ -683,7 +683,7 @@ struct TileCopies {
 template <int NT>
 __device__ __forceinline__ void StripeJoin(const MatVecArgs& a, const MatVecPart& P, int row0,
                                            int64_t tile, int c, int warp, int g, int t,
-                                           const float (&acc)[2][NT][4], int* last) {
+                                           float (&acc)[2][NT][4], int* last) {
   constexpr int T = 8 * NT;
   constexpr int64_t kTileFloats = int64_t{T} * kMmaF16CtaRows;
   const F16Stripes& S = a.stripes;
@@ -707,30 +707,24 @@ __device__ __forceinline__ void StripeJoin(const MatVecArgs& a, const MatVecPart
   __syncthreads();
   if (!*last) return;
   __threadfence();  // the other segments' partials after the count (acquire)
-  const int own = c - c_lo;
+  // Segment by segment (its own one re-read too: the same floats), each
+  // segment's loads all in flight at once: n_seg L2 round trips, not one a
+  // load (the chain that lost in "the k-split sums in the row tile's last
+  // CTA", docs/PERF.md). acc is free now: it becomes the sum.
+  for (int j = 0; j < n_seg; ++j) {
+    // L2, not L1: another SM wrote it.
+    const float* seg = a.stripe_partial + S.PartialSlot(c_lo + j, tile) * kTileFloats;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tok = 8 * n + 2 * t + (e & 1), r = TileRow(warp, i, g, e >> 1);
-        if (tok >= a.n_tokens || row0 + r >= P.n_rows) continue;
-        const int64_t at = int64_t{tok} * kMmaF16CtaRows + r;
-        float v = 0.f;
-        for (int j = 0; j < n_seg; ++j) {
-          // L2, not L1: another SM wrote it.
-          const float p = j == own ? acc[i][n][e]
-                                   : __ldcg(a.stripe_partial + S.PartialSlot(c_lo + j, tile) * kTileFloats + at);
-          v = j == 0 ? p : v + p;
+        for (int e = 0; e < 4; ++e) {
+          const float p = __ldcg(seg + (8 * n + 2 * t + (e & 1)) * kMmaF16CtaRows + TileRow(warp, i, g, e >> 1));
+          acc[i][n][e] = j == 0 ? p : acc[i][n][e] + p;
         }
-        const int64_t o = int64_t{tok} * P.n_rows + row0 + r;
-        if (P.bias != nullptr) v += P.bias[row0 + r];
-        if (P.residual != nullptr) v += P.residual[o];  // may alias y: read before write
-        P.y[o] = v;
-      }
-    }
   }
+  StoreTile<NT>(a, P, row0, 0, warp, g, t, acc);  // + bias, residual
 }
 
 // The striped schedule (F16Stripes): grid (stripes.ctas), CTA c runs units
@@ -789,6 +783,11 @@ __device__ __forceinline__ void MatVecMmaF16StripedBody(const MatVecArgs& a) {
       W::template Half<NT>(stage[it % kS], h, kb, warp, g, t, acc);
     }
     WgmmaWait<0>();
+    // The accumulators pinned after the wait: the epilogue below reads and
+    // zeroes them, and the compiler must not move that above the wait
+    // (the wait names no registers) while the last wgmmas still write them.
+    WgmmaFenceOperands(acc[0]);
+    WgmmaFenceOperands(acc[1]);
     if (ks == S.ns - 1 || it == n_it - 1) {  // this CTA's piece of the tile ends
       const MatVecPart P = PartAt(a, PartOfTile(a, tile));
       const int row0 = static_cast<int>(tile - P.row_block0) * kMmaF16CtaRows;
@@ -845,7 +844,8 @@ absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl
     MatVecArgs a = args;
     a.stripes.ns = args.n_cols / W::kCols;
     a.stripes.units = grid_y * a.stripes.ns;
-    a.stripes.ctas = static_cast<int>(std::min<int64_t>(a.stripes.units, o.stripe_slots));
+    a.stripes.ctas = static_cast<int>(
+        std::min<int64_t>(std::max<int64_t>(1, a.stripes.units / kMinStripeUnits), o.stripe_slots));
     a.stripe_partial = o.stripe_partial;
     a.tile_counts = o.tile_counts;
     if (grid_y > kMaxStripeTiles || o.tile_counts == nullptr ||
