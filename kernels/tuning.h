@@ -118,14 +118,6 @@ struct DecodeTuning {
   // numbers point to, not yet measured. 0 until a rule wins everywhere.
   // dpl-bench and matvec_bench take DPL_F16_CLUSTER.
   int mma_f16_cluster_sum = 0;
-  // The f16 form's striped schedule (F16Stripes, matvec_geometry.h): every
-  // launch's tiles x k stages dealt out evenly over the CTAs that fit at
-  // once (its CTAs a SM x num_sms), tiles cut between CTAs summed by their
-  // last CTA; no k splits, no MmaSumSplits launch. Why: a 64-token
-  // product's time follows the stages its busiest SM runs, not its bytes
-  // (H200 wave-fit probe, docs/PERF.md). dpl-bench and matvec_bench take
-  // DPL_F16_STRIPED. 0: off, 1: on.
-  int mma_f16_striped = 0;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

@@ -300,7 +300,6 @@ absl::Status Bench() {
   DPL_ASSIGN_OR_RETURN(const uint64_t mv_bytes, MatVecScratchBytes(18944, kMaxTokens));
   DPL_ASSIGN_OR_RETURN(DeviceBuffer<uint8_t> mv_mem, DeviceBuffer<uint8_t>::Allocate(mv_bytes));
   MatVecScratch mv_scratch = MatVecScratchIn(mv_mem.get(), 18944, kMaxTokens);
-  DPL_RETURN_IF_ERROR(ZeroMatVecTileCounts(&mv_scratch, nullptr));
   DPL_ASSIGN_OR_RETURN(Stream stream, CreateStream());
   DPL_ASSIGN_OR_RETURN(Timer timer, Timer::Create(stream.get()));
   const Shape shapes[] = {

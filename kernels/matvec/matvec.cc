@@ -24,14 +24,10 @@ int64_t HalfValues(int64_t max_cols, int64_t max_tokens) {
                         : F16TokenSlots(static_cast<int>(std::min<int64_t>(max_tokens, kMmaMaxTokens))) *
                               max_cols;
 }
-// Ints of the striped schedule's tile counters (none when every launch is
-// one token).
-int64_t CounterInts(int64_t max_tokens) { return max_tokens < 2 ? 0 : kMaxStripeTiles; }
 }  // namespace
 
-// Layout: q at 0, then d, s, the partials, the f16 copy and the tile
-// counters each at the next 256-byte boundary (the kernels read d and s
-// with 8- and 16-byte loads).
+// Layout: q at 0, then d, s, the partials and the f16 copy each at the next
+// 256-byte boundary (the kernels read d and s with 8- and 16-byte loads).
 absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens) {
   if (max_cols <= 0 || max_cols % kActBlock != 0 || max_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("matvec scratch: max_cols ", max_cols,
@@ -41,8 +37,7 @@ absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens
   const uint64_t n = static_cast<uint64_t>(max_cols) * static_cast<uint64_t>(max_tokens);
   return Align256(n) + 2 * Align256(n / kActBlock * sizeof(float)) +
          Align256(PartialFloats(max_tokens) * sizeof(float)) +
-         Align256(HalfValues(max_cols, max_tokens) * sizeof(__half)) +
-         Align256(CounterInts(max_tokens) * sizeof(int));
+         Align256(HalfValues(max_cols, max_tokens) * sizeof(__half));
 }
 
 MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens) {
@@ -56,26 +51,13 @@ MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens) {
   s.partial_floats = PartialFloats(max_tokens);
   const uint64_t partial_at = Align256(n) + 2 * scales;
   if (s.partial_floats > 0) s.partial = reinterpret_cast<float*>(base + partial_at);
-  const uint64_t h_at = partial_at + Align256(s.partial_floats * sizeof(float));
-  if (HalfValues(max_cols, max_tokens) > 0) s.h = reinterpret_cast<__half*>(base + h_at);
-  if (CounterInts(max_tokens) > 0) {
-    s.tile_counts = reinterpret_cast<int*>(
-        base + h_at + Align256(HalfValues(max_cols, max_tokens) * sizeof(__half)));
+  if (HalfValues(max_cols, max_tokens) > 0) {
+    s.h = reinterpret_cast<__half*>(base + partial_at +
+                                    Align256(s.partial_floats * sizeof(float)));
   }
   s.max_cols = max_cols;
   s.max_tokens = max_tokens;
   return s;
-}
-
-absl::Status ZeroMatVecTileCounts(MatVecScratch* s, cudaStream_t stream) {
-  if (s->tile_counts == nullptr) return absl::OkStatus();
-  if (stream == nullptr) {  // done before any stream's next launch, blocking or not
-    DPL_CUDA_CHECK(cudaMemset(s->tile_counts, 0, kMaxStripeTiles * sizeof(int)));
-  } else {
-    DPL_CUDA_CHECK(cudaMemsetAsync(s->tile_counts, 0, kMaxStripeTiles * sizeof(int), stream));
-  }
-  s->tile_counts_zeroed = true;
-  return absl::OkStatus();
 }
 
 namespace {
@@ -242,24 +224,6 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
                    });
   a.n_parts = static_cast<int>(ws.size());
   a.rope = io.rope;
-  // The f16 form's striped schedule, where asked for and the scratch holds
-  // its counters and partials (else the k splits).
-  MmaF16Options o16;
-  o16.ctas_per_sm = io.n_tokens <= 16 && (plan.mma_f16_small_ctas == 3 || plan.mma_f16_small_ctas == 4)
-                        ? plan.mma_f16_small_ctas
-                        : 2;
-  if (f16 && plan.mma_f16_striped && plan.num_sms > 0 && io.qx->tile_counts_zeroed) {
-    int64_t tiles = 0;
-    for (const WeightMatrix* w : ws) tiles += (w->n_rows + kMmaF16CtaRows - 1) / kMmaF16CtaRows;
-    const int64_t slots = int64_t{o16.ctas_per_sm} * plan.num_sms;
-    if (tiles <= kMaxStripeTiles &&
-        2 * slots * F16TokenSlots(static_cast<int>(io.n_tokens)) * kMmaF16CtaRows <= io.qx->partial_floats) {
-      o16.stripe_slots = static_cast<int>(slots);
-      o16.stripe_partial = io.qx->partial;
-      o16.stripe_partial_floats = io.qx->partial_floats;
-      o16.tile_counts = io.qx->tile_counts;
-    }
-  }
   int64_t grid_x = 0, blocks = 0, partial_used = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
     const WeightMatrix& w = *ws[i];
@@ -273,9 +237,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     if (mma) {
       const int64_t cta_rows = f16 ? kMmaF16CtaRows : kMmaCtaRows;
       grid.y = (w.n_rows + cta_rows - 1) / cta_rows;
-      p.splits = o16.stripe_slots > 0 ? 1
-                 : f16                  ? MmaF16Splits(w.n_rows, w.n_cols)
-                                        : MmaSplits(w.n_rows, w.n_cols);
+      p.splits = f16 ? MmaF16Splits(w.n_rows, w.n_cols) : MmaSplits(w.n_rows, w.n_cols);
       if (p.splits > 1) {
         const int64_t need = int64_t{p.splits} * io.n_tokens * w.n_rows;
         if (io.qx->partial == nullptr || partial_used + need > io.qx->partial_floats) {
@@ -319,13 +281,11 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
   if (f16) {
     int splits = 1;
     for (int i = 0; i < a.n_parts; ++i) splits = std::max(splits, a.part[i].splits);
-    MmaF16Options o = o16;
-    if (o.stripe_slots == 0) {
-      o.ctas_per_sm = blocks * splits > 2 * int64_t{plan.num_sms} ? plan.mma_f16_small_ctas : 2;
-      o.cluster_sum = plan.mma_f16_cluster_sum == 2 ||
-                      (plan.mma_f16_cluster_sum == 1 &&
-                       blocks * splits > int64_t{o.ctas_per_sm} * plan.num_sms);
-    }
+    MmaF16Options o;
+    o.ctas_per_sm = blocks * splits > 2 * int64_t{plan.num_sms} ? plan.mma_f16_small_ctas : 2;
+    o.cluster_sum = plan.mma_f16_cluster_sum == 2 ||
+                    (plan.mma_f16_cluster_sum == 1 &&
+                     blocks * splits > int64_t{o.ctas_per_sm} * plan.num_sms);
     return Annotate(LaunchMatVecMmaF16(kernel, a, blocks, plan.pdl, stream, o), what);
   }
   if (mma) return Annotate(LaunchMatVecMma(kernel, a, blocks, plan.pdl, stream), what);

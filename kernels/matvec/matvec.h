@@ -43,11 +43,6 @@ struct MatVecScratch {
   int64_t f16_min_tokens = 2;
   float* partial = nullptr;    // (partial_floats): min(max_tokens, kMmaMaxTokens)
   int64_t partial_floats = 0;  // x kMmaMaxPartialRows floats when max_tokens >= 2
-  // (kMaxStripeTiles) the f16 form's striped schedule's tile counters; null
-  // when max_tokens < 2. They must be zeroed once (ZeroMatVecTileCounts)
-  // before a striped launch: until then launches keep the k splits.
-  int* tile_counts = nullptr;
-  bool tile_counts_zeroed = false;
   int64_t max_cols = 0;
   int64_t max_tokens = 0;
   // Shape of the activations last quantized into this scratch (host-side
@@ -62,9 +57,6 @@ struct MatVecScratch {
 // at init: never inside a step).
 absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens);
 MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens);
-// Zeroes the scratch's tile counters on `stream` (null: synchronously; once,
-// at init: the striped launches leave them zero) and marks them ready.
-absl::Status ZeroMatVecTileCounts(MatVecScratch* s, cudaStream_t stream);
 
 // Quantizes x: (n_tokens, n_cols) f32 on the device into `scratch`, where
 // every quantized matvec reading x then finds it (quantize once, use for Q, K

@@ -310,16 +310,12 @@ int Main() {
   if (const char* e = std::getenv("DPL_F16_CTAS"); e != nullptr) {
     tuning->mma_f16_small_ctas_per_sm = std::atoi(e);
   }
-  if (const char* e = std::getenv("DPL_F16_STRIPED"); e != nullptr) {
-    tuning->mma_f16_striped = std::atoi(e);
-  }
   std::printf("tuning: q6_K decode CTAs per SM %d\n", tuning->q6k_ctas_per_sm);
   const absl::StatusOr<uint64_t> scratch_bytes = MatVecScratchBytes(18944, 512);
   BENCH_OK(scratch_bytes.status());
   absl::StatusOr<DeviceBuffer<uint8_t>> scratch_mem = DeviceBuffer<uint8_t>::Allocate(*scratch_bytes);
   BENCH_OK(scratch_mem.status());
   MatVecScratch scratch = MatVecScratchIn(scratch_mem->get(), 18944, 512);
-  BENCH_OK(ZeroMatVecTileCounts(&scratch, nullptr));
   std::vector<Shape> shapes = {
       // Qwen2.5-7B (hidden 3584, ffn 18944, kv 512, vocab 152064)
       {"7B ffn_gate/up q4_K", GgmlType::kQ4_K, TensorLayout::kRaw, 18944, 3584, 1},

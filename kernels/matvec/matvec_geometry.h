@@ -5,12 +5,6 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DPL_MATVEC_HD __host__ __device__ __forceinline__
-#else
-#define DPL_MATVEC_HD inline
-#endif
-
 namespace dpl::kernels {
 
 // Which kernel family reads a matrix (resolved once per matrix by PlanMatVec).
@@ -108,38 +102,6 @@ inline constexpr int MmaF16Splits(int64_t n_rows, int64_t n_cols) {
   if (s > n_cols / 128) s = n_cols / 128;
   return s < 1 ? 1 : static_cast<int>(s);
 }
-// The f16 form's striped schedule (DecodeTuning::mma_f16_striped): a
-// launch's units, one unit = one k stage of one 128-row tile, tile-major
-// (tile t's stages t ns .. t ns + ns - 1, the tiles of all parts in grid
-// order), dealt out in contiguous runs over exactly `ctas` CTAs, CTA c
-// taking units [Start(c), Start(c + 1)). A tile whose stages one CTA runs
-// is written by it; a tile cut between CTAs (its segments: CTAs
-// CtaOf(t ns) .. CtaOf(t ns + ns - 1), in k order) is summed by the last of
-// them to finish, in segment order, from partials in slot PartialSlot(c, t)
-// (a CTA's run cuts at most its first and its last tile). Why: a 64-token
-// product's time follows how many stages its busiest SM runs, not its bytes
-// (H200, docs/PERF.md "where a 64-token product's time goes: waves"):
-// 4 CTAs past one wave cost 47%; the k splits leave gate/up 1.12 waves.
-struct F16Stripes {
-  int64_t units = 0;  // row tiles x stages a row
-  int ctas = 0;       // 0: off (the k splits of MmaF16Splits)
-  int ns = 0;         // stages a row
-  DPL_MATVEC_HD int64_t Start(int c) const { return units * c / ctas; }
-  // The CTA whose run holds unit u: the largest c with Start(c) <= u.
-  DPL_MATVEC_HD int CtaOf(int64_t u) const {
-    return static_cast<int>(((u + 1) * ctas - 1) / units);
-  }
-  DPL_MATVEC_HD int64_t PartialSlot(int c, int64_t tile) const {
-    return 2 * int64_t{c} + (tile == Start(c) / ns ? 0 : 1);
-  }
-};
-// Stages a striped CTA runs at least (where the launch has that many):
-// a run of one stage has nothing to overlap its copies with, and cuts its
-// tile into as many segments as the tile has stages.
-inline constexpr int kMinStripeUnits = 2;
-// Tiles of one striped launch at most (the tile counters' size).
-inline constexpr int kMaxStripeTiles = 8192;
-
 // Partial-sum rows a launch may need, per token: a split matrix has fewer
 // than kMmaTargetCtas row blocks, so splits x row blocks < 2 kMmaTargetCtas,
 // for each of up to kMaxMatVecParts matrices.

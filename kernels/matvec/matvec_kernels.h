@@ -47,14 +47,6 @@ struct MatVecArgs {
   const float* xs = nullptr;   // (n_tokens, n_cols / 32) xd * sum(xq) per block
   const __half* xh = nullptr;  // f16 copy of x at F16Index (act_quant.h): read by the f16 mma form
   MatVecRope rope;             // for the parts whose role is not kPlain
-  // The f16 form's striped schedule (stripes.ctas > 0; the parts' splits
-  // are then 1): CTA c's cut tiles' partials at stripe_partial + slot
-  // (F16Stripes::PartialSlot) * kMmaF16CtaRows * slots (slots: the
-  // launch's token slots), a counter a tile at tile_counts (zero between
-  // launches: the last CTA of a tile puts it back).
-  F16Stripes stripes;
-  float* stripe_partial = nullptr;  // (2 stripes.ctas, T slots, kMmaF16CtaRows)
-  int* tile_counts = nullptr;       // (kMaxStripeTiles)
 };
 
 // y = W x (+ bias) (+ residual) for n_tokens tokens and every part, with the
@@ -89,15 +81,6 @@ struct MmaF16Options {
   // memory: no partials, no MmaSumSplits launch; the same bits).
   // DecodeTuning::mma_f16_cluster_sum.
   bool cluster_sum = false;
-  // The striped schedule (F16Stripes) over min(units, stripe_slots) CTAs
-  // (0: off, the parts' k splits): the parts must not split k; cut tiles'
-  // partials in stripe_partial (stripe_partial_floats: at least 2 x CTAs x
-  // token slots x kMmaF16CtaRows) and the zeroed counters tile_counts
-  // (kMaxStripeTiles, the launch's tiles at most).
-  int stripe_slots = 0;
-  float* stripe_partial = nullptr;
-  int64_t stripe_partial_floats = 0;
-  int* tile_counts = nullptr;
 };
 absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
                                 bool pdl, cudaStream_t stream, const MmaF16Options& options);

@@ -532,49 +532,6 @@ __device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
   return m == 0 ? a.part[0] : m == 1 ? a.part[1] : a.part[2];
 }
 
-// The part that row tile `tile` (the launch's tile order: grid.y, or a
-// striped unit's tile) belongs to.
-__device__ __forceinline__ int PartOfTile(const MatVecArgs& a, int64_t tile) {
-  return (a.n_parts > 1 && tile >= a.part[1].row_block0) + (a.n_parts > 2 && tile >= a.part[2].row_block0);
-}
-
-template <int NT>
-__device__ __forceinline__ void ZeroAcc(float (&acc)[2][NT][4]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
-}
-
-// A CTA's finished sums for rows row0.. of part P: y (+ bias) (+ residual),
-// or split z's partials when P splits k. Thread (g, t) holds rows
-// TileRow(warp, i, g, 0 / 1) x tokens 8n + 2t, + 1.
-template <int NT>
-__device__ __forceinline__ void StoreTile(const MatVecArgs& a, const MatVecPart& P, int row0, int z,
-                                          int warp, int g, int t, const float (&acc)[2][NT][4]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tok = 8 * n + 2 * t + (e & 1);
-        const int row = row0 + TileRow(warp, i, g, e >> 1);
-        if (tok >= a.n_tokens || row >= P.n_rows) continue;
-        const int64_t o = static_cast<int64_t>(tok) * P.n_rows + row;
-        if (P.splits > 1) {
-          P.partial[static_cast<int64_t>(z) * a.n_tokens * P.n_rows + o] = acc[i][n][e];
-          continue;
-        }
-        float v = acc[i][n][e];
-        if (P.bias != nullptr) v += P.bias[row];
-        if (P.residual != nullptr) v += P.residual[o];  // may alias y: read before write
-        P.y[o] = v;
-      }
-    }
-  }
-}
-
 // grid (1, row blocks of kMmaF16CtaRows over all parts, max splits), 4
 // warps, kStages stages of dynamic shared memory. CTA (y, z) takes its
 // part's rows 128 (y - row_block0) .. +127 and the W::kCols-column stages
@@ -597,7 +554,10 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
   const int ns = a.n_cols / W::kCols, nbe = a.n_cols / 256;
   const int ks0 = ns * z / P.splits, n_it = ns * (z + 1) / P.splits - ks0;
   float acc[2][NT][4];
-  ZeroAcc<NT>(acc);
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
   // The first stages' weights before the wait (they never change), then
   // their activations, one commit group a stage (the weights ride in group 0).
   const WeightCopies<W> copies(P, nbe, row0);
@@ -633,170 +593,32 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
     // accumulators: ptxas serializes every wgmma if a group is in flight there).
     WgmmaWait<0>();
   }
+  // Thread (g, t) holds rows TileRow(warp, i, g, 0 / 1) x tokens 8n + 2t, + 1.
   if constexpr (kCluster) {
     if (P.splits > 1 && ClusterCtas() == P.splits) {
       ClusterSum<W, NT>(a, P, row0, z, warp, g, t, acc, smem);
       return;
     }
   }
-  StoreTile<NT>(a, P, row0, z, warp, g, t, acc);
-}
-
-// This thread's share of a stage's weight copies for any row tile (the
-// striped schedule's units move from tile to tile): as WeightCopies, with
-// the tile's first row and part given at each issue.
-template <class W>
-struct TileCopies {
-  static constexpr int kCopies = kMmaF16CtaRows * W::kChunks / kThreads;
-  uint32_t fixed[kCopies];  // the chunk's byte offset in a row, without the stage's part
-  uint16_t dst[kCopies];    // byte offset in a Stage's weights
-  uint8_t row[kCopies], chunk[kCopies];
-
-  __device__ explicit TileCopies(int nbe) {
 #pragma unroll
-    for (int k = 0; k < kCopies; ++k) {
-      const int i = static_cast<int>(threadIdx.x) + k * kThreads;
-      row[k] = static_cast<uint8_t>(i / W::kChunks);
-      chunk[k] = static_cast<uint8_t>(i % W::kChunks);
-      fixed[k] = W::ChunkFixed(nbe, chunk[k]);
-      dst[k] = static_cast<uint16_t>(row[k] * W::kRow + 16 * chunk[k]);
-    }
-  }
-
-  __device__ __forceinline__ void Issue(const MatVecPart& P, int row0, int ks, uint32_t st) const {
+  for (int i = 0; i < 2; ++i) {
 #pragma unroll
-    for (int k = 0; k < kCopies; ++k) {
-      const uint32_t r = static_cast<uint32_t>(min(row0 + row[k], P.n_rows - 1));
-      CpAsync16ZeroFill(st + dst[k],
-                        P.w + (r * static_cast<uint32_t>(P.row_stride) + fixed[k] + W::ChunkStep(ks, chunk[k])),
-                        true);
-    }
-  }
-};
-
-// The end of a striped CTA's piece of row tile `tile` (part P, rows
-// row0..) that other CTAs share (F16Stripes): its partial sums to its
-// slot; the tile's last CTA to arrive (a counter a tile) adds every
-// segment's partials in k order, then bias and residual:
-//   y[t, r] = ((s_0[t, r] + s_1[t, r]) + ... + s_{n-1}[t, r]) (+ bias[r]) (+ residual[t, r])
-// (the same order whichever CTA adds them, so the same bits run after run).
-template <int NT>
-__device__ __forceinline__ void StripeJoin(const MatVecArgs& a, const MatVecPart& P, int row0,
-                                           int64_t tile, int c, int warp, int g, int t,
-                                           float (&acc)[2][NT][4], int* last) {
-  constexpr int T = 8 * NT;
-  constexpr int64_t kTileFloats = int64_t{T} * kMmaF16CtaRows;
-  const F16Stripes& S = a.stripes;
-  const int64_t u = tile * S.ns;
-  const int c_lo = S.CtaOf(u), n_seg = S.CtaOf(u + S.ns - 1) - c_lo + 1;
-  float* mine = a.stripe_partial + S.PartialSlot(c, tile) * kTileFloats;  // [slot][row]
+    for (int n = 0; n < NT; ++n) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        mine[(8 * n + 2 * t + (e & 1)) * kMmaF16CtaRows + TileRow(warp, i, g, e >> 1)] = acc[i][n][e];
-  __threadfence();  // the partials before the count (release, with the barrier)
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int before = atomicAdd(&a.tile_counts[tile], 1);
-    *last = before == n_seg - 1;
-    if (*last) a.tile_counts[tile] = 0;  // every segment counted: back to zero for the next launch
-  }
-  __syncthreads();
-  if (!*last) return;
-  __threadfence();  // the other segments' partials after the count (acquire)
-  // Segment by segment (its own one re-read too: the same floats), each
-  // segment's loads all in flight at once: n_seg L2 round trips, not one a
-  // load (the chain that lost in "the k-split sums in the row tile's last
-  // CTA", docs/PERF.md). acc is free now: it becomes the sum.
-  for (int j = 0; j < n_seg; ++j) {
-    // L2, not L1: another SM wrote it.
-    const float* seg = a.stripe_partial + S.PartialSlot(c_lo + j, tile) * kTileFloats;
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float p = __ldcg(seg + (8 * n + 2 * t + (e & 1)) * kMmaF16CtaRows + TileRow(warp, i, g, e >> 1));
-          acc[i][n][e] = j == 0 ? p : acc[i][n][e] + p;
+      for (int e = 0; e < 4; ++e) {
+        const int tok = 8 * n + 2 * t + (e & 1);
+        const int row = row0 + TileRow(warp, i, g, e >> 1);
+        if (tok >= a.n_tokens || row >= P.n_rows) continue;
+        const int64_t o = static_cast<int64_t>(tok) * P.n_rows + row;
+        if (P.splits > 1) {
+          P.partial[static_cast<int64_t>(z) * a.n_tokens * P.n_rows + o] = acc[i][n][e];
+          continue;
         }
-  }
-  StoreTile<NT>(a, P, row0, 0, warp, g, t, acc);  // + bias, residual
-}
-
-// The striped schedule (F16Stripes): grid (stripes.ctas), CTA c runs units
-// [Start(c), Start(c + 1)) through one pipeline (a unit's copies issued
-// kS - 1 units ahead, across tile ends), and at each tile's last unit of
-// its run writes the tile (all its stages ran here) or joins it
-// (StripeJoin).
-template <class W, int NT, int kCtas>
-__device__ __forceinline__ void MatVecMmaF16StripedBody(const MatVecArgs& a) {
-  constexpr int T = 8 * NT, kS = StagesFor<W, NT, kCtas>();
-  static_assert(kS >= 2, "a stage in flight while one is multiplied");
-  extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int last;
-  Stage<W, T>* stage = reinterpret_cast<Stage<W, T>*>(smem);
-  const F16Stripes& S = a.stripes;
-  const int c = static_cast<int>(blockIdx.x);
-  const int64_t u0 = S.Start(c);
-  const int n_it = static_cast<int>(S.Start(c + 1) - u0);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const TileCopies<W> copies(a.n_cols / 256);
-  auto issue_weights = [&](int64_t u, int s) {
-    const int64_t tile = u / S.ns;
-    const MatVecPart P = PartAt(a, PartOfTile(a, tile));
-    copies.Issue(P, static_cast<int>(tile - P.row_block0) * kMmaF16CtaRows,
-                 static_cast<int>(u % S.ns), SmemAddr(&stage[s]));
-  };
-  float acc[2][NT][4];
-  ZeroAcc<NT>(acc);
-#pragma unroll
-  for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_it) issue_weights(u0 + s, s);
-  }
-  GridDependencyWait();
-  GridLaunchDependents();
-#pragma unroll
-  for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_it) StageActivations(a, static_cast<int>((u0 + s) % S.ns), stage[s]);
-    CpAsyncCommit();
-  }
-  for (int it = 0; it < n_it; ++it) {
-    CpAsyncWait<kS - 2>();
-    FenceProxyAsyncShared();
-    __syncthreads();
-    const int nx = it + kS - 1;
-    if (nx < n_it) {
-      issue_weights(u0 + nx, nx % kS);
-      StageActivations(a, static_cast<int>((u0 + nx) % S.ns), stage[nx % kS]);
-    }
-    CpAsyncCommit();
-    const int64_t u = u0 + it, tile = u / S.ns;
-    const int ks = static_cast<int>(u % S.ns);
-#pragma unroll
-    for (int hh = 0; hh < W::kCols / 128; ++hh) {
-      const int h = W::kCols == 256 ? hh : ks & 1, kb = W::kCols == 256 ? ks : ks >> 1;
-      W::template Half<NT>(stage[it % kS], h, kb, warp, g, t, acc);
-    }
-    WgmmaWait<0>();
-    // The accumulators pinned after the wait: the epilogue below reads and
-    // zeroes them, and the compiler must not move that above the wait
-    // (the wait names no registers) while the last wgmmas still write them.
-    WgmmaFenceOperands(acc[0]);
-    WgmmaFenceOperands(acc[1]);
-    if (ks == S.ns - 1 || it == n_it - 1) {  // this CTA's piece of the tile ends
-      const MatVecPart P = PartAt(a, PartOfTile(a, tile));
-      const int row0 = static_cast<int>(tile - P.row_block0) * kMmaF16CtaRows;
-      if (tile * S.ns >= u0 && ks == S.ns - 1) {
-        StoreTile<NT>(a, P, row0, 0, warp, g, t, acc);
-      } else {
-        StripeJoin<NT>(a, P, row0, tile, c, warp, g, t, acc, &last);
+        float v = acc[i][n][e];
+        if (P.bias != nullptr) v += P.bias[row];
+        if (P.residual != nullptr) v += P.residual[o];  // may alias y: read before write
+        P.y[o] = v;
       }
-      ZeroAcc<NT>(acc);
     }
   }
 }
@@ -818,11 +640,6 @@ __global__ void __launch_bounds__(kThreads, kCtas) MatVecMmaF16KernelCtas(const 
   MatVecMmaF16Body<W, NT, kCtas, kCluster>(a);
 }
 
-template <class W, int NT, int kCtas>
-__global__ void __launch_bounds__(kThreads, kCtas) MatVecMmaF16StripedKernel(const MatVecArgs a) {
-  MatVecMmaF16StripedBody<W, NT, kCtas>(a);
-}
-
 template <auto kKernel>
 absl::Status LaunchOne(const MatVecArgs& args, int64_t grid_y, int splits, int cluster_z, int smem,
                        bool pdl, cudaStream_t stream) {
@@ -833,37 +650,20 @@ absl::Status LaunchOne(const MatVecArgs& args, int64_t grid_y, int splits, int c
 
 template <class W, int NT, int kCtas = 2>
 absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
-                    cudaStream_t stream, const MmaF16Options& o) {
+                    cudaStream_t stream, bool cluster_sum) {
   static_assert(W::kCols / 8 * 8 * NT % kThreads == 0, "a stage's activation copies split evenly");
   if (F16TokenSlots(args.n_tokens) != 8 * NT) {
     return absl::InternalError(absl::StrCat("matvec f16 mma: ", args.n_tokens, " tokens in a ",
                                             8 * NT, "-token tile"));
   }
   constexpr int kSmem = StagesFor<W, NT, kCtas>() * static_cast<int>(sizeof(Stage<W, 8 * NT>));
-  if (o.stripe_slots > 0) {
-    MatVecArgs a = args;
-    a.stripes.ns = args.n_cols / W::kCols;
-    a.stripes.units = grid_y * a.stripes.ns;
-    a.stripes.ctas = static_cast<int>(
-        std::min<int64_t>(std::max<int64_t>(1, a.stripes.units / kMinStripeUnits), o.stripe_slots));
-    a.stripe_partial = o.stripe_partial;
-    a.tile_counts = o.tile_counts;
-    if (grid_y > kMaxStripeTiles || o.tile_counts == nullptr ||
-        2 * int64_t{a.stripes.ctas} * 8 * NT * kMmaF16CtaRows > o.stripe_partial_floats) {
-      return absl::InternalError(absl::StrCat("matvec f16 mma: striped over ", a.stripes.ctas, " CTAs, ",
-                                              grid_y, " tiles: no counters or partials for them"));
-    }
-    constexpr auto kKernel = MatVecMmaF16StripedKernel<W, NT, kCtas>;
-    DPL_RETURN_IF_ERROR((OptInSharedMemory<kKernel>(kSmem)));
-    return LaunchKernel(kKernel, dim3(a.stripes.ctas), dim3(kThreads), kSmem, stream, pdl, a);
-  }
   if constexpr (kCtas == 2) {
-    if (o.cluster_sum) {
+    if (cluster_sum) {
       return LaunchOne<MatVecMmaF16Kernel<W, NT, true>>(args, grid_y, splits, splits, kSmem, pdl, stream);
     }
     return LaunchOne<MatVecMmaF16Kernel<W, NT, false>>(args, grid_y, splits, 1, kSmem, pdl, stream);
   } else {
-    if (o.cluster_sum) {
+    if (cluster_sum) {
       return LaunchOne<MatVecMmaF16KernelCtas<W, NT, kCtas, true>>(args, grid_y, splits, splits, kSmem,
                                                                     pdl, stream);
     }
@@ -886,7 +686,7 @@ absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl
 template <template <int> class W>
 absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
                        cudaStream_t stream, const MmaF16Options& o) {
-  const MmaF16Options& c = o;
+  const bool c = o.cluster_sum;
   if (args.n_tokens <= 16 && o.ctas_per_sm == 3) {
     if (args.n_tokens <= 8) return Launch<W<256>, 1, 3>(args, grid_y, splits, pdl, stream, c);
     return Launch<W<256>, 2, 3>(args, grid_y, splits, pdl, stream, c);

@@ -68,8 +68,6 @@ struct MatVecPlan {
   // The f16 form's k splits summed in clusters (DecodeTuning::mma_f16_cluster_sum):
   // 0 never, 1 launches of more than one wave (num_sms x their CTAs a SM), 2 always.
   int mma_f16_cluster_sum = 0;
-  // The f16 form's striped schedule (DecodeTuning::mma_f16_striped).
-  bool mma_f16_striped = false;
   int num_sms = 0;  // the GPU's (DecodeTuning::num_sms): what "a wave" is above
 };
 

@@ -4,9 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
-#include <algorithm>
 #include <string>
-#include <vector>
 
 #include "formats/tensor_layout.h"
 #include "kernels/matvec/matvec_plan.h"
@@ -436,58 +434,6 @@ TEST_CASE("the mma k-split fits its scratch and its blocks for every matrix") {
         // Each split's rows fit one part's share of the partial scratch.
         REQUIRE(s * row_ctas * kMmaCtaRows * kMaxMatVecParts <= kMmaMaxPartialRows);
         REQUIRE(row_ctas < kMmaTargetCtas);
-      }
-    }
-  }
-}
-
-}  // namespace
-}  // namespace dpl::kernels
-
-namespace dpl::kernels {
-namespace {
-
-// The f16 form's striped schedule: every unit in exactly one CTA's run,
-// runs contiguous and in order, CtaOf the inverse of Start, each CTA's run
-// cutting at most its first and its last tile, and the cut tiles' partial
-// slots distinct.
-TEST_CASE("F16Stripes deals every unit to one CTA, and cut tiles to distinct slots") {
-  for (int64_t tiles : {1, 3, 28, 36, 148, 296, 1188}) {
-    for (int ns : {1, 2, 7, 14, 74}) {
-      for (int slots : {1, 2, 5, 264, 396, 1000}) {
-        F16Stripes s;
-        s.ns = ns;
-        s.units = tiles * ns;
-        s.ctas = static_cast<int>(std::min<int64_t>(s.units, slots));
-        CAPTURE(tiles);
-        CAPTURE(ns);
-        CAPTURE(s.ctas);
-        REQUIRE(s.Start(0) == 0);
-        REQUIRE(s.Start(s.ctas) == s.units);
-        std::vector<int> seen_slot(2 * static_cast<size_t>(s.ctas), 0);
-        for (int c = 0; c < s.ctas; ++c) {
-          const int64_t a = s.Start(c), b = s.Start(c + 1);
-          REQUIRE(b > a);  // no CTA without units
-          REQUIRE(s.CtaOf(a) == c);
-          REQUIRE(s.CtaOf(b - 1) == c);
-          // Tiles this run holds only part of: at most the first and the last.
-          for (int64_t t = a / ns; t <= (b - 1) / ns; ++t) {
-            const bool whole = t * ns >= a && (t + 1) * ns <= b;
-            if (whole) continue;
-            CHECK((t == a / ns || t == (b - 1) / ns));
-            const int64_t slot = s.PartialSlot(c, t);
-            REQUIRE(slot >= 0);
-            REQUIRE(slot < 2 * s.ctas);
-            CHECK(seen_slot[static_cast<size_t>(slot)]++ == 0);
-          }
-        }
-        // A tile's segments are the CTAs from CtaOf(first unit) to CtaOf(last unit).
-        for (int64_t t = 0; t < tiles; ++t) {
-          const int lo = s.CtaOf(t * ns), hi = s.CtaOf(t * ns + ns - 1);
-          REQUIRE(lo <= hi);
-          CHECK(s.Start(lo) <= t * ns);
-          CHECK(s.Start(hi + 1) >= t * ns + ns);
-        }
       }
     }
   }

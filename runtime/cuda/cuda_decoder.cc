@@ -265,7 +265,6 @@ absl::Status CudaDecoder::Allocate() {
   b.qx = kernels::MatVecScratchIn(qx_mem, static_cast<int64_t>(W), static_cast<int64_t>(qx_tokens));
   // The f16 copy only where a plan reads it.
   b.qx.f16_min_tokens = std::min(tuning_.mma_f16_min_tokens, tuning_.mma_f16_min_tokens_q6k);
-  DPL_RETURN_IF_ERROR(kernels::ZeroMatVecTileCounts(&b.qx, nullptr));
   // Sequences start with RNG counter 0, token 0 at position 0, and
   // parameters that sample greedily: a benchmark step of a sequence that was
   // never started (TimeDecodeSteps) reads defined values.
