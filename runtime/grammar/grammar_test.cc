@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -290,6 +291,49 @@ std::vector<uint32_t> BruteMask(const std::shared_ptr<const Grammar>& g, const s
     if (fresh.AcceptToken(v, id).ok()) bits[id >> 5] |= 1u << (id & 31);
   }
   return bits;
+}
+
+TEST_CASE("json schema: whitespace between values is bounded and keeps the stacks few") {
+  // The states a random-weight model visits most (runs of spaces and tabs,
+  // grammar_bench): one state a whitespace character, a few stacks each.
+  auto g = Schema(R"({"type": "array", "items": {"type": "integer"}})");
+  Matcher m(g);
+  REQUIRE(m.Accept("[0\n").ok());
+  for (int i = 0; i < 20; ++i) {
+    REQUIRE(m.Accept(i % 3 == 2 ? "\t" : " ").ok());
+    CHECK(m.n_stacks() <= 4);
+  }
+  CHECK_FALSE(m.Accept(" ").ok());   // a 21st indent
+  CHECK_FALSE(m.Accept("\n").ok());  // a second newline
+  CHECK(m.Accept(",-1 ]").ok());
+  CHECK(m.IsComplete());
+  CHECK(Full(g, "[ 1]"));
+  CHECK_FALSE(Full(g, "[  1]"));  // at most one space where no newline comes
+}
+
+TEST_CASE("vocabulary trie: long shared prefixes, NUL bytes, equal texts") {
+  // The trie's sort compares 8-byte keys first: texts equal in their first 8
+  // bytes, or differing only by trailing NULs, must still sort by bytes.
+  std::vector<std::string> pieces = {"abcdefgh", "abcdefghi", std::string("abcdefgh\0", 9),
+                                     std::string("abcdefgh\0x", 10), "a", std::string("a\0", 2), "", "ab", "ab",
+                                     "abcdefghij", "abcdefgha", "b", std::string("\0", 1), "abcdefgh"};
+  std::vector<TokenKind> kinds(pieces.size(), TokenKind::kText);
+  Vocabulary v(pieces, kinds);
+  std::set<std::string> prefixes;
+  for (const std::string& p : pieces) {
+    for (size_t n = 1; n <= p.size(); ++n) prefixes.insert(p.substr(0, n));
+  }
+  CHECK(v.n_nodes() == prefixes.size() + 1);  // one node a distinct prefix, and the root
+  for (const char* text : {"root ::= [\\x00-\\x7F]*", "root ::= \"abcdefgh\" [i\\x00] .*", "root ::= \"a\" [^b]*"}) {
+    auto g = G(text);
+    for (const std::string history : {"", "a"}) {
+      Matcher m(g);
+      if (!m.Accept(history).ok()) continue;
+      std::vector<uint32_t> bits(v.mask_words());
+      m.FillMask(v, absl::MakeSpan(bits));
+      CHECK_MESSAGE(bits == BruteMask(g, history, v), text, " after '", history, "'");
+    }
+  }
 }
 
 TEST_CASE("mask equals a brute-force simulation of every token (small vocabulary)") {

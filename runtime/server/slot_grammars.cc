@@ -1,6 +1,8 @@
 #include "runtime/server/slot_grammars.h"
 
 #include <algorithm>
+#include <future>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -9,11 +11,27 @@
 
 namespace dpl::server {
 
+namespace {
+
+absl::StatusOr<std::unique_ptr<grammar::Vocabulary>> BuildVocabulary(const formats::ModelFile& file) {
+  DPL_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::FromMetadata(file.metadata()));
+  if (!tok.has_vocab()) {
+    return absl::FailedPreconditionError("the model has no vocabulary: a grammar cannot be matched");
+  }
+  return std::make_unique<grammar::Vocabulary>(grammar::VocabularyFromTokenizer(tok));
+}
+
+}  // namespace
+
 SlotGrammars::SlotGrammars(std::shared_ptr<const formats::ModelFile> file, int n_slots, int32_t n_vocab)
     : file_(std::move(file)),
       n_vocab_(n_vocab),
       matchers_(static_cast<size_t>(std::max(n_slots, 0))),
-      allowed_((static_cast<size_t>(std::max(n_vocab, 0)) + 31) / 32) {}
+      allowed_((static_cast<size_t>(std::max(n_vocab, 0)) + 31) / 32) {
+  // The file outlives the build: the thread holds it too (the destructor
+  // waits for the thread, the future's).
+  vocab_build_ = std::async(std::launch::async, [file = file_] { return BuildVocabulary(*file); });
+}
 
 absl::Status SlotGrammars::Set(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
   std::unique_ptr<grammar::Matcher>& m = matchers_[static_cast<size_t>(slot)];
@@ -22,11 +40,15 @@ absl::Status SlotGrammars::Set(int slot, std::shared_ptr<const grammar::Grammar>
     return absl::OkStatus();
   }
   if (vocab_ == nullptr) {
-    DPL_ASSIGN_OR_RETURN(tokenizer::Tokenizer tok, tokenizer::Tokenizer::FromMetadata(file_->metadata()));
-    if (!tok.has_vocab()) {
-      return absl::FailedPreconditionError("the model has no vocabulary: a grammar cannot be matched");
+    if (vocab_build_.valid()) {
+      absl::StatusOr<std::unique_ptr<grammar::Vocabulary>> v = vocab_build_.get();
+      if (v.ok()) {
+        vocab_ = *std::move(v);
+      } else {
+        vocab_error_ = v.status();
+      }
     }
-    vocab_ = std::make_unique<grammar::Vocabulary>(grammar::VocabularyFromTokenizer(tok));
+    if (vocab_ == nullptr) return vocab_error_;
   }
   m = std::make_unique<grammar::Matcher>(std::move(grammar));
   return absl::OkStatus();
