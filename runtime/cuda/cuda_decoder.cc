@@ -66,6 +66,8 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   sampling_.assign(options.n_seq, false);
   last_step_.assign(options.n_seq, 0);
   last_logits_row_.assign(options.n_seq, 0);
+  keep_draw_logits_.assign(options.n_seq, false);
+  draw_logits_ready_.assign(options.n_seq, false);
   eager_ = options.eager;
   if (options.tuning.has_value()) {
     tuning_ = *options.tuning;
@@ -724,6 +726,9 @@ absl::Status CudaDecoder::RunPacked(absl::Span<const int> seqs, absl::Span<int32
     // as a decode step does.
     DPL_RETURN_IF_ERROR(SampleRows(k, b.logits, b.tokens));
     DPL_RETURN_IF_ERROR(kernels::FinishStepRows(b.row_seq, k, b.tokens, b.seq_token, b.seq_pos, s));
+    for (int i = 0; i < k; ++i) {
+      DPL_RETURN_IF_ERROR(EnqueueDrawLogits(seqs[i], b.logits + static_cast<int64_t>(i) * hp_.n_vocab));
+    }
     DPL_CUDA_CHECK(cudaMemcpyAsync(h_tokens_.get(), b.tokens, k * sizeof(int), cudaMemcpyDeviceToHost, s));
   }
   if (last != nullptr) {
@@ -736,6 +741,7 @@ absl::Status CudaDecoder::RunPacked(absl::Span<const int> seqs, absl::Span<int32
   for (int i = 0; i < k; ++i) {
     ++n_past_[seqs[i]];
     next[i] = h_tokens_.get()[i];
+    draw_logits_ready_[seqs[i]] = keep_draw_logits_[seqs[i]];
   }
   for (size_t i = 0; i < chunks.size(); ++i) {
     const int seq = chunks[i].seq;
@@ -898,14 +904,16 @@ absl::Status CudaDecoder::StartSampling(int seq, const generate::SamplerParams& 
   // b.logits, straight into the sequence's pending token.
   h_rows_.get()[0] = seq;
   DPL_CUDA_CHECK(cudaMemcpyAsync(b.row_seq, h_rows_.get(), sizeof(int), cudaMemcpyHostToDevice, s));
-  DPL_RETURN_IF_ERROR(
-      SampleRows(1, b.logits + static_cast<int64_t>(last_logits_row_[seq]) * hp_.n_vocab, b.seq_token + seq));
+  float* row = b.logits + static_cast<int64_t>(last_logits_row_[seq]) * hp_.n_vocab;
+  DPL_RETURN_IF_ERROR(SampleRows(1, row, b.seq_token + seq));
+  DPL_RETURN_IF_ERROR(EnqueueDrawLogits(seq, row));
   DPL_CUDA_CHECK(cudaMemcpyAsync(&h_tokens_.get()[0], b.seq_token + seq, sizeof(int),
                                  cudaMemcpyDeviceToHost, s));
   DPL_CUDA_CHECK(cudaEventRecord(token_ready_[0].get(), s));
   // The host copies above read `head_count` and `pos` when they run.
   DPL_CUDA_CHECK(cudaStreamSynchronize(s));
   sampling_[seq] = true;
+  draw_logits_ready_[seq] = keep_draw_logits_[seq];
   return absl::OkStatus();
 }
 
@@ -953,12 +961,16 @@ absl::Status CudaDecoder::StepSeqs(absl::Span<const int> seqs, absl::Span<int32_
   DPL_RETURN_IF_ERROR(UploadRows(bucket, k));
   cudaStream_t s = stream_.get();
   DPL_RETURN_IF_ERROR(LaunchGenerationStep(bucket));
+  for (int i = 0; i < k; ++i) {
+    DPL_RETURN_IF_ERROR(EnqueueDrawLogits(seqs[i], buf_.logits + static_cast<int64_t>(i) * hp_.n_vocab));
+  }
   DPL_CUDA_CHECK(cudaMemcpyAsync(h_tokens_.get(), buf_.tokens, k * sizeof(int),
                                  cudaMemcpyDeviceToHost, s));
   DPL_CUDA_CHECK(cudaStreamSynchronize(s));
   for (int i = 0; i < k; ++i) {
     ++n_past_[seqs[i]];  // its pending token is now in the cache
     next[i] = h_tokens_.get()[i];
+    draw_logits_ready_[seqs[i]] = keep_draw_logits_[seqs[i]];
   }
   return absl::OkStatus();
 }
@@ -970,6 +982,34 @@ absl::Status CudaDecoder::StepLogits(int i, std::vector<float>* out) const {
   out->resize(hp_.n_vocab);
   DPL_CUDA_CHECK(cudaMemcpy(out->data(), buf_.logits + static_cast<int64_t>(i) * hp_.n_vocab,
                             hp_.n_vocab * sizeof(float), cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::KeepDrawLogits(int seq, bool on) {
+  DPL_RETURN_IF_ERROR(CheckSeq(seq));
+  if (on && h_draw_logits_.size() == 0) {
+    DPL_ASSIGN_OR_RETURN(h_draw_logits_, kernels::PinnedBuffer<float>::Allocate(
+                                             static_cast<size_t>(n_seq()) * static_cast<size_t>(hp_.n_vocab)));
+  }
+  keep_draw_logits_[seq] = on;
+  draw_logits_ready_[seq] = false;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Span<const float>> CudaDecoder::DrawLogits(int seq) const {
+  DPL_RETURN_IF_ERROR(CheckSeq(seq));
+  if (!draw_logits_ready_[seq]) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, ": no draw's logits kept"));
+  }
+  const size_t V = static_cast<size_t>(hp_.n_vocab);
+  return absl::Span<const float>(h_draw_logits_.get() + static_cast<size_t>(seq) * V, V);
+}
+
+absl::Status CudaDecoder::EnqueueDrawLogits(int seq, const float* row) {
+  if (!keep_draw_logits_[seq]) return absl::OkStatus();
+  const size_t V = static_cast<size_t>(hp_.n_vocab);
+  DPL_CUDA_CHECK(cudaMemcpyAsync(h_draw_logits_.get() + static_cast<size_t>(seq) * V, row, V * sizeof(float),
+                                 cudaMemcpyDeviceToHost, stream_.get()));
   return absl::OkStatus();
 }
 

@@ -189,6 +189,18 @@ class CudaDecoder : public generate::Decoder {
   // Tests and debugging: the logits row i of the last StepSeqs (seqs[i]'s)
   // was sampled from, as long as nothing has run since.
   absl::Status StepLogits(int i, std::vector<float>* out) const;
+  // Logprobs: while on, every draw of the sequence (BeginSampling, StepSeqs,
+  // StepWithChunks; not SampleLoop) copies the logits it was drawn from to
+  // host memory, as the sampler left them: after the logit biases, the
+  // penalties and the allowed-token mask (-inf), which it writes in place,
+  // before temperature and the filters. One async copy of the row on the
+  // decoder's stream before the synchronization that reads the draw's token
+  // (a pinned (n_seq, n_vocab) buffer allocated at the first KeepDrawLogits
+  // on): sequences that are off copy nothing. DrawLogits returns the
+  // sequence's latest, valid until its next draw; FailedPrecondition when
+  // none was kept since it was turned on.
+  absl::Status KeepDrawLogits(int seq, bool on);
+  absl::StatusOr<absl::Span<const float>> DrawLogits(int seq) const;
   // The single-sequence forms (sequence 0).
   absl::StatusOr<int32_t> BeginSampling(const generate::SamplerParams& params,
                                         absl::Span<const int32_t> history) {
@@ -343,6 +355,10 @@ class CudaDecoder : public generate::Decoder {
   // (token_ready_[0] recorded).
   absl::Status StartSampling(int seq, const generate::SamplerParams& params,
                              absl::Span<const int32_t> history, bool restart_draws);
+  // Enqueues the copy of `row` (a draw's logits on the device) to the
+  // sequence's host row when it keeps them (KeepDrawLogits); the caller
+  // synchronizes, then marks the draws kept (draw_logits_ready_).
+  absl::Status EnqueueDrawLogits(int seq, const float* row);
 
   std::unique_ptr<DeviceWeights> weights_;
   std::shared_ptr<formats::ModelFile> index_;  // metadata and tensor table
@@ -397,6 +413,11 @@ class CudaDecoder : public generate::Decoder {
   kernels::PinnedBuffer<uint32_t> h_allowed_;  // (S, AllowedWords(n_vocab)) SetAllowedTokens' staging  // (1) staged for upload
   kernels::PinnedBuffer<kernels::LogitBias> h_bias_;  // (S, kMaxLogitBias) SetLogitBias' staging
   kernels::PinnedBuffer<int> h_n_bias_;                // (S) its counts, staged
+  // KeepDrawLogits: the draws' logits, (S, n_vocab), allocated at the first
+  // sequence turned on; which sequences copy theirs, and which hold one.
+  kernels::PinnedBuffer<float> h_draw_logits_;
+  std::vector<bool> keep_draw_logits_;   // (n_seq)
+  std::vector<bool> draw_logits_ready_;  // (n_seq)
   kernels::Event token_ready_[2];
 };
 

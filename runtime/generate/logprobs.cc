@@ -22,7 +22,12 @@ absl::StatusOr<TokenLogprobs> ScoreToken(absl::Span<const float> logits, int32_t
     return absl::InvalidArgumentError(absl::StrCat("the allowed-token mask has ", allowed.size(), " words; ", n,
                                                    " tokens need ", (n + 31) / 32));
   }
-  auto ok = [allowed](size_t id) { return allowed.empty() || ((allowed[id / 32] >> (id % 32)) & 1u) != 0; };
+  // A logit of -inf (a `false` logit bias, or a mask the device sampler
+  // wrote into its logits) is a token that cannot be drawn: out as a masked one.
+  auto ok = [allowed, logits](size_t id) {
+    return logits[id] != -std::numeric_limits<float>::infinity() &&
+           (allowed.empty() || ((allowed[id / 32] >> (id % 32)) & 1u) != 0);
+  };
   double max_l = -std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < n; ++i) {
     if (!ok(i)) continue;

@@ -30,9 +30,12 @@ struct TokenLogprobs {
 // log_softmax(logits)[token] and the top_n largest entries, in float64.
 // `allowed` (a grammar's mask: bit id % 32 of word id / 32; empty: every
 // token) leaves the others out of the softmax: they are -inf and never
-// listed, so the top list may hold fewer than top_n. Errors
-// (InvalidArgument): top_n outside [0, kMaxTopLogprobs], `token` outside the
-// vocabulary, a mask of the wrong size, non-finite logits of allowed tokens.
+// listed, so the top list may hold fewer than top_n. A logit of -inf (a
+// `false` logit bias; the device sampler's mask, written into its logits)
+// is left out the same way, so a device's masked logits need no mask here.
+// Errors (InvalidArgument): top_n outside [0, kMaxTopLogprobs], `token`
+// outside the vocabulary, a mask of the wrong size, a NaN or +inf logit of
+// an allowed token.
 absl::StatusOr<TokenLogprobs> ScoreToken(absl::Span<const float> logits, int32_t token, int top_n,
                                          absl::Span<const uint32_t> allowed = {});
 

@@ -59,5 +59,31 @@ TEST_CASE("a mask leaves tokens out of the softmax and the list") {
   CHECK(!ScoreToken(kLogits, 1, 1, std::vector<uint32_t>{1, 2}).ok());
 }
 
+// A `false` logit bias, or the device sampler's mask written into the
+// logits: -inf is a token left out, as a masked one; NaN and +inf are errors.
+TEST_CASE("-inf logits are left out as masked tokens; NaN and +inf are errors") {
+  std::vector<float> l = kLogits;
+  l[1] = l[4] = -std::numeric_limits<float>::infinity();
+  auto r = ScoreToken(l, 2, 20);
+  REQUIRE(r.ok());
+  const std::vector<uint32_t> allowed = {0xffu & ~((1u << 1) | (1u << 4))};
+  auto masked = ScoreToken(kLogits, 2, 20, allowed);
+  REQUIRE(masked.ok());
+  CHECK(r->chosen.logprob == masked->chosen.logprob);
+  CHECK(r->chosen.logprob == doctest::Approx(2.5 - LogSumExp(kLogits, {0, 2, 3, 5, 6, 7})).epsilon(1e-6));
+  REQUIRE(r->top.size() == 6);
+  for (size_t i = 0; i < r->top.size(); ++i) {
+    CHECK(r->top[i].token == masked->top[i].token);
+    CHECK(r->top[i].logprob == masked->top[i].logprob);
+  }
+  auto banned = ScoreToken(l, 1, 1);
+  REQUIRE(banned.ok());
+  CHECK(banned->chosen.logprob == -std::numeric_limits<float>::infinity());
+  l[1] = std::numeric_limits<float>::infinity();
+  CHECK(!ScoreToken(l, 2, 1).ok());
+  l[1] = std::nanf("");
+  CHECK(!ScoreToken(l, 2, 1).ok());
+}
+
 }  // namespace
 }  // namespace dpl::generate

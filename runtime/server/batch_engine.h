@@ -188,8 +188,8 @@ class BatchEngine {
   // Called where SetGrammar is; KeepPrefix, CopyPrefix and Release turn it
   // off. TakeLogprobs returns what was recorded since the last take and
   // forgets it (the scheduler takes after every engine call that ran the
-  // slot). supports_logprobs() says whether the engine can (the CPU
-  // engine); this default cannot and refuses with FailedPrecondition.
+  // slot). supports_logprobs() says whether the engine can (the CPU and
+  // CUDA engines); this default cannot and refuses with FailedPrecondition.
   virtual bool supports_logprobs() const { return false; }
   virtual absl::Status SetLogprobs(int slot, int top_n, bool prompt) {
     (void)slot;

@@ -279,6 +279,41 @@ TEST_CASE("logprobs: prompt scoring across chunks and each draw's, against the r
   CHECK((off->prompt.empty() && !off->draw.has_value()));
 }
 
+// A `false` logit bias (-inf) bans a token: the draw's logprobs leave it out
+// as a masked one (never listed; the others renormalized), not an error.
+TEST_CASE("logprobs with a banned token: left out, the rest renormalized") {
+  auto file = Model();
+  const std::unique_ptr<CpuEngine> engine = LoadEngine(file, 1);
+  CpuEngine& e = *engine;
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 2};
+  SamplerParams greedy;
+  greedy.temperature = 0;
+  auto draw = [&](absl::Span<const LogitBias> bias) {
+    REQUIRE(e.KeepPrefix(0, {}).ok());
+    REQUIRE(e.SetLogitBias(0, bias).ok());
+    REQUIRE(e.SetLogprobs(0, 3, false).ok());
+    auto t = e.Prefill(0, prompt, true, greedy);
+    REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+    auto lp = e.TakeLogprobs(0);
+    REQUIRE(lp.ok());
+    REQUIRE(lp->draw.has_value());
+    CHECK(lp->draw->chosen.token == *t);
+    return *lp->draw;
+  };
+  const generate::TokenLogprobs free = draw({});
+  const int32_t banned = free.top[0].token;
+  const LogitBias ban[1] = {{banned, -INFINITY}};
+  const generate::TokenLogprobs without = draw(ban);
+  CHECK(without.chosen.token != banned);
+  REQUIRE(without.top.size() == 3);
+  const double rest = std::log1p(-std::exp(static_cast<double>(free.top[0].logprob)));
+  for (size_t k = 0; k < 2; ++k) {
+    CHECK(without.top[k].token == free.top[k + 1].token);
+    CHECK(without.top[k].logprob == doctest::Approx(free.top[k + 1].logprob - rest).epsilon(1e-5));
+  }
+  for (const generate::TokenLogprob& t : without.top) CHECK(t.token != banned);
+}
+
 TEST_CASE("logprobs under a grammar: masked tokens are never listed") {
   auto file = Model("tiny-qwen2-vocab-q4km");  // qwen2's real vocabulary, random weights
   auto tok = tokenizer::Tokenizer::FromMetadata(file->metadata());

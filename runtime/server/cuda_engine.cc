@@ -1,8 +1,12 @@
 #include "runtime/server/cuda_engine.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/generate/generate.h"
+#include "runtime/generate/logprobs.h"
 
 namespace dpl::server {
 
@@ -17,7 +21,8 @@ CudaEngine::CudaEngine(std::unique_ptr<runtime::CudaDecoder> d)
     : decoder_(std::move(d)),
       prompts_(decoder_->n_seq()),
       grammars_(decoder_->file(), decoder_->n_seq(), decoder_->n_vocab()),
-      biased_(decoder_->n_seq(), false) {}
+      biased_(decoder_->n_seq(), false),
+      scoring_(decoder_->n_seq()) {}
 
 absl::Status CudaEngine::SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
   DPL_RETURN_IF_ERROR(CheckSlot(slot));
@@ -36,7 +41,75 @@ absl::Status CudaEngine::SetLogitBias(int slot, absl::Span<const LogitBias> bias
   return absl::OkStatus();
 }
 
+absl::Status CudaEngine::SetLogprobs(int slot, int top_n, bool prompt) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  if (top_n > generate::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetLogprobs: top_n ", top_n, " is more than ", generate::kMaxTopLogprobs));
+  }
+  if (top_n >= 0 && prompt && decoder_->n_past(slot) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("SetLogprobs: prompt scoring needs an empty slot; slot ", slot,
+                                                      " holds ", decoder_->n_past(slot), " positions"));
+  }
+  DPL_RETURN_IF_ERROR(decoder_->KeepDrawLogits(slot, top_n >= 0));
+  Scoring& sc = scoring_[slot];
+  sc = Scoring{};
+  sc.top = top_n < 0 ? -1 : top_n;
+  sc.prompt = top_n >= 0 && prompt;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SlotLogprobs> CudaEngine::TakeLogprobs(int slot) {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  return std::exchange(scoring_[slot].recorded, SlotLogprobs{});
+}
+
+absl::Status CudaEngine::StopScoring(int slot) {
+  if (scoring_[slot].top < 0) return absl::OkStatus();
+  scoring_[slot] = Scoring{};
+  return decoder_->KeepDrawLogits(slot, false);
+}
+
+absl::Status CudaEngine::RunScored(int slot, absl::Span<const int32_t> tokens, std::vector<float>* last) {
+  Scoring& sc = scoring_[slot];
+  const size_t V = static_cast<size_t>(n_vocab());
+  std::vector<float> all;
+  for (size_t at = 0; at < tokens.size(); at += kScoreRows) {
+    const absl::Span<const int32_t> part = tokens.subspan(at, std::min(kScoreRows, tokens.size() - at));
+    const int64_t pos0 = decoder_->n_past(slot);
+    // EvalSeq checks the ids and the room left in the slot's context.
+    DPL_RETURN_IF_ERROR(decoder_->EvalSeq(slot, part, nullptr, &all));
+    const absl::Span<const float> rows(all);
+    for (size_t j = 0; j < part.size(); ++j) {
+      // Token j under the logits before it: the previous pass's last row for the first.
+      const absl::Span<const float> before = j > 0 ? rows.subspan((j - 1) * V, V) : absl::MakeConstSpan(sc.prev);
+      if (!before.empty()) {
+        DPL_ASSIGN_OR_RETURN(generate::TokenLogprobs lp, generate::ScoreToken(before, part[j], sc.top));
+        sc.recorded.prompt.push_back(std::move(lp));
+      }
+      DPL_RETURN_IF_ERROR(generate::CheckFinite(rows.subspan(j * V, V), pos0 + static_cast<int64_t>(j)));
+    }
+    sc.prev.assign(all.end() - static_cast<std::ptrdiff_t>(V), all.end());
+  }
+  if (last != nullptr) *last = sc.prev;
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::ScoreDraws(absl::Span<const int> slots, absl::Span<const int32_t> tokens) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Scoring& sc = scoring_[slots[i]];
+    if (sc.top < 0) continue;
+    absl::StatusOr<absl::Span<const float>> logits = decoder_->DrawLogits(slots[i]);
+    if (!logits.ok()) return Annotate(logits.status(), absl::StrCat("slot ", slots[i], ": logprobs"));
+    absl::StatusOr<generate::TokenLogprobs> lp = generate::ScoreToken(*logits, tokens[i], sc.top);
+    if (!lp.ok()) return Annotate(lp.status(), absl::StrCat("slot ", slots[i], ": logprobs"));
+    sc.recorded.draw = *std::move(lp);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaEngine::EndRequest(int slot) {
+  DPL_RETURN_IF_ERROR(StopScoring(slot));
   if (biased_[slot]) {
     DPL_RETURN_IF_ERROR(decoder_->ClearLogitBias(slot));
     biased_[slot] = false;
@@ -82,8 +155,12 @@ absl::StatusOr<int32_t> CudaEngine::Prefill(int slot, absl::Span<const int32_t> 
                                             const SamplerParams& params) {
   DPL_RETURN_IF_ERROR(CheckSlot(slot));
   if (tokens.empty()) return absl::InvalidArgumentError("Prefill: no tokens");
-  // EvalSeq checks the ids and the room left in the slot's context.
-  DPL_RETURN_IF_ERROR(decoder_->EvalSeq(slot, tokens, last ? &logits_ : nullptr, nullptr));
+  if (scores_prompt(slot)) {
+    DPL_RETURN_IF_ERROR(RunScored(slot, tokens, last ? &logits_ : nullptr));
+  } else {
+    // EvalSeq checks the ids and the room left in the slot's context.
+    DPL_RETURN_IF_ERROR(decoder_->EvalSeq(slot, tokens, last ? &logits_ : nullptr, nullptr));
+  }
   std::vector<int32_t>& prompt = prompts_[slot];
   prompt.insert(prompt.end(), tokens.begin(), tokens.end());
   if (!last) return -1;
@@ -97,6 +174,7 @@ absl::StatusOr<int32_t> CudaEngine::BeginSampling(int slot, absl::Span<const flo
   DPL_RETURN_IF_ERROR(MaskDraws(one));
   DPL_ASSIGN_OR_RETURN(const int32_t t, decoder_->BeginSampling(slot, params, prompts_[slot]));
   const int32_t got[1] = {t};
+  DPL_RETURN_IF_ERROR(ScoreDraws(one, got));
   DPL_RETURN_IF_ERROR(AcceptDraws(one, got));
   return t;
 }
@@ -113,13 +191,19 @@ absl::Status CudaEngine::CheckParts(absl::Span<const PrefillPart> parts, absl::S
 absl::Status CudaEngine::PrefillBatch(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) {
   DPL_RETURN_IF_ERROR(CheckParts(parts, first));
   // Passes of consecutive parts, each at most max_batch tokens (a longer
-  // part alone: EvalSeq splits it).
+  // part alone: EvalSeq splits it); a scored prompt's part alone (RunScored).
   for (size_t at = 0; at < parts.size();) {
+    if (scores_prompt(parts[at].slot)) {
+      DPL_RETURN_IF_ERROR(RunScored(parts[at].slot, parts[at].tokens, parts[at].last ? &logits_ : nullptr));
+      DPL_RETURN_IF_ERROR(AfterParts(parts.subspan(at, 1), first.subspan(at, 1)));
+      ++at;
+      continue;
+    }
     size_t end = at, tokens = 0;
     std::vector<runtime::CudaDecoder::SeqChunk> chunks;
     bool any_last = false;
-    while (end < parts.size() && (end == at || tokens + parts[end].tokens.size() <=
-                                                   static_cast<size_t>(decoder_->max_batch()))) {
+    while (end < parts.size() && !scores_prompt(parts[end].slot) &&
+           (end == at || tokens + parts[end].tokens.size() <= static_cast<size_t>(decoder_->max_batch()))) {
       tokens += parts[end].tokens.size();
       chunks.push_back({parts[end].slot, parts[end].tokens});
       any_last = any_last || parts[end].last;
@@ -150,8 +234,12 @@ absl::Status CudaEngine::AfterParts(absl::Span<const PrefillPart> parts, absl::S
 absl::Status CudaEngine::StepWithPrefill(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first,
                                          absl::Span<const int> slots, absl::Span<int32_t> next) {
   size_t rows = slots.size();
-  for (const PrefillPart& p : parts) rows += p.tokens.size();
-  if (parts.empty() || slots.empty() || rows > static_cast<size_t>(decoder_->max_batch())) {
+  bool scored = false;  // a scored prompt's part runs alone (PrefillBatch)
+  for (const PrefillPart& p : parts) {
+    rows += p.tokens.size();
+    scored = scored || (CheckSlot(p.slot).ok() && scores_prompt(p.slot));
+  }
+  if (parts.empty() || slots.empty() || scored || rows > static_cast<size_t>(decoder_->max_batch())) {
     return BatchEngine::StepWithPrefill(parts, first, slots, next);
   }
   DPL_RETURN_IF_ERROR(CheckParts(parts, first));  // StepWithChunks checks the slots and next
@@ -163,6 +251,7 @@ absl::Status CudaEngine::StepWithPrefill(absl::Span<const PrefillPart> parts, ab
   }
   DPL_RETURN_IF_ERROR(MaskDraws(slots));
   DPL_RETURN_IF_ERROR(decoder_->StepWithChunks(slots, next, chunks, any_last ? &logits_ : nullptr));
+  DPL_RETURN_IF_ERROR(ScoreDraws(slots, next));
   DPL_RETURN_IF_ERROR(AcceptDraws(slots, next));
   return AfterParts(parts, first);
 }
@@ -177,6 +266,7 @@ absl::Status CudaEngine::Step(absl::Span<const int> slots, absl::Span<int32_t> n
   // and a free position.
   DPL_RETURN_IF_ERROR(MaskDraws(slots));
   DPL_RETURN_IF_ERROR(decoder_->StepSeqs(slots, next));
+  DPL_RETURN_IF_ERROR(ScoreDraws(slots, next));
   return AcceptDraws(slots, next);
 }
 

@@ -49,6 +49,16 @@ class CudaEngine : public BatchEngine {
   // read by every draw of the slot's sequence, cleared when the request ends.
   bool supports_logit_bias() const override { return true; }
   absl::Status SetLogitBias(int slot, absl::Span<const LogitBias> bias) override;
+  // Logprobs, the CPU engine's numbers: a draw is scored on the host from
+  // the logits the device sampler drew it from (CudaDecoder::
+  // KeepDrawLogits: one row copied back per draw of a slot that asked,
+  // nothing for the others), its biases, penalties and mask (-inf) in them.
+  // A scored prompt (`prompt`; the slot must be empty, as the CPU engine's)
+  // runs alone, in passes of kScoreRows tokens that keep every position's
+  // logits (EvalSeq's `all`), never packed with other slots' chunks.
+  bool supports_logprobs() const override { return true; }
+  absl::Status SetLogprobs(int slot, int top_n, bool prompt) override;
+  absl::StatusOr<SlotLogprobs> TakeLogprobs(int slot) override;
 
   const runtime::CudaDecoder& decoder() const { return *decoder_; }
 
@@ -73,11 +83,32 @@ class CudaEngine : public BatchEngine {
   absl::Status AcceptDraws(absl::Span<const int> slots, absl::Span<const int32_t> tokens);
   // No grammar, no mask.
   absl::Status DropGrammar(int slot);
-  // The slot's request ended: DropGrammar, and no logit biases.
+  // The slot's request ended: DropGrammar, no logit biases, no logprobs.
   absl::Status EndRequest(int slot);
+
+  // Logprobs of a slot's request (SetLogprobs).
+  struct Scoring {
+    int top = -1;               // top_n; -1: off
+    bool prompt = false;        // prompt scoring
+    std::vector<float> prev;    // prompt scoring: the last position's logits
+    SlotLogprobs recorded;      // since the last TakeLogprobs
+  };
+  // A scored prompt's pass: every position's logits of this many tokens at
+  // most on the host at once (128 x 152k floats: 78 MB), not a 2048-token
+  // chunk's 1.2 GB; such prompts are rare (echo), their passes short.
+  static constexpr size_t kScoreRows = 128;
+  bool scores_prompt(int slot) const { return scoring_[slot].prompt; }
+  // A scored prompt's chunk (Prefill's): run, each token at a position >= 1
+  // scored from the logits before it; `last` gets the chunk's last logits.
+  absl::Status RunScored(int slot, absl::Span<const int32_t> tokens, std::vector<float>* last);
+  // After a draw of each of `slots` (tokens[i] slot i's): the slots that
+  // score draws record theirs from the decoder's copy of its logits.
+  absl::Status ScoreDraws(absl::Span<const int> slots, absl::Span<const int32_t> tokens);
+  absl::Status StopScoring(int slot);
 
   SlotGrammars grammars_;
   std::vector<bool> biased_;                   // (n_slots) the slot's sequence has logit biases on the device
+  std::vector<Scoring> scoring_;               // (n_slots)
   std::vector<float> logits_;                  // a pass's last logits (checked finite), a chunk's after another
 };
 

@@ -2,7 +2,7 @@
 // manual): same prompt, same greedy and seeded tokens, one slot or several
 // decoding together as requests come and go; a released slot starts over; a
 // slot kept to a prompt's start, or given it by a copy from another slot,
-// continues from it; bad calls are errors.
+// continues from it; bad calls are errors; logprobs are the CPU engine's.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -14,9 +14,13 @@
 #include <vector>
 
 #include "converter/convert.h"
+#include "formats/model_file.h"
 #include "runtime/cuda/cuda_decoder.h"
+#include "runtime/generate/logprobs.h"
+#include "runtime/generate/sampler.h"
 #include <nlohmann/json.hpp>
 #include "runtime/grammar/json_schema.h"
+#include "runtime/server/cpu_engine.h"
 #include "runtime/server/cuda_engine.h"
 #include "runtime/server/scheduler.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -420,6 +424,312 @@ TEST_CASE("logit biases on the device: per slot, every draw, cleared with the re
   const LogitBias outside[1] = {{e.n_vocab(), 1.0f}};
   CHECK(e.SetLogitBias(0, outside).code() == absl::StatusCode::kInvalidArgument);
   CHECK(e.SetLogitBias(2, {}).code() == absl::StatusCode::kInvalidArgument);
+}
+
+// A position's logprobs as the API reports them: the chosen one and a top
+// list, each <= 0, the list descending (ties to the lower id).
+void CheckWellFormed(const generate::TokenLogprobs& lp) {
+  CHECK(lp.chosen.logprob <= 0);
+  for (size_t k = 0; k < lp.top.size(); ++k) {
+    CHECK(lp.top[k].logprob <= 0);
+    if (k > 0) {
+      CHECK((lp.top[k - 1].logprob > lp.top[k].logprob ||
+             (lp.top[k - 1].logprob == lp.top[k].logprob && lp.top[k - 1].token < lp.top[k].token)));
+    }
+  }
+}
+
+// want == got to float rounding: the same token, the same top list.
+void CheckSame(const generate::TokenLogprobs& got, const generate::TokenLogprobs& want) {
+  CHECK(got.chosen.token == want.chosen.token);
+  CHECK(got.chosen.logprob == doctest::Approx(want.chosen.logprob).epsilon(1e-5));
+  REQUIRE(got.top.size() == want.top.size());
+  for (size_t k = 0; k < got.top.size(); ++k) {
+    CHECK(got.top[k].token == want.top[k].token);
+    CHECK(got.top[k].logprob == doctest::Approx(want.top[k].logprob).epsilon(1e-5));
+  }
+}
+
+// Root mean square of a - b over that of b (the oracle's measure, as
+// cuda_decoder_gpu_test's RelRms of logits).
+double RelRms(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Issue 32's logprobs of generated tokens on the device: each draw is
+// scored on the host from the logits the device sampler drew it from, its
+// logit biases (a -inf ban among them), penalty and mask written into them.
+// The oracle: the decoder's own logits of the same path (a one-slot
+// engine's prompt chunks are the decoder's Eval of the same chunks, its
+// single-row steps the decoder's Eval of one token: bucket 1's forward
+// graph, the same bits), biased and penalized on the host by
+// generate::Sampler as the CPU engine does, then generate::ScoreToken.
+TEST_CASE("logprobs of the device's draws: the decoder's own logits, biased and penalized on the host") {
+  const std::string path = MakeModel();
+  runtime::CudaDecoderOptions o;
+  o.n_ctx = 256;
+  std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
+  CudaEngine& e = *engine;
+  REQUIRE(e.supports_logprobs());
+  const std::vector<int32_t> prompt = {1, 17, 240, 33, 5, 99, 7, 1000};
+  SamplerParams p;
+  p.temperature = 0;
+  p.repeat_penalty = 1.3f;
+  const std::vector<LogitBias> bias = {{17, 1.5f}, {9, -INFINITY}};
+  const int top_n = 5, n = 16;
+  REQUIRE(e.SetLogitBias(0, bias).ok());
+  REQUIRE(e.SetLogprobs(0, top_n, false).ok());
+  std::vector<int32_t> got;
+  std::vector<generate::TokenLogprobs> lps;
+  auto take = [&](bool drew) {
+    auto lp = e.TakeLogprobs(0);
+    REQUIRE(lp.ok());
+    CHECK(lp->prompt.empty());  // no prompt scoring asked
+    REQUIRE(lp->draw.has_value() == drew);
+    if (drew) lps.push_back(*lp->draw);
+  };
+  const size_t half = prompt.size() / 2;
+  REQUIRE(e.Prefill(0, absl::MakeConstSpan(prompt).subspan(0, half), false, p).ok());
+  take(false);
+  auto first = e.Prefill(0, absl::MakeConstSpan(prompt).subspan(half), true, p);
+  REQUIRE(first.ok());
+  got.push_back(*first);
+  take(true);
+  const int slot = 0;
+  while (static_cast<int>(got.size()) < n) {
+    int32_t next = -1;
+    REQUIRE(e.Step(absl::MakeConstSpan(&slot, 1), absl::MakeSpan(&next, 1)).ok());
+    got.push_back(next);
+    take(true);
+  }
+
+  auto d = runtime::CudaDecoder::Create(path, o);
+  REQUIRE(d.ok());
+  generate::Sampler host(p, bias);
+  for (int32_t t : prompt) host.Accept(t);
+  std::vector<float> logits;
+  REQUIRE((*d)->Eval(absl::MakeConstSpan(prompt).subspan(0, half), nullptr, nullptr).ok());
+  REQUIRE((*d)->Eval(absl::MakeConstSpan(prompt).subspan(half), &logits, nullptr).ok());
+  for (int i = 0; i < n; ++i) {
+    INFO("draw ", i);
+    const generate::TokenLogprobs& lp = lps[static_cast<size_t>(i)];
+    CheckWellFormed(lp);
+    CHECK(lp.chosen.token == got[static_cast<size_t>(i)]);
+    REQUIRE(lp.top.size() == static_cast<size_t>(top_n));
+    CHECK(lp.top[0].token == lp.chosen.token);  // greedy: the most probable
+    CHECK(lp.top[0].logprob == lp.chosen.logprob);
+    for (const generate::TokenLogprob& t : lp.top) CHECK(t.token != 9);  // banned: never listed
+    auto want = generate::ScoreToken(host.Penalized(logits), got[static_cast<size_t>(i)], top_n);
+    REQUIRE(want.ok());
+    CheckSame(lp, *want);
+    host.Accept(got[static_cast<size_t>(i)]);
+    REQUIRE((*d)->Eval(absl::MakeConstSpan(&got[static_cast<size_t>(i)], 1), &logits, nullptr).ok());
+  }
+
+  // Off with the request: nothing recorded; the same tokens without logprobs.
+  REQUIRE(e.KeepPrefix(0, {}).ok());
+  REQUIRE(e.SetLogitBias(0, bias).ok());
+  auto again = e.Prefill(0, prompt, true, p);
+  REQUIRE(again.ok());
+  auto none = e.TakeLogprobs(0);
+  REQUIRE(none.ok());
+  CHECK(!none->draw.has_value());
+}
+
+// Echo's prompt scoring on the device: token p under the raw logits at
+// p - 1, from the decoder's every-position logits (EvalSeq's `all`), across
+// the prompt's chunks. Against the decoder's own all-logits path of the same
+// chunks (float rounding), and against the CPU engine (the float64
+// reference) within the oracle's gate: relative RMS error of the logprobs
+// under 4%, as the logits' in cuda_decoder_gpu_test. The preconditions are
+// the CPU engine's.
+TEST_CASE("echo scoring on the device: the decoder's all-logits path and the CPU engine's numbers") {
+  const std::string path = MakeModel();
+  runtime::CudaDecoderOptions o;
+  o.n_ctx = 256;
+  o.n_seq = 2;
+  std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
+  CudaEngine& e = *engine;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 7919 + 13) % 1000 + 3);
+  const int top_n = 3;
+  SamplerParams greedy;
+  greedy.temperature = 0;
+  const size_t half = 17;  // two chunks: the first scored token of the second is under the first's last logits
+  REQUIRE(e.SetLogprobs(0, top_n, true).ok());
+  std::vector<generate::TokenLogprobs> scored;
+  REQUIRE(e.Prefill(0, absl::MakeConstSpan(prompt).subspan(0, half), false, greedy).ok());
+  auto lp0 = e.TakeLogprobs(0);
+  REQUIRE(lp0.ok());
+  CHECK(lp0->prompt.size() == half - 1);
+  scored = lp0->prompt;
+  // The rest beside another slot's prompt: the scored part runs alone.
+  const std::vector<int32_t> other = {4, 8, 15, 16, 23, 42};
+  const BatchEngine::PrefillPart parts[2] = {
+      {1, other, true, &greedy},
+      {0, absl::MakeConstSpan(prompt).subspan(half), true, &greedy},
+  };
+  std::vector<int32_t> first(2, -1);
+  REQUIRE(e.PrefillBatch(parts, absl::MakeSpan(first)).ok());
+  auto lp1 = e.TakeLogprobs(0);
+  REQUIRE(lp1.ok());
+  CHECK(lp1->prompt.size() == prompt.size() - half);
+  scored.insert(scored.end(), lp1->prompt.begin(), lp1->prompt.end());
+  REQUIRE(lp1->draw.has_value());
+  CHECK(lp1->draw->chosen.token == first[1]);
+  REQUIRE(scored.size() == prompt.size() - 1);
+
+  // The decoder's own every-position logits of the same chunks.
+  runtime::CudaDecoderOptions one = o;
+  one.n_seq = 1;
+  auto d = runtime::CudaDecoder::Create(path, one);
+  REQUIRE(d.ok());
+  std::vector<float> all, part;
+  REQUIRE((*d)->Eval(absl::MakeConstSpan(prompt).subspan(0, half), nullptr, &part).ok());
+  all = part;
+  REQUIRE((*d)->Eval(absl::MakeConstSpan(prompt).subspan(half), nullptr, &part).ok());
+  all.insert(all.end(), part.begin(), part.end());
+  const size_t V = static_cast<size_t>(e.n_vocab());
+  REQUIRE(all.size() == prompt.size() * V);
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    INFO("prompt token ", i);
+    const generate::TokenLogprobs& lp = scored[i - 1];
+    CheckWellFormed(lp);
+    CHECK(lp.chosen.token == prompt[i]);
+    CHECK(lp.top.size() == static_cast<size_t>(top_n));
+    auto want = generate::ScoreToken(absl::MakeConstSpan(all).subspan((i - 1) * V, V), prompt[i], top_n);
+    REQUIRE(want.ok());
+    CheckSame(lp, *want);
+  }
+
+  // The CPU engine's numbers for the same prompt, in the same chunks.
+  auto file = formats::ModelFile::Open(path);
+  REQUIRE(file.ok());
+  CpuEngineOptions co;
+  co.n_ctx = 256;
+  auto cpu = CpuEngine::Load(*file, co);
+  REQUIRE_MESSAGE(cpu.ok(), cpu.status().ToString());
+  REQUIRE((*cpu)->SetLogprobs(0, top_n, true).ok());
+  std::vector<generate::TokenLogprobs> cpu_scored;
+  for (bool last : {false, true}) {
+    const auto chunk = last ? absl::MakeConstSpan(prompt).subspan(half) : absl::MakeConstSpan(prompt).subspan(0, half);
+    REQUIRE((*cpu)->Prefill(0, chunk, last, greedy).ok());
+    auto lp = (*cpu)->TakeLogprobs(0);
+    REQUIRE(lp.ok());
+    cpu_scored.insert(cpu_scored.end(), lp->prompt.begin(), lp->prompt.end());
+  }
+  REQUIRE(cpu_scored.size() == scored.size());
+  std::vector<double> gpu_lp, cpu_lp;
+  for (size_t i = 0; i < scored.size(); ++i) {
+    CHECK(cpu_scored[i].chosen.token == scored[i].chosen.token);
+    gpu_lp.push_back(scored[i].chosen.logprob);
+    cpu_lp.push_back(cpu_scored[i].chosen.logprob);
+  }
+  const double err = RelRms(gpu_lp, cpu_lp);
+  std::printf("echo scoring: relative RMS error of %zu prompt logprobs vs the CPU engine: %.4f%%\n",
+              gpu_lp.size(), 100 * err);
+  CHECK(err < 0.04);
+
+  // The CPU engine's preconditions: an empty slot, top_n <= 20.
+  CHECK(e.SetLogprobs(0, top_n, true).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(e.SetLogprobs(0, generate::kMaxTopLogprobs + 1, false).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(e.SetLogprobs(2, 0, false).code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(e.KeepPrefix(0, {}).ok());  // turns them off
+  auto off = e.TakeLogprobs(0);
+  REQUIRE(off.ok());
+  CHECK(off->prompt.empty());
+  CHECK(!off->draw.has_value());
+}
+
+// Through the scheduler on the device (mixed steps, batched prompts): an
+// echo request (max_tokens 0) scores its prompt while another request
+// decodes with logprobs; the decoding one gives the tokens it gives without
+// them, each reported with its logprobs, the drawn token first in its top
+// list (greedy).
+TEST_CASE("logprobs through the scheduler on the device: a scored prompt beside a decoding request") {
+  const std::string dir = std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string gguf = dir + "/vocab_lp.gguf", path = dir + "/vocab_lp.dpl";
+  synth::SynthOptions so;
+  so.preset = *synth::FindPreset("tiny-qwen2");
+  so.seed = 7;
+  so.vocab_path = testing::SharedDir() + "/vocab/ggml-vocab-qwen2.gguf";
+  REQUIRE(synth::WriteSyntheticModel(so, gguf).ok());
+  REQUIRE(converter::ConvertGgufToDpl(gguf, path, {}).ok());
+  runtime::CudaDecoderOptions o;
+  o.n_ctx = 256;
+  o.n_seq = 2;
+  std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
+  auto tok = tokenizer::Tokenizer::FromMetadata(engine->decoder().file()->metadata());
+  REQUIRE(tok.ok());
+  Scheduler s(*engine, *tok, {});
+  auto request = [](std::vector<int32_t> prompt, int max_tokens, int logprobs, bool echo) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.cache_prompt = false;
+    r.logprobs = logprobs;
+    r.prompt_logprobs = echo;
+    return r;
+  };
+  // Each request's events, merged: text, logprobs, prompt logprobs, the final one.
+  auto run = [&](std::vector<GenerationRequest> reqs) {
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (GenerationRequest& r : reqs) {
+      auto st = s.Submit(std::move(r));
+      REQUIRE_MESSAGE(st.ok(), st.status().ToString());
+      streams.push_back(*st);
+    }
+    std::vector<StreamEvent> out;
+    for (auto& st : streams) {
+      StreamEvent all;
+      for (bool done = false; !done;) {
+        for (StreamEvent& ev : st->Wait(absl::Seconds(60))) {
+          all.text += ev.text;
+          for (auto& l : ev.logprobs) all.logprobs.push_back(std::move(l));
+          for (auto& l : ev.prompt_logprobs) all.prompt_logprobs.push_back(std::move(l));
+          all.prompt_scored = all.prompt_scored || ev.prompt_scored;
+          if (ev.final) {
+            all.final = true;
+            all.finish = ev.finish;
+            all.error = ev.error;
+            all.completion_tokens = ev.completion_tokens;
+            done = true;
+          }
+        }
+      }
+      out.push_back(std::move(all));
+    }
+    return out;
+  };
+  const std::vector<int32_t> chat = {9707, 11, 1879, 0};
+  std::vector<int32_t> echo;
+  for (int i = 0; i < 30; ++i) echo.push_back(100 + 37 * i);
+  const std::string plain = run({request(chat, 12, -1, false)})[0].text;
+  const auto got = run({request(chat, 12, 2, false), request(echo, 0, 3, true)});
+  REQUIRE(got[0].error.ok());
+  REQUIRE(got[1].error.ok());
+  CHECK(got[0].text == plain);
+  CHECK(got[0].logprobs.size() == 12);
+  for (const generate::TokenLogprobs& lp : got[0].logprobs) {
+    CheckWellFormed(lp);
+    REQUIRE(lp.top.size() == 2);
+    CHECK(lp.top[0].token == lp.chosen.token);
+  }
+  CHECK(got[1].prompt_scored);
+  CHECK(got[1].finish == FinishReason::kLength);
+  CHECK(got[1].completion_tokens == 0);
+  REQUIRE(got[1].prompt_logprobs.size() == echo.size() - 1);
+  for (size_t i = 0; i < got[1].prompt_logprobs.size(); ++i) {
+    CheckWellFormed(got[1].prompt_logprobs[i]);
+    CHECK(got[1].prompt_logprobs[i].chosen.token == echo[i + 1]);
+  }
 }
 
 TEST_CASE("the CUDA engine refuses what it cannot do") {
