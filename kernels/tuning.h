@@ -118,6 +118,12 @@ struct DecodeTuning {
   // numbers point to, not yet measured. 0 until a rule wins everywhere.
   // dpl-bench and matvec_bench take DPL_F16_CLUSTER.
   int mma_f16_cluster_sum = 0;
+  // About how many CTAs the f16 form's k splits aim at for one matrix
+  // (MmaF16Splits: ceil(target / row tiles) splits, at most 8): 224 puts
+  // 7B's Q, O and down (28 row tiles) at 8 splits, so a Q/K/V launch has
+  // 288 CTAs, 1.09 waves of 264 at two a SM; 196 gives them 7 (260 CTAs,
+  // one wave). dpl-bench and matvec_bench take DPL_F16_TARGET.
+  int mma_f16_target_ctas = 224;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

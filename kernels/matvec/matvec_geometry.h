@@ -95,9 +95,11 @@ inline constexpr int kMmaF16CtaRows = 128;
 // Its weight copies address a matrix with 32-bit byte offsets, so matrices
 // of 4 GiB or more keep the int8 form (RunMatVecGroup).
 inline constexpr int64_t kMmaF16MaxMatrixBytes = int64_t{1} << 32;
-inline constexpr int MmaF16Splits(int64_t n_rows, int64_t n_cols) {
+// target_ctas: about how many CTAs cover a matrix (DecodeTuning::
+// mma_f16_target_ctas; kMmaTargetCtas / 2 by default).
+inline constexpr int MmaF16Splits(int64_t n_rows, int64_t n_cols, int target_ctas = kMmaTargetCtas / 2) {
   const int64_t row_ctas = (n_rows + kMmaF16CtaRows - 1) / kMmaF16CtaRows;
-  int64_t s = (kMmaTargetCtas / 2 + row_ctas - 1) / row_ctas;
+  int64_t s = (target_ctas + row_ctas - 1) / row_ctas;
   if (s > kMmaMaxSplits) s = kMmaMaxSplits;
   if (s > n_cols / 128) s = n_cols / 128;
   return s < 1 ? 1 : static_cast<int>(s);

@@ -68,6 +68,8 @@ struct MatVecPlan {
   // The f16 form's k splits summed in clusters (DecodeTuning::mma_f16_cluster_sum):
   // 0 never, 1 launches of more than one wave (num_sms x their CTAs a SM), 2 always.
   int mma_f16_cluster_sum = 0;
+  // About how many CTAs cover one f16-form matrix (its k splits: MmaF16Splits).
+  int mma_f16_target_ctas = kMmaTargetCtas / 2;
   int num_sms = 0;  // the GPU's (DecodeTuning::num_sms): what "a wave" is above
 };
 

@@ -413,6 +413,8 @@ TEST_CASE("the mma k-split fits its scratch and its blocks for every matrix") {
   CHECK(MmaSplits(64, 512) == 2);       // two blocks
   CHECK(MmaF16Splits(18944, 3584) == 2);  // 7B gate/up: 148 row blocks of 128
   CHECK(MmaF16Splits(3584, 18944) == 8);  // 7B down: 28
+  CHECK(MmaF16Splits(3584, 18944, 196) == 7);  // a smaller target: Q/K/V in one wave of 264
+  CHECK(MmaF16Splits(18944, 3584, 0) == 1);    // no target: no split
   CHECK(MmaF16Splits(40000, 1280) == 1);  // 313
   CHECK(MmaF16Splits(67, 256) == 2);      // two 128-column stages
   for (int64_t rows = 1; rows <= 70000; rows += rows < 2048 ? 1 : 97) {
