@@ -279,6 +279,20 @@ TEST_CASE("several slots decode together, joining and leaving, each as if alone"
   }
 }
 
+// A tiny random-weight qwen2 with Qwen2's real vocabulary (tokenizes text),
+// converted to NAME.dpl in the test's scratch directory; its path.
+std::string SynthVocabModel(const std::string& name) {
+  const std::string dir = std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string gguf = dir + "/" + name + ".gguf", path = dir + "/" + name + ".dpl";
+  synth::SynthOptions so;
+  so.preset = *synth::FindPreset("tiny-qwen2");
+  so.seed = 7;
+  so.vocab_path = testing::SharedDir() + "/vocab/ggml-vocab-qwen2.gguf";
+  REQUIRE(synth::WriteSyntheticModel(so, gguf).ok());
+  REQUIRE(converter::ConvertGgufToDpl(gguf, path, {}).ok());
+  return path;
+}
+
 // Structured output on the device: each draw of a slot with a grammar
 // takes its mask (SlotGrammars -> CudaDecoder::SetAllowedTokens, read by the
 // captured step's sampler), so a random-weight model with Qwen2's real
@@ -286,14 +300,7 @@ TEST_CASE("several slots decode together, joining and leaving, each as if alone"
 // beside one without a grammar; afterwards the slots draw free text as
 // before (the masks cleared with their requests).
 TEST_CASE("a JSON schema through the device's mask: the answers parse and match it") {
-  const std::string dir = std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp";
-  const std::string gguf = dir + "/vocab.gguf", path = dir + "/vocab.dpl";
-  synth::SynthOptions so;
-  so.preset = *synth::FindPreset("tiny-qwen2");
-  so.seed = 7;
-  so.vocab_path = testing::SharedDir() + "/vocab/ggml-vocab-qwen2.gguf";
-  REQUIRE(synth::WriteSyntheticModel(so, gguf).ok());
-  REQUIRE(converter::ConvertGgufToDpl(gguf, path, {}).ok());
+  const std::string path = SynthVocabModel("vocab");
   runtime::CudaDecoderOptions o;
   o.n_ctx = 256;
   o.n_seq = 4;
@@ -652,14 +659,7 @@ TEST_CASE("echo scoring on the device: the decoder's all-logits path and the CPU
 // them, each reported with its logprobs, the drawn token first in its top
 // list (greedy).
 TEST_CASE("logprobs through the scheduler on the device: a scored prompt beside a decoding request") {
-  const std::string dir = std::getenv("TEST_TMPDIR") != nullptr ? std::getenv("TEST_TMPDIR") : "/tmp";
-  const std::string gguf = dir + "/vocab_lp.gguf", path = dir + "/vocab_lp.dpl";
-  synth::SynthOptions so;
-  so.preset = *synth::FindPreset("tiny-qwen2");
-  so.seed = 7;
-  so.vocab_path = testing::SharedDir() + "/vocab/ggml-vocab-qwen2.gguf";
-  REQUIRE(synth::WriteSyntheticModel(so, gguf).ok());
-  REQUIRE(converter::ConvertGgufToDpl(gguf, path, {}).ok());
+  const std::string path = SynthVocabModel("vocab_lp");
   runtime::CudaDecoderOptions o;
   o.n_ctx = 256;
   o.n_seq = 2;
