@@ -672,12 +672,9 @@ TEST_CASE("batched: allowed-token masks") {
   SampleBatch b = bd.Batch();
   b.allowed = d_masks.get();
   b.allowed_on = d_on.get();
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  STATUS_OK(SampleTokens(b, st));
-  CUDA_OK(cudaStreamEndCapture(st, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  absl::StatusOr<GraphExec> graph = CaptureGraph(st, [&] { return SampleTokens(b, st); });
+  REQUIRE(graph.ok());
+  cudaGraphExec_t exec = graph->get();
   for (int step = 0; step < 4; ++step) {
     CAPTURE(step);
     remask(step);
@@ -703,8 +700,6 @@ TEST_CASE("batched: allowed-token masks") {
       CHECK(got[r] == CpuSample(l, params[r], static_cast<uint64_t>(step)));
     }
   }
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
   CUDA_OK(cudaStreamDestroy(st));
 }
 
@@ -797,12 +792,9 @@ TEST_CASE("batched: logit biases draw as the CPU sampler; a ban is never drawn")
   SampleBatch b = bd.Batch();
   b.bias = d_bias.get();
   b.n_bias = d_n_bias.get();
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  STATUS_OK(SampleTokens(b, st));
-  CUDA_OK(cudaStreamEndCapture(st, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  absl::StatusOr<GraphExec> graph = CaptureGraph(st, [&] { return SampleTokens(b, st); });
+  REQUIRE(graph.ok());
+  cudaGraphExec_t exec = graph->get();
   for (int step = 0; step < steps; ++step) {
     CAPTURE(step);
     std::vector<float> all;
@@ -852,8 +844,6 @@ TEST_CASE("batched: logit biases draw as the CPU sampler; a ban is never drawn")
       if (seq == 0) CHECK(got[r] != TopIds(rows[r], 1)[0]);
     }
   }
-  CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
   CUDA_OK(cudaStreamDestroy(st));
 }
 
