@@ -216,6 +216,9 @@ expect 200 "completions, a list streamed" -N "$url/v1/completions" -d '{"prompt"
 expect 200 "chat, n = 2" "$C" -d "$(chat ',"n":2,"max_tokens":3,"ignore_eos":true,"seed":5')"
 body_has "two chat choices" '"index":1,"message"'
 body_has "n = 2 usage" '"completion_tokens":6'
+n2_prompt=$(sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p' "$tmp/body")
+[[ -n $n2_prompt && $n2_prompt == "$without" ]] && ok "n = 2 usage: the prompt counted once ($n2_prompt tokens)" ||
+  bad "n = 2 usage: prompt_tokens $n2_prompt, the prompt has $without"
 expect 200 "chat, n = 2 streamed" -N "$C" -d "$(chat ',"n":2,"max_tokens":2,"ignore_eos":true,"stream":true')"
 [[ $(grep -c '"finish_reason":"length"' "$tmp/body") == 2 ]] && grep -q '"index":1' "$tmp/body" &&
   ok "n = 2 streamed: both choices end" || bad "n = 2 streamed: $(tail -c 400 "$tmp/body")"

@@ -128,11 +128,16 @@ struct HttpServer::Handlers {
   enum class Api { kChat, kResponses };
 
   // Choices of a chat or text completion: each its own request (its own
-  // slot), choice i's chunks carrying index i, usage summed over all. Any
-  // error ends the answer and cancels the other choices. echo[i] (completions'
-  // echo): choice i's prompt text, before its answer.
+  // slot), choice i's chunks carrying index i; gs holds p.n samples of each
+  // prompt in turn (AddSamples), submitted together so that the prompt runs
+  // once (Scheduler::SubmitSamples). Usage: completion tokens summed over
+  // all choices, a prompt's tokens (and cached tokens) counted once, its
+  // first sample's, as OpenAI counts them. Any error ends the answer and
+  // cancels the other choices. echo[i] (completions' echo): choice i's
+  // prompt text, before its answer.
   void GenerateChoices(HttpResponder& res, const Served& m, std::vector<GenerationRequest> gs,
                        const GenerationParams& p, bool chat, const std::vector<std::string>& echo = {}) {
+    const size_t samples = static_cast<size_t>(std::max(1, p.n));
     // An echoed prompt's first token is listed unscored (no logits before it).
     std::vector<int32_t> first_prompt_token;
     for (const GenerationRequest& g : gs) first_prompt_token.push_back(g.prompt.empty() ? -1 : g.prompt[0]);
@@ -140,13 +145,16 @@ struct HttpServer::Handlers {
     auto cancel_all = [&streams] {
       for (auto& st : streams) st->Cancel();
     };
-    for (GenerationRequest& g : gs) {
-      absl::StatusOr<std::shared_ptr<RequestStream>> submitted = m.scheduler->Submit(std::move(g));
+    for (size_t i = 0; i < gs.size(); i += samples) {
+      std::vector<GenerationRequest> group;
+      for (size_t j = i; j < std::min(gs.size(), i + samples); ++j) group.push_back(std::move(gs[j]));
+      absl::StatusOr<std::vector<std::shared_ptr<RequestStream>>> submitted =
+          m.scheduler->SubmitSamples(std::move(group));
       if (!submitted.ok()) {
         cancel_all();
         return ReplyError(res, submitted.status());
       }
-      streams.push_back(*std::move(submitted));
+      streams.insert(streams.end(), submitted->begin(), submitted->end());
     }
     res.OnDisconnect([streams] {
       for (const auto& st : streams) st->Cancel();
@@ -233,9 +241,11 @@ struct HttpServer::Handlers {
               AppendCompletionLogprobs(*m.tok, -1, {}, &offsets[i], &choices[i].logprobs);
             }
           }
-          prompt_tokens += e.prompt_tokens;
+          if (i % samples == 0) {
+            prompt_tokens += e.prompt_tokens;
+            cached_tokens += e.cached_tokens;
+          }
           completion_tokens += e.completion_tokens;
-          cached_tokens += e.cached_tokens;
           if (p.parse_tool_calls) {
             // Calls found: they are the answer (finish_reason "tool_calls").
             ParsedAnswer a = p.stream ? held[i].Finish() : ParseToolCalls(choices[i].text, p.tool_format);
@@ -270,7 +280,9 @@ struct HttpServer::Handlers {
     if (ok && res.Write("data: [DONE]\n\n")) res.EndStream();
   }
 
-  // n samples of one prompt: seeds seed, seed + 1, ... when one is given.
+  // n samples of one prompt: seeds seed, seed + 1, ... when one is given
+  // (sample j's answer is the answer of the request with seed + j alone),
+  // else a random seed each.
   static void AddSamples(const GenerationParams& p, const GenerationRequest& g,
                          std::vector<GenerationRequest>* out) {
     for (int j = 0; j < p.n; ++j) {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace dpl::server {
 namespace {
@@ -55,6 +56,8 @@ struct Scheduler::Active {
   GenerationRequest request;
   std::shared_ptr<RequestStream> stream;
   int slot = -1;
+  uint64_t group = 0;       // Queued::group
+  int sample = 0;           // Queued::sample
   size_t prefilled = 0;     // prompt tokens in the slot's cache
   size_t cached = 0;        // of them, found in a cache (its slot's, kept, or another's, copied)
   bool started = false;     // Start made the slot's cache the prompt's first `cached` tokens
@@ -67,8 +70,11 @@ struct Scheduler::Active {
   std::chrono::steady_clock::time_point submitted, first_token;
 
   Active(Queued q, int slot_id, const tokenizer::Tokenizer& tok)
-      : request(std::move(q.request)), stream(std::move(q.stream)), slot(slot_id),
-        text(tok, request.stop), submitted(q.submitted) {}
+      : request(std::move(q.request)), stream(std::move(q.stream)), slot(slot_id), group(q.group),
+        sample(q.sample), text(tok, request.stop), submitted(q.submitted) {}
+
+  // Counted in the metrics' prompt tokens: a group's first sample alone.
+  bool counts_prompt() const { return sample == 0; }
 };
 
 Scheduler::Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer,
@@ -76,6 +82,7 @@ Scheduler::Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer,
     : engine_(engine), tokenizer_(tokenizer), options_(options) {
   for (int s = 0; s < engine.n_slots(); ++s) free_slots_.push_back(s);
   slot_tokens_.resize(static_cast<size_t>(engine.n_slots()));
+  slot_group_.resize(static_cast<size_t>(engine.n_slots()), 0);
   metrics_.kv_positions_total = static_cast<int64_t>(engine.n_slots()) * engine.n_ctx();
   thread_ = std::thread([this] { Loop(); });
 }
@@ -121,7 +128,7 @@ void Scheduler::DropCancelledLocked() {
   }
 }
 
-absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerationRequest r) {
+absl::Status Scheduler::Check(GenerationRequest& r) const {
   const int64_t n_ctx = engine_.n_ctx();
   const int64_t n_prompt = static_cast<int64_t>(r.prompt.size());
   if (r.prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
@@ -172,20 +179,47 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerationReque
         "the prompt (", n_prompt, " tokens) and max_tokens (", r.max_tokens, ") need ",
         n_prompt + r.max_tokens, " positions; the context of a slot has ", n_ctx, " (-c sets it)"));
   }
-  auto stream = std::make_shared<RequestStream>();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<RequestStream>> Scheduler::Submit(GenerationRequest r) {
+  std::vector<GenerationRequest> one;
+  one.push_back(std::move(r));
+  DPL_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RequestStream>> streams, SubmitSamples(std::move(one)));
+  return std::move(streams.front());
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<RequestStream>>> Scheduler::SubmitSamples(
+    std::vector<GenerationRequest> samples) {
+  if (samples.empty()) return absl::InvalidArgumentError("no samples");
+  for (size_t j = 0; j < samples.size(); ++j) {
+    if (j > 0 && samples[j].prompt != samples[0].prompt) {
+      return absl::InvalidArgumentError(absl::StrCat("sample ", j, "'s prompt is not sample 0's"));
+    }
+    DPL_RETURN_IF_ERROR(Check(samples[j]));
+  }
+  const int64_t k = static_cast<int64_t>(samples.size());
+  std::vector<std::shared_ptr<RequestStream>> streams;
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError("the server is shutting down");
   DropCancelledLocked();  // a client gone while queued gives its place up at once
-  // Requests the free slots do not take wait; at most max_queue of them.
-  if (static_cast<int64_t>(queue_.size()) >=
-      static_cast<int64_t>(free_slots_.size()) + options_.max_queue) {
+  // Requests the free slots do not take wait; at most max_queue of them. A
+  // group of samples that finds nothing waiting goes in whole (it runs as
+  // slots free up: an idle server takes any n).
+  if (static_cast<int64_t>(queue_.size()) + k > static_cast<int64_t>(free_slots_.size()) + options_.max_queue &&
+      !(k > 1 && queue_.empty())) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the server is busy: all ", engine_.n_slots(), " slots are in use and ", options_.max_queue,
-        " requests are waiting (-np and --queue set these)"));
+        " requests are waiting (-np and --queue set these)", k > 1 ? absl::StrCat("; this request needs ", k) : ""));
   }
-  ++metrics_.requests_total;
-  queue_.push_back({std::move(r), stream, std::chrono::steady_clock::now()});
-  return stream;
+  const uint64_t group = k > 1 ? ++groups_ : 0;
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t j = 0; j < samples.size(); ++j) {
+    streams.push_back(std::make_shared<RequestStream>());
+    queue_.push_back({std::move(samples[j]), streams.back(), now, group, static_cast<int>(j)});
+  }
+  metrics_.requests_total += k;
+  return streams;
 }
 
 bool Scheduler::Admit(std::vector<std::unique_ptr<Active>>& active) {
@@ -301,28 +335,39 @@ bool Scheduler::Take(Active& a, int32_t token, std::optional<generate::TokenLogp
   return a.done;
 }
 
-void Scheduler::Start(Active& a) {
-  const std::vector<int32_t>& prompt = a.request.prompt;
-  std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(a.slot)];
+std::pair<int, size_t> Scheduler::LongestStart(const Active& a) const {
   // The prompt's longest start that a slot's cache holds: the slot's own
   // (kept in place), or another's, free or running, when it holds more (a
   // system prompt that another request ran: its keys and values copied).
   // Requests start oldest first, so one admitted together with the request
-  // that runs their shared start finds it here.
-  int from = -1;
-  size_t n = 0;
-  // A scored prompt runs whole: a cached start has no logits to score it.
-  if (a.request.cache_prompt && !a.request.prompt_logprobs) {
-    n = SharedStart(held, prompt);
-    for (int s = 0; s < static_cast<int>(slot_tokens_.size()); ++s) {
-      const size_t m = s == a.slot ? 0 : SharedStart(slot_tokens_[static_cast<size_t>(s)], prompt);
-      if (m > n) {
-        from = s;
-        n = m;
-      }
+  // that runs their shared start finds it here. A scored prompt runs whole:
+  // a cached start has no logits to score it. Without cache_prompt, a
+  // sample of a group takes only what its group ran.
+  const std::vector<int32_t>& prompt = a.request.prompt;
+  if (a.request.prompt_logprobs || (!a.request.cache_prompt && a.group == 0)) return {a.slot, 0};
+  auto usable = [this, &a](int s) {
+    return a.request.cache_prompt || slot_group_[static_cast<size_t>(s)] == a.group;
+  };
+  int from = a.slot;
+  size_t n = usable(a.slot) ? SharedStart(slot_tokens_[static_cast<size_t>(a.slot)], prompt) : 0;
+  for (int s = 0; s < static_cast<int>(slot_tokens_.size()); ++s) {
+    if (s == a.slot || !usable(s)) continue;
+    const size_t m = SharedStart(slot_tokens_[static_cast<size_t>(s)], prompt);
+    if (m > n) {
+      from = s;
+      n = m;
     }
   }
+  return {from, n};
+}
+
+void Scheduler::Start(Active& a) {
+  const std::vector<int32_t>& prompt = a.request.prompt;
+  std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(a.slot)];
+  const auto [longest, n] = LongestStart(a);
+  const int from = longest == a.slot ? -1 : longest;
   a.started = true;
+  slot_group_[static_cast<size_t>(a.slot)] = a.group;
   const absl::Span<const int32_t> start = absl::MakeConstSpan(prompt).subspan(0, n);
   absl::Status kept = from >= 0 ? engine_.CopyPrefix(a.slot, from, start) : engine_.KeepPrefix(a.slot, start);
   // The request's grammar (if any) from its first sampled token on; the
@@ -339,14 +384,24 @@ void Scheduler::Start(Active& a) {
     return;
   }
   a.cached = a.prefilled = n;
+  if (!a.counts_prompt()) return;
   absl::MutexLock lock(&mu_);
   metrics_.prompt_tokens_cached_total += static_cast<int64_t>(n);
   if (from >= 0) metrics_.prompt_tokens_copied_total += static_cast<int64_t>(n);
 }
 
 bool Scheduler::WaitsForSharedStart(const Active& a, absl::Span<const std::unique_ptr<Active>> older) const {
-  if (!a.request.cache_prompt) return false;
   const std::vector<int32_t>& prompt = a.request.prompt;
+  if (a.group != 0 && a.sample > 0 && !a.request.prompt_logprobs) {
+    // A sample waits until a slot holds its prompt but the last token (the
+    // most a start can be), while a sibling before it may still run it.
+    if (LongestStart(a).second + 1 >= prompt.size()) return false;
+    for (const auto& p : older) {
+      if (p->group == a.group && !p->done) return true;
+    }
+    return false;  // its siblings ended without it: it runs the prompt itself
+  }
+  if (!a.request.cache_prompt) return false;
   size_t held = 0;  // the longest start a cache holds now
   for (const std::vector<int32_t>& t : slot_tokens_) held = std::max(held, SharedStart(t, prompt));
   for (const auto& p : older) {
@@ -391,8 +446,11 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
     budget -= static_cast<int>(n);
   }
   if (parts.empty() && slots.empty()) return;
-  int64_t prompt_tokens = 0;
-  for (const auto& p : parts) prompt_tokens += static_cast<int64_t>(p.tokens.size());
+  int64_t prompt_tokens = 0, counted = 0;  // all the parts' tokens; those the metrics count
+  for (size_t i = 0; i < parts.size(); ++i) {
+    prompt_tokens += static_cast<int64_t>(parts[i].tokens.size());
+    if (prompts[i]->counts_prompt()) counted += static_cast<int64_t>(parts[i].tokens.size());
+  }
   // Each decode row runs its pending token into the slot's cache (an error
   // fails the request, whose Finish empties the record).
   for (Active* a : decoders) slot_tokens_[static_cast<size_t>(a->slot)].push_back(a->sampled.back());
@@ -422,7 +480,7 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
     absl::MutexLock lock(&mu_);
     metrics_.prompt_seconds += sec * prompt_share;
     metrics_.decode_seconds += sec * (1 - prompt_share);
-    if (prompt_status.ok()) metrics_.prompt_tokens_total += prompt_tokens;
+    if (prompt_status.ok()) metrics_.prompt_tokens_total += counted;
     if (step_status.ok()) metrics_.decode_tokens += static_cast<int64_t>(slots.size());
   }
   for (size_t i = 0; i < prompts.size(); ++i) {

@@ -18,7 +18,10 @@
 //      of requests with one system prompt runs it once. At most
 //      SchedulerOptions::prefill_chunk prompt tokens go in all, oldest
 //      request first: one chunk of a long prompt, or several short prompts
-//      until the budget is spent (llama-server's n_batch);
+//      until the budget is spent (llama-server's n_batch). Samples of one
+//      prompt (SubmitSamples, the API's n) run it once: the first runs it,
+//      the others wait for it and copy all of it but its last token, which
+//      each runs for its own first draw;
 //   4. the engine: those prompt tokens in one BatchEngine::PrefillBatch
 //      (the CUDA engine packs them into one forward pass, every weight read
 //      once for all of them), then a decode step for every slot that had a
@@ -39,6 +42,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -166,7 +170,10 @@ struct Histogram {
 
 // Counters since start, for /metrics.
 struct SchedulerMetrics {
-  int64_t requests_total = 0;        // accepted
+  int64_t requests_total = 0;        // accepted (each sample of SubmitSamples one)
+  // A group of samples counts its prompt once, its first sample's tokens (as
+  // the API's usage does): prompt_tokens_total + prompt_tokens_cached_total
+  // is the sum of the answers' usage.prompt_tokens.
   int64_t prompt_tokens_total = 0;   // prefilled
   int64_t prompt_tokens_cached_total = 0;  // taken from a slot's cache instead
   int64_t prompt_tokens_copied_total = 0;  // of those, copied from another slot's cache
@@ -205,6 +212,24 @@ class Scheduler {
   // kernels::CheckLogitBias refuses).
   absl::StatusOr<std::shared_ptr<RequestStream>> Submit(GenerationRequest request);
 
+  // Samples of one prompt (the API's n): requests with the same prompt,
+  // usually differing in their sampling seed, each its own slot and stream
+  // (streams[j] is samples[j]'s). The prompt runs once: sample 0 runs it
+  // (from the longest start a cache holds, as any request), and the others,
+  // admitted as slots free up, wait until a slot holds all of it but its
+  // last token and copy that (BatchEngine::CopyPrefix, or KeepPrefix when
+  // their own slot holds it), then run that last token for their own first
+  // draw: sample j's answer is the answer samples[j] gets alone. They
+  // share even with cache_prompt false (only each other's caches then);
+  // with prompt_logprobs each runs the prompt whole. The metrics count the
+  // prompt once, as the API's usage does: sample 0's tokens prefilled and
+  // cached, none of the others'. Checks each request as Submit does, and
+  // that the prompts are equal (InvalidArgument); all are queued or none
+  // (ResourceExhausted, as Submit), and a group that finds the queue empty
+  // is queued whatever --queue says, so an idle server never refuses an n.
+  absl::StatusOr<std::vector<std::shared_ptr<RequestStream>>> SubmitSamples(
+      std::vector<GenerationRequest> samples);
+
   // Refuses new requests, ends every queued and running one (its final event
   // carries Unavailable) and joins the engine thread. Idempotent.
   void Shutdown();
@@ -219,8 +244,16 @@ class Scheduler {
     GenerationRequest request;
     std::shared_ptr<RequestStream> stream;
     std::chrono::steady_clock::time_point submitted;
+    uint64_t group = 0;  // SubmitSamples' samples of one prompt share one (0: alone)
+    int sample = 0;      // the request's place in its group
   };
   struct Active;
+
+  // Submit's checks (and its additions: a grammar's stop tokens).
+  absl::Status Check(GenerationRequest& r) const;
+  // The longest start of a's prompt that a slot's cache may give it (its
+  // own slot's first, then the others'; see Start) and that slot.
+  std::pair<int, size_t> LongestStart(const Active& a) const;
 
   void Loop();
   // Ends the queued requests whose client is gone (their final event:
@@ -237,7 +270,8 @@ class Scheduler {
   // had a token pending, in one BatchEngine::StepWithPrefill.
   void Iterate(std::vector<std::unique_ptr<Active>>& active);
   // Whether `a` (not started) waits for an `older` request's prompt to run
-  // (SchedulerOptions::defer_for_shared_start).
+  // (SchedulerOptions::defer_for_shared_start; a sample of a group, other
+  // than the first, for a sibling to run the prompt).
   bool WaitsForSharedStart(const Active& a, absl::Span<const std::unique_ptr<Active>> older) const;
   // Takes a sampled token (and its logprobs, with the request's); true when
   // the request is finished.
@@ -259,6 +293,11 @@ class Scheduler {
   // against. Engine thread only (Admit reads it under mu_, on the engine
   // thread).
   std::vector<std::vector<int32_t>> slot_tokens_;
+  // Per slot: the group (Queued::group) of the request that last started on
+  // it, whose samples with cache_prompt false may still copy from it.
+  // Engine thread only.
+  std::vector<uint64_t> slot_group_;
+  uint64_t groups_ ABSL_GUARDED_BY(mu_) = 0;  // groups given so far
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // requests that hold a slot
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   SchedulerMetrics metrics_ ABSL_GUARDED_BY(mu_);

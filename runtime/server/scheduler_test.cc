@@ -196,6 +196,9 @@ class RecordingEngine : public BatchEngine {
     return e_.CopyPrefix(slot, from, kept);
   }
   void Release(int slot) override { e_.Release(slot); }
+  bool supports_logprobs() const override { return e_.supports_logprobs(); }
+  absl::Status SetLogprobs(int slot, int top_n, bool prompt) override { return e_.SetLogprobs(slot, top_n, prompt); }
+  absl::StatusOr<SlotLogprobs> TakeLogprobs(int slot) override { return e_.TakeLogprobs(slot); }
   std::vector<std::pair<int, int>> calls() {
     absl::MutexLock lock(&mu_);
     return calls_;
@@ -336,6 +339,156 @@ TEST_CASE("a start that another slot holds is copied into the request's slot") {
   const SchedulerMetrics m = s.metrics();
   CHECK(m.prompt_tokens_copied_total == 12);
   CHECK(m.prompt_tokens_cached_total == 12 + a.prompt.size() + 3);
+}
+
+// The API's n: samples of one prompt, sample j with seed + j, as
+// http_server's AddSamples makes them.
+std::vector<GenerationRequest> Samples(GenerationRequest r, int n) {
+  std::vector<GenerationRequest> out;
+  for (int j = 0; j < n; ++j) {
+    out.push_back(r);
+    out.back().sampling.seed = r.sampling.seed + static_cast<uint64_t>(j);
+  }
+  return out;
+}
+
+GenerationRequest Sampled(std::vector<int32_t> prompt, int32_t max_tokens, uint64_t seed) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 1;
+  r.sampling.seed = seed;
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+// Prompt tokens per slot that went through Prefill since call `from`.
+std::vector<int> FedPerSlot(RecordingEngine& rec, int slots, size_t from = 0) {
+  std::vector<int> fed(static_cast<size_t>(slots), 0);
+  const std::vector<std::pair<int, int>> calls = rec.calls();
+  for (size_t i = from; i < calls.size(); ++i) {
+    if (calls[i].first >= 0) fed[static_cast<size_t>(calls[i].first)] += calls[i].second;
+  }
+  return fed;
+}
+
+// n = 3 on 3 slots: the prompt runs once, in sample 0's slot; the other two
+// wait for it, copy all of it but its last token from that slot and run only
+// that token (for their own first draw). Sample j's answer is the answer of
+// the request with seed + j alone. The metrics count the prompt once.
+TEST_CASE("samples of one prompt (n) run it once; each answer is its seed's alone") {
+  Fixture f(3);
+  RecordingEngine rec(*f.engine);
+  Scheduler s(rec, *f.tok, {4, 256});
+  const std::vector<int32_t> prompt = {21, 22, 23, 24, 25, 26, 27, 28};
+  const std::vector<GenerationRequest> samples = Samples(Sampled(prompt, 6, 7), 3);
+  auto streams = s.SubmitSamples(samples);
+  REQUIRE(streams.ok());
+  REQUIRE(streams->size() == 3);
+  std::vector<std::string> texts;
+  for (size_t j = 0; j < 3; ++j) {
+    const Result got = Collect(*(*streams)[j]);
+    CHECK(got.final.error.ok());
+    CHECK(got.final.completion_tokens == 6);
+    CHECK(got.final.prompt_tokens == 8);
+    CHECK(got.final.cached_tokens == (j == 0 ? 0 : 7));  // its sibling's, copied
+    CHECK(got.text == RunAlone(samples[j]).text);
+    texts.push_back(got.text);
+  }
+  CHECK((texts[0] != texts[1] || texts[1] != texts[2]));  // the seeds differ, so do the answers
+  std::vector<int> fed = FedPerSlot(rec, 3);
+  std::sort(fed.begin(), fed.end());
+  CHECK(fed == std::vector<int>{1, 1, 8});
+  const std::vector<RecordingEngine::Copy> copies = rec.copies();
+  REQUIRE(copies.size() == 2);
+  for (const RecordingEngine::Copy& c : copies) {
+    CHECK(c.from == copies[0].from);  // sample 0's slot
+    CHECK(c.n == 7);
+  }
+  const SchedulerMetrics m = s.metrics();
+  CHECK(m.requests_total == 3);
+  CHECK(m.prompt_tokens_total == 8);  // as usage: the prompt once
+  CHECK(m.prompt_tokens_cached_total == 0);
+  CHECK(m.prompt_tokens_copied_total == 0);
+  CHECK(m.generated_tokens_total == 18);
+
+  // Refused: samples of different prompts, or one sample refused.
+  std::vector<GenerationRequest> mixed = Samples(Sampled(prompt, 2, 1), 2);
+  mixed[1].prompt.push_back(29);
+  CHECK(s.SubmitSamples(mixed).status().code() == absl::StatusCode::kInvalidArgument);
+  std::vector<GenerationRequest> bad = Samples(Sampled(prompt, 2, 1), 2);
+  bad[1].max_tokens = -2;
+  CHECK(s.SubmitSamples(bad).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.metrics().requests_total == 3);
+}
+
+// n = 4 on 2 slots, with a queue of 1 (4 > 2 + 1, but nothing else waits:
+// the group goes in): the samples past the slots wait in the queue and run
+// as slots free up, each from the prompt that a slot holds (kept in place
+// or copied), every answer its seed's.
+TEST_CASE("more samples than slots: all complete, the prompt still runs once") {
+  Fixture f(2);
+  RecordingEngine rec(*f.engine);
+  Scheduler s(rec, *f.tok, {1, 256});
+  const std::vector<int32_t> prompt = {31, 32, 33, 34, 35, 36};
+  const std::vector<GenerationRequest> samples = Samples(Sampled(prompt, 4, 100), 4);
+  auto streams = s.SubmitSamples(samples);
+  REQUIRE(streams.ok());
+  for (size_t j = 0; j < 4; ++j) {
+    const Result got = Collect(*(*streams)[j]);
+    CHECK(got.final.error.ok());
+    CHECK(got.final.completion_tokens == 4);
+    CHECK(got.text == RunAlone(samples[j]).text);
+  }
+  const std::vector<int> fed = FedPerSlot(rec, 2);
+  CHECK(fed[0] + fed[1] == 6 + 3);  // the prompt once, then one token a sample
+  const SchedulerMetrics m = s.metrics();
+  CHECK(m.prompt_tokens_total + m.prompt_tokens_cached_total == 6);
+  CHECK(m.processing == 0);
+  CHECK(m.deferred == 0);
+  // One slot and no queue (--queue 0): the group still goes in whole and
+  // runs one sample after the other.
+  Fixture one(1);
+  Scheduler lone(*one.engine, *one.tok, {0, 256});
+  const std::vector<GenerationRequest> short_samples = Samples(Sampled(prompt, 2, 100), 3);
+  auto three = lone.SubmitSamples(short_samples);
+  REQUIRE(three.ok());
+  for (size_t j = 0; j < 3; ++j) CHECK(Collect(*(*three)[j]).text == RunAlone(short_samples[j]).text);
+  CHECK(lone.metrics().prompt_tokens_total + lone.metrics().prompt_tokens_cached_total == 6);
+}
+
+// cache_prompt false: the samples share the prompt that sample 0 runs (in
+// full), but nothing another request left in a slot. With prompt logprobs
+// (echo) every sample scores the prompt itself: each runs it whole.
+TEST_CASE("samples with cache_prompt false or prompt logprobs") {
+  Fixture f(3);
+  RecordingEngine rec(*f.engine);
+  Scheduler s(rec, *f.tok, {4, 256});
+  const std::vector<int32_t> prompt = {41, 42, 43, 44, 45};
+  REQUIRE(Collect(**s.Submit(Greedy(prompt, 2))).final.error.ok());  // slot 0 holds the prompt
+  GenerationRequest off = Sampled(prompt, 3, 5);
+  off.cache_prompt = false;
+  const std::vector<GenerationRequest> samples = Samples(off, 2);
+  size_t from = rec.calls().size();
+  auto streams = s.SubmitSamples(samples);
+  REQUIRE(streams.ok());
+  for (size_t j = 0; j < 2; ++j) {
+    const Result got = Collect(*(*streams)[j]);
+    CHECK(got.text == RunAlone(samples[j]).text);
+  }
+  CHECK(FedPerSlot(rec, 3, from) == std::vector<int>{0, 5, 1});  // slots 1 and 2: the free longest
+  REQUIRE(rec.copies().size() == 1);
+  CHECK(rec.copies()[0] == RecordingEngine::Copy{1, 2, 4});  // from its sibling, not slot 0
+
+  GenerationRequest scored = Sampled(prompt, 2, 9);
+  scored.logprobs = 0;
+  scored.prompt_logprobs = true;
+  from = rec.calls().size();
+  auto scored_streams = s.SubmitSamples(Samples(scored, 2));
+  REQUIRE(scored_streams.ok());
+  for (const auto& st : *scored_streams) CHECK(Collect(*st).prompt_logprobs.size() == 4);
+  const std::vector<int> fed = FedPerSlot(rec, 3, from);
+  CHECK(fed[0] + fed[1] + fed[2] == 10);
+  CHECK(rec.copies().size() == 1);
 }
 
 // Between two steps the scheduler feeds at most prefill_chunk prompt tokens
@@ -507,15 +660,6 @@ std::shared_ptr<const grammar::Grammar> SchemaGrammar(const char* schema) {
   auto g = grammar::JsonSchemaToGrammar(nlohmann::ordered_json::parse(schema));
   REQUIRE_MESSAGE(g.ok(), g.status().ToString());
   return std::make_shared<const grammar::Grammar>(*std::move(g));
-}
-
-GenerationRequest Sampled(std::vector<int32_t> prompt, int32_t max_tokens, uint64_t seed) {
-  GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 1;
-  r.sampling.seed = seed;
-  r.max_tokens = max_tokens;
-  return r;
 }
 
 TEST_CASE("a JSON schema: the answer parses, with its required keys and types, and ends by itself") {
