@@ -24,6 +24,41 @@ int HexValue(char c) {
   return -1;
 }
 
+// The UTF-8 character at s[*i] (advancing *i past it); false when the
+// bytes there are not one.
+bool DecodeUtf8At(absl::string_view s, size_t* i, uint32_t* cp) {
+  const unsigned char c = static_cast<unsigned char>(s[*i]);
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+  if (n == 0 || *i + n > s.size()) return false;
+  uint32_t v = n == 1 ? c : c & (0x7F >> n);
+  for (size_t k = 1; k < n; ++k) {
+    const unsigned char b = static_cast<unsigned char>(s[*i + k]);
+    if ((b & 0xC0) != 0x80) return false;
+    v = (v << 6) | (b & 0x3F);
+  }
+  *i += n;
+  *cp = v;
+  return true;
+}
+
+void AppendUtf8(uint32_t c, std::string* out) {
+  if (c < 0x80) {
+    out->push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
+}
+
 }  // namespace
 
 class GbnfParser {
@@ -146,16 +181,8 @@ class GbnfParser {
       if (v > 0x10FFFF) return Error(start, "code point beyond U+10FFFF");
       return v;
     }
-    // UTF-8 decode.
-    int n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (n == 0 || pos_ + n > text_.size()) return Error(start, "invalid UTF-8 in the grammar");
-    uint32_t v = n == 1 ? c : c & (0x7F >> n);
-    for (int i = 1; i < n; ++i) {
-      const unsigned char k = static_cast<unsigned char>(text_[pos_ + i]);
-      if ((k & 0xC0) != 0x80) return Error(start, "invalid UTF-8 in the grammar");
-      v = (v << 6) | (k & 0x3F);
-    }
-    pos_ += n;
+    uint32_t v = 0;
+    if (!DecodeUtf8At(text_, &pos_, &v)) return Error(start, "invalid UTF-8 in the grammar");
     return v;
   }
 
@@ -214,6 +241,13 @@ class GbnfParser {
         ++pos_;
         // An empty literal adds nothing: it cannot be repeated either.
         have_last = out->size() > last_start;
+      } else if (c == '<' || c == '!') {
+        absl::StatusOr<uint32_t> rule = ParseTokenLiteral(name);
+        if (!rule.ok()) return rule.status();
+        last_start = out->size();
+        out->push_back({ElemType::kRuleRef, *rule});
+        have_last = true;
+        if (absl::Status s = AddElements(1, at); !s.ok()) return s;
       } else if (c == '[') {
         ++pos_;
         last_start = out->size();
@@ -320,6 +354,59 @@ class GbnfParser {
     return absl::OkStatus();
   }
 
+  // A token literal at pos_ ('<'): <text> (the brackets part of the text)
+  // or <"text">. Its rule, T ::= kToken t | "text", is made once per text.
+  absl::StatusOr<uint32_t> ParseTokenLiteral(const std::string& name) {
+    const size_t at = pos_;
+    if (Peek() == '!') return Error(at, "negated tokens (!<...>) are not supported");
+    std::string text;
+    if (Peek(1) == '[' && Peek(2) >= '0' && Peek(2) <= '9') {
+      return Error(at, "token ids (<[N]>) are not supported: name the token by its text, <text> or <\"text\">");
+    }
+    if (Peek(1) == '"') {
+      pos_ += 2;
+      while (Peek() != '"') {
+        if (AtEnd()) return Error(at, "unterminated token literal");
+        absl::StatusOr<uint32_t> ch = ParseChar();
+        if (!ch.ok()) return ch.status();
+        AppendUtf8(*ch, &text);
+      }
+      ++pos_;
+      if (Peek() != '>') return Error(pos_, "expected '>' after a token literal's text");
+      ++pos_;
+    } else {
+      // No escapes: the text is the bytes from '<' to the first '>'.
+      const size_t end = text_.find('>', pos_ + 1);
+      const size_t newline = text_.find_first_of("\r\n", pos_);
+      if (end == absl::string_view::npos || (newline != absl::string_view::npos && newline < end)) {
+        return Error(at, "unterminated token literal (<text> ends at the first '>' on its line)");
+      }
+      text = std::string(text_.substr(pos_, end + 1 - pos_));
+      for (size_t i = 0; i < text.size();) {
+        uint32_t c = 0;
+        if (!DecodeUtf8At(text, &i, &c)) return Error(pos_ + i, "invalid UTF-8 in the grammar");
+      }
+      pos_ = end + 1;
+    }
+    if (text.empty()) return Error(at, "an empty token literal");
+    if (auto it = token_rules_.find(text); it != token_rules_.end()) return it->second;
+    absl::StatusOr<uint32_t> rule = NewRule(name, at);
+    if (!rule.ok()) return rule.status();
+    const uint32_t index = static_cast<uint32_t>(g_.token_texts_.size());
+    g_.token_texts_.push_back(text);
+    std::vector<Element> body = {{ElemType::kToken, index}, {ElemType::kAlt, 0}};
+    for (size_t i = 0; i < text.size();) {
+      uint32_t c = 0;
+      DecodeUtf8At(text, &i, &c);  // valid: checked or encoded above
+      body.push_back({ElemType::kChar, c});
+    }
+    body.push_back({ElemType::kEnd, 0});
+    if (absl::Status s = AddElements(body.size(), at); !s.ok()) return s;
+    g_.rules_[*rule] = std::move(body);
+    token_rules_.emplace(text, *rule);
+    return *rule;
+  }
+
   absl::StatusOr<uint32_t> ParseInt() {
     const size_t start = pos_;
     uint64_t v = 0;
@@ -395,7 +482,7 @@ class GbnfParser {
             alt_ok = true;
           } else if (e.type == ElemType::kRuleRef) {
             alt_ok = alt_ok && nullable[e.value];
-          } else if (IsCharElement(e.type)) {
+          } else if (IsTerminal(e.type)) {
             alt_ok = false;
           }
         }
@@ -413,7 +500,7 @@ class GbnfParser {
         } else if (e.type == ElemType::kRuleRef) {
           first[r].push_back(e.value);
           reach = nullable[e.value];
-        } else if (IsCharElement(e.type)) {
+        } else if (IsTerminal(e.type)) {
           reach = false;
         }
       }
@@ -452,6 +539,7 @@ class GbnfParser {
   absl::flat_hash_map<std::string, uint32_t> ids_;
   std::vector<bool> defined_;
   std::vector<size_t> first_use_;  // where each rule was first named
+  absl::flat_hash_map<std::string, uint32_t> token_rules_;  // a token literal's text -> its rule
   size_t total_ = 0;               // elements so far
   int next_generated_ = 1;
 };
@@ -471,6 +559,22 @@ std::string CharText(uint32_t c) {
   if (c == '"' || c == '\\' || c == ']' || c == '[' || c == '-' || c == '^') return absl::StrCat("\\", std::string(1, static_cast<char>(c)));
   if (c >= 0x20 && c < 0x7F) return std::string(1, static_cast<char>(c));
   return c <= 0xFF ? absl::StrFormat("\\x%02X", c) : c <= 0xFFFF ? absl::StrFormat("\\u%04X", c) : absl::StrFormat("\\U%08X", c);
+}
+// A text as a GBNF literal, quotes included.
+std::string LiteralText(absl::string_view text) {
+  std::string out = "\"";
+  for (char ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(ch);
+    } else if (c < 0x20 || c == 0x7F) {
+      absl::StrAppend(&out, absl::StrFormat("\\x%02X", c));
+    } else {
+      out.push_back(ch);
+    }
+  }
+  return out + "\"";
 }
 }  // namespace
 
@@ -492,6 +596,7 @@ std::string Grammar::ToString() const {
           break;
         case ElemType::kCharAlt: absl::StrAppend(&out, CharText(e.value)); break;
         case ElemType::kCharRngUpper: absl::StrAppend(&out, "-", CharText(e.value)); break;
+        case ElemType::kToken: absl::StrAppend(&out, " <", LiteralText(token_texts_[e.value]), ">"); break;
       }
       if ((e.type == ElemType::kChar || e.type == ElemType::kCharNot || e.type == ElemType::kCharAlt ||
            e.type == ElemType::kCharRngUpper) &&

@@ -382,3 +382,160 @@ TEST_CASE("mask equals a brute-force simulation of every token (small vocabulary
 
 }  // namespace
 }  // namespace dpl::grammar
+
+namespace dpl::grammar {
+namespace {
+
+TEST_CASE("GBNF token literals: <text> and <\"text\">, their errors, and text without a vocabulary") {
+  // llama.cpp's form (the brackets are the text's), and any text quoted.
+  auto g = G(R"(root ::= <think> [a-z]* </think> <"[TOOL_CALLS]"> ("x" <"[TOOL_CALLS]">)*)");
+  CHECK(g->token_texts() == std::vector<std::string>{"<think>", "</think>", "[TOOL_CALLS]"});  // each once
+  CHECK(g->ToString().find("<\"[TOOL_CALLS]\">") != std::string::npos);
+  // Without a vocabulary a token literal is its text.
+  CHECK(Full(g, "<think>ab</think>[TOOL_CALLS]"));
+  CHECK(Full(g, "<think></think>[TOOL_CALLS]x[TOOL_CALLS]x[TOOL_CALLS]"));
+  CHECK_FALSE(Full(g, "<think></think>"));
+  auto esc = G("root ::= <\"\\x41\\u00e9\\\"\">");
+  CHECK(esc->token_texts() == std::vector<std::string>{"A\xC3\xA9\""});
+  CHECK(Full(esc, "A\xC3\xA9\""));
+  // A literal reached first through nothing but token rules: not left recursion.
+  CHECK(Full(G("root ::= <a> root | \"b\""), "<a><a>b"));
+
+  CHECK(ErrorOf("root ::= <[12]>").find("token ids (<[N]>) are not supported") != std::string::npos);
+  CHECK(ErrorOf("root ::= !<a>") == "grammar: line 1, column 10: negated tokens (!<...>) are not supported");
+  CHECK(ErrorOf("root ::= <abc").find("unterminated token literal") != std::string::npos);
+  CHECK(ErrorOf("root ::= <abc\n>").find("unterminated token literal") != std::string::npos);
+  CHECK(ErrorOf("root ::= <\"\">") == "grammar: line 1, column 10: an empty token literal");
+  CHECK(ErrorOf("root ::= <\"a\" >").find("expected '>'") != std::string::npos);
+  CHECK(ErrorOf("root ::= <\"a") == "grammar: line 1, column 10: unterminated token literal");
+}
+
+// A small vocabulary with control tokens: [TOOL_CALLS], <|im_start|>, and
+// pieces that spell both; <|im_end|> ends the generation.
+struct ControlVocab {
+  std::vector<std::string> pieces = {"[",  "TOOL", "_C", "ALLS", "]", "\"", "a",  "<|", "im", "_start", "|>", "x",
+                                     "[TOOL_CALLS]", "<|im_start|>", "<|im_end|>", "[TOOL", "_CALLS]", ", ", "\"a", "a\""};
+  static constexpr int32_t kCalls = 12, kImStart = 13, kEnd = 14, kTextCalls = 15;
+  std::vector<TokenKind> kinds;
+  ControlVocab() {
+    kinds.assign(pieces.size(), TokenKind::kText);
+    kinds[kCalls] = TokenKind::kControl;
+    kinds[kImStart] = TokenKind::kControl;
+    kinds[kEnd] = TokenKind::kEndOfGeneration;
+  }
+};
+
+bool Has(const std::vector<uint32_t>& bits, int32_t id) { return (bits[id >> 5] >> (id & 31)) & 1; }
+
+// Brute force by tokens: t is allowed iff a fresh matcher with the
+// vocabulary accepts the tokens so far and then t.
+std::vector<uint32_t> BruteTokenMask(const std::shared_ptr<const Grammar>& g, const std::vector<int32_t>& history,
+                                     const Vocabulary& v) {
+  std::vector<uint32_t> bits(v.mask_words(), 0);
+  for (int32_t id = 0; id < v.size(); ++id) {
+    Matcher fresh(g, &v);
+    for (int32_t h : history) REQUIRE(fresh.AcceptToken(v, h).ok());
+    if (fresh.AcceptToken(v, id).ok()) bits[id >> 5] |= 1u << (id & 31);
+  }
+  return bits;
+}
+
+TEST_CASE("a control token is allowed exactly where a token literal names it, never as text") {
+  const ControlVocab cv;
+  const Vocabulary v(cv.pieces, cv.kinds);
+  CHECK(v.FindControl("[TOOL_CALLS]") == ControlVocab::kCalls);
+  CHECK(v.FindControl("<|im_end|>") == -1);  // an end-of-generation token, not a control one
+  CHECK(v.FindControl("[") == -1);
+  // The marker as a token literal, then a JSON-like string whose class
+  // takes any text (the markers' included), then the marker as plain text.
+  auto g = G(R"(root ::= <"[TOOL_CALLS]"> "\"" [^"]* "\"" ("[TOOL_CALLS]" | ", " <"[TOOL_CALLS]">)?)");
+  Matcher m(g, &v);
+  std::vector<uint32_t> bits(v.mask_words());
+  // At the literal: that control token alone (its text is not spelled out).
+  CHECK(m.FillMask(v, absl::MakeSpan(bits)) == 1);
+  CHECK(Has(bits, ControlVocab::kCalls));
+  CHECK(m.Allows(v, ControlVocab::kCalls));
+  CHECK_FALSE(m.Allows(v, 0));                      // "[": the text is no longer an alternative
+  CHECK_FALSE(m.Allows(v, ControlVocab::kImStart));  // another control token
+  CHECK_FALSE(Matcher(g, &v).Accept("[TOOL_CALLS]").ok());
+  CHECK_FALSE(m.AcceptToken(v, ControlVocab::kImStart).ok());
+  REQUIRE(m.AcceptToken(v, ControlVocab::kCalls).ok());
+  REQUIRE(m.AcceptToken(v, 5).ok());  // "\""
+  // Inside the string: every text piece, no control token, though [^"]
+  // takes their texts.
+  const int32_t n = m.FillMask(v, absl::MakeSpan(bits));
+  CHECK_FALSE(Has(bits, ControlVocab::kCalls));
+  CHECK_FALSE(Has(bits, ControlVocab::kImStart));
+  CHECK(Has(bits, 15));  // "[TOOL": text
+  CHECK(n == 16);        // all but the two control tokens, the end and "\"a"
+  CHECK_FALSE(m.AcceptToken(v, ControlVocab::kCalls).ok());
+  REQUIRE(m.Accept("[TOOL_CALLS]<|im_start|>\"").ok());  // the texts, as plain pieces
+  // After the string: the plain literal "[TOOL_CALLS]" is text (its pieces),
+  // the control token only after ", ".
+  m.FillMask(v, absl::MakeSpan(bits));
+  CHECK(Has(bits, 0));
+  CHECK(Has(bits, ControlVocab::kTextCalls));
+  CHECK(Has(bits, ControlVocab::kEnd));  // complete
+  CHECK_FALSE(Has(bits, ControlVocab::kCalls));
+  REQUIRE(m.AcceptToken(v, 17).ok());  // ", "
+  CHECK(m.FillMask(v, absl::MakeSpan(bits)) == 1);
+  CHECK(Has(bits, ControlVocab::kCalls));
+  REQUIRE(m.AcceptToken(v, ControlVocab::kCalls).ok());
+  CHECK(m.IsComplete());
+
+  // The same grammar under a vocabulary whose [TOOL_CALLS] is text: the
+  // literal is its text, spelled by any pieces.
+  ControlVocab plain;
+  plain.kinds[ControlVocab::kCalls] = TokenKind::kText;
+  const Vocabulary pv(plain.pieces, plain.kinds);
+  Matcher t(g, &pv);
+  t.FillMask(pv, absl::MakeSpan(bits));
+  CHECK(Has(bits, 0));
+  CHECK(Has(bits, ControlVocab::kCalls));
+  CHECK(Has(bits, ControlVocab::kTextCalls));
+  CHECK_FALSE(Has(bits, ControlVocab::kImStart));
+  CHECK(t.Accept("[TOOL_CALLS]\"a\"").ok());
+  // A matcher made without the vocabulary, asked with it: text only.
+  Matcher none(g);
+  none.FillMask(v, absl::MakeSpan(bits));
+  CHECK(Has(bits, 0));
+  CHECK_FALSE(Has(bits, ControlVocab::kCalls));
+}
+
+TEST_CASE("mask with token literals equals a token-by-token brute force") {
+  const ControlVocab cv;
+  const Vocabulary v(cv.pieces, cv.kinds);
+  auto g = G(R"(root ::= (<"[TOOL_CALLS]"> | <|im_start|> "x") "\"" [^"]{0,6} "\"" (", " <"[TOOL_CALLS]"> "a"*)*)");
+  std::mt19937 rng(3);
+  int checked = 0, controls = 0, ended = 0;
+  for (int run = 0; run < 40; ++run) {
+    Matcher m(g, &v);
+    std::vector<int32_t> history;
+    for (int step = 0; step < 16; ++step) {
+      std::vector<uint32_t> bits(v.mask_words());
+      const int32_t n = m.FillMask(v, absl::MakeSpan(bits));
+      REQUIRE(bits == BruteTokenMask(g, history, v));
+      ++checked;
+      if (n == 0) break;
+      std::vector<int32_t> allowed;
+      for (int32_t id = 0; id < v.size(); ++id) {
+        if (Has(bits, id)) allowed.push_back(id);
+      }
+      REQUIRE(static_cast<int32_t>(allowed.size()) == n);
+      const int32_t pick = allowed[rng() % allowed.size()];
+      REQUIRE(m.AcceptToken(v, pick).ok());
+      history.push_back(pick);
+      controls += v.kind(pick) == TokenKind::kControl;
+      if (m.ended()) {
+        ++ended;
+        break;
+      }
+    }
+  }
+  CHECK(checked > 200);
+  CHECK(controls > 40);
+  CHECK(ended > 0);
+}
+
+}  // namespace
+}  // namespace dpl::grammar

@@ -326,6 +326,8 @@ std::string GbnfLiteral(const std::string& bytes) {
   return out;
 }
 
+std::string GbnfTokenLiteral(const std::string& text) { return absl::StrCat("<", GbnfLiteral(text), ">"); }
+
 absl::StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema) {
   Converter c;
   absl::StatusOr<std::string> expr = c.Add(schema, "root");

@@ -68,5 +68,8 @@ class JsonSchemaRules {
 std::string JsonObjectGbnf();
 // A string as a GBNF literal ("..." with escapes).
 std::string GbnfLiteral(const std::string& bytes);
+// A text as a GBNF token literal (<"..."> with escapes, grammar.h): the
+// vocabulary's control token of that text where it has one, else the text.
+std::string GbnfTokenLiteral(const std::string& text);
 
 }  // namespace dpl::grammar

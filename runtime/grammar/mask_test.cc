@@ -34,7 +34,8 @@ TEST_CASE("qwen2 vocabulary: mask against token-by-token simulation") {
   REQUIRE_FALSE(v.end_of_generation().empty());
   const int32_t im_start = tok->FindToken("<|im_start|>");
   REQUIRE(im_start >= 0);
-  CHECK(v.kind(im_start) == TokenKind::kNever);
+  CHECK(v.kind(im_start) == TokenKind::kControl);
+  CHECK(v.FindControl("<|im_start|>") == im_start);
 
   auto g = JsonSchemaToGrammar(nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
       "name": {"type": "string"}, "score": {"type": "number"}, "tags": {"type": "array", "items": {"enum": ["a", "b\u00e9"]}},
@@ -82,6 +83,45 @@ TEST_CASE("qwen2 vocabulary: mask against token-by-token simulation") {
   }
   CHECK(full_checks == 2);
   std::printf("qwen2 mask: %d steps, %.0f us per step (this build)\n", steps, mask_us / steps);
+}
+
+TEST_CASE("qwen2 vocabulary: a control token only where the grammar's token literal names it") {
+  auto gguf = formats::GgufFile::Open(testing::SharedDir() + "/vocab/ggml-vocab-qwen2.gguf");
+  REQUIRE_MESSAGE(gguf.ok(), gguf.status().ToString());
+  auto tok = tokenizer::Tokenizer::FromMetadata(gguf->metadata());
+  REQUIRE(tok.ok());
+  const Vocabulary v = VocabularyFromTokenizer(*tok);
+  const int32_t im_start = tok->FindToken("<|im_start|>");
+  REQUIRE(im_start >= 0);
+  // <|im_start|>, then a JSON string (which may hold the text
+  // "<|im_start|>"), then optionally the literal again.
+  auto g = Grammar::Parse(R"(root ::= <|im_start|> "\"" ([^"\\] | "\\" ["\\/bfnrtu])* "\"" <|im_start|>?)");
+  REQUIRE_MESSAGE(g.ok(), g.status().ToString());
+  auto grammar = std::make_shared<const Grammar>(*std::move(g));
+  Matcher m(grammar, &v);
+  std::vector<uint32_t> bits(v.mask_words());
+  CHECK(m.FillMask(v, absl::MakeSpan(bits)) == 1);
+  CHECK(Bit(bits, im_start));
+  REQUIRE(m.AcceptToken(v, im_start).ok());
+  REQUIRE(m.Accept("\"say ").ok());
+  const int32_t inside = m.FillMask(v, absl::MakeSpan(bits));
+  CHECK(inside > 100000);
+  CHECK_FALSE(Bit(bits, im_start));
+  for (int32_t id = 0; id < v.size(); ++id) {
+    if (v.kind(id) == TokenKind::kControl) CHECK_FALSE(Bit(bits, id));
+  }
+  // Its text, as plain pieces, is content here.
+  const std::vector<int32_t> spelled = tok->Encode("<|im_start|>", false, /*parse_special=*/false);
+  REQUIRE(spelled.size() > 1);
+  CHECK(Bit(bits, spelled[0]));
+  for (int32_t id : spelled) REQUIRE(m.AcceptToken(v, id).ok());
+  REQUIRE(m.Accept("\"").ok());
+  m.FillMask(v, absl::MakeSpan(bits));
+  CHECK(Bit(bits, im_start));
+  CHECK(m.IsComplete());
+  REQUIRE(m.AcceptToken(v, im_start).ok());
+  CHECK(m.IsComplete());
+  CHECK(tok->TokenToPiece(im_start) == "<|im_start|>");  // what the answer's text holds
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ Vocabulary::Vocabulary(std::vector<std::string> pieces, std::vector<TokenKind> k
   for (int32_t i = 0; i < size(); ++i) {
     if (kinds_[i] == TokenKind::kEndOfGeneration) eog_.push_back(i);
     if (kinds_[i] == TokenKind::kText && !pieces_[i].empty()) order.push_back(i);
+    if (kinds_[i] == TokenKind::kControl && !pieces_[i].empty()) controls_.try_emplace(pieces_[i], i);
   }
   // Sorted by bytes (a prefix first), then id. Compared by a key of the
   // first 8 bytes (big-endian, zero-padded: its order agrees with the
@@ -90,6 +91,11 @@ Vocabulary::Vocabulary(std::vector<std::string> pieces, std::vector<TokenKind> k
   }
 }
 
+int32_t Vocabulary::FindControl(absl::string_view text) const {
+  auto it = controls_.find(text);
+  return it == controls_.end() ? -1 : it->second;
+}
+
 // ------------------------------------------------------------------- Matcher
 
 namespace {
@@ -100,6 +106,7 @@ bool MatchClass(const Element* pos, uint32_t c, const Element** next) {
     *next = pos + 1;
     return true;
   }
+  if (pos->type == ElemType::kToken) return false;  // a control token, not text
   const bool negated = pos->type == ElemType::kCharNot;
   bool found = false;
   const Element* e = pos;
@@ -122,6 +129,7 @@ bool MatchClass(const Element* pos, uint32_t c, const Element** next) {
 // rejected when the character finishes).
 bool ClassMeetsRange(const Element* pos, uint32_t lo, uint32_t hi) {
   if (pos->type == ElemType::kCharAny) return true;
+  if (pos->type == ElemType::kToken) return false;
   const bool negated = pos->type == ElemType::kCharNot;
   const Element* e = pos;
   do {
@@ -142,11 +150,21 @@ constexpr uint32_t kMinOfLength[5] = {0, 0, 0x80, 0x800, 0x10000};
 
 }  // namespace
 
-Matcher::Matcher(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) {
+Matcher::Matcher(std::shared_ptr<const Grammar> grammar, const Vocabulary* vocab)
+    : grammar_(std::move(grammar)), vocab_(vocab) {
+  for (const std::string& text : grammar_->token_texts()) {
+    token_ids_.push_back(vocab_ != nullptr ? vocab_->FindControl(text) : -1);
+    has_tokens_ = has_tokens_ || token_ids_.back() >= 0;
+  }
   const auto& rules = grammar_->rules();
   alternatives_.resize(rules.size());
   for (size_t r = 0; r < rules.size(); ++r) {
     const std::vector<Element>& body = rules[r];
+    if (body[0].type == ElemType::kToken) {
+      // A token literal's rule: kToken t | its text. One of them.
+      alternatives_[r].push_back(token_ids_[body[0].value] >= 0 ? &body[0] : &body[2]);
+      continue;
+    }
     alternatives_[r].push_back(body.data());
     for (size_t i = 0; i + 1 < body.size(); ++i) {
       if (body[i].type == ElemType::kAlt) alternatives_[r].push_back(&body[i + 1]);
@@ -176,7 +194,7 @@ bool Matcher::Expand(int32_t top, std::vector<int32_t>* out) {
   while (!work_.empty()) {
     const int32_t t = work_.back();
     work_.pop_back();
-    if (t < 0 || IsCharElement(arena_[static_cast<size_t>(t)].pos->type)) {
+    if (t < 0 || IsTerminal(arena_[static_cast<size_t>(t)].pos->type)) {
       out->push_back(t);
       if (out->size() > kMaxStacks) return false;
       continue;
@@ -273,6 +291,24 @@ int32_t Matcher::Compute(int32_t s, uint8_t b) {
   return Intern(states_[static_cast<size_t>(s)].stacks, u);
 }
 
+int32_t Matcher::TokenStep(int32_t s, int32_t id) {
+  if (!has_tokens_ || states_[static_cast<size_t>(s)].partial.remaining != 0) return kDead;
+  const std::vector<int32_t> stacks = states_[static_cast<size_t>(s)].stacks;
+  std::vector<int32_t> out;
+  for (int32_t t : stacks) {
+    if (t < 0) continue;
+    const Frame f = arena_[static_cast<size_t>(t)];
+    if (f.pos->type != ElemType::kToken || token_ids_[f.pos->value] != id) continue;
+    const Element* next = f.pos + 1;  // kAlt: the literal's rule ends
+    if (!Expand(IsEndOfSequence(next->type) ? f.parent : NewFrame(next, f.parent), &out)) {
+      overflow_ = true;
+      return kDead;
+    }
+  }
+  if (out.empty()) return kDead;
+  return Intern(std::move(out), Utf8{});
+}
+
 void Matcher::Reset() {
   // Copy the current state's frames into a fresh arena, bottom first.
   const State cur = states_[static_cast<size_t>(cur_)];
@@ -318,6 +354,7 @@ bool Matcher::Allows(const Vocabulary& vocab, int32_t id) {
   switch (vocab.kind(id)) {
     case TokenKind::kEndOfGeneration: return ended_ || IsComplete();
     case TokenKind::kNever: return false;
+    case TokenKind::kControl: return !ended_ && &vocab == vocab_ && TokenStep(cur_, id) != kDead;
     case TokenKind::kText: break;
   }
   if (ended_ || vocab.piece(id).empty()) return false;
@@ -340,6 +377,16 @@ absl::Status Matcher::AcceptToken(const Vocabulary& vocab, int32_t id) {
       return absl::OkStatus();
     case TokenKind::kNever:
       return absl::InvalidArgumentError(absl::StrCat("token ", id, " is special: the grammar never allows it"));
+    case TokenKind::kControl: {
+      const int32_t s = ended_ || &vocab != vocab_ ? kDead : TokenStep(cur_, id);
+      if (s == kDead) {
+        return absl::InvalidArgumentError(absl::StrCat("control token ", id, " (", vocab.piece(id),
+                                                       ") is not a token the grammar names here"));
+      }
+      cur_ = s;
+      if (arena_.size() > kMaxCachedFrames || states_.size() > kMaxCachedStates) Reset();
+      return absl::OkStatus();
+    }
     case TokenKind::kText:
       if (vocab.piece(id).empty()) return absl::InvalidArgumentError(absl::StrCat("token ", id, " has no text"));
       return Accept(vocab.piece(id));
@@ -389,6 +436,21 @@ int32_t Matcher::FillMask(const Vocabulary& vocab, absl::Span<uint32_t> bits) {
   std::fill(bits.begin(), bits.end(), 0u);
   int32_t count = 0;
   if (!ended_) Walk(vocab, 0, cur_, true, bits, &count);
+  if (has_tokens_ && !ended_ && &vocab == vocab_) {
+    // The control tokens the state's token literals name (not in the trie).
+    const State& s = states_[static_cast<size_t>(cur_)];
+    for (int32_t t : s.stacks) {
+      if (t < 0 || s.partial.remaining != 0) continue;
+      const Element* pos = arena_[static_cast<size_t>(t)].pos;
+      if (pos->type != ElemType::kToken) continue;
+      const int32_t id = token_ids_[pos->value];  // resolved: unresolved literals are their text
+      uint32_t& word = bits[static_cast<size_t>(id) >> 5];
+      if ((word >> (id & 31) & 1) == 0) {
+        word |= 1u << (id & 31);
+        ++count;
+      }
+    }
+  }
   if (ended_ || IsComplete()) {
     for (int32_t id : vocab.end_of_generation()) {
       bits[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);

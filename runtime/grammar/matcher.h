@@ -25,10 +25,22 @@
 // pruning a subtree as soon as its prefix is rejected, so the work is the
 // number of trie nodes whose prefix the grammar accepts, not
 // n_vocab x token length. A token is allowed when the state after its bytes
-// is alive. Tokens with empty text and special tokens are never allowed;
-// end-of-generation tokens are allowed exactly when the grammar is complete
-// (the root may end, no character is unfinished), and alone once the
-// grammar cannot continue.
+// is alive. Tokens with empty text, unknown and unused tokens are never
+// allowed; end-of-generation tokens are allowed exactly when the grammar is
+// complete (the root may end, no character is unfinished), and alone once
+// the grammar cannot continue.
+//
+// Control tokens (<|im_start|>, [TOOL_CALLS], ...) are not in the trie:
+// their text never matches a class or a literal, so one never appears
+// inside a JSON string whatever its text. A matcher made with a vocabulary
+// resolves the grammar's token literals (grammar.h: <text>, <"text">)
+// against it: a literal whose text is a control token's becomes that token
+// alone (a stack top of its own, kToken; its text alternative dropped), any
+// other becomes its text. The mask then adds, after the walk, the control
+// tokens named by the current state's kToken tops: one look at the state's
+// tops, and only for a grammar that has a resolved literal, so the mask of
+// any other grammar costs what it did. Accepting such a token moves exactly
+// the stacks whose top names it.
 #pragma once
 
 #include <cstdint>
@@ -55,21 +67,27 @@ inline constexpr size_t kMaxCachedStates = 1 << 14;
 
 enum class TokenKind : uint8_t {
   kText,             // its bytes are matched against the grammar
-  kNever,            // control, unknown, unused: never allowed
+  kNever,            // unknown, unused: never allowed
   kEndOfGeneration,  // allowed when the grammar is complete
+  kControl,          // a control token: its bytes never matched; allowed
+                     // only where a token literal of its text is expected
 };
 
 // A vocabulary's token bytes as a trie (built once per model, shared by
 // every request's matcher).
 class Vocabulary {
  public:
-  // pieces[i]: token i's bytes; kinds[i] its kind (same size).
+  // pieces[i]: token i's bytes (a control token's: its text); kinds[i] its
+  // kind (same size).
   Vocabulary(std::vector<std::string> pieces, std::vector<TokenKind> kinds);
 
   int32_t size() const { return static_cast<int32_t>(pieces_.size()); }
   const std::string& piece(int32_t id) const { return pieces_[static_cast<size_t>(id)]; }
   TokenKind kind(int32_t id) const { return kinds_[static_cast<size_t>(id)]; }
   const std::vector<int32_t>& end_of_generation() const { return eog_; }
+  // The control token whose text is exactly `text` (the lowest id if
+  // several), or -1.
+  int32_t FindControl(absl::string_view text) const;
   size_t n_nodes() const { return nodes_.size(); }
   // Words of a mask bitset for this vocabulary: bit (id % 32) of word id / 32.
   size_t mask_words() const { return (pieces_.size() + 31) / 32; }
@@ -86,19 +104,27 @@ class Vocabulary {
   std::vector<std::string> pieces_;
   std::vector<TokenKind> kinds_;
   std::vector<int32_t> eog_;
+  absl::flat_hash_map<std::string, int32_t> controls_;  // text -> id
   std::vector<Node> nodes_;  // nodes_[0]: the root (the empty prefix)
   std::vector<int32_t> tokens_;
 };
 
 class Matcher {
  public:
-  explicit Matcher(std::shared_ptr<const Grammar> grammar);
+  // The grammar's token literals are resolved against `vocab` (which must
+  // outlive the matcher, and be the one its masks and tokens are asked
+  // with): a literal whose text is one of its control tokens matches that
+  // token alone. Without a vocabulary every literal is its text.
+  explicit Matcher(std::shared_ptr<const Grammar> grammar, const Vocabulary* vocab = nullptr);
 
   // Moves the state over `bytes`. An error (InvalidArgument: the grammar
-  // rejects byte i) leaves the state as it was.
+  // rejects byte i) leaves the state as it was. (Text only: the text of a
+  // literal resolved to a control token is rejected.)
   absl::Status Accept(absl::string_view bytes);
-  // A sampled token: its bytes, or an end-of-generation token (only when
-  // IsComplete(); then ended()). Special tokens and empty texts are refused.
+  // A sampled token: its bytes, an end-of-generation token (only when
+  // IsComplete(); then ended()), or a control token where a token literal
+  // resolved to it is expected (`vocab` the matcher's). Other control
+  // tokens, unknown and unused ones and empty texts are refused.
   absl::Status AcceptToken(const Vocabulary& vocab, int32_t id);
   // Whether AcceptToken(vocab, id) would succeed (the state is kept): the
   // token-by-token simulation the mask must equal.
@@ -153,12 +179,18 @@ class Matcher {
   // The state after `byte` from state s (cached), or kDead.
   int32_t Next(int32_t s, uint8_t byte);
   int32_t Compute(int32_t s, uint8_t byte);
+  // The state after control token `id` from state s (not cached: one step
+  // per marker), or kDead.
+  int32_t TokenStep(int32_t s, int32_t id);
   // Drops every cache, keeping the current state (when they grow large).
   void Reset();
   void Walk(const Vocabulary& v, uint32_t node, int32_t state, bool root, absl::Span<uint32_t> bits,
             int32_t* count);
 
   std::shared_ptr<const Grammar> grammar_;
+  const Vocabulary* vocab_ = nullptr;  // the token literals' (null: none)
+  std::vector<int32_t> token_ids_;     // per token literal: its control token, or -1 (its text)
+  bool has_tokens_ = false;            // some literal resolved to a control token
   std::vector<std::vector<const Element*>> alternatives_;  // per rule: each alternative's first element
   std::vector<Frame> arena_;
   absl::flat_hash_map<std::pair<const Element*, int32_t>, int32_t> frame_ids_;

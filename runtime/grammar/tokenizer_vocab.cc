@@ -16,12 +16,9 @@ Vocabulary VocabularyFromTokenizer(const tokenizer::Tokenizer& tok) {
     }
     if (!tok.has_vocab()) continue;  // ids only: no token has text
     const tokenizer::TokenType t = tok.token_type(id);
-    if (t == tokenizer::TokenType::kControl || t == tokenizer::TokenType::kUnknown ||
-        t == tokenizer::TokenType::kUnused) {
-      continue;
-    }
-    pieces[id] = tok.TokenToPiece(id);
-    kinds[id] = TokenKind::kText;
+    if (t == tokenizer::TokenType::kUnknown || t == tokenizer::TokenType::kUnused) continue;
+    pieces[id] = tok.TokenToPiece(id);  // a control token's: its text
+    kinds[id] = t == tokenizer::TokenType::kControl ? TokenKind::kControl : TokenKind::kText;
   }
   return Vocabulary(std::move(pieces), std::move(kinds));
 }

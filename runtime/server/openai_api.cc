@@ -903,20 +903,30 @@ size_t MarkerTail(const std::string& text, size_t from, absl::string_view marker
   return keep;
 }
 
-// How a format writes an answer of calls, as the parsers above read it:
-// prefix, each call as open {"name": ..., "<args_key>": {...}} close, with
-// sep between calls, then suffix. The spacing is the templates' own.
+// How a format writes an answer of calls, as the parsers above read it, in
+// GBNF: prefix, each call as open {"name": ..., "<args_key>": {...}} close,
+// with sep between calls, then suffix. The spacing is the templates' own.
+// The markers are token literals (grammar.h): under a vocabulary where the
+// marker is a control token (Mistral's [TOOL_CALLS]; <tool_call> where a
+// model has it so), that one token, as the model writes it; under any
+// other, the marker's text (Qwen2.5's and Qwen3's <tool_call> are
+// user-defined tokens: one piece of text).
 struct CallsLayout {
-  std::string prefix, open, args_key, close, sep, suffix;
+  std::string prefix, open, args_key, close, sep, suffix;  // GBNF; empty: nothing
 };
 CallsLayout LayoutOf(ToolCallFormat format) {
+  using grammar::GbnfLiteral;
+  using grammar::GbnfTokenLiteral;
   switch (format) {
-    case ToolCallFormat::kLlama3: return {"", "", "parameters", "", "\n", ""};
-    case ToolCallFormat::kMistral: return {absl::StrCat(kMistralCalls, "["), "", "arguments", "", ", ", "]"};
+    case ToolCallFormat::kLlama3: return {"", "", "parameters", "", GbnfLiteral("\n"), ""};
+    case ToolCallFormat::kMistral:
+      return {absl::StrCat(GbnfTokenLiteral(std::string(kMistralCalls)), " ", GbnfLiteral("[")), "", "arguments", "",
+              GbnfLiteral(", "), GbnfLiteral("]")};
     case ToolCallFormat::kHermes:
     case ToolCallFormat::kNone: break;
   }
-  return {"", absl::StrCat(kHermesOpen, "\n"), "arguments", absl::StrCat("\n", kHermesClose), "\n", ""};
+  return {"", absl::StrCat(GbnfTokenLiteral(std::string(kHermesOpen)), " ", GbnfLiteral("\n")), "arguments",
+          absl::StrCat(GbnfLiteral("\n"), " ", GbnfTokenLiteral(std::string(kHermesClose))), GbnfLiteral("\n"), ""};
 }
 
 // The GBNF of an answer that is only calls of `tools` (one, or one or more).
@@ -930,14 +940,13 @@ absl::StatusOr<std::string> ToolCallsGbnf(const CallsLayout& layout, const std::
     absl::StatusOr<std::string> args = rules.Add(schema, "args");
     if (!args.ok()) return FieldError(t.field, absl::StrCat("is not usable: ", args.status().message()));
     const std::string name = ojson(t.name).dump(-1, ' ', false, ojson::error_handler_t::replace);
-    calls.push_back(absl::StrCat(
-        grammar::GbnfLiteral(absl::StrCat(layout.open, "{\"name\": ", name, ", \"", layout.args_key, "\": ")), " ",
-        *args, " ", grammar::GbnfLiteral(absl::StrCat("}", layout.close))));
+    calls.push_back(absl::StrCat(layout.open, " ",
+                                 grammar::GbnfLiteral(absl::StrCat("{\"name\": ", name, ", \"", layout.args_key, "\": ")),
+                                 " ", *args, " ", grammar::GbnfLiteral("}"), " ", layout.close));
   }
   const std::string call = absl::StrCat("(", absl::StrJoin(calls, " | "), ")");
-  const std::string more = one ? "" : absl::StrCat(" (", grammar::GbnfLiteral(layout.sep), " ", call, ")*");
-  return rules.Gbnf(absl::StrCat(grammar::GbnfLiteral(layout.prefix), " ", call, more, " ",
-                                 grammar::GbnfLiteral(layout.suffix)));
+  const std::string more = one ? "" : absl::StrCat(" (", layout.sep, " ", call, ")*");
+  return rules.Gbnf(absl::StrCat(layout.prefix, " ", call, more, " ", layout.suffix));
 }
 
 }  // namespace

@@ -140,8 +140,14 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
 //             (no <|python_tag|>)
 //   kMistral  [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...] (the
 //             JSON form, also for v11 tekken models; the ids made up)
-// A control token ([TOOL_CALLS] of Mistral's vocabulary) is never sampled
-// under a grammar: its text is written in plain pieces. Nothing to enforce:
+// The markers (<tool_call>, </tool_call>, [TOOL_CALLS]) are the grammar's
+// token literals: where the model's vocabulary has the marker as a control
+// token (Mistral's [TOOL_CALLS]), the grammar takes that one token there,
+// and nowhere else (never inside the arguments' strings); otherwise its
+// text. The detokenized answer holds the marker's text either way (a
+// control token's piece is its text), which ParseToolCalls reads. Llama's
+// form writes no marker (<|python_tag|>, a control token of Llama 3.1,
+// is not in it). Nothing to enforce:
 // OK, the request unchanged. InvalidArgument for kNone (the template writes
 // no tools) and for a parameters schema the grammar cannot follow (naming
 // its field).

@@ -885,6 +885,99 @@ TEST_CASE("tool_choice required and named: a grammar of the model's calls") {
   CHECK(!Accepts(resp->params, "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>"));
 }
 
+// A vocabulary of every byte (one token each) and the tool-call markers,
+// control tokens (Mistral's [TOOL_CALLS] is one in its vocabularies) or,
+// with `markers_are_text`, user-defined text tokens (Qwen2.5's <tool_call>).
+struct MarkerVocab {
+  static constexpr int32_t kCalls = 256, kOpen = 257, kClose = 258, kImStart = 259, kEnd = 260;
+  grammar::Vocabulary v;
+  explicit MarkerVocab(bool markers_are_text = false) : v(Make(markers_are_text)) {}
+  static grammar::Vocabulary Make(bool text) {
+    std::vector<std::string> pieces;
+    for (int b = 0; b < 256; ++b) pieces.push_back(std::string(1, static_cast<char>(b)));
+    for (const char* m : {"[TOOL_CALLS]", "<tool_call>", "</tool_call>", "<|im_start|>", "<|im_end|>"}) pieces.push_back(m);
+    std::vector<grammar::TokenKind> kinds(pieces.size(), grammar::TokenKind::kText);
+    for (int32_t id : {kCalls, kOpen, kClose}) kinds[id] = text ? grammar::TokenKind::kText : grammar::TokenKind::kControl;
+    kinds[kImStart] = grammar::TokenKind::kControl;
+    kinds[kEnd] = grammar::TokenKind::kEndOfGeneration;
+    return grammar::Vocabulary(std::move(pieces), std::move(kinds));
+  }
+  // The tokens the matcher allows now.
+  std::vector<int32_t> Allowed(grammar::Matcher& m) const {
+    std::vector<uint32_t> bits(v.mask_words());
+    m.FillMask(v, absl::MakeSpan(bits));
+    std::vector<int32_t> ids;
+    for (int32_t id = 0; id < v.size(); ++id) {
+      if ((bits[id >> 5] >> (id & 31)) & 1) ids.push_back(id);
+    }
+    return ids;
+  }
+  // `text` one byte a token; the answer's text grows by it.
+  bool Feed(grammar::Matcher& m, const std::string& text, std::string* answer) const {
+    for (unsigned char c : text) {
+      if (!m.AcceptToken(v, c).ok()) return false;
+    }
+    *answer += text;
+    return true;
+  }
+};
+
+bool Contains(const std::vector<int32_t>& ids, int32_t id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
+
+TEST_CASE("tool_choice forced: a marker that is a control token is that token, where the grammar writes it only") {
+  // Mistral: [TOOL_CALLS] is a control token (as in Mistral's vocabularies).
+  const MarkerVocab mv;
+  ChatRequest r = Forced(R"("tool_choice": "required")", ToolCallFormat::kMistral);
+  grammar::Matcher m(r.params.grammar, &mv.v);
+  CHECK(mv.Allowed(m) == std::vector<int32_t>{MarkerVocab::kCalls});  // not "[" spelling it
+  REQUIRE(m.AcceptToken(mv.v, MarkerVocab::kCalls).ok());
+  std::string answer = mv.v.piece(MarkerVocab::kCalls);  // detokenized: a control token's piece is its text
+  REQUIRE(mv.Feed(m, R"([{"name": "get_weather", "arguments": {"city": ")", &answer));
+  // Inside the arguments' string: any text, its "[TOOL_CALLS]" too, but no control token.
+  std::vector<int32_t> inside = mv.Allowed(m);
+  CHECK(Contains(inside, '['));
+  for (int32_t id : {MarkerVocab::kCalls, MarkerVocab::kOpen, MarkerVocab::kClose, MarkerVocab::kImStart, MarkerVocab::kEnd}) {
+    CHECK_FALSE(Contains(inside, id));
+  }
+  CHECK_FALSE(m.AcceptToken(mv.v, MarkerVocab::kCalls).ok());
+  REQUIRE(mv.Feed(m, R"([TOOL_CALLS] <|im_start|>"}}, {"name": "get_time", "arguments": {}}])", &answer));
+  CHECK(mv.Allowed(m) == std::vector<int32_t>{MarkerVocab::kEnd});
+  const ParsedAnswer a = ParseToolCalls(answer, ToolCallFormat::kMistral);
+  CHECK(a.content.empty());
+  REQUIRE(a.calls.size() == 2);
+  CHECK(a.calls[0].name == "get_weather");
+  CHECK(a.calls[0].arguments == R"({"city":"[TOOL_CALLS] <|im_start|>"})");
+  CHECK(a.calls[1].name == "get_time");
+  // Under a vocabulary without the control token (or no vocabulary), the
+  // marker is its text, as before.
+  CHECK(Accepts(r.params, R"([TOOL_CALLS][{"name": "get_time", "arguments": {}}])"));
+  grammar::Matcher text_only(r.params.grammar);
+  CHECK(text_only.Accept("[TOOL_CALLS]").ok());
+
+  // Hermes: <tool_call> and </tool_call>, control tokens here, each that token.
+  r = Forced(R"("tool_choice": {"type": "function", "function": {"name": "get_time"}})", ToolCallFormat::kHermes);
+  grammar::Matcher h(r.params.grammar, &mv.v);
+  CHECK(mv.Allowed(h) == std::vector<int32_t>{MarkerVocab::kOpen});
+  REQUIRE(h.AcceptToken(mv.v, MarkerVocab::kOpen).ok());
+  answer = mv.v.piece(MarkerVocab::kOpen);
+  REQUIRE(mv.Feed(h, "\n{\"name\": \"get_time\", \"arguments\": {}}\n", &answer));
+  CHECK(mv.Allowed(h) == std::vector<int32_t>{MarkerVocab::kClose});
+  CHECK_FALSE(h.Accept("</tool_call>").ok());
+  REQUIRE(h.AcceptToken(mv.v, MarkerVocab::kClose).ok());
+  answer += mv.v.piece(MarkerVocab::kClose);
+  CHECK(mv.Allowed(h) == std::vector<int32_t>{MarkerVocab::kEnd});
+  const ParsedAnswer b = ParseToolCalls(answer, ToolCallFormat::kHermes);
+  REQUIRE(b.calls.size() == 1);
+  CHECK(b.calls[0].name == "get_time");
+
+  // Qwen2.5 / Qwen3: <tool_call> is a user-defined token, text: the grammar
+  // takes it as one piece or spelled.
+  const MarkerVocab qwen(/*markers_are_text=*/true);
+  grammar::Matcher q(r.params.grammar, &qwen.v);
+  const std::vector<int32_t> first = qwen.Allowed(q);
+  CHECK(first == std::vector<int32_t>{'<', MarkerVocab::kOpen});
+}
+
 TEST_CASE("tool_choice auto and none: no grammar; required without a way to call: a 400") {
   for (const char* choice : {R"("tool_choice": "auto")", R"("tool_choice": "none")", R"("parallel_tool_calls": false)"}) {
     INFO(choice);

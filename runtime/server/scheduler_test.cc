@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/synchronization/mutex.h"
+#include "formats/gguf.h"
 #include "formats/model_file.h"
 #include "runtime/grammar/grammar.h"
 #include "runtime/grammar/json_schema.h"
@@ -33,9 +35,10 @@ struct Fixture {
   std::unique_ptr<tokenizer::Tokenizer> tok;
   std::unique_ptr<CpuEngine> engine;
 
-  // model: an oracle file's name (../shared/oracle/MODEL.gguf).
-  explicit Fixture(int slots, int64_t n_ctx = 64, const char* model = "small-qwen2-q4km") {
-    auto f = formats::ModelFile::Open(testing::SharedDir() + "/oracle/" + model + ".gguf");
+  // model: an oracle file's name (../shared/oracle/MODEL.gguf), or a path
+  // (starting with '/').
+  explicit Fixture(int slots, int64_t n_ctx = 64, const std::string& model = "small-qwen2-q4km") {
+    auto f = formats::ModelFile::Open(model[0] == '/' ? model : testing::SharedDir() + "/oracle/" + model + ".gguf");
     REQUIRE_MESSAGE(f.ok(), f.status().ToString());
     file = *f;
     auto t = tokenizer::Tokenizer::FromMetadata(file->metadata());
@@ -653,8 +656,57 @@ TEST_CASE("a cancelled request frees its slot; shutdown ends every stream") {
 // vocabulary and random weights: whatever the model prefers, the text
 // follows the grammar.
 struct VocabFixture : Fixture {
-  explicit VocabFixture(int slots) : Fixture(slots, 256, "tiny-qwen2-vocab-q4km") {}
+  explicit VocabFixture(int slots, const std::string& model = "tiny-qwen2-vocab-q4km") : Fixture(slots, 256, model) {}
 };
+
+// tiny-qwen2-vocab-q4km (qwen2's vocabulary, random weights) with one
+// filler token ("[PAD151660]", user-defined) made the control token
+// [TOOL_CALLS], as Mistral's vocabularies have it: written once per test
+// binary, a GGUF of the same tensors. *id: the token's id.
+std::string MistralMarkerModel(int32_t* id) {
+  static int32_t marker = -1;
+  const std::string path = testing::TempDir() + "/tiny-qwen2-vocab-tool-calls.gguf";
+  if (marker >= 0) {
+    *id = marker;
+    return path;
+  }
+  auto f = formats::ModelFile::Open(testing::SharedDir() + "/oracle/tiny-qwen2-vocab-q4km.gguf");
+  REQUIRE_MESSAGE(f.ok(), f.status().ToString());
+  formats::Metadata meta = (*f)->metadata();
+  const formats::MetaValue* texts = *meta.GetArray("tokenizer.ggml.tokens");
+  const formats::MetaValue* types = *meta.GetArray("tokenizer.ggml.token_type");
+  std::vector<std::string> t;
+  std::vector<int32_t> ty;
+  for (uint64_t i = 0; i < texts->count; ++i) {
+    t.emplace_back(texts->StringAt(i));
+    ty.push_back(static_cast<int32_t>(types->IntAt(i)));
+    if (t.back() == "[PAD151660]") marker = static_cast<int32_t>(i);
+  }
+  REQUIRE(marker >= 0);
+  t[static_cast<size_t>(marker)] = "[TOOL_CALLS]";
+  ty[static_cast<size_t>(marker)] = static_cast<int32_t>(tokenizer::TokenType::kControl);
+  meta.Set("tokenizer.ggml.tokens", formats::MetaValue::StringArray(t));
+  meta.Set("tokenizer.ggml.token_type", formats::MetaValue::I32Array(ty));
+  std::vector<formats::GgufTensorSpec> specs;
+  for (const formats::TensorView& v : (*f)->tensors()) {
+    specs.push_back({v.name, std::vector<uint64_t>(v.ne.begin(), v.ne.begin() + v.n_dims), v.type});
+  }
+  auto h = formats::BuildGgufHeader(meta, specs);
+  REQUIRE_MESSAGE(h.ok(), h.status().ToString());
+  std::string image = h->bytes;
+  const size_t data = image.size();
+  image.resize(data + h->data_bytes, '\0');
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const formats::TensorView& v = (*f)->tensors()[i];
+    REQUIRE(h->sizes[i] == v.n_bytes);
+    std::copy_n(v.data, v.n_bytes, image.begin() + static_cast<std::ptrdiff_t>(data + h->offsets[i]));
+  }
+  std::ofstream out(path, std::ios::binary);
+  out.write(image.data(), static_cast<std::streamsize>(image.size()));
+  REQUIRE(out.good());
+  *id = marker;
+  return path;
+}
 
 std::shared_ptr<const grammar::Grammar> SchemaGrammar(const char* schema) {
   auto g = grammar::JsonSchemaToGrammar(nlohmann::ordered_json::parse(schema));
@@ -755,8 +807,16 @@ void CheckArguments(const ParsedToolCall& call) {
 }
 
 TEST_CASE("tool_choice required or named: the answer is one call of an offered tool, its arguments valid") {
-  VocabFixture f(2);
-  Scheduler s(*f.engine, *f.tok, {});
+  VocabFixture qwen(2);
+  // Mistral's calls on a vocabulary whose [TOOL_CALLS] is a control token,
+  // as Mistral's are: the answer starts with that one token (the grammar's
+  // token literal), which the text renders for the parser.
+  int32_t marker = -1;
+  VocabFixture mistral(2, MistralMarkerModel(&marker));
+  REQUIRE(mistral.tok->token_type(marker) == tokenizer::TokenType::kControl);
+  REQUIRE(mistral.tok->TokenToPiece(marker) == "[TOOL_CALLS]");
+  Scheduler on_qwen(*qwen.engine, *qwen.tok, {});
+  Scheduler on_mistral(*mistral.engine, *mistral.tok, {});
   const std::string body = R"({"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": false,
       "tools": [{"type": "function", "function": {"name": "set_light", "parameters": {"type": "object",
                    "properties": {"on": {"type": "boolean"}, "level": {"type": "integer"},
@@ -770,10 +830,13 @@ TEST_CASE("tool_choice required or named: the answer is one call of an offered t
       absl::StatusOr<ChatRequest> r = ParseChatRequest(body + choice);
       REQUIRE_MESSAGE(r.ok(), r.status().ToString());
       REQUIRE(EnforceToolChoice(format, &*r).ok());
+      Scheduler& s = format == ToolCallFormat::kMistral ? on_mistral : on_qwen;
+      const tokenizer::Tokenizer& tok = *(format == ToolCallFormat::kMistral ? mistral : qwen).tok;
       std::vector<std::shared_ptr<RequestStream>> streams;
       for (uint64_t seed : {1, 2}) {
         GenerationRequest g = Sampled({9707, 11, 1879, 0}, 240, seed);
         g.grammar = r->params.grammar;
+        g.logprobs = 0;  // the tokens drawn
         streams.push_back(*s.Submit(std::move(g)));
       }
       for (auto& st : streams) {
@@ -781,6 +844,16 @@ TEST_CASE("tool_choice required or named: the answer is one call of an offered t
         INFO(tokenizer::ToolCallFormatName(format), " ", std::string(choice), ": ", got.text);
         REQUIRE(got.final.error.ok());
         CHECK(got.final.finish == FinishReason::kStop);
+        REQUIRE_FALSE(got.logprobs.empty());
+        if (format == ToolCallFormat::kMistral) {
+          // The control token first, and only there.
+          CHECK(got.logprobs[0].chosen.token == marker);
+          CHECK(got.text.rfind("[TOOL_CALLS][{\"name\": ", 0) == 0);
+          for (size_t i = 1; i < got.logprobs.size(); ++i) CHECK(got.logprobs[i].chosen.token != marker);
+        }
+        for (size_t i = format == ToolCallFormat::kMistral ? 1 : 0; i < got.logprobs.size(); ++i) {
+          CHECK(tok.token_type(got.logprobs[i].chosen.token) != tokenizer::TokenType::kControl);
+        }
         const ParsedAnswer a = ParseToolCalls(got.text, format);
         CHECK(a.content.empty());
         REQUIRE(a.calls.size() == 1);

@@ -50,7 +50,7 @@ absl::Status SlotGrammars::Set(int slot, std::shared_ptr<const grammar::Grammar>
     }
     if (vocab_ == nullptr) return vocab_error_;
   }
-  m = std::make_unique<grammar::Matcher>(std::move(grammar));
+  m = std::make_unique<grammar::Matcher>(std::move(grammar), vocab_.get());  // its token literals resolved
   return absl::OkStatus();
 }
 

@@ -32,7 +32,9 @@ class SlotGrammars {
   SlotGrammars(std::shared_ptr<const formats::ModelFile> file, int n_slots, int32_t n_vocab);
 
   // The slot's grammar for the request it now serves; null clears it. The
-  // first one waits for the vocabulary if its build is still running.
+  // first one waits for the vocabulary if its build is still running. The
+  // grammar's token literals are resolved against the vocabulary (a
+  // control token of that text: that token alone; grammar/matcher.h).
   // Errors: a model without a vocabulary.
   absl::Status Set(int slot, std::shared_ptr<const grammar::Grammar> grammar);
   void Clear(int slot) { matchers_[static_cast<size_t>(slot)].reset(); }
