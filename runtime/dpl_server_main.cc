@@ -20,6 +20,7 @@
 
 #include <cxxopts.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
@@ -173,6 +174,24 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   }
   if (const char* e = std::getenv("DPL_MIXED_STEPS"); e != nullptr && std::string(e) == "1") {
     o.scheduler.mixed_steps = true;
+  }
+  // The scheduler's KV block pool (issue 30), for development: the engines
+  // still reserve -c positions a slot, so a smaller pool saves no memory yet;
+  // it makes requests wait for blocks and preempts the newest as a pool of
+  // that size would.
+  if (const char* e = std::getenv("DPL_KV_POOL"); e != nullptr) {
+    int64_t positions = 0;
+    if (!absl::SimpleAtoi(e, &positions) || positions < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("DPL_KV_POOL: '", e, "' is not a number of positions"));
+    }
+    o.scheduler.kv_pool_positions = positions;
+  }
+  if (const char* e = std::getenv("DPL_KV_BLOCK"); e != nullptr) {
+    int block = 0;
+    if (!absl::SimpleAtoi(e, &block) || block < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("DPL_KV_BLOCK: '", e, "' is not a block size (positions, >= 1)"));
+    }
+    o.scheduler.kv_block_size = block;
   }
   o.http.header_timeout = absl::Seconds(args["header-timeout"].as<double>());
   o.http.body_timeout = absl::Seconds(args["body-timeout"].as<double>());

@@ -501,6 +501,37 @@ body_has "--chat-template llama3: tool_choice required says why" "chat template 
 expect 200 "--chat-template llama3: chat without tools" "$C" -d "$(chat ',"max_tokens":2')"
 kill -TERM "$pid"; wait "$pid"
 
+# The scheduler's KV block pool (issue 30, DPL_KV_POOL, development): 96
+# positions for two slots of 256. A request the pool can never hold is
+# refused (400); two that do not fit together both complete, the newer one
+# preempted and recomputed, each answer the one it gets alone.
+DPL_KV_POOL=96 DPL_KV_BLOCK=16 start_server --device cpu -np 2 -c 256 -t 1
+C="$url/v1/chat/completions"
+wait_healthy
+expect 400 "KV pool: a request it can never hold" "$C" -d "$(chat ',"max_tokens":200')"
+body_has "KV pool: says why" "the KV pool has 96"
+expect 200 "KV pool: a request alone" "$C" -d "$(chat ',"max_tokens":60')"
+cp "$tmp/body" "$tmp/pool_alone.json"
+for i in 1 2; do
+  curl -s -H "Authorization: Bearer $key" "$C" -d "$(chat ',"max_tokens":60')" >"$tmp/pool_$i.json" &
+  pids[$i]=$!
+done
+wait "${pids[1]}" "${pids[2]}"
+if python3 -c '
+import json, sys
+alone, a, b = (json.load(open(p)) for p in sys.argv[1:])
+text = lambda r: r["choices"][0]["message"]["content"]
+assert a["usage"]["completion_tokens"] == 60 and b["usage"]["completion_tokens"] == 60, (a["usage"], b["usage"])
+assert text(a) == text(alone) and text(b) == text(alone)
+' "$tmp/pool_alone.json" "$tmp/pool_1.json" "$tmp/pool_2.json"; then
+  ok "KV pool: two requests that do not fit together both complete as alone"
+else
+  bad "KV pool: $(head -c 300 "$tmp/pool_1.json") / $(head -c 300 "$tmp/pool_2.json")"
+fi
+preempted=$(metric preemptions_total)
+[[ ${preempted:-0} -ge 1 ]] && ok "KV pool: /metrics counts the preemption ($preempted)" || bad "KV pool: preemptions_total ${preempted:-none}"
+kill -TERM "$pid"; wait "$pid"
+
 # Without a GPU (CI), loading the GPU engine (four slots) fails: exit 1 with
 # the reason, nothing left running.
 if ! nvidia-smi -L >/dev/null 2>&1; then

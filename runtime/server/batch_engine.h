@@ -148,6 +148,21 @@ class BatchEngine {
   // The slot's cache becomes empty; its next Prefill starts a new sequence.
   virtual void Release(int slot) = 0;
 
+  // Paged KV (issue 30): the blocks of the scheduler's pool
+  // (SchedulerOptions::kv_block_size positions each, ids below
+  // kv_pool_blocks) that hold the slot's positions, block i positions
+  // [i * block_size, (i + 1) * block_size). Called whenever the slot's table
+  // changes, before the engine call that writes the new positions, and
+  // after KeepPrefix / CopyPrefix (a kept or copied start's full blocks may
+  // be another slot's, shared: never written again; a partial last block is
+  // always the slot's own). An engine that keeps each slot's KV in a region
+  // of its own (the CPU engine, the CUDA engine today) ignores it: this
+  // default does.
+  virtual void SetBlockTable(int slot, absl::Span<const int> blocks) {
+    (void)slot;
+    (void)blocks;
+  }
+
   // Structured output (response_format, grammar, json_schema): the tokens
   // the slot samples from its next Prefill's first token on, for the
   // request it now serves, are those `grammar` allows (a matcher per slot,

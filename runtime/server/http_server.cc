@@ -580,6 +580,11 @@ struct HttpServer::Handlers {
     metric("kv_cache_usage_ratio", "gauge", "KV-cache positions the running requests hold, of all slots'.",
            x.kv_positions_total > 0 ? static_cast<double>(x.kv_positions_used) / x.kv_positions_total : 0.0);
     metric("kv_cache_tokens", "gauge", "KV-cache positions the running requests hold.", x.kv_positions_used);
+    metric("kv_blocks_used", "gauge", "KV pool blocks that slots hold (running requests and kept caches).",
+           x.kv_blocks_used);
+    metric("kv_blocks_capacity", "gauge", "KV pool blocks.", x.kv_blocks_total);
+    metric("preemptions_total", "counter", "Running requests sent back to the queue for KV blocks.",
+           x.preemptions_total);
     auto histogram = [&out](const char* name, const char* help, const Histogram& h) {
       absl::StrAppend(&out, "# HELP dpl_", name, " ", help, "\n# TYPE dpl_", name, " histogram\n");
       int64_t cumulative = 0;

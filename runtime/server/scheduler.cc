@@ -68,13 +68,28 @@ struct Scheduler::Active {
   TextStream text;
   bool done = false;
   std::chrono::steady_clock::time_point submitted, first_token;
+  // Preemption (KV blocks): requeue, set with done, sends it back to the
+  // queue; preempted: it was, at least once; replay: what it runs again (its
+  // prompt and every token it sampled) when it had sampled, else empty.
+  bool requeue = false;
+  bool preempted = false;
+  std::vector<int32_t> replay;
 
   Active(Queued q, int slot_id, const tokenizer::Tokenizer& tok)
       : request(std::move(q.request)), stream(std::move(q.stream)), slot(slot_id), group(q.group),
         sample(q.sample), text(tok, request.stop), submitted(q.submitted) {}
 
-  // Counted in the metrics' prompt tokens: a group's first sample alone.
-  bool counts_prompt() const { return sample == 0; }
+  // Counted in the metrics' prompt tokens: a group's first sample alone,
+  // not run again after a preemption.
+  bool counts_prompt() const { return sample == 0 && !preempted; }
+  // The tokens its prefill runs: the prompt, or after a preemption the
+  // prompt and the tokens sampled (the last one's draw is the next token).
+  const std::vector<int32_t>& feed() const { return replay.empty() ? request.prompt : replay; }
+  // Whether its prefill continues a generation (a preempted request that
+  // had sampled): no first-token events, no prompt scoring.
+  bool resuming() const { return !replay.empty(); }
+  // A grammar's matcher cannot be replayed over sampled tokens.
+  bool preemptible() const { return request.grammar == nullptr || sampled.empty(); }
 };
 
 Scheduler::Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer,
@@ -83,7 +98,17 @@ Scheduler::Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer,
   for (int s = 0; s < engine.n_slots(); ++s) free_slots_.push_back(s);
   slot_tokens_.resize(static_cast<size_t>(engine.n_slots()));
   slot_group_.resize(static_cast<size_t>(engine.n_slots()), 0);
-  metrics_.kv_positions_total = static_cast<int64_t>(engine.n_slots()) * engine.n_ctx();
+  slot_blocks_.resize(static_cast<size_t>(engine.n_slots()));
+  const int block_size = std::max(1, options_.kv_block_size);
+  const int64_t per_slot = (engine.n_ctx() + block_size - 1) / block_size;
+  int64_t blocks = options_.kv_pool_positions > 0 ? (options_.kv_pool_positions + block_size - 1) / block_size
+                                                  : per_slot * engine.n_slots();
+  blocks = std::clamp<int64_t>(blocks, 1, 1 << 30);
+  pool_ = *kv::BlockPool::Create(static_cast<int>(blocks), block_size);
+  pool_positions_ = blocks * block_size;
+  metrics_.kv_positions_total = std::min(static_cast<int64_t>(engine.n_slots()) * engine.n_ctx(), pool_positions_);
+  metrics_.kv_block_size = block_size;
+  metrics_.kv_blocks_total = blocks;
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -122,7 +147,8 @@ void Scheduler::DropCancelledLocked() {
     StreamEvent e;
     e.final = true;
     e.error = absl::CancelledError("client gone");
-    e.prompt_tokens = static_cast<int64_t>(it->request.prompt.size());
+    e.prompt_tokens = static_cast<int64_t>((it->resume ? it->resume->request : it->request).prompt.size());
+    if (it->resume) e.completion_tokens = it->resume->completion;
     it->stream->Push(std::move(e));
     it = queue_.erase(it);
   }
@@ -179,6 +205,14 @@ absl::Status Scheduler::Check(GenerationRequest& r) const {
         "the prompt (", n_prompt, " tokens) and max_tokens (", r.max_tokens, ") need ",
         n_prompt + r.max_tokens, " positions; the context of a slot has ", n_ctx, " (-c sets it)"));
   }
+  // The KV pool (when smaller than the slots' contexts): a request that it
+  // could never hold, even alone.
+  const int64_t need = n_prompt + std::max<int64_t>(r.max_tokens, 0);
+  if (need > pool_positions_) {
+    return absl::OutOfRangeError(absl::StrCat("the prompt (", n_prompt, " tokens)",
+                                              r.max_tokens > 0 ? absl::StrCat(" and max_tokens (", r.max_tokens, ")") : "",
+                                              " need ", need, " positions; the KV pool has ", pool_positions_));
+  }
   return absl::OkStatus();
 }
 
@@ -232,14 +266,30 @@ bool Scheduler::Admit(std::vector<std::unique_ptr<Active>>& active) {
   mu_.AwaitWithTimeout(absl::Condition(&has_work), absl::Seconds(1));
   if (shutdown_) return false;
   DropCancelledLocked();
+  // KV blocks the admitted may take: the pool's, and the free slots' caches,
+  // which Iterate may take back.
+  int64_t room = pool_->num_available();
+  for (int s : free_slots_) room += static_cast<int64_t>(slot_blocks_[static_cast<size_t>(s)].size());
   while (!queue_.empty() && !free_slots_.empty()) {
+    Queued& q = queue_.front();
+    const GenerationRequest& req = q.resume ? q.resume->request : q.request;
     // The free slot whose whole cache is the longest start of the prompt
     // (the next turn of a chat: nothing of that cache is lost), else the one
     // free longest. Start() then takes the prompt's longest cached start
     // from any slot.
-    const std::vector<int32_t>& prompt = queue_.front().request.prompt;
+    const std::vector<int32_t>& prompt = q.resume ? q.resume->feed() : req.prompt;
+    // KV blocks: the pool must have room for the prompt and its first
+    // generated token (capped at a slot's context and the pool) besides
+    // what the requests admitted before it take; else it waits, and so do
+    // the requests behind it (FIFO).
+    {
+      const int64_t need = std::min<int64_t>({BlocksFor(static_cast<int64_t>(prompt.size()) + 1),
+                                              BlocksFor(engine_.n_ctx()), pool_->num_blocks()});
+      if (need > room) break;
+      room -= need;
+    }
     size_t best = 0, best_len = 0;
-    if (queue_.front().request.cache_prompt) {
+    if (req.cache_prompt) {
       for (size_t i = 0; i < free_slots_.size(); ++i) {
         const std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(free_slots_[i])];
         const size_t n = SharedStart(held, prompt);
@@ -251,7 +301,22 @@ bool Scheduler::Admit(std::vector<std::unique_ptr<Active>>& active) {
     }
     const int slot = free_slots_[best];
     free_slots_.erase(free_slots_.begin() + static_cast<std::ptrdiff_t>(best));
-    active.push_back(std::make_unique<Active>(std::move(queue_.front()), slot, tokenizer_));
+    std::unique_ptr<Active> a;
+    if (q.resume) {
+      // A preempted request: back where its submission time puts it among
+      // the running (older than those admitted after it), to run its
+      // prompt and tokens again.
+      std::shared_ptr<Active> r = std::move(q.resume);
+      a = std::make_unique<Active>(std::move(*r));
+      a->slot = slot;
+      a->done = a->requeue = a->started = a->decoding = false;
+      a->prefilled = 0;
+      auto at = std::find_if(active.begin(), active.end(),
+                             [&a](const std::unique_ptr<Active>& b) { return b->submitted > a->submitted; });
+      active.insert(at, std::move(a));
+    } else {
+      active.push_back(std::make_unique<Active>(std::move(q), slot, tokenizer_));
+    }
     queue_.pop_front();
     ++running_;
   }
@@ -281,7 +346,19 @@ void Scheduler::Finish(Active& a, FinishReason reason, absl::Status error) {
       for (size_t i = 0; kept.size() < n && i < a.sampled.size(); ++i) kept.push_back(a.sampled[i]);
       if (kept.size() != n) kept.clear();  // not what the slot holds: nothing to match
     }
-    if (kept.empty()) engine_.Release(a.slot);
+    if (kept.empty()) {
+      DropSlotCache(a.slot);
+    } else {
+      // The kept cache holds its blocks (free slots' caches are taken back
+      // when the pool runs out).
+      std::vector<int>& table = slot_blocks_[static_cast<size_t>(a.slot)];
+      const size_t keep = static_cast<size_t>(BlocksFor(static_cast<int64_t>(kept.size())));
+      if (table.size() > keep) {
+        (void)pool_->Release(absl::MakeConstSpan(table).subspan(keep));
+        table.resize(keep);
+        engine_.SetBlockTable(a.slot, table);
+      }
+    }
   }
   a.done = true;
   {
@@ -343,8 +420,8 @@ std::pair<int, size_t> Scheduler::LongestStart(const Active& a) const {
   // that runs their shared start finds it here. A scored prompt runs whole:
   // a cached start has no logits to score it. Without cache_prompt, a
   // sample of a group takes only what its group ran.
-  const std::vector<int32_t>& prompt = a.request.prompt;
-  if (a.request.prompt_logprobs || (!a.request.cache_prompt && a.group == 0)) return {a.slot, 0};
+  const std::vector<int32_t>& prompt = a.feed();
+  if ((a.request.prompt_logprobs && !a.resuming()) || (!a.request.cache_prompt && a.group == 0)) return {a.slot, 0};
   auto usable = [this, &a](int s) {
     return a.request.cache_prompt || slot_group_[static_cast<size_t>(s)] == a.group;
   };
@@ -361,10 +438,10 @@ std::pair<int, size_t> Scheduler::LongestStart(const Active& a) const {
   return {from, n};
 }
 
-void Scheduler::Start(Active& a) {
-  const std::vector<int32_t>& prompt = a.request.prompt;
+void Scheduler::Start(Active& a, std::pair<int, size_t> start_at) {
+  const std::vector<int32_t>& prompt = a.feed();
   std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(a.slot)];
-  const auto [longest, n] = LongestStart(a);
+  const auto [longest, n] = start_at;
   const int from = longest == a.slot ? -1 : longest;
   a.started = true;
   slot_group_[static_cast<size_t>(a.slot)] = a.group;
@@ -375,15 +452,18 @@ void Scheduler::Start(Active& a) {
   if (kept.ok() && a.request.grammar != nullptr) kept = engine_.SetGrammar(a.slot, a.request.grammar);
   if (kept.ok() && !a.request.logit_bias.empty()) kept = engine_.SetLogitBias(a.slot, a.request.logit_bias);
   if (kept.ok() && a.request.logprobs >= 0) {
-    kept = engine_.SetLogprobs(a.slot, a.request.logprobs, a.request.prompt_logprobs);
+    kept = engine_.SetLogprobs(a.slot, a.request.logprobs, a.request.prompt_logprobs && !a.resuming());
   }
+  if (kept.ok()) engine_.SetBlockTable(a.slot, slot_blocks_[static_cast<size_t>(a.slot)]);
   held.assign(start.begin(), start.end());
   if (!kept.ok()) {
     held.clear();
     Finish(a, FinishReason::kStop, kept);
     return;
   }
-  a.cached = a.prefilled = n;
+  a.prefilled = n;
+  if (a.preempted) return;  // run again: its usage keeps what its first start found cached
+  a.cached = n;
   if (!a.counts_prompt()) return;
   absl::MutexLock lock(&mu_);
   metrics_.prompt_tokens_cached_total += static_cast<int64_t>(n);
@@ -392,6 +472,7 @@ void Scheduler::Start(Active& a) {
 
 bool Scheduler::WaitsForSharedStart(const Active& a, absl::Span<const std::unique_ptr<Active>> older) const {
   const std::vector<int32_t>& prompt = a.request.prompt;
+  if (a.preempted) return false;  // it runs again at once, from what a cache holds
   if (a.group != 0 && a.sample > 0 && !a.request.prompt_logprobs) {
     // A sample waits until a slot holds its prompt but the last token (the
     // most a start can be), while a sibling before it may still run it.
@@ -413,43 +494,232 @@ bool Scheduler::WaitsForSharedStart(const Active& a, absl::Span<const std::uniqu
   return false;
 }
 
+int Scheduler::BlocksFor(int64_t positions) const {
+  const int64_t bs = pool_->block_size();
+  return static_cast<int>((positions + bs - 1) / bs);
+}
+
+void Scheduler::DropSlotCache(int slot) {
+  std::vector<int>& table = slot_blocks_[static_cast<size_t>(slot)];
+  slot_tokens_[static_cast<size_t>(slot)].clear();
+  engine_.Release(slot);
+  if (table.empty()) return;
+  (void)pool_->Release(table);
+  table.clear();
+  engine_.SetBlockTable(slot, table);
+}
+
+bool Scheduler::ReclaimIdle(std::vector<std::unique_ptr<Active>>& active, int keep, int keep2) {
+  std::vector<int> idle;
+  {
+    absl::MutexLock lock(&mu_);
+    idle = free_slots_;  // least recently freed first
+  }
+  for (const auto& a : active) {
+    if (!a->done && !a->started) idle.push_back(a->slot);
+  }
+  for (int s : idle) {
+    if (s == keep || s == keep2 || slot_blocks_[static_cast<size_t>(s)].empty()) continue;
+    DropSlotCache(s);
+    return true;
+  }
+  return false;
+}
+
+void Scheduler::Preempt(Active& a) {
+  DropSlotCache(a.slot);
+  if (!a.sampled.empty()) {
+    a.replay = a.request.prompt;
+    a.replay.insert(a.replay.end(), a.sampled.begin(), a.sampled.end());
+  } else {
+    a.prompt_logprobs.clear();  // its prompt is scored again
+  }
+  a.preempted = true;
+  a.requeue = true;
+  a.done = true;  // out of this iteration; Requeue sends it back
+  absl::MutexLock lock(&mu_);
+  free_slots_.push_back(a.slot);
+  --running_;
+  ++metrics_.preemptions_total;
+}
+
+bool Scheduler::PreemptNewer(std::vector<std::unique_ptr<Active>>& active, size_t i) {
+  for (size_t j = active.size(); j-- > i + 1;) {
+    Active& v = *active[j];
+    if (v.done || slot_blocks_[static_cast<size_t>(v.slot)].empty()) continue;
+    if (!v.started) {
+      DropSlotCache(v.slot);  // an idle cache, not a preemption
+      return true;
+    }
+    if (!v.preemptible()) continue;
+    Preempt(v);
+    return true;
+  }
+  return false;
+}
+
+bool Scheduler::Grow(std::vector<std::unique_ptr<Active>>& active, size_t i, int64_t positions) {
+  Active& a = *active[i];
+  std::vector<int>& table = slot_blocks_[static_cast<size_t>(a.slot)];
+  const int need = BlocksFor(positions) - static_cast<int>(table.size());
+  if (need <= 0) return true;
+  while (need > pool_->num_available()) {
+    if (!ReclaimIdle(active, a.slot, -1) && !PreemptNewer(active, i)) return false;
+  }
+  for (int k = 0; k < need; ++k) table.push_back(*pool_->Allocate());
+  engine_.SetBlockTable(a.slot, table);
+  return true;
+}
+
+bool Scheduler::ClaimStart(std::vector<std::unique_ptr<Active>>& active, size_t i, std::pair<int, size_t>& start,
+                           size_t budget) {
+  Active& a = *active[i];
+  std::vector<int>& table = slot_blocks_[static_cast<size_t>(a.slot)];
+  const int bs = pool_->block_size();
+  for (;;) {
+    start = LongestStart(a);
+    const auto [from, n] = start;
+    const int64_t target = static_cast<int64_t>(n + std::min(a.feed().size() - n, budget));
+    // Kept in place: its first blocks stay (a partial last one copied when
+    // shared); copied: the other slot's full blocks are shared, the rest
+    // new. The slot's other blocks go back (those it alone holds count).
+    const size_t keep = from == a.slot ? static_cast<size_t>(BlocksFor(static_cast<int64_t>(n)))
+                                       : static_cast<size_t>(n / static_cast<size_t>(bs));
+    const bool cow = from == a.slot && n % static_cast<size_t>(bs) != 0 && keep > 0 && keep <= table.size() &&
+                     pool_->RefCount(table[keep - 1]) > 1;
+    int freed = 0;
+    for (size_t k = from == a.slot ? keep : 0; k < table.size(); ++k) freed += pool_->RefCount(table[k]) == 1;
+    const int need = BlocksFor(target) - static_cast<int>(keep) + (cow ? 1 : 0);
+    if (need <= pool_->num_available() + freed) break;
+    if (!ReclaimIdle(active, a.slot, from) && !PreemptNewer(active, i)) return false;
+  }
+  const auto [from, n] = start;
+  const int64_t target = static_cast<int64_t>(n + std::min(a.feed().size() - n, budget));
+  if (from == a.slot) {
+    const size_t keep = std::min(table.size(), static_cast<size_t>(BlocksFor(static_cast<int64_t>(n))));
+    (void)pool_->Release(absl::MakeConstSpan(table).subspan(keep));
+    table.resize(keep);
+    if (n % static_cast<size_t>(bs) != 0 && keep > 0 && pool_->RefCount(table[keep - 1]) > 1) {
+      // Copy on write: the partial last block is shared; the slot writes
+      // its own copy (a paging engine copies its keys and values).
+      (void)pool_->Release(absl::MakeConstSpan(&table[keep - 1], 1));
+      table[keep - 1] = *pool_->Allocate();
+    }
+  } else {
+    const std::vector<int>& theirs = slot_blocks_[static_cast<size_t>(from)];
+    std::vector<int> shared(theirs.begin(), theirs.begin() + static_cast<std::ptrdiff_t>(n / static_cast<size_t>(bs)));
+    for (int b : shared) (void)pool_->Ref(b);
+    (void)pool_->Release(table);
+    table = std::move(shared);
+  }
+  while (static_cast<int>(table.size()) < BlocksFor(target)) table.push_back(*pool_->Allocate());
+  return true;
+}
+
+void Scheduler::Requeue(std::vector<std::unique_ptr<Active>>& active) {
+  std::vector<std::unique_ptr<Active>> back;
+  for (auto& a : active) {
+    if (a->requeue) back.push_back(std::move(a));
+  }
+  if (back.empty()) return;
+  active.erase(std::remove(active.begin(), active.end(), nullptr), active.end());
+  absl::MutexLock lock(&mu_);
+  // The front of the queue, oldest first.
+  for (auto it = back.rbegin(); it != back.rend(); ++it) {
+    Queued q;
+    q.stream = (*it)->stream;
+    q.submitted = (*it)->submitted;
+    q.group = (*it)->group;
+    q.sample = (*it)->sample;
+    q.resume = std::shared_ptr<Active>(std::move(*it));
+    queue_.push_front(std::move(q));
+  }
+}
+
 void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
-  // The decode rows: every request with a token pending before this
-  // iteration's prompts run.
+  // Oldest request first, each taking the KV blocks its new positions need
+  // (from the pool, idle caches, or by preempting newer requests): the
+  // decode rows (every request with a token pending before this
+  // iteration's prompts run) and the prompt parts, up to one budget's
+  // worth of tokens in all; each request starts (Start) when its turn
+  // comes, after the prompts before it have run, so it can find what they
+  // ran. A request that cannot have its blocks now waits.
   std::vector<int> slots;
   std::vector<Active*> decoders;
-  for (auto& a : active) {
-    if (a->decoding && !a->done) {
-      slots.push_back(a->slot);
-      decoders.push_back(a.get());
-    }
-  }
-  // The prompt parts: oldest prompt first, up to one budget's worth of
-  // tokens in all; each request starts (Start) when its turn comes, after
-  // the prompts before it have run, so it can find what they ran.
   std::vector<Active*> prompts;
   std::vector<BatchEngine::PrefillPart> parts;
+  std::vector<size_t> waiting;  // for blocks
   int budget = options_.prefill_chunk;
-  for (size_t i = 0; i < active.size() && budget > 0; ++i) {
+  for (size_t i = 0; i < active.size(); ++i) {
     Active& a = *active[i];
-    if (a.decoding || a.done) continue;
+    if (a.done) continue;
+    if (a.decoding) {
+      if (!Grow(active, i, engine_.n_past(a.slot) + 1)) {
+        waiting.push_back(i);
+        continue;
+      }
+      slots.push_back(a.slot);
+      decoders.push_back(&a);
+      continue;
+    }
+    if (budget <= 0) continue;
     if (!a.started) {
       if (WaitsForSharedStart(a, absl::MakeConstSpan(active).subspan(0, i))) continue;
-      Start(a);
+      std::pair<int, size_t> start;
+      if (!ClaimStart(active, i, start, static_cast<size_t>(budget))) {
+        waiting.push_back(i);
+        continue;
+      }
+      Start(a, start);
       if (a.done) continue;
     }
-    const std::vector<int32_t>& prompt = a.request.prompt;
+    const std::vector<int32_t>& prompt = a.feed();
     const size_t n = std::min(prompt.size() - a.prefilled, static_cast<size_t>(budget));
+    if (!Grow(active, i, static_cast<int64_t>(a.prefilled + n))) {
+      waiting.push_back(i);
+      continue;
+    }
     const bool last = a.prefilled + n == prompt.size();
     parts.push_back({a.slot, absl::MakeConstSpan(prompt).subspan(a.prefilled, n), last, &a.request.sampling});
     prompts.push_back(&a);
     budget -= static_cast<int>(n);
   }
-  if (parts.empty() && slots.empty()) return;
-  int64_t prompt_tokens = 0, counted = 0;  // all the parts' tokens; those the metrics count
+  if (parts.empty() && slots.empty()) {
+    if (waiting.empty()) return;
+    // Nothing can run: every request that would is waiting for blocks that
+    // only requests it cannot preempt hold (a grammar's that has sampled,
+    // whose matcher cannot be replayed), or one is alone and the pool is
+    // full. The newest waiting request that holds blocks and can be
+    // preempted is, while another holds blocks too; else the newest
+    // waiting one that holds blocks ends, decoding, as at a full context
+    // ("length").
+    auto holds = [this](const Active& b) { return !b.done && !slot_blocks_[static_cast<size_t>(b.slot)].empty(); };
+    for (size_t k = waiting.size(); k-- > 0;) {
+      Active& w = *active[waiting[k]];
+      if (!holds(w) || !w.preemptible()) continue;
+      bool others = false;
+      for (const auto& b : active) others |= b.get() != &w && holds(*b);
+      if (!others) continue;
+      Preempt(w);
+      return;
+    }
+    for (size_t k = waiting.size(); k-- > 0;) {
+      Active& w = *active[waiting[k]];
+      if (!holds(w)) continue;
+      if (w.decoding) {
+        Finish(w, FinishReason::kLength, absl::OkStatus());
+      } else {
+        Finish(w, FinishReason::kStop, absl::ResourceExhaustedError("the KV pool cannot hold this request's prompt"));
+      }
+      return;
+    }
+    return;
+  }
+  int64_t prompt_tokens = 0, counted = 0, recomputed = 0;  // all the parts' tokens; those the metrics count
   for (size_t i = 0; i < parts.size(); ++i) {
     prompt_tokens += static_cast<int64_t>(parts[i].tokens.size());
     if (prompts[i]->counts_prompt()) counted += static_cast<int64_t>(parts[i].tokens.size());
+    if (prompts[i]->preempted) recomputed += static_cast<int64_t>(parts[i].tokens.size());
   }
   // Each decode row runs its pending token into the slot's cache (an error
   // fails the request, whose Finish empties the record).
@@ -480,7 +750,10 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
     absl::MutexLock lock(&mu_);
     metrics_.prompt_seconds += sec * prompt_share;
     metrics_.decode_seconds += sec * (1 - prompt_share);
-    if (prompt_status.ok()) metrics_.prompt_tokens_total += counted;
+    if (prompt_status.ok()) {
+      metrics_.prompt_tokens_total += counted;
+      metrics_.recomputed_tokens_total += recomputed;
+    }
     if (step_status.ok()) metrics_.decode_tokens += static_cast<int64_t>(slots.size());
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -499,6 +772,13 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
     if (!lp.has_value()) continue;
     for (generate::TokenLogprobs& t : lp->prompt) a.prompt_logprobs.push_back(std::move(t));
     if (!parts[i].last) continue;
+    if (a.resuming()) {
+      // A preempted request's prompt and tokens are back: its draw is the
+      // token after its last one, and it decodes on.
+      a.decoding = true;
+      Take(a, first[i], std::move(lp->draw));
+      continue;
+    }
     if (a.request.prompt_logprobs) {
       StreamEvent e;
       e.prompt_logprobs = std::move(a.prompt_logprobs);
@@ -539,11 +819,13 @@ void Scheduler::Loop() {
     }
     sweep();
     Iterate(active);
+    Requeue(active);
     sweep();
     int64_t kv = 0;
     for (const auto& a : active) kv += engine_.n_past(a->slot);
     absl::MutexLock lock(&mu_);
     metrics_.kv_positions_used = kv;
+    metrics_.kv_blocks_used = pool_->num_blocks() - pool_->num_available();
     metrics_.generated_tokens_total += std::exchange(generated_unflushed_, 0);
   }
   // Shutting down: every stream ends now.
@@ -558,7 +840,7 @@ void Scheduler::Loop() {
     StreamEvent e;
     e.final = true;
     e.error = bye;
-    e.prompt_tokens = static_cast<int64_t>(q.request.prompt.size());
+    e.prompt_tokens = static_cast<int64_t>((q.resume ? q.resume->request : q.request).prompt.size());
     q.stream->Push(std::move(e));
   }
 }

@@ -32,6 +32,42 @@
 // A request leaves when its turn ends (an end-of-generation token, unless
 // ignore_eos), a stop string completes, max_tokens are generated, or its
 // slot's context is full. Requests beyond the slots wait in a bounded queue.
+//
+// KV blocks (issue 30): the scheduler owns a kv::BlockPool, the authority on
+// KV positions. Each slot has a block table covering the positions its cache
+// holds (a copied start's full blocks shared with the slot it came from,
+// reference-counted). Before each engine call a request takes the blocks its
+// new positions need, oldest request first; when the pool is out, it takes
+// them from idle caches (free slots', least recently freed first, and those
+// of admitted requests not started yet), then by preempting the newest
+// running request newer than itself (its blocks freed, it goes back to the
+// front of the queue with its prompt and the tokens it sampled, which it
+// runs again when admitted, then goes on generating: its stream continues
+// where it was, nothing repeated or lost). A request with nothing newer to
+// preempt waits a step (the newest is the one that would be preempted). A
+// queued request is admitted only when the pool has blocks for its prompt
+// (FIFO: the ones behind it wait too). A request the pool could never hold
+// is refused at Submit. SchedulerOptions::kv_pool_positions sizes the pool;
+// by default it is n_slots x n_ctx, so nothing ever waits for blocks or is
+// preempted. The engine sees the tables through BatchEngine::SetBlockTable
+// (the CPU and CUDA engines ignore them: their KV is per slot).
+//
+// What a preempted request's client sees: a pause, then the stream goes on
+// where it stopped (the request keeps its TextStream: held-back UTF-8 and
+// stop-string prefixes, and its counts; nothing is sent twice or lost), and
+// it completes as it would have: usage counts its prompt once, every token
+// it generated, and as cached what its first start found cached. Greedy
+// requests give the tokens they give alone (the recomputed keys and values
+// are the same; tested on the CPU engine). A sampled request's draws after
+// the preemption come from its seed's stream started again (the engine's
+// sampler is made at a prompt's last chunk), so its text is a valid sample
+// but not the one an undisturbed run draws. Logprobs go on one per token
+// (prompt logprobs are not sent again). A request with a grammar that has
+// sampled is never preempted (its matcher cannot be replayed through
+// BatchEngine); when only such requests hold the pool and none can grow,
+// the newest ends with "length", as at a full context. So does a request
+// alone that has filled the whole pool. A request preempted before its first
+// token starts again from scratch (its prompt logprobs too).
 #pragma once
 
 #include <atomic>
@@ -50,6 +86,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/grammar/grammar.h"
+#include "runtime/kv/block_pool.h"
 #include "runtime/server/batch_engine.h"
 #include "runtime/server/text_stream.h"
 #include "runtime/tokenizer/tokenizer.h"
@@ -154,6 +191,16 @@ struct SchedulerOptions {
   // median 324-329 vs 300-318 ms, docs/PERF.md); dpl-server's
   // DPL_MIXED_STEPS=1 turns it on.
   bool mixed_steps = false;
+  // The KV block pool (issue 30): positions a block, and positions in all
+  // (rounded up to whole blocks); 0: n_slots x n_ctx (each slot's whole
+  // context, rounded up per slot: nothing waits or is preempted, today's
+  // behaviour). Smaller: llama-server's -c with --kv-unified, one pool the
+  // slots share; requests wait for blocks and the newest is preempted. Not
+  // a dpl-server flag yet (DPL_KV_POOL / DPL_KV_BLOCK set them, for
+  // development): the engines still reserve n_ctx positions a slot (the
+  // GPU engine reading block tables is issue 30's next part).
+  int kv_block_size = 16;
+  int64_t kv_pool_positions = 0;
 };
 
 // A Prometheus histogram: observations counted under ascending upper bounds
@@ -184,7 +231,15 @@ struct SchedulerMetrics {
   int processing = 0;                // requests holding a slot
   int deferred = 0;                  // requests waiting in the queue
   int64_t kv_positions_used = 0;     // KV positions the running requests hold, all slots
-  int64_t kv_positions_total = 0;    // slots x positions a slot
+  int64_t kv_positions_total = 0;    // slots x positions a slot, or the pool's if smaller
+  // The KV block pool (SchedulerOptions::kv_pool_positions).
+  int64_t kv_block_size = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;        // held by slots' tables (running or kept caches)
+  int64_t preemptions_total = 0;     // running requests sent back to the queue for blocks
+  // Tokens run again by preempted requests (prompt and generated tokens),
+  // counted in neither prompt_tokens_total nor prompt_tokens_cached_total.
+  int64_t recomputed_tokens_total = 0;
   // Seconds, per request (vLLM's buckets): submitted -> first token sampled;
   // between its tokens, (last - first) / (tokens - 1) for two or more;
   // submitted -> final event.
@@ -204,7 +259,7 @@ class Scheduler {
 
   // Checks and queues a request. Errors: InvalidArgument (an empty prompt, an
   // id outside the vocabulary, max_tokens < -1), OutOfRange (the prompt plus
-  // max_tokens do not fit a slot's context), ResourceExhausted (the queue is
+  // max_tokens do not fit a slot's context, or the KV pool), ResourceExhausted (the queue is
   // full), Unavailable (shutting down), FailedPrecondition (a grammar on an
   // engine without structured output, logprobs on one without them);
   // InvalidArgument also for logprobs outside [-1, 20], prompt_logprobs
@@ -240,14 +295,17 @@ class Scheduler {
   const BatchEngine& engine() const { return engine_; }
 
  private:
+  struct Active;
   struct Queued {
     GenerationRequest request;
     std::shared_ptr<RequestStream> stream;
     std::chrono::steady_clock::time_point submitted;
     uint64_t group = 0;  // SubmitSamples' samples of one prompt share one (0: alone)
     int sample = 0;      // the request's place in its group
+    // A preempted request going back in (request and stream are in it):
+    // admitted, it runs its prompt and sampled tokens again and goes on.
+    std::shared_ptr<Active> resume;
   };
-  struct Active;
 
   // Submit's checks (and its additions: a grammar's stop tokens).
   absl::Status Check(GenerationRequest& r) const;
@@ -263,7 +321,30 @@ class Scheduler {
   bool Admit(std::vector<std::unique_ptr<Active>>& active);
   // A request's first prefill: its slot's cache becomes the longest start
   // of its prompt that any slot holds (kept or copied); Finish on error.
-  void Start(Active& a);
+  void Start(Active& a, std::pair<int, size_t> start);
+  // KV blocks (engine thread). Blocks covering `positions`.
+  int BlocksFor(int64_t positions) const;
+  // The slot's cache is emptied and its blocks go back to the pool.
+  void DropSlotCache(int slot);
+  // Frees one idle cache's blocks (a free slot's, least recently freed
+  // first, or a slot whose request has not started), neither `keep` nor
+  // `keep2`; false when none holds blocks.
+  bool ReclaimIdle(std::vector<std::unique_ptr<Active>>& active, int keep, int keep2);
+  // Preempts the newest request after active[i] that holds blocks and can be
+  // run again (a request with a grammar that has sampled cannot: its
+  // matcher cannot be replayed); false when none.
+  bool PreemptNewer(std::vector<std::unique_ptr<Active>>& active, size_t i);
+  void Preempt(Active& a);
+  // The blocks for active[i] (started) to hold `positions`: taken from the
+  // pool, idle caches, or newer requests; false when they cannot be had now.
+  bool Grow(std::vector<std::unique_ptr<Active>>& active, size_t i, int64_t positions);
+  // The blocks for active[i] (not started) to start from `start` (updated
+  // if freeing blocks changes it) and prefill up to `budget` tokens; false
+  // when they cannot be had now (nothing changed for it).
+  bool ClaimStart(std::vector<std::unique_ptr<Active>>& active, size_t i, std::pair<int, size_t>& start,
+                  size_t budget);
+  // Preempted requests (Active::requeue) go back to the front of the queue.
+  void Requeue(std::vector<std::unique_ptr<Active>>& active);
   // One iteration's engine work: prompt tokens, up to prefill_chunk in all,
   // oldest prompt first (each Started when its turn comes; a prompt's last
   // chunk gives its first token), and a decode step for every request that
@@ -297,6 +378,12 @@ class Scheduler {
   // it, whose samples with cache_prompt false may still copy from it.
   // Engine thread only.
   std::vector<uint64_t> slot_group_;
+  // The KV block pool and per slot its block table (the blocks holding
+  // slot_tokens_'s positions). Engine thread only (Admit reads them under
+  // mu_, on the engine thread).
+  std::optional<kv::BlockPool> pool_;
+  std::vector<std::vector<int>> slot_blocks_;
+  int64_t pool_positions_ = 0;  // the pool's positions, for Check
   uint64_t groups_ ABSL_GUARDED_BY(mu_) = 0;  // groups given so far
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // requests that hold a slot
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

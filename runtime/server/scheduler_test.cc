@@ -2,7 +2,10 @@
 // token's text is "<ID>"): requests decoded together give the text each gives
 // alone, whatever the prompt chunking; stop strings, stop tokens, max_tokens
 // and a full context end them; the queue is bounded; a cancelled request
-// frees its slot; shutdown ends every stream.
+// frees its slot; shutdown ends every stream. The KV block pool (issue 30):
+// tables grow with positions, requests wait for blocks, the newest is
+// preempted and completes with the text it gives alone, a request the pool
+// can never hold is refused, a copied start shares its full blocks.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -199,6 +202,16 @@ class RecordingEngine : public BatchEngine {
     return e_.CopyPrefix(slot, from, kept);
   }
   void Release(int slot) override { e_.Release(slot); }
+  // The scheduler's KV block tables: each slot's latest, and every table
+  // a slot was given, in order.
+  void SetBlockTable(int slot, absl::Span<const int> blocks) override {
+    absl::MutexLock lock(&mu_);
+    tables_.push_back({slot, std::vector<int>(blocks.begin(), blocks.end())});
+  }
+  std::vector<std::pair<int, std::vector<int>>> tables() {
+    absl::MutexLock lock(&mu_);
+    return tables_;
+  }
   bool supports_logprobs() const override { return e_.supports_logprobs(); }
   absl::Status SetLogprobs(int slot, int top_n, bool prompt) override { return e_.SetLogprobs(slot, top_n, prompt); }
   absl::StatusOr<SlotLogprobs> TakeLogprobs(int slot) override { return e_.TakeLogprobs(slot); }
@@ -225,6 +238,7 @@ class RecordingEngine : public BatchEngine {
   std::vector<std::pair<int, int>> calls_;  // (slot, tokens), (-1, a step's rows) or (-2, a batch's parts)
   std::vector<Copy> copies_;
   std::vector<int> batches_;  // parts per PrefillBatch call
+  std::vector<std::pair<int, std::vector<int>>> tables_;  // SetBlockTable calls
 };
 
 // The ids of an ids-only vocabulary's text ("<12><7>" -> {12, 7}).
@@ -1056,6 +1070,244 @@ TEST_CASE("logit_bias: a banned greedy token never comes; the next request is un
   const absl::Status refused = without.Submit(r).status();
   CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(std::string(refused.message()).find("logit_bias") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace dpl::server
+
+namespace dpl::server {
+namespace {
+
+// Issue 30's KV block pool as the scheduler's authority on positions.
+SchedulerOptions PoolOptions(int64_t pool_positions, int block_size, int prefill_chunk = 256) {
+  SchedulerOptions o{4, prefill_chunk};
+  o.kv_block_size = block_size;
+  o.kv_pool_positions = pool_positions;
+  return o;
+}
+
+// The sizes of the tables a slot was given, in order.
+std::vector<size_t> TableSizes(RecordingEngine& rec, int slot) {
+  std::vector<size_t> sizes;
+  for (const auto& [s, t] : rec.tables()) {
+    if (s == slot) sizes.push_back(t.size());
+  }
+  return sizes;
+}
+
+TEST_CASE("KV blocks: a slot's table grows with its positions; the default pool never waits") {
+  Fixture f(2);  // 64 positions a slot
+  RecordingEngine rec(*f.engine);
+  Scheduler s(rec, *f.tok, PoolOptions(0, 4));
+  const GenerationRequest r = Greedy({1, 2, 3, 4, 5}, 6);
+  const Result got = Collect(**s.Submit(r));
+  CHECK(got.text == RunAlone(r).text);
+  // 5 prompt positions: 2 blocks; the decode steps run tokens at 5..9: a
+  // third block from position 8 on.
+  CHECK(TableSizes(rec, 0) == std::vector<size_t>{2, 3});
+  const SchedulerMetrics m = s.metrics();
+  CHECK(m.kv_block_size == 4);
+  CHECK(m.kv_blocks_total == 2 * 16);  // each slot's whole context
+  CHECK(m.kv_positions_total == 2 * 64);
+  CHECK(m.kv_blocks_used == 3);  // the finished request's cache, kept for the next turn
+  CHECK(m.preemptions_total == 0);
+}
+
+TEST_CASE("KV blocks: a request waits in the queue while the pool is full, then runs") {
+  Fixture f(2);
+  RecordingEngine rec(*f.engine);
+  Scheduler s(rec, *f.tok, PoolOptions(48, 4));  // 12 blocks
+  std::vector<int32_t> long_prompt;
+  for (int32_t i = 0; i < 30; ++i) long_prompt.push_back(100 + i);
+  const GenerationRequest a = Greedy(long_prompt, 10), b = Greedy({7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+                                                                      20, 21, 22}, 3);
+  auto sa = s.Submit(a);
+  REQUIRE(sa.ok());
+  Result ra;
+  for (bool first = true; first;) {  // a has run its prompt: 8 blocks of the 12
+    for (StreamEvent& e : (*sa)->Wait(absl::Seconds(30))) {
+      ra.text += e.text;
+      first = false;
+      REQUIRE(!e.final);
+    }
+  }
+  auto sb = s.Submit(b);  // its 16 tokens and a first one need 5: it waits for a
+  REQUIRE(sb.ok());
+  const Result rest = Collect(**sa);
+  ra.text += rest.text;
+  const Result rb = Collect(**sb);
+  CHECK(rest.final.error.ok());
+  CHECK(rb.final.error.ok());
+  CHECK(ra.text == RunAlone(a).text);
+  CHECK(rb.text == RunAlone(b).text);
+  CHECK(rb.final.completion_tokens == 3);
+  // b's prompt went in after a's 9 steps: it never ran beside a.
+  const std::vector<std::pair<int, int>> calls = rec.calls();
+  int steps_before_b = 0, steps = 0;
+  bool b_started = false;
+  for (const auto& [slot, n] : calls) {
+    b_started |= slot == 1;
+    if (slot != -1) continue;
+    CHECK(n == 1);  // one row a step
+    ++steps;
+    steps_before_b += !b_started;
+  }
+  CHECK(steps_before_b == 9);
+  CHECK(steps == 9 + 2);
+  CHECK(s.metrics().preemptions_total == 0);
+  // b took the blocks of a's kept cache: a's next turn finds nothing cached
+  // and gives the same text.
+  const Result again = Collect(**s.Submit(a));
+  CHECK(again.final.cached_tokens == 0);
+  CHECK(again.text == ra.text);
+}
+
+TEST_CASE("KV blocks: the newest request is preempted when an older one cannot grow, and completes") {
+  const GenerationRequest a = Greedy({1, 2, 3, 4}, 24), b = Greedy({9, 8, 7, 6}, 20);
+  const Result alone_a = RunAlone(a), alone_b = RunAlone(b);
+  for (const bool mixed : {false, true}) {
+    CAPTURE(mixed);
+    Fixture f(2);
+    RecordingEngine rec(*f.engine);
+    SchedulerOptions o = PoolOptions(32, 4);  // 8 blocks; a needs 7, b 6
+    o.mixed_steps = mixed;
+    Scheduler s(rec, *f.tok, o);
+    const std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, {a, b});
+    const Result ra = Collect(*streams[0]), rb = Collect(*streams[1]);
+    CHECK(ra.final.error.ok());
+    CHECK(rb.final.error.ok());
+    CHECK(ra.text == alone_a.text);
+    CHECK(rb.text == alone_b.text);  // nothing repeated, nothing lost
+    CHECK(rb.final.completion_tokens == 20);
+    CHECK(rb.final.finish == FinishReason::kLength);
+    CHECK(rb.final.prompt_tokens == 4);
+    const SchedulerMetrics m = s.metrics();
+    CHECK(m.preemptions_total >= 1);
+    CHECK(m.recomputed_tokens_total > 4);  // b's prompt and the tokens it had sampled
+    CHECK(m.generated_tokens_total == 24 + 20);
+    CHECK(m.prompt_tokens_total == 8);
+    CHECK(m.processing == 0);
+    CHECK(m.deferred == 0);
+    for (const auto& [slot, table] : rec.tables()) CHECK(table.size() <= 8);
+  }
+}
+
+TEST_CASE("KV blocks: a request the pool can never hold is refused; one alone ends when it is full") {
+  Fixture f(1);  // 64 positions
+  Scheduler s(*f.engine, *f.tok, PoolOptions(32, 4));
+  CHECK(s.Submit(Greedy(std::vector<int32_t>(40, 1), -1)).status().code() == absl::StatusCode::kOutOfRange);
+  CHECK(s.Submit(Greedy(std::vector<int32_t>(20, 1), 20)).status().code() == absl::StatusCode::kOutOfRange);
+  const Result got = Collect(**s.Submit(Greedy({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, -1)));
+  CHECK(got.final.error.ok());
+  CHECK(got.final.finish == FinishReason::kLength);
+  CHECK(got.final.completion_tokens == 32 - 10 + 1);  // as at a full context
+  CHECK(s.metrics().preemptions_total == 0);
+}
+
+TEST_CASE("KV blocks: a start copied from another slot shares its full blocks") {
+  Fixture f(2);
+  RecordingEngine rec(*f.engine);
+  SchedulerOptions o = PoolOptions(0, 4);
+  o.defer_for_shared_start = 4;
+  Scheduler s(rec, *f.tok, o);
+  const std::vector<int32_t> system = {21, 22, 23, 24, 25, 26, 27, 28, 29, 30};  // 2 full blocks and 2
+  const GenerationRequest a = Greedy(Concat(system, {31, 32}), 4), b = Greedy(Concat(system, {40}), 3);
+  const std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, {a, b});
+  const Result ra = Collect(*streams[0]), rb = Collect(*streams[1]);
+  CHECK(rb.final.cached_tokens == 10);
+  CHECK(ra.text == RunAlone(a).text);
+  CHECK(rb.text == RunAlone(b).text);
+  REQUIRE(rec.copies().size() == 1);
+  // b's first table: a's first two blocks, then blocks of its own.
+  std::vector<int> a_table, b_first;
+  for (const auto& [slot, table] : rec.tables()) {
+    if (slot == 0 && a_table.empty() && table.size() >= 3) a_table = table;
+    if (slot == 1 && b_first.empty()) b_first = table;
+  }
+  REQUIRE(a_table.size() >= 3);
+  REQUIRE(b_first.size() == 3);  // 11 positions
+  CHECK(b_first[0] == a_table[0]);
+  CHECK(b_first[1] == a_table[1]);
+  CHECK(b_first[2] != a_table[2]);  // the partial block: its own copy
+  // Both caches kept: a's 12 + 3 positions (4 blocks), b's 11 + 2 (4
+  // blocks), two of them shared.
+  CHECK(s.metrics().kv_blocks_used == 4 + 4 - 2);
+}
+
+// Many requests on a pool far smaller than the slots' contexts, prompts in
+// chunks, with and without mixed steps: requests wait, take idle caches'
+// blocks, are preempted (more than once) and run again; every one
+// completes with the text it gives alone, logprobs once per token, and a
+// sampled one with all its tokens.
+TEST_CASE("KV blocks: a pool that keeps running out; every request completes as alone") {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 7; ++i) {
+    std::vector<int32_t> prompt;
+    for (int k = 0; k < 3 + 5 * (i % 3); ++k) prompt.push_back(10 + 7 * i + k);
+    reqs.push_back(Greedy(prompt, 8 + 3 * (i % 4)));
+  }
+  reqs[2].logprobs = 1;
+  reqs[4].prompt = Concat(reqs[1].prompt, {77, 78});  // a start a slot may hold
+  GenerationRequest sampled = Sampled({5, 6, 7, 8, 9}, 12, 3);
+  std::vector<Result> alone;
+  for (const auto& r : reqs) alone.push_back(RunAlone(r));
+  for (const bool mixed : {false, true}) {
+    CAPTURE(mixed);
+    Fixture f(4);
+    SchedulerOptions o = PoolOptions(40, 4, 6);  // 10 blocks for 4 slots of 64
+    o.mixed_steps = mixed;
+    Scheduler s(*f.engine, *f.tok, o);
+    std::vector<GenerationRequest> all = reqs;
+    all.push_back(sampled);
+    const std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, all);
+    for (size_t i = 0; i < all.size(); ++i) {
+      CAPTURE(i);
+      const Result got = Collect(*streams[i]);
+      REQUIRE_MESSAGE(got.final.error.ok(), got.final.error.ToString());
+      CHECK(got.final.completion_tokens == all[i].max_tokens);
+      if (i < reqs.size()) CHECK(got.text == alone[i].text);
+      if (all[i].logprobs >= 0) CHECK(static_cast<int64_t>(got.logprobs.size()) == got.final.completion_tokens);
+    }
+    const SchedulerMetrics m = s.metrics();
+    CHECK(m.preemptions_total >= 1);
+    CHECK(m.processing == 0);
+    CHECK(m.deferred == 0);
+    CHECK(m.kv_blocks_used <= 10);
+  }
+}
+
+// A request with a grammar that has sampled cannot be run again (its
+// matcher is the engine's): it is never preempted. An older request that
+// cannot grow beside it waits, or is preempted itself when nothing else
+// can run; both complete.
+TEST_CASE("KV blocks: a grammar's request is not preempted; the other completes as alone") {
+  auto any = grammar::Grammar::Parse(grammar::JsonObjectGbnf());
+  REQUIRE(any.ok());
+  auto object = std::make_shared<const grammar::Grammar>(*std::move(any));
+  const GenerationRequest a = Greedy({1, 2, 3}, 30);
+  GenerationRequest g = Sampled({9707, 11}, 30, 5);
+  g.grammar = object;
+  Result alone_a;
+  {
+    VocabFixture f(1);
+    Scheduler s(*f.engine, *f.tok, {});
+    alone_a = Collect(**s.Submit(a));
+  }
+  VocabFixture f(2);
+  Scheduler s(*f.engine, *f.tok, PoolOptions(48, 4));  // 12 blocks; a needs 9, g up to 8
+  const std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, {a, g});
+  const Result ra = Collect(*streams[0]), rg = Collect(*streams[1]);
+  REQUIRE(ra.final.error.ok());
+  REQUIRE(rg.final.error.ok());
+  CHECK(ra.text == alone_a.text);
+  CHECK(ra.final.completion_tokens == 30);
+  INFO(rg.text);
+  grammar::Matcher m(object);
+  CHECK(m.Accept(rg.text).ok());  // one matcher's walk: never restarted
+  CHECK(rg.text.rfind("{", 0) == 0);
+  // g (seed 5) draws all 30 tokens: the two did not fit together, and a
+  // was the one preempted.
+  if (rg.final.completion_tokens == 30) CHECK(s.metrics().preemptions_total >= 1);
 }
 
 }  // namespace
