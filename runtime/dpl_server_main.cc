@@ -43,7 +43,9 @@ void AddFlags(cxxopts::Options& options) {
       ("a,alias", "the model's name in the API (default: the file name)", cxxopts::value<std::string>())
       ("host", "address to listen on", cxxopts::value<std::string>()->default_value("127.0.0.1"))
       ("port", "port to listen on (0: any free one, printed)", cxxopts::value<int>()->default_value("8080"))
-      ("c,ctx-size", "context positions per slot (0: the model's; cpu caps it at 4096)",
+      ("c,ctx-size",
+       "KV cache positions: cuda, one pool all slots share (llama-server's -c with --kv-unified; "
+       "one sequence may use all of it); cpu, per slot (0: the model's context; cpu caps it at 4096)",
        cxxopts::value<int64_t>()->default_value("4096"))
       ("parallel", "slots: sequences decoded together (-np)", cxxopts::value<int>()->default_value("1"))
       ("queue", "requests that may wait for a slot; one more gets 503",
@@ -137,6 +139,18 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
     dpl::runtime::CudaDecoderOptions co;
     co.n_ctx = args["ctx-size"].as<int64_t>();
     co.n_seq = args["parallel"].as<int>();
+    // Paged KV: -c positions in one pool of blocks that every slot draws
+    // from as it grows (the scheduler hands them out, runtime/kv); a slot
+    // may reach the whole pool. DPL_KV_BLOCK sets the block (a power of two,
+    // 16 to 1024); 0 keeps a region of -c positions per slot (an A/B).
+    co.kv_block = 16;
+    if (const char* e = std::getenv("DPL_KV_BLOCK"); e != nullptr) {
+      if (!absl::SimpleAtoi(e, &co.kv_block) ||
+          (co.kv_block != 0 && (co.kv_block < 16 || co.kv_block > 1024 || (co.kv_block & (co.kv_block - 1)) != 0))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("DPL_KV_BLOCK: '", e, "' is not 0 or a power of two from 16 to 1024 (positions)"));
+      }
+    }
     co.index = file;
     DPL_ASSIGN_OR_RETURN(co.load.method,
                          dpl::runtime::ParseUploadMethod(args["weights-upload"].as<std::string>()));
@@ -175,10 +189,11 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   if (const char* e = std::getenv("DPL_MIXED_STEPS"); e != nullptr && std::string(e) == "1") {
     o.scheduler.mixed_steps = true;
   }
-  // The scheduler's KV block pool (issue 30), for development: the engines
-  // still reserve -c positions a slot, so a smaller pool saves no memory yet;
-  // it makes requests wait for blocks and preempts the newest as a pool of
-  // that size would.
+  // The scheduler's KV block pool (issue 30) over the CPU engine's regions,
+  // for development (the CUDA engine brings its own pool, -c positions):
+  // the CPU engine still reserves -c positions a slot, so a smaller pool
+  // saves no memory; it makes requests wait for blocks and preempts the
+  // newest as a pool of that size would.
   if (const char* e = std::getenv("DPL_KV_POOL"); e != nullptr) {
     int64_t positions = 0;
     if (!absl::SimpleAtoi(e, &positions) || positions < 0) {
@@ -188,10 +203,10 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   }
   if (const char* e = std::getenv("DPL_KV_BLOCK"); e != nullptr) {
     int block = 0;
-    if (!absl::SimpleAtoi(e, &block) || block < 1) {
+    if (!absl::SimpleAtoi(e, &block) || block < 0) {
       return absl::InvalidArgumentError(absl::StrCat("DPL_KV_BLOCK: '", e, "' is not a block size (positions, >= 1)"));
     }
-    o.scheduler.kv_block_size = block;
+    if (block > 0) o.scheduler.kv_block_size = block;  // 0: the CUDA engine's regions (LoadModel)
   }
   o.http.header_timeout = absl::Seconds(args["header-timeout"].as<double>());
   o.http.body_timeout = absl::Seconds(args["body-timeout"].as<double>());
@@ -221,7 +236,12 @@ absl::Status Run(const cxxopts::ParseResult& args) {
                path.c_str());
   server.StartLoading([&args, &o] {
     auto m = LoadModel(args);
-    if (m.ok()) {
+    if (m.ok() && m->engine->kv_pool_blocks() > 0) {
+      const dpl::server::BatchEngine& e = *m->engine;
+      std::fprintf(stderr, "dpl-server: %s loaded: %d slots sharing %lld KV positions (blocks of %d) (%s)\n",
+                   o.model_id.c_str(), e.n_slots(), static_cast<long long>(e.kv_pool_blocks()) * e.kv_block_size(),
+                   e.kv_block_size(), args["device"].as<std::string>().c_str());
+    } else if (m.ok()) {
       std::fprintf(stderr, "dpl-server: %s loaded: %d slots of %lld positions (%s)\n", o.model_id.c_str(),
                    m->engine->n_slots(), static_cast<long long>(m->engine->n_ctx()),
                    args["device"].as<std::string>().c_str());

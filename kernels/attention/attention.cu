@@ -11,6 +11,7 @@
 #include "kernels/attention/mma_f16.cuh"
 #include "kernels/act_quant.cuh"
 #include "kernels/cuda_check.h"
+#include "kernels/kv_pages.h"
 #include "kernels/launch.cuh"
 
 namespace dpl::kernels {
@@ -21,8 +22,8 @@ constexpr int kWarps = kThreads / 32;
 
 // ---------------------------------------------------------------------------
 // Split kernel, block (s, kvh, b): for batch row b (its query, position and
-// sequence region), the G query heads h = kvh * G + g and the positions t in
-// split s's chunk [t_begin, t_end):
+// sequence: a region, or kPaged a block table), the G query heads
+// h = kvh * G + g and the positions t in split s's chunk [t_begin, t_end):
 //   x_t = (q_h . k_t) * log2(e) / sqrt(HD)          (scores in the log2 domain)
 //   m = max_t x_t,  l = sum_t 2^(x_t - m),  acc = sum_t 2^(x_t - m) v_t
 // written to the workspace unnormalized; the combine kernel merges splits.
@@ -50,16 +51,33 @@ constexpr int kWarps = kThreads / 32;
 //
 // K and V reach the block through shared memory: the block first issues
 // cp.async copies of its first kStages tiles of K and V (a head's rows are
-// contiguous, so a tile is one contiguous span), and only then loads q. Why:
-// at mid lengths (depth ~3k) a split holds ~50-100 rows, i.e. 1-2 tiles, so
-// its whole chunk is in flight after one issue burst and the block pays one
+// contiguous, so with regions a tile is one contiguous span; pages: below),
+// and only then loads q. Why: at mid lengths (depth ~3k) a split holds
+// ~50-100 rows, i.e. 1-2 tiles, so its whole chunk is in flight after one
+// issue burst and the block pays one
 // HBM latency instead of one per step of a register pipeline. At long lengths
 // the stage being refilled streams while the other one is worked on (double
 // buffering), 2 * kStages * kTileT * HD * 2 bytes = 64 KB (HD 128) in flight
 // per block. Rows past the chunk are zero-filled, never read: a stale or NaN
 // V row times a zero probability would not stay 0. cp.async groups are
-// committed in the fixed order K_j, V_j (empty groups for tiles past the
-// chunk), so "at most 2 * kStages - 2 pending" means K_j and V_j landed.
+// committed in the fixed order K_j, V_j (pages: K_j and V_j together, then
+// an empty group; empty groups for tiles past the chunk), so "at most
+// 2 * kStages - 2 pending" means K_j and V_j landed.
+//
+// Where a tile's rows come from (kPaged, kernels/kv_pages.h):
+//   regions: row t of kv head kvh of sequence seq at
+//            ((seq * n_head_kv + kvh) * n_ctx + t) * HD: a tile is one
+//            contiguous span (IssuePaddedRows from the head's base);
+//   pages:   at KvRowOffset(pages, seq, ..., kvh, t, HD), through the
+//            sequence's block table: a tile of 64 keys from any position
+//            may cross up to 5 blocks of 16, so each thread looks up the
+//            block of every row it copies (IssuePaddedRowsAt: per row one
+//            4-byte table load, L1/L2-resident, a shift, a mask and a
+//            multiply-add; 8 rows a thread per tile at HD 128, 4 at HD 64),
+//            and that one lookup addresses the row's K and V copies alike
+//            (one layout), issued together. Rows inside a block stay
+//            contiguous, so the copies are as coalesced as with regions (a
+//            warp's 16-byte chunks cover 2 or 4 whole rows).
 constexpr int kTileT = 64;
 constexpr int kStages = 2;
 constexpr int kKeysPerWarp = kTileT / kWarps;  // 16: one k-step of P V
@@ -79,16 +97,18 @@ __host__ __device__ constexpr int StreamSmemBytes() {
 // (One long kernel on purpose: the cp.async stages, the fragments and the
 // softmax state share one register and shared-memory budget; device
 // functions would inline back into exactly this.)
-template <int HD, int G>
+template <int HD, int G, bool kPaged>
 __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
     const float* __restrict__ q,         // (batch, n_head, HD)
-    const __half* __restrict__ k_cache,  // (n_seq, n_head_kv, n_ctx, HD)
-    const __half* __restrict__ v_cache,  // (n_seq, n_head_kv, n_ctx, HD)
+    const __half* __restrict__ k_cache,  // regions: (n_seq, n_head_kv, n_ctx, HD);
+                                         // pages: (n_blocks, n_head_kv, 1 << block_shift, HD)
+    const __half* __restrict__ v_cache,  // as k_cache
     const int* __restrict__ d_pos,       // (batch)
-    const int* __restrict__ d_seq,       // (batch) or null: region 0
+    const int* __restrict__ d_seq,       // (batch) or null: sequence 0
     int n_ctx, int window, int max_splits, int min_chunk, float scale_log2, bool early_kv,
     float* __restrict__ ws_acc,  // (batch, n_head, max_splits, HD)
-    float* __restrict__ ws_ml) {  // (batch, n_head, max_splits, 2): (m, l)
+    float* __restrict__ ws_ml,   // (batch, n_head, max_splits, 2): (m, l)
+    KvPages pages) {             // kPaged: the block tables; unused for regions
   using namespace attn_mma;
   constexpr int kLd = PaddedRowHalves(HD);
   constexpr int kTile = TileHalves<HD>();
@@ -104,10 +124,11 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
 
   // Launched as a programmatic dependent of RoPE when the decode step uses
   // PDL (a no-op otherwise). RoPE writes q and the cache row of position p
-  // only; d_pos and the rows before p were written by earlier steps, so the
-  // position is read, and (early_kv) every split whose chunk ends before p
-  // issues its first tiles, before the wait: their K/V loads overlap RoPE.
-  // The split holding p waits first.
+  // only; d_pos, the block tables (uploaded before the step, like d_pos) and
+  // the rows before p were written by earlier steps, so the position is
+  // read, and (early_kv) every split whose chunk ends before p issues its
+  // first tiles, before the wait: their K/V loads overlap RoPE. The split
+  // holding p waits first.
   const int b = blockIdx.z;
   const AttnKeys keys = AttnKeyRange(d_pos[b], n_ctx, window);
   const int n_act = AttnActiveSplits(keys.len, max_splits, min_chunk);
@@ -116,8 +137,10 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   const int n_head = gridDim.y * G;
   const int seq = d_seq != nullptr ? max(d_seq[b], 0) : 0;
   q += (size_t)b * n_head * HD;
-  k_cache += (size_t)seq * gridDim.y * n_ctx * HD;
-  v_cache += (size_t)seq * gridDim.y * n_ctx * HD;
+  if constexpr (!kPaged) {  // pages: rows are found from the array's start
+    k_cache += (size_t)seq * gridDim.y * n_ctx * HD;
+    v_cache += (size_t)seq * gridDim.y * n_ctx * HD;
+  }
   ws_acc += (size_t)b * n_head * max_splits * HD;
   ws_ml += (size_t)b * n_head * max_splits * 2;
   const int chunk = AttnChunk(keys.len, n_act);
@@ -126,12 +149,29 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   const int n_tiles = t_end > t_begin ? (t_end - t_begin + kTileT - 1) / kTileT : 0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int gid = lane >> 2, tig = lane & 3;  // fragment row (head) and column pair
-  const __half* kh = k_cache + (size_t)kvh * n_ctx * HD;
+  const __half* kh = k_cache + (size_t)kvh * n_ctx * HD;  // regions: the head's rows
   const __half* vh = v_cache + (size_t)kvh * n_ctx * HD;
 
-  // Tile rows [t, t + n) of a head's K or V into dst, the rest of the tile zero.
-  auto issue = [&](__half* dst, const __half* head, int t, int n) {
-    IssuePaddedRows<HD, kTileT, kThreads>(dst, head, t, n, tid);
+  // Keys [t, t + n) of the head's K and V into stage st's K and V tiles
+  // (the rest of each tile zero), committed as two groups (regions: K, V;
+  // pages: K and V together, then an empty one, since each row's lookup
+  // serves both copies; the waits below count groups, two per tile, and
+  // need K and V alike); with live false both groups are empty.
+  auto issue_kv = [&](int st, int t, int n, bool live) {
+    if constexpr (kPaged) {
+      if (live) {
+        IssuePaddedRowsAt<HD, kTileT, kThreads, /*kPair=*/true>(
+            s_kv + (2 * st) * kTile, k_cache, s_kv + (2 * st + 1) * kTile, v_cache, n, tid,
+            [&](int r) { return KvRowOffset(pages, seq, gridDim.y, n_ctx, kvh, t + r, HD); });
+      }
+      CpAsyncCommit();
+      CpAsyncCommit();
+    } else {
+      if (live) IssuePaddedRows<HD, kTileT, kThreads>(s_kv + (2 * st) * kTile, kh, t, n, tid);
+      CpAsyncCommit();
+      if (live) IssuePaddedRows<HD, kTileT, kThreads>(s_kv + (2 * st + 1) * kTile, vh, t, n, tid);
+      CpAsyncCommit();
+    }
   };
   // Prologue: the first kStages tiles' copies go out before anything else.
   const bool holds_current = !early_kv || t_end == keys.lo + keys.len;
@@ -140,10 +180,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
   for (int j = 0; j < kStages; ++j) {
     const int t = t_begin + j * kTileT;
     const int n = min(kTileT, t_end - t);
-    if (j < n_tiles) issue(s_kv + (2 * j) * kTile, kh, t, n);
-    CpAsyncCommit();
-    if (j < n_tiles) issue(s_kv + (2 * j + 1) * kTile, vh, t, n);
-    CpAsyncCommit();
+    issue_kv(j, t, n, j < n_tiles);
   }
   if (!holds_current) GridDependencyWait();
   // The combine kernel (launched as a programmatic dependent) may start its
@@ -258,10 +295,7 @@ __global__ void __launch_bounds__(kThreads, 2) AttnStreamKernel(
     const int jn = j + kStages;
     const int tn = t_begin + jn * kTileT;
     const int nn = min(kTileT, t_end - tn);
-    if (jn < n_tiles) issue(s_kv + (2 * st) * kTile, kh, tn, nn);
-    CpAsyncCommit();
-    if (jn < n_tiles) issue(s_kv + (2 * st + 1) * kTile, vh, tn, nn);
-    CpAsyncCommit();
+    issue_kv(st, tn, nn, jn < n_tiles);
   }
   CpAsyncWait<0>();  // only empty groups can be pending; drain before reuse
   __syncthreads();
@@ -397,12 +431,12 @@ __global__ void __launch_bounds__(HD * kParts) AttnCombineKernel(
 }
 
 using SplitFn = void (*)(const float*, const __half*, const __half*, const int*, const int*, int,
-                         int, int, int, float, bool, float*, float*);
+                         int, int, int, float, bool, float*, float*, KvPages);
 
-template <int HD>
+template <int HD, bool kPaged>
 SplitFn PickSplitT(int group) {
 #define DPL_ATTN_CASE(G) \
-  case G: return AttnStreamKernel<HD, G>;
+  case G: return AttnStreamKernel<HD, G, kPaged>;
   switch (group) {
     DPL_ATTN_CASE(1) DPL_ATTN_CASE(2) DPL_ATTN_CASE(3) DPL_ATTN_CASE(4)
     DPL_ATTN_CASE(5) DPL_ATTN_CASE(6) DPL_ATTN_CASE(7) DPL_ATTN_CASE(8)
@@ -416,13 +450,13 @@ struct SplitChoice {
   int smem = 0;  // dynamic shared memory bytes
 };
 
-SplitChoice PickSplit(int head_dim, int group) {
+SplitChoice PickSplit(int head_dim, int group, bool paged) {
   SplitChoice c;
   if (head_dim == 64) {
-    c.fn = PickSplitT<64>(group);
+    c.fn = paged ? PickSplitT<64, true>(group) : PickSplitT<64, false>(group);
     c.smem = StreamSmemBytes<64>();
   } else if (head_dim == 128) {
-    c.fn = PickSplitT<128>(group);
+    c.fn = paged ? PickSplitT<128, true>(group) : PickSplitT<128, false>(group);
     c.smem = StreamSmemBytes<128>();
   }
   return c;
@@ -470,11 +504,19 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
   // One full wave: as many split blocks as fit on the GPU at once, shared by
   // the batch's rows.
   const int group = n_head / n_head_kv;
-  const SplitChoice split = PickSplit(head_dim, group);
+  // The occupancy of the regions kernel; the paged one has the same shared
+  // memory and the same __launch_bounds__ (2 blocks per SM), and gets its
+  // opt-in here too, before any graph capture.
+  const SplitChoice split = PickSplit(head_dim, group, /*paged=*/false);
+  const SplitChoice split_paged = PickSplit(head_dim, group, /*paged=*/true);
   int per_sm = 0;
   cudaError_t occ = cudaSuccess;
   if (split.smem > 0) {
     occ = cudaFuncSetAttribute(split.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, split.smem);
+    if (occ == cudaSuccess) {
+      occ = cudaFuncSetAttribute(split_paged.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 split_paged.smem);
+    }
   }
   if (occ == cudaSuccess) {
     occ = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split.fn, kThreads, split.smem);
@@ -505,9 +547,28 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
 absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
                              const uint16_t* k_cache, const uint16_t* v_cache, const int* d_pos,
                              float* workspace, float* out, cudaStream_t stream,
-                             const QuantOut* quant, const int* d_seq) {
+                             const QuantOut* quant, const int* d_seq, const KvPages& pages) {
   if (!q || !k_cache || !v_cache || !d_pos || !workspace || !out) {
     return absl::InvalidArgumentError("decode attention: null pointer");
+  }
+  if (pages.paged()) {
+    if (pages.block_shift < 4 || pages.block_shift > 10) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("decode attention: pages.block_shift ", pages.block_shift,
+                       " (blocks of 16 to 1024 positions: 4..10)"));
+    }
+    if (pages.max_blocks <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("decode attention: pages.max_blocks ", pages.max_blocks, " <= 0"));
+    }
+    // Every position a row may read (< plan.n_ctx) must have a table entry.
+    const int64_t reach = static_cast<int64_t>(pages.max_blocks) << pages.block_shift;
+    if (plan.n_ctx > reach) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decode attention: plan n_ctx ", plan.n_ctx, " past what a block table reaches (",
+          reach, ": pages.max_blocks ", pages.max_blocks, " << block_shift ", pages.block_shift,
+          ")"));
+    }
   }
   if (quant != nullptr && (!quant->q || !quant->d || !quant->s)) {
     return absl::InvalidArgumentError("decode attention: a quantized output with null buffers");
@@ -519,7 +580,8 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
     return absl::InvalidArgumentError("decode attention: plan not from PlanDecodeAttention");
   }
   const int group = plan.n_head / plan.n_head_kv;
-  const SplitChoice split = PickSplit(plan.head_dim, group);
+  const bool paged = pages.paged();
+  const SplitChoice split = PickSplit(plan.head_dim, group, paged);
   if (!split.fn) {
     return absl::UnimplementedError(absl::StrCat("decode attention: head_dim ", plan.head_dim,
                                                  " group ", group));
@@ -534,8 +596,8 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
     // Above 48 KB of dynamic shared memory needs the opt-in. PlanDecodeAttention
     // already set it (before any graph capture); set it here only if this
     // process never did, so captured calls normally make no extra API call.
-    static std::atomic<bool> opted_in[2][9];
-    std::atomic<bool>& done = opted_in[plan.head_dim == 128 ? 1 : 0][group];
+    static std::atomic<bool> opted_in[2][2][9];
+    std::atomic<bool>& done = opted_in[plan.head_dim == 128 ? 1 : 0][paged ? 1 : 0][group];
     if (!done.load(std::memory_order_relaxed)) {
       DPL_CUDA_CHECK(
           cudaFuncSetAttribute(split.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, split.smem));
@@ -545,7 +607,8 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
   DPL_RETURN_IF_ERROR(LaunchKernel(split.fn, dim3(plan.max_splits, plan.n_head_kv, plan.batch),
                                    dim3(kThreads), split.smem, stream, plan.step_pdl, q, kc, vc,
                                    d_pos, d_seq, plan.n_ctx, plan.window, plan.max_splits,
-                                   plan.min_chunk, scale_log2, plan.early_kv, ws_acc, ws_ml));
+                                   plan.min_chunk, scale_log2, plan.early_kv, ws_acc, ws_ml,
+                                   pages));
   // The combine kernel goes out as a programmatic dependent launch (Hopper
   // PDL): its launch overlaps the split kernel's tail, and griddepcontrol.wait
   // inside it orders the reads of the partials after the split grid.

@@ -1,5 +1,6 @@
 // Decode attention: one new query token against an f16 KV cache (or a batch
-// of them, one per sequence, each against its own sequence region), grouped-query
+// of them, one per sequence, each against its own sequence's rows: a region
+// of the cache, or blocks of a paged one, kernels/kv_pages.h), grouped-query
 // (query head h reads kv head h / (n_head / n_head_kv)), causal over keys
 // 0..pos with pos = *d_pos, scale 1/sqrt(head_dim). Flash-decoding: a split
 // kernel (grid max_splits x n_head_kv; each block takes one chunk of positions
@@ -15,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/act_quant.h"
+#include "kernels/kv_pages.h"
 #include "kernels/tuning.h"
 
 namespace dpl::kernels {
@@ -23,7 +25,8 @@ struct DecodeAttentionPlan {
   int n_head = 0;
   int n_head_kv = 0;
   int head_dim = 0;    // 64 or 128
-  int n_ctx = 0;       // cache rows per kv head
+  int n_ctx = 0;       // positions per sequence: regions, rows per kv head of a region;
+                       // pages, at most what a block table reaches (max_blocks << block_shift)
   int max_splits = 0;  // split-kernel blocks per kv head and batch row (grid.x)
   // Copied from DecodeTuning by the planner (0 = not planned: rejected).
   int min_chunk = 0;      // fewest keys per active split (AttnActiveSplits)
@@ -54,16 +57,21 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
                                                         const DecodeTuning& tuning, int batch = 1);
 
 // For each batch row b < plan.batch, with pos = d_pos[b] and its sequence
-// region r = d_seq[b]:
+// r = max(d_seq[b], 0) (0 without d_seq):
 //   out[b] = softmax(q[b] k_r^T / sqrt(head_dim)) v_r over keys 0..min(pos, n_ctx-1)
-// (with plan.window > 0: the last `window` of them, AttnKeyRange).
+// (with plan.window > 0: the last `window` of them, AttnKeyRange), where row
+// (kv head h, position t) of k_r (v_r) is at k_cache + KvRowOffset(pages, r,
+// n_head_kv, n_ctx, h, t, head_dim) (kernels/kv_pages.h).
 //   q:         (batch, n_head, head_dim) floats (already rotated)
-//   k_cache:   (n_seq, n_head_kv, n_ctx, head_dim) f16 bits (kernels/ops/kv_cache.h),
-//              rows 0..pos of each row's region valid
-//   v_cache:   (n_seq, n_head_kv, n_ctx, head_dim) f16 bits
+//   k_cache:   one layer's K array, f16 bits (kernels/ops/kv_cache.h):
+//              regions (pages.tables null): (n_seq, n_head_kv, n_ctx, head_dim);
+//              pages: (n_blocks, n_head_kv, 1 << pages.block_shift, head_dim).
+//              Rows 0..pos of each row's sequence valid
+//   v_cache:   the layer's V array, as k_cache
 //   d_pos:     (batch) ints, device memory; a negative position (a padding
-//              row of a batched step) attends key 0 of its region: finite,
-//              never read by anyone
+//              row of a batched step) attends key 0 of its sequence: finite,
+//              never read by anyone (pages: that sequence's first table
+//              entry must still name a block of the pool)
 //   workspace: (plan.workspace_floats) floats, scratch
 //   out:       (batch, n_head, head_dim) floats
 //   quant:     null, or where out is also written as int8 activation blocks
@@ -71,14 +79,28 @@ absl::StatusOr<DecodeAttentionPlan> PlanDecodeAttention(int n_head, int n_head_k
 //              blocks), bit for bit what QuantizeActivations(out) would
 //              write; the combine kernel does it, so the Wo matvec needs no
 //              quantize launch.
-//   d_seq:     (batch) ints, device memory, or null: every row in region 0.
-//              A negative entry means region 0.
-// A row's result depends on its own query, position and region only (and
+//   d_seq:     (batch) ints, device memory, or null: every row is sequence
+//              0 (with pages: every row reads sequence 0's table). A
+//              negative entry means sequence 0.
+//   pages:     where a sequence's rows are (kernels/kv_pages.h). Default
+//              (tables null): regions, sequence r's region at r * n_head_kv *
+//              n_ctx * head_dim, exactly as before pages existed (the same
+//              kernel code). With tables: (n_seq, pages.max_blocks) block ids
+//              in device memory, read on the device like d_pos (so a
+//              captured graph follows table updates); position t of
+//              sequence r is in block tables[r * max_blocks + (t >>
+//              block_shift)] at row t & (block - 1). The entries a row
+//              reads (positions of its key range) must name blocks of the
+//              pool. Errors: block_shift outside [4, 10], max_blocks <= 0,
+//              plan.n_ctx > max_blocks << block_shift (InvalidArgument).
+//              Same plan, same inputs: paged and regions give the same bits.
+// A row's result depends on its own query, position and sequence only (and
 // on plan.max_splits): the same row in another batch of the same plan is
 // bit-identical.
 absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
                              const uint16_t* k_cache, const uint16_t* v_cache, const int* d_pos,
                              float* workspace, float* out, cudaStream_t stream,
-                             const QuantOut* quant = nullptr, const int* d_seq = nullptr);
+                             const QuantOut* quant = nullptr, const int* d_seq = nullptr,
+                             const KvPages& pages = {});
 
 }  // namespace dpl::kernels

@@ -5,9 +5,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "formats/dequant.h"
@@ -318,6 +321,213 @@ TEST_CASE("batched decode attention: one row per sequence region") {
   for (Setup& s : regions) cudaFree(s.dk), cudaFree(s.dv);
   cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(dout), cudaFree(dout1), cudaFree(dws);
   cudaFree(dpos), cudaFree(dseq);
+}
+
+// Quiet-NaN f16 bits: cache rows nobody may read hold these.
+constexpr uint16_t kF16NaN = 0x7E00;
+
+// A regions cache (n_seq, n_kv, n_ctx, hd) copied into a paged pool (n_blocks,
+// n_kv, block, hd), as the server's scheduler would lay it out: sequence s's
+// positions 0..lens[s]-1 go to blocks handed out in a shuffled order
+// (tables[s * max_blocks + p / block]); every other block of the pool holds
+// NaN bits, and the table entries past a sequence's rows name one of those,
+// so a read through a wrong entry, of a wrong row or past the rows shows.
+struct PagedPool {
+  int block = 0, max_blocks = 0, n_blocks = 0;
+  std::vector<uint16_t> k, v;  // (n_blocks, n_kv, block, hd)
+  std::vector<int> tables;     // (n_seq, max_blocks)
+};
+
+PagedPool PageCache(const std::vector<uint16_t>& k, const std::vector<uint16_t>& v, int n_kv,
+                    int n_ctx, int hd, const std::vector<int>& lens, int block, uint32_t seed) {
+  const int n_seq = static_cast<int>(lens.size());
+  PagedPool pool;
+  pool.block = block;
+  pool.max_blocks = n_ctx / block;
+  int used = 0;
+  for (int len : lens) used += (len + block - 1) / block;
+  pool.n_blocks = used + 7;  // spare NaN blocks
+  std::vector<int> ids(pool.n_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::mt19937 rng(seed);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const size_t per_block = size_t(n_kv) * block * hd;
+  pool.k.assign(per_block * pool.n_blocks, kF16NaN);
+  pool.v.assign(per_block * pool.n_blocks, kF16NaN);
+  pool.tables.assign(size_t(n_seq) * pool.max_blocks, 0);
+  int next = 0;
+  for (int s = 0; s < n_seq; ++s) {
+    for (int i = 0; i < pool.max_blocks; ++i) {
+      const bool holds_rows = i * block < lens[s];
+      // Past the rows: one of the spare (NaN) blocks, never read.
+      const int blk = holds_rows ? ids[next++] : ids[used + (s + i) % (pool.n_blocks - used)];
+      pool.tables[size_t(s) * pool.max_blocks + i] = blk;
+      if (!holds_rows) continue;
+      for (int h = 0; h < n_kv; ++h) {
+        for (int r = 0; r < block && i * block + r < lens[s]; ++r) {
+          const size_t from = ((size_t(s) * n_kv + h) * n_ctx + i * block + r) * hd;
+          const size_t to = ((size_t(blk) * n_kv + h) * block + r) * hd;
+          std::copy_n(k.begin() + from, hd, pool.k.begin() + to);
+          std::copy_n(v.begin() + from, hd, pool.v.begin() + to);
+        }
+      }
+    }
+  }
+  return pool;
+}
+
+template <typename T>
+T* Upload(const std::vector<T>& h) {
+  T* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, h.size() * sizeof(T)));
+  CUDA_OK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// One batched call over regions and the same call over their paged copy
+// (same plan, so the same splits): out, and the int8 blocks of `quant`,
+// bit for bit equal. Rows: sequence 0 at its last position (every block of
+// its table), sequence 1 at position 0, sequence 2 at 137 (not
+// block-aligned), a padding row (position -1, sequence -1: key 0 of
+// sequence 0); then a d_seq-less call (sequence 0's table) at position 300.
+void RunPagedCase(int n_head, int n_kv, int hd, int block, int window, const DecodeTuning& t) {
+  CAPTURE(n_head);
+  CAPTURE(n_kv);
+  CAPTURE(hd);
+  CAPTURE(block);
+  CAPTURE(window);
+  CAPTURE(t.attn_splits);
+  const int n_ctx = 512;
+  const std::vector<int> lens = {512, 1, 138};  // live rows per sequence
+  const int n_seq = static_cast<int>(lens.size());
+  // Regions: live rows random, the rest NaN (read by neither layout).
+  const size_t region = size_t(n_kv) * n_ctx * hd;
+  std::vector<uint16_t> k(n_seq * region), v(n_seq * region);
+  std::mt19937 rng(uint32_t(hd * 7 + n_head + block));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int s = 0; s < n_seq; ++s) {
+    for (int h = 0; h < n_kv; ++h) {
+      for (int p = 0; p < n_ctx; ++p) {
+        for (int e = 0; e < hd; ++e) {
+          const size_t i = ((size_t(s) * n_kv + h) * n_ctx + p) * hd + e;
+          k[i] = p < lens[s] ? formats::F32ToF16(u(rng)) : kF16NaN;
+          v[i] = p < lens[s] ? formats::F32ToF16(u(rng)) : kF16NaN;
+        }
+      }
+    }
+  }
+  const PagedPool pool = PageCache(k, v, n_kv, n_ctx, hd, lens, block, uint32_t(block + window));
+  const int block_shift = __builtin_ctz(static_cast<unsigned>(block));
+  REQUIRE((1 << block_shift) == block);
+
+  const std::vector<int> seqs = {0, 1, 2, -1};
+  const std::vector<int> pos = {511, 0, 137, -1};
+  const int batch = static_cast<int>(seqs.size());
+  auto plan = PlanDecodeAttention(n_head, n_kv, hd, n_ctx, window, t, batch);
+  REQUIRE(plan.ok());
+  const int64_t row = int64_t(n_head) * hd;
+  std::vector<float> q(batch * row);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (auto& x : q) x = nd(rng);
+
+  uint16_t *dk = Upload(k), *dv = Upload(v), *pk = Upload(pool.k), *pv = Upload(pool.v);
+  int *dtab = Upload(pool.tables), *dpos = Upload(pos), *dseq = Upload(seqs);
+  float* dq = Upload(q);
+  float *dws, *out_r, *out_p;
+  CUDA_OK(cudaMalloc(&dws, plan->workspace_floats * 4));
+  CUDA_OK(cudaMalloc(&out_r, batch * row * 4));
+  CUDA_OK(cudaMalloc(&out_p, batch * row * 4));
+  auto bytes = MatVecScratchBytes(row, batch);
+  REQUIRE(bytes.ok());
+  void *ma, *mb;
+  CUDA_OK(cudaMalloc(&ma, *bytes));
+  CUDA_OK(cudaMalloc(&mb, *bytes));
+  MatVecScratch sr = MatVecScratchIn(ma, row, batch), sp = MatVecScratchIn(mb, row, batch);
+  auto qr = QuantizeInto(row, batch, &sr);
+  auto qp = QuantizeInto(row, batch, &sp);
+  REQUIRE(qr.ok());
+  REQUIRE(qp.ok());
+  const KvPages pages{dtab, pool.max_blocks, block_shift};
+
+  STATUS_OK(DecodeAttention(*plan, dq, dk, dv, dpos, dws, out_r, 0, &*qr, dseq));
+  STATUS_OK(DecodeAttention(*plan, dq, pk, pv, dpos, dws, out_p, 0, &*qp, dseq, pages));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> got_r(batch * row), got_p(batch * row);
+  CUDA_OK(cudaMemcpy(got_r.data(), out_r, got_r.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(got_p.data(), out_p, got_p.size() * 4, cudaMemcpyDeviceToHost));
+  size_t non_finite = 0;
+  for (float x : got_r) non_finite += std::isfinite(x) ? 0 : 1;
+  REQUIRE_MESSAGE(non_finite == 0, non_finite << " regions outputs are NaN or inf");
+  for (int b = 0; b < batch; ++b) {
+    CAPTURE(b);
+    CHECK(std::memcmp(got_r.data() + b * row, got_p.data() + b * row, row * 4) == 0);
+  }
+  const size_t nb = size_t(batch) * row / 32;
+  CHECK(DownloadBytes(qr->q, batch * row) == DownloadBytes(qp->q, batch * row));
+  CHECK(DownloadBytes(qr->d, nb * 4) == DownloadBytes(qp->d, nb * 4));
+  CHECK(DownloadBytes(qr->s, nb * 4) == DownloadBytes(qp->s, nb * 4));
+
+  // Without d_seq every row is sequence 0: regions at the array's start, pages
+  // through table 0.
+  DecodeTuning same = t;
+  same.attn_splits = plan->max_splits;
+  auto one = PlanDecodeAttention(n_head, n_kv, hd, n_ctx, window, same);
+  REQUIRE(one.ok());
+  const int pos300 = 300;
+  CUDA_OK(cudaMemcpy(dpos, &pos300, 4, cudaMemcpyHostToDevice));
+  STATUS_OK(DecodeAttention(*one, dq, dk, dv, dpos, dws, out_r, 0));
+  STATUS_OK(DecodeAttention(*one, dq, pk, pv, dpos, dws, out_p, 0, nullptr, nullptr, pages));
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> one_r(row), one_p(row);
+  CUDA_OK(cudaMemcpy(one_r.data(), out_r, row * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(one_p.data(), out_p, row * 4, cudaMemcpyDeviceToHost));
+  for (float x : one_r) REQUIRE(std::isfinite(x));
+  CHECK(std::memcmp(one_r.data(), one_p.data(), row * 4) == 0);
+
+  cudaFree(dk), cudaFree(dv), cudaFree(pk), cudaFree(pv), cudaFree(dtab), cudaFree(dpos);
+  cudaFree(dseq), cudaFree(dq), cudaFree(dws), cudaFree(out_r), cudaFree(out_p), cudaFree(ma);
+  cudaFree(mb);
+}
+
+TEST_CASE("paged cache gives the same bits as regions") {
+  DecodeTuning forced = Tuning();
+  forced.attn_splits = 7;     // chunks of 74 (len 512), 20 (len 138) or 15 (window
+  forced.attn_min_chunk = 1;  // 100): tiles start off the block boundaries and cross them
+  for (const DecodeTuning& t : {Tuning(), forced}) {
+    for (int hd : {128, 64}) {
+      for (int block : {16, 64}) {
+        for (int window : {0, 100}) {
+          RunPagedCase(28, 4, hd, block, window, t);  // group 7
+          RunPagedCase(16, 4, hd, block, window, t);  // group 4
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("DecodeAttention rejects bad pages, naming the field") {
+  auto plan = PlanDecodeAttention(28, 4, 128, 512, /*window=*/0, Tuning());
+  REQUIRE(plan.ok());
+  float *dq, *dws, *dout;
+  uint16_t* dkv;
+  int* dint;
+  CUDA_OK(cudaMalloc(&dq, 28 * 128 * 4));
+  CUDA_OK(cudaMalloc(&dws, plan->workspace_floats * 4));
+  CUDA_OK(cudaMalloc(&dout, 28 * 128 * 4));
+  CUDA_OK(cudaMalloc(&dkv, 64));
+  CUDA_OK(cudaMalloc(&dint, 64));
+  auto expect_error = [&](const KvPages& pages, const char* field) {
+    const absl::Status st =
+        DecodeAttention(*plan, dq, dkv, dkv, dint, dws, dout, 0, nullptr, nullptr, pages);
+    CAPTURE(field);
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_MESSAGE(st.message().find(field) != std::string::npos, st.ToString());
+  };
+  expect_error({dint, 32, 3}, "block_shift");
+  expect_error({dint, 1, 11}, "block_shift");
+  expect_error({dint, 0, 4}, "max_blocks");
+  expect_error({dint, 31, 4}, "n_ctx");  // 31 blocks of 16 reach 496 < 512
+  cudaFree(dq), cudaFree(dws), cudaFree(dout), cudaFree(dkv), cudaFree(dint);
 }
 
 TEST_CASE("PlanDecodeAttention rejects unsupported shapes") {

@@ -68,6 +68,41 @@ __device__ __forceinline__ void IssuePaddedRows(__half* dst,                    
   }
 }
 
+// The paged form of IssuePaddedRows (kernels/kv_pages.h), for tiles whose
+// rows need not be contiguous in memory (a 64-key tile may cross blocks of
+// 16): row r < n_valid of the tile comes from src + row_offset(r), an
+// element offset that row_offset computes from the block table; rows r >=
+// n_valid are zero-filled, row_offset is never called for them (their
+// table entries may not exist) and src + col stands in as the legal, never
+// read, address. The chunks go to the threads exactly as in
+// IssuePaddedRows (chunk c = tid + i * kThreads is row c / (HD / 8)), so a
+// thread evaluates row_offset once per chunk it copies; with kPair the same
+// rows of a second array (V beside K: one layout, one offset) go to dst2 in
+// the same pass, so one table lookup serves both copies.
+template <int HD, int kRows, int kThreads, bool kPair, typename RowOffset>
+__device__ __forceinline__ void IssuePaddedRowsAt(
+    __half* dst,                      // (kRows, HD + 8)
+    const __half* __restrict__ src,   // a layer's K or V array (kernels/kv_pages.h)
+    __half* dst2,                     // kPair: (kRows, HD + 8), else unused
+    const __half* __restrict__ src2,  // kPair: the layer's other array (V beside K)
+    int n_valid, int tid,
+    RowOffset row_offset) {           // (int r) -> uint64_t: row r's element offset in src
+  constexpr int kChunksPerRow = HD / 8;
+  constexpr int kPerThread = kRows * kChunksPerRow / kThreads;
+  static_assert(kRows * kChunksPerRow % kThreads == 0, "chunks split evenly over the block");
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = tid + i * kThreads;
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const bool valid = r < n_valid;
+    const uint64_t off = (valid ? row_offset(r) : 0) + col;
+    CpAsync16ZeroFill(SmemAddr(dst + r * PaddedRowHalves(HD) + col), src + off, valid);
+    if constexpr (kPair) {
+      CpAsync16ZeroFill(SmemAddr(dst2 + r * PaddedRowHalves(HD) + col), src2 + off, valid);
+    }
+  }
+}
+
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -8,6 +8,7 @@
 #include "kernels/attention/mma_f16.cuh"
 #include "kernels/attention/prompt_attention.h"
 #include "kernels/cuda_check.h"
+#include "kernels/kv_pages.h"
 #include "kernels/launch.cuh"
 
 namespace dpl::kernels {
@@ -81,20 +82,39 @@ struct TileGeometry {
 // tiles wholly below theirs, and both limits are applied in every tile.
 //
 // Registers (nvcc 13.0, sm_90a): 243 for HD 128, 134 for HD 64, no spills;
-// with 69.6 KB of shared memory HD 128 runs 2 CTAs (8 warps) per SM.
+// with 69.6 KB of shared memory HD 128 runs 2 CTAs (8 warps) per SM. (Seen
+// again with the paged forms added: regions 243 / 244 (window) for HD 128,
+// 128 with an 8-byte spill for HD 64; paged 249 / 242 and 135, no spills.)
 // Capping at 3 CTAs per SM (168 registers) spills. Measured on an H200: a
 // 512-token chunk at p0 3254 takes 126 us for Qwen2.5-7B (28/4 heads, 204
 // TFLOP/s) and 197 us for 14B (40/8, 187 TFLOP/s); attention_bench prints it.
 //
+// Where key j's K and V rows come from (kPaged, kernels/kv_pages.h):
+//   regions: the caller's (n_head_kv, n_ctx, HD) arrays, row (kvh, j) at
+//            (kvh * n_ctx + j) * HD: a tile is one contiguous span
+//            (IssuePaddedRows from the head's base);
+//   pages:   the layer's whole arrays, row (kvh, j) of sequence seq at
+//            KvRowOffset(pages, seq, n_head_kv, n_ctx, kvh, j, HD). Key
+//            tiles start at multiples of 64, so a tile is one block's run of
+//            rows for blocks >= 64 and 64 / block whole blocks for smaller
+//            ones (4 of 16); each thread looks up the block of every row it
+//            copies (IssuePaddedRowsAt: one 4-byte table load, L1-resident
+//            after the first, a shift, a mask and a multiply-add per row; 8
+//            rows a thread at HD 128, 4 at HD 64), for K and again for V (the
+//            K, V group order and the separate waits stay as with regions),
+//            once per 64-key tile against ~0.5 MFLOP of MMAs a warp (HD 128).
+//
 // (One kernel body on purpose: the pipeline, the fragments and the softmax
 // state share one register budget.)
-template <int HD, bool kWindow>
+template <int HD, bool kWindow, bool kPaged>
 __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
     const float* __restrict__ q,          // (n_tokens, n_head, HD)
-    const __half* __restrict__ k_cache,   // (n_head_kv, n_ctx, HD)
-    const __half* __restrict__ v_cache,   // (n_head_kv, n_ctx, HD)
+    const __half* __restrict__ k_cache,   // regions: (n_head_kv, n_ctx, HD);
+                                          // pages: (n_blocks, n_head_kv, 1 << block_shift, HD)
+    const __half* __restrict__ v_cache,   // as k_cache
     int n_head, int group, int n_ctx, int p0, int n_tokens, int window, float scale_log2,
-    float* __restrict__ out) {            // (n_tokens, n_head, HD)
+    float* __restrict__ out,              // (n_tokens, n_head, HD)
+    KvPages pages, int seq) {             // kPaged: the block tables and the sequence's row
   using Geo = TileGeometry<HD>;
   constexpr int kLd = Geo::kLd;
   constexpr int kDimSteps = HD / 16;      // k-steps of Q K^T (over head dims)
@@ -120,19 +140,27 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   const int kv_len = p0 + min(m0 + kBlockM, n_tokens);
   const int n_kt = (kv_len + kBlockN - 1) / kBlockN;
   const int j_first = kWindow ? max(0, p0 + m0 - window + 1) / kBlockN : 0;
-  const __half* kh = k_cache + static_cast<size_t>(kvh) * n_ctx * HD;
+  const __half* kh = k_cache + static_cast<size_t>(kvh) * n_ctx * HD;  // regions: the head's rows
   const __half* vh = v_cache + static_cast<size_t>(kvh) * n_ctx * HD;
 
-  // Keys [j0, j0 + kBlockN) of a head's K or V into dst, keys >= kv_len zero.
-  auto issue = [&](__half* dst, const __half* head, int j0) {
-    IssuePaddedRows<HD, kBlockN, kThreads>(dst, head, j0, kv_len - j0, tid);
+  // Keys [j0, j0 + kBlockN) of a head's K or V into dst, keys >= kv_len
+  // zero; regions copy from the head's rows (kh or vh), pages from the
+  // layer's array (k_cache or v_cache) through the table.
+  auto issue = [&](__half* dst, const __half* head, const __half* array, int j0) {
+    if constexpr (kPaged) {
+      IssuePaddedRowsAt<HD, kBlockN, kThreads, /*kPair=*/false>(
+          dst, array, nullptr, nullptr, kv_len - j0, tid,
+          [&](int r) { return KvRowOffset(pages, seq, n_head / group, n_ctx, kvh, j0 + r, HD); });
+    } else {
+      IssuePaddedRows<HD, kBlockN, kThreads>(dst, head, j0, kv_len - j0, tid);
+    }
   };
   // Prologue: tile 0's copies go out before the Q loads. cp.async groups are
   // committed in the fixed order K_j, V_j (empty groups past the last tile),
   // so "at most 3 pending" means K_j landed and "at most 2" means V_j landed.
-  issue(s_kv, kh, j_first * kBlockN);
+  issue(s_kv, kh, k_cache, j_first * kBlockN);
   CpAsyncCommit();
-  issue(s_kv + kStages * Geo::kTileHalves, vh, j_first * kBlockN);
+  issue(s_kv + kStages * Geo::kTileHalves, vh, v_cache, j_first * kBlockN);
   CpAsyncCommit();
 
   const int row_lo = m0 + warp * 16 + gid;  // token of c0/c1 (and a0/a2); row_lo + 8: c2/c3
@@ -183,11 +211,11 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
     // Refill the other stage with tile j + 1 (it was last read in iteration
     // j - 1, which ended with a barrier).
     if (j + 1 < n_kt) {
-      issue(s_kv + (st ^ 1) * Geo::kTileHalves, kh, j0 + kBlockN);
+      issue(s_kv + (st ^ 1) * Geo::kTileHalves, kh, k_cache, j0 + kBlockN);
     }
     CpAsyncCommit();
     if (j + 1 < n_kt) {
-      issue(s_kv + (kStages + (st ^ 1)) * Geo::kTileHalves, vh, j0 + kBlockN);
+      issue(s_kv + (kStages + (st ^ 1)) * Geo::kTileHalves, vh, v_cache, j0 + kBlockN);
     }
     CpAsyncCommit();
 
@@ -313,26 +341,41 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   }
 }
 
-template <int HD, bool kWindow>
+template <int HD, bool kWindow, bool kPaged>
 absl::Status LaunchPromptAttn(const PromptAttentionShape& shape, const float* q,
                               const __half* k_cache, const __half* v_cache, int p0, int n_tokens,
-                              float* out, cudaStream_t stream) {
+                              float* out, cudaStream_t stream, const KvPages& pages, int seq) {
   constexpr int kSmem = TileGeometry<HD>::kSmemBytes;
-  DPL_RETURN_IF_ERROR((OptInSharedMemory<PromptAttnKernel<HD, kWindow>>(kSmem)));
+  DPL_RETURN_IF_ERROR((OptInSharedMemory<PromptAttnKernel<HD, kWindow, kPaged>>(kSmem)));
   const int n_qtiles = (n_tokens + kBlockM - 1) / kBlockM;
   const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(HD)));
-  PromptAttnKernel<HD, kWindow><<<dim3(shape.n_head, n_qtiles), kThreads, kSmem, stream>>>(
+  PromptAttnKernel<HD, kWindow, kPaged><<<dim3(shape.n_head, n_qtiles), kThreads, kSmem, stream>>>(
       q, k_cache, v_cache, shape.n_head, shape.n_head / shape.n_head_kv, shape.n_ctx, p0,
-      n_tokens, shape.window, scale_log2, out);
+      n_tokens, shape.window, scale_log2, out, pages, seq);
   DPL_CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
+}
+
+template <int HD>
+absl::Status LaunchPromptAttnHd(const PromptAttentionShape& shape, const float* q,
+                                const __half* k_cache, const __half* v_cache, int p0, int n_tokens,
+                                float* out, cudaStream_t stream, const KvPages& pages, int seq) {
+  const bool w = shape.window > 0;
+  auto launch = [&](auto kernel_launch) {
+    return kernel_launch(shape, q, k_cache, v_cache, p0, n_tokens, out, stream, pages, seq);
+  };
+  if (pages.paged()) {
+    return w ? launch(LaunchPromptAttn<HD, true, true>) : launch(LaunchPromptAttn<HD, false, true>);
+  }
+  return w ? launch(LaunchPromptAttn<HD, true, false>) : launch(LaunchPromptAttn<HD, false, false>);
 }
 
 }  // namespace
 
 absl::Status PromptAttention(const PromptAttentionShape& shape, const float* q,
                              const uint16_t* k_cache, const uint16_t* v_cache, int p0,
-                             int n_tokens, float* out, cudaStream_t stream) {
+                             int n_tokens, float* out, cudaStream_t stream, const KvPages& pages,
+                             int seq) {
   if (shape.head_dim != 64 && shape.head_dim != 128) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prompt attention: head_dim ", shape.head_dim, " (kernels exist for 64 and 128)"));
@@ -353,6 +396,27 @@ absl::Status PromptAttention(const PromptAttentionShape& shape, const float* q,
   if (static_cast<int64_t>(p0) + n_tokens > shape.n_ctx) {
     return absl::InvalidArgumentError(absl::StrCat("prompt attention: p0 ", p0, " + n_tokens ",
                                                    n_tokens, " > n_ctx ", shape.n_ctx));
+  }
+  if (pages.paged()) {
+    if (pages.block_shift < 4 || pages.block_shift > 10) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt attention: pages.block_shift ", pages.block_shift,
+                       " (blocks of 16 to 1024 positions: 4..10)"));
+    }
+    if (pages.max_blocks <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt attention: pages.max_blocks ", pages.max_blocks, " <= 0"));
+    }
+    if (seq < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt attention: seq ", seq, " < 0"));
+    }
+    // The keys read (< p0 + n_tokens <= n_ctx) must have table entries.
+    const int64_t reach = static_cast<int64_t>(pages.max_blocks) << pages.block_shift;
+    if (shape.n_ctx > reach) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt attention: n_ctx ", shape.n_ctx, " past what a block table reaches (", reach,
+          ": pages.max_blocks ", pages.max_blocks, " << block_shift ", pages.block_shift, ")"));
+    }
   }
   // gridDim.y holds the query tiles (at most 65535).
   if ((n_tokens + kBlockM - 1) / kBlockM > 65535) {
@@ -382,13 +446,10 @@ absl::Status PromptAttention(const PromptAttentionShape& shape, const float* q,
   if (shape.window < 0) {
     return absl::InvalidArgumentError(absl::StrCat("prompt attention: window ", shape.window, " < 0"));
   }
-  const bool w = shape.window > 0;
   if (shape.head_dim == 64) {
-    return w ? LaunchPromptAttn<64, true>(shape, q, kc, vc, p0, n_tokens, out, stream)
-             : LaunchPromptAttn<64, false>(shape, q, kc, vc, p0, n_tokens, out, stream);
+    return LaunchPromptAttnHd<64>(shape, q, kc, vc, p0, n_tokens, out, stream, pages, seq);
   }
-  return w ? LaunchPromptAttn<128, true>(shape, q, kc, vc, p0, n_tokens, out, stream)
-           : LaunchPromptAttn<128, false>(shape, q, kc, vc, p0, n_tokens, out, stream);
+  return LaunchPromptAttnHd<128>(shape, q, kc, vc, p0, n_tokens, out, stream, pages, seq);
 }
 
 }  // namespace dpl::kernels

@@ -9,8 +9,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "formats/dequant.h"
@@ -210,6 +213,110 @@ TEST_CASE("prompt attention is deterministic") {
   CHECK(a.Download() == b.Download());
 }
 
+// A paged chunk against the same chunk over regions: bit for bit equal.
+// Regions: n_seq sequences of n_ctx positions, (n_seq, n_kv, n_ctx, hd),
+// rows 0..p0+n-1 of each random and the rest NaN; the chunk runs on
+// sequence `seq` (the caller offsets the pointers to its region). Pages: the
+// same rows in a pool of blocks handed out in a shuffled order, the pool's
+// other blocks NaN, and the table entries past a sequence's rows naming NaN
+// blocks, so a read through a wrong entry, of a wrong row or past the rows
+// shows.
+struct PagedCase {
+  int n_head, n_head_kv, hd;
+  int p0, n_tokens;
+  int block;
+  int window = 0;
+};
+
+void RunPagedCase(const PagedCase& c) {
+  CAPTURE(c.n_head);
+  CAPTURE(c.n_head_kv);
+  CAPTURE(c.hd);
+  CAPTURE(c.p0);
+  CAPTURE(c.n_tokens);
+  CAPTURE(c.block);
+  CAPTURE(c.window);
+  const int n_ctx = 512, n_seq = 3, seq = 1, hd = c.hd, n_kv = c.n_head_kv;
+  const int n_valid = c.p0 + c.n_tokens;
+  REQUIRE(n_valid <= n_ctx);
+  const size_t region = size_t(n_kv) * n_ctx * hd;
+  std::vector<uint16_t> k(n_seq * region, kF16NaN), v(n_seq * region, kF16NaN);
+  std::mt19937 rng(uint32_t(c.p0 * 131 + c.n_tokens * 7 + c.n_head * 3 + hd + c.block));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int s = 0; s < n_seq; ++s) {
+    for (int h = 0; h < n_kv; ++h) {
+      for (int p = 0; p < n_valid; ++p) {
+        for (int e = 0; e < hd; ++e) {
+          const size_t i = ((size_t(s) * n_kv + h) * n_ctx + p) * hd + e;
+          k[i] = formats::F32ToF16(u(rng));
+          v[i] = formats::F32ToF16(u(rng));
+        }
+      }
+    }
+  }
+  // The pool: ceil(n_valid / block) blocks a sequence, plus spare NaN ones.
+  const int block = c.block, max_blocks = n_ctx / block;
+  const int need = (n_valid + block - 1) / block, used = n_seq * need;
+  const int n_blocks = used + 5;
+  std::vector<int> ids(n_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const size_t per_block = size_t(n_kv) * block * hd;
+  std::vector<uint16_t> pk(per_block * n_blocks, kF16NaN), pv(per_block * n_blocks, kF16NaN);
+  std::vector<int> tables(size_t(n_seq) * max_blocks);
+  int next = 0;
+  for (int s = 0; s < n_seq; ++s) {
+    for (int i = 0; i < max_blocks; ++i) {
+      const int blk = i < need ? ids[next++] : ids[used + (s + i) % (n_blocks - used)];
+      tables[size_t(s) * max_blocks + i] = blk;
+      if (i >= need) continue;
+      for (int h = 0; h < n_kv; ++h) {
+        for (int r = 0; r < block && i * block + r < n_valid; ++r) {
+          const size_t from = ((size_t(s) * n_kv + h) * n_ctx + i * block + r) * hd;
+          const size_t to = ((size_t(blk) * n_kv + h) * block + r) * hd;
+          std::copy_n(k.begin() + from, hd, pk.begin() + to);
+          std::copy_n(v.begin() + from, hd, pv.begin() + to);
+        }
+      }
+    }
+  }
+  std::vector<float> q(size_t(c.n_tokens) * c.n_head * hd);
+  for (auto& x : q) x = 3.0f * u(rng);
+
+  GuardedArray<float> dq(q);
+  GuardedArray<uint16_t> dk(k), dv(v), dpk(pk), dpv(pv);
+  GuardedArray<int> dtab(tables);
+  GuardedArray<float> out_r(q.size()), out_p(q.size());
+  const PromptAttentionShape shape{c.n_head, n_kv, hd, n_ctx, c.window};
+  const int block_shift = __builtin_ctz(static_cast<unsigned>(block));
+  REQUIRE((1 << block_shift) == block);
+  const KvPages pages{dtab.get(), max_blocks, block_shift};
+  STATUS_OK(PromptAttention(shape, dq.get(), dk.get() + seq * region, dv.get() + seq * region, c.p0,
+                            c.n_tokens, out_r.get(), 0));
+  STATUS_OK(PromptAttention(shape, dq.get(), dpk.get(), dpv.get(), c.p0, c.n_tokens, out_p.get(), 0,
+                            pages, seq));
+  const std::vector<float> got_r = out_r.Download(), got_p = out_p.Download();
+  size_t non_finite = 0;
+  for (float x : got_r) non_finite += std::isfinite(x) ? 0 : 1;
+  REQUIRE_MESSAGE(non_finite == 0, non_finite << " regions outputs are NaN or inf");
+  CHECK(std::memcmp(got_r.data(), got_p.data(), got_r.size() * 4) == 0);
+}
+
+TEST_CASE("paged prompt attention gives the same bits as regions") {
+  for (int hd : {128, 64}) {
+    for (const auto& heads : {std::pair{28, 4}, std::pair{16, 4}}) {  // groups 7 and 4
+      // A chunk off the block boundaries, blocks of 16 (4 a key tile).
+      RunPagedCase({heads.first, heads.second, hd, 37, 100, 16});
+      RunPagedCase({heads.first, heads.second, hd, 37, 100, 16, 50});  // window: tiles from 0 < lo
+      // The first chunk, blocks of 64 (one a key tile), a partial last query tile.
+      RunPagedCase({heads.first, heads.second, hd, 0, 130, 64});
+      RunPagedCase({heads.first, heads.second, hd, 0, 130, 64, 40});
+      // A later chunk with a window, blocks of 32 (2 a key tile).
+      RunPagedCase({heads.first, heads.second, hd, 300, 150, 32, 100});
+    }
+  }
+}
+
 TEST_CASE("prompt attention rejects bad arguments, naming the field") {
   GuardedArray<float> q(size_t(4) * 28 * 128), out(size_t(4) * 28 * 128);
   GuardedArray<uint16_t> k(size_t(4) * 64 * 128), v(size_t(4) * 64 * 128);
@@ -233,6 +340,26 @@ TEST_CASE("prompt attention rejects bad arguments, naming the field") {
   expect_error(good, q.get(), k.get() + 1, v.get(), 0, 4, out.get(), "k_cache");  // misaligned
   // The boundary itself is fine: p0 + n_tokens == n_ctx.
   STATUS_OK(PromptAttention(good, q.get(), k.get(), v.get(), 60, 4, out.get(), 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  // Pages (the field named in each message).
+  GuardedArray<int> tab(std::vector<int>(4, 0));
+  auto paged_error = [&](const KvPages& pages, int seq, int p0, int n, const char* field) {
+    const absl::Status st =
+        PromptAttention(good, q.get(), k.get(), v.get(), p0, n, out.get(), 0, pages, seq);
+    CAPTURE(field);
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_MESSAGE(st.message().find(field) != std::string::npos, st.ToString());
+  };
+  paged_error({tab.get(), 4, 3}, 0, 0, 4, "block_shift");
+  paged_error({tab.get(), 1, 11}, 0, 0, 4, "block_shift");
+  paged_error({tab.get(), 0, 4}, 0, 0, 4, "max_blocks");
+  paged_error({tab.get(), 4, 4}, -1, 0, 4, "seq");
+  paged_error({tab.get(), 4, 4}, 0, 61, 4, "n_ctx");  // 61 + 4 > 64
+  paged_error({tab.get(), 3, 4}, 0, 0, 4, "n_ctx");   // 3 blocks of 16 reach 48 < 64
+  // 4 blocks of 16 reach n_ctx 64: the boundary is fine (every entry names block 0,
+  // k's first 4 x 16 rows).
+  STATUS_OK(
+      PromptAttention(good, q.get(), k.get(), v.get(), 60, 4, out.get(), 0, {tab.get(), 4, 4}, 0));
   CUDA_OK(cudaDeviceSynchronize());
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "kernels/kv_pages.h"
 #include "kernels/matvec/matvec_geometry.h"
 
 namespace dpl::kernels {
@@ -41,16 +42,24 @@ inline bool FoldsRope(MatVecKernel kernel, MatVecKernel last, const MatVecGeomet
   return last == kernel && g.ksplit == 4 && g.depth == 2 && !g.pipe;
 }
 
+// The cache rows (kernels/kv_pages.h): head h of the token's sequence
+// s = max(*d_seq, 0) (0 with a null d_seq) at position pos is written at
+//   KvRowOffset(pages, s, n_head_kv, n_ctx, h, pos, head_dim) + d
+// for its dim d: regions ((s n_head_kv + h) n_ctx + pos) head_dim + d; pages
+// the same row of block tables[s max_blocks + (pos >> block_shift)] (one
+// table load per written row).
 struct MatVecRope {
   const int* d_pos = nullptr;        // (1) the token's position; outside [0, n_ctx): no cache row
-  const int* d_seq = nullptr;        // (1) its cache region, or null: region 0 (negative: 0)
+  const int* d_seq = nullptr;        // (1) its sequence, or null: sequence 0 (negative: 0)
   const double* cos_sin = nullptr;   // (head_dim / 2, 2): cos, sin of pos * inv_freq[j] (RopeTable)
-  uint16_t* k_cache = nullptr;       // (n_seq, n_head_kv, n_ctx, head_dim) f16 bits
-  uint16_t* v_cache = nullptr;       // same
+  uint16_t* k_cache = nullptr;       // f16 bits, this layer's K: regions (n_seq, n_head_kv, n_ctx,
+                                     // head_dim); pages (n_blocks, n_head_kv, block, head_dim)
+  uint16_t* v_cache = nullptr;       // same, V
   int head_dim = 0;                  // even; RoPE rotates all of it (n_rot == head_dim)
   int n_head_kv = 0;
-  int n_ctx = 0;
+  int n_ctx = 0;                     // positions per sequence (pages: at most max_blocks << block_shift)
   bool neox = false;                 // pairs (d, d + head_dim/2); else (2i, 2i + 1)
+  KvPages pages;                     // block tables (device memory), or {}: regions
 };
 
 }  // namespace dpl::kernels

@@ -97,10 +97,13 @@ __device__ __forceinline__ void RopeEpilogue(const MatVecArgs& a, const MatVecPa
   const int d = static_cast<int>(row - head * hd);
   const bool in_cache = pos >= 0 && pos < r.n_ctx;
   const int seq = r.d_seq != nullptr ? max(r.d_seq[0], 0) : 0;
-  const size_t cache =
-      ((static_cast<size_t>(seq) * r.n_head_kv + head) * r.n_ctx + (in_cache ? pos : 0)) * hd + d;
+  // The row's element (matvec_rope.h), only where one is written: paged, that
+  // is where the table is read.
+  auto cache = [&]() {
+    return KvRowOffset(r.pages, seq, r.n_head_kv, r.n_ctx, static_cast<int>(head), pos, hd) + d;
+  };
   if (P.role == MatVecRole::kCacheV) {
-    if (in_cache) reinterpret_cast<__half*>(r.v_cache)[cache] = __float2half_rn(v);
+    if (in_cache) reinterpret_cast<__half*>(r.v_cache)[cache()] = __float2half_rn(v);
     return;
   }
   const int m = static_cast<int>(lrow & 1);
@@ -112,7 +115,7 @@ __device__ __forceinline__ void RopeEpilogue(const MatVecArgs& a, const MatVecPa
   if (P.role == MatVecRole::kRopeQ) {
     P.y[row] = static_cast<float>(out);
   } else if (in_cache) {
-    reinterpret_cast<__half*>(r.k_cache)[cache] = __double2half(out);
+    reinterpret_cast<__half*>(r.k_cache)[cache()] = __double2half(out);
   }
 }
 

@@ -1,9 +1,11 @@
 #include "kernels/ops/kv_cache.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace dpl::kernels {
 
@@ -18,6 +20,24 @@ absl::StatusOr<KvCacheLayout> MakeKvCacheLayout(int n_layer, int n_kv_head, int 
                      " n_seq=", n_seq));
   }
   return KvCacheLayout{n_layer, n_kv_head, n_ctx, head_dim, n_seq};
+}
+
+absl::StatusOr<KvCacheLayout> MakePagedKvCacheLayout(int n_layer, int n_kv_head, int head_dim, int n_seq,
+                                                     int block, int n_blocks, int64_t n_ctx) {
+  if (block < 16 || block > 1024 || (block & (block - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("paged KV cache: the block must be a power of two from 16 to 1024 positions, got ", block));
+  }
+  if (n_blocks <= 0 || n_ctx <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("paged KV cache: need positive n_blocks and n_ctx; got n_blocks=",
+                                                   n_blocks, " n_ctx=", n_ctx));
+  }
+  const int64_t table = std::min<int64_t>((n_ctx + block - 1) / block, n_blocks);
+  DPL_ASSIGN_OR_RETURN(KvCacheLayout layout,
+                       MakeKvCacheLayout(n_layer, n_kv_head, static_cast<int>(table * block), head_dim, n_seq));
+  while ((1 << layout.block_shift) < block) ++layout.block_shift;
+  layout.n_blocks = n_blocks;
+  return layout;
 }
 
 absl::StatusOr<std::vector<double>> RopeInvFreq(double base, int n_rot, double freq_scale) {

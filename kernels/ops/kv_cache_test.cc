@@ -4,6 +4,9 @@
 #include <cmath>
 #include <set>
 
+#include <vector>
+
+#include "kernels/kv_pages.h"
 #include "kernels/ops/kv_cache.h"
 
 namespace dpl::kernels {
@@ -55,6 +58,60 @@ TEST_CASE("KV cache layout rejects bad shapes") {
   CHECK(!MakeKvCacheLayout(0, 4, 16, 128).ok());
   CHECK(!MakeKvCacheLayout(2, 4, 16, 127).ok());
   CHECK(!MakeKvCacheLayout(2, -1, 16, 128).ok());
+}
+
+TEST_CASE("KV cache layout: KvRowOffset of regions is the region's row") {
+  auto three = MakeKvCacheLayout(2, 2, 5, 4, 3);
+  REQUIRE(three.ok());
+  const KvPages regions;
+  for (int s = 0; s < 3; ++s) {
+    for (int h = 0; h < 2; ++h) {
+      for (int p = 0; p < 5; ++p) {
+        CHECK(KvRowOffset(regions, s, 2, 5, h, p, 4) == three->SeqOffset(s) + three->RowOffset(h, p));
+      }
+    }
+  }
+}
+
+TEST_CASE("KV cache layout: a paged pool's rows tile it, each sequence through its table") {
+  // 2 sequences reaching 64 positions each in blocks of 16, a pool of 6 blocks:
+  // sequence 0 holds blocks 4, 1, 5; sequence 1 holds 0, 3, 2 (the 6 blocks, each once).
+  auto paged = MakePagedKvCacheLayout(2, 2, 4, 2, 16, 6, 60);
+  REQUIRE(paged.ok());
+  CHECK(paged->paged());
+  CHECK(paged->block() == 16);
+  CHECK(paged->n_ctx == 64);  // rounded up to whole blocks
+  CHECK(paged->max_blocks() == 4);
+  CHECK(paged->ElemsPerArray() == 6 * 2 * 16 * 4);
+  const std::vector<int> tables = {4, 1, 5, -1, 0, 3, 2, -1};
+  const KvPages pages{tables.data(), paged->max_blocks(), paged->block_shift};
+  std::set<uint64_t> starts;
+  for (int s = 0; s < 2; ++s) {
+    for (int h = 0; h < 2; ++h) {
+      for (int p = 0; p < 48; ++p) {
+        const uint64_t at = KvRowOffset(pages, s, 2, paged->n_ctx, h, p, 4);
+        const int blk = tables[static_cast<size_t>(s * 4 + p / 16)];
+        CHECK(at == paged->BlockOffset(blk) + paged->RowOffset(h, p));
+        starts.insert(at);
+      }
+    }
+  }
+  CHECK(starts.size() == 6 * 2 * 16);  // every row of the pool exactly once
+  CHECK(*starts.rbegin() + 4 == paged->ElemsPerArray());
+  // Positions of one head stay contiguous inside a block.
+  CHECK(KvRowOffset(pages, 1, 2, 64, 1, 20, 4) + 4 == KvRowOffset(pages, 1, 2, 64, 1, 21, 4));
+  // A table never reaches past the pool.
+  auto small = MakePagedKvCacheLayout(2, 2, 4, 2, 16, 3, 1000);
+  REQUIRE(small.ok());
+  CHECK(small->n_ctx == 48);
+}
+
+TEST_CASE("KV cache layout rejects bad paged shapes") {
+  CHECK(!MakePagedKvCacheLayout(2, 2, 4, 2, 24, 6, 64).ok());    // not a power of two
+  CHECK(!MakePagedKvCacheLayout(2, 2, 4, 2, 8, 6, 64).ok());     // below 16
+  CHECK(!MakePagedKvCacheLayout(2, 2, 4, 2, 2048, 6, 64).ok());  // above 1024
+  CHECK(!MakePagedKvCacheLayout(2, 2, 4, 2, 16, 0, 64).ok());
+  CHECK(!MakePagedKvCacheLayout(2, 2, 4, 0, 16, 6, 64).ok());
 }
 
 TEST_CASE("RoPE inverse frequencies") {

@@ -67,9 +67,12 @@ int ElementwiseBlocks(int64_t n, int threads) {
 }
 
 // Blocks x in [0, n_head): rotate q head x in place. Blocks [n_head, n_head +
-// n_head_kv): rotate k head j, write it (f16) to k_cache[j][pos] and v head j
-// to v_cache[j][pos]. With a norm weight (qwen3), each head is first
-// RMS-normed: x = x * w / sqrt(mean(x^2) + eps) over its head_dim values.
+// n_head_kv): rotate k head j, write it (f16) to k_cache[row] and v head j
+// to v_cache[row], row = KvRowOffset(pages, seq, n_head_kv, n_ctx, j, pos,
+// head_dim) (kernels/kv_pages.h: regions ((seq n_head_kv + j) n_ctx + pos)
+// head_dim; pages: one table load, block tables[seq max_blocks + (pos >>
+// block_shift)]). With a norm weight (qwen3), each head is first RMS-normed:
+// x = x * w / sqrt(mean(x^2) + eps) over its head_dim values.
 // Thread i handles rotation pair i (< n_rot / 2), then the pass-through
 // elements [n_rot, head_dim) in a strided loop.
 // blockIdx.y = token t of the batch: q, k, v and d_pos advanced to row t.
@@ -80,8 +83,9 @@ __global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,  // (n
                              float* q,                // (n_tokens, n_head, head_dim)
                              const float* k,          // (n_tokens, n_head_kv, head_dim)
                              const float* v,          // (n_tokens, n_head_kv, head_dim)
-                             __half* k_cache,         // (n_seq, n_head_kv, n_ctx, head_dim)
-                             __half* v_cache) {       // (n_seq, n_head_kv, n_ctx, head_dim)
+                             __half* k_cache,         // regions (n_seq, n_head_kv, n_ctx, head_dim);
+                             __half* v_cache,         // pages (n_blocks, n_head_kv, block, head_dim)
+                             KvPages pages) {         // tables (n_seq, max_blocks), or null: regions
   __shared__ float scratch[32];
   GridDependencyWait();
   GridLaunchDependents();
@@ -98,8 +102,9 @@ __global__ void RopeKvKernel(RopeKvShape sh, bool neox, const int* d_pos,  // (n
   const bool is_q = blockIdx.x < sh.n_head;
   const int head = is_q ? blockIdx.x : blockIdx.x - sh.n_head;
   const bool write_cache = !is_q && pos >= 0 && pos < sh.n_ctx;
-  const size_t cache_row =
-      ((static_cast<size_t>(seq) * sh.n_head_kv + head) * sh.n_ctx + (write_cache ? pos : 0)) * hd;
+  // Paged: no table load for a q head or a position that writes nothing.
+  const uint64_t cache_row =
+      write_cache ? KvRowOffset(pages, seq, sh.n_head_kv, sh.n_ctx, head, pos, hd) : 0;
   const float* src = is_q ? q + static_cast<size_t>(head) * hd : k + static_cast<size_t>(head) * hd;
   const int i0 = neox ? i : 2 * i;
   const int i1 = neox ? i + half_rot : 2 * i + 1;
@@ -242,7 +247,7 @@ absl::Status RopeTable(const int* d_pos, const double* inv_freq, int n_half, dou
 absl::Status RopeWriteKv(const RopeKvShape& sh, RopeStyle style, const int* d_pos,
                          const double* inv_freq, const HeadNorms& norms, float* q, const float* k,
                          const float* v, uint16_t* k_cache, uint16_t* v_cache, int n_tokens,
-                         cudaStream_t stream, bool pdl, const int* d_seq) {
+                         cudaStream_t stream, bool pdl, const int* d_seq, const KvPages& pages) {
   if (sh.n_head <= 0 || sh.n_head_kv <= 0 || sh.head_dim <= 0 || sh.head_dim % 2 != 0 ||
       sh.head_dim > 256 || sh.n_rot <= 0 || sh.n_rot % 2 != 0 || sh.n_rot > sh.head_dim ||
       sh.n_ctx <= 0) {
@@ -260,11 +265,28 @@ absl::Status RopeWriteKv(const RopeKvShape& sh, RopeStyle style, const int* d_po
     return absl::InvalidArgumentError(
         absl::StrCat("RopeWriteKv: n_tokens ", n_tokens, " is outside [1, 65535]"));
   }
+  if (pages.paged()) {
+    if (pages.block_shift < 4 || pages.block_shift > 10) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RopeWriteKv: paged cache with pages.block_shift ", pages.block_shift,
+          ", outside [4, 10] (blocks of 16 to 1024 positions)"));
+    }
+    if (pages.max_blocks <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RopeWriteKv: paged cache with pages.max_blocks ", pages.max_blocks, " (need > 0)"));
+    }
+    // A position past a table's reach would read the next sequence's table.
+    if (static_cast<int64_t>(sh.n_ctx) > (static_cast<int64_t>(pages.max_blocks) << pages.block_shift)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RopeWriteKv: n_ctx ", sh.n_ctx, " is more than a block table reaches (pages.max_blocks ",
+          pages.max_blocks, " << pages.block_shift ", pages.block_shift, ")"));
+    }
+  }
   const int threads = ((sh.head_dim / 2 + 31) / 32) * 32;
   const dim3 grid(sh.n_head + sh.n_head_kv, n_tokens);
   return LaunchKernel(RopeKvKernel, grid, dim3(threads), 0, stream, pdl, sh,
                       style == RopeStyle::kNeox, d_pos, d_seq, inv_freq, norms, q, k, v,
-                      reinterpret_cast<__half*>(k_cache), reinterpret_cast<__half*>(v_cache));
+                      reinterpret_cast<__half*>(k_cache), reinterpret_cast<__half*>(v_cache), pages);
 }
 
 absl::Status EmbedRows(const WeightMatrix& t, const int* d_token, int n_tokens, float* out,

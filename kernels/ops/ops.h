@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/kv_pages.h"
 #include "kernels/weight_matrix.h"
 #include "model/hparams.h"
 
@@ -41,16 +42,29 @@ using model::RopeStyle;  // kAdjacent (llama) or kNeox (qwen2): model/hparams.h
 //   q:        (n_tokens, n_head, head_dim) floats, rotated in place
 //   k, v:     (n_tokens, n_head_kv, head_dim) floats, read only
 //   inv_freq: (n_rot / 2) doubles, device memory
-//   k_cache, v_cache: this layer's (n_seq, n_head_kv, n_ctx, head_dim) f16
-//             bits (kernels/ops/kv_cache.h); row p of each kv head of
-//             token t's sequence region is written (rotated k, plain v).
-//   d_seq:    (n_tokens) ints, device memory: token t's region (a batched
-//             decode step, one token per sequence), or null: every token in
-//             region 0 (one sequence, e.g. a prompt chunk: offset the cache
-//             pointers to reach another region). A negative entry means 0.
+//   k_cache, v_cache: this layer's K and V arrays, f16 bits (kernels/kv_pages.h,
+//             kernels/ops/kv_cache.h); row p of each kv head of token t's
+//             sequence is written (rotated k, plain v), at element offset
+//             KvRowOffset(pages, seq, n_head_kv, n_ctx, head, p, head_dim):
+//               regions (pages.tables null): (n_seq, n_head_kv, n_ctx, head_dim),
+//                 sequence s's region at s * n_head_kv * n_ctx * head_dim;
+//               pages: the layer's whole pool, (n_blocks, n_head_kv,
+//                 1 << pages.block_shift, head_dim); position p of sequence s
+//                 in block pages.tables[s * max_blocks + (p >> block_shift)].
+//   d_seq:    (n_tokens) ints, device memory: token t's sequence (a batched
+//             decode step, one token per sequence; a packed prompt pass), or
+//             null: every token in sequence 0 (e.g. a prompt chunk: offset the
+//             cache pointers (regions) or pages.tables (pages, by s *
+//             max_blocks) to reach sequence s). A negative entry means 0.
+//   pages:    the block tables, or {} (regions). With pages, shape.n_ctx is
+//             the positions a table reaches (at most max_blocks << block_shift),
+//             block_shift is in [4, 10] (16 to 1024 positions) and every
+//             table entry a written position reaches must be a block of the
+//             pool (device memory: not checked here).
 // A position outside [0, n_ctx) rotates q but writes no cache row (a graph
 // kernel cannot report an error; the caller must never step past n_ctx;
-// padding rows of a batched step use position -1 on purpose).
+// padding rows of a batched step use position -1 on purpose); paged, such a
+// position reads no table entry either.
 // With norms.q and norms.k (qwen3's attn_q_norm / attn_k_norm, both or
 // neither), every head of q and of k is first RMS-normed over its head_dim
 // values, x = x * w / sqrt(mean(x^2) + eps) in float32 as RmsNorm, then
@@ -60,7 +74,7 @@ struct RopeKvShape {
   int n_head_kv = 0;
   int head_dim = 0;  // even, <= 256
   int n_rot = 0;     // even, <= head_dim (usually == head_dim)
-  int n_ctx = 0;     // cache rows per kv head
+  int n_ctx = 0;     // positions per sequence (regions: rows per kv head of a region)
 };
 struct HeadNorms {
   const float* q = nullptr;  // (head_dim) or null
@@ -77,7 +91,8 @@ absl::Status RopeTable(const int* d_pos, const double* inv_freq, int n_half, dou
 absl::Status RopeWriteKv(const RopeKvShape& shape, RopeStyle style, const int* d_pos,
                          const double* inv_freq, const HeadNorms& norms, float* q, const float* k,
                          const float* v, uint16_t* k_cache, uint16_t* v_cache, int n_tokens,
-                         cudaStream_t stream, bool pdl = false, const int* d_seq = nullptr);
+                         cudaStream_t stream, bool pdl = false, const int* d_seq = nullptr,
+                         const KvPages& pages = {});
 
 // out[t] = dequantized row d_tokens[t] of the embedding table, float32, for
 // t < n_tokens (one launch for a prompt chunk).

@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <vector>
 
 #include "formats/dequant.h"
 #include "kernels/gpu_test.h"
+#include "kernels/kv_pages.h"
 #include "kernels/matvec/matvec_test_util.h"
 #include "kernels/ops/kv_cache.h"
 #include "kernels/ops/ops.h"
@@ -252,6 +254,191 @@ TEST_CASE("RopeWriteKv: a batched step, one token per sequence region, padding w
     // Regions out of order, one skipped (3), a padding row (position -1).
     RunRope(st, 28, 4, 128, 128, {17, 0, -1, 4000, 5}, 4096, false, {2, 0, -1, 4, 1});
     RunRope(st, 32, 8, 128, 128, {9, 3}, 64, true, {1, 0});  // qwen3 head norms
+  }
+}
+
+// RopeWriteKv for the same tokens once into regions and once into a paged
+// pool of blocks of 16 positions (kernels/kv_pages.h): every written
+// (seq, kv head, pos) row must hold the same bits at its two addresses, found
+// here by KvCacheLayout (regions SeqOffset + RowOffset; pages BlockOffset of
+// the table's block + RowOffset), and every pool row no token wrote must
+// still hold its sentinel. The pool has 5 blocks more than the n_seq tables
+// use, handed out in a shuffled order, each f16 prefilled with an
+// index-dependent NaN (never a RoPE output of finite data).
+// With `seqs`, token t belongs to sequence max(seqs[t], 0) (d_seq); empty: a
+// prompt chunk (d_seq null) of sequence chunk_seq, reached by offsetting the
+// cache pointers (regions) or pages.tables by chunk_seq * max_blocks (pages).
+// (seq, pos) pairs must be distinct; a position outside [0, n_ctx) writes
+// nothing.
+void RunRopePaged(RopeStyle style, int n_head, int n_head_kv, int hd, int n_rot,
+                  const std::vector<int>& positions, const std::vector<int>& seqs, int n_seq,
+                  int n_ctx, int chunk_seq = 0, bool head_norm = false) {
+  constexpr int kBlock = 16, kShift = 4;
+  REQUIRE(n_ctx % kBlock == 0);
+  const int n = static_cast<int>(positions.size());
+  REQUIRE((seqs.empty() || seqs.size() == positions.size()));
+  auto seq_of = [&](int tok) { return seqs.empty() ? chunk_seq : std::max(seqs[tok], 0); };
+  CAPTURE(n);
+  CAPTURE(n_ctx);
+  CAPTURE(chunk_seq);
+  CAPTURE(seqs.empty());
+  const int max_blocks = n_ctx / kBlock;
+  const int n_blocks = n_seq * max_blocks + 5;
+  const auto regions = MakeKvCacheLayout(1, n_head_kv, n_ctx, hd, n_seq);
+  const auto paged = MakePagedKvCacheLayout(1, n_head_kv, hd, n_seq, kBlock, n_blocks, n_ctx);
+  REQUIRE(regions.ok());
+  REQUIRE_MESSAGE(paged.ok(), paged.status().ToString());
+  REQUIRE(paged->n_ctx == n_ctx);
+  REQUIRE(paged->max_blocks() == max_blocks);
+  REQUIRE(paged->block_shift == kShift);
+  // The tables: a shuffled pool, the first n_seq * max_blocks blocks used.
+  std::vector<int> ids(n_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(7 + n));
+  const std::vector<int> tables(ids.begin(), ids.begin() + size_t(n_seq) * max_blocks);
+
+  const size_t qw = size_t(n_head) * hd, kw = size_t(n_head_kv) * hd;
+  const auto q = RandomFloats(n * qw, 31 + n);
+  const auto k = RandomFloats(n * kw, 32 + n);
+  const auto v = RandomFloats(n * kw, 33 + n);
+  auto inv = RopeInvFreq(1000000.0, n_rot);
+  REQUIRE(inv.ok());
+  const size_t region_elems = regions->ElemsPerArray(), pool_elems = paged->ElemsPerArray();
+  auto k_sentinel = [](size_t i) { return uint16_t(0x7E00 | (i % 509)); };
+  auto v_sentinel = [](size_t i) { return uint16_t(0xFE00 | (i % 511)); };
+  std::vector<uint16_t> kpool(pool_elems), vpool(pool_elems);
+  for (size_t i = 0; i < pool_elems; ++i) kpool[i] = k_sentinel(i), vpool[i] = v_sentinel(i);
+  const std::vector<uint16_t> region_init(region_elems, 0x7E00);
+
+  float* dq_regions = Upload(q);
+  float* dq_paged = Upload(q);
+  float* dk = Upload(k);
+  float* dv = Upload(v);
+  double* dinv = Upload(*inv);
+  uint16_t* dkr = Upload(region_init);
+  uint16_t* dvr = Upload(region_init);
+  uint16_t* dkp = Upload(kpool);
+  uint16_t* dvp = Upload(vpool);
+  int* dpos = Upload(positions);
+  int* dseq = seqs.empty() ? nullptr : Upload(seqs);
+  int* dtables = Upload(tables);
+  const float eps = 1e-6f;
+  float* dqn = Upload(RandomFloats(hd, 41, 1.0f, 0.3f));
+  float* dkn = Upload(RandomFloats(hd, 42, 1.0f, 0.3f));
+  const HeadNorms norms = head_norm ? HeadNorms{dqn, dkn, eps} : HeadNorms{};
+  const RopeKvShape sh{n_head, n_head_kv, hd, n_rot, n_ctx};
+
+  const uint64_t region = seqs.empty() ? regions->SeqOffset(chunk_seq) : 0;
+  STATUS_OK(RopeWriteKv(sh, style, dpos, dinv, norms, dq_regions, dk, dv, dkr + region, dvr + region,
+                        n, 0, false, dseq));
+  const KvPages pages{dtables + (seqs.empty() ? size_t(chunk_seq) * max_blocks : 0), max_blocks,
+                      kShift};
+  STATUS_OK(RopeWriteKv(sh, style, dpos, dinv, norms, dq_paged, dk, dv, dkp, dvp, n, 0, false, dseq,
+                        pages));
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // q does not depend on the cache layout.
+  const auto qr = Download(dq_regions, q.size()), qp = Download(dq_paged, q.size());
+  CHECK(std::memcmp(qr.data(), qp.data(), q.size() * sizeof(float)) == 0);
+  const auto kr = Download(dkr, region_elems), vr = Download(dvr, region_elems);
+  const auto kp = Download(dkp, pool_elems), vp = Download(dvp, pool_elems);
+  std::vector<bool> written(pool_elems / hd, false);  // per pool row
+  size_t rows = 0, expected_rows = 0, differ = 0, unwritten = 0;
+  for (int tok = 0; tok < n; ++tok) {
+    const int pos = positions[tok], sq = seq_of(tok);
+    if (pos < 0 || pos >= n_ctx) continue;
+    expected_rows += n_head_kv;
+    const int blk = tables[size_t(sq) * max_blocks + pos / kBlock];
+    for (int h = 0; h < n_head_kv; ++h) {
+      const uint64_t at_region = regions->SeqOffset(sq) + regions->RowOffset(h, pos);
+      const uint64_t at_page = paged->BlockOffset(blk) + paged->RowOffset(h, pos);
+      REQUIRE(at_page + hd <= pool_elems);
+      REQUIRE(!written[at_page / hd]);  // distinct (seq, pos): distinct rows
+      written[at_page / hd] = true;
+      ++rows;
+      differ += std::memcmp(&kr[at_region], &kp[at_page], size_t(hd) * 2) != 0;
+      differ += std::memcmp(&vr[at_region], &vp[at_page], size_t(hd) * 2) != 0;
+      // The regions run wrote the row (no f16 NaN or infinity left).
+      for (int e = 0; e < hd; ++e) {
+        unwritten += (kr[at_region + e] & 0x7C00) == 0x7C00 || (vr[at_region + e] & 0x7C00) == 0x7C00;
+      }
+    }
+  }
+  size_t touched = 0;  // pool rows that lost their sentinel though no token was there
+  for (size_t r = 0; r < pool_elems / hd; ++r) {
+    if (written[r]) continue;
+    bool same = true;
+    for (int e = 0; e < hd; ++e) {
+      const size_t i = r * hd + e;
+      same &= kp[i] == k_sentinel(i) && vp[i] == v_sentinel(i);
+    }
+    touched += !same;
+  }
+  MESSAGE("paged rope " << std::string(style == RopeStyle::kNeox ? "neox" : "adjacent")
+                        << " tokens=" << n << " rows=" << rows << " pool blocks=" << n_blocks);
+  CHECK(rows == expected_rows);
+  CHECK(rows > 0);
+  CHECK(differ == 0);
+  CHECK(unwritten == 0);
+  CHECK(touched == 0);
+  CheckSentinel(dkp, pool_elems);
+  CheckSentinel(dvp, pool_elems);
+  CheckSentinel(dkr, region_elems);
+  CheckSentinel(dvr, region_elems);
+  cudaFree(dq_regions), cudaFree(dq_paged), cudaFree(dk), cudaFree(dv), cudaFree(dinv), cudaFree(dkr),
+      cudaFree(dvr), cudaFree(dkp), cudaFree(dvp), cudaFree(dpos), cudaFree(dseq), cudaFree(dtables),
+      cudaFree(dqn), cudaFree(dkn);
+}
+
+TEST_CASE("RopeWriteKv into a paged cache writes the rows regions would") {
+  // A packed batch (d_seq) over 5 sequences of 64 positions (sequence 4
+  // unused): runs across block boundaries (15|16, 31|32, 47|48), the last
+  // position 63, a padding row (position -1, sequence -1) and a position past
+  // n_ctx (64), in no particular order.
+  const std::vector<int> pos = {14, 15, 16, 17, 0, 31, 32, 63, -1, 64, 47, 48, 5};
+  const std::vector<int> seq = {0, 0, 0, 0, 2, 2, 2, 2, -1, 1, 3, 3, 1};
+  for (RopeStyle st : {RopeStyle::kNeox, RopeStyle::kAdjacent}) {
+    RunRopePaged(st, 8, 4, 128, 128, pos, seq, 5, 64);
+    RunRopePaged(st, 8, 2, 128, 64, pos, seq, 5, 64, 0, true);  // partial rotation, qwen3 head norms
+    // One token per sequence, as a decode step.
+    RunRopePaged(st, 28, 4, 128, 128, {17, 0, -1, 4000, 4095}, {2, 0, -1, 4, 1}, 5, 4096);
+  }
+}
+
+TEST_CASE("RopeWriteKv into a paged cache: a prompt chunk (no d_seq) through one sequence's table") {
+  std::vector<int> chunk(300);
+  for (int t = 0; t < 300; ++t) chunk[t] = 3254 + t;  // blocks 203..222
+  std::vector<int> short_chunk;
+  for (int p = 5; p <= 64; ++p) short_chunk.push_back(p);  // blocks 0..3, then past n_ctx
+  for (RopeStyle st : {RopeStyle::kNeox, RopeStyle::kAdjacent}) {
+    for (int chunk_seq : {0, 2}) {  // sequence 0's table, and a table reached by offset
+      RunRopePaged(st, 8, 2, 64, 64, short_chunk, {}, 3, 64, chunk_seq);
+      RunRopePaged(st, 28, 4, 128, 128, chunk, {}, 3, 4096, chunk_seq);
+    }
+  }
+}
+
+TEST_CASE("RopeWriteKv rejects bad block tables, naming the field") {
+  const RopeKvShape sh{8, 2, 64, 64, 64};
+  int* fi = reinterpret_cast<int*>(256);
+  float* ff = reinterpret_cast<float*>(256);
+  uint16_t* fh = reinterpret_cast<uint16_t*>(256);
+  const double* fd = reinterpret_cast<const double*>(256);
+  auto call = [&](const KvPages& pages) {
+    return RopeWriteKv(sh, RopeStyle::kNeox, fi, fd, HeadNorms{}, ff, ff, ff, fh, fh, 1, 0, false,
+                       nullptr, pages);
+  };
+  struct Bad {
+    KvPages pages;
+    const char* names;
+  };
+  for (const Bad& b : {Bad{{fi, 4, 3}, "block_shift"}, Bad{{fi, 4, 11}, "block_shift"},
+                       Bad{{fi, 0, 4}, "max_blocks"}, Bad{{fi, -1, 4}, "max_blocks"},
+                       Bad{{fi, 3, 4}, "n_ctx 64 is more than a block table reaches"}}) {
+    const absl::Status st = call(b.pages);
+    CAPTURE(st.ToString());
+    CHECK(absl::IsInvalidArgument(st));
+    CHECK(st.message().find(b.names) != std::string::npos);
   }
 }
 

@@ -58,6 +58,15 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   n_ctx_ = options.n_ctx > 0 ? options.n_ctx : (hp_.n_ctx_train > 0 ? hp_.n_ctx_train : 4096);
   n_ctx_ = std::min(n_ctx_, kMaxContext);
   max_batch_ = std::max(1, options.max_batch);
+  kv_block_ = options.kv_block;
+  kv_pool_blocks_ = options.kv_pool_blocks;
+  if (kv_block_ < 0 || kv_pool_blocks_ < 0 || (kv_block_ == 0 && kv_pool_blocks_ > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("paged KV: kv_block ", kv_block_, " and kv_pool_blocks ",
+                                                   kv_pool_blocks_, ": a pool needs a block size"));
+  }
+  if (kv_block_ > 0 && kv_pool_blocks_ == 0) {  // the pool is one sequence's whole context
+    kv_pool_blocks_ = static_cast<int>(std::min<int64_t>((n_ctx_ + kv_block_ - 1) / kv_block_, INT32_MAX));
+  }
   if (options.n_seq < 1 || options.n_seq > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("sequences (-np) ", options.n_seq, " out of range [1, 65535]"));
@@ -156,10 +165,23 @@ absl::Status CudaDecoder::Allocate() {
   logit_rows_ = std::max(std::min(max_batch_, kMaxLogitRows), n_seq);
   ring_stride_ = static_cast<int>(std::min<int64_t>(n_ctx_, kMaxRing));
   const uint64_t W = std::max({E, F, Q});  // widest matvec input
-  DPL_ASSIGN_OR_RETURN(kv_layout_, kernels::MakeKvCacheLayout(
-                                       static_cast<int>(hp_.n_layer), static_cast<int>(hp_.n_head_kv),
-                                       static_cast<int>(n_ctx_), static_cast<int>(hp_.head_dim),
-                                       n_seq));
+  if (kv_block_ > 0) {
+    // One pool; a sequence reaches n_ctx_ positions at most (whole blocks,
+    // no more than the pool).
+    DPL_ASSIGN_OR_RETURN(kv_layout_, kernels::MakePagedKvCacheLayout(
+                                         static_cast<int>(hp_.n_layer), static_cast<int>(hp_.n_head_kv),
+                                         static_cast<int>(hp_.head_dim), n_seq, kv_block_, kv_pool_blocks_,
+                                         n_ctx_));
+    n_ctx_ = kv_layout_.n_ctx;
+    ring_stride_ = static_cast<int>(std::min<int64_t>(n_ctx_, kMaxRing));
+    tables_.emplace(n_seq, kv_layout_.block(), kv_layout_.n_blocks, kv_layout_.max_blocks());
+  } else {
+    DPL_ASSIGN_OR_RETURN(kv_layout_, kernels::MakeKvCacheLayout(
+                                         static_cast<int>(hp_.n_layer), static_cast<int>(hp_.n_head_kv),
+                                         static_cast<int>(n_ctx_), static_cast<int>(hp_.head_dim),
+                                         n_seq));
+  }
+  const uint64_t table_ints = kv_layout_.paged() ? S * static_cast<uint64_t>(kv_layout_.max_blocks()) : 0;
   // Step buckets 1, 2, 4, ... and n_seq itself.
   buckets_.clear();
   for (int b = 1;; b *= 2) {
@@ -238,6 +260,7 @@ absl::Status CudaDecoder::Allocate() {
       {T * KV * 4, &b.k},          {T * KV * 4, &b.v},         {T * Q * 4, &b.att},
       {T * F * 4, &b.gate},        {T * F * 4, &b.up},         {static_cast<uint64_t>(logit_rows_) * V * 4, &b.logits},
       {attn_ws_floats * 4, &b.attn_ws},                        {kv_layout_.TotalBytes(), &b.kv},
+      {table_ints * 4, &b.kv_tables},
       {S * sizeof(kernels::SamplingParams), &b.params},        {S * sizeof(kernels::SamplerState), &b.sampler},
       {S * ring_stride_ * 4, &b.rings},                        {kernels::SamplingWorkspaceBytes(n_seq), &b.sampling_ws},
       {S * kernels::AllowedWords(static_cast<int>(V)) * 4, &b.allowed}, {S * 4, &b.allowed_on},
@@ -253,10 +276,12 @@ absl::Status CudaDecoder::Allocate() {
   DPL_ASSIGN_OR_RETURN(const auto mem, DeviceMemoryInfo());
   if (total > mem.first) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "not enough device memory: KV cache %.2f GiB (-c %d x %d sequences) + buffers %.2f GiB "
-        "needed, %.2f GiB free",
-        report_.kv_cache_bytes / 1073741824.0, n_ctx_, n_seq, report_.scratch_bytes / 1073741824.0,
-        mem.first / 1073741824.0));
+        "not enough device memory: KV cache %.2f GiB (%s) + buffers %.2f GiB needed, %.2f GiB free",
+        report_.kv_cache_bytes / 1073741824.0,
+        kv_layout_.paged() ? absl::StrFormat("a pool of %d blocks of %d positions", kv_layout_.n_blocks,
+                                             kv_layout_.block())
+                           : absl::StrFormat("-c %d x %d sequences", n_ctx_, n_seq),
+        report_.scratch_bytes / 1073741824.0, mem.first / 1073741824.0));
   }
   DPL_ASSIGN_OR_RETURN(arena_, kernels::DeviceBuffer<uint8_t>::Allocate(total));
   uint8_t* at = arena_.get();
@@ -276,6 +301,15 @@ absl::Status CudaDecoder::Allocate() {
   DPL_CUDA_CHECK(cudaMemset(b.row_seq, 0xff, S * 4));  // all -1: padding
   DPL_CUDA_CHECK(cudaMemset(b.allowed_on, 0, S * 4));  // no masks
   DPL_CUDA_CHECK(cudaMemset(b.n_bias, 0, S * 4));      // no logit biases
+  if (kv_layout_.paged()) {
+    // Every entry a block of the pool (0) until a table is set: a padding
+    // row's read of its sequence's first key stays inside the pool.
+    DPL_CUDA_CHECK(cudaMemset(b.kv_tables, 0, table_ints * 4));
+    DPL_ASSIGN_OR_RETURN(h_tables_, kernels::PinnedBuffer<int>::Allocate(table_ints));
+    std::fill(h_tables_.get(), h_tables_.get() + table_ints, 0);
+    DPL_ASSIGN_OR_RETURN(tables_uploaded_, kernels::CreateEvent());
+    kv_pages_ = {b.kv_tables, kv_layout_.max_blocks(), kv_layout_.block_shift};
+  }
   {
     kernels::SamplingParams greedy;
     greedy.temperature = 0;
@@ -396,10 +430,13 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
   }
   // A step's rows reach their regions through b.row_seq on the device, a
   // packed prompt pass's through b.pass_seq; one prompt's tokens all write
-  // one region, addressed by its offset.
+  // one region, addressed by its offset. Paged, every pass's rows name
+  // their sequence (RunChunk stages b.pass_seq too) and the kernels reach
+  // the rows through the block tables (kv_pages_).
   const bool packed = step == nullptr && (segments.size() > 1 || n_step_rows > 0);
-  const uint64_t region = step != nullptr || packed ? 0 : kv_layout_.SeqOffset(segments[0].seq);
-  const int* row_seq = step != nullptr ? b.row_seq : packed ? b.pass_seq : nullptr;
+  const bool paged = kv_layout_.paged();
+  const uint64_t region = step != nullptr || packed || paged ? 0 : kv_layout_.SeqOffset(segments[0].seq);
+  const int* row_seq = step != nullptr ? b.row_seq : packed || paged ? b.pass_seq : nullptr;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     uint16_t* k_cache = b.kv + kv_layout_.KOffset(static_cast<int>(l)) + region;
@@ -417,13 +454,13 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     kernels::MatVecRope rope;
     if (rope_fold) {
       rope = {b.positions, row_seq, b.rope_cs, k_cache, v_cache, rope_shape_.head_dim,
-              rope_shape_.n_head_kv, rope_shape_.n_ctx, hp_.rope_style == model::RopeStyle::kNeox};
+              rope_shape_.n_head_kv, rope_shape_.n_ctx, hp_.rope_style == model::RopeStyle::kNeox, kv_pages_};
     }
     DPL_RETURN_IF_ERROR(mm_group(L.qkv, qkv, qkv_out, b.h, rope));
     if (!rope_fold) {
       DPL_RETURN_IF_ERROR(kernels::RopeWriteKv(rope_shape_, hp_.rope_style, b.positions, b.inv_freq,
                                                L.head_norms, b.q, b.k, b.v, k_cache, v_cache, n, s,
-                                               pdl, row_seq));
+                                               pdl, row_seq, kv_pages_));
     }
     if (step != nullptr || n == 1) {  // flash-decoding, one query row per sequence, positions read on the device
       // a, and on the dp4a path a's int8 blocks for Wo, from the combine.
@@ -433,20 +470,22 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
       }
       const kernels::DecodeAttentionPlan& plan = step != nullptr ? step->attn : buckets_.front().attn;
       DPL_RETURN_IF_ERROR(kernels::DecodeAttention(plan, b.q, k_cache, v_cache, b.positions,
-                                                   b.attn_ws, b.att, s, aq ? &*aq : nullptr, row_seq));
+                                                   b.attn_ws, b.att, s, aq ? &*aq : nullptr, row_seq,
+                                                   kv_pages_));
       if (!aq) DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
     } else {  // causal flash attention over each sequence's chunk
       if (n_step_rows > 0) {
         // A mixed pass's decode rows first (rows 0..k of step_rows's plan;
         // its other rows are chunk rows, their results overwritten below).
         DPL_RETURN_IF_ERROR(kernels::DecodeAttention(step_rows->attn, b.q, k_cache, v_cache, b.positions,
-                                                     b.attn_ws, b.att, s, nullptr, b.row_seq));
+                                                     b.attn_ws, b.att, s, nullptr, b.row_seq, kv_pages_));
       }
       for (const Segment& g : segments) {
-        const uint64_t at = packed ? kv_layout_.SeqOffset(g.seq) : 0;
+        const uint64_t at = packed && !paged ? kv_layout_.SeqOffset(g.seq) : 0;
         DPL_RETURN_IF_ERROR(kernels::PromptAttention(prompt_attn_, b.q + static_cast<int64_t>(g.row) * Q,
                                                      k_cache + at, v_cache + at, g.first_pos, g.n,
-                                                     b.att + static_cast<int64_t>(g.row) * Q, s));
+                                                     b.att + static_cast<int64_t>(g.row) * Q, s, kv_pages_,
+                                                     g.seq));
       }
       DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
     }
@@ -611,6 +650,7 @@ absl::Status CudaDecoder::RunChunk(int seq, absl::Span<const int32_t> tokens, bo
   const int first_pos = static_cast<int>(n_past_[seq]);
   cudaStream_t s = stream_.get();
   const Bucket& one = buckets_.front();
+  DPL_RETURN_IF_ERROR(UploadTables());
   if (n == 1 && !all_logits && one.forward) {
     // One token (a host-sampled generation step): bucket 1's forward graph,
     // the token and position staged as the sequence's pending ones.
@@ -630,6 +670,11 @@ absl::Status CudaDecoder::RunChunk(int seq, absl::Span<const int32_t> tokens, bo
                                    cudaMemcpyHostToDevice, s));
     DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.positions, positions.data(), n * sizeof(int),
                                    cudaMemcpyHostToDevice, s));
+    std::vector<int> row_seq;
+    if (kv_layout_.paged()) {  // the rows' sequence, for the block tables
+      row_seq.assign(static_cast<size_t>(n), seq);
+      DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.pass_seq, row_seq.data(), n * sizeof(int), cudaMemcpyHostToDevice, s));
+    }
     const Segment one{seq, first_pos, 0, n};
     DPL_RETURN_IF_ERROR(EnqueueForward(n, /*step=*/nullptr, absl::MakeConstSpan(&one, 1), all_logits));
     DPL_CUDA_CHECK(cudaStreamSynchronize(s));  // the host vectors must outlive the copies
@@ -647,6 +692,7 @@ absl::Status CudaDecoder::CheckChunk(int seq, absl::Span<const int32_t> tokens) 
                                               " tokens do not fit in the context of ", n_ctx_,
                                               " (use -c to enlarge it)"));
   }
+  DPL_RETURN_IF_ERROR(CheckPages(seq, n_past_[seq] + static_cast<int64_t>(tokens.size())));
   for (int32_t t : tokens) {
     if (t < 0 || t >= hp_.n_vocab) {
       return absl::InvalidArgumentError(
@@ -706,6 +752,7 @@ absl::Status CudaDecoder::RunPacked(absl::Span<const int> seqs, absl::Span<int32
   }
   cudaStream_t s = stream_.get();
   Buffers& b = buf_;
+  DPL_RETURN_IF_ERROR(UploadTables());
   const Bucket* step = nullptr;
   if (k > 0) {
     step = &BucketFor(k);
@@ -789,6 +836,7 @@ absl::Status CudaDecoder::RewindSeq(int seq, int64_t n) {
   }
   n_past_[seq] = n;  // later positions are overwritten before attention reads them
   sampling_[seq] = false;
+  if (tables_.has_value()) tables_->Keep(seq, n);
   return absl::OkStatus();
 }
 
@@ -800,7 +848,9 @@ absl::Status CudaDecoder::CopySeqPrefix(int dst, int src, int64_t n) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot copy ", n, " positions of sequence ", src, ": it holds ", n_past_[src]));
   }
-  if (n > 0) {
+  if (kv_layout_.paged()) {
+    tables_->Share(dst, src, n);  // copied when dst's table comes (SetBlockTable)
+  } else if (n > 0) {
     // Rows of head_dim f16 at a pitch of n_ctx positions; the rows of one
     // array (layer l's K or V) are (n_seq, n_kv_head) and the arrays follow
     // each other (K0 V0 K1 V1 ...), so a sequence's rows form one 3-D box:
@@ -818,6 +868,56 @@ absl::Status CudaDecoder::CopySeqPrefix(int dst, int src, int64_t n) {
   }
   n_past_[dst] = n;
   sampling_[dst] = false;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::SetBlockTable(int seq, absl::Span<const int> blocks) {
+  if (!tables_.has_value()) return absl::FailedPreconditionError("SetBlockTable: the KV cache is not paged");
+  DPL_RETURN_IF_ERROR(CheckSeq(seq));
+  // The staging row may still be read by the last pass's upload.
+  DPL_CUDA_CHECK(cudaEventSynchronize(tables_uploaded_.get()));
+  DPL_ASSIGN_OR_RETURN(const std::vector<kv::BlockCopy> copies, tables_->Set(seq, blocks, n_past_[seq]));
+  // Each copy: `rows` positions of every kv head (rows of head_dim f16 at a
+  // pitch of one block's positions) of every array (K0 V0 K1 V1 ...: a
+  // block's heads are (n_blocks, n_kv_head) rows of the array), one 3-D box.
+  const kernels::KvCacheLayout& L = kv_layout_;
+  const size_t row_bytes = static_cast<size_t>(L.head_dim) * sizeof(uint16_t);
+  const size_t pitch = static_cast<size_t>(L.block()) * row_bytes;
+  const size_t heads = static_cast<size_t>(L.n_blocks) * L.n_kv_head;
+  for (const kv::BlockCopy& c : copies) {
+    cudaMemcpy3DParms p{};
+    p.srcPtr = make_cudaPitchedPtr(buf_.kv + L.BlockOffset(c.src), pitch, pitch, heads);
+    p.dstPtr = make_cudaPitchedPtr(buf_.kv + L.BlockOffset(c.dst), pitch, pitch, heads);
+    p.extent = make_cudaExtent(static_cast<size_t>(c.rows) * row_bytes, static_cast<size_t>(L.n_kv_head),
+                               2 * static_cast<size_t>(L.n_layer));
+    p.kind = cudaMemcpyDeviceToDevice;
+    DPL_CUDA_CHECK(cudaMemcpy3DAsync(&p, stream_.get()));
+  }
+  int* row = h_tables_.get() + static_cast<size_t>(seq) * L.max_blocks();
+  std::copy(blocks.begin(), blocks.end(), row);
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::CheckPages(int seq, int64_t positions) const {
+  if (!tables_.has_value()) return absl::OkStatus();
+  return tables_->CheckRun(seq, positions);
+}
+
+absl::Status CudaDecoder::UploadTables() {
+  if (!tables_.has_value()) return absl::OkStatus();
+  const std::vector<int> changed = tables_->TakeChanged();
+  if (changed.empty()) return absl::OkStatus();
+  cudaStream_t s = stream_.get();
+  const size_t width = static_cast<size_t>(kv_layout_.max_blocks());
+  for (int seq : changed) {
+    // The table's entries; those past it keep earlier (valid) block ids.
+    const size_t n = tables_->table(seq).size();
+    if (n == 0) continue;
+    const size_t at = static_cast<size_t>(seq) * width;
+    DPL_CUDA_CHECK(cudaMemcpyAsync(buf_.kv_tables + at, h_tables_.get() + at, n * sizeof(int),
+                                   cudaMemcpyHostToDevice, s));
+  }
+  DPL_CUDA_CHECK(cudaEventRecord(tables_uploaded_.get(), s));
   return absl::OkStatus();
 }
 
@@ -839,7 +939,9 @@ absl::StatusOr<double> CudaDecoder::TimeDecodeSteps(int n, int batch) {
                                                 " decode steps from position ", n_past_[seq],
                                                 " run past the context of ", n_ctx_));
     }
+    DPL_RETURN_IF_ERROR(CheckPages(seq, n_past_[seq] + n));
   }
+  DPL_RETURN_IF_ERROR(UploadTables());
   // The bucket a server's step of `batch` sequences takes (padding rows
   // included when batch is not a bucket size).
   Bucket* bucket = &buckets_[&BucketFor(batch) - buckets_.data()];
@@ -949,6 +1051,7 @@ absl::Status CudaDecoder::CheckStepSeqs(absl::Span<const int> seqs, absl::Span<i
       return absl::OutOfRangeError(
           absl::StrCat("sequence ", seq, ": the context of ", n_ctx_, " positions is full"));
     }
+    DPL_RETURN_IF_ERROR(CheckPages(seq, n_past_[seq] + 1));
   }
   return absl::OkStatus();
 }
@@ -957,6 +1060,7 @@ absl::Status CudaDecoder::StepSeqs(absl::Span<const int> seqs, absl::Span<int32_
   DPL_RETURN_IF_ERROR(CheckStepSeqs(seqs, next));
   const int k = static_cast<int>(seqs.size());
   const Bucket& bucket = BucketFor(k);
+  DPL_RETURN_IF_ERROR(UploadTables());
   std::copy(seqs.begin(), seqs.end(), h_rows_.get());
   DPL_RETURN_IF_ERROR(UploadRows(bucket, k));
   cudaStream_t s = stream_.get();
@@ -1023,6 +1127,9 @@ absl::StatusOr<int32_t> CudaDecoder::NextToken() {
 absl::Status CudaDecoder::SampleLoop(const generate::SamplerParams& params,
                                      absl::Span<const int32_t> history, int32_t max_tokens,
                                      const std::function<bool(int32_t)>& on_token) {
+  if (kv_layout_.paged()) {  // its steps run ahead of any block table (StepSeqs checks each)
+    return absl::FailedPreconditionError("SampleLoop runs on a cache of regions, not a paged one");
+  }
   DPL_RETURN_IF_ERROR(StartSampling(0, params, history, /*restart_draws=*/false));
   const Bucket& one = buckets_.front();
   h_rows_.get()[0] = 0;

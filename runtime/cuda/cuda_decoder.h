@@ -3,8 +3,10 @@
 // the kernels' scratch are one more, carved from one size table at load.
 //
 // Sequences: the cache holds n_seq regions of n_ctx positions (a server's
-// slots; 1 for dpl-run). A decode step runs B rows, row r one token of
-// sequence row_seq[r], and is captured at load as one CUDA graph per batch
+// slots; 1 for dpl-run), or, paged (the server, CudaDecoderOptions::
+// kv_block), one pool of blocks that each sequence reaches through its
+// block table (SetBlockTable; kernels/kv_pages.h). A decode step runs B
+// rows, row r one token of sequence row_seq[r], and is captured at load as one CUDA graph per batch
 // size bucket (1, 2, 4, ... up to n_seq) and replayed for every token: the
 // rows' tokens, positions, sampling parameters and sampler states live in
 // device memory (kernels/step), so nothing is re-captured as contexts grow,
@@ -51,6 +53,7 @@
 #include "kernels/cuda_handles.h"
 #include "kernels/gemm/prompt_gemm.h"
 #include "kernels/matvec/matvec.h"
+#include "kernels/kv_pages.h"
 #include "kernels/ops/kv_cache.h"
 #include "kernels/ops/ops.h"
 #include "kernels/sampling/sampling.h"
@@ -59,6 +62,7 @@
 #include "model/model.h"
 #include "runtime/cuda/device_weights.h"
 #include "runtime/generate/decoder.h"
+#include "runtime/kv/seq_tables.h"
 
 namespace dpl::runtime {
 
@@ -71,6 +75,14 @@ struct CudaDecoderOptions {
   // of up to n_seq rows, a graph per bucket captured at load.
   int n_seq = 1;
   int max_batch = 2048;   // prompt chunk: tokens per forward pass (llama.cpp's -ub)
+  // Paged KV (issue 30; the server): kv_block > 0 makes the cache one pool
+  // of kv_pool_blocks blocks of kv_block positions (a power of two, 16 to
+  // 1024) that the sequences share through block tables (SetBlockTable);
+  // n_ctx is then what one sequence may reach (at most the pool;
+  // kv_pool_blocks 0: the pool is n_ctx positions). kv_block 0: a region of
+  // n_ctx positions per sequence.
+  int kv_block = 0;
+  int kv_pool_blocks = 0;
   // Debugging: run every step eagerly instead of replaying the graph (dpl-run
   // sets it from DPL_EAGER=1). Same bits either way.
   bool eager = false;
@@ -151,9 +163,25 @@ class CudaDecoder : public generate::Decoder {
   // Sequence `dst` becomes the first n positions of sequence `src` (left as
   // it is): their keys and values copied on the decoder's stream, after
   // everything enqueued before (one 3-D copy: every layer's K and V rows of
-  // every head). Errors: a sequence out of range, dst == src, n outside
+  // every head). Paged: nothing is copied yet; dst's rows stay in src's
+  // blocks until SetBlockTable gives dst its table (src's full blocks,
+  // shared, and its own for the rest: the rows of a partial block are
+  // copied then). Errors: a sequence out of range, dst == src, n outside
   // [0, n_past(src)].
   absl::Status CopySeqPrefix(int dst, int src, int64_t n);
+  // Paged KV: the pool blocks that hold the sequence's positions from now on
+  // (block i: positions [i * kv_block(), (i + 1) * kv_block())), uploaded
+  // before the next pass. Where a block differs from the one that holds its
+  // rows (after CopySeqPrefix, or a shared partial block replaced), those
+  // rows are copied on the decoder's stream. A pass needs the sequence's
+  // table to reach every position it writes and reads (FailedPrecondition
+  // otherwise). Errors (nothing changes): not paged, a sequence out of
+  // range, a block outside the pool, a table longer than max_blocks or too
+  // short for the sequence's n_past positions.
+  absl::Status SetBlockTable(int seq, absl::Span<const int> blocks);
+  bool paged() const { return kv_layout_.paged(); }
+  int kv_block() const { return kv_layout_.block(); }
+  int kv_pool_blocks() const { return kv_layout_.n_blocks; }
   // After EvalSeq of a prompt: samples the sequence's first token from the
   // prompt's last logits with `params` (`history`: the ids so far, for the
   // repetition penalty) and keeps it pending; from then on each StepSeqs
@@ -282,6 +310,8 @@ class CudaDecoder : public generate::Decoder {
     uint16_t* w_f16 = nullptr;   // (w_f16_elems_) f16 weight rows of the tensor-core path
     float* attn_ws = nullptr;    // (max over buckets of attn.workspace_floats)
     uint16_t* kv = nullptr;      // kv_layout_: per layer K then V, (S, n_kv_head, n_ctx, head_dim) f16
+                                 // (paged: (n_blocks, n_kv_head, block, head_dim))
+    int* kv_tables = nullptr;    // paged: (S, kv_layout_.max_blocks()) block tables (kernels/kv_pages.h)
     kernels::SamplingParams* params = nullptr;  // (S) each sequence's sampling parameters
     kernels::SamplerState* sampler = nullptr;   // (S), zeroed once: RNG counters persist
     int* rings = nullptr;                       // (S, ring_stride_) repetition-penalty rings
@@ -359,6 +389,13 @@ class CudaDecoder : public generate::Decoder {
   // sequence's host row when it keeps them (KeepDrawLogits); the caller
   // synchronizes, then marks the draws kept (draw_logits_ready_).
   absl::Status EnqueueDrawLogits(int seq, const float* row);
+  // Paged: the sequence's table reaches `positions` and holds its rows (a
+  // pass may run it); OK for regions.
+  absl::Status CheckPages(int seq, int64_t positions) const;
+  // Paged: enqueues the upload of every table changed since the last pass
+  // (the passes synchronize at their end, so the staging is free again by
+  // the next SetBlockTable).
+  absl::Status UploadTables();
 
   std::unique_ptr<DeviceWeights> weights_;
   std::shared_ptr<formats::ModelFile> index_;  // metadata and tensor table
@@ -371,6 +408,8 @@ class CudaDecoder : public generate::Decoder {
   uint64_t step_count_ = 0;
   std::vector<uint64_t> last_step_;  // (n_seq)
   int max_batch_ = 0;
+  int kv_block_ = 0;        // CudaDecoderOptions::kv_block (0: regions)
+  int kv_pool_blocks_ = 0;  // CudaDecoderOptions::kv_pool_blocks
   // Products of at most this many rows keep int8 activations (see the top).
   int int8_max_rows_ = 0;
   // Rows of buf_.logits: Eval asked for every token's logits runs chunks of
@@ -395,6 +434,10 @@ class CudaDecoder : public generate::Decoder {
   kernels::RopeKvShape rope_shape_;
   bool rope_fold_ok_ = false;  // single-token steps fold RoPE into the Q/K/V matvec
   kernels::KvCacheLayout kv_layout_;
+  kernels::KvPages kv_pages_;             // what the kernels read (regions: no tables)
+  std::optional<kv::SeqTables> tables_;   // paged: each sequence's table and where its rows are
+  kernels::PinnedBuffer<int> h_tables_;   // paged: (S, max_blocks) staging of buf_.kv_tables
+  kernels::Event tables_uploaded_;        // paged: after the last upload (the staging is free)
   kernels::PromptAttentionShape prompt_attn_;
   std::vector<Bucket> buckets_;  // ascending batch
   // f16 GEMM path for products of more than int8_max_rows_ rows (unset

@@ -784,3 +784,163 @@ TEST_CASE("batched steps refuse bad sequence sets") {
 
 }  // namespace
 }  // namespace dpl::runtime
+
+namespace dpl::runtime {
+namespace {
+
+// Paged KV (issue 30) against regions: the same calls on two decoders, one
+// with a region of 256 positions per sequence, one with a pool of 80 blocks
+// of 16 that the test hands out in a shuffled order (as the scheduler's
+// pool would after some traffic), give the same bits: only where the rows
+// sit changes. Covered: a prompt on cuBLAS (100 tokens), on the int8
+// tensor cores (37) and a one-token pass (the folded RoPE), a packed pass,
+// batched steps, a mixed pass, a copied start whose partial block is
+// copied by SetBlockTable, and a kept start whose shared partial block is
+// replaced (copy on write) while another sequence still reads it.
+TEST_CASE("a paged KV cache gives the bits of regions") {
+  const std::string path = MakeDpl("small-qwen2");
+  CudaDecoderOptions o;
+  o.n_ctx = 256;
+  o.n_seq = 4;
+  o.max_batch = 128;
+  auto made_r = CudaDecoder::Create(path, o);
+  REQUIRE_MESSAGE(made_r.ok(), made_r.status().ToString());
+  o.kv_block = 16;
+  o.kv_pool_blocks = 80;
+  auto made_p = CudaDecoder::Create(path, o);
+  REQUIRE_MESSAGE(made_p.ok(), made_p.status().ToString());
+  CudaDecoder &R = **made_r, &P = **made_p;
+  REQUIRE(P.paged());
+  REQUIRE(!R.paged());
+  CHECK(P.n_ctx() == 256);
+  const int V = R.n_vocab();
+  // The pool's blocks in a fixed shuffled order, taken from the back.
+  std::vector<int> free(80);
+  for (int i = 0; i < 80; ++i) free[static_cast<size_t>(i)] = (i * 37 + 11) % 80;
+  std::vector<std::vector<int>> tables(4);
+  auto reach = [&](int seq, int64_t positions) {
+    std::vector<int>& t = tables[static_cast<size_t>(seq)];
+    while (static_cast<int64_t>(t.size()) * 16 < positions) {
+      REQUIRE(!free.empty());
+      t.push_back(free.back());
+      free.pop_back();
+    }
+    const absl::Status st = P.SetBlockTable(seq, t);
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+  };
+  auto toks = [&](int n, int salt) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 7919 + 13 + 977 * salt) % V;
+    return t;
+  };
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  // One prompt chunk of a sequence on both; its last logits bitwise equal.
+  auto eval = [&](int seq, const std::vector<int32_t>& t) {
+    reach(seq, P.n_past(seq) + static_cast<int64_t>(t.size()));
+    std::vector<float> lr, lp;
+    REQUIRE(R.EvalSeq(seq, t, &lr, nullptr).ok());
+    const absl::Status st = P.EvalSeq(seq, t, &lp, nullptr);
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+    CAPTURE(seq);
+    CHECK(same(lr, lp));
+  };
+  // Batched steps of `seqs` on both: the same tokens, the same logits.
+  auto step = [&](const std::vector<int>& seqs, int n) {
+    for (int i = 0; i < n; ++i) {
+      for (int s : seqs) reach(s, P.n_past(s) + 1);
+      std::vector<int32_t> nr(seqs.size()), np(seqs.size());
+      REQUIRE(R.StepSeqs(seqs, absl::MakeSpan(nr)).ok());
+      const absl::Status st = P.StepSeqs(seqs, absl::MakeSpan(np));
+      REQUIRE_MESSAGE(st.ok(), st.ToString());
+      CHECK(nr == np);
+      for (size_t r = 0; r < seqs.size(); ++r) {
+        std::vector<float> a, b;
+        REQUIRE(R.StepLogits(static_cast<int>(r), &a).ok());
+        REQUIRE(P.StepLogits(static_cast<int>(r), &b).ok());
+        CAPTURE(r);
+        CHECK(same(a, b));
+      }
+    }
+  };
+  generate::SamplerParams greedy;
+  greedy.temperature = 0;
+  auto begin = [&](int seq) {
+    auto a = R.BeginSampling(seq, greedy, {});
+    auto b = P.BeginSampling(seq, greedy, {});
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(*a == *b);
+  };
+
+  eval(0, toks(100, 0));  // cuBLAS rows
+  eval(1, toks(37, 1));   // int8 tensor cores
+  eval(2, toks(1, 2));    // one token: bucket 1's graph, RoPE folded where the model allows
+  eval(2, toks(20, 3));
+  {  // a packed pass of two sequences
+    const std::vector<int32_t> a = toks(5, 4), b = toks(40, 5);
+    reach(0, P.n_past(0) + 5);
+    reach(1, P.n_past(1) + 40);
+    const std::vector<CudaDecoder::SeqChunk> chunks = {{0, a}, {1, b}};
+    std::vector<float> lr, lp;
+    REQUIRE(R.EvalSeqs(chunks, &lr).ok());
+    const absl::Status st = P.EvalSeqs(chunks, &lp);
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+    CHECK(same(lr, lp));
+  }
+  for (int s = 0; s < 3; ++s) begin(s);
+  step({0, 1, 2}, 5);
+  step({2, 0}, 2);  // out of order, bucket 2
+
+  // A copied start: sequence 3 starts with sequence 1's first 50 positions
+  // (3 full blocks shared, rows 48..49 copied into a block of its own).
+  REQUIRE(R.CopySeqPrefix(3, 1, 50).ok());
+  REQUIRE(P.CopySeqPrefix(3, 1, 50).ok());
+  CHECK(!P.EvalSeq(3, toks(2, 6), nullptr, nullptr).ok());  // its table is not set yet
+  tables[3].assign(tables[1].begin(), tables[1].begin() + 3);
+  eval(3, toks(30, 6));
+  begin(3);
+  {  // a mixed pass: decode rows of 0 and 3, a prompt chunk of 2
+    const std::vector<int32_t> c = toks(8, 7);
+    const std::vector<int> seqs = {0, 3};
+    reach(0, P.n_past(0) + 1);
+    reach(3, P.n_past(3) + 1);
+    reach(2, P.n_past(2) + 8);
+    const std::vector<CudaDecoder::SeqChunk> chunks = {{2, c}};
+    std::vector<int32_t> nr(2), np(2);
+    std::vector<float> lr, lp;
+    REQUIRE(R.StepWithChunks(seqs, absl::MakeSpan(nr), chunks, &lr).ok());
+    const absl::Status st = P.StepWithChunks(seqs, absl::MakeSpan(np), chunks, &lp);
+    REQUIRE_MESSAGE(st.ok(), st.ToString());
+    CHECK(nr == np);
+    CHECK(same(lr, lp));
+  }
+  begin(2);
+  step({0, 1, 2, 3}, 4);
+
+  // A kept start with a shared partial block: sequence 1 keeps 40
+  // positions; its block 2 (positions 32..47) is also sequence 3's, so it
+  // writes on into a copy (rows 32..39 copied), and sequence 3 still reads
+  // the original.
+  REQUIRE(R.RewindSeq(1, 40).ok());
+  REQUIRE(P.RewindSeq(1, 40).ok());
+  tables[1].resize(3);
+  tables[1][2] = free.back();
+  free.pop_back();
+  eval(1, toks(12, 8));
+  begin(1);
+  step({3, 1}, 3);
+  eval(3, toks(4, 9));
+
+  // Refusals: a pass past the table, a bad table, a region cache's table.
+  const std::vector<int32_t> long_chunk = toks(40, 10);
+  const absl::Status past = P.EvalSeq(0, long_chunk, nullptr, nullptr);
+  CHECK(past.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(!P.SetBlockTable(0, std::vector<int>{80}).ok());
+  CHECK(!P.SetBlockTable(0, std::vector<int>{}).ok());  // too short for its rows
+  CHECK(!R.SetBlockTable(0, std::vector<int>{1}).ok());
+}
+
+}  // namespace
+}  // namespace dpl::runtime

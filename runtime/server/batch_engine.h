@@ -156,12 +156,18 @@ class BatchEngine {
   // after KeepPrefix / CopyPrefix (a kept or copied start's full blocks may
   // be another slot's, shared: never written again; a partial last block is
   // always the slot's own). An engine that keeps each slot's KV in a region
-  // of its own (the CPU engine, the CUDA engine today) ignores it: this
-  // default does.
+  // of its own (the CPU engine; the CUDA engine without kv_block) ignores
+  // it: this default does.
   virtual void SetBlockTable(int slot, absl::Span<const int> blocks) {
     (void)slot;
     (void)blocks;
   }
+  // An engine whose cache is a pool of blocks (the CUDA engine with
+  // CudaDecoderOptions::kv_block): its size and block, which the
+  // scheduler's pool then is (SchedulerOptions' pool ignored). 0: the
+  // engine keeps regions; the scheduler sizes its pool from its options.
+  virtual int kv_pool_blocks() const { return 0; }
+  virtual int kv_block_size() const { return 0; }
 
   // Structured output (response_format, grammar, json_schema): the tokens
   // the slot samples from its next Prefill's first token on, for the

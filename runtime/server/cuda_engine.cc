@@ -22,7 +22,21 @@ CudaEngine::CudaEngine(std::unique_ptr<runtime::CudaDecoder> d)
       prompts_(decoder_->n_seq()),
       grammars_(decoder_->file(), decoder_->n_seq(), decoder_->n_vocab()),
       biased_(decoder_->n_seq(), false),
-      scoring_(decoder_->n_seq()) {}
+      scoring_(decoder_->n_seq()),
+      table_error_(decoder_->n_seq()) {}
+
+void CudaEngine::SetBlockTable(int slot, absl::Span<const int> blocks) {
+  if (!decoder_->paged() || !CheckSlot(slot).ok()) return;
+  // A refused table (a scheduler bug) must not leave the slot running on
+  // its old blocks, which the pool may have handed to another slot: its
+  // next pass fails with the reason instead.
+  table_error_[slot] = Annotate(decoder_->SetBlockTable(slot, blocks), absl::StrCat("slot ", slot));
+}
+
+absl::Status CudaEngine::CheckTable(int slot) const {
+  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  return table_error_[slot];
+}
 
 absl::Status CudaEngine::SetGrammar(int slot, std::shared_ptr<const grammar::Grammar> grammar) {
   DPL_RETURN_IF_ERROR(CheckSlot(slot));
@@ -125,7 +139,7 @@ absl::Status CudaEngine::DropGrammar(int slot) {
 
 absl::Status CudaEngine::MaskDraws(absl::Span<const int> slots) {
   for (int slot : slots) {
-    DPL_RETURN_IF_ERROR(CheckSlot(slot));
+    DPL_RETURN_IF_ERROR(CheckTable(slot));
     if (!grammars_.active(slot)) continue;
     absl::StatusOr<absl::Span<const uint32_t>> allowed = grammars_.Allowed(slot);
     if (!allowed.ok()) return Annotate(allowed.status(), absl::StrCat("slot ", slot));
@@ -153,7 +167,7 @@ absl::Status CudaEngine::CheckSlot(int slot) const {
 
 absl::StatusOr<int32_t> CudaEngine::Prefill(int slot, absl::Span<const int32_t> tokens, bool last,
                                             const SamplerParams& params) {
-  DPL_RETURN_IF_ERROR(CheckSlot(slot));
+  DPL_RETURN_IF_ERROR(CheckTable(slot));
   if (tokens.empty()) return absl::InvalidArgumentError("Prefill: no tokens");
   if (scores_prompt(slot)) {
     DPL_RETURN_IF_ERROR(RunScored(slot, tokens, last ? &logits_ : nullptr));
@@ -182,7 +196,7 @@ absl::StatusOr<int32_t> CudaEngine::BeginSampling(int slot, absl::Span<const flo
 absl::Status CudaEngine::CheckParts(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) const {
   if (parts.size() != first.size()) return absl::InvalidArgumentError("prompt parts: one output per part");
   for (const PrefillPart& p : parts) {
-    DPL_RETURN_IF_ERROR(CheckSlot(p.slot));
+    DPL_RETURN_IF_ERROR(CheckTable(p.slot));
     if (p.last && p.params == nullptr) return absl::InvalidArgumentError("prompt parts: a last chunk without params");
   }
   return absl::OkStatus();

@@ -40,6 +40,12 @@ class CudaEngine : public BatchEngine {
   absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) override;
   absl::Status CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) override;
   void Release(int slot) override;
+  // Paged KV (CudaDecoderOptions::kv_block): the slot's sequence reads and
+  // writes its positions in these pool blocks (CudaDecoder::SetBlockTable;
+  // a copied start's rows follow it there). A cache of regions ignores it.
+  void SetBlockTable(int slot, absl::Span<const int> blocks) override;
+  int kv_pool_blocks() const override { return decoder_->paged() ? decoder_->kv_pool_blocks() : 0; }
+  int kv_block_size() const override { return decoder_->paged() ? decoder_->kv_block() : 0; }
   // Structured output: each draw of a slot with a grammar takes the mask
   // of its grammar's state (SlotGrammars), copied to the device before the
   // step (CudaDecoder::SetAllowedTokens), and the grammar takes the token.
@@ -65,6 +71,8 @@ class CudaEngine : public BatchEngine {
  private:
   explicit CudaEngine(std::unique_ptr<runtime::CudaDecoder> d);
   absl::Status CheckSlot(int slot) const;
+  // CheckSlot, and the slot's last block table was taken (SetBlockTable).
+  absl::Status CheckTable(int slot) const;
   // One output per part, every slot in range, params with every last part.
   absl::Status CheckParts(absl::Span<const PrefillPart> parts, absl::Span<int32_t> first) const;
 
@@ -109,6 +117,7 @@ class CudaEngine : public BatchEngine {
   SlotGrammars grammars_;
   std::vector<bool> biased_;                   // (n_slots) the slot's sequence has logit biases on the device
   std::vector<Scoring> scoring_;               // (n_slots)
+  std::vector<absl::Status> table_error_;      // (n_slots) SetBlockTable's last refusal, or OK
   std::vector<float> logits_;                  // a pass's last logits (checked finite), a chunk's after another
 };
 

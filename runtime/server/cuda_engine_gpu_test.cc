@@ -759,3 +759,99 @@ TEST_CASE("the CUDA engine refuses what it cannot do") {
 
 }  // namespace
 }  // namespace dpl::server
+
+namespace dpl::server {
+namespace {
+
+// Paged KV through the scheduler (issue 30): requests one after another
+// on a paged engine (a pool of -c positions, blocks of 16) give the tokens
+// they give on an engine of regions, their shared prompt start kept or
+// copied through block tables (cached_tokens says so); then a burst of 6
+// requests on a pool too small for all of them at once (the scheduler
+// makes them wait and preempts the newest) all finish with their tokens.
+TEST_CASE("a paged engine under the scheduler: the tokens of regions, and a small pool that preempts") {
+  const std::string path = SynthVocabModel("paged");
+  runtime::CudaDecoderOptions o;
+  o.n_ctx = 256;
+  o.n_seq = 3;
+  std::unique_ptr<CudaEngine> regions = LoadEngine(path, o);
+  o.kv_block = 16;
+  std::unique_ptr<CudaEngine> paged = LoadEngine(path, o);
+  CHECK(regions->kv_pool_blocks() == 0);
+  CHECK(paged->kv_pool_blocks() == 16);
+  CHECK(paged->kv_block_size() == 16);
+  auto tok = tokenizer::Tokenizer::FromMetadata(paged->decoder().file()->metadata());
+  REQUIRE(tok.ok());
+  auto request = [](std::vector<int32_t> prompt, int max_tokens) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    return r;
+  };
+  struct Done {
+    std::string text;
+    int64_t completion = 0, cached = 0;
+  };
+  auto finish = [](std::shared_ptr<RequestStream> st) {
+    Done d;
+    for (;;) {
+      for (StreamEvent& e : st->Wait(absl::Seconds(60))) {
+        d.text += e.text;
+        if (e.final) {
+          REQUIRE_MESSAGE(e.error.ok(), e.error.ToString());
+          d.completion = e.completion_tokens;
+          d.cached = e.cached_tokens;
+          return d;
+        }
+      }
+    }
+  };
+  std::vector<int32_t> system(40);
+  for (int i = 0; i < 40; ++i) system[static_cast<size_t>(i)] = 100 + 37 * i;
+  auto with = [&](std::vector<int32_t> tail) {
+    std::vector<int32_t> p = system;
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  const std::vector<std::vector<int32_t>> prompts = {with({5, 6, 7}), with({8, 9}), system, with({5, 6, 7, 1})};
+  std::vector<std::string> want;
+  {
+    Scheduler s(*regions, *tok, {});
+    for (const auto& p : prompts) {
+      auto st = s.Submit(request(p, 20));
+      REQUIRE(st.ok());
+      want.push_back(finish(*st).text);
+    }
+  }
+  {
+    Scheduler s(*paged, *tok, {});
+    int64_t cached = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto st = s.Submit(request(prompts[i], 20));
+      REQUIRE(st.ok());
+      const Done d = finish(*st);
+      CAPTURE(i);
+      CHECK(d.text == want[i]);
+      CHECK(d.completion == 20);
+      cached += d.cached;
+    }
+    CHECK(cached >= 3 * 40);  // every request after the first started from the shared 40
+  }
+  // 256 positions for 6 requests of 40 + 60: they cannot all run at once.
+  {
+    Scheduler s(*paged, *tok, {});
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < 6; ++i) {
+      auto st = s.Submit(request(with({i, i + 1}), 60));
+      REQUIRE(st.ok());
+      streams.push_back(*st);
+    }
+    for (auto& st : streams) CHECK(finish(st).completion == 60);
+    CHECK(s.metrics().kv_blocks_total == 16);
+  }
+}
+
+}  // namespace
+}  // namespace dpl::server

@@ -99,10 +99,14 @@ Scheduler::Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer,
   slot_tokens_.resize(static_cast<size_t>(engine.n_slots()));
   slot_group_.resize(static_cast<size_t>(engine.n_slots()), 0);
   slot_blocks_.resize(static_cast<size_t>(engine.n_slots()));
-  const int block_size = std::max(1, options_.kv_block_size);
+  // An engine that pages its cache brings its pool; the scheduler hands
+  // out exactly those blocks.
+  const bool engine_pool = engine.kv_pool_blocks() > 0;
+  const int block_size = engine_pool ? engine.kv_block_size() : std::max(1, options_.kv_block_size);
   const int64_t per_slot = (engine.n_ctx() + block_size - 1) / block_size;
-  int64_t blocks = options_.kv_pool_positions > 0 ? (options_.kv_pool_positions + block_size - 1) / block_size
-                                                  : per_slot * engine.n_slots();
+  int64_t blocks = engine_pool                         ? engine.kv_pool_blocks()
+                   : options_.kv_pool_positions > 0 ? (options_.kv_pool_positions + block_size - 1) / block_size
+                                                    : per_slot * engine.n_slots();
   blocks = std::clamp<int64_t>(blocks, 1, 1 << 30);
   pool_ = *kv::BlockPool::Create(static_cast<int>(blocks), block_size);
   pool_positions_ = blocks * block_size;
