@@ -7,41 +7,56 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cuda_check.h"
+#include "kernels/sampling/depth_bins.h"
 #include "kernels/sampling/sampling.h"
 #include "kernels/sampling/sampling_util.h"
 
 namespace dpl::kernels {
 namespace {
 
-constexpr int kBins = 65536;  // top 16 bits of the ordered key: 7 mantissa bits
+// Sizes of the work (one row: 152064 f32 logits, 594 KB; a batch of 64: 39 MB,
+// ~10 us a read at ~4 TB/s). A sampled call reads a row three times (Max,
+// Hist, Collect); everything else touches a few KiB a row.
 constexpr int kCap = kSamplingMaxCandidates;
-constexpr int kPassThreads = 256;
-// The histogram pass's mass partition, fixed whatever grid runs it: block_mass[v]
-// sums exp(l - max) over i = v * kPassThreads + t + j * kPassBlocks * kPassThreads
-// (per thread in j order, then a fixed shuffle tree), so z_all, summed over v
-// in order, has the same bits for a batch of 1 or 64 (the grid is sized per call).
-constexpr int kPassBlocks = 264;
-constexpr int kPassBlocksPerSm = 8;  // the batched grid: 8 blocks of 256 per SM in all
+// The three row passes share one work unit, a part: one warp reads
+// kPartElems consecutive logits, lane l elements l, l + 32, ..., l + 224,
+// all eight loads issued before the first is used. (The loops before issue
+// 12 loaded one float per iteration and used it at once: ~1.1 TB/s at batch
+// 64, latency bound. 8 x 4 B in flight a thread x 2048 threads a SM is 64
+// KiB a SM, enough for HBM's latency; not yet measured.)
+constexpr int kPartElems = 256;
+constexpr int kLoadsPerLane = kPartElems / 32;
+// Parts a row may have: Z_all (top-p alone) is the sum of fixed per-part
+// sums kept in the workspace, so a row longer than kMaxParts * kPartElems
+// (2097152 logits) gets parts of a multiple of kPartElems (RowParts).
+constexpr int kMaxParts = 8192;
+constexpr int kPassThreads = 512;
+constexpr int kPassWarps = kPassThreads / 32;
+// Blocks of the three passes: 4 of 512 threads a SM (2048 threads, the
+// most a SM holds; Hist's 12 KiB of shared histogram allows it), so the
+// whole batch is one wave; not yet measured against 2 x 1024.
+constexpr int kPassBlocksPerSm = 4;
+constexpr int kBinsAlloc = (kDepthBins + 7) / 8 * 8;
+static_assert(kDepthBins <= 2 * 1024, "CutoffKernel scans two bins a thread");
 
-// Workspace of one row (bytes): Prepare zeroes the header's accumulators, the
-// max pass the histogram (only for rows that sample).
+// Workspace of one row (bytes): Prepare zeroes the header's accumulators and
+// the histogram.
 struct Header {
   unsigned long long argmax_key;  // max CandidateKey over the vocab
   unsigned int n_cand;            // candidates appended (may exceed kCap)
-  int cutoff_bin;                 // lowest histogram bin kept
-  double z_all;                   // sum over the vocab of exp(l - max), fixed order
+  int cutoff_bin;                 // deepest depth bin kept (depth_bins.h)
+  double z_all;                   // sum over the vocab of exp(l - max), fixed order (top-p alone)
   unsigned int pad[58];
 };
 static_assert(sizeof(Header) == 256, "header is one 256-byte slot");
 struct Workspace {
   Header h;
-  unsigned int count[kBins];        // elements per bin
-  float mass[kBins];                // sum of exp(l - max) per bin (zeroed and filled only with top-p on)
+  unsigned int count[kBinsAlloc];   // logits per depth bin (bins deeper than min-p's: not counted)
+  float mass[kBinsAlloc];           // sum of exp(l - max) per depth bin (filled only for top-p alone)
   unsigned long long cand[kCap];    // CandidateKey of each candidate
-  double block_mass[kPassBlocks];   // HistKernel's per-partition mass sums
+  double part_mass[kMaxParts];      // HistKernel's per-part mass sums (top-p alone)
 };
-// Rows lie kRowBytes apart: a 256-byte multiple keeps every row's header and
-// its uint4-zeroed histogram aligned.
+// Rows lie kRowBytes apart (a 256-byte multiple: every row's header aligned).
 constexpr size_t kRowBytes = (sizeof(Workspace) + 255) / 256 * 256;
 
 // One call as every kernel sees it, passed by value (a captured graph bakes it
@@ -62,6 +77,8 @@ struct Rows {
   const int* allowed_on;         // (n_seqs) nonzero: the sequence's mask applies
   const LogitBias* bias;         // (n_seqs, kMaxLogitBias) logit biases; null: none
   const int* n_bias;             // (n_seqs) entries of each sequence's list
+  int part_len;                  // logits a part (a multiple of kPartElems; RowParts)
+  int n_parts;                   // parts a row: ceil(n_vocab / part_len) <= kMaxParts
 };
 
 // One row as a block sees it. Every thread loads it (a broadcast read): the
@@ -109,8 +126,8 @@ __device__ Row LoadRow(const Rows& a, int r) {
   return w;
 }
 
-// One block per row (grid.x = row): zeroes the header's accumulators (the
-// first kernel of every call, so no memset node), adds the logit biases
+// One block per row (grid.x = row): zeroes the header's accumulators and the
+// depth histogram (the first kernel of every call, so no memset node), adds the logit biases
 // (l += bias, one thread an entry: the tokens are distinct), then the
 // penalties, each distinct ring token once (count: its occurrences in the
 // window), on the biased logits (llama.cpp's order):
@@ -121,6 +138,10 @@ __global__ void PrepareKernel(Rows a) {
   if (threadIdx.x == 0) {
     w.ws->h.argmax_key = 0;
     w.ws->h.n_cand = 0;
+  }
+  for (int b = threadIdx.x; b < kBinsAlloc; b += blockDim.x) {  // 12 KiB
+    w.ws->count[b] = 0;
+    w.ws->mass[b] = 0.0f;
   }
   if (w.n_bias > 0) {  // the whole block or none (every thread loaded the same row)
     for (int i = threadIdx.x; i < w.n_bias; i += blockDim.x) {
@@ -151,38 +172,74 @@ __global__ void PrepareKernel(Rows a) {
   }
 }
 
-// grid (blocks per row, batch): argmax_key = max_i CandidateKey(logit_i, i),
-// the greedy token and the max logit; a row that samples also zeroes the
-// histogram HistKernel fills next (its mass only when top-p reads it).
-__global__ void MaxKernel(Rows a) {
+// The row's max logit (the float of argmax_key's high half).
+__device__ __forceinline__ float MaxLogit(const Workspace* ws) {
+  return __uint_as_float(KeyToFloatBits(static_cast<uint32_t>(ws->h.argmax_key >> 32)));
+}
+
+// The parts of row blockIdx.y a warp of a pass grid (blocks per row, batch)
+// reads: v = FirstPart(), + PartStep(), ... ; part v is the logits
+// [v * part_len, min(n_vocab, (v + 1) * part_len)).
+__device__ __forceinline__ int FirstPart() { return blockIdx.x * kPassWarps + threadIdx.x / 32; }
+__device__ __forceinline__ int PartStep() { return gridDim.x * kPassWarps; }
+__device__ __forceinline__ int PartEnd(const Rows& a, int v) {
+  const int end = (v + 1) * a.part_len;
+  return end < a.n_vocab ? end : a.n_vocab;
+}
+
+// The lane's kLoadsPerLane logits of the kPartElems from `base` (element
+// base + lane + 32 j; one 128-byte line a load instruction), all issued
+// before any is used; at or past `end`: -inf (callers check the index too).
+// ld.global.cg: global (not generic) loads cached in L2 only, coherent with
+// MaxKernel's in-place mask writes; a batch's logits (39 MB at 64 rows) may
+// stay in the 50 MB L2 from one pass to the next.
+__device__ __forceinline__ void LoadPart(const float* row, int base, int end, float (&l)[kLoadsPerLane]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < kLoadsPerLane; ++j) {
+    const int i = base + lane + 32 * j;
+    l[j] = i < end ? __ldcg(row + i) : -INFINITY;
+  }
+}
+
+// grid (blocks per row, batch), every row: argmax_key = max_i
+// CandidateKey(l_i, i) (the greedy token and the max logit; a max, so the
+// grid does not change it). A masked-out token's logit becomes -inf here,
+// rewritten in place for the later passes. One global atomic a block.
+__global__ void __launch_bounds__(kPassThreads, kPassBlocksPerSm) MaxKernel(Rows a) {
   const Row w = LoadRow(a, blockIdx.y);
   if (!w.active) return;
-  const int first = blockIdx.x * blockDim.x + threadIdx.x;
-  const int stride = gridDim.x * blockDim.x;
-  if (!w.greedy) {
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    uint4* count = reinterpret_cast<uint4*>(w.ws->count);
-    for (int i = first; i < kBins / 4; i += stride) count[i] = zero;
-    if (w.p.top_p < 1.0f) {
-      uint4* mass = reinterpret_cast<uint4*>(w.ws->mass);
-      for (int i = first; i < kBins / 4; i += stride) mass[i] = zero;
-    }
-  }
+  __shared__ unsigned long long s_best[kPassWarps];
+  const int lane = threadIdx.x & 31;
   unsigned long long best = 0;
-  for (int i = first; i < a.n_vocab; i += stride) {
-    float l = w.logits[i];
-    if (w.allowed != nullptr && ((w.allowed[i >> 5] >> (i & 31)) & 1u) == 0) {
-      l = -INFINITY;  // the mask: this row's later passes read -inf, weight 0
-      w.logits[i] = l;
+  for (int v = FirstPart(); v < a.n_parts; v += PartStep()) {
+    const int end = PartEnd(a, v);
+    for (int base = v * a.part_len; base < end; base += kPartElems) {
+      float l[kLoadsPerLane];
+      LoadPart(w.logits, base, end, l);
+#pragma unroll
+      for (int j = 0; j < kLoadsPerLane; ++j) {
+        const int i = base + lane + 32 * j;
+        if (i >= end) continue;
+        if (w.allowed != nullptr && ((w.allowed[i >> 5] >> (i & 31)) & 1u) == 0) {
+          l[j] = -INFINITY;  // the mask: this row's later passes read -inf, weight 0
+          w.logits[i] = l[j];
+        }
+        const unsigned long long k = CandidateKey(__float_as_uint(l[j]), i);
+        best = k > best ? k : best;
+      }
     }
-    const unsigned long long k = CandidateKey(__float_as_uint(l), i);
-    best = k > best ? k : best;
   }
   for (int o = 16; o > 0; o >>= 1) {
     const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
     best = other > best ? other : best;
   }
-  if (threadIdx.x % 32 == 0) atomicMax(&w.ws->h.argmax_key, best);
+  if (lane == 0) s_best[threadIdx.x / 32] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < kPassWarps; ++k) best = s_best[k] > best ? s_best[k] : best;
+    atomicMax(&w.ws->h.argmax_key, best);
+  }
 }
 
 // The newest token into ring[head]; a head outside [0, n_slots) (a state left
@@ -197,157 +254,174 @@ __device__ void PushRing(int token, int* ring, int n_slots, SamplerState* state)
   state->ring_count = count < n_slots ? (count > 0 ? count : 0) + 1 : n_slots;
 }
 
-// grid (blocks per row, batch), sampling rows only: the histogram of bin =
-// OrderedKey >> 16, count and mass exp(l - max), one global atomic per element
-// and field (warp-aggregating peers with __match_any_sync trips a ptxas
-// register-allocation failure in CUDA 13.0). Block b runs the partitions
-// v = b, b + gridDim.x, ... of kPassBlocks (see kPassBlocks).
-__global__ void HistKernel(Rows a) {
+// grid (blocks per row, batch), sampling rows only: the depth histogram of
+// depth_bins.h, bin = DepthBin(max, l):
+//   count[bin] += 1                  every logit down to rule.max_bin (min-p's
+//                                    bound; deeper ones can never be kept)
+//   mass[bin] += exp(l - max)        top-p alone (the only rule that reads mass)
+//   part_mass[v] = sum over part v of exp(l - max), top-p alone: per lane in
+//     index order, then a fixed shuffle tree, so Z_all = sum of the parts in
+//     order has the same bits whatever the grid (a batch of 1 or 64)
+// Privatized: a shared-memory atomic a logit (12 KiB of bins a block), then
+// one global atomic per non-empty bin a block (the bulk of an N(0, 2.5) row
+// spans ~600 bins: ~0.3 M at batch 64, 8 blocks a row), where issue 12 made
+// two global atomics a logit (19.5 M at batch 64, 352 us). Not yet measured.
+__global__ void __launch_bounds__(kPassThreads, kPassBlocksPerSm) HistKernel(Rows a) {
   const Row w = LoadRow(a, blockIdx.y);
   if (!w.active || w.greedy) return;
-  __shared__ double s_part[kPassThreads / 32];
+  __shared__ unsigned int s_count[kBinsAlloc];
+  __shared__ float s_mass[kBinsAlloc];
   Workspace* ws = w.ws;
-  const bool want_mass = w.p.top_p < 1.0f;
-  const float max_l = __uint_as_float(KeyToFloatBits(static_cast<uint32_t>(ws->h.argmax_key >> 32)));
-  for (int v = blockIdx.x; v < kPassBlocks; v += gridDim.x) {
-    double my_mass = 0.0;
-    for (int i = v * kPassThreads + threadIdx.x; i < a.n_vocab; i += kPassBlocks * kPassThreads) {
-      const float l = w.logits[i];
-      const int bin = static_cast<int>(OrderedKey(__float_as_uint(l)) >> 16);
-      atomicAdd(&ws->count[bin], 1u);
-      if (want_mass) {
-        const float m = expf(l - max_l);
-        my_mass += m;
-        atomicAdd(&ws->mass[bin], m);
+  const float max_l = MaxLogit(ws);
+  const CutoffRule rule = CutoffRuleFor(w.p, a.n_vocab, max_l, kCap);
+  const bool want_mass = rule.by_mass;
+  const int bound = rule.max_bin;
+  for (int b = threadIdx.x; b < kBinsAlloc; b += blockDim.x) {
+    s_count[b] = 0;
+    s_mass[b] = 0.0f;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  for (int v = FirstPart(); v < a.n_parts; v += PartStep()) {
+    const int end = PartEnd(a, v);
+    double part = 0.0;
+    for (int base = v * a.part_len; base < end; base += kPartElems) {
+      float l[kLoadsPerLane];
+      LoadPart(w.logits, base, end, l);
+#pragma unroll
+      for (int j = 0; j < kLoadsPerLane; ++j) {
+        if (base + lane + 32 * j >= end) continue;
+        const int b = DepthBin(max_l, l[j]);
+        if (want_mass) {
+          const float m = expf(l[j] - max_l);
+          part += m;
+          if (b <= bound) atomicAdd(&s_mass[b], m);
+        }
+        if (b <= bound) atomicAdd(&s_count[b], 1u);
       }
     }
-    // Deterministic partition sum (fixed shuffle tree), summed in order later.
-    for (int o = 16; o > 0; o >>= 1) my_mass += __shfl_xor_sync(0xffffffffu, my_mass, o);
-    if (threadIdx.x % 32 == 0) s_part[threadIdx.x / 32] = my_mass;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      double b = 0.0;
-      for (int k = 0; k < kPassThreads / 32; ++k) b += s_part[k];
-      ws->block_mass[v] = b;
+    if (want_mass) {  // row-uniform: the whole warp shuffles
+      for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+      if (lane == 0) ws->part_mass[v] = part;
     }
-    __syncthreads();  // s_part is reused by the next partition
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < kDepthBins; b += blockDim.x) {
+    const unsigned int c = s_count[b];
+    if (c == 0) continue;
+    atomicAdd(&ws->count[b], c);
+    if (want_mass) atomicAdd(&ws->mass[b], s_mass[b]);
   }
 }
 
-// One block of 1024 threads per row (grid.x = row), sampling rows only:
-// thread t owns the 64 bins [65535 - 64t - 63, 65535 - 64t] (descending). The
-// kept bins (>= cutoff) must hold every token that can survive the chain, and,
-// when top-k and top-p are both on, the whole top-k set (top-p normalizes over it):
-//   top-k on:  cutoff <= bin_k, the bin where the descending count reaches k
-//   top-p on, top-k off: cutoff <= bin_p, where the mass reaches top_p * Z_all
-//     (Z_all from the fixed-order partition sums, so it is the same every run)
-//   min-p on (unless top-k and top-p both on): cutoff <= bin of max + log(min_p)
-// and the cutoff is the highest bin allowed by all of them; raised (truncation,
-// counted in state) when more than kCap elements lie in bins >= cutoff.
+// Inclusive scan of x over the 1024 threads of a block (thread order);
+// s_warp: 32 T of shared scratch, reusable when it returns.
+template <typename T>
+__device__ T BlockInclusiveScan1024(T x, T* s_warp) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int o = 1; o < 32; o <<= 1) {
+    const T y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) s_warp[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    T s = s_warp[lane];
+    for (int o = 1; o < 32; o <<= 1) {
+      const T y = __shfl_up_sync(0xffffffffu, s, o);
+      if (lane >= o) s += y;
+    }
+    s_warp[lane] = s;
+  }
+  __syncthreads();
+  if (warp > 0) x += s_warp[warp - 1];
+  __syncthreads();
+  return x;
+}
+
+// Inclusive prefix sums of v[0..kDepthBins) into s_cum, 1024 threads, thread
+// t owning bins 2t and 2t + 1 (coalesced: 12 KiB a row of counts, where
+// issue 12's one-block cutoff walked 512 KiB of bins).
+template <typename T, typename Load>
+__device__ void ScanBins(Load v, T* s_cum, T* s_warp) {
+  const int b0 = 2 * threadIdx.x, b1 = b0 + 1;
+  const T x0 = b0 < kDepthBins ? v(b0) : T(0);
+  const T x1 = b1 < kDepthBins ? v(b1) : T(0);
+  const T pair = x0 + x1;
+  const T before = BlockInclusiveScan1024(pair, s_warp) - pair;
+  if (b0 < kDepthBins) s_cum[b0] = before + x0;
+  if (b1 < kDepthBins) s_cum[b1] = before + pair;
+}
+
+// One block of 1024 threads per row (grid.x = row), sampling rows only: the
+// prefix sums of the depth histogram (counts; masses too for top-p alone),
+// Z_all = the part sums in a fixed order (top-p alone), then thread 0 picks
+// the cutoff with ChooseCutoff's binary searches (depth_bins.h) and counts a
+// truncation.
 __global__ void __launch_bounds__(1024) CutoffKernel(Rows a) {
   const Row w = LoadRow(a, blockIdx.x);
   if (!w.active || w.greedy) return;
-  __shared__ unsigned int s_cnt[1024];
-  __shared__ double s_mass[1024];
-  __shared__ int s_bin_k, s_bin_p, s_bin_cap, s_top_bin;
-  Workspace* ws = w.ws;
-  const SamplingParams& p = w.p;
-  const int n_vocab = a.n_vocab;
-  const bool topk_on = p.top_k > 0 && p.top_k < n_vocab;
-  const bool topp_on = p.top_p < 1.0f;  // the mass was zeroed and filled only then
+  __shared__ unsigned int s_cum_count[kBinsAlloc];
+  __shared__ double s_cum_mass[kBinsAlloc];
+  __shared__ unsigned int s_warp_c[32];
+  __shared__ double s_warp_m[32];
+  const Workspace* ws = w.ws;
+  const float max_l = MaxLogit(ws);
+  CutoffRule rule = CutoffRuleFor(w.p, a.n_vocab, max_l, kCap);
   const int t = threadIdx.x;
-  const int hi = kBins - 1 - 64 * t;  // this thread's bins: hi, hi-1, ..., hi-63
-  unsigned int c = 0;
-  double m = 0.0;
-#pragma unroll 16
-  for (int b = hi; b > hi - 64; --b) {
-    c += ws->count[b];
-    if (topp_on) m += ws->mass[b];
-  }
-  s_cnt[t] = c;
-  s_mass[t] = m;
-  if (t == 0) {
-    s_bin_k = 0;
-    s_bin_p = 0;
-    s_bin_cap = kBins;
-    s_top_bin = 0;
+  ScanBins<unsigned int>([&](int b) { return ws->count[b]; }, s_cum_count, s_warp_c);
+  double z = 0.0;
+  if (rule.by_mass) {  // row-uniform: every thread reaches the barriers inside
+    ScanBins<double>([&](int b) { return static_cast<double>(ws->mass[b]); }, s_cum_mass, s_warp_m);
+    // Z_all: thread t sums parts t, t + 1024, ... in order, then a fixed
+    // shuffle tree, then the warp totals in order: depends on n_parts only.
+    double zt = 0.0;
+    for (int v = t; v < a.n_parts; v += 1024) zt += ws->part_mass[v];
+    for (int o = 16; o > 0; o >>= 1) zt += __shfl_xor_sync(0xffffffffu, zt, o);
+    if ((t & 31) == 0) s_warp_m[t >> 5] = zt;
+    __syncthreads();
+    for (int k = 0; k < 32; ++k) z += s_warp_m[k];
   }
   __syncthreads();
-  // Inclusive scan (Hillis-Steele) over threads = over descending bins.
-  for (int o = 1; o < 1024; o <<= 1) {
-    const unsigned int c2 = t >= o ? s_cnt[t - o] : 0;
-    const double m2 = t >= o ? s_mass[t - o] : 0.0;
-    __syncthreads();
-    s_cnt[t] += c2;
-    s_mass[t] += m2;
-    __syncthreads();
-  }
-  const double total_mass = s_mass[1023];  // float atomics: only steers the cutoff
-  unsigned int cum_c = t > 0 ? s_cnt[t - 1] : 0;
-  double cum_m = t > 0 ? s_mass[t - 1] : 0.0;
-  // Margin 1e-4 on the mass: a lower cutoff only adds candidates.
-  const double p_target = static_cast<double>(p.top_p) * total_mass * (1.0 + 1e-4);
-  const unsigned int k_target = topk_on ? static_cast<unsigned int>(p.top_k) : 0u;
-  int my_cap = kBins, my_top = 0;  // one shared atomic per thread, not per bin
-#pragma unroll 16
-  for (int b = hi; b > hi - 64; --b) {
-    const unsigned int prev_c = cum_c;
-    const double prev_m = cum_m;
-    cum_c += ws->count[b];
-    if (topp_on) cum_m += ws->mass[b];
-    // The first (highest) bin where each target is reached: one writer each.
-    if (topk_on && prev_c < k_target && cum_c >= k_target) s_bin_k = b;
-    if (topp_on && prev_m < p_target && cum_m >= p_target) s_bin_p = b;
-    if (cum_c <= kCap) my_cap = b;  // b descends: the last hit is the lowest
-    if (ws->count[b] > 0 && my_top == 0) my_top = b;  // the first hit is the highest
-  }
-  atomicMin(&s_bin_cap, my_cap);
-  atomicMax(&s_top_bin, my_top);
-  __syncthreads();
   if (t == 0) {
-    double z = 0.0;
-    for (int i = 0; i < kPassBlocks; ++i) z += ws->block_mass[i];
-    ws->h.z_all = z;
-    int cut = 0;
-    if (topk_on) cut = s_bin_k;
-    if (topp_on && !topk_on) cut = s_bin_p;
-    if (p.min_p > 0.0f && !(topk_on && topp_on)) {
-      const float max_l = __uint_as_float(KeyToFloatBits(static_cast<uint32_t>(ws->h.argmax_key >> 32)));
-      const int bin_min = static_cast<int>(OrderedKey(__float_as_uint(max_l + logf(p.min_p))) >> 16);
-      cut = bin_min > cut ? bin_min : cut;
-    }
-    if (cut < s_bin_cap) {
-      // Too many candidates: keep the highest bins that fit, at least the
-      // highest non-empty bin (then its first kCap arrivals).
-      cut = s_bin_cap < s_top_bin ? s_bin_cap : s_top_bin;
-      w.state->truncations += 1;
-    }
-    ws->h.cutoff_bin = cut;
+    rule.mass_target = static_cast<double>(w.p.top_p) * z * (1.0 + 1e-4);
+    const Cutoff cut = ChooseCutoff(s_cum_count, s_cum_mass, rule);
+    w.ws->h.cutoff_bin = cut.bin;
+    w.ws->h.z_all = z;
+    if (cut.truncated) w.state->truncations += 1;
   }
 }
 
 // grid (blocks per row, batch), sampling rows only: append CandidateKey of
-// every logit in bins >= cutoff (warp-aggregated slots).
-__global__ void CollectKernel(Rows a) {
+// every logit with DepthBin <= cutoff (warp-aggregated slots; the first kCap
+// arrivals are kept when a truncated cutoff's one bin holds more).
+__global__ void __launch_bounds__(kPassThreads, kPassBlocksPerSm) CollectKernel(Rows a) {
   const Row w = LoadRow(a, blockIdx.y);
   if (!w.active || w.greedy) return;
   Workspace* ws = w.ws;
-  const int n_vocab = a.n_vocab;
-  const int cutoff = ws->h.cutoff_bin;
-  const int stride = gridDim.x * blockDim.x;
-  const int n_round = (n_vocab + stride - 1) / stride * stride;
-  const int lane = threadIdx.x % 32;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_round; i += stride) {
-    const uint32_t bits = i < n_vocab ? __float_as_uint(w.logits[i]) : 0u;
-    const bool take = i < n_vocab && static_cast<int>(OrderedKey(bits) >> 16) >= cutoff;
-    const unsigned mask = __ballot_sync(0xffffffffu, take);
-    if (mask == 0) continue;
-    unsigned int base = 0;
-    if (lane == __ffs(mask) - 1) base = atomicAdd(&ws->h.n_cand, __popc(mask));
-    base = __shfl_sync(0xffffffffu, base, __ffs(mask) - 1);
-    if (take) {
-      const unsigned int slot = base + __popc(mask & ((1u << lane) - 1));
-      if (slot < kCap) ws->cand[slot] = CandidateKey(bits, i);
+  const int cut = ws->h.cutoff_bin;
+  const float max_l = MaxLogit(ws);
+  const int lane = threadIdx.x & 31;
+  for (int v = FirstPart(); v < a.n_parts; v += PartStep()) {
+    const int end = PartEnd(a, v);
+    for (int base = v * a.part_len; base < end; base += kPartElems) {
+      float l[kLoadsPerLane];
+      LoadPart(w.logits, base, end, l);
+#pragma unroll
+      for (int j = 0; j < kLoadsPerLane; ++j) {
+        const int i = base + lane + 32 * j;
+        const bool take = i < end && DepthBin(max_l, l[j]) <= cut;
+        const unsigned mask = __ballot_sync(0xffffffffu, take);
+        if (mask == 0) continue;
+        const int leader = __ffs(mask) - 1;
+        unsigned int first = 0;
+        if (lane == leader) first = atomicAdd(&ws->h.n_cand, __popc(mask));
+        first = __shfl_sync(0xffffffffu, first, leader);
+        if (take) {
+          const unsigned int slot = first + __popc(mask & ((1u << lane) - 1));
+          if (slot < kCap) ws->cand[slot] = CandidateKey(__float_as_uint(l[j]), i);
+        }
+      }
     }
   }
 }
@@ -507,24 +581,34 @@ __global__ void __launch_bounds__(1024) FinalKernel(Rows a) {
   }
 }
 
-// Blocks per row of the three vocab passes: kPassBlocksPerSm blocks per SM
-// over the whole batch, at most kPassBlocks per row (a batch of one: 264 on
-// an H200, as before batching), at least one.
-absl::Status PassBlocksPerRow(int batch, int* out) {
+// A row's parts: kPartElems logits each, or a multiple of that when the row
+// is longer than kMaxParts * kPartElems (n_parts <= kMaxParts always).
+void RowParts(int n_vocab, int* part_len, int* n_parts) {
+  const long long units = (static_cast<long long>(n_vocab) + kPartElems - 1) / kPartElems;
+  const long long per = (units + kMaxParts - 1) / kMaxParts;
+  *part_len = static_cast<int>(per * kPartElems);
+  *n_parts = static_cast<int>((static_cast<long long>(n_vocab) + *part_len - 1) / *part_len);
+}
+
+// Blocks per row of the three row passes: kPassBlocksPerSm a SM over the
+// whole batch (one wave), at most one part a warp, at least one block.
+absl::Status PassBlocksPerRow(int batch, int n_parts, int* out) {
   int device = 0, sms = 0;
   DPL_CUDA_CHECK(cudaGetDevice(&device));
   DPL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const long long want = (static_cast<long long>(kPassBlocksPerSm) * sms + batch - 1) / batch;
-  *out = static_cast<int>(want < 1 ? 1 : want > kPassBlocks ? kPassBlocks : want);
+  const long long want = static_cast<long long>(kPassBlocksPerSm) * sms / batch;
+  const long long most = (n_parts + kPassWarps - 1) / kPassWarps;
+  *out = static_cast<int>(want < 1 ? 1 : want > most ? most : want);
   return absl::OkStatus();
 }
 
 // The six launches of one call. `sampled_passes` false skips the histogram,
 // cutoff and collect passes, whose blocks would all return at once (SampleToken
 // with greedy params: the host knows them); SampleTokens always launches all six.
-absl::Status Launch(const Rows& a, int batch, bool sampled_passes, cudaStream_t stream) {
+absl::Status Launch(Rows a, int batch, bool sampled_passes, cudaStream_t stream) {
+  RowParts(a.n_vocab, &a.part_len, &a.n_parts);
   int bpr = 0;
-  DPL_RETURN_IF_ERROR(PassBlocksPerRow(batch, &bpr));
+  DPL_RETURN_IF_ERROR(PassBlocksPerRow(batch, a.n_parts, &bpr));
   const dim3 pass_grid(bpr, batch);
   PrepareKernel<<<batch, 256, 0, stream>>>(a);
   DPL_CUDA_CHECK_LAUNCH();

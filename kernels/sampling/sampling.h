@@ -17,21 +17,23 @@
 //   - draw: u = UniformFromCounter(seed, step) * sum_i exp(l_i/T - l_0/T),
 //     first i with cumulative weight > u; step += 1 afterwards.
 //
-// How top-k/top-p run on 152k logits: a max pass, a 65536-bin histogram of
-// the top 16 bits of the ordered logit key (counts and softmax mass), a
-// one-block cutoff search giving the lowest bin that can hold a survivor of
-// top-k and top-p, a compaction of the logits in bins >= cutoff, and an exact
-// bitonic sort of those candidates in one block, on which the chain runs
-// exactly. Limit: at most kSamplingMaxCandidates (2048) candidates; when the
-// cutoff bins hold more (top_k > 2048, or top-k off with a flat
-// distribution), the cutoff rises to the highest-valued bins that fit and
+// How top-k/top-p run on 152k logits (kernels/sampling/depth_bins.h): a max
+// pass, a histogram of each logit's depth below the max (1537 bins, finest
+// at the top; counts, and softmax masses for top-p alone; privatized in
+// shared memory), a one-block cutoff search giving the deepest bin that can
+// hold a survivor of top-k, top-p and min-p, a compaction of the logits in
+// bins <= cutoff, and an exact bitonic sort of those candidates in one
+// block, on which the chain runs exactly. Limit: at most
+// kSamplingMaxCandidates (2048) candidates; when the cutoff bins hold more
+// (top_k > ~1800, top-k off with a flat distribution, every filter off on a
+// large vocabulary), the cutoff rises to the deepest bins that fit and
 // state.truncations counts it (the tail beyond them is dropped).
 //
 // Launches (the same kernels serve one row and a batch): Prepare (zeroes the
-// row's workspace header, adds the biases, applies the penalty), Max (argmax; a sampling row
-// also zeroes its histogram), Hist, Cutoff, Collect, Final (greedy: writes the
-// argmax). Every kernel runs grid.y = row (or grid.x = row for the one-block
-// kernels) and reads its row's params on the device.
+// row's workspace header and histogram, adds the biases, applies the
+// penalty), Max (argmax, applies the mask), Hist, Cutoff, Collect, Final
+// (greedy: writes the argmax). Every kernel runs grid.y = row (or grid.x =
+// row for the one-block kernels) and reads its row's params on the device.
 //
 // Batched (SampleTokens): one call samples B rows, row r for sequence
 // slots[r], each with its own params, SamplerState and ring, all in device
@@ -41,7 +43,7 @@
 // Hist, Cutoff and Collect (it pays the max pass only). Row r's token, state,
 // ring and penalized logits are bit-identical to SampleToken with
 // params[slots[r]] on that row (the grid differs; the results do not depend
-// on it, see kPassBlocks in sampling.cu). Params are used defensively on the
+// on it: Z_all is summed over fixed parts, see kPartElems in sampling.cu). Params are used defensively on the
 // device: repeat_last_n is clamped to [0, ring_stride], repeat_penalty <= 0 or
 // NaN is off, temperature NaN is greedy, top_p / min_p NaN are off.
 #pragma once
@@ -51,11 +53,10 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/sampling/depth_bins.h"  // kSamplingMaxCandidates, the cutoff rule
 #include "kernels/sampling/sampling_util.h"
 
 namespace dpl::kernels {
-
-inline constexpr int kSamplingMaxCandidates = 2048;
 
 // Device-resident sampler state (the caller zeroes it, then uploads the
 // prompt's ring head/count, see MakeRecentRing).
@@ -68,7 +69,7 @@ struct SamplerState {
 };
 
 // Bytes of scratch SampleToken (batch 1) or SampleTokens needs for `batch`
-// rows: a 256-byte multiple, independent of n_vocab (about 530 KiB a row).
+// rows: a 256-byte multiple, independent of n_vocab (about 92 KiB a row).
 uint64_t SamplingWorkspaceBytes(int batch = 1);
 
 // Samples one token and writes it to *d_token_out; pushes it into the ring.

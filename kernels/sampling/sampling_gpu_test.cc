@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iomanip>
 #include <memory>
+#include <sstream>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -847,6 +849,75 @@ TEST_CASE("batched: logit biases draw as the CPU sampler; a ban is never drawn")
   CUDA_OK(cudaStreamDestroy(st));
 }
 
+// "T 0.8 top_k 40 top_p 0.95 min_p 0.05" for a failure's message.
+std::string ChainName(const SamplingParams& p) {
+  std::ostringstream o;
+  o << "T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p
+    << " seed " << p.seed;
+  return o.str();
+}
+
+// The `k` best tokens of `l` as "id:logit ..." (a failure's message).
+std::string TopOf(const std::vector<float>& l, int k) {
+  std::ostringstream o;
+  for (int id : TopIds(l, k)) o << id << ":" << l[id] << " ";
+  return o.str();
+}
+
+// Issue 30's cutoff (depth_bins.h) in every regime at once: 64 rows, a chain
+// a row (top-k small and large, top-p alone, min-p alone, top-p with min-p,
+// top-k 1800 near the candidate cap, greedy), each row against the float64
+// chain draw after draw, no truncation. A mismatch names the row, its chain,
+// both tokens and the row's best logits.
+TEST_CASE("batched: 64 rows, every cutoff regime, equal the float64 chain step after step") {
+  const int n_vocab = 152064, batch = 64, steps = 4;
+  const std::vector<SamplingParams> chains = {
+      {0.8f, 40, 0.95f, 0.05f, 1.0f, 0, 0},  // the default chain
+      {1.0f, 0, 0.9f, 0.0f, 1.0f, 0, 0},     // top-p alone: the mass decides
+      {1.2f, 200, 1.0f, 0.0f, 1.0f, 0, 0},   // top-k alone
+      {0.7f, 0, 1.0f, 0.02f, 1.0f, 0, 0},    // min-p alone
+      {1.0f, 1000, 0.99f, 0.0f, 1.0f, 0, 0}, // top-k 1000 then top-p
+      {0.8f, 0, 0.95f, 0.05f, 1.0f, 0, 0},   // top-p and min-p, top-k off
+      {1.0f, 1800, 1.0f, 0.0f, 1.0f, 0, 0},  // top-k near the cap (2048)
+      {1.0f, 0, 0.5f, 0.0f, 1.0f, 0, 0},     // a narrow top-p
+      {1.5f, 1, 1.0f, 0.0f, 1.0f, 0, 0},     // top-k 1
+      {1.3f, 0, 1.0f, 0.1f, 1.0f, 0, 0},     // min-p 0.1
+      {0.0f, 40, 0.95f, 0.05f, 1.0f, 0, 0},  // greedy
+  };
+  std::vector<SamplingParams> params(batch);
+  for (int r = 0; r < batch; ++r) {
+    params[r] = chains[r % chains.size()];
+    params[r].seed = 1000 + r;
+  }
+  BatchDev bd(batch, batch, n_vocab, 0);
+  bd.params.Upload(params);
+  bd.FillVocabRows();  // row r: VocabLogits(n_vocab, 300 + r)
+  std::vector<std::vector<float>> rows(batch);
+  for (int r = 0; r < batch; ++r) rows[r] = VocabLogits(n_vocab, 300 + r);
+  int mismatches = 0;
+  for (int step = 0; step < steps; ++step) {
+    bd.Sample();
+    const std::vector<int> got = bd.tokens.Download();
+    for (int r = 0; r < batch; ++r) {
+      const int want = CpuSample(rows[r], params[r], static_cast<uint64_t>(step));
+      if (got[r] == want) continue;
+      ++mismatches;
+      const bool in_vocab = got[r] >= 0 && got[r] < n_vocab;
+      MESSAGE("step " << step << " row " << r << " (" << ChainName(params[r]) << "): device drew " << got[r]
+                      << " (logit " << (in_vocab ? rows[r][got[r]] : NAN) << "), the float64 chain "
+                      << want << " (logit " << rows[r][want] << "); best: " << TopOf(rows[r], 8));
+    }
+  }
+  CHECK(mismatches == 0);
+  const std::vector<SamplerState> states = bd.states.Download();
+  for (int r = 0; r < batch; ++r) {
+    CAPTURE(r);
+    INFO(ChainName(params[r]));
+    CHECK(states[r].truncations == 0u);
+    CHECK(states[r].step == (params[r].temperature > 0.0f ? uint64_t(steps) : 0u));
+  }
+}
+
 TEST_CASE("batched sampling time on 152064 logits, graph replay") {
   const int n_vocab = 152064, reps = 200;
   SamplingParams greedy{0.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0};
@@ -898,11 +969,32 @@ TEST_CASE("batched sampling time on 152064 logits, graph replay") {
       MESSAGE("SampleToken " << name << ", graph replay: " << us << " us");
     }
   }
+  // Modes: greedy, sampled, mixed (every other row greedy: rows 0, 2, ...),
+  // and two single-filter chains whose cutoff takes other paths: top-p alone
+  // (the histogram's masses and Z_all) and min-p alone (the histogram
+  // bounded at min-p's bin). No penalty on those two: 220 replays of a
+  // penalty rewrite the same logits each time, and once the strong tokens
+  // are pushed into the bulk, top-p alone needs more than the 2048
+  // candidates (a truncation, not what this times).
+  SamplingParams top_p_alone{1.0f, 0, 0.95f, 0.0f, 1.0f, 64, 0};
+  SamplingParams min_p_alone{1.0f, 0, 1.0f, 0.05f, 1.0f, 64, 0};
+  const std::vector<std::string> modes = {"greedy", "sampled", "mixed", "top-p alone", "min-p alone"};
+  std::ostringstream table;
+  table << "| call (us a graph replay) |";
+  for (const std::string& m : modes) table << " " << m << " |";
+  table << "\n| --- |";
+  for (size_t i = 0; i < modes.size(); ++i) table << " ---: |";
+  table << "\n";
   for (int batch : {1, 16, 64}) {
     BatchDev bd(batch, batch, n_vocab, 64);
     bd.FillVocabRows();
-    for (const std::string mode : {"greedy", "sampled", "mixed"}) {
-      std::vector<SamplingParams> p(batch, mode == "greedy" ? greedy : sampled);
+    table << "| SampleTokens batch " << batch << " |";
+    for (const std::string& mode : modes) {
+      const SamplingParams& base = mode == "greedy"        ? greedy
+                                   : mode == "top-p alone" ? top_p_alone
+                                   : mode == "min-p alone" ? min_p_alone
+                                                           : sampled;
+      std::vector<SamplingParams> p(batch, base);
       if (mode == "mixed") {
         for (int r = 0; r < batch; r += 2) p[r] = greedy;
       }
@@ -913,29 +1005,37 @@ TEST_CASE("batched sampling time on 152064 logits, graph replay") {
       MESSAGE("SampleTokens batch " << batch << " " << mode << ", graph replay: " << us
                                     << " us (" << us / batch << " us per row; one logits read = "
                                     << gbs << " GB/s)");
+      table << " " << std::fixed << std::setprecision(1) << us << " |";
+      const auto s = bd.states.Download();
+      for (int r = 0; r < batch; ++r) {
+        CAPTURE(r);
+        INFO(mode);
+        CHECK(s[r].truncations == 0u);
+      }
     }
-    const auto s = bd.states.Download();
-    CHECK(s[0].truncations == 0u);
+    table << "\n";
   }
+  MESSAGE("graph replay, " << reps << " replays after 20 warm-up, 152064 logits a row:\n" << table.str());
   cudaStreamDestroy(st);
 }
 
 // One eager call each, for a per-kernel breakdown under ncu:
 //   ncu --clock-control none --metrics gpu__time_duration.sum sampling_gpu_test -tc='batched: kernel*'
-// (launch order: SampleToken sampled, then batch 64 greedy, sampled, mixed;
-// each call Prepare, Max, [Hist, Cutoff, Collect,] Final).
+// (launch order: SampleToken sampled, then batch 64 greedy, sampled, mixed,
+// top-p alone; each call Prepare, Max, [Hist, Cutoff, Collect,] Final).
 TEST_CASE("batched: kernel breakdown calls (for ncu)") {
   const int n_vocab = 152064, batch = 64;
   SamplingParams greedy{0.0f, 0, 1.0f, 0.0f, 1.0f, 0, 0};
   SamplingParams sampled;
   sampled.repeat_penalty = 1.1f;
   sampled.repeat_last_n = 64;
+  SamplingParams top_p_alone{1.0f, 0, 0.95f, 0.0f, 1.0f, 64, 0};
   Dev d(VocabLogits(n_vocab, 41), 64);
   d.Sample(sampled);
   BatchDev bd(batch, batch, n_vocab, 64);
   bd.FillVocabRows();
-  for (int mode = 0; mode < 3; ++mode) {
-    std::vector<SamplingParams> p(batch, mode == 0 ? greedy : sampled);
+  for (int mode = 0; mode < 4; ++mode) {
+    std::vector<SamplingParams> p(batch, mode == 0 ? greedy : mode == 3 ? top_p_alone : sampled);
     for (int r = 0; r < batch; ++r) {
       if (mode == 2 && r % 2 == 0) p[r] = greedy;
       p[r].seed = r;
@@ -943,7 +1043,7 @@ TEST_CASE("batched: kernel breakdown calls (for ncu)") {
     bd.params.Upload(p);
     bd.Sample();
   }
-  CHECK(bd.states.Download()[1].step == 2u);
+  CHECK(bd.states.Download()[1].step == 3u);
 }
 
 }  // namespace
