@@ -124,12 +124,6 @@ struct DecodeTuning {
   // 288 CTAs, 1.09 waves of 264 at two a SM; 196 gives them 7 (260 CTAs,
   // one wave). dpl-bench and matvec_bench take DPL_F16_TARGET.
   int mma_f16_target_ctas = 224;
-  // > 0: products of 17-64 tokens on the f16 form's wide CTAs (256 rows, two
-  // warpgroups sharing each stage's activations, one CTA a SM:
-  // matvec_mma_f16.cu), their k splits aimed at this many 128-row tiles
-  // (MmaF16Splits), so about half as many wide CTAs; 0: never. Not yet
-  // measured, so 0. dpl-bench and matvec_bench take DPL_F16_WIDE.
-  int mma_f16_wide_target_ctas = 0;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

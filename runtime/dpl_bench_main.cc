@@ -213,7 +213,6 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_F16_CTAS", &t.mma_f16_small_ctas_per_sm);
   flag("DPL_F16_CLUSTER", &t.mma_f16_cluster_sum);
   flag("DPL_F16_TARGET", &t.mma_f16_target_ctas);
-  flag("DPL_F16_WIDE", &t.mma_f16_wide_target_ctas);
   flag("DPL_ROPE_FOLD", &t.rope_in_matvec);
   if (const char* e = std::getenv("DPL_MATVEC_GEOM"); e != nullptr) {
     DPL_ASSIGN_OR_RETURN(t.matvec_geometry, GeometryOverrides(e));

@@ -222,8 +222,6 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
                    std::all_of(ws.begin(), ws.end(), [](const WeightMatrix* w) {
                      return w->n_rows * w->row_stride < kMmaF16MaxMatrixBytes;
                    });
-  // Of those, 17+ tokens on the wide CTAs where asked for.
-  const bool wide = f16 && io.n_tokens > 16 && plan.mma_f16_wide_target > 0;
   a.n_parts = static_cast<int>(ws.size());
   a.rope = io.rope;
   int64_t grid_x = 0, blocks = 0, partial_used = 0;
@@ -237,10 +235,9 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     DPL_ASSIGN_OR_RETURN(MatVecGrid grid, MatVecGridFor(w.n_rows, io.n_tokens, g));
     MatVecPart& p = a.part[i];
     if (mma) {
-      const int64_t cta_rows = wide ? kMmaF16WideRows : f16 ? kMmaF16CtaRows : kMmaCtaRows;
+      const int64_t cta_rows = f16 ? kMmaF16CtaRows : kMmaCtaRows;
       grid.y = (w.n_rows + cta_rows - 1) / cta_rows;
-      p.splits = f16 ? MmaF16Splits(w.n_rows, w.n_cols,
-                                    wide ? plan.mma_f16_wide_target : plan.mma_f16_target_ctas)
+      p.splits = f16 ? MmaF16Splits(w.n_rows, w.n_cols, plan.mma_f16_target_ctas)
                      : MmaSplits(w.n_rows, w.n_cols);
       if (p.splits > 1) {
         const int64_t need = int64_t{p.splits} * io.n_tokens * w.n_rows;
@@ -286,7 +283,6 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     int splits = 1;
     for (int i = 0; i < a.n_parts; ++i) splits = std::max(splits, a.part[i].splits);
     MmaF16Options o;
-    o.wide = wide;
     o.ctas_per_sm = blocks * splits > 2 * int64_t{plan.num_sms} ? plan.mma_f16_small_ctas : 2;
     o.cluster_sum = plan.mma_f16_cluster_sum == 2 ||
                     (plan.mma_f16_cluster_sum == 1 &&

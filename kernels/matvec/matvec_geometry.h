@@ -92,9 +92,6 @@ inline constexpr int MmaSplits(int64_t n_rows, int64_t n_cols) {
 // twice the rows (so splits x rows stays within kMmaMaxPartialRows), at
 // most one split per 128 columns.
 inline constexpr int kMmaF16CtaRows = 128;
-// Its wide form over 17-64 tokens: one CTA a SM of two 128-row warpgroups
-// sharing each stage's activations (MmaF16Options::wide).
-inline constexpr int kMmaF16WideRows = 2 * kMmaF16CtaRows;
 // Its weight copies address a matrix with 32-bit byte offsets, so matrices
 // of 4 GiB or more keep the int8 form (RunMatVecGroup).
 inline constexpr int64_t kMmaF16MaxMatrixBytes = int64_t{1} << 32;

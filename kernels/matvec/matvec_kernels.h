@@ -81,10 +81,6 @@ struct MmaF16Options {
   // memory: no partials, no MmaSumSplits launch; the same bits).
   // DecodeTuning::mma_f16_cluster_sum.
   bool cluster_sum = false;
-  // 17-64 tokens: the wide form (matvec_mma_f16.cu: CTAs of kMmaF16WideRows
-  // rows, grid_y counts blocks of those; no cluster sums).
-  // DecodeTuning::mma_f16_wide_target_ctas.
-  bool wide = false;
 };
 absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
                                 bool pdl, cudaStream_t stream, const MmaF16Options& options);

@@ -294,13 +294,13 @@ struct Q4KF16 {
   // / 2, t % 2) and the quad shares them by shuffles (16 shuffles instead of
   // unpacking three more rows, ~84 instructions in PTX).
   template <int NT>
-  __device__ static void Half(const uint8_t (*w)[kRow], uint32_t xs, int h, int /*kb*/, int warp,
-                              int g, int t, float (&acc)[2][NT][4]) {
+  __device__ static void Half(const Stage<Q4KF16, 8 * NT>& st, int h, int /*kb*/, int warp, int g,
+                              int t, float (&acc)[2][NT][4]) {
     const int q0 = 16 + (kWhole ? 64 * h : 0);  // the half's quants in the stage row
     const int lane0 = (threadIdx.x & 31) & ~3;
     uint2 q[2][2][2];  // [tile][row g, g + 8][chunk]
     const HalfScales mine = Scales(
-        *reinterpret_cast<const uint4*>(&w[TileRow(warp, t >> 1, g, t & 1)][0]), h);
+        *reinterpret_cast<const uint4*>(&st.w[TileRow(warp, t >> 1, g, t & 1)][0]), h);
     HalfScales sc[2][2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -314,7 +314,7 @@ struct Q4KF16 {
         sc[i][r].m13 = H2(__shfl_sync(0xffffffffu, U32(mine.m13), src));
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          q[i][r][c] = *reinterpret_cast<const uint2*>(&w[row][q0 + 32 * c + 8 * t]);
+          q[i][r][c] = *reinterpret_cast<const uint2*>(&st.w[row][q0 + 32 * c + 8 * t]);
         }
       }
     }
@@ -342,7 +342,7 @@ struct Q4KF16 {
           }
         }
       }
-      MmaSubBlock<NT>(xs, kWhole ? 128 * h : 0, jj, A, acc);
+      MmaSubBlock<NT>(SmemAddr(&st.x[0][0][0]), kWhole ? 128 * h : 0, jj, A, acc);
     }
   }
 };
@@ -398,15 +398,15 @@ struct Q6KF16 {
   // As Q4KF16::Half, the quad shares the four rows' scales: lane t unpacks
   // row (t / 2, t % 2), four shuffles a row.
   template <int NT>
-  __device__ static void Half(const uint8_t (*w)[kRow], uint32_t xs, int h, int kb, int warp,
-                              int g, int t, float (&acc)[2][NT][4]) {
+  __device__ static void Half(const Stage<Q6KF16, 8 * NT>& st, int h, int kb, int warp, int g,
+                              int t, float (&acc)[2][NT][4]) {
     const int kb8 = kb & 7;
     const int ql0 = kWhole ? 64 * h : 0, qh0 = kQhAt + (kWhole ? 32 * h : 0);
     const int lane0 = (threadIdx.x & 31) & ~3;
     uint2 ql[2][2][2], qh[2][2];  // [tile][row g, g + 8]([ql half])
     HalfScales sc[2][2];
     {
-      const uint8_t* row = w[TileRow(warp, t >> 1, g, t & 1)];
+      const uint8_t* row = st.w[TileRow(warp, t >> 1, g, t & 1)];
       const HalfScales mine =
           Scales(*reinterpret_cast<const uint2*>(row + kScAt + 8 * h),
                  __half2half2(*reinterpret_cast<const __half*>(row + kDAt + 2 * kb8)));
@@ -425,7 +425,7 @@ struct Q6KF16 {
     for (int i = 0; i < 2; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const uint8_t* row = w[TileRow(warp, i, g, r)];
+        const uint8_t* row = st.w[TileRow(warp, i, g, r)];
         ql[i][r][0] = *reinterpret_cast<const uint2*>(row + ql0 + 8 * t);
         ql[i][r][1] = *reinterpret_cast<const uint2*>(row + ql0 + 32 + 8 * t);
         qh[i][r] = *reinterpret_cast<const uint2*>(row + qh0 + 8 * t);
@@ -459,7 +459,7 @@ struct Q6KF16 {
           }
         }
       }
-      MmaSubBlock<NT>(xs, kWhole ? 128 * h : 0, q, A, acc);
+      MmaSubBlock<NT>(SmemAddr(&st.x[0][0][0]), kWhole ? 128 * h : 0, q, A, acc);
     }
   }
 };
@@ -528,35 +528,6 @@ __device__ __forceinline__ void ClusterSum(const MatVecArgs& a, const MatVecPart
   cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
 
-// A warpgroup's 128 rows x T tokens from row0 (thread (g, t) holds rows
-// TileRow(warp, i, g, 0 / 1) x tokens 8n + 2t, + 1): split z's partials, or
-// with no split y (+ bias) (+ residual).
-template <int NT>
-__device__ __forceinline__ void StoreTile(const MatVecArgs& a, const MatVecPart& P, int row0, int z,
-                                          int warp, int g, int t, const float (&acc)[2][NT][4]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tok = 8 * n + 2 * t + (e & 1);
-        const int row = row0 + TileRow(warp, i, g, e >> 1);
-        if (tok >= a.n_tokens || row >= P.n_rows) continue;
-        const int64_t o = static_cast<int64_t>(tok) * P.n_rows + row;
-        if (P.splits > 1) {
-          P.partial[static_cast<int64_t>(z) * a.n_tokens * P.n_rows + o] = acc[i][n][e];
-          continue;
-        }
-        float v = acc[i][n][e];
-        if (P.bias != nullptr) v += P.bias[row];
-        if (P.residual != nullptr) v += P.residual[o];  // may alias y: read before write
-        P.y[o] = v;
-      }
-    }
-  }
-}
-
 __device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
   return m == 0 ? a.part[0] : m == 1 ? a.part[1] : a.part[2];
 }
@@ -615,8 +586,7 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
 #pragma unroll
     for (int hh = 0; hh < W::kCols / 128; ++hh) {  // the stage's halves of a block
       const int h = W::kCols == 256 ? hh : ks & 1, kb = W::kCols == 256 ? ks : ks >> 1;
-      Stage<W, T>& st = stage[it % kS];
-      W::template Half<NT>(st.w, SmemAddr(&st.x[0][0][0]), h, kb, warp, g, t, acc);
+      W::template Half<NT>(stage[it % kS], h, kb, warp, g, t, acc);
     }
     // The stage's products done before the next barrier lets it be
     // refilled (and before the loop's end, where the compiler may move the
@@ -630,195 +600,27 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
       return;
     }
   }
-  StoreTile<NT>(a, P, row0, z, warp, g, t, acc);
-}
-
-// The wide form (MmaF16Options::wide, 17-64 tokens): one CTA a SM of two
-// consumer warpgroups over kWideRows = 256 rows (each the 128-row tile the
-// form above multiplies, with the same per-thread arithmetic, so the same
-// bits for the same k split) and one producer warp. Why: at 64 tokens a
-// 128-row CTA's stage is 20 KB of weights and 32 KB of activations, so two
-// CTAs a SM keep two stages each (one in flight while one is multiplied),
-// every CTA copies the whole activation tile again (two thirds of the bytes
-// it moves), and the stage barrier makes its four warps wait for the
-// slowest: the steady state ran at half the tensor cores' rate (docs/PERF.md,
-// "where a 64-token product's time goes: waves"). Here the two warpgroups
-// share each stage's activations, copied once by the bulk-copy engine (one
-// contiguous run of the f16 copy: F16Index) onto an mbarrier; each warp
-// copies and reads only its own rows' weights (cp.async, waited per warp),
-// so no barrier joins warps: a warpgroup waits only for the stage's
-// activations, and the last warp to finish a stage (a counter a slot)
-// refills its slot with the activations kS stages on. Three stages of 72 KB
-// at 64 q4_K tokens. No producer warp: a ninth warp makes ptxas budget
-// registers for twelve (168 a thread), and the q6_K kernels spilled.
-constexpr int kWideRows = kMmaF16WideRows;
-constexpr int kWideGroups = kWideRows / kMmaF16CtaRows;
-static_assert(kWideGroups == 2, "two warpgroups: the row split and the barrier counts below");
-constexpr int kWideThreads = kWideGroups * kThreads;
-constexpr int kWideWarps = kWideThreads / 32;
-
-template <class W, int T>
-struct WideLayout {
-  static constexpr int kX = W::kCols / 8 * T * 16;       // activation bytes a stage
-  static constexpr int kW = kWideRows * W::kRow;          // weight bytes a stage
-  static constexpr int kStage = kX + kW;
-  static constexpr int kBudget = 227 * 1024 - 1024 - 64;  // the SM's, less the driver's and the barriers
-  static constexpr int kStages = kBudget / kStage >= 4 ? 4 : kBudget / kStage;
-  static constexpr int kBytes = kStages * kStage + 16 * kStages;
-  // Stage s: activations at s kStage, then the weights' rows; after the
-  // last stage the full barriers (8 bytes each), then the slots' counters.
-};
-
-// This warp's share of a stage's weight copies: its own 32 rows of its
-// warpgroup's tile (TileRow(warp, i, .., ..)), 16-byte chunk c of local row
-// rl at copy k = lane + 32 k, rl = k' / W::kChunks; offsets that do not
-// depend on the stage worked out once (as WeightCopies).
-template <class W>
-struct WarpWeightCopies {
-  static constexpr int kCopies = 32 * W::kChunks / 32;
-  uint32_t src[kCopies];  // byte offset from P.w, without the stage's part
-  uint16_t dst[kCopies];  // byte offset in the warpgroup's weight rows
-  uint8_t chunk[kCopies];
-
-  __device__ WarpWeightCopies(const MatVecPart& P, int nbe, int row0, int warp, int lane) {
 #pragma unroll
-    for (int k = 0; k < kCopies; ++k) {
-      const int i = lane + 32 * k;
-      const int rl = i / W::kChunks, c = i % W::kChunks;
-      const int row = TileRow(warp, rl >> 4, rl & 7, (rl >> 3) & 1);
-      src[k] = static_cast<uint32_t>(min(row0 + row, P.n_rows - 1)) *
-                   static_cast<uint32_t>(P.row_stride) + W::ChunkFixed(nbe, c);
-      dst[k] = static_cast<uint16_t>(row * W::kRow + 16 * c);
-      chunk[k] = static_cast<uint8_t>(c);
-    }
-  }
-  __device__ __forceinline__ void Issue(const MatVecPart& P, int ks, uint32_t rows) const {
+  for (int i = 0; i < 2; ++i) {
 #pragma unroll
-    for (int k = 0; k < kCopies; ++k) {
-      CpAsync16ZeroFill(rows + dst[k], P.w + (src[k] + W::ChunkStep(ks, chunk[k])), true);
-    }
-  }
-};
-
-__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// The producer's side of a full barrier: expect `bytes`, then one bulk copy
-// of them (global -> this CTA's shared memory) completing on it.
-__device__ __forceinline__ void BulkCopyOnto(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-               "r"(bytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-
-// grid (1, row blocks of kWideRows over all parts, max splits), kWideThreads
-// threads. CTA (y, z) takes its part's rows 256 (y - row_block0) .. +255
-// (warpgroup q the q-th 128) and stages [ns z / splits, ns (z + 1) / splits).
-// Slot s holds stage it with it % kS == s; its full barrier completes phase
-// it / kS when the stage's activations have landed.
-template <class W, int NT>
-__device__ __forceinline__ void MatVecMmaF16WideBody(const MatVecArgs& a) {
-  constexpr int T = 8 * NT;
-  using L = WideLayout<W, T>;
-  constexpr int kS = L::kStages;
-  static_assert(kS >= 2, "a stage in flight while one is multiplied");
-  extern __shared__ __align__(16) uint8_t smem[];
-  const uint32_t base = SmemAddr(smem);
-  const uint32_t full0 = base + kS * L::kStage;
-  uint32_t* done = reinterpret_cast<uint32_t*>(smem + kS * L::kStage + 8 * kS);  // (kS) warps past slot s
-  const int m = (a.n_parts > 1 && static_cast<int>(blockIdx.y) >= a.part[1].row_block0) +
-                (a.n_parts > 2 && static_cast<int>(blockIdx.y) >= a.part[2].row_block0);
-  const MatVecPart P = PartAt(a, m);
-  const int z = static_cast<int>(blockIdx.z);
-  if (z >= P.splits) return;
-  const int ns = a.n_cols / W::kCols, nbe = a.n_cols / 256;
-  const int ks0 = ns * z / P.splits, n_it = ns * (z + 1) / P.splits - ks0;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kS; ++s) {
-      MbarInit(full0 + 8 * s, 1);  // the one arrive.expect_tx of BulkCopyOnto
-      done[s] = 0;
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  // Stage it's activations (kX contiguous bytes of the f16 copy) into its slot.
-  const uint8_t* xsrc = reinterpret_cast<const uint8_t*>(a.xh) + static_cast<int64_t>(ks0) * L::kX;
-  auto stage_x = [&](int it) {
-    BulkCopyOnto(base + (it % kS) * L::kStage, xsrc + static_cast<int64_t>(it) * L::kX, L::kX,
-                 full0 + 8 * (it % kS));
-  };
-  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, q = threadIdx.x >> 7;
-  const int g = lane >> 2, t = lane & 3;
-  const int row0 = (static_cast<int>(blockIdx.y) - P.row_block0) * kWideRows + q * kMmaF16CtaRows;
-  // This warpgroup's weight rows in stage s: (kMmaF16CtaRows, W::kRow) bytes.
-  auto rows_at = [&](int s) { return smem + s * L::kStage + L::kX + q * kMmaF16CtaRows * W::kRow; };
-  float acc[2][NT][4];
+    for (int n = 0; n < NT; ++n) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
-  // The first stages' weights before the wait (they never change).
-  const WarpWeightCopies<W> copies(P, nbe, row0, warp, lane);
-#pragma unroll
-  for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_it) copies.Issue(P, ks0 + s, SmemAddr(rows_at(s)));
-    CpAsyncCommit();
-  }
-  GridDependencyWait();
-  GridLaunchDependents();
-  if (threadIdx.x == 0) {
-    for (int it = 0; it < kS && it < n_it; ++it) stage_x(it);
-  }
-  for (int it = 0; it < n_it; ++it) {
-    const int s = it % kS;
-    CpAsyncWait<kS - 2>();  // this lane's weight copies of stage it landed,
-    __syncwarp();           // the warp's (each warp reads only its own rows)
-    const int nx = it + kS - 1;  // into the slot this warp finished reading last stage
-    if (nx < n_it) copies.Issue(P, ks0 + nx, SmemAddr(rows_at(nx % kS)));
-    CpAsyncCommit();
-    MbarWait(full0 + 8 * s, static_cast<uint32_t>((it / kS) & 1));  // the stage's activations
-    const int ks = ks0 + it;
-    const auto* w = reinterpret_cast<const uint8_t(*)[W::kRow]>(rows_at(s));
-#pragma unroll
-    for (int hh = 0; hh < W::kCols / 128; ++hh) {
-      const int h = W::kCols == 256 ? hh : ks & 1, kb = W::kCols == 256 ? ks : ks >> 1;
-      W::template Half<NT>(w, base + s * L::kStage, h, kb, warp, g, t, acc);
-    }
-    WgmmaWait<0>();  // this warpgroup's products of the stage done
-    WgmmaFenceOperands(acc[0]);
-    WgmmaFenceOperands(acc[1]);
-    __syncwarp();
-    if (lane == 0) {
-      // The last of the CTA's warps past stage it refills its slot.
-      __threadfence_block();
-      if (atomicAdd(&done[s], 1u) == kWideWarps - 1) {
-        atomicExch(&done[s], 0u);
-        __threadfence_block();
-        if (it + kS < n_it) stage_x(it + kS);
+      for (int e = 0; e < 4; ++e) {
+        const int tok = 8 * n + 2 * t + (e & 1);
+        const int row = row0 + TileRow(warp, i, g, e >> 1);
+        if (tok >= a.n_tokens || row >= P.n_rows) continue;
+        const int64_t o = static_cast<int64_t>(tok) * P.n_rows + row;
+        if (P.splits > 1) {
+          P.partial[static_cast<int64_t>(z) * a.n_tokens * P.n_rows + o] = acc[i][n][e];
+          continue;
+        }
+        float v = acc[i][n][e];
+        if (P.bias != nullptr) v += P.bias[row];
+        if (P.residual != nullptr) v += P.residual[o];  // may alias y: read before write
+        P.y[o] = v;
       }
     }
   }
-  StoreTile<NT>(a, P, row0, z, warp, g, t, acc);
-}
-
-template <class W, int NT>
-__global__ void __launch_bounds__(kWideThreads, 1) MatVecMmaF16WideKernel(const MatVecArgs a) {
-  MatVecMmaF16WideBody<W, NT>(a);
 }
 
 // The kernels: two CTAs a SM with the launch bounds the form was tuned
@@ -870,19 +672,6 @@ absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl
   }
 }
 
-template <class W, int NT>
-absl::Status LaunchWide(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl, cudaStream_t stream) {
-  if (F16TokenSlots(args.n_tokens) != 8 * NT) {
-    return absl::InternalError(absl::StrCat("matvec f16 mma (wide): ", args.n_tokens, " tokens in a ",
-                                            8 * NT, "-token tile"));
-  }
-  constexpr auto kKernel = MatVecMmaF16WideKernel<W, NT>;
-  constexpr int kSmem = WideLayout<W, 8 * NT>::kBytes;
-  DPL_RETURN_IF_ERROR((OptInSharedMemory<kKernel>(kSmem)));
-  return LaunchClusterKernel(kKernel, dim3(1, static_cast<unsigned>(grid_y), splits), dim3(kWideThreads),
-                             dim3(1, 1, 1), kSmem, stream, pdl, args);
-}
-
 // Whole-block stages where two CTAs a SM still fit them: every token count
 // for q4_K, up to 32 tokens for q6_K (its 224-byte rows and 64 tokens'
 // whole-block activations would leave one CTA a SM), half blocks beyond.
@@ -905,16 +694,6 @@ absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool 
   if (args.n_tokens <= 16 && o.ctas_per_sm == 4) {
     if (args.n_tokens <= 8) return Launch<W<128>, 1, 4>(args, grid_y, splits, pdl, stream, c);
     return Launch<W<128>, 2, 4>(args, grid_y, splits, pdl, stream, c);
-  }
-  if (o.wide && args.n_tokens > 16) {
-    // Whole-block stages (3-4 of them) but for q6_K's 224-byte rows at 64
-    // tokens, where half blocks keep four.
-    if (args.n_tokens <= 32) return LaunchWide<W<256>, 4>(args, grid_y, splits, pdl, stream);
-    if constexpr (WideLayout<W<256>, 64>::kStages >= 3) {
-      return LaunchWide<W<256>, 8>(args, grid_y, splits, pdl, stream);
-    } else {
-      return LaunchWide<W<128>, 8>(args, grid_y, splits, pdl, stream);
-    }
   }
   if (args.n_tokens <= 8) return Launch<W<256>, 1>(args, grid_y, splits, pdl, stream, c);
   if (args.n_tokens <= 16) return Launch<W<256>, 2>(args, grid_y, splits, pdl, stream, c);
@@ -957,7 +736,7 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
   // Clusters only where every part splits k alike (a cluster is one row
   // tile's splits), 2 to 8 ways (the portable cluster size).
   for (int i = 0; i < args.n_parts; ++i) o.cluster_sum &= args.part[i].splits == splits;
-  o.cluster_sum &= splits > 1 && splits <= 8 && !(o.wide && args.n_tokens > 16);
+  o.cluster_sum &= splits > 1 && splits <= 8;
   if (kernel == MatVecKernel::kQ4K) {
     DPL_RETURN_IF_ERROR(LaunchFor<Q4KF16>(args, grid_y, splits, pdl, stream, o));
   } else {

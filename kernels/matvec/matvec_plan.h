@@ -70,9 +70,6 @@ struct MatVecPlan {
   int mma_f16_cluster_sum = 0;
   // About how many CTAs cover one f16-form matrix (its k splits: MmaF16Splits).
   int mma_f16_target_ctas = kMmaTargetCtas / 2;
-  // > 0: 17+ token products on the wide form, splits aimed at this
-  // (DecodeTuning::mma_f16_wide_target_ctas); 0: never.
-  int mma_f16_wide_target = 0;
   int num_sms = 0;  // the GPU's (DecodeTuning::num_sms): what "a wave" is above
 };
 
