@@ -4,6 +4,9 @@
 // way). A/B switches of one binary (environment, read here only):
 //   DPL_ATTN_PDL=0       plain (non-programmatic) combine launch
 //   DPL_ATTN_SPLITS=N    N split blocks per kv head instead of one wave's worth
+//   DPL_ATTN_PAGED=B     the cache as a paged pool of blocks of B positions
+//                        (kernels/kv_pages.h), one sequence whose table takes
+//                        the blocks in a scattered order
 // Prompt attention (PromptAttention, a chunk of tokens on tensor cores) is
 // timed after the decode rows, in TFLOP/s; DPL_ATTN_BENCH_PROMPT=1 runs only
 // those rows.
@@ -30,6 +33,25 @@ namespace {
   } while (0)
 
 dpl::kernels::DecodeTuning g_tuning;
+int g_page = 0;  // DPL_ATTN_PAGED: positions a block, 0: regions
+
+// A table over the n_ctx positions of one sequence in blocks of g_page
+// (block i -> (i * 7919) mod n, a permutation for n a power of two), on
+// the device; regions without DPL_ATTN_PAGED.
+dpl::kernels::KvPages MakePages(int n_ctx) {
+  dpl::kernels::KvPages pages;
+  if (g_page == 0) return pages;
+  const int n = n_ctx / g_page;
+  std::vector<int> table(n);
+  for (int i = 0; i < n; ++i) table[i] = static_cast<int>((int64_t{i} * 7919) % n);
+  int* d = nullptr;
+  CK(cudaMalloc(&d, n * sizeof(int)));
+  CK(cudaMemcpy(d, table.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+  pages.tables = d;
+  pages.max_blocks = n;
+  while ((1 << pages.block_shift) < g_page) ++pages.block_shift;
+  return pages;
+}
 
 void Bench(const char* name, int n_head, int n_head_kv, int depth, int n_layers) {
   const int hd = 128, n_ctx = 32768;
@@ -58,8 +80,9 @@ void Bench(const char* name, int n_head, int n_head_kv, int depth, int n_layers)
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
+  const dpl::kernels::KvPages pages = MakePages(n_ctx);
   auto run = [&](int l, cudaStream_t stream) {
-    auto st = dpl::kernels::DecodeAttention(*plan, q, k[l], v[l], pos, ws, out, stream);
+    auto st = dpl::kernels::DecodeAttention(*plan, q, k[l], v[l], pos, ws, out, stream, nullptr, nullptr, pages);
     if (!st.ok()) {
       std::fprintf(stderr, "%s\n", st.ToString().c_str());
       std::exit(1);
@@ -101,7 +124,7 @@ void Bench(const char* name, int n_head, int n_head_kv, int depth, int n_layers)
               name, n_head, n_head_kv, depth, us, bytes / (us * 1e3), gus, bytes / (gus * 1e3),
               bytes / 1e6, plan->max_splits, n_layers);
   for (int l = 0; l < n_layers; ++l) cudaFree(k[l]), cudaFree(v[l]);
-  cudaFree(q), cudaFree(ws), cudaFree(out), cudaFree(pos);
+  cudaFree(q), cudaFree(ws), cudaFree(out), cudaFree(pos), cudaFree(const_cast<int*>(pages.tables));
 }
 
 // Prompt attention for one chunk of n tokens at positions p0..p0+n-1 (each
@@ -123,8 +146,9 @@ void BenchPrompt(const char* name, int n_head, int n_head_kv, int p0, int n) {
   CK(cudaMemset(q, 0, n_q * 4));
   CK(cudaMalloc(&out, n_q * 4));
   const dpl::kernels::PromptAttentionShape shape{n_head, n_head_kv, hd, n_ctx};
+  const dpl::kernels::KvPages pages = MakePages(n_ctx);
   auto run = [&] {
-    auto st = dpl::kernels::PromptAttention(shape, q, k, v, p0, n, out, 0);
+    auto st = dpl::kernels::PromptAttention(shape, q, k, v, p0, n, out, 0, pages, 0);
     if (!st.ok()) {
       std::fprintf(stderr, "%s\n", st.ToString().c_str());
       std::exit(1);
@@ -148,10 +172,11 @@ void BenchPrompt(const char* name, int n_head, int n_head_kv, int p0, int n) {
   std::printf("prompt %-4s heads %2d/%d p0 %5d n %4d: %8.2f us/call %6.1f TFLOP/s (%.1f GFLOP)\n",
               name, n_head, n_head_kv, p0, n, us, flops / (us * 1e6), flops / 1e9);
   cudaEventDestroy(a), cudaEventDestroy(b);
-  cudaFree(k), cudaFree(v), cudaFree(q), cudaFree(out);
+  cudaFree(k), cudaFree(v), cudaFree(q), cudaFree(out), cudaFree(const_cast<int*>(pages.tables));
 }
 
 void BenchPromptRows() {
+  BenchPrompt("7B", 28, 4, 2000, 50);  // a 50-token question after a 2,000-token system prompt
   BenchPrompt("7B", 28, 4, 0, 512);
   BenchPrompt("7B", 28, 4, 3254, 512);
   BenchPrompt("14B", 40, 8, 0, 512);
@@ -175,8 +200,10 @@ int main() {
   if (const char* e = std::getenv("DPL_ATTN_SPLITS")) g_tuning.attn_splits = std::atoi(e);
   if (const char* e = std::getenv("DPL_ATTN_MIN_CHUNK")) g_tuning.attn_min_chunk = std::atoi(e);
   if (const char* e = std::getenv("DPL_ATTN_COMBINE_PARTS")) g_tuning.attn_combine_parts = std::atoi(e);
-  std::printf(" pdl %d, splits %s\n", g_tuning.attn_pdl ? 1 : 0,
-              g_tuning.attn_splits > 0 ? std::to_string(g_tuning.attn_splits).c_str() : "one wave");
+  if (const char* e = std::getenv("DPL_ATTN_PAGED")) g_page = std::atoi(e);
+  std::printf(" pdl %d, splits %s, %s\n", g_tuning.attn_pdl ? 1 : 0,
+              g_tuning.attn_splits > 0 ? std::to_string(g_tuning.attn_splits).c_str() : "one wave",
+              g_page > 0 ? ("paged, blocks of " + std::to_string(g_page)).c_str() : "regions");
   if (const char* e = std::getenv("DPL_ATTN_BENCH_PROMPT"); e && e[0] == '1') {
     BenchPromptRows();
     return 0;

@@ -143,18 +143,55 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   const __half* kh = k_cache + static_cast<size_t>(kvh) * n_ctx * HD;  // regions: the head's rows
   const __half* vh = v_cache + static_cast<size_t>(kvh) * n_ctx * HD;
 
+  // Pages: the block ids of key tile t (its 64 keys span kPageSlot blocks
+  // of 16 at most, one block from 64 on) wait in shared memory, slot t % 3,
+  // so a row's address costs a shared load, not a dependent global one on
+  // every tile's path. Tile t's ids (slot t % 4) are copied (cp.async) with
+  // tile t - 2's K group, which the loop waits for one iteration before it
+  // issues tile t; the first three tiles' are loaded before the loop. Four
+  // slots: the one written in iteration j last served tile j - 1, whose
+  // issue (iteration j - 2, or the prologue) is behind a barrier.
+  constexpr int kPageSlot = kBlockN / 16;
+  __shared__ int s_blk[4][kPageSlot];
+  const int n_kv_head = n_head / group;
+  const int shift = pages.block_shift;
+  const int* seq_table = kPaged ? pages.tables + static_cast<int64_t>(seq) * pages.max_blocks : nullptr;
+  // Entries of a tile: blocks of 16..64 keys tile it (64 >> shift of them),
+  // a larger block holds it whole.
+  const int tile_entries = shift <= 6 ? kBlockN >> shift : 1;
+  // Tile t's block ids into slot t % 4 (tid < tile_entries), those whose
+  // first key is below kv_len; `now`: plain loads, else cp.async.
+  auto load_ids = [&](int t, bool now) {
+    if (!kPaged || t >= n_kt || tid >= tile_entries) return;
+    const int first_key = t * kBlockN + (shift <= 6 ? tid << shift : 0);
+    if (first_key >= kv_len) return;
+    const int* src = seq_table + (first_key >> shift);
+    if (now) {
+      s_blk[t % 4][tid] = *src;
+    } else {
+      CpAsync4ZeroFill(SmemAddr(&s_blk[t % 4][tid]), src, true);
+    }
+  };
   // Keys [j0, j0 + kBlockN) of a head's K or V into dst, keys >= kv_len
   // zero; regions copy from the head's rows (kh or vh), pages from the
-  // layer's array (k_cache or v_cache) through the table.
+  // layer's array (k_cache or v_cache) through the tile's ids.
   auto issue = [&](__half* dst, const __half* head, const __half* array, int j0) {
     if constexpr (kPaged) {
+      const int* ids = s_blk[(j0 / kBlockN) % 4];
       IssuePaddedRowsAt<HD, kBlockN, kThreads, /*kPair=*/false>(
-          dst, array, nullptr, nullptr, kv_len - j0, tid,
-          [&](int r) { return KvRowOffset(pages, seq, n_head / group, n_ctx, kvh, j0 + r, HD); });
+          dst, array, nullptr, nullptr, kv_len - j0, tid, [&](int r) {
+            const int key = j0 + r;
+            const int blk = ids[shift <= 6 ? r >> shift : 0];
+            return ((((static_cast<uint64_t>(blk) * n_kv_head + kvh) << shift) + (key & ((1 << shift) - 1))) * HD);
+          });
     } else {
       IssuePaddedRows<HD, kBlockN, kThreads>(dst, head, j0, kv_len - j0, tid);
     }
   };
+  if constexpr (kPaged) {
+    for (int t = j_first; t < j_first + 3; ++t) load_ids(t, /*now=*/true);
+    __syncthreads();
+  }
   // Prologue: tile 0's copies go out before the Q loads. cp.async groups are
   // committed in the fixed order K_j, V_j (empty groups past the last tile),
   // so "at most 3 pending" means K_j landed and "at most 2" means V_j landed.
@@ -213,6 +250,9 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
     if (j + 1 < n_kt) {
       issue(s_kv + (st ^ 1) * Geo::kTileHalves, kh, k_cache, j0 + kBlockN);
     }
+    // Tile j + 3's block ids ride with K_{j+1}: waited in iteration j + 1,
+    // read in iteration j + 2.
+    load_ids(j + 3, /*now=*/false);
     CpAsyncCommit();
     if (j + 1 < n_kt) {
       issue(s_kv + (kStages + (st ^ 1)) * Geo::kTileHalves, vh, v_cache, j0 + kBlockN);
