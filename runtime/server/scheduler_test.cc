@@ -24,6 +24,7 @@
 #include "runtime/grammar/grammar.h"
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/matcher.h"
+#include "runtime/kv/seq_tables.h"
 #include "runtime/server/cpu_engine.h"
 #include "runtime/server/openai_api.h"
 #include "runtime/server/scheduler.h"
@@ -1308,6 +1309,161 @@ TEST_CASE("KV blocks: a grammar's request is not preempted; the other completes 
   // g (seed 5) draws all 30 tokens: the two did not fit together, and a
   // was the one preempted.
   if (rg.final.completion_tokens == 30) CHECK(s.metrics().preemptions_total >= 1);
+}
+
+}  // namespace
+}  // namespace dpl::server
+
+namespace dpl::server {
+namespace {
+
+// An engine whose KV cache is a pool of blocks as the CUDA engine's is
+// (kv::SeqTables for each slot's table and the copies a changed table
+// implies: a copied start's partial block, copy on write), holding token
+// ids instead of keys and values: a position's "row" is the token run
+// there. Its next token is a hash of every row its table reaches
+// (positions 0 .. n_past - 1), so a wrong table, a missed copy or a shared
+// block written twice gives another token than the request alone gets.
+// Whatever the scheduler does (waiting, preempting, copying and keeping
+// starts), a greedy request's text must be its text alone.
+class PagedTokenEngine : public BatchEngine {
+ public:
+  PagedTokenEngine(int slots, int64_t n_ctx, int blocks, int block)
+      : n_ctx_(n_ctx),
+        blocks_(blocks),
+        block_(block),
+        tables_(slots, block, blocks, static_cast<int>((n_ctx + block - 1) / block)),
+        rows_(static_cast<size_t>(blocks) * block, -1),
+        past_(static_cast<size_t>(slots), 0),
+        pending_(static_cast<size_t>(slots), -1) {}
+  int n_slots() const override { return static_cast<int>(past_.size()); }
+  int64_t n_ctx() const override { return n_ctx_; }
+  int32_t n_vocab() const override { return 151936; }
+  int kv_pool_blocks() const override { return blocks_; }
+  int kv_block_size() const override { return block_; }
+
+  absl::StatusOr<int32_t> Prefill(int slot, absl::Span<const int32_t> tokens, bool last,
+                                  const SamplerParams&) override {
+    for (int32_t t : tokens) DPL_RETURN_IF_ERROR(Write(slot, t));
+    pending_[static_cast<size_t>(slot)] = last ? Next(slot) : -1;
+    return pending_[static_cast<size_t>(slot)];
+  }
+  absl::Status Step(absl::Span<const int> slots, absl::Span<int32_t> next) override {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const size_t s = static_cast<size_t>(slots[i]);
+      if (pending_[s] < 0) return absl::FailedPreconditionError("a step before the prompt's last chunk");
+      DPL_RETURN_IF_ERROR(Write(slots[i], pending_[s]));
+      next[i] = pending_[s] = Next(slots[i]);
+    }
+    return absl::OkStatus();
+  }
+  int64_t n_past(int slot) const override { return past_[static_cast<size_t>(slot)]; }
+  absl::Status KeepPrefix(int slot, absl::Span<const int32_t> kept) override {
+    past_[static_cast<size_t>(slot)] = static_cast<int64_t>(kept.size());
+    pending_[static_cast<size_t>(slot)] = -1;
+    tables_.Keep(slot, static_cast<int64_t>(kept.size()));
+    return absl::OkStatus();
+  }
+  absl::Status CopyPrefix(int slot, int from, absl::Span<const int32_t> kept) override {
+    tables_.Share(slot, from, static_cast<int64_t>(kept.size()));
+    past_[static_cast<size_t>(slot)] = static_cast<int64_t>(kept.size());
+    pending_[static_cast<size_t>(slot)] = -1;
+    return absl::OkStatus();
+  }
+  void Release(int slot) override { (void)KeepPrefix(slot, {}); }
+  void SetBlockTable(int slot, absl::Span<const int> blocks) override {
+    absl::StatusOr<std::vector<kv::BlockCopy>> copies = tables_.Set(slot, blocks, past_[static_cast<size_t>(slot)]);
+    if (!copies.ok()) {
+      absl::MutexLock lock(&mu_);
+      errors_.push_back(copies.status().ToString());
+      return;
+    }
+    for (const kv::BlockCopy& c : *copies) {
+      std::copy_n(rows_.begin() + static_cast<ptrdiff_t>(c.src) * block_, c.rows,
+                  rows_.begin() + static_cast<ptrdiff_t>(c.dst) * block_);
+    }
+  }
+  std::vector<std::string> errors() {
+    absl::MutexLock lock(&mu_);
+    return errors_;
+  }
+
+ private:
+  // Row n_past of the slot, through its table.
+  absl::Status Write(int slot, int32_t token) {
+    int64_t& p = past_[static_cast<size_t>(slot)];
+    DPL_RETURN_IF_ERROR(tables_.CheckRun(slot, p + 1));
+    const int blk = tables_.table(slot)[static_cast<size_t>(p / block_)];
+    rows_[static_cast<size_t>(blk) * block_ + static_cast<size_t>(p % block_)] = token;
+    ++p;
+    return absl::OkStatus();
+  }
+  // 100 + (a hash of rows 0 .. n_past - 1 read through the table) % 1000.
+  int32_t Next(int slot) const {
+    uint64_t h = 1469598103934665603ull;
+    const absl::Span<const int> table = tables_.table(slot);
+    for (int64_t p = 0; p < past_[static_cast<size_t>(slot)]; ++p) {
+      const int blk = table[static_cast<size_t>(p / block_)];
+      h = (h ^ static_cast<uint64_t>(rows_[static_cast<size_t>(blk) * block_ + static_cast<size_t>(p % block_)] + 7)) *
+          1099511628211ull;
+    }
+    return static_cast<int32_t>(100 + h % 1000);
+  }
+
+  int64_t n_ctx_;
+  int blocks_, block_;
+  kv::SeqTables tables_;
+  std::vector<int32_t> rows_;  // (blocks, block) the token run at each pool row
+  std::vector<int64_t> past_;
+  std::vector<int32_t> pending_;
+  absl::Mutex mu_;
+  std::vector<std::string> errors_;
+};
+
+TEST_CASE("a paged engine under the scheduler: waits, preemption, copied and kept starts give each request its text alone") {
+  Fixture f(1);  // the tokenizer
+  // Requests sharing a 20-token start (copied between slots, kept by a
+  // slot for the next), with their own tails and lengths.
+  std::vector<GenerationRequest> reqs;
+  std::vector<int32_t> system;
+  for (int32_t i = 0; i < 20; ++i) system.push_back(300 + 7 * i);
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> p = system;
+    for (int j = 0; j <= i % 4; ++j) p.push_back(50 + 13 * i + j);
+    if (i % 3 == 2) p.resize(12);  // a start shorter than the shared one: a partial block
+    reqs.push_back(Greedy(p, 10 + 3 * (i % 5)));
+  }
+  std::vector<std::string> alone;
+  for (const GenerationRequest& r : reqs) {
+    PagedTokenEngine one(1, 256, 64, 4);
+    Scheduler s(one, *f.tok, {4, 256});
+    auto st = s.Submit(r);
+    REQUIRE(st.ok());
+    const Result got = Collect(**st);
+    REQUIRE(got.final.error.ok());
+    alone.push_back(got.text);
+    CHECK(one.errors().empty());
+  }
+  for (const int prefill_chunk : {256, 5}) {
+    CAPTURE(prefill_chunk);
+    // 4 slots sharing 22 blocks of 4 (88 positions): ~40 a request, so
+    // they wait for blocks and the newest running ones are preempted.
+    PagedTokenEngine e(4, 256, 22, 4);
+    Scheduler s(e, *f.tok, {16, prefill_chunk});
+    std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      CAPTURE(i);
+      const Result got = Collect(*streams[i]);
+      CHECK(got.final.error.ok());
+      CHECK(got.text == alone[i]);
+    }
+    CHECK(e.errors().empty());
+    const SchedulerMetrics m = s.metrics();
+    CHECK(m.kv_blocks_total == 22);
+    CHECK(m.kv_block_size == 4);
+    MESSAGE("prefill chunk " << prefill_chunk << ": " << m.preemptions_total << " preemptions, "
+                             << m.prompt_tokens_cached_total << " prompt tokens from caches");
+  }
 }
 
 }  // namespace
