@@ -12,6 +12,7 @@
 #include "kernels/act_quant.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/kv_pages.h"
+#include "kernels/ops/kv_cache.h"
 #include "kernels/launch.cuh"
 
 namespace dpl::kernels {
@@ -551,25 +552,8 @@ absl::Status DecodeAttention(const DecodeAttentionPlan& plan, const float* q,
   if (!q || !k_cache || !v_cache || !d_pos || !workspace || !out) {
     return absl::InvalidArgumentError("decode attention: null pointer");
   }
-  if (pages.paged()) {
-    if (pages.block_shift < 4 || pages.block_shift > 10) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("decode attention: pages.block_shift ", pages.block_shift,
-                       " (blocks of 16 to 1024 positions: 4..10)"));
-    }
-    if (pages.max_blocks <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("decode attention: pages.max_blocks ", pages.max_blocks, " <= 0"));
-    }
-    // Every position a row may read (< plan.n_ctx) must have a table entry.
-    const int64_t reach = static_cast<int64_t>(pages.max_blocks) << pages.block_shift;
-    if (plan.n_ctx > reach) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "decode attention: plan n_ctx ", plan.n_ctx, " past what a block table reaches (",
-          reach, ": pages.max_blocks ", pages.max_blocks, " << block_shift ", pages.block_shift,
-          ")"));
-    }
-  }
+  // Every position a row may read (< plan.n_ctx) must have a table entry.
+  DPL_RETURN_IF_ERROR(CheckKvPages(pages, plan.n_ctx, "decode attention"));
   if (quant != nullptr && (!quant->q || !quant->d || !quant->s)) {
     return absl::InvalidArgumentError("decode attention: a quantized output with null buffers");
   }

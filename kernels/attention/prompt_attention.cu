@@ -9,6 +9,7 @@
 #include "kernels/attention/prompt_attention.h"
 #include "kernels/cuda_check.h"
 #include "kernels/kv_pages.h"
+#include "kernels/ops/kv_cache.h"
 #include "kernels/launch.cuh"
 
 namespace dpl::kernels {
@@ -437,26 +438,10 @@ absl::Status PromptAttention(const PromptAttentionShape& shape, const float* q,
     return absl::InvalidArgumentError(absl::StrCat("prompt attention: p0 ", p0, " + n_tokens ",
                                                    n_tokens, " > n_ctx ", shape.n_ctx));
   }
-  if (pages.paged()) {
-    if (pages.block_shift < 4 || pages.block_shift > 10) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt attention: pages.block_shift ", pages.block_shift,
-                       " (blocks of 16 to 1024 positions: 4..10)"));
-    }
-    if (pages.max_blocks <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt attention: pages.max_blocks ", pages.max_blocks, " <= 0"));
-    }
-    if (seq < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt attention: seq ", seq, " < 0"));
-    }
-    // The keys read (< p0 + n_tokens <= n_ctx) must have table entries.
-    const int64_t reach = static_cast<int64_t>(pages.max_blocks) << pages.block_shift;
-    if (shape.n_ctx > reach) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prompt attention: n_ctx ", shape.n_ctx, " past what a block table reaches (", reach,
-          ": pages.max_blocks ", pages.max_blocks, " << block_shift ", pages.block_shift, ")"));
-    }
+  // The keys read (< p0 + n_tokens <= n_ctx) must have table entries.
+  DPL_RETURN_IF_ERROR(CheckKvPages(pages, shape.n_ctx, "prompt attention"));
+  if (pages.paged() && seq < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt attention: seq ", seq, " < 0"));
   }
   // gridDim.y holds the query tiles (at most 65535).
   if ((n_tokens + kBlockM - 1) / kBlockM > 65535) {

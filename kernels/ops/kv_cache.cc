@@ -40,6 +40,24 @@ absl::StatusOr<KvCacheLayout> MakePagedKvCacheLayout(int n_layer, int n_kv_head,
   return layout;
 }
 
+absl::Status CheckKvPages(const KvPages& pages, int64_t n_ctx, absl::string_view who) {
+  if (!pages.paged()) return absl::OkStatus();
+  if (pages.block_shift < 4 || pages.block_shift > 10) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": pages.block_shift ", pages.block_shift,
+                                                   " (blocks of 16 to 1024 positions: 4..10)"));
+  }
+  if (pages.max_blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": pages.max_blocks ", pages.max_blocks, " <= 0"));
+  }
+  const int64_t reach = static_cast<int64_t>(pages.max_blocks) << pages.block_shift;
+  if (n_ctx > reach) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": n_ctx ", n_ctx, " is more than a block table reaches (",
+                                                   reach, ": pages.max_blocks ", pages.max_blocks,
+                                                   " << block_shift ", pages.block_shift, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<double>> RopeInvFreq(double base, int n_rot, double freq_scale) {
   if (n_rot <= 0 || n_rot % 2 != 0) {
     return absl::InvalidArgumentError(

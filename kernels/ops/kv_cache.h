@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/kv_pages.h"
 
 namespace dpl::kernels {
 
@@ -70,6 +72,13 @@ absl::StatusOr<KvCacheLayout> MakeKvCacheLayout(int n_layer, int n_kv_head, int 
 // positions each (rounded up to a whole block; at most n_blocks blocks).
 absl::StatusOr<KvCacheLayout> MakePagedKvCacheLayout(int n_layer, int n_kv_head, int head_dim, int n_seq,
                                                      int block, int n_blocks, int64_t n_ctx);
+
+// Whether `pages` (kernels/kv_pages.h) can address n_ctx positions a
+// sequence: regions always; pages need block_shift in [4, 10] (blocks of
+// 16 to 1024) and max_blocks > 0 entries reaching at least n_ctx (a
+// position past a table's reach would read the next sequence's table).
+// InvalidArgument naming the field, prefixed with `who` (the kernel).
+absl::Status CheckKvPages(const KvPages& pages, int64_t n_ctx, absl::string_view who);
 
 // inv_freq[i] = freq_scale * base^(-2i / n_rot), i < n_rot / 2, in float64
 // (the same table the CPU reference uses; upload it once for RopeWriteKv).

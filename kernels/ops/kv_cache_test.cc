@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <set>
+#include <string>
 
 #include <vector>
 
@@ -112,6 +113,23 @@ TEST_CASE("KV cache layout rejects bad paged shapes") {
   CHECK(!MakePagedKvCacheLayout(2, 2, 4, 2, 2048, 6, 64).ok());  // above 1024
   CHECK(!MakePagedKvCacheLayout(2, 2, 4, 2, 16, 0, 64).ok());
   CHECK(!MakePagedKvCacheLayout(2, 2, 4, 0, 16, 6, 64).ok());
+}
+
+TEST_CASE("KV pages: a table that cannot address n_ctx is refused, naming the field") {
+  const int dummy = 0;
+  CHECK(CheckKvPages({}, 1 << 20, "k").ok());  // regions
+  CHECK(CheckKvPages({&dummy, 4, 4}, 64, "k").ok());
+  auto refused = [&](const KvPages& p, int64_t n_ctx, const char* field) {
+    const absl::Status st = CheckKvPages(p, n_ctx, "kernel");
+    CAPTURE(field);
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(st.message()).find(field) != std::string::npos);
+    CHECK(std::string(st.message()).rfind("kernel: ", 0) == 0);
+  };
+  refused({&dummy, 4, 3}, 64, "block_shift");
+  refused({&dummy, 4, 11}, 64, "block_shift");
+  refused({&dummy, 0, 4}, 64, "max_blocks");
+  refused({&dummy, 3, 4}, 64, "n_ctx 64 is more than a block table reaches");
 }
 
 TEST_CASE("RoPE inverse frequencies") {

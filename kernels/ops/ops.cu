@@ -4,9 +4,11 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cuda_check.h"
 #include "kernels/dequant.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/ops/kv_cache.h"
 #include "kernels/ops/ops.h"
 #include "kernels/rope.cuh"
 
@@ -265,23 +267,7 @@ absl::Status RopeWriteKv(const RopeKvShape& sh, RopeStyle style, const int* d_po
     return absl::InvalidArgumentError(
         absl::StrCat("RopeWriteKv: n_tokens ", n_tokens, " is outside [1, 65535]"));
   }
-  if (pages.paged()) {
-    if (pages.block_shift < 4 || pages.block_shift > 10) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RopeWriteKv: paged cache with pages.block_shift ", pages.block_shift,
-          ", outside [4, 10] (blocks of 16 to 1024 positions)"));
-    }
-    if (pages.max_blocks <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("RopeWriteKv: paged cache with pages.max_blocks ", pages.max_blocks, " (need > 0)"));
-    }
-    // A position past a table's reach would read the next sequence's table.
-    if (static_cast<int64_t>(sh.n_ctx) > (static_cast<int64_t>(pages.max_blocks) << pages.block_shift)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RopeWriteKv: n_ctx ", sh.n_ctx, " is more than a block table reaches (pages.max_blocks ",
-          pages.max_blocks, " << pages.block_shift ", pages.block_shift, ")"));
-    }
-  }
+  DPL_RETURN_IF_ERROR(CheckKvPages(pages, sh.n_ctx, "RopeWriteKv"));
   const int threads = ((sh.head_dim / 2 + 31) / 32) * 32;
   const dim3 grid(sh.n_head + sh.n_head_kv, n_tokens);
   return LaunchKernel(RopeKvKernel, grid, dim3(threads), 0, stream, pdl, sh,

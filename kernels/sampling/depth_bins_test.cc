@@ -18,31 +18,16 @@
 
 #include "kernels/sampling/depth_bins.h"
 #include "kernels/sampling/sampling_util.h"
+#include "kernels/sampling/test_rows.h"
 #include "runtime/generate/sampler.h"
 
 namespace dpl::kernels {
 namespace {
 
+using sampling_rows::TopIds;
+using sampling_rows::VocabLogits;
+
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// sampling_gpu_test's rows: N(0, 2.5) and thirty strong tokens.
-std::vector<float> VocabLogits(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 2.5f);
-  std::vector<float> l(n);
-  for (auto& x : l) x = d(rng);
-  for (int i = 0; i < 30; ++i) l[(i * 7919 + seed) % n] = 14.0f + 0.4f * i * ((i % 3) - 1);
-  return l;
-}
-
-std::vector<int> TopIds(const std::vector<float>& l, int k) {
-  std::vector<int> idx(l.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int a, int b) { return l[a] != l[b] ? l[a] > l[b] : a < b; });
-  idx.resize(k);
-  return idx;
-}
 
 TEST_CASE("depth bins: edges, widths, monotone") {
   CHECK(kDepthBins == 1537);

@@ -21,10 +21,14 @@
 #include "kernels/cuda_handles.h"
 #include "kernels/sampling/sampling.h"
 #include "kernels/sampling/sampling_util.h"
+#include "kernels/sampling/test_rows.h"
 #include "runtime/generate/sampler.h"
 
 namespace dpl::kernels {
 namespace {
+
+using sampling_rows::TopIds;
+using sampling_rows::VocabLogits;
 
 
 // Device buffers of one sampler.
@@ -115,16 +119,6 @@ int CpuSample(const std::vector<float>& logits, const SamplingParams& p, uint64_
     if (u < cum) return idx[i];
   }
   return idx[keep - 1];
-}
-
-std::vector<float> VocabLogits(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 2.5f);
-  std::vector<float> l(n);
-  for (auto& x : l) x = d(rng);
-  // A handful of strong candidates, as real lm-head logits have.
-  for (int i = 0; i < 30; ++i) l[(i * 7919 + seed) % n] = 14.0f + 0.4f * i * ((i % 3) - 1);
-  return l;
 }
 
 TEST_CASE("greedy: argmax, ties to the lowest id") {
@@ -388,16 +382,6 @@ SamplingParams Sanitized(SamplingParams p, int ring_stride) {
   p.repeat_last_n = std::clamp(p.repeat_last_n, 0, ring_stride);
   if (!(p.repeat_penalty > 0.0f)) p.repeat_penalty = 1.0f;
   return p;
-}
-
-// The ids of the `k` largest logits (ties to the lower id).
-std::vector<int> TopIds(const std::vector<float>& l, int k) {
-  std::vector<int> idx(l.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int a, int b) { return l[a] != l[b] ? l[a] > l[b] : a < b; });
-  idx.resize(k);
-  return idx;
 }
 
 TEST_CASE("batched: mixed rows equal SampleToken row by row (tokens, states, rings, logits)") {
