@@ -124,6 +124,11 @@ struct DecodeTuning {
   // 288 CTAs, 1.09 waves of 264 at two a SM; 196 gives them 7 (260 CTAs,
   // one wave). dpl-bench and matvec_bench take DPL_F16_TARGET.
   int mma_f16_target_ctas = 224;
+  // A packed prompt pass's chunks (the server's prompts of several
+  // sequences in one pass) go through prompt attention in one launch a
+  // layer (PromptAttentionBatch) instead of one launch a chunk. dpl-server
+  // takes DPL_PROMPT_ONE_LAUNCH=0 (an A/B; docs/PERF.md has the numbers).
+  bool prompt_attn_one_launch = true;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

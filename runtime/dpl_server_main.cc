@@ -27,6 +27,7 @@
 #include "base/status_macros.h"
 #include "cli/cli.h"
 #include "formats/model_file.h"
+#include "kernels/device_tuning.h"
 #include "runtime/cuda/cuda_decoder.h"
 #include "runtime/device.h"
 #include "runtime/server/cpu_engine.h"
@@ -152,10 +153,16 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
       }
     }
     co.index = file;
+    device_init.get();
+    // DPL_PROMPT_ONE_LAUNCH=0: a packed pass's chunks through prompt
+    // attention one launch a chunk (kernels/tuning.h; an A/B).
+    if (const char* e = std::getenv("DPL_PROMPT_ONE_LAUNCH"); e != nullptr && std::string(e) == "0") {
+      DPL_ASSIGN_OR_RETURN(co.tuning, dpl::kernels::DecodeTuningForDevice());
+      co.tuning->prompt_attn_one_launch = false;
+    }
     DPL_ASSIGN_OR_RETURN(co.load.method,
                          dpl::runtime::ParseUploadMethod(args["weights-upload"].as<std::string>()));
     co.load.host_copy_gb_per_s = prefault.host_copy_gb_per_s.get();
-    device_init.get();
     DPL_ASSIGN_OR_RETURN(m.engine, dpl::server::CudaEngine::Load(path, co));
     return m;
   }

@@ -9,7 +9,9 @@
 //                        the blocks in a scattered order
 // Prompt attention (PromptAttention, a chunk of tokens on tensor cores) is
 // timed after the decode rows, in TFLOP/s; DPL_ATTN_BENCH_PROMPT=1 runs only
-// those rows.
+// those rows. Then a packed pass's chunks (a server's step: several
+// sequences' prompt chunks together), launched chunk by chunk against
+// PromptAttentionBatch's one launch.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -175,12 +177,96 @@ void BenchPrompt(const char* name, int n_head, int n_head_kv, int p0, int n) {
   cudaFree(k), cudaFree(v), cudaFree(q), cudaFree(out), cudaFree(const_cast<int*>(pages.tables));
 }
 
+// A packed pass of n_chunks chunks of n tokens at p0, each its own sequence
+// (regions, or with DPL_ATTN_PAGED tables over one pool), launched one chunk
+// at a time (what the decoder did before PromptAttentionBatch) and as one
+// launch of every chunk's tiles. Same FLOPs as n_chunks BenchPrompt chunks.
+void BenchPromptPass(const char* name, int n_head, int n_head_kv, int n_chunks, int p0, int n) {
+  const int hd = 128, n_ctx = 4096;
+  const size_t per_seq = size_t(n_head_kv) * n_ctx * hd;
+  uint16_t *k, *v;
+  float *q, *out;
+  CK(cudaMalloc(&k, per_seq * n_chunks * 2));
+  CK(cudaMalloc(&v, per_seq * n_chunks * 2));
+  CK(cudaMemset(k, 0x11, per_seq * n_chunks * 2));
+  CK(cudaMemset(v, 0x22, per_seq * n_chunks * 2));
+  const size_t row = size_t(n_head) * hd, n_q = row * n * n_chunks;
+  CK(cudaMalloc(&q, n_q * 4));
+  CK(cudaMemset(q, 0, n_q * 4));
+  CK(cudaMalloc(&out, n_q * 4));
+  const dpl::kernels::PromptAttentionShape shape{n_head, n_head_kv, hd, n_ctx};
+  dpl::kernels::KvPages pages;
+  if (g_page > 0) {  // sequence s: blocks s * per + (i * 7919) mod per, a scattered order
+    const int per = n_ctx / g_page;
+    std::vector<int> tables(size_t(per) * n_chunks);
+    for (int s = 0; s < n_chunks; ++s) {
+      for (int i = 0; i < per; ++i) tables[size_t(s) * per + i] = s * per + static_cast<int>((int64_t{i} * 7919) % per);
+    }
+    int* d = nullptr;
+    CK(cudaMalloc(&d, tables.size() * sizeof(int)));
+    CK(cudaMemcpy(d, tables.data(), tables.size() * sizeof(int), cudaMemcpyHostToDevice));
+    pages.tables = d;
+    pages.max_blocks = per;
+    while ((1 << pages.block_shift) < g_page) ++pages.block_shift;
+  }
+  std::vector<dpl::kernels::PromptChunk> chunks;
+  for (int c = 0; c < n_chunks; ++c) chunks.push_back({c, p0, c * n, n});
+  const std::vector<dpl::kernels::PromptTile> tiles = dpl::kernels::PlanPromptTiles(chunks);
+  dpl::kernels::PromptTile* dev_tiles = nullptr;
+  CK(cudaMalloc(&dev_tiles, tiles.size() * sizeof(tiles[0])));
+  CK(cudaMemcpy(dev_tiles, tiles.data(), tiles.size() * sizeof(tiles[0]), cudaMemcpyHostToDevice));
+  auto check = [](const absl::Status& st) {
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.ToString().c_str());
+      std::exit(1);
+    }
+  };
+  auto alone = [&] {
+    for (int c = 0; c < n_chunks; ++c) {
+      const size_t region = g_page > 0 ? 0 : per_seq * c;
+      check(dpl::kernels::PromptAttention(shape, q + row * n * c, k + region, v + region, p0, n,
+                                          out + row * n * c, 0, pages, c));
+    }
+  };
+  auto batch = [&] {
+    check(dpl::kernels::PromptAttentionBatch(shape, q, k, v, tiles, dev_tiles, out, 0, pages));
+  };
+  auto time_us = [&](auto&& run) {
+    for (int i = 0; i < 5; ++i) run();
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    const int iters = 50;
+    CK(cudaEventRecord(a));
+    for (int i = 0; i < iters; ++i) run();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return ms * 1000.0 / iters;
+  };
+  const double us_alone = time_us(alone), us_batch = time_us(batch);
+  const double keys = double(n) * (p0 + 1) + double(n) * (n - 1) / 2;
+  const double flops = 4.0 * hd * n_head * keys * n_chunks;
+  std::printf("pass   %-4s heads %2d/%d %2d chunks p0 %5d n %4d: chunk by chunk %8.2f us (%5.1f TFLOP/s), "
+              "one launch %8.2f us (%5.1f TFLOP/s), %zu tiles\n",
+              name, n_head, n_head_kv, n_chunks, p0, n, us_alone, flops / (us_alone * 1e6), us_batch,
+              flops / (us_batch * 1e6), tiles.size());
+  cudaFree(k), cudaFree(v), cudaFree(q), cudaFree(out), cudaFree(dev_tiles);
+  cudaFree(const_cast<int*>(pages.tables));
+}
+
 void BenchPromptRows() {
   BenchPrompt("7B", 28, 4, 2000, 50);  // a 50-token question after a 2,000-token system prompt
   BenchPrompt("7B", 28, 4, 0, 512);
   BenchPrompt("7B", 28, 4, 3254, 512);
   BenchPrompt("14B", 40, 8, 0, 512);
   BenchPrompt("14B", 40, 8, 3254, 512);
+  BenchPromptPass("7B", 28, 4, 16, 2000, 50);  // 16 requests' questions after one shared start
+  BenchPromptPass("7B", 28, 4, 4, 0, 128);     // 64 streams' 128-token prompts, 4 a pass of 512
+  BenchPromptPass("7B", 28, 4, 8, 0, 64);
+  BenchPromptPass("14B", 40, 8, 16, 2000, 50);
 }
 
 }  // namespace

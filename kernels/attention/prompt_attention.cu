@@ -38,7 +38,12 @@ struct TileGeometry {
 
 // ---------------------------------------------------------------------------
 // Block (h, y): query head h, query rows t in [m0, m0 + 64) with m0 = 64 *
-// (gridDim.y - 1 - y), kv head kvh = h / group. For each row t (position
+// (gridDim.y - 1 - y), kv head kvh = h / group. With a tile list (one launch
+// for a packed pass's chunks, prompt_tiles.h) block y takes tiles[y]
+// instead: its chunk's sequence, p0, n_tokens and m0, q and out offset to
+// the chunk's first row, regions at the tile's sequence's region; every
+// other step is the one-chunk kernel's, so a chunk's bits do not depend on
+// which launch ran it. For each row t (position
 // p0 + t, keys j <= lim_t = p0 + t):
 //   s_j = q_t . k_j                         (f16 x f16 on tensor cores, f32 sum)
 //   x_j = s_j * log2(e) / sqrt(HD)          (log2 domain: exp2f)
@@ -85,7 +90,10 @@ struct TileGeometry {
 // Registers (nvcc 13.0, sm_90a): 243 for HD 128, 134 for HD 64, no spills;
 // with 69.6 KB of shared memory HD 128 runs 2 CTAs (8 warps) per SM. (Seen
 // again with the paged forms added: regions 243 / 244 (window) for HD 128,
-// 128 with an 8-byte spill for HD 64; paged 249 / 242 and 135, no spills.)
+// 128 with an 8-byte spill for HD 64; paged 249 / 242 and 135, no spills.
+// With the tile list read at the start: regions 247 / 248, paged 252 / 248
+// for HD 128, no spills; HD 64 128 (the 8-byte spill) / 128, paged 128 /
+// 143.)
 // Capping at 3 CTAs per SM (168 registers) spills. Measured on an H200: a
 // 512-token chunk at p0 3254 takes 126 us for Qwen2.5-7B (28/4 heads, 204
 // TFLOP/s) and 197 us for 14B (40/8, 187 TFLOP/s); attention_bench prints it.
@@ -115,7 +123,8 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
     const __half* __restrict__ v_cache,   // as k_cache
     int n_head, int group, int n_ctx, int p0, int n_tokens, int window, float scale_log2,
     float* __restrict__ out,              // (n_tokens, n_head, HD)
-    KvPages pages, int seq) {             // kPaged: the block tables and the sequence's row
+    KvPages pages, int seq,               // kPaged: the block tables and the sequence's row
+    const PromptTile* __restrict__ tiles) {  // (gridDim.y) a packed pass's tiles, or null: one chunk
   using Geo = TileGeometry<HD>;
   constexpr int kLd = Geo::kLd;
   constexpr int kDimSteps = HD / 16;      // k-steps of Q K^T (over head dims)
@@ -130,8 +139,20 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   const int h = blockIdx.x;
   // Why reversed: later query tiles see more keys; launching them first
   // (y = 0 is dispatched first, all heads of one tile together since x is
-  // the head) leaves the short tiles to fill the tail of the grid.
-  const int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
+  // the head) leaves the short tiles to fill the tail of the grid. A tile
+  // list comes ordered the same way (PlanPromptTiles).
+  int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
+  int region_seq = 0;  // regions: the caller offset to the sequence's region
+  if (tiles != nullptr) {
+    const PromptTile t = tiles[blockIdx.y];
+    m0 = t.m0;
+    p0 = t.p0;
+    n_tokens = t.n_tokens;
+    seq = t.seq;
+    region_seq = t.seq;  // regions: the layer's arrays, the tile's sequence's region
+    q += static_cast<size_t>(t.row) * n_head * HD;
+    out += static_cast<size_t>(t.row) * n_head * HD;
+  }
   const int kvh = h / group;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gid = lane >> 2, tig = lane & 3;
@@ -141,8 +162,10 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   const int kv_len = p0 + min(m0 + kBlockM, n_tokens);
   const int n_kt = (kv_len + kBlockN - 1) / kBlockN;
   const int j_first = kWindow ? max(0, p0 + m0 - window + 1) / kBlockN : 0;
-  const __half* kh = k_cache + static_cast<size_t>(kvh) * n_ctx * HD;  // regions: the head's rows
-  const __half* vh = v_cache + static_cast<size_t>(kvh) * n_ctx * HD;
+  // Regions: the head's rows.
+  const size_t head_rows = (static_cast<size_t>(region_seq) * (n_head / group) + kvh) * n_ctx * HD;
+  const __half* kh = k_cache + head_rows;
+  const __half* vh = v_cache + head_rows;
 
   // Pages: the block ids of key tile t (its 64 keys span kPageSlot blocks
   // of 16 at most, one block from 64 on) wait in shared memory, slot t % 3,
@@ -382,17 +405,20 @@ __global__ void __launch_bounds__(kThreads) PromptAttnKernel(
   }
 }
 
+// One launch: the chunk (p0, n_tokens, seq) in ceil(n_tokens / 64) query
+// tiles, or, with tiles (device memory), n_tiles tiles of a packed pass.
 template <int HD, bool kWindow, bool kPaged>
 absl::Status LaunchPromptAttn(const PromptAttentionShape& shape, const float* q,
                               const __half* k_cache, const __half* v_cache, int p0, int n_tokens,
-                              float* out, cudaStream_t stream, const KvPages& pages, int seq) {
+                              float* out, cudaStream_t stream, const KvPages& pages, int seq,
+                              const PromptTile* tiles, int n_tiles) {
   constexpr int kSmem = TileGeometry<HD>::kSmemBytes;
   DPL_RETURN_IF_ERROR((OptInSharedMemory<PromptAttnKernel<HD, kWindow, kPaged>>(kSmem)));
-  const int n_qtiles = (n_tokens + kBlockM - 1) / kBlockM;
+  const int n_qtiles = tiles != nullptr ? n_tiles : (n_tokens + kBlockM - 1) / kBlockM;
   const float scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(double(HD)));
   PromptAttnKernel<HD, kWindow, kPaged><<<dim3(shape.n_head, n_qtiles), kThreads, kSmem, stream>>>(
       q, k_cache, v_cache, shape.n_head, shape.n_head / shape.n_head_kv, shape.n_ctx, p0,
-      n_tokens, shape.window, scale_log2, out, pages, seq);
+      n_tokens, shape.window, scale_log2, out, pages, seq, tiles);
   DPL_CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }
@@ -400,10 +426,11 @@ absl::Status LaunchPromptAttn(const PromptAttentionShape& shape, const float* q,
 template <int HD>
 absl::Status LaunchPromptAttnHd(const PromptAttentionShape& shape, const float* q,
                                 const __half* k_cache, const __half* v_cache, int p0, int n_tokens,
-                                float* out, cudaStream_t stream, const KvPages& pages, int seq) {
+                                float* out, cudaStream_t stream, const KvPages& pages, int seq,
+                                const PromptTile* tiles = nullptr, int n_tiles = 0) {
   const bool w = shape.window > 0;
   auto launch = [&](auto kernel_launch) {
-    return kernel_launch(shape, q, k_cache, v_cache, p0, n_tokens, out, stream, pages, seq);
+    return kernel_launch(shape, q, k_cache, v_cache, p0, n_tokens, out, stream, pages, seq, tiles, n_tiles);
   };
   if (pages.paged()) {
     return w ? launch(LaunchPromptAttn<HD, true, true>) : launch(LaunchPromptAttn<HD, false, true>);
@@ -411,43 +438,30 @@ absl::Status LaunchPromptAttnHd(const PromptAttentionShape& shape, const float* 
   return w ? launch(LaunchPromptAttn<HD, true, false>) : launch(LaunchPromptAttn<HD, false, false>);
 }
 
-}  // namespace
+static_assert(kBlockM == kPromptTileRows, "prompt_tiles.h plans the kernel's query tiles");
 
-absl::Status PromptAttention(const PromptAttentionShape& shape, const float* q,
-                             const uint16_t* k_cache, const uint16_t* v_cache, int p0,
-                             int n_tokens, float* out, cudaStream_t stream, const KvPages& pages,
-                             int seq) {
+// The shape, the pages and the pointers, as both entry points take them.
+absl::Status CheckCommon(const PromptAttentionShape& shape, const float* q, const uint16_t* k_cache,
+                         const uint16_t* v_cache, const float* out, const KvPages& pages) {
   if (shape.head_dim != 64 && shape.head_dim != 128) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prompt attention: head_dim ", shape.head_dim, " (kernels exist for 64 and 128)"));
   }
-  if (shape.n_head <= 0 || shape.n_head_kv <= 0 || shape.n_ctx <= 0 || n_tokens <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt attention: sizes must be positive (n_head=", shape.n_head, ", n_head_kv=",
-        shape.n_head_kv, ", n_ctx=", shape.n_ctx, ", n_tokens=", n_tokens, ")"));
+  if (shape.n_head <= 0 || shape.n_head_kv <= 0 || shape.n_ctx <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt attention: sizes must be positive (n_head=",
+                                                   shape.n_head, ", n_head_kv=", shape.n_head_kv,
+                                                   ", n_ctx=", shape.n_ctx, ")"));
   }
   if (shape.n_head % shape.n_head_kv != 0) {
     return absl::InvalidArgumentError(absl::StrCat("prompt attention: n_head ", shape.n_head,
                                                    " is not a multiple of n_head_kv ",
                                                    shape.n_head_kv));
   }
-  if (p0 < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt attention: p0 ", p0, " < 0"));
-  }
-  if (static_cast<int64_t>(p0) + n_tokens > shape.n_ctx) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt attention: p0 ", p0, " + n_tokens ",
-                                                   n_tokens, " > n_ctx ", shape.n_ctx));
+  if (shape.window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt attention: window ", shape.window, " < 0"));
   }
   // The keys read (< p0 + n_tokens <= n_ctx) must have table entries.
   DPL_RETURN_IF_ERROR(CheckKvPages(pages, shape.n_ctx, "prompt attention"));
-  if (pages.paged() && seq < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt attention: seq ", seq, " < 0"));
-  }
-  // gridDim.y holds the query tiles (at most 65535).
-  if ((n_tokens + kBlockM - 1) / kBlockM > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt attention: n_tokens ", n_tokens, " above 65535 * ", kBlockM));
-  }
   if (!q || !k_cache || !v_cache || !out) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prompt attention: null pointer (q=", q ? "set" : "null", ", k_cache=",
@@ -466,15 +480,80 @@ absl::Status PromptAttention(const PromptAttentionShape& shape, const float* q,
                                                      " not aligned to ", x.align, " bytes"));
     }
   }
+  return absl::OkStatus();
+}
+
+// One chunk's positions against the shape: n_tokens > 0, p0 >= 0,
+// p0 + n_tokens <= n_ctx; with pages seq >= 0.
+absl::Status CheckChunk(const PromptAttentionShape& shape, const KvPages& pages, int p0, int n_tokens,
+                        int seq) {
+  if (n_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt attention: sizes must be positive (n_tokens=", n_tokens, ")"));
+  }
+  if (p0 < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt attention: p0 ", p0, " < 0"));
+  }
+  if (static_cast<int64_t>(p0) + n_tokens > shape.n_ctx) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt attention: p0 ", p0, " + n_tokens ",
+                                                   n_tokens, " > n_ctx ", shape.n_ctx));
+  }
+  if (pages.paged() && seq < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt attention: seq ", seq, " < 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PromptAttention(const PromptAttentionShape& shape, const float* q,
+                             const uint16_t* k_cache, const uint16_t* v_cache, int p0,
+                             int n_tokens, float* out, cudaStream_t stream, const KvPages& pages,
+                             int seq) {
+  DPL_RETURN_IF_ERROR(CheckCommon(shape, q, k_cache, v_cache, out, pages));
+  DPL_RETURN_IF_ERROR(CheckChunk(shape, pages, p0, n_tokens, seq));
+  // gridDim.y holds the query tiles (at most 65535).
+  if ((n_tokens + kBlockM - 1) / kBlockM > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt attention: n_tokens ", n_tokens, " above 65535 * ", kBlockM));
+  }
   const auto* kc = reinterpret_cast<const __half*>(k_cache);
   const auto* vc = reinterpret_cast<const __half*>(v_cache);
-  if (shape.window < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt attention: window ", shape.window, " < 0"));
-  }
   if (shape.head_dim == 64) {
     return LaunchPromptAttnHd<64>(shape, q, kc, vc, p0, n_tokens, out, stream, pages, seq);
   }
   return LaunchPromptAttnHd<128>(shape, q, kc, vc, p0, n_tokens, out, stream, pages, seq);
+}
+
+absl::Status PromptAttentionBatch(const PromptAttentionShape& shape, const float* q,
+                                  const uint16_t* k_cache, const uint16_t* v_cache,
+                                  absl::Span<const PromptTile> tiles, const PromptTile* dev_tiles,
+                                  float* out, cudaStream_t stream, const KvPages& pages) {
+  DPL_RETURN_IF_ERROR(CheckCommon(shape, q, k_cache, v_cache, out, pages));
+  if (tiles.empty() || tiles.size() > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt attention: ", tiles.size(), " tiles (1 to 65535 in one launch)"));
+  }
+  if (dev_tiles == nullptr || reinterpret_cast<uintptr_t>(dev_tiles) % alignof(PromptTile) != 0) {
+    return absl::InvalidArgumentError("prompt attention: dev_tiles null or misaligned");
+  }
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const PromptTile& t = tiles[i];
+    DPL_RETURN_IF_ERROR(CheckChunk(shape, pages, t.p0, t.n_tokens, t.seq));
+    if (t.seq < 0 || t.row < 0 || t.m0 < 0 || t.m0 >= t.n_tokens || t.m0 % kBlockM != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt attention: tile ", i, " (seq ", t.seq, ", row ", t.row, ", m0 ", t.m0,
+                       " of ", t.n_tokens, " tokens): seq and row must be >= 0, m0 a multiple of ",
+                       kBlockM, " below n_tokens"));
+    }
+  }
+  const auto* kc = reinterpret_cast<const __half*>(k_cache);
+  const auto* vc = reinterpret_cast<const __half*>(v_cache);
+  const int n = static_cast<int>(tiles.size());
+  if (shape.head_dim == 64) {
+    return LaunchPromptAttnHd<64>(shape, q, kc, vc, 0, 0, out, stream, pages, 0, dev_tiles, n);
+  }
+  return LaunchPromptAttnHd<128>(shape, q, kc, vc, 0, 0, out, stream, pages, 0, dev_tiles, n);
 }
 
 }  // namespace dpl::kernels

@@ -14,6 +14,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/attention/prompt_tiles.h"
 #include "kernels/kv_pages.h"
 
 namespace dpl::kernels {
@@ -58,5 +60,20 @@ struct PromptAttentionShape {
 absl::Status PromptAttention(const PromptAttentionShape& shape, const float* q, const uint16_t* k_cache,
                              const uint16_t* v_cache, int p0, int n_tokens, float* out,
                              cudaStream_t stream, const KvPages& pages = {}, int seq = 0);
+
+// A packed pass's chunks in one launch (prompt_tiles.h says why): each tile
+// computes what PromptAttention computes for its query rows m0 .. m0 + 63 of
+// its chunk, bit for bit, with q and out the whole pass's rows (a chunk's
+// tokens at rows row .. row + n_tokens - 1) and k_cache / v_cache the layer's
+// whole arrays (regions: (n_seq, n_head_kv, n_ctx, head_dim), the tile's seq
+// picks the region; pages as above). `tiles` is the host's copy of the list
+// (checked here: each tile's chunk as PromptAttention checks a chunk, m0 a
+// multiple of 64 below n_tokens, seq and row >= 0; at most 65535 tiles),
+// `dev_tiles` the same list in device memory, which the kernel reads. The
+// regions a tile's seq names, and the rows its chunk names, must exist.
+absl::Status PromptAttentionBatch(const PromptAttentionShape& shape, const float* q,
+                                  const uint16_t* k_cache, const uint16_t* v_cache,
+                                  absl::Span<const PromptTile> tiles, const PromptTile* dev_tiles,
+                                  float* out, cudaStream_t stream, const KvPages& pages = {});
 
 }  // namespace dpl::kernels

@@ -228,6 +228,73 @@ struct PagedCase {
   int window = 0;
 };
 
+// The same KV rows as regions and as pages: n_seq sequences of n_ctx
+// positions, rows 0..n_valid-1 of each random, the rest NaN; the pool of
+// blocks handed out in a shuffled order, its other blocks NaN, the table
+// entries past a sequence's rows naming NaN blocks.
+struct Caches {
+  std::vector<uint16_t> k, v;    // regions: (n_seq, n_kv, n_ctx, hd)
+  std::vector<uint16_t> pk, pv;  // pages: (n_blocks, n_kv, block, hd)
+  std::vector<int> tables;       // (n_seq, n_ctx / block)
+  size_t region = 0;             // elements a sequence's region
+  int block_shift = 0;
+};
+
+Caches MakeCaches(int n_seq, int n_kv, int hd, int n_ctx, int n_valid, int block, std::mt19937& rng) {
+  Caches c;
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  c.region = size_t(n_kv) * n_ctx * hd;
+  c.k.assign(n_seq * c.region, kF16NaN);
+  c.v.assign(n_seq * c.region, kF16NaN);
+  for (int s = 0; s < n_seq; ++s) {
+    for (int h = 0; h < n_kv; ++h) {
+      for (int p = 0; p < n_valid; ++p) {
+        for (int e = 0; e < hd; ++e) {
+          const size_t i = ((size_t(s) * n_kv + h) * n_ctx + p) * hd + e;
+          c.k[i] = formats::F32ToF16(u(rng));
+          c.v[i] = formats::F32ToF16(u(rng));
+        }
+      }
+    }
+  }
+  // The pool: ceil(n_valid / block) blocks a sequence, plus spare NaN ones.
+  const int max_blocks = n_ctx / block;
+  const int need = (n_valid + block - 1) / block, used = n_seq * need;
+  const int n_blocks = used + 5;
+  std::vector<int> ids(n_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const size_t per_block = size_t(n_kv) * block * hd;
+  c.pk.assign(per_block * n_blocks, kF16NaN);
+  c.pv.assign(per_block * n_blocks, kF16NaN);
+  c.tables.resize(size_t(n_seq) * max_blocks);
+  int next = 0;
+  for (int s = 0; s < n_seq; ++s) {
+    for (int i = 0; i < max_blocks; ++i) {
+      const int blk = i < need ? ids[next++] : ids[used + (s + i) % (n_blocks - used)];
+      c.tables[size_t(s) * max_blocks + i] = blk;
+      if (i >= need) continue;
+      for (int h = 0; h < n_kv; ++h) {
+        for (int r = 0; r < block && i * block + r < n_valid; ++r) {
+          const size_t from = ((size_t(s) * n_kv + h) * n_ctx + i * block + r) * hd;
+          const size_t to = ((size_t(blk) * n_kv + h) * block + r) * hd;
+          std::copy_n(c.k.begin() + from, hd, c.pk.begin() + to);
+          std::copy_n(c.v.begin() + from, hd, c.pv.begin() + to);
+        }
+      }
+    }
+  }
+  c.block_shift = __builtin_ctz(static_cast<unsigned>(block));
+  REQUIRE((1 << c.block_shift) == block);
+  return c;
+}
+
+size_t CountNonFinite(const std::vector<float>& x) {
+  size_t n = 0;
+  for (float e : x) n += std::isfinite(e) ? 0 : 1;
+  return n;
+}
+
 void RunPagedCase(const PagedCase& c) {
   CAPTURE(c.n_head);
   CAPTURE(c.n_head_kv);
@@ -239,66 +306,24 @@ void RunPagedCase(const PagedCase& c) {
   const int n_ctx = 512, n_seq = 3, seq = 1, hd = c.hd, n_kv = c.n_head_kv;
   const int n_valid = c.p0 + c.n_tokens;
   REQUIRE(n_valid <= n_ctx);
-  const size_t region = size_t(n_kv) * n_ctx * hd;
-  std::vector<uint16_t> k(n_seq * region, kF16NaN), v(n_seq * region, kF16NaN);
   std::mt19937 rng(uint32_t(c.p0 * 131 + c.n_tokens * 7 + c.n_head * 3 + hd + c.block));
+  const Caches m = MakeCaches(n_seq, n_kv, hd, n_ctx, n_valid, c.block, rng);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (int s = 0; s < n_seq; ++s) {
-    for (int h = 0; h < n_kv; ++h) {
-      for (int p = 0; p < n_valid; ++p) {
-        for (int e = 0; e < hd; ++e) {
-          const size_t i = ((size_t(s) * n_kv + h) * n_ctx + p) * hd + e;
-          k[i] = formats::F32ToF16(u(rng));
-          v[i] = formats::F32ToF16(u(rng));
-        }
-      }
-    }
-  }
-  // The pool: ceil(n_valid / block) blocks a sequence, plus spare NaN ones.
-  const int block = c.block, max_blocks = n_ctx / block;
-  const int need = (n_valid + block - 1) / block, used = n_seq * need;
-  const int n_blocks = used + 5;
-  std::vector<int> ids(n_blocks);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  const size_t per_block = size_t(n_kv) * block * hd;
-  std::vector<uint16_t> pk(per_block * n_blocks, kF16NaN), pv(per_block * n_blocks, kF16NaN);
-  std::vector<int> tables(size_t(n_seq) * max_blocks);
-  int next = 0;
-  for (int s = 0; s < n_seq; ++s) {
-    for (int i = 0; i < max_blocks; ++i) {
-      const int blk = i < need ? ids[next++] : ids[used + (s + i) % (n_blocks - used)];
-      tables[size_t(s) * max_blocks + i] = blk;
-      if (i >= need) continue;
-      for (int h = 0; h < n_kv; ++h) {
-        for (int r = 0; r < block && i * block + r < n_valid; ++r) {
-          const size_t from = ((size_t(s) * n_kv + h) * n_ctx + i * block + r) * hd;
-          const size_t to = ((size_t(blk) * n_kv + h) * block + r) * hd;
-          std::copy_n(k.begin() + from, hd, pk.begin() + to);
-          std::copy_n(v.begin() + from, hd, pv.begin() + to);
-        }
-      }
-    }
-  }
   std::vector<float> q(size_t(c.n_tokens) * c.n_head * hd);
   for (auto& x : q) x = 3.0f * u(rng);
 
   GuardedArray<float> dq(q);
-  GuardedArray<uint16_t> dk(k), dv(v), dpk(pk), dpv(pv);
-  GuardedArray<int> dtab(tables);
+  GuardedArray<uint16_t> dk(m.k), dv(m.v), dpk(m.pk), dpv(m.pv);
+  GuardedArray<int> dtab(m.tables);
   GuardedArray<float> out_r(q.size()), out_p(q.size());
   const PromptAttentionShape shape{c.n_head, n_kv, hd, n_ctx, c.window};
-  const int block_shift = __builtin_ctz(static_cast<unsigned>(block));
-  REQUIRE((1 << block_shift) == block);
-  const KvPages pages{dtab.get(), max_blocks, block_shift};
-  STATUS_OK(PromptAttention(shape, dq.get(), dk.get() + seq * region, dv.get() + seq * region, c.p0,
+  const KvPages pages{dtab.get(), n_ctx / c.block, m.block_shift};
+  STATUS_OK(PromptAttention(shape, dq.get(), dk.get() + seq * m.region, dv.get() + seq * m.region, c.p0,
                             c.n_tokens, out_r.get(), 0));
   STATUS_OK(PromptAttention(shape, dq.get(), dpk.get(), dpv.get(), c.p0, c.n_tokens, out_p.get(), 0,
                             pages, seq));
   const std::vector<float> got_r = out_r.Download(), got_p = out_p.Download();
-  size_t non_finite = 0;
-  for (float x : got_r) non_finite += std::isfinite(x) ? 0 : 1;
-  REQUIRE_MESSAGE(non_finite == 0, non_finite << " regions outputs are NaN or inf");
+  REQUIRE_MESSAGE(CountNonFinite(got_r) == 0, "regions outputs are NaN or inf");
   CHECK(std::memcmp(got_r.data(), got_p.data(), got_r.size() * 4) == 0);
 }
 
@@ -315,6 +340,100 @@ TEST_CASE("paged prompt attention gives the same bits as regions") {
       RunPagedCase({heads.first, heads.second, hd, 300, 150, 32, 100});
     }
   }
+}
+
+// A packed pass in one launch (PromptAttentionBatch) against each chunk
+// launched alone, regions and pages: bit for bit equal. The chunks differ in
+// sequence, start, length (a one-token chunk, a partial tile, several
+// tiles) and sit in the pass's rows in an order other than their sequences'.
+void RunBatchCase(int n_head, int n_kv, int hd, int block, int window) {
+  CAPTURE(n_head);
+  CAPTURE(n_kv);
+  CAPTURE(hd);
+  CAPTURE(block);
+  CAPTURE(window);
+  const int n_ctx = 512, n_seq = 5;
+  struct Chunk {
+    int seq, p0, n;
+  };
+  const Chunk chunks[] = {{3, 37, 100}, {0, 0, 130}, {4, 300, 1}, {1, 2, 64}, {2, 400, 50}};
+  int n_valid = 0;
+  for (const Chunk& c : chunks) n_valid = std::max(n_valid, c.p0 + c.n);
+  std::mt19937 rng(uint32_t(n_head * 11 + hd + block + window));
+  const Caches m = MakeCaches(n_seq, n_kv, hd, n_ctx, n_valid, block, rng);
+  std::vector<PromptChunk> pass;
+  int rows = 0;
+  for (const Chunk& c : chunks) {
+    pass.push_back({c.seq, c.p0, rows, c.n});
+    rows += c.n;
+  }
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> q(size_t(rows) * n_head * hd);
+  for (auto& x : q) x = 3.0f * u(rng);
+  const std::vector<PromptTile> tiles = PlanPromptTiles(pass);
+
+  GuardedArray<float> dq(q);
+  GuardedArray<uint16_t> dk(m.k), dv(m.v), dpk(m.pk), dpv(m.pv);
+  GuardedArray<int> dtab(m.tables);
+  GuardedArray<PromptTile> dtiles(tiles);
+  const PromptAttentionShape shape{n_head, n_kv, hd, n_ctx, window};
+  const KvPages pages{dtab.get(), n_ctx / block, m.block_shift};
+  const size_t row_elems = size_t(n_head) * hd;
+  for (const bool paged : {false, true}) {
+    CAPTURE(paged);
+    GuardedArray<float> alone(q.size()), batch(q.size());
+    for (const PromptChunk& c : pass) {
+      const float* qc = dq.get() + c.row * row_elems;
+      float* oc = alone.get() + c.row * row_elems;
+      if (paged) {
+        STATUS_OK(PromptAttention(shape, qc, dpk.get(), dpv.get(), c.p0, c.n_tokens, oc, 0, pages, c.seq));
+      } else {
+        STATUS_OK(PromptAttention(shape, qc, dk.get() + c.seq * m.region, dv.get() + c.seq * m.region, c.p0,
+                                  c.n_tokens, oc, 0));
+      }
+    }
+    if (paged) {
+      STATUS_OK(PromptAttentionBatch(shape, dq.get(), dpk.get(), dpv.get(), tiles, dtiles.get(), batch.get(), 0,
+                                     pages));
+    } else {
+      STATUS_OK(PromptAttentionBatch(shape, dq.get(), dk.get(), dv.get(), tiles, dtiles.get(), batch.get(), 0));
+    }
+    const std::vector<float> a = alone.Download(), b = batch.Download();
+    REQUIRE_MESSAGE(CountNonFinite(a) == 0, "the chunks' outputs are NaN or inf");
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+  }
+}
+
+TEST_CASE("a packed pass in one launch gives each chunk's bits") {
+  for (int hd : {128, 64}) {
+    RunBatchCase(28, 4, hd, 16, 0);
+    RunBatchCase(28, 4, hd, 16, 60);
+    RunBatchCase(16, 4, hd, 64, 0);
+    RunBatchCase(16, 4, hd, 32, 100);
+  }
+}
+
+TEST_CASE("a packed pass's bad tiles are refused, naming the problem") {
+  GuardedArray<float> q(size_t(128) * 28 * 128), out(size_t(128) * 28 * 128);
+  GuardedArray<uint16_t> k(size_t(2) * 4 * 256 * 128), v(size_t(2) * 4 * 256 * 128);
+  const PromptAttentionShape shape{28, 4, 128, 256};
+  GuardedArray<PromptTile> dev(std::vector<PromptTile>(4));
+  auto error = [&](std::vector<PromptTile> tiles, const PromptTile* dev_tiles, const char* field) {
+    const absl::Status st =
+        PromptAttentionBatch(shape, q.get(), k.get(), v.get(), tiles, dev_tiles, out.get(), 0);
+    CAPTURE(field);
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_MESSAGE(st.message().find(field) != std::string::npos, st.ToString());
+  };
+  error({}, dev.get(), "0 tiles");
+  error({{0, 0, 0, 64, 0}}, nullptr, "dev_tiles");
+  error({{0, 250, 0, 64, 0}}, dev.get(), "n_ctx");      // 250 + 64 > 256
+  error({{0, 0, 0, 64, 64}}, dev.get(), "m0");          // m0 past the chunk
+  error({{0, 0, 0, 100, 32}}, dev.get(), "m0");         // not a tile start
+  error({{-1, 0, 0, 64, 0}}, dev.get(), "seq");
+  error({{0, 0, -5, 64, 0}}, dev.get(), "row");
+  error({{0, 0, 0, 0, 0}}, dev.get(), "n_tokens");
+  CUDA_OK(cudaDeviceSynchronize());
 }
 
 TEST_CASE("prompt attention rejects bad arguments, naming the field") {

@@ -256,6 +256,7 @@ absl::Status CudaDecoder::Allocate() {
       {static_cast<uint64_t>(hp_.n_rot / 2) * 16, &b.rope_cs},
       {S * 4, &b.row_seq},         {S * 4, &b.seq_token},      {S * 4, &b.seq_pos},
       {T * 4, &b.pass_seq},        {S * E * 4, &b.head_x},
+      {T * sizeof(kernels::PromptTile), &b.prompt_tiles},
       {T * E * 4, &b.x},           {T * E * 4, &b.h},          {T * Q * 4, &b.q},
       {T * KV * 4, &b.k},          {T * KV * 4, &b.v},         {T * Q * 4, &b.att},
       {T * F * 4, &b.gate},        {T * F * 4, &b.up},         {static_cast<uint64_t>(logit_rows_) * V * 4, &b.logits},
@@ -437,6 +438,21 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
   const bool paged = kv_layout_.paged();
   const uint64_t region = step != nullptr || packed || paged ? 0 : kv_layout_.SeqOffset(segments[0].seq);
   const int* row_seq = step != nullptr ? b.row_seq : packed || paged ? b.pass_seq : nullptr;
+  // A packed pass's chunks go through prompt attention in one launch a
+  // layer: their query tiles, planned here, staged once for every layer
+  // (at most T tiles: a chunk has a tile per 64 tokens, and a token at least).
+  const bool one_launch = packed && tuning_.prompt_attn_one_launch;
+  if (one_launch) {
+    std::vector<kernels::PromptChunk> chunks;
+    chunks.reserve(segments.size());
+    for (const Segment& g : segments) chunks.push_back({g.seq, g.first_pos, g.row, g.n});
+    h_prompt_tiles_ = kernels::PlanPromptTiles(chunks);
+    // Pageable memory: the copy has read the vector when this call returns,
+    // and the pass ends with a stream sync before the vector changes.
+    DPL_CUDA_CHECK(cudaMemcpyAsync(b.prompt_tiles, h_prompt_tiles_.data(),
+                                   h_prompt_tiles_.size() * sizeof(kernels::PromptTile),
+                                   cudaMemcpyHostToDevice, s));
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     uint16_t* k_cache = b.kv + kv_layout_.KOffset(static_cast<int>(l)) + region;
@@ -480,12 +496,17 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
         DPL_RETURN_IF_ERROR(kernels::DecodeAttention(step_rows->attn, b.q, k_cache, v_cache, b.positions,
                                                      b.attn_ws, b.att, s, nullptr, b.row_seq, kv_pages_));
       }
-      for (const Segment& g : segments) {
-        const uint64_t at = packed && !paged ? kv_layout_.SeqOffset(g.seq) : 0;
-        DPL_RETURN_IF_ERROR(kernels::PromptAttention(prompt_attn_, b.q + static_cast<int64_t>(g.row) * Q,
-                                                     k_cache + at, v_cache + at, g.first_pos, g.n,
-                                                     b.att + static_cast<int64_t>(g.row) * Q, s, kv_pages_,
-                                                     g.seq));
+      if (one_launch) {  // every chunk's tiles in one launch (the layer's arrays: region 0)
+        DPL_RETURN_IF_ERROR(kernels::PromptAttentionBatch(prompt_attn_, b.q, k_cache, v_cache, h_prompt_tiles_,
+                                                          b.prompt_tiles, b.att, s, kv_pages_));
+      } else {
+        for (const Segment& g : segments) {
+          const uint64_t at = packed && !paged ? kv_layout_.SeqOffset(g.seq) : 0;
+          DPL_RETURN_IF_ERROR(kernels::PromptAttention(prompt_attn_, b.q + static_cast<int64_t>(g.row) * Q,
+                                                       k_cache + at, v_cache + at, g.first_pos, g.n,
+                                                       b.att + static_cast<int64_t>(g.row) * Q, s, kv_pages_,
+                                                       g.seq));
+        }
       }
       DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
     }

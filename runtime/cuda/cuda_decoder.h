@@ -293,6 +293,7 @@ class CudaDecoder : public generate::Decoder {
     int* row_seq = nullptr;      // (S) a step's row -> sequence (< 0: padding), written by the host
     int* pass_seq = nullptr;     // (T) a packed prompt pass's row -> sequence, written by the host
     float* head_x = nullptr;     // (S, n_embd) a packed pass's chunks' last rows of x, for the LM head
+    kernels::PromptTile* prompt_tiles = nullptr;  // (T) a packed pass's query tiles, written by the host
     int* seq_token = nullptr;    // (S) each sequence's pending token
     int* seq_pos = nullptr;      // (S) each sequence's next position
     double* inv_freq = nullptr;  // (n_rot / 2) RoPE frequencies
@@ -450,6 +451,7 @@ class CudaDecoder : public generate::Decoder {
   kernels::DeviceBuffer<uint8_t> arena_;  // every buffer of buf_
   Buffers buf_;
 
+  std::vector<kernels::PromptTile> h_prompt_tiles_;  // the packed pass's tiles (PromptAttentionBatch)
   kernels::PinnedBuffer<int> h_rows_;    // (n_seq) a step's row -> sequence, staged for upload
   kernels::PinnedBuffer<int> h_tokens_;  // (max(2, n_seq)) sampled ids read by the host
   kernels::PinnedBuffer<kernels::SamplingParams> h_params_;
