@@ -129,6 +129,12 @@ struct DecodeTuning {
   // layer (PromptAttentionBatch) instead of one launch a chunk. dpl-server
   // takes DPL_PROMPT_ONE_LAUNCH=0 (an A/B; docs/PERF.md has the numbers).
   bool prompt_attn_one_launch = true;
+  // Prompt passes on tensor cores dequantize the next matrix to f16 on a
+  // second stream while this one's GEMM runs (kernels::F16WeightsAhead, a
+  // second f16 scratch of the largest layer matrix: 136 MB on a 7B). A
+  // probe, off until measured: dpl-bench and dpl-server take
+  // DPL_GEMM_AHEAD=1.
+  bool gemm_dequant_ahead = false;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

@@ -156,9 +156,14 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
     device_init.get();
     // DPL_PROMPT_ONE_LAUNCH=0: a packed pass's chunks through prompt
     // attention one launch a chunk (kernels/tuning.h; an A/B).
-    if (const char* e = std::getenv("DPL_PROMPT_ONE_LAUNCH"); e != nullptr && std::string(e) == "0") {
+    // DPL_GEMM_AHEAD=1: the next matrix's f16 dequant beside this one's
+    // GEMM in prompt passes (a probe, kernels/tuning.h).
+    const char* one_launch = std::getenv("DPL_PROMPT_ONE_LAUNCH");
+    const char* ahead = std::getenv("DPL_GEMM_AHEAD");
+    if ((one_launch != nullptr && std::string(one_launch) == "0") || (ahead != nullptr && std::string(ahead) == "1")) {
       DPL_ASSIGN_OR_RETURN(co.tuning, dpl::kernels::DecodeTuningForDevice());
-      co.tuning->prompt_attn_one_launch = false;
+      co.tuning->prompt_attn_one_launch = one_launch == nullptr || std::string(one_launch) != "0";
+      co.tuning->gemm_dequant_ahead = ahead != nullptr && std::string(ahead) == "1";
     }
     DPL_ASSIGN_OR_RETURN(co.load.method,
                          dpl::runtime::ParseUploadMethod(args["weights-upload"].as<std::string>()));

@@ -244,6 +244,26 @@ absl::Status ConvertToF16(const float* x, int64_t n, uint16_t* out, cudaStream_t
   return absl::OkStatus();
 }
 
+absl::StatusOr<float> PromptGemm::InitOutput(const WeightMatrix& w, int64_t n_tokens, float* y,
+                                             const float* bias, const float* residual) {
+  if (bias == nullptr && residual == nullptr) return 0.0f;
+  if (bias != nullptr || residual != y) {
+    const dim3 grid(static_cast<unsigned>((w.n_rows + kThreads - 1) / kThreads),
+                    static_cast<unsigned>(n_tokens < 65535 ? n_tokens : 65535));
+    InitOutputKernel<<<grid, kThreads, 0, stream_>>>(bias, residual, y, w.n_rows, n_tokens);
+    DPL_CUDA_CHECK_LAUNCH();
+  }
+  return 1.0f;
+}
+
+absl::Status PromptGemm::RunDequantized(const WeightMatrix& w, const uint16_t* w_f16, const uint16_t* x_f16,
+                                        int64_t n_tokens, float* y, const float* bias, const float* residual) {
+  if (!handle_) return absl::FailedPreconditionError("PromptGemm: no cuBLAS handle (moved from)");
+  DPL_RETURN_IF_ERROR(CheckMatrix(w, "PromptGemm::RunDequantized"));
+  DPL_ASSIGN_OR_RETURN(const float beta, InitOutput(w, n_tokens, y, bias, residual));
+  return GemmF16(w_f16, w.n_rows, w.n_cols, x_f16, n_tokens, y, w.n_rows, beta);
+}
+
 void PromptGemm::HandleDeleter::operator()(cublasContext* h) const {
   if (const absl::StatusOr<const CublasApi*> api = Cublas(); api.ok()) (*api)->destroy(h);
 }
@@ -318,21 +338,94 @@ absl::Status PromptGemm::Run(const WeightMatrix& w, const uint16_t* x_f16, int64
   } else if (block_rows >= kRowAlign) {
     block_rows -= block_rows % kRowAlign;
   }
-  float beta = 0.0f;
-  if (bias != nullptr || residual != nullptr) {
-    beta = 1.0f;
-    if (bias != nullptr || residual != y) {
-      const dim3 grid(static_cast<unsigned>((w.n_rows + kThreads - 1) / kThreads),
-                      static_cast<unsigned>(n_tokens < 65535 ? n_tokens : 65535));
-      InitOutputKernel<<<grid, kThreads, 0, stream_>>>(bias, residual, y, w.n_rows, n_tokens);
-      DPL_CUDA_CHECK_LAUNCH();
-    }
-  }
+  DPL_ASSIGN_OR_RETURN(const float beta, InitOutput(w, n_tokens, y, bias, residual));
   for (int64_t r0 = 0; r0 < w.n_rows; r0 += block_rows) {
     const int64_t rows = w.n_rows - r0 < block_rows ? w.n_rows - r0 : block_rows;
     DPL_RETURN_IF_ERROR(DispatchDequant(w, r0, rows, w_scratch, stream_));
     DPL_RETURN_IF_ERROR(GemmF16(w_scratch, rows, w.n_cols, x_f16, n_tokens, y + r0, w.n_rows, beta));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace dpl::kernels
+
+namespace dpl::kernels {
+
+absl::StatusOr<F16WeightsAhead> F16WeightsAhead::Create() {
+  F16WeightsAhead a;
+  int least = 0, greatest = 0;  // numerically: greatest priority is the lowest number
+  DPL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t s = nullptr;
+  DPL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+  a.side_ = Stream(s);
+  for (int i = 0; i < 2; ++i) {
+    DPL_ASSIGN_OR_RETURN(a.dequantized_[i], CreateEvent());
+    DPL_ASSIGN_OR_RETURN(a.read_[i], CreateEvent());
+  }
+  DPL_ASSIGN_OR_RETURN(a.start_, CreateEvent());
+  return a;
+}
+
+absl::Status F16WeightsAhead::Issue(size_t i) {
+  const WeightMatrix& w = *order_[i];
+  uint16_t* buf = scratch_[i % 2];
+  if (i >= 2) DPL_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), read_[i % 2].get(), 0));
+  DPL_RETURN_IF_ERROR(DequantizeRowsF16(w, 0, w.n_rows, buf, side_.get()));
+  DPL_CUDA_CHECK(cudaEventRecord(dequantized_[i % 2].get(), side_.get()));
+  issued_ = i + 1;
+  return absl::OkStatus();
+}
+
+absl::Status F16WeightsAhead::Begin(absl::Span<const WeightMatrix* const> order, uint16_t* scratch0,
+                                    uint16_t* scratch1, int64_t scratch_elems, cudaStream_t stream) {
+  if (scratch0 == nullptr || scratch1 == nullptr || scratch0 == scratch1) {
+    return absl::InvalidArgumentError("F16WeightsAhead::Begin: two distinct scratch buffers needed");
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i] == nullptr || order[i]->n_rows * order[i]->n_cols > scratch_elems) {
+      return absl::InvalidArgumentError(absl::StrCat("F16WeightsAhead::Begin: matrix ", i,
+                                                     " null or larger than the scratch of ", scratch_elems,
+                                                     " f16"));
+    }
+  }
+  DPL_RETURN_IF_ERROR(End());
+  order_.assign(order.begin(), order.end());
+  scratch_[0] = scratch0;
+  scratch_[1] = scratch1;
+  stream_ = stream;
+  next_ = issued_ = 0;
+  // The buffers' earlier readers (the stream's work so far) go first.
+  DPL_CUDA_CHECK(cudaEventRecord(start_.get(), stream));
+  DPL_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), start_.get(), 0));
+  for (size_t i = 0; i < order_.size() && i < 2; ++i) DPL_RETURN_IF_ERROR(Issue(i));
+  return absl::OkStatus();
+}
+
+absl::Status F16WeightsAhead::Run(PromptGemm& gemm, const WeightMatrix& w, const uint16_t* x_f16,
+                                  int64_t n_tokens, float* y, const float* bias, const float* residual) {
+  if (!Next(w)) {
+    return absl::FailedPreconditionError(absl::StrCat("F16WeightsAhead::Run: matrix ", next_,
+                                                      " of the pass is not the one asked for"));
+  }
+  const size_t i = next_++;
+  DPL_CUDA_CHECK(cudaStreamWaitEvent(stream_, dequantized_[i % 2].get(), 0));
+  DPL_RETURN_IF_ERROR(gemm.RunDequantized(w, scratch_[i % 2], x_f16, n_tokens, y, bias, residual));
+  DPL_CUDA_CHECK(cudaEventRecord(read_[i % 2].get(), stream_));
+  if (i + 2 < order_.size()) DPL_RETURN_IF_ERROR(Issue(i + 2));
+  return absl::OkStatus();
+}
+
+absl::Status F16WeightsAhead::End() {
+  // Dequants issued but never multiplied: the stream waits for them, so
+  // nothing on the side stream outlives the pass unordered (and a capture
+  // would join).
+  if (stream_ != nullptr && issued_ > next_) {
+    for (size_t i = next_; i < issued_; ++i) {
+      DPL_CUDA_CHECK(cudaStreamWaitEvent(stream_, dequantized_[i % 2].get(), 0));
+    }
+  }
+  order_.clear();
+  next_ = issued_ = 0;
   return absl::OkStatus();
 }
 

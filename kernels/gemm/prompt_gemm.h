@@ -26,9 +26,11 @@
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/cuda_handles.h"
 #include "kernels/weight_matrix.h"
 
@@ -88,6 +90,12 @@ class PromptGemm {
                    const float* bias, const float* residual, uint16_t* w_scratch,
                    int64_t scratch_elems);
 
+  // Run for a whole matrix already dequantized (w_f16: (w.n_rows, w.n_cols)
+  // f16 bits, DequantizeRowsF16 of all of w): the same arithmetic, so the
+  // same bits as Run with a scratch that holds w. F16WeightsAhead's GEMM.
+  absl::Status RunDequantized(const WeightMatrix& w, const uint16_t* w_f16, const uint16_t* x_f16,
+                              int64_t n_tokens, float* y, const float* bias, const float* residual);
+
   // Run's GEMM step alone, for rows already in f16 (Run calls it per block):
   //   y[t][r] = sum_k w_f16[r][k] x_f16[t][k] + beta * y[t][r]    r < n_rows, t < n_tokens
   //   w_f16: (n_rows, n_cols) f16 bits; x_f16: (n_tokens, n_cols) f16 bits;
@@ -111,10 +119,58 @@ class PromptGemm {
     void operator()(cublasContext* h) const;
   };
   PromptGemm() = default;
+  // y = residual + bias where either is given (InitOutputKernel); returns
+  // the beta the GEMM then adds W x with (1, or 0 when neither is given).
+  absl::StatusOr<float> InitOutput(const WeightMatrix& w, int64_t n_tokens, float* y, const float* bias,
+                                   const float* residual);
 
   cudaStream_t stream_ = nullptr;
   DeviceBuffer<uint8_t> workspace_;                     // (kWorkspaceBytes)
   std::unique_ptr<cublasContext, HandleDeleter> handle_;  // destroyed before workspace_
+};
+
+// The next matrix's f16 dequantization beside this one's GEMM (a probe,
+// DecodeTuning::gemm_dequant_ahead). PromptGemm::Run dequantizes a matrix,
+// then multiplies it, on one stream: the dequant pass (memory-bound, ~4 ms
+// of a 7B's 20 ms 512-token chunk on the H200) and the GEMMs (tensor-core
+// bound) take turns. Here a second stream dequantizes matrix i + 1 into the
+// other of two scratch buffers while matrix i's GEMM runs, ordered by
+// events: the GEMM of i waits for its dequant, the dequant of i + 2 for the
+// GEMM of i (the buffer's last reader). Same kernels, same inputs: the same
+// bits as Run.
+class F16WeightsAhead {
+ public:
+  // The side stream (the device's highest priority, so its blocks take SMs
+  // as GEMM blocks retire) and the events.
+  static absl::StatusOr<F16WeightsAhead> Create();
+
+  // Starts a pass on `stream` (the GEMMs' stream, PromptGemm's): the
+  // matrices that Run will be asked for, in that order, each at most
+  // scratch_elems f16 (checked), and the two buffers (scratch_elems f16
+  // each). Their first two dequants go out now, after the stream's work so
+  // far (an earlier pass may still read the buffers).
+  absl::Status Begin(absl::Span<const WeightMatrix* const> order, uint16_t* scratch0, uint16_t* scratch1,
+                     int64_t scratch_elems, cudaStream_t stream);
+  // Whether the pass's next matrix is w (pointer identity): Run's condition.
+  bool Next(const WeightMatrix& w) const { return next_ < order_.size() && order_[next_] == &w; }
+  // PromptGemm::Run's contract for the pass's next matrix (Next(w) true,
+  // else FailedPrecondition), with its rows from the dequant started ahead.
+  absl::Status Run(PromptGemm& gemm, const WeightMatrix& w, const uint16_t* x_f16, int64_t n_tokens, float* y,
+                   const float* bias, const float* residual);
+  // Ends the pass: the side stream has nothing the stream did not wait for
+  // (every dequant issued was consumed, or is waited for here).
+  absl::Status End();
+
+ private:
+  F16WeightsAhead() = default;
+  absl::Status Issue(size_t i);  // order_[i]'s dequant into buffer i % 2, on the side stream
+
+  Stream side_;
+  Event dequantized_[2], read_[2], start_;
+  std::vector<const WeightMatrix*> order_;
+  uint16_t* scratch_[2] = {nullptr, nullptr};
+  size_t next_ = 0, issued_ = 0;
+  cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace dpl::kernels

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "formats/dequant.h"
+#include "base/status_macros.h"
 #include "kernels/cuda_handles.h"
 #include "kernels/gemm/prompt_gemm.h"
 #include "kernels/gpu_test.h"
@@ -357,6 +359,65 @@ TEST_CASE("PromptGemm::Run is deterministic and replays from a captured CUDA gra
               same_graph ? "bit-identical" : "DIFFERS");
   CHECK(same);
   CHECK(same_graph);
+}
+
+// A pass of products through F16WeightsAhead (the next matrix dequantized
+// on a second stream while this one multiplies) against Run: the same bits.
+// Every product has its own output, so a GEMM that read its buffer before
+// the dequant into it finished (it would see matrix i - 2's rows), or a
+// dequant that overwrote a buffer a GEMM still read, shows in that output.
+TEST_CASE("F16WeightsAhead gives Run's bits") {
+  absl::StatusOr<Stream> stream = CreateStream();
+  REQUIRE(stream.ok());
+  absl::StatusOr<PromptGemm> made = PromptGemm::Create(stream->get());
+  REQUIRE_MESSAGE(made.ok(), made.status().ToString());
+  PromptGemm gemm = std::move(*made);
+  absl::StatusOr<F16WeightsAhead> ahead = F16WeightsAhead::Create();
+  REQUIRE_MESSAGE(ahead.ok(), ahead.status().ToString());
+  const int64_t n_rows = 2048, n_cols = 1024, T = 96;
+  std::vector<std::unique_ptr<DevMatrix>> ms;
+  std::vector<const WeightMatrix*> order;
+  for (int i = 0; i < 7; ++i) {  // alternating types and layouts
+    const GgmlType type = i % 2 == 0 ? GgmlType::kQ4_K : GgmlType::kQ6_K;
+    const TensorLayout layout = i % 2 == 0 ? TensorLayout::kRaw : TensorLayout::kDpl;
+    ms.push_back(std::make_unique<DevMatrix>(MakeMatrix(type, layout, n_rows - 128 * (i % 3), n_cols, 0, 40 + i)));
+    order.push_back(&ms.back()->w);
+  }
+  const int64_t scratch_elems = n_rows * n_cols;
+  GuardedArray<uint16_t> s0(static_cast<size_t>(scratch_elems)), s1(static_cast<size_t>(scratch_elems));
+  GuardedArray<float> x(RandomFloats(T * n_cols, 1.f, 7)), bias(RandomFloats(n_rows, 1.f, 8));
+  GuardedArray<uint16_t> xh(static_cast<size_t>(T * n_cols));
+  const size_t out = static_cast<size_t>(T * n_rows);
+  GuardedArray<float> ya(out * order.size()), yb(out * order.size());
+  CUDA_OK(cudaDeviceSynchronize());
+  STATUS_OK(ConvertToF16(x.get(), T * n_cols, xh.get(), stream->get()));
+  auto pass = [&](float* y, bool use_ahead) -> absl::Status {
+    if (use_ahead) DPL_RETURN_IF_ERROR(ahead->Begin(order, s0.get(), s1.get(), scratch_elems, stream->get()));
+    for (size_t i = 0; i < order.size(); ++i) {
+      const float* b = i % 2 == 1 ? bias.get() : nullptr;
+      if (use_ahead) {
+        DPL_RETURN_IF_ERROR(ahead->Run(gemm, *order[i], xh.get(), T, y + i * out, b, nullptr));
+      } else {
+        DPL_RETURN_IF_ERROR(gemm.Run(*order[i], xh.get(), T, y + i * out, b, nullptr, s0.get(), scratch_elems));
+      }
+    }
+    return use_ahead ? ahead->End() : absl::OkStatus();
+  };
+  STATUS_OK(pass(ya.get(), false));
+  STATUS_OK(pass(yb.get(), true));
+  STATUS_OK(pass(yb.get(), true));  // a second pass: Begin after End, buffers reused
+  CUDA_OK(cudaStreamSynchronize(stream->get()));
+  const std::vector<float> a = ya.Download(), b = yb.Download();
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+  // Asked for a matrix out of order: refused, nothing run.
+  STATUS_OK(ahead->Begin(order, s0.get(), s1.get(), scratch_elems, stream->get()));
+  const absl::Status st = ahead->Run(gemm, *order[1], xh.get(), T, yb.get(), nullptr, nullptr);
+  CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
+  STATUS_OK(ahead->End());
+  // A matrix larger than the scratch: refused at Begin.
+  CHECK(ahead->Begin(order, s0.get(), s1.get(), scratch_elems - 1, stream->get()).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CUDA_OK(cudaStreamSynchronize(stream->get()));
 }
 
 TEST_CASE("PromptGemm / DequantizeRowsF16 / ConvertToF16: errors name the problem") {

@@ -93,6 +93,9 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   DPL_RETURN_IF_ERROR(InitRope(desc));
   if (w_f16_elems_ > 0) {
     DPL_ASSIGN_OR_RETURN(gemm_, kernels::PromptGemm::Create(stream_.get()));
+    if (tuning_.gemm_dequant_ahead) {
+      DPL_ASSIGN_OR_RETURN(ahead_, kernels::F16WeightsAhead::Create());
+    }
   }
   report_.setup_seconds = lap();
   // Every step graph a server needs, now: none is captured while serving.
@@ -268,6 +271,7 @@ absl::Status CudaDecoder::Allocate() {
       {S * kernels::kMaxLogitBias * sizeof(kernels::LogitBias), &b.bias}, {S * 4, &b.n_bias},
       {qx_bytes, &qx_mem},
       {x_f16_bytes, &b.x_f16},     {static_cast<uint64_t>(w_f16_elems_) * 2, &b.w_f16},
+      {tuning_.gemm_dequant_ahead ? static_cast<uint64_t>(w_f16_elems_) * 2 : 0, &b.w_f16_ahead},
   };
   auto align = [](uint64_t n) { return (n + 255) / 256 * 256; };
   uint64_t total = 0;
@@ -381,8 +385,30 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     return prepare(b.h, E, rows);
   };
   // y = W x (+ bias) (+ residual) for the rows tokens in x (prepared).
+  // A prompt pass on tensor cores with gemm_dequant_ahead: every layer
+  // matrix in the order mm meets it, each dequantized a product ahead.
+  const bool ahead = ahead_.has_value() && step == nullptr && tensor_cores(n);
+  if (ahead) {
+    ahead_order_.clear();
+    for (const Layer& L : layers_) {
+      const Matrix* qkv[3] = {&L.wq, &L.wk, &L.wv};
+      const Matrix* gate_up[2] = {&L.w_gate, &L.w_up};
+      for (const kernels::MatVecGroupPlan& g : L.qkv) {
+        for (int i : g.members) ahead_order_.push_back(&qkv[i]->w);
+      }
+      ahead_order_.push_back(&L.wo.w);
+      for (const kernels::MatVecGroupPlan& g : L.gate_up) {
+        for (int i : g.members) ahead_order_.push_back(&gate_up[i]->w);
+      }
+      ahead_order_.push_back(&L.w_down.w);
+    }
+    DPL_RETURN_IF_ERROR(ahead_->Begin(ahead_order_, b.w_f16, b.w_f16_ahead, w_f16_elems_, s));
+  }
   auto mm = [&](const Matrix& m, const float* x, const kernels::MatVecOut& out, int rows) {
     if (tensor_cores(rows)) {
+      if (ahead && ahead_->Next(m.w)) {
+        return ahead_->Run(*gemm_, m.w, b.x_f16, rows, out.y, out.bias, out.residual);
+      }
       return gemm_->Run(m.w, b.x_f16, rows, out.y, out.bias, out.residual, b.w_f16, w_f16_elems_);
     }
     kernels::MatVecIo io;
@@ -524,6 +550,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     }
     DPL_RETURN_IF_ERROR(mm(L.w_down, b.gate, {b.x, nullptr, b.x}, n));  // x += Wdown g
   }
+  if (ahead) DPL_RETURN_IF_ERROR(ahead_->End());
   // LM head: every token's (a step: every row's) logits, or the last token's
   // only; a packed pass's segments' last tokens, gathered into rows.
   if (packed) {

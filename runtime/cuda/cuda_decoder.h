@@ -309,6 +309,7 @@ class CudaDecoder : public generate::Decoder {
     float* logits = nullptr;     // (logit_rows_, n_vocab)
     uint16_t* x_f16 = nullptr;   // (T, max width) f16 activations of the tensor-core path
     uint16_t* w_f16 = nullptr;   // (w_f16_elems_) f16 weight rows of the tensor-core path
+    uint16_t* w_f16_ahead = nullptr;  // (w_f16_elems_) the second, with tuning_.gemm_dequant_ahead
     float* attn_ws = nullptr;    // (max over buckets of attn.workspace_floats)
     uint16_t* kv = nullptr;      // kv_layout_: per layer K then V, (S, n_kv_head, n_ctx, head_dim) f16
                                  // (paged: (n_blocks, n_kv_head, block, head_dim))
@@ -445,6 +446,8 @@ class CudaDecoder : public generate::Decoder {
   // when no pass has that many): the cuBLAS handle and the f16 weight
   // scratch size (the largest layer matrix; bigger ones go in row blocks).
   std::optional<kernels::PromptGemm> gemm_;
+  std::optional<kernels::F16WeightsAhead> ahead_;  // tuning_.gemm_dequant_ahead and a tensor-core path
+  std::vector<const kernels::WeightMatrix*> ahead_order_;  // a prompt pass's matrices, in product order
   int64_t w_f16_elems_ = 0;
 
   kernels::Stream stream_;
