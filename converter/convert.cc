@@ -612,7 +612,7 @@ absl::Status CheckRunnable(const std::string& path) {
   DPL_ASSIGN_OR_RETURN(const std::shared_ptr<formats::ModelFile> file,
                        formats::ModelFile::OpenIndex(path));
   DPL_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::BindModel(*file));
-  DPL_RETURN_IF_ERROR(model::CheckGpuArch(desc.hp));
+  DPL_RETURN_IF_ERROR(model::CheckGpuArch(desc));
   absl::Status first;
   int n_more = 0;
   for (const formats::TensorView& t : file->tensors()) {

@@ -331,6 +331,38 @@ TEST_CASE("a tensor type without a GPU kernel: one warning line naming it, the c
   CHECK(CheckRunnable(out).ok());
 }
 
+// A mixture of experts runs on the GPU when its expert tensors have expert
+// kernels (model::GpuHasExpertKernelFor): the oracle's q4_K / q6_K experts
+// do, and the note names an expert tensor of a type that has none (q4_0 has
+// a dense kernel, so no per-tensor warning says it).
+TEST_CASE("the qwen3moe oracle is runnable; an expert type without an expert kernel is named") {
+  const std::string out = Tmp("moe.dpl");
+  REQUIRE(ConvertGgufToDpl(Oracle("mini-qwen3moe-q4km.gguf"), out, {}).ok());
+  const absl::Status ok = CheckRunnable(out);
+  CHECK_MESSAGE(ok.ok(), ok.ToString());
+  const std::string in = Tmp("moe-q40.gguf");
+  const absl::Status written = model::testing::WriteVariant(
+      Oracle("mini-qwen3moe-q4km.gguf"), in,
+      [](formats::Metadata&, std::vector<model::testing::TensorEdit>& ts) {
+        model::testing::TensorEdit* t = model::testing::FindEdit(ts, "blk.1.ffn_down_exps.weight");
+        REQUIRE(t != nullptr);
+        t->spec.type = formats::GgmlType::kQ4_0;
+        t->source = "";  // zeros
+      });
+  REQUIRE_MESSAGE(written.ok(), written.ToString());
+  std::ostringstream warn;
+  ConvertOptions opt;
+  opt.warn = &warn;
+  REQUIRE(ConvertGgufToDpl(in, out, opt).ok());
+  CHECK(warn.str().empty());
+  const absl::Status note = CheckRunnable(out);
+  CHECK(note.code() == absl::StatusCode::kUnimplemented);
+  CHECK(std::string(note.message()) ==
+        "tensor 'blk.1.ffn_down_exps.weight' is q4_0, which the CUDA runtime has no expert kernel for "
+        "(its mixture-of-experts layers run q8_0, q4_K, q5_K, q6_K experts); the CPU reference runs it "
+        "(dpl-run --device cpu)");
+}
+
 TEST_CASE("a failed conversion leaves no output and keeps an existing file") {
   // A truncated copy of a real model.
   const std::string src = Oracle("small-qwen2-q4km.gguf");

@@ -444,17 +444,38 @@ constexpr formats::GgmlType kGpuTypes[] = {
     formats::GgmlType::kIQ4_NL, formats::GgmlType::kIQ4_XS, formats::GgmlType::kBF16,
 };
 
+// GpuHasExpertKernelFor's list (kernels/matvec/moe.h; runtime/cuda:
+// gpu_types_test holds it to kernels::MatVecMoeSupports).
+constexpr formats::GgmlType kGpuExpertTypes[] = {
+    formats::GgmlType::kQ8_0, formats::GgmlType::kQ4_K, formats::GgmlType::kQ5_K,
+    formats::GgmlType::kQ6_K,
+};
+
 }  // namespace
 
 bool GpuHasKernelFor(formats::GgmlType type) {
   return std::find(std::begin(kGpuTypes), std::end(kGpuTypes), type) != std::end(kGpuTypes);
 }
 
-absl::Status CheckGpuArch(const Hparams& hp) {
-  if (!hp.moe()) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      hp.arch_name, ": the CUDA runtime does not run mixture-of-experts models yet (",
-      hp.n_expert, " experts); the CPU reference does (dpl-run --device cpu)"));
+bool GpuHasExpertKernelFor(formats::GgmlType type) {
+  return std::find(std::begin(kGpuExpertTypes), std::end(kGpuExpertTypes), type) !=
+         std::end(kGpuExpertTypes);
+}
+
+absl::Status CheckGpuArch(const ModelDesc& desc) {
+  if (!desc.hp.moe()) return absl::OkStatus();
+  for (const LayerTensors& L : desc.layers) {
+    for (const formats::TensorView* t : {L.gate_exps, L.up_exps, L.down_exps}) {
+      if (t == nullptr || GpuHasExpertKernelFor(t->type)) continue;
+      std::vector<absl::string_view> names;
+      for (formats::GgmlType e : kGpuExpertTypes) names.push_back(formats::TraitsOf(e).name);
+      return absl::UnimplementedError(absl::StrCat(
+          "tensor '", t->name, "' is ", formats::TraitsOf(t->type).name,
+          ", which the CUDA runtime has no expert kernel for (its mixture-of-experts layers run ",
+          absl::StrJoin(names, ", "), " experts); the CPU reference runs it (dpl-run --device cpu)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckGpuType(absl::string_view tensor, formats::GgmlType type) {

@@ -145,9 +145,16 @@ bool GpuHasKernelFor(formats::GgmlType type);
 // iq2_xxs, which the CUDA runtime has no kernel for (it runs f32, f16, ...)".
 absl::Status CheckGpuType(absl::string_view tensor, formats::GgmlType type);
 
-// Whether the CUDA runtime runs models of these hyperparameters: not yet a
-// mixture of experts (qwen3moe runs on the CPU reference only):
-// Unimplemented naming the architecture and --device cpu.
-absl::Status CheckGpuArch(const Hparams& hp);
+// The expert tensor types the CUDA runtime's mixture-of-experts products
+// have kernels for (kernels/matvec/moe.h: q4_K, q5_K, q6_K, q8_0, the types
+// of Q4_K_M, Q5_K_M, Q6_K and Q8_0 files); a subset of GpuHasKernelFor's.
+bool GpuHasExpertKernelFor(formats::GgmlType type);
+
+// Whether the CUDA runtime runs the bound model as a whole, beyond each
+// tensor's type (CheckGpuType): a mixture of experts (qwen3moe) runs when
+// every expert tensor (ffn_{gate,up,down}_exps) has an expert kernel
+// (GpuHasExpertKernelFor); otherwise Unimplemented naming the first such
+// tensor, its type, the types that run and --device cpu.
+absl::Status CheckGpuArch(const ModelDesc& desc);
 
 }  // namespace dpl::model

@@ -92,6 +92,20 @@ bool MatVecMixedSupports(MatVecKernel kernel, MatVecKernel last) {
          (last == MatVecKernel::kQ6KDpl || last == MatVecKernel::kQ6KRaw);
 }
 
+bool MatVecMoeSupports(MatVecKernel k) {
+  switch (k) {
+    case MatVecKernel::kQ4K:
+    case MatVecKernel::kQ5K:
+    case MatVecKernel::kQ6KRaw:
+    case MatVecKernel::kQ6KDpl:
+    case MatVecKernel::kQ8_0:
+    case MatVecKernel::kQ8_0Dpl:
+      return true;
+    default:
+      return false;
+  }
+}
+
 bool UsesQuantizedActivations(MatVecKernel k) {
   const KernelInfo* i = InfoOf(k);
   return i != nullptr && i->quantized_x;

@@ -41,6 +41,12 @@ bool MatVecMmaF16Supports(MatVecKernel k, int64_t n_cols);
 // layout).
 bool MatVecMixedSupports(MatVecKernel kernel, MatVecKernel last);
 
+// True when the expert-indexed form (kernels/matvec/moe.h: a mixture of
+// experts' gate/up/down products, each CTA reading the expert its route
+// chose) is compiled for this kernel: q4_K, q5_K, q6_K and q8_0, both
+// layouts where the type has two (model::GpuHasExpertKernelFor's types).
+bool MatVecMoeSupports(MatVecKernel k);
+
 // Smallest legal row stride (bytes) for `type`/`layout` rows of n_cols
 // weights, or 0 when n_cols is not a whole number of blocks.
 int64_t MinRowStride(formats::GgmlType type, formats::TensorLayout layout, int64_t n_cols);

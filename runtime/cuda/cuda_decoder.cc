@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -48,7 +49,7 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
               "`dpl-convert MODEL.gguf MODEL.dpl`"));
   }
   DPL_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::BindModel(*index_));
-  DPL_RETURN_IF_ERROR(model::CheckGpuArch(desc.hp));
+  DPL_RETURN_IF_ERROR(model::CheckGpuArch(desc));
   hp_ = desc.hp;
   bytes_per_token_ = desc.bytes_per_token;
   if (options.n_ctx < 0 || options.n_ctx > kMaxContext) {
@@ -136,6 +137,22 @@ absl::Status CudaDecoder::BindWeights(const model::ModelDesc& desc) {
   auto vec = [&](const formats::TensorView* t) {
     return t == nullptr ? nullptr : reinterpret_cast<const float*>(base + t->data_offset);
   };
+  // An expert tensor [n_cols, n_rows, n_expert]: expert 0's matrix and the
+  // stride to the next (the file's bytes: TensorView::n_rows counts every
+  // expert's rows, n_bytes / n_expert apart).
+  auto experts = [&](const formats::TensorView* t, kernels::ExpertWeights* e,
+                     kernels::ExpertPlan* plan) -> absl::Status {
+    e->w = view(*t);
+    e->n_expert = static_cast<int>(t->ne[2]);
+    e->w.n_rows = static_cast<int64_t>(t->ne[1]);
+    e->expert_stride = e->w.n_rows * e->w.row_stride;
+    if (t->ne[2] == 0 || e->expert_stride * static_cast<int64_t>(t->ne[2]) != static_cast<int64_t>(t->n_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(t->n_bytes, " bytes are not ", t->ne[2], " experts of ",
+                                                     e->expert_stride));
+    }
+    DPL_ASSIGN_OR_RETURN(*plan, kernels::PlanExperts(*e, tuning_));
+    return absl::OkStatus();
+  };
   embed_ = view(*desc.token_embd);
   layers_.resize(desc.layers.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -143,7 +160,17 @@ absl::Status CudaDecoder::BindWeights(const model::ModelDesc& desc) {
     Layer& L = layers_[l];
     for (auto [src, dst] : {std::pair{t.wq, &L.wq}, {t.wk, &L.wk}, {t.wv, &L.wv}, {t.wo, &L.wo},
                             {t.w_gate, &L.w_gate}, {t.w_up, &L.w_up}, {t.w_down, &L.w_down}}) {
+      if (src == nullptr) continue;  // a MoE layer's dense feed-forward
       DPL_RETURN_IF_ERROR(Annotate(matrix(src, dst), absl::StrCat("tensor '", src->name, "'")));
+    }
+    if (t.router != nullptr) {
+      MoeLayer& M = L.moe.emplace();
+      DPL_RETURN_IF_ERROR(Annotate(matrix(t.router, &M.router), absl::StrCat("tensor '", t.router->name, "'")));
+      for (auto [src, dst, plan] : {std::tuple{t.gate_exps, &M.gate, &M.gate_plan},
+                                    {t.up_exps, &M.up, &M.up_plan}, {t.down_exps, &M.down, &M.down_plan}}) {
+        DPL_RETURN_IF_ERROR(Annotate(experts(src, dst, plan), absl::StrCat("tensor '", src->name, "'")));
+      }
+      M.gate_up_grouped = M.gate_plan.kernel == M.up_plan.kernel && M.gate_plan.ksplit == M.up_plan.ksplit;
     }
     L.attn_norm = vec(t.attn_norm);
     L.ffn_norm = vec(t.ffn_norm);
@@ -153,7 +180,9 @@ absl::Status CudaDecoder::BindWeights(const model::ModelDesc& desc) {
     L.bo = vec(t.bo);
     L.head_norms = {vec(t.q_norm), vec(t.k_norm), static_cast<float>(hp_.rms_eps)};
     DPL_ASSIGN_OR_RETURN(L.qkv, kernels::PlanMatVecGroups({L.wq.w, L.wk.w, L.wv.w}, tuning_));
-    DPL_ASSIGN_OR_RETURN(L.gate_up, kernels::PlanMatVecGroups({L.w_gate.w, L.w_up.w}, tuning_));
+    if (!L.moe) {
+      DPL_ASSIGN_OR_RETURN(L.gate_up, kernels::PlanMatVecGroups({L.w_gate.w, L.w_up.w}, tuning_));
+    }
   }
   output_norm_ = vec(desc.output_norm);
   return Annotate(matrix(desc.output, &out_), absl::StrCat("tensor '", desc.output->name, "'"));
@@ -163,8 +192,12 @@ absl::Status CudaDecoder::BindWeights(const model::ModelDesc& desc) {
 // allocation (256-byte aligned slices), after a check against free memory.
 absl::Status CudaDecoder::Allocate() {
   const int n_seq = this->n_seq();
-  const uint64_t T = std::max(max_batch_, n_seq), S = n_seq, E = hp_.n_embd, F = hp_.n_ff,
+  // A MoE model has no dense feed-forward: its own buffers are below (F 0).
+  const uint64_t T = std::max(max_batch_, n_seq), S = n_seq, E = hp_.n_embd, F = hp_.moe() ? 0 : hp_.n_ff,
                  Q = hp_.q_dim(), KV = hp_.kv_dim(), V = hp_.n_vocab;
+  // Mixture of experts: slices of M rows, k routes a row, X = n_ff_exp.
+  moe_rows_ = hp_.moe() ? static_cast<int>(std::min<uint64_t>(T, kMoeRows)) : 0;
+  const uint64_t M = moe_rows_, NX = hp_.n_expert, K = hp_.n_expert_used, X = hp_.n_ff_exp;
   logit_rows_ = std::max(std::min(max_batch_, kMaxLogitRows), n_seq);
   ring_stride_ = static_cast<int>(std::min<int64_t>(n_ctx_, kMaxRing));
   const uint64_t W = std::max({E, F, Q});  // widest matvec input
@@ -229,6 +262,7 @@ absl::Status CudaDecoder::Allocate() {
   bool all_mma = mma(out_);
   for (const Layer& L : layers_) {
     for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+      if (m->w.data == nullptr) continue;  // a MoE layer's feed-forward: its own kernels
       all_mma = all_mma && mma(*m);
     }
   }
@@ -240,6 +274,7 @@ absl::Status CudaDecoder::Allocate() {
   if (static_cast<int>(T) > int8_max_rows_) {
     for (const Layer& L : layers_) {
       for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
+        if (m->w.data == nullptr) continue;
         w_f16_elems_ = std::max(w_f16_elems_, m->w.n_rows * m->w.n_cols);
       }
     }
@@ -251,6 +286,8 @@ absl::Status CudaDecoder::Allocate() {
   DPL_ASSIGN_OR_RETURN(const uint64_t qx_bytes, kernels::MatVecScratchBytes(W, qx_tokens));
   Buffers& b = buf_;
   void* qx_mem = nullptr;  // int8 activations, laid out by MatVecScratchIn
+  void* moe_h_mem = nullptr;  // MoE int8 activations, laid out by MoeActsIn
+  void* moe_g_mem = nullptr;
   const struct {
     uint64_t bytes;
     void* slot;  // address of the Buffers pointer to set
@@ -270,6 +307,10 @@ absl::Status CudaDecoder::Allocate() {
       {S * kernels::AllowedWords(static_cast<int>(V)) * 4, &b.allowed}, {S * 4, &b.allowed_on},
       {S * kernels::kMaxLogitBias * sizeof(kernels::LogitBias), &b.bias}, {S * 4, &b.n_bias},
       {qx_bytes, &qx_mem},
+      {M * NX * 4, &b.moe_logits}, {M * K * 4, &b.moe_ids},   {M * K * 4, &b.moe_w},
+      {M * K * X * 4, &b.moe_gate}, {M * K * X * 4, &b.moe_up}, {M * K * E * 4, &b.moe_down},
+      {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * E)) : 0, &moe_h_mem},
+      {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * K * X)) : 0, &moe_g_mem},
       {x_f16_bytes, &b.x_f16},     {static_cast<uint64_t>(w_f16_elems_) * 2, &b.w_f16},
       {tuning_.gemm_dequant_ahead ? static_cast<uint64_t>(w_f16_elems_) * 2 : 0, &b.w_f16_ahead},
   };
@@ -295,6 +336,10 @@ absl::Status CudaDecoder::Allocate() {
     at += align(e.bytes);
   }
   b.qx = kernels::MatVecScratchIn(qx_mem, static_cast<int64_t>(W), static_cast<int64_t>(qx_tokens));
+  if (M > 0) {
+    b.moe_h = kernels::MoeActsIn(moe_h_mem, static_cast<int64_t>(M * E));
+    b.moe_g = kernels::MoeActsIn(moe_g_mem, static_cast<int64_t>(M * K * X));
+  }
   // The f16 copy only where a plan reads it.
   b.qx.f16_min_tokens = std::min(tuning_.mma_f16_min_tokens, tuning_.mma_f16_min_tokens_q6k);
   // Sequences start with RNG counter 0, token 0 at position 0, and
@@ -538,6 +583,10 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     }
     DPL_RETURN_IF_ERROR(mm(L.wo, b.att, {b.x, L.bo, b.x}, n));  // x += Wo a
     // Feed-forward block.
+    if (L.moe) {
+      DPL_RETURN_IF_ERROR(EnqueueMoe(*L.moe, L.ffn_norm, n, pdl));
+      continue;
+    }
     DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.ffn_norm, n));
     const Matrix* gate_up[2] = {&L.w_gate, &L.w_up};
     const kernels::MatVecOut gate_up_out[2] = {{b.gate, nullptr, nullptr}, {b.up, nullptr, nullptr}};
@@ -573,6 +622,50 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
   const int rows = n - first;
   DPL_RETURN_IF_ERROR(norm_prepare(b.x + first * E, output_norm_, rows));
   return mm(out_, b.h, {b.logits, nullptr, nullptr}, rows);
+}
+
+// Per slice of m rows (the slices are independent: each row's routing and
+// sum read only that row):
+//   h = rmsnorm(x) * ffn_norm (float32 for the router, int8 for the experts)
+//   logits = Wrouter h;  ids, w = RouteTopK(logits)
+//   g = silu(Wgate[ids] h) * Wup[ids] h      (a row per route, m * k of them)
+//   x += sum_j w_j Wdown[ids_j] g_j
+// Every launch reads the experts' ids from device memory: the graph holds
+// the same kernels whatever the router picks. Prompt slices run the same
+// per-route products as a step (kernels/matvec/moe.h says what that costs).
+absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, const float* ffn_norm, int n, bool pdl) {
+  const int E = static_cast<int>(hp_.n_embd), X = static_cast<int>(hp_.n_ff_exp);
+  const int k = static_cast<int>(hp_.n_expert_used), n_expert = static_cast<int>(hp_.n_expert);
+  const float eps = static_cast<float>(hp_.rms_eps);
+  cudaStream_t s = stream_.get();
+  Buffers& b = buf_;
+  for (int r0 = 0; r0 < n; r0 += moe_rows_) {
+    const int m = std::min(moe_rows_, n - r0);
+    float* x = b.x + static_cast<int64_t>(r0) * E;  // (m, E)
+    float* h = b.h + static_cast<int64_t>(r0) * E;  // (m, E)
+    DPL_RETURN_IF_ERROR(kernels::MoeNormQuantize(x, ffn_norm, eps, E, m, h, b.moe_h, s, pdl));
+    kernels::MatVecIo io;
+    io.x = h;
+    io.n_tokens = m;
+    io.y = b.moe_logits;
+    DPL_RETURN_IF_ERROR(kernels::RunMatVec(moe.router.w, moe.router.plan, io, s));
+    DPL_RETURN_IF_ERROR(kernels::RouteTopK(b.moe_logits, m, n_expert, k, b.moe_ids, b.moe_w, s, pdl));
+    const int routes = m * k;
+    const kernels::ExpertOut gate_up[2] = {{&moe.gate, &moe.gate_plan, b.moe_gate},
+                                           {&moe.up, &moe.up_plan, b.moe_up}};
+    if (moe.gate_up_grouped) {
+      DPL_RETURN_IF_ERROR(kernels::ExpertMatVec(gate_up, b.moe_h, E, routes, k, b.moe_ids, s, pdl));
+    } else {
+      for (const kernels::ExpertOut& o : gate_up) {
+        DPL_RETURN_IF_ERROR(kernels::ExpertMatVec({o}, b.moe_h, E, routes, k, b.moe_ids, s, pdl));
+      }
+    }
+    DPL_RETURN_IF_ERROR(kernels::MoeSwiGluQuantize(b.moe_gate, b.moe_up, X, routes, b.moe_gate, b.moe_g, s, pdl));
+    const kernels::ExpertOut down[1] = {{&moe.down, &moe.down_plan, b.moe_down}};
+    DPL_RETURN_IF_ERROR(kernels::ExpertMatVec(down, b.moe_g, X, routes, 1, b.moe_ids, s, pdl));
+    DPL_RETURN_IF_ERROR(kernels::MoeCombine(b.moe_down, b.moe_w, m, k, E, x, s, pdl));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaDecoder::EnqueueStep(const Bucket& bucket, bool sample) {

@@ -24,6 +24,9 @@
 //               h = rmsnorm(x) * ffn_norm
 //               g, u = Wgate h, Wup h                    (one launch)
 //               x = Wdown (silu(g) * u) + x              (SwiGLU fused with quantization)
+//               qwen3moe, in place of the three lines above (kernels/matvec/moe.h):
+//               e, w = top-k(softmax(Wrouter h)), renormalized   (per row, on the device)
+//               x += sum_j w_j Wdown[e_j] (silu(Wgate[e_j] h) * Wup[e_j] h)
 //   logits = Wout (rmsnorm(x) * output_norm)
 //   token = sample(logits) per row, with its sequence's parameters
 // Every weight is read once per step for all rows. Activations stay int8
@@ -53,6 +56,7 @@
 #include "kernels/cuda_handles.h"
 #include "kernels/gemm/prompt_gemm.h"
 #include "kernels/matvec/matvec.h"
+#include "kernels/matvec/moe.h"
 #include "kernels/kv_pages.h"
 #include "kernels/ops/kv_cache.h"
 #include "kernels/ops/ops.h"
@@ -264,8 +268,19 @@ class CudaDecoder : public generate::Decoder {
     kernels::WeightMatrix w;
     kernels::MatVecPlan plan;
   };
+  // A mixture-of-experts feed-forward (qwen3moe; kernels/matvec/moe.h):
+  // the router and the three expert tensors, each one device buffer of the
+  // file's bytes (expert e's matrix at its fixed stride).
+  struct MoeLayer {
+    Matrix router;  // (n_expert, n_embd) f32
+    kernels::ExpertWeights gate, up, down;
+    kernels::ExpertPlan gate_plan, up_plan, down_plan;
+    bool gate_up_grouped = false;  // gate and up in one launch (same kernel and k-split)
+  };
   struct Layer {
+    // w_gate, w_up, w_down: empty (null data) in a MoE layer, which has `moe`.
     Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+    std::optional<MoeLayer> moe;
     // The matvec launches over {wq, wk, wv} and over {w_gate, w_up}: one per
     // weight kernel (PlanMatVecGroups; members index the braces).
     std::vector<kernels::MatVecGroupPlan> qkv, gate_up;
@@ -323,6 +338,16 @@ class CudaDecoder : public generate::Decoder {
     kernels::LogitBias* bias = nullptr;         // (S, kMaxLogitBias) each sequence's logit biases
     int* n_bias = nullptr;                      // (S) entries of bias in use (0: none)
     kernels::MatVecScratch qx;                  // int8 activations (T, max width)
+    // Mixture of experts (qwen3moe), for a slice of M = moe_rows_ rows of a
+    // pass at a time, k = n_expert_used routes a row, X = n_ff_exp:
+    float* moe_logits = nullptr;  // (M, n_expert) router logits
+    int* moe_ids = nullptr;       // (M, k) the routes' experts
+    float* moe_w = nullptr;       // (M, k) their renormalized weights
+    float* moe_gate = nullptr;    // (M * k, X) gate products, then silu(gate) * up
+    float* moe_up = nullptr;      // (M * k, X) up products
+    float* moe_down = nullptr;    // (M * k, n_embd) down products
+    kernels::MoeActs moe_h;       // int8 blocks of the rows' normed x: (M, n_embd)
+    kernels::MoeActs moe_g;       // int8 blocks of silu(gate) * up: (M * k, X)
   };
 
   CudaDecoder() = default;
@@ -368,6 +393,10 @@ class CudaDecoder : public generate::Decoder {
   // buf_.tokens, then the sequences moved on (FinishStepRows). What the step
   // graphs capture, and what eager mode runs.
   absl::Status EnqueueStep(const Bucket& bucket, bool sample);
+  // A MoE layer's feed-forward for rows [0, n) of the pass: x += the
+  // weighted sum of the chosen experts' SwiGLU products (kernels/matvec/
+  // moe.h), all on the device, in slices of moe_rows_ rows.
+  absl::Status EnqueueMoe(const MoeLayer& moe, const float* ffn_norm, int n, bool pdl);
   // Samples `rows` rows of logits (rows, n_vocab; penalties rewrite them in
   // place), row r for sequence
   // buf_.row_seq[r] with its parameters, sampler state and ring, into
@@ -414,6 +443,11 @@ class CudaDecoder : public generate::Decoder {
   int kv_pool_blocks_ = 0;  // CudaDecoderOptions::kv_pool_blocks
   // Products of at most this many rows keep int8 activations (see the top).
   int int8_max_rows_ = 0;
+  // Mixture of experts: the feed-forward runs over a pass's rows in slices
+  // of at most this many (its buffers' rows; a step of up to 256 rows is one
+  // slice).
+  static constexpr int kMoeRows = 256;
+  int moe_rows_ = 0;
   // Rows of buf_.logits: Eval asked for every token's logits runs chunks of
   // at most this many tokens (a 2048-token chunk's logits would take 1.2 GB
   // for a 152k vocabulary; one row is all a prompt needs otherwise); a step

@@ -6,7 +6,9 @@
 //   - a batched prompt pass matches token-by-token decoding;
 //   - prompts on tensor cores, in one chunk or several, follow the reference
 //     at every position;
-//   - batched steps of many sequences follow the single-sequence step.
+//   - batched steps of many sequences follow the single-sequence step;
+//   - mixture of experts (qwen3moe): llama.cpp's oracle and dpl-synth models
+//     of every expert type, steps and prompts, batched rows, packed passes.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -15,9 +17,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "converter/convert.h"
 #include "kernels/device_tuning.h"
 #include "model/model_testing.h"
@@ -940,6 +948,320 @@ TEST_CASE("a paged KV cache gives the bits of regions") {
   CHECK(!P.SetBlockTable(0, std::vector<int>{80}).ok());
   CHECK(!P.SetBlockTable(0, std::vector<int>{}).ok());  // too short for its rows
   CHECK(!R.SetBlockTable(0, std::vector<int>{1}).ok());
+}
+
+}  // namespace
+}  // namespace dpl::runtime
+
+// ---------------------------------------------------------------------------
+// Mixture of experts (qwen3moe; kernels/matvec/moe.h) on the GPU: the
+// llama.cpp oracle, dpl-synth models of every expert type, graph == eager,
+// batched rows, packed and mixed passes, and the refusal of expert types
+// without a kernel.
+namespace dpl::runtime {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE_MESSAGE(in.good(), "cannot open ", path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string OracleFile(const std::string& name) { return testing::SharedDir() + "/oracle/" + name; }
+
+std::vector<int32_t> OracleTokens(const std::string& name) {
+  std::vector<int32_t> ids;
+  for (absl::string_view part : absl::StrSplit(ReadFile(OracleFile(name + ".tokens")), ',', absl::SkipWhitespace())) {
+    int32_t id = 0;
+    REQUIRE_MESSAGE(absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &id), "bad token ", part);
+    ids.push_back(id);
+  }
+  REQUIRE(!ids.empty());
+  return ids;
+}
+
+// llama.cpp's logits, one row a position.
+std::vector<std::vector<double>> OracleLogits(const std::string& name, int n_vocab) {
+  const std::string bytes = ReadFile(OracleFile(name + ".logits.f32"));
+  REQUIRE(bytes.size() % (4 * static_cast<size_t>(n_vocab)) == 0);
+  std::vector<float> f(bytes.size() / 4);
+  std::memcpy(f.data(), bytes.data(), bytes.size());
+  std::vector<std::vector<double>> rows;
+  for (size_t at = 0; at < f.size(); at += n_vocab) rows.emplace_back(f.begin() + at, f.begin() + at + n_vocab);
+  return rows;
+}
+
+// The CPU reference's logits at every position of `tokens` and, per
+// position, its smallest router margin over the layers (the gap between the
+// k-th and the (k+1)-th expert probability: ReferenceModel::router_margins).
+struct RefRun {
+  std::vector<std::vector<double>> logits;
+  std::vector<double> margin;
+};
+RefRun RunReference(const std::string& path, const std::vector<int32_t>& tokens) {
+  auto file = formats::ModelFile::Open(path);
+  REQUIRE(file.ok());
+  reference::ReferenceOptions ro;
+  ro.n_ctx = 1024;
+  auto ref = reference::ReferenceModel::Load(*file, ro);
+  REQUIRE_MESSAGE(ref.ok(), ref.status().ToString());
+  RefRun r;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    auto row = (*ref)->ForwardF64(tokens[i], static_cast<int64_t>(i));
+    REQUIRE_MESSAGE(row.ok(), row.status().ToString());
+    r.logits.push_back(*row);
+    const std::vector<double>& m = (*ref)->router_margins();
+    REQUIRE(!m.empty());
+    r.margin.push_back(*std::min_element(m.begin(), m.end()));
+  }
+  return r;
+}
+
+// A router margin below this is a near-tie: float rounding on the GPU (its
+// f32 router over its own activations) may pick the other expert there,
+// which moves that position's logits by tens of percent (one expert of two
+// replaced).
+constexpr double kNearTie = 0.02;
+
+// Compares `got` with `want` at every position: each within `per_pos`, and
+// the RMS over all positions within `rms`. A position over `per_pos` whose
+// router margin (the CPU reference's) is a near-tie is reported and excused
+// from the per-position bound, but only a few may be (at most 1 in 10) and
+// they stay in the RMS.
+void CheckPositions(const std::string& what, const std::vector<std::vector<float>>& got,
+                    const std::vector<std::vector<double>>& want, const std::vector<double>& margin,
+                    double per_pos, double rms) {
+  REQUIRE(got.size() == want.size());
+  REQUIRE(margin.size() == want.size());
+  double d2 = 0, r2 = 0, worst = 0;
+  int excused = 0, near = 0;
+  for (size_t p = 0; p < got.size(); ++p) {
+    REQUIRE(got[p].size() == want[p].size());
+    double pd = 0, pr = 0;
+    for (size_t i = 0; i < want[p].size(); ++i) {
+      const double d = got[p][i] - want[p][i];
+      pd += std::isfinite(got[p][i]) ? d * d : INFINITY;
+      pr += want[p][i] * want[p][i];
+    }
+    d2 += pd;
+    r2 += pr;
+    const double e = std::sqrt(pd / pr);
+    near += margin[p] < kNearTie;
+    if (e >= per_pos && margin[p] < kNearTie) {
+      ++excused;
+      std::printf("%s: position %zu: %.2f%% off, router near-tie (margin %.4f): excused\n", what.c_str(), p,
+                  100 * e, margin[p]);
+      continue;
+    }
+    worst = std::max(worst, e);
+    CAPTURE(p);
+    CAPTURE(margin[p]);
+    CHECK_MESSAGE(e < per_pos, what << ": position " << p << " " << 100 * e << "% off");
+  }
+  const double total = std::sqrt(d2 / r2);
+  std::printf("%s: RMS %.3f%% over %zu positions, worst %.3f%% (limits %.1f%%, %.1f%%); %d near-tie "
+              "positions, %d excused\n",
+              what.c_str(), 100 * total, got.size(), 100 * worst, 100 * rms, 100 * per_pos, near, excused);
+  CHECK(excused * 10 <= static_cast<int>(got.size()));
+  CHECK(total < rms);
+}
+
+// The GPU's logits at every position of `tokens`: one token a step (the
+// captured graph), or one prompt pass (every position's logits).
+std::vector<std::vector<float>> GpuSteps(CudaDecoder& d, const std::vector<int32_t>& tokens) {
+  REQUIRE(d.Rewind(0).ok());
+  std::vector<std::vector<float>> rows;
+  for (int32_t t : tokens) {
+    std::vector<float> a;
+    const int32_t one[1] = {t};
+    REQUIRE(d.Eval(one, &a, nullptr).ok());
+    rows.push_back(std::move(a));
+  }
+  return rows;
+}
+std::vector<std::vector<float>> GpuPrompt(CudaDecoder& d, const std::vector<int32_t>& tokens) {
+  REQUIRE(d.Rewind(0).ok());
+  std::vector<float> last, all;
+  const absl::Status s = d.Eval(tokens, &last, &all);
+  REQUIRE_MESSAGE(s.ok(), s.ToString());
+  const size_t V = d.n_vocab();
+  REQUIRE(all.size() == tokens.size() * V);
+  std::vector<std::vector<float>> rows;
+  for (size_t p = 0; p < tokens.size(); ++p) rows.emplace_back(all.begin() + p * V, all.begin() + (p + 1) * V);
+  return rows;
+}
+
+std::unique_ptr<CudaDecoder> MustCreate(const std::string& path, const CudaDecoderOptions& o) {
+  auto d = CudaDecoder::Create(path, o);
+  REQUIRE_MESSAGE(d.ok(), d.status().ToString());
+  return std::move(*d);
+}
+
+std::string MoeOracleDpl() {
+  const std::string dpl = testing::TempDir() + "/mini-qwen3moe-q4km.dpl";
+  const absl::StatusOr<converter::ConvertStats> s =
+      converter::ConvertGgufToDpl(OracleFile("mini-qwen3moe-q4km.gguf"), dpl, {});
+  REQUIRE_MESSAGE(s.ok(), s.status().ToString());
+  return dpl;
+}
+
+// The bar: within 3% of llama.cpp's logits (RMS over the 48
+// positions); at every position within the oracle README's 4% for a Q4_K_M
+// file (llama.cpp's own int8 activations alone put exact math ~1.5% away).
+TEST_CASE("the qwen3moe oracle on the GPU follows llama.cpp and the CPU reference at every position") {
+  const std::string name = "mini-qwen3moe-q4km";
+  const std::string path = MoeOracleDpl();
+  const std::vector<int32_t> tokens = OracleTokens(name);
+  CudaDecoderOptions o;
+  o.n_ctx = 512;
+  std::unique_ptr<CudaDecoder> d = MustCreate(path, o);
+  CHECK(d->uses_graph());
+  const std::vector<std::vector<double>> llama = OracleLogits(name, d->n_vocab());
+  REQUIRE(llama.size() == tokens.size());
+  const RefRun ref = RunReference(path, tokens);
+  const std::vector<std::vector<float>> steps = GpuSteps(*d, tokens);
+  const std::vector<std::vector<float>> prompt = GpuPrompt(*d, tokens);  // 48 rows: the int8 mma path
+  CheckPositions("oracle, GPU steps vs llama.cpp", steps, llama, ref.margin, 0.04, 0.03);
+  CheckPositions("oracle, GPU prompt vs llama.cpp", prompt, llama, ref.margin, 0.04, 0.03);
+  CheckPositions("oracle, GPU steps vs the CPU reference", steps, ref.logits, ref.margin, 0.04, 0.03);
+  CheckPositions("oracle, GPU prompt vs the CPU reference", prompt, ref.logits, ref.margin, 0.04, 0.03);
+}
+
+// Every expert type the converter emits for the presets: q4_K and q5_K
+// (raw), q6_K and q8_0 (dpl, and raw), with 512-column gate/up and
+// 256-column (one-block) down experts. Steps (the graph) and a 100-token
+// prompt (its attention products on tensor cores, its experts per route).
+TEST_CASE("dpl-synth mini-qwen3moe of every expert type follows the CPU reference, steps and prompts") {
+  using synth::Ftype;
+  using converter::LayoutPolicy;
+  const std::pair<Ftype, LayoutPolicy> cases[] = {
+      {Ftype::kQ4_K_M, LayoutPolicy::kAuto}, {Ftype::kQ5_K_M, LayoutPolicy::kAuto},
+      {Ftype::kQ6_K, LayoutPolicy::kAuto},   {Ftype::kQ6_K, LayoutPolicy::kRaw},
+      {Ftype::kQ8_0, LayoutPolicy::kAuto},   {Ftype::kQ8_0, LayoutPolicy::kRaw},
+  };
+  for (const auto& [f, l] : cases) {
+    const std::string what = absl::StrCat("mini-qwen3moe ", std::string(synth::FtypeName(f)), " layout ", static_cast<int>(l));
+    CAPTURE(what);
+    const std::string path = MakeDpl("mini-qwen3moe", f, l);
+    CudaDecoderOptions o;
+    o.n_ctx = 512;
+    std::unique_ptr<CudaDecoder> d = MustCreate(path, o);
+    const std::vector<int32_t> tokens = Tokens(100, d->n_vocab());
+    const RefRun ref = RunReference(path, tokens);
+    const std::vector<int32_t> first(tokens.begin(), tokens.begin() + 24);
+    const RefRun ref24{{ref.logits.begin(), ref.logits.begin() + 24}, {ref.margin.begin(), ref.margin.begin() + 24}};
+    CheckPositions(what + ", steps", GpuSteps(*d, first), ref24.logits, ref24.margin, 0.04, 0.03);
+    CheckPositions(what + ", prompt", GpuPrompt(*d, tokens), ref.logits, ref.margin, 0.04, 0.03);
+  }
+}
+
+// A prompt longer than the MoE slice (CudaDecoder::kMoeRows = 256 rows): the
+// feed-forward runs in two slices; every position against the reference.
+TEST_CASE("a MoE prompt of more rows than one slice follows the CPU reference") {
+  const std::string path = MakeDpl("mini-qwen3moe");
+  CudaDecoderOptions o;
+  o.n_ctx = 512;
+  std::unique_ptr<CudaDecoder> d = MustCreate(path, o);
+  const std::vector<int32_t> tokens = Tokens(300, d->n_vocab());
+  const RefRun ref = RunReference(path, tokens);
+  CheckPositions("mini-qwen3moe, 300-token prompt", GpuPrompt(*d, tokens), ref.logits, ref.margin, 0.04, 0.03);
+}
+
+TEST_CASE("MoE: graph replay and eager steps give identical bits, and so do two prompt passes") {
+  const std::string path = MoeOracleDpl();
+  CudaDecoderOptions g, e;
+  e.eager = true;
+  std::unique_ptr<CudaDecoder> graph = MustCreate(path, g), eager = MustCreate(path, e);
+  CHECK(graph->uses_graph());
+  CHECK(!eager->uses_graph());
+  for (int32_t t : Tokens(16, graph->n_vocab())) {
+    std::vector<float> a, b;
+    const int32_t one[1] = {t};
+    REQUIRE(graph->Eval(one, &a, nullptr).ok());
+    REQUIRE(eager->Eval(one, &b, nullptr).ok());
+    REQUIRE(a.size() == b.size());
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+  }
+  const std::vector<int32_t> prompt = Tokens(90, graph->n_vocab());
+  const std::vector<std::vector<float>> p1 = GpuPrompt(*graph, prompt), p2 = GpuPrompt(*eager, prompt);
+  CHECK(p1 == p2);
+}
+
+// Rows of a step routed to different experts (and sharing some), every
+// bucket; the gate of the dense models' batched tests.
+TEST_CASE("MoE: batched steps follow the single-sequence step") {
+  const std::string path = MakeDpl("mini-qwen3moe");
+  const double worst4 = WorstBatchedVsSingle(path, 4,
+                                             {{{0, 1, 2, 3}, 3}, {{0, 2, 3}, 3}, {{3, 1}, 2}, {{2}, 2}});
+  const double worst12 =
+      WorstBatchedVsSingle(path, 12,
+                           {{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 3}, {{0, 2, 4, 6, 8, 10, 11}, 3}, {{1, 5, 9}, 3}});
+  std::printf("MoE batched steps vs the single-sequence step: worst relative RMS %.2e (4 sequences), %.2e (12)\n",
+              worst4, worst12);
+  CHECK(worst4 < 0.04);
+  CHECK(worst12 < 0.04);
+}
+
+// A packed prompt pass (EvalSeqs) and a mixed pass (StepWithChunks) of a
+// MoE model against each sequence run alone on a twin decoder.
+TEST_CASE("MoE: packed and mixed passes follow each sequence alone") {
+  const std::string path = MakeDpl("mini-qwen3moe");
+  CudaDecoderOptions o;
+  o.n_ctx = 256;
+  o.n_seq = 3;
+  o.max_batch = 128;
+  std::unique_ptr<CudaDecoder> made_a = MustCreate(path, o), made_b = MustCreate(path, o);
+  CudaDecoder &a = *made_a, &b = *made_b;
+  const int V = a.n_vocab();
+  std::vector<std::vector<int32_t>> toks(3);
+  const int len[3] = {20, 37, 5};
+  for (int s = 0; s < 3; ++s) {
+    for (int i = 0; i < len[s]; ++i) toks[s].push_back((i * 7919 + 29 + 977 * s) % V);
+  }
+  // Packed: all three chunks in one pass on a; one at a time on b.
+  const std::vector<CudaDecoder::SeqChunk> chunks = {{0, toks[0]}, {1, toks[1]}, {2, toks[2]}};
+  generate::SamplerParams greedy;
+  greedy.temperature = 0;
+  std::vector<float> packed;
+  REQUIRE(a.EvalSeqs(chunks, &packed).ok());
+  REQUIRE(packed.size() == 3 * static_cast<size_t>(V));
+  REQUIRE(a.BeginSampling(0, greedy, toks[0]).ok());
+  for (int s = 0; s < 3; ++s) {
+    std::vector<float> alone;
+    REQUIRE(b.EvalSeq(s, toks[s], &alone, nullptr).ok());
+    // Sequence 0 starts sampling from its own prompt's logits, before the
+    // next pass replaces them.
+    if (s == 0) REQUIRE(b.BeginSampling(0, greedy, toks[0]).ok());
+    CAPTURE(s);
+    CHECK(RelRms(std::vector<float>(packed.begin() + s * V, packed.begin() + (s + 1) * V), alone) < 0.04);
+  }
+  // Mixed: sequence 0's decode row with chunks of 1 and 2 on a; a step and
+  // a packed pass on b.
+  const std::vector<int32_t> more1 = {11, 12, 13}, more2 = {21, 22};
+  const std::vector<CudaDecoder::SeqChunk> next_chunks = {{1, more1}, {2, more2}};
+  const int zero[1] = {0};
+  int32_t na[1] = {-1}, nb[1] = {-1};
+  std::vector<float> last_a, last_b, row_a, row_b;
+  REQUIRE(a.StepWithChunks(zero, na, next_chunks, &last_a).ok());
+  REQUIRE(a.StepLogits(0, &row_a).ok());
+  REQUIRE(b.StepSeqs(zero, nb).ok());
+  REQUIRE(b.StepLogits(0, &row_b).ok());
+  REQUIRE(b.EvalSeqs(next_chunks, &last_b).ok());
+  CHECK(RelRms(row_a, row_b) < 0.04);
+  REQUIRE(last_a.size() == last_b.size());
+  CHECK(RelRms(last_a, last_b) < 0.04);
+}
+
+// Expert tensors of a type without an expert kernel (q4_0 has a dense one)
+// are refused at load, naming the tensor and the types that run.
+TEST_CASE("a MoE model whose experts have no expert kernel is refused at load") {
+  const std::string path = MakeDpl("mini-qwen3moe", synth::Ftype::kQ4_0);
+  auto d = CudaDecoder::Create(path, {});
+  REQUIRE(!d.ok());
+  CHECK(d.status().code() == absl::StatusCode::kUnimplemented);
+  const std::string msg(d.status().message());
+  CHECK_MESSAGE(msg.find("_exps.weight' is q4_0, which the CUDA runtime has no expert kernel for") != std::string::npos,
+                msg);
 }
 
 }  // namespace

@@ -484,6 +484,7 @@ absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, in
     for (int64_t i = 0; i < h.n_embd; ++i) x_[i] = row[i];
   }
   const int64_t kv_dim = h.kv_dim();
+  router_margins_.clear();
   for (int il = 0; il < h.n_layer; ++il) {
     const Layer& L = layers_[il];
     // Attention block.
@@ -547,6 +548,13 @@ absl::Status ReferenceModel::FeedForward(const Layer& L) {
   for (int e = 0; e < h.n_expert; ++e) order[e] = e;
   std::partial_sort(order.begin(), order.begin() + h.n_expert_used, order.end(),
                     [&](int a, int b) { return router_[a] > router_[b] || (router_[a] == router_[b] && a < b); });
+  if (h.n_expert_used < h.n_expert) {  // the best of the rest, for router_margins()
+    double next = -INFINITY;
+    for (int64_t j = h.n_expert_used; j < h.n_expert; ++j) next = std::max(next, router_[order[j]]);
+    router_margins_.push_back(router_[order[h.n_expert_used - 1]] - next);
+  } else {
+    router_margins_.push_back(INFINITY);
+  }
   double sum = 0;
   for (int64_t j = 0; j < h.n_expert_used; ++j) sum += router_[order[j]];
   sum = std::max(sum, 6.103515625e-5);

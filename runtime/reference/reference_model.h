@@ -89,6 +89,13 @@ class ReferenceModel {
   // True when weights were dequantized at load (see max_resident_bytes).
   bool weights_resident() const { return resident_; }
 
+  // Tests: of the last forward pass, per mixture-of-experts layer in order,
+  // the router's margin at the top-k cut: the k-th largest probability
+  // minus the (k+1)-th (infinity when every expert is used; empty for a
+  // dense model). A small margin is a near-tie another implementation's
+  // rounding may resolve the other way (a different expert).
+  const std::vector<double>& router_margins() const { return router_margins_; }
+
   struct Matrix;  // a weight matrix (n_rows outputs x n_cols inputs)
 
  private:
@@ -129,6 +136,7 @@ class ReferenceModel {
   // Per-step activations (float64), allocated once.
   std::vector<double> x_, h_, q_, k_, v_, att_, tmp_, gate_, up_, logits_;
   std::vector<double> router_, moe_;  // (n_expert) router logits, (n_embd) expert sum
+  std::vector<double> router_margins_;  // router_margins()
   std::vector<std::vector<float>> scratch_;   // per worker: (max n_cols) row buffer
   std::vector<std::vector<double>> scores_;   // per worker: (n_ctx) attention scores
   std::vector<absl::Status> worker_status_;   // per worker: first dequant error

@@ -3,6 +3,7 @@
 
 #include "runtime/reference/reference_model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -137,6 +138,37 @@ TEST_CASE("mini-qwen3moe-q4km with one expert a token does not match") {
   MESSAGE("one expert a token: ", rel * 100, "% from llama.cpp's two");
   CHECK(rel > 0.15);
   std::remove(path.c_str());
+}
+// router_margins (what the GPU tests excuse near-ties by): one entry per MoE
+// layer, the gap between the k-th and (k+1)-th expert probability, in
+// [0, 1); with every expert used, infinity; a dense model has none.
+TEST_CASE("router_margins: one per MoE layer, each the top-k gap") {
+  std::unique_ptr<ReferenceModel> m = LoadOrDie(OraclePath("mini-qwen3moe-q4km.gguf"));
+  const std::vector<int32_t> tokens = ReadTokens("mini-qwen3moe-q4km");
+  double smallest = 1;
+  for (int64_t pos = 0; pos < 8; ++pos) {
+    REQUIRE(m->ForwardF64(tokens[pos], pos).ok());
+    REQUIRE(m->router_margins().size() == static_cast<size_t>(m->hparams().n_layer));
+    for (double g : m->router_margins()) {
+      CHECK(g >= 0);
+      CHECK(g < 1);
+      smallest = std::min(smallest, g);
+    }
+  }
+  CHECK(smallest < 0.5);  // not a constant
+  const std::string all = dpl::testing::TempDir() + "/moe-all.gguf";
+  REQUIRE(model::testing::WriteVariant(OraclePath("mini-qwen3moe-q4km.gguf"), all,
+                                       [](formats::Metadata& md, std::vector<model::testing::TensorEdit>&) {
+                                         md.Set("qwen3moe.expert_used_count", formats::MetaValue::U32(8));
+                                       })
+              .ok());
+  std::unique_ptr<ReferenceModel> every = LoadOrDie(all);
+  REQUIRE(every->ForwardF64(tokens[0], 0).ok());
+  for (double g : every->router_margins()) CHECK(std::isinf(g));
+  std::remove(all.c_str());
+  std::unique_ptr<ReferenceModel> dense = LoadOrDie(OraclePath("small-llama-q4km.gguf"));
+  REQUIRE(dense->ForwardF64(tokens[0] % dense->n_vocab(), 0).ok());
+  CHECK(dense->router_margins().empty());
 }
 // One f16 model quantized by llama-quantize into every common type: a wrong
 // dequantization of any of them shows as tens of percent.

@@ -11,7 +11,7 @@ tools=(
   //converter:dpl-convert //tests:compare_logits //runtime:dpl-server
 )
 tests=(
-  //kernels/matvec:matvec_gpu_test //kernels/matvec:matvec_bench
+  //kernels/matvec:matvec_gpu_test //kernels/matvec:moe_gpu_test //kernels/matvec:matvec_bench
   //kernels/ops:ops_gpu_test //kernels/attention:attention_gpu_test //kernels/attention:attention_bench
   //kernels/attention:prompt_attention_gpu_test //kernels/gemm:prompt_gemm_gpu_test //kernels/gemm:gemm_bench
   //kernels/sampling:sampling_gpu_test //kernels:cuda_handles_gpu_test
@@ -38,11 +38,12 @@ done
 chmod u+w "$out/bin"/* && strip "$out/bin"/*
 tar -C "$out/bin" -czf "$out/bin.tar.gz" . && rm -rf "$out/bin"
 shared=${DPL_SHARED_DIR:-../shared}
-# Under the 64 MiB a call may carry: the four small oracle models, and the
+# Under the 64 MiB a call may carry: the five small oracle models (the
+# MoE one, 7 MB, for cuda_decoder_gpu_test's qwen3moe cases), and the
 # vocabulary model only when asked (it is 39 MB).
 # DPL_STAGE_ORACLES overrides the list (room for a baseline's binaries; ""
 # packs none). DPL_STAGE_DIR: where (default .gpu/suite).
-for m in ${DPL_STAGE_ORACLES-ora-llama-f32 ora-qwen2-f32 small-llama-q4km small-qwen2-q4km} ${WITH_VOCAB_MODEL:+tiny-qwen2-vocab-q4km}; do
+for m in ${DPL_STAGE_ORACLES-ora-llama-f32 ora-qwen2-f32 small-llama-q4km small-qwen2-q4km mini-qwen3moe-q4km} ${WITH_VOCAB_MODEL:+tiny-qwen2-vocab-q4km}; do
   cp "$shared/oracle/$m".* "$out/shared/oracle/"
 done
 if [[ -n ${1:-} ]]; then  # a baseline build's binaries for ab.sh

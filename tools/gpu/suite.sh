@@ -28,7 +28,8 @@ if [[ $what == e2e || $what == all ]]; then
   # every layout: the converter's choice, and every type with planes in dpl.
   for spec in ora-llama-f32:0.005 ora-qwen2-f32:0.005 small-llama-q4km:0.04 small-qwen2-q4km:0.04 \
               small-qwen3-q4km:0.04 small-llama31-q4km:0.04:32 mini-llama-q5km:0.04 mini-llama-q6k:0.04 \
-              mini-llama-q80:0.04 mini-llama-q40:0.04 mini-llama-iq4xs:0.04 mini-llama-q3km:0.04; do
+              mini-llama-q80:0.04 mini-llama-q40:0.04 mini-llama-iq4xs:0.04 mini-llama-q3km:0.04 \
+              mini-qwen3moe-q4km:0.03; do
     IFS=: read -r name limit rows <<<"$spec"
     [[ -f shared/oracle/$name.gguf ]] || continue
     for layout in auto dpl; do

@@ -1,0 +1,371 @@
+// The mixture-of-experts kernels (moe.h): routing (softmax + top-k +
+// renormalized weights), the expert-indexed matvec (the matvec skeleton,
+// one CTA column per route) and the weighted sum into the residual.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "formats/ggml_types.h"
+#include "kernels/cuda_check.h"
+#include "kernels/launch.cuh"
+#include "kernels/matvec/matvec_kernels.h"
+#include "kernels/matvec/matvec_skeleton.cuh"
+#include "kernels/matvec/moe.h"
+
+namespace dpl::kernels {
+namespace {
+
+uint64_t Align256(uint64_t n) { return (n + 255) / 256 * 256; }
+
+// ---------------------------------------------------------------------------
+// RouteTopK: one warp per row; lane l holds the row's logits l, l + 32, ...
+// (kPer of them). The k picks are k warp-wide argmaxes over the experts not
+// taken yet, under the order (logit descending, id ascending): a total order
+// once NaN reads as -inf, so every lane of the butterfly agrees on each pick.
+// Selecting by logit is selecting by probability (exp is monotonic) without
+// exp's rounding merging two logits into one probability.
+constexpr int kRouteWarps = 4;
+constexpr int kRoutePer = kMoeMaxExperts / 32;
+
+__device__ __forceinline__ bool RouteBefore(float av, int ai, float bv, int bi) {
+  return bi == INT_MAX || (ai != INT_MAX && (av > bv || (av == bv && ai < bi)));
+}
+
+__global__ void __launch_bounds__(32 * kRouteWarps)
+    RouteTopKKernel(const float* __restrict__ logits,  // (n_rows, n_expert)
+                    int n_rows, int n_expert, int k,
+                    int* __restrict__ ids,          // (n_rows, k)
+                    float* __restrict__ weights) {  // (n_rows, k)
+  GridDependencyWait();
+  GridLaunchDependents();
+  const int lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
+  if (t >= n_rows) return;  // warp-uniform
+  const float* l = logits + t * n_expert;
+  float v[kRoutePer];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kRoutePer; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = -INFINITY;
+    if (e < n_expert) {
+      const float x = l[e];
+      v[i] = isnan(x) ? -INFINITY : x;
+      mx = fmaxf(mx, v[i]);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  // Z = sum_e exp(l_e - max): per lane in index order, then the butterfly
+  // (every lane ends with the same bits: each step adds the same two values).
+  float z = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRoutePer; ++i) {
+    if (lane + 32 * i < n_expert) z += expf(v[i] - mx);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+  uint32_t taken = 0;  // bit i: expert lane + 32 i picked
+  float sum = 0.f;     // of the picked probabilities, in pick order (lane 0 uses it)
+  int* row_ids = ids + t * k;
+  float* row_w = weights + t * k;
+  for (int j = 0; j < k; ++j) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kRoutePer; ++i) {
+      const int e = lane + 32 * i;
+      if (e < n_expert && !((taken >> i) & 1u) && RouteBefore(v[i], e, bv, bi)) {
+        bv = v[i];
+        bi = e;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (RouteBefore(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    // k <= n_expert: an untaken expert exists, so bi is one.
+    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+    const float p = expf(bv - mx) / z;
+    sum += p;
+    if (lane == 0) {
+      row_ids[j] = bi;
+      row_w[j] = p;  // the probability for now; renormalized below
+    }
+  }
+  if (lane == 0) {
+    const float s = fmaxf(sum, 6.103515625e-5f);  // 2^-14, llama.cpp's clamp
+    for (int j = 0; j < k; ++j) row_w[j] = row_w[j] / s;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The expert-indexed matvec: MatVecBody (matvec_skeleton.cuh) for one token
+// (T = 1, so the body ignores blockIdx.x and the CTA column is the route),
+// with the arguments moved to the route's expert, activation row and
+// output row first.
+struct MoeMatVecArgs {
+  MatVecArgs mv;  // parts: w = expert 0's rows, y = route 0's output; xq/xd/xs = row 0's
+  int64_t expert_stride[kMaxMatVecParts];  // bytes
+  const int* ids = nullptr;                // (n_routes)
+  int n_expert = 0;
+  int x_div = 1;  // route r reads activation row r / x_div
+};
+
+template <class U, int KS>
+__global__ void __launch_bounds__(32 * WarpsPerCta(KS)) ExpertMatVecT(const MoeMatVecArgs m) {
+  // The expert ids and activations come from the kernels before: wait
+  // before the first read (the body's own wait then returns at once, and it
+  // loads the weights after it, since which weights depends on the id).
+  GridDependencyWait();
+  const int r = static_cast<int>(blockIdx.x);
+  const int e = min(max(m.ids[r], 0), m.n_expert - 1);
+  MatVecArgs a = m.mv;
+  const int64_t xr = r / m.x_div;
+  const int64_t nb = a.n_cols / kActBlock;
+  a.xq += xr * a.n_cols;
+  a.xd += xr * nb;
+  a.xs += xr * nb;
+#pragma unroll
+  for (int i = 0; i < kMaxMatVecParts; ++i) {
+    if (i < a.n_parts) {
+      a.part[i].w += static_cast<int64_t>(e) * m.expert_stride[i];
+      a.part[i].y += static_cast<int64_t>(r) * a.part[i].n_rows;
+    }
+  }
+  matvec_detail::MatVecBody<U, 1, KS, 2, false, false>(a);
+}
+
+using ExpertFn = void (*)(MoeMatVecArgs);
+
+template <class U>
+ExpertFn PickKs(int ksplit) {
+  switch (ksplit) {
+    case 1: return ExpertMatVecT<U, 1>;
+    case 2: return ExpertMatVecT<U, 2>;
+    case 4: return ExpertMatVecT<U, 4>;
+  }
+  return nullptr;
+}
+
+ExpertFn PickExpert(MatVecKernel kernel, int ksplit) {
+  switch (kernel) {
+    case MatVecKernel::kQ4K: return PickKs<Q4K>(ksplit);
+    case MatVecKernel::kQ5K: return PickKs<Q5K>(ksplit);
+    case MatVecKernel::kQ6KRaw: return PickKs<Q6K<false>>(ksplit);
+    case MatVecKernel::kQ6KDpl: return PickKs<Q6K<true>>(ksplit);
+    case MatVecKernel::kQ8_0: return PickKs<Q8_0<false>>(ksplit);
+    case MatVecKernel::kQ8_0Dpl: return PickKs<Q8_0<true>>(ksplit);
+    default: return nullptr;
+  }
+}
+
+// Skeleton steps along one row of n_cols (the traits' Steps).
+int64_t RowSteps(MatVecKernel kernel, int64_t n_cols) {
+  switch (kernel) {
+    case MatVecKernel::kQ4K:
+    case MatVecKernel::kQ5K: return n_cols / 256;
+    case MatVecKernel::kQ6KRaw:
+    case MatVecKernel::kQ6KDpl: return (n_cols / 256 + 1) / 2;
+    default: return (n_cols / 32 + 3) / 4;  // q8_0
+  }
+}
+
+// ---------------------------------------------------------------------------
+// MoeCombine: one thread per (row, column).
+constexpr int kCombineThreads = 256;
+
+__global__ void __launch_bounds__(kCombineThreads)
+    MoeCombineKernel(const float* __restrict__ y,        // (n_rows * k, n_cols)
+                     const float* __restrict__ weights,  // (n_rows, k)
+                     int64_t n, int k, int n_cols,
+                     float* __restrict__ x) {  // (n_rows, n_cols)
+  GridDependencyWait();
+  GridLaunchDependents();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x;
+  if (i >= n) return;
+  const int64_t t = i / n_cols, c = i - t * n_cols;
+  float acc = 0.f;
+  for (int j = 0; j < k; ++j) {
+    acc += weights[t * k + j] * y[(t * k + j) * n_cols + c];
+  }
+  x[i] += acc;
+}
+
+absl::Status CheckGridX(int64_t grid, const char* what) {
+  if (grid <= 0 || grid > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": grid of ", grid, " CTAs"));
+  }
+  return absl::OkStatus();
+}
+
+QuantOut OutOf(const MoeActs& a) { return {a.q, a.d, a.s, nullptr}; }
+
+absl::Status CheckActs(const char* who, const MoeActs& a, int n_cols, int64_t n_rows) {
+  if (a.q == nullptr) return absl::FailedPreconditionError(absl::StrCat(who, ": no activation buffer"));
+  if (n_cols <= 0 || n_cols % kActBlock != 0 || n_rows <= 0 || n_rows * n_cols > a.max_values) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ", n_rows, " x ", n_cols,
+                                                   " activations (n_cols a multiple of 32), the buffer holds ",
+                                                   a.max_values, " values"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ExpertPlan> PlanExperts(const ExpertWeights& e, const DecodeTuning& tuning) {
+  DPL_ASSIGN_OR_RETURN(const MatVecPlan mv, PlanMatVec(e.w, tuning));
+  if (!MatVecMoeSupports(mv.kernel)) {
+    return absl::UnimplementedError(
+        absl::StrCat("expert tensors of type ", formats::TraitsOf(e.w.type).name,
+                     " have no kernel (the expert matvec runs q4_K, q5_K, q6_K and q8_0)"));
+  }
+  if (e.n_expert < 1 || e.n_expert > kMoeMaxExperts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("experts: ", e.n_expert, " experts, outside [1, ", kMoeMaxExperts, "]"));
+  }
+  if (e.expert_stride != e.w.n_rows * e.w.row_stride) {
+    return absl::InvalidArgumentError(absl::StrCat("experts: stride ", e.expert_stride, " bytes, not ",
+                                                   e.w.n_rows, " rows of ", e.w.row_stride));
+  }
+  if (e.w.n_rows > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("experts: ", e.w.n_rows, " rows"));
+  }
+  // Warps a row group shares: enough steps for each to take one run of
+  // depth 2 (a 2048-column q4_K row: 8 steps, k-split 4; 768 columns: 1).
+  const int64_t steps = RowSteps(mv.kernel, e.w.n_cols);
+  ExpertPlan p;
+  p.kernel = mv.kernel;
+  p.ksplit = steps >= 8 ? 4 : steps >= 4 ? 2 : 1;
+  return p;
+}
+
+uint64_t MoeActsBytes(int64_t max_values) {
+  const uint64_t n = static_cast<uint64_t>(max_values);
+  return Align256(n) + 2 * Align256(n / kActBlock * sizeof(float));
+}
+
+MoeActs MoeActsIn(void* mem, int64_t max_values) {
+  const uint64_t n = static_cast<uint64_t>(max_values);
+  uint8_t* base = static_cast<uint8_t*>(mem);
+  MoeActs a;
+  a.q = reinterpret_cast<int8_t*>(base);
+  a.d = reinterpret_cast<float*>(base + Align256(n));
+  a.s = reinterpret_cast<float*>(base + Align256(n) + Align256(n / kActBlock * sizeof(float)));
+  a.max_values = max_values;
+  return a;
+}
+
+absl::Status MoeNormQuantize(const float* x, const float* w, float eps, int n_cols, int n_rows,
+                             float* h, const MoeActs& acts, cudaStream_t stream, bool pdl) {
+  DPL_RETURN_IF_ERROR(CheckActs("MoE norm + quantize", acts, n_cols, n_rows));
+  if (x == nullptr || w == nullptr || h == nullptr || x == h) {
+    return absl::InvalidArgumentError("MoE norm + quantize: null pointer, or h == x");
+  }
+  return LaunchNormQuantize(x, w, eps, n_cols, n_rows, h, OutOf(acts), pdl, stream);
+}
+
+absl::Status MoeSwiGluQuantize(const float* gate, const float* up, int n_cols, int n_rows, float* g,
+                               const MoeActs& acts, cudaStream_t stream, bool pdl) {
+  DPL_RETURN_IF_ERROR(CheckActs("MoE SwiGLU + quantize", acts, n_cols, n_rows));
+  if (gate == nullptr || up == nullptr || g == nullptr) {
+    return absl::InvalidArgumentError("MoE SwiGLU + quantize: null pointer");
+  }
+  return LaunchSwiGluQuantize(gate, up, n_cols, n_rows, g, OutOf(acts), pdl, stream);
+}
+
+absl::Status RouteTopK(const float* logits, int n_rows, int n_expert, int k, int* ids,
+                       float* weights, cudaStream_t stream, bool pdl) {
+  if (n_rows <= 0 || n_expert < 1 || n_expert > kMoeMaxExperts || k < 1 || k > n_expert) {
+    return absl::InvalidArgumentError(absl::StrCat("route top-k: ", n_rows, " rows of ", n_expert,
+                                                   " experts, k ", k, " (1 <= k <= n_expert <= ",
+                                                   kMoeMaxExperts, ")"));
+  }
+  if (logits == nullptr || ids == nullptr || weights == nullptr) {
+    return absl::InvalidArgumentError("route top-k: null pointer");
+  }
+  const int64_t grid = (int64_t{n_rows} + kRouteWarps - 1) / kRouteWarps;
+  DPL_RETURN_IF_ERROR(CheckGridX(grid, "route top-k"));
+  return LaunchKernel(RouteTopKKernel, dim3(static_cast<unsigned>(grid)), dim3(32 * kRouteWarps), 0,
+                      stream, pdl, logits, n_rows, n_expert, k, ids, weights);
+}
+
+absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
+                          int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl) {
+  if (parts.empty() || parts.size() > static_cast<size_t>(kMaxMatVecParts)) {
+    return absl::InvalidArgumentError(absl::StrCat("expert matvec: ", parts.size(), " parts (1..",
+                                                   kMaxMatVecParts, ")"));
+  }
+  if (n_routes <= 0 || x_div <= 0 || ids == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert matvec: ", n_routes, " routes, x_div ", x_div, ", ids ", ids != nullptr));
+  }
+  const int64_t x_rows = (int64_t{n_routes} + x_div - 1) / x_div;
+  DPL_RETURN_IF_ERROR(CheckActs("expert matvec", x, n_cols, x_rows));
+  const ExpertPlan& p0 = *parts[0].plan;
+  MoeMatVecArgs m;
+  MatVecArgs& a = m.mv;
+  a.n_parts = static_cast<int>(parts.size());
+  a.n_cols = n_cols;
+  a.n_tokens = 1;
+  a.xq = x.q;
+  a.xd = x.d;
+  a.xs = x.s;
+  int64_t blocks = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const ExpertOut& o = parts[i];
+    if (o.w == nullptr || o.plan == nullptr || o.y == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("expert matvec: part ", i, " incomplete"));
+    }
+    if (o.w->w.n_cols != n_cols || o.plan->kernel != p0.kernel || o.plan->ksplit != p0.ksplit ||
+        o.w->n_expert != parts[0].w->n_expert) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expert matvec: part ", i, " differs from part 0 in columns (", o.w->w.n_cols, " vs ", n_cols,
+          "), kernel, k-split or expert count"));
+    }
+    MatVecPart& pt = a.part[i];
+    pt.w = static_cast<const uint8_t*>(o.w->w.data);
+    pt.row_stride = o.w->w.row_stride;
+    pt.n_rows = static_cast<int>(o.w->w.n_rows);
+    pt.row_block0 = static_cast<int>(blocks);
+    pt.y = o.y;
+    m.expert_stride[i] = o.w->expert_stride;
+    blocks += (o.w->w.n_rows + RowsPerCta(p0.ksplit) - 1) / RowsPerCta(p0.ksplit);
+  }
+  if (blocks > kMaxGridY) {
+    return absl::InvalidArgumentError(absl::StrCat("expert matvec: ", blocks, " row blocks"));
+  }
+  m.ids = ids;
+  m.n_expert = parts[0].w->n_expert;
+  m.x_div = x_div;
+  const ExpertFn fn = PickExpert(p0.kernel, p0.ksplit);
+  if (fn == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("expert matvec: kernel ", MatVecKernelName(p0.kernel),
+                                                   " with k-split ", p0.ksplit, " is not compiled"));
+  }
+  return LaunchKernel(fn, dim3(static_cast<unsigned>(n_routes), static_cast<unsigned>(blocks)),
+                      dim3(32 * WarpsPerCta(p0.ksplit)), 0, stream, pdl, m);
+}
+
+absl::Status MoeCombine(const float* y, const float* weights, int n_rows, int k, int n_cols, float* x,
+                        cudaStream_t stream, bool pdl) {
+  if (n_rows <= 0 || k <= 0 || n_cols <= 0 || y == nullptr || weights == nullptr || x == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoE combine: ", n_rows, " rows, k ", k, ", ", n_cols, " columns (or a null pointer)"));
+  }
+  const int64_t n = int64_t{n_rows} * n_cols;
+  const int64_t grid = (n + kCombineThreads - 1) / kCombineThreads;
+  DPL_RETURN_IF_ERROR(CheckGridX(grid, "MoE combine"));
+  return LaunchKernel(MoeCombineKernel, dim3(static_cast<unsigned>(grid)), dim3(kCombineThreads), 0,
+                      stream, pdl, y, weights, n, k, n_cols, x);
+}
+
+}  // namespace dpl::kernels
