@@ -129,6 +129,25 @@ void Bench(const char* name, int n_head, int n_head_kv, int depth, int n_layers)
   cudaFree(q), cudaFree(ws), cudaFree(out), cudaFree(pos), cudaFree(const_cast<int*>(pages.tables));
 }
 
+// Microseconds a call of run() (stream launches on the default stream),
+// after 5 warm-up calls, over 50.
+template <typename Run>
+double TimeUs(Run&& run) {
+  for (int i = 0; i < 5; ++i) run();
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  const int iters = 50;
+  CK(cudaEventRecord(a));
+  for (int i = 0; i < iters; ++i) run();
+  CK(cudaEventRecord(b));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  return ms * 1000.0 / iters;
+}
+
 // Prompt attention for one chunk of n tokens at positions p0..p0+n-1 (each
 // attends keys 0..its position). FLOPs = 4 * head_dim * n_head * sum over the
 // chunk's queries of the keys each attends (2 for Q K^T and 2 for P V per
@@ -156,24 +175,12 @@ void BenchPrompt(const char* name, int n_head, int n_head_kv, int p0, int n) {
       std::exit(1);
     }
   };
-  for (int i = 0; i < 5; ++i) run();
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  const int iters = 50;
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < iters; ++i) run();
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  const double us = ms * 1000.0 / iters;
+  const double us = TimeUs(run);
   // sum_{t < n} (p0 + t + 1) keys attended.
   const double keys = double(n) * (p0 + 1) + double(n) * (n - 1) / 2;
   const double flops = 4.0 * hd * n_head * keys;
   std::printf("prompt %-4s heads %2d/%d p0 %5d n %4d: %8.2f us/call %6.1f TFLOP/s (%.1f GFLOP)\n",
               name, n_head, n_head_kv, p0, n, us, flops / (us * 1e6), flops / 1e9);
-  cudaEventDestroy(a), cudaEventDestroy(b);
   cudaFree(k), cudaFree(v), cudaFree(q), cudaFree(out), cudaFree(const_cast<int*>(pages.tables));
 }
 
@@ -231,22 +238,7 @@ void BenchPromptPass(const char* name, int n_head, int n_head_kv, int n_chunks, 
   auto batch = [&] {
     check(dpl::kernels::PromptAttentionBatch(shape, q, k, v, tiles, dev_tiles, out, 0, pages));
   };
-  auto time_us = [&](auto&& run) {
-    for (int i = 0; i < 5; ++i) run();
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    const int iters = 50;
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < iters; ++i) run();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a), cudaEventDestroy(b);
-    return ms * 1000.0 / iters;
-  };
-  const double us_alone = time_us(alone), us_batch = time_us(batch);
+  const double us_alone = TimeUs(alone), us_batch = TimeUs(batch);
   const double keys = double(n) * (p0 + 1) + double(n) * (n - 1) / 2;
   const double flops = 4.0 * hd * n_head * keys * n_chunks;
   std::printf("pass   %-4s heads %2d/%d %2d chunks p0 %5d n %4d: chunk by chunk %8.2f us (%5.1f TFLOP/s), "
