@@ -90,6 +90,12 @@ struct CudaDecoderOptions {
   // Debugging: run every step eagerly instead of replaying the graph (dpl-run
   // sets it from DPL_EAGER=1). Same bits either way.
   bool eager = false;
+  // Mixture-of-experts models (qwen3moe) run only with this set: the CUDA
+  // MoE path (kernels/matvec/moe.h) is built and CPU-tested but has not yet
+  // run on a GPU (dpl-run, dpl-bench and dpl-server set it from
+  // DPL_CUDA_MOE=1; its GPU tests set it). Unset: Create refuses the model
+  // with that reason and points to --device cpu.
+  bool unverified_moe = false;
   // Launch policy; unset: DecodeTuningForDevice() (benchmarks override fields).
   std::optional<kernels::DecodeTuning> tuning;
   LoadOptions load;

@@ -511,6 +511,16 @@ TEST_CASE("prompts on tensor cores: one chunk, several, token by token, all foll
   ComparePromptChunkings(MakeDpl("small-qwen2", synth::Ftype::kF32), 150);
 }
 
+// Until the MoE path has run on a GPU, a MoE model needs the caller's
+// CudaDecoderOptions::unverified_moe: without it, a clear refusal.
+TEST_CASE("a MoE model is refused without unverified_moe, naming DPL_CUDA_MOE") {
+  const std::string path = MakeDpl("mini-qwen3moe");
+  auto d = CudaDecoder::Create(path, {});
+  REQUIRE(!d.ok());
+  CHECK(d.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_MESSAGE(std::string(d.status().message()).find("DPL_CUDA_MOE=1") != std::string::npos, d.status().ToString());
+}
+
 }  // namespace
 }  // namespace dpl::runtime
 
@@ -613,6 +623,16 @@ TEST_CASE("the sampling loop stops where the caller says and keeps the cache con
   REQUIRE((*d)->SampleLoop(greedy, prompt, -1, [&](int32_t) { return ++seen < 7; }).ok());
   CHECK(seen == 7);
   CHECK((*d)->n_past() == 5 + 7);  // 6 accepted tokens + the refused one, all fed
+}
+
+// Until the MoE path has run on a GPU, a MoE model needs the caller's
+// CudaDecoderOptions::unverified_moe: without it, a clear refusal.
+TEST_CASE("a MoE model is refused without unverified_moe, naming DPL_CUDA_MOE") {
+  const std::string path = MakeDpl("mini-qwen3moe");
+  auto d = CudaDecoder::Create(path, {});
+  REQUIRE(!d.ok());
+  CHECK(d.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_MESSAGE(std::string(d.status().message()).find("DPL_CUDA_MOE=1") != std::string::npos, d.status().ToString());
 }
 
 }  // namespace
@@ -790,6 +810,16 @@ TEST_CASE("batched steps refuse bad sequence sets") {
   CHECK(!D.StepSeqs({1}, absl::MakeSpan(next).subspan(0, 1)).ok());
 }
 
+// Until the MoE path has run on a GPU, a MoE model needs the caller's
+// CudaDecoderOptions::unverified_moe: without it, a clear refusal.
+TEST_CASE("a MoE model is refused without unverified_moe, naming DPL_CUDA_MOE") {
+  const std::string path = MakeDpl("mini-qwen3moe");
+  auto d = CudaDecoder::Create(path, {});
+  REQUIRE(!d.ok());
+  CHECK(d.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_MESSAGE(std::string(d.status().message()).find("DPL_CUDA_MOE=1") != std::string::npos, d.status().ToString());
+}
+
 }  // namespace
 }  // namespace dpl::runtime
 
@@ -948,6 +978,16 @@ TEST_CASE("a paged KV cache gives the bits of regions") {
   CHECK(!P.SetBlockTable(0, std::vector<int>{80}).ok());
   CHECK(!P.SetBlockTable(0, std::vector<int>{}).ok());  // too short for its rows
   CHECK(!R.SetBlockTable(0, std::vector<int>{1}).ok());
+}
+
+// Until the MoE path has run on a GPU, a MoE model needs the caller's
+// CudaDecoderOptions::unverified_moe: without it, a clear refusal.
+TEST_CASE("a MoE model is refused without unverified_moe, naming DPL_CUDA_MOE") {
+  const std::string path = MakeDpl("mini-qwen3moe");
+  auto d = CudaDecoder::Create(path, {});
+  REQUIRE(!d.ok());
+  CHECK(d.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_MESSAGE(std::string(d.status().message()).find("DPL_CUDA_MOE=1") != std::string::npos, d.status().ToString());
 }
 
 }  // namespace
@@ -1113,6 +1153,7 @@ TEST_CASE("the qwen3moe oracle on the GPU follows llama.cpp and the CPU referenc
   const std::string path = MoeOracleDpl();
   const std::vector<int32_t> tokens = OracleTokens(name);
   CudaDecoderOptions o;
+  o.unverified_moe = true;
   o.n_ctx = 512;
   std::unique_ptr<CudaDecoder> d = MustCreate(path, o);
   CHECK(d->uses_graph());
@@ -1144,6 +1185,8 @@ TEST_CASE("dpl-synth mini-qwen3moe of every expert type follows the CPU referenc
     CAPTURE(what);
     const std::string path = MakeDpl("mini-qwen3moe", f, l);
     CudaDecoderOptions o;
+    o.unverified_moe = true;
+  o.unverified_moe = true;
     o.n_ctx = 512;
     std::unique_ptr<CudaDecoder> d = MustCreate(path, o);
     const std::vector<int32_t> tokens = Tokens(100, d->n_vocab());
@@ -1160,6 +1203,7 @@ TEST_CASE("dpl-synth mini-qwen3moe of every expert type follows the CPU referenc
 TEST_CASE("a MoE prompt of more rows than one slice follows the CPU reference") {
   const std::string path = MakeDpl("mini-qwen3moe");
   CudaDecoderOptions o;
+  o.unverified_moe = true;
   o.n_ctx = 512;
   std::unique_ptr<CudaDecoder> d = MustCreate(path, o);
   const std::vector<int32_t> tokens = Tokens(300, d->n_vocab());
@@ -1170,6 +1214,7 @@ TEST_CASE("a MoE prompt of more rows than one slice follows the CPU reference") 
 TEST_CASE("MoE: graph replay and eager steps give identical bits, and so do two prompt passes") {
   const std::string path = MoeOracleDpl();
   CudaDecoderOptions g, e;
+  g.unverified_moe = e.unverified_moe = true;
   e.eager = true;
   std::unique_ptr<CudaDecoder> graph = MustCreate(path, g), eager = MustCreate(path, e);
   CHECK(graph->uses_graph());
@@ -1207,6 +1252,7 @@ TEST_CASE("MoE: batched steps follow the single-sequence step") {
 TEST_CASE("MoE: packed and mixed passes follow each sequence alone") {
   const std::string path = MakeDpl("mini-qwen3moe");
   CudaDecoderOptions o;
+  o.unverified_moe = true;
   o.n_ctx = 256;
   o.n_seq = 3;
   o.max_batch = 128;
@@ -1262,6 +1308,16 @@ TEST_CASE("a MoE model whose experts have no expert kernel is refused at load") 
   const std::string msg(d.status().message());
   CHECK_MESSAGE(msg.find("_exps.weight' is q4_0, which the CUDA runtime has no expert kernel for") != std::string::npos,
                 msg);
+}
+
+// Until the MoE path has run on a GPU, a MoE model needs the caller's
+// CudaDecoderOptions::unverified_moe: without it, a clear refusal.
+TEST_CASE("a MoE model is refused without unverified_moe, naming DPL_CUDA_MOE") {
+  const std::string path = MakeDpl("mini-qwen3moe");
+  auto d = CudaDecoder::Create(path, {});
+  REQUIRE(!d.ok());
+  CHECK(d.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_MESSAGE(std::string(d.status().message()).find("DPL_CUDA_MOE=1") != std::string::npos, d.status().ToString());
 }
 
 }  // namespace
