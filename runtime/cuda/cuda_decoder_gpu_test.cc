@@ -432,6 +432,26 @@ TEST_CASE("a packed prompt pass of several sequences follows each sequence's ref
   check(last, total);
 }
 
+// Sequence 0's decode row with `chunks` in one mixed pass on a
+// (StepWithChunks), a step and then a packed pass of the chunks on b; checks
+// the row's logits agree within 4% (other matmul paths, so not the same
+// bits) and returns each decoder's chunks' last logits, (chunks, n_vocab).
+std::pair<std::vector<float>, std::vector<float>> MixedPassAgainstTwo(
+    CudaDecoder& a, CudaDecoder& b, const std::vector<CudaDecoder::SeqChunk>& chunks) {
+  const int zero[1] = {0};
+  int32_t next_a[1] = {-1}, next_b[1] = {-1};
+  std::vector<float> last_a, last_b, row_a, row_b;
+  REQUIRE(a.StepWithChunks(zero, next_a, chunks, &last_a).ok());
+  REQUIRE(a.StepLogits(0, &row_a).ok());
+  REQUIRE(b.StepSeqs(zero, next_b).ok());
+  REQUIRE(b.StepLogits(0, &row_b).ok());
+  REQUIRE(b.EvalSeqs(chunks, &last_b).ok());
+  CHECK(RelRms(row_a, row_b) < 0.04);
+  REQUIRE(last_a.size() == chunks.size() * static_cast<size_t>(a.n_vocab()));
+  REQUIRE(last_b.size() == last_a.size());
+  return {std::move(last_a), std::move(last_b)};
+}
+
 // A mixed pass (StepWithChunks: sequence 0's decode row and two prompt
 // chunks of sequences 1 and 2 in one forward pass) against the same work as
 // a step and then a packed pass on a twin decoder: the step's logits, the
@@ -462,17 +482,7 @@ TEST_CASE("a mixed pass of a decode row and prompt chunks follows a step and a p
     REQUIRE(d->BeginSampling(0, greedy, toks[0]).ok());
   }
   const std::vector<CudaDecoder::SeqChunk> chunks = {{1, toks[1]}, {2, toks[2]}};
-  const int zero[1] = {0};
-  int32_t next_a[1] = {-1}, next_b[1] = {-1};
-  std::vector<float> last_a, last_b, row_a, row_b;
-  REQUIRE(a.StepWithChunks(zero, next_a, chunks, &last_a).ok());
-  REQUIRE(a.StepLogits(0, &row_a).ok());
-  REQUIRE(b.StepSeqs(zero, next_b).ok());
-  REQUIRE(b.StepLogits(0, &row_b).ok());
-  REQUIRE(b.EvalSeqs(chunks, &last_b).ok());
-  CHECK(RelRms(row_a, row_b) < 0.04);
-  REQUIRE(last_a.size() == 2 * static_cast<size_t>(V));
-  REQUIRE(last_b.size() == last_a.size());
+  const auto [last_a, last_b] = MixedPassAgainstTwo(a, b, chunks);
   for (int c = 0; c < 2; ++c) {
     CAPTURE(c);
     CHECK(RelRms(std::vector<float>(last_a.begin() + c * V, last_a.begin() + (c + 1) * V),
@@ -488,6 +498,7 @@ TEST_CASE("a mixed pass of a decode row and prompt chunks follows a step and a p
   int32_t na[3], nb[3];
   REQUIRE(a.StepSeqs(all, na).ok());
   REQUIRE(b.StepSeqs(all, nb).ok());
+  std::vector<float> row_a, row_b;
   for (int i = 0; i < 3; ++i) {
     CAPTURE(i);
     REQUIRE(a.StepLogits(i, &row_a).ok());
@@ -495,6 +506,8 @@ TEST_CASE("a mixed pass of a decode row and prompt chunks follows a step and a p
     CHECK(RelRms(row_a, row_b) < 0.04);
   }
   // A sequence in both the step and a chunk, or too many rows: refused.
+  const int zero[1] = {0};
+  int32_t next_a[1] = {-1};
   const std::vector<CudaDecoder::SeqChunk> overlap = {{0, toks[2]}};
   CHECK(!a.StepWithChunks(zero, next_a, overlap, nullptr).ok());
   const std::vector<int32_t> big(128, 5);
@@ -1245,16 +1258,7 @@ TEST_CASE("MoE: packed and mixed passes follow each sequence alone") {
   // a packed pass on b.
   const std::vector<int32_t> more1 = {11, 12, 13}, more2 = {21, 22};
   const std::vector<CudaDecoder::SeqChunk> next_chunks = {{1, more1}, {2, more2}};
-  const int zero[1] = {0};
-  int32_t na[1] = {-1}, nb[1] = {-1};
-  std::vector<float> last_a, last_b, row_a, row_b;
-  REQUIRE(a.StepWithChunks(zero, na, next_chunks, &last_a).ok());
-  REQUIRE(a.StepLogits(0, &row_a).ok());
-  REQUIRE(b.StepSeqs(zero, nb).ok());
-  REQUIRE(b.StepLogits(0, &row_b).ok());
-  REQUIRE(b.EvalSeqs(next_chunks, &last_b).ok());
-  CHECK(RelRms(row_a, row_b) < 0.04);
-  REQUIRE(last_a.size() == last_b.size());
+  const auto [last_a, last_b] = MixedPassAgainstTwo(a, b, next_chunks);
   CHECK(RelRms(last_a, last_b) < 0.04);
 }
 
