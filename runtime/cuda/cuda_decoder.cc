@@ -449,6 +449,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
         for (int i : g.members) ahead_order_.push_back(&qkv[i]->w);
       }
       ahead_order_.push_back(&L.wo.w);
+      if (L.moe) continue;  // its feed-forward runs its own kernels (EnqueueMoe)
       for (const kernels::MatVecGroupPlan& g : L.gate_up) {
         for (int i : g.members) ahead_order_.push_back(&gate_up[i]->w);
       }
