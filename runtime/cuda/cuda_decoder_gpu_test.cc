@@ -78,6 +78,17 @@ double RelRms(const std::vector<float>& a, const std::vector<float>& ref) {
   return std::sqrt(num / den);
 }
 
+// The CPU reference of the file at path, with n_ctx positions.
+std::unique_ptr<reference::ReferenceModel> LoadReference(const std::string& path, int n_ctx) {
+  auto file = formats::ModelFile::Open(path);
+  REQUIRE_MESSAGE(file.ok(), file.status().ToString());
+  reference::ReferenceOptions ro;
+  ro.n_ctx = n_ctx;
+  auto ref = reference::ReferenceModel::Load(*file, ro);
+  REQUIRE_MESSAGE(ref.ok(), ref.status().ToString());
+  return *std::move(ref);
+}
+
 std::vector<int32_t> Tokens(int n, int n_vocab) {
   std::vector<int32_t> t(n);
   for (int i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 7919 + 13) % n_vocab);
@@ -149,19 +160,14 @@ void CompareWithReference(const std::string& path, int n_tokens, double limit) {
   o.n_ctx = 512;
   auto gpu = CudaDecoder::Create(path, o);
   REQUIRE_MESSAGE(gpu.ok(), gpu.status().ToString());
-  auto file = formats::ModelFile::Open(path);
-  REQUIRE(file.ok());
-  reference::ReferenceOptions ro;
-  ro.n_ctx = 512;
-  auto ref = reference::ReferenceModel::Load(*file, ro);
-  REQUIRE_MESSAGE(ref.ok(), ref.status().ToString());
+  const std::unique_ptr<reference::ReferenceModel> ref = LoadReference(path, 512);
   double worst = 0;
   int pos = 0;
   for (int32_t t : Tokens(n_tokens, (*gpu)->n_vocab())) {
     std::vector<float> a;
     const int32_t one[1] = {t};
     REQUIRE((*gpu)->Eval(one, &a, nullptr).ok());
-    auto b = (*ref)->Forward(t, pos++);
+    auto b = ref->Forward(t, pos++);
     REQUIRE(b.ok());
     worst = std::max(worst, RelRms(a, *b));
   }
@@ -291,16 +297,11 @@ TEST_CASE("a batched prompt pass on the dp4a matvec matches token-by-token decod
 // The chunkings are also compared with each other: the differences are
 // printed (issue 8 asks for them) and bounded by the same 4% gate.
 void ComparePromptChunkings(const std::string& path, int n_tokens) {
-  auto file = formats::ModelFile::Open(path);
-  REQUIRE(file.ok());
-  reference::ReferenceOptions ro;
-  ro.n_ctx = 1024;
-  auto ref = reference::ReferenceModel::Load(*file, ro);
-  REQUIRE_MESSAGE(ref.ok(), ref.status().ToString());
-  std::vector<int32_t> toks = Tokens(n_tokens, (*ref)->n_vocab());
+  const std::unique_ptr<reference::ReferenceModel> ref = LoadReference(path, 1024);
+  std::vector<int32_t> toks = Tokens(n_tokens, ref->n_vocab());
   std::vector<std::vector<double>> want;
   for (int i = 0; i < n_tokens; ++i) {
-    auto row = (*ref)->Forward(toks[i], i);
+    auto row = ref->Forward(toks[i], i);
     REQUIRE(row.ok());
     want.emplace_back(row->begin(), row->end());
   }
@@ -1012,18 +1013,13 @@ struct RefRun {
   std::vector<double> margin;
 };
 RefRun RunReference(const std::string& path, const std::vector<int32_t>& tokens) {
-  auto file = formats::ModelFile::Open(path);
-  REQUIRE(file.ok());
-  reference::ReferenceOptions ro;
-  ro.n_ctx = 1024;
-  auto ref = reference::ReferenceModel::Load(*file, ro);
-  REQUIRE_MESSAGE(ref.ok(), ref.status().ToString());
+  const std::unique_ptr<reference::ReferenceModel> ref = LoadReference(path, 1024);
   RefRun r;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    auto row = (*ref)->ForwardF64(tokens[i], static_cast<int64_t>(i));
+    auto row = ref->ForwardF64(tokens[i], static_cast<int64_t>(i));
     REQUIRE_MESSAGE(row.ok(), row.status().ToString());
     r.logits.push_back(*row);
-    const std::vector<double>& m = (*ref)->router_margins();
+    const std::vector<double>& m = ref->router_margins();
     REQUIRE(!m.empty());
     r.margin.push_back(*std::min_element(m.begin(), m.end()));
   }
