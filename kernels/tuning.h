@@ -64,6 +64,17 @@ struct DecodeTuning {
   // dequant + GEMM wins from 2..8 tokens on depending on the shape (7B
   // ffn_gate, 8 tokens: 97 us vs 118 us), the dp4a kernel at 1.
   int gemm_min_tokens = 8;
+  // Mixture-of-experts passes whose routes (rows x k) number at least this
+  // percentage of the experts group them by expert (kernels/matvec/moe.h:
+  // RouteGroups + ExpertMatVecGrouped, each expert's weights read once per
+  // tile of its routes, on the int8 tensor cores) instead of a CTA column
+  // per route (an expert read once per route); 0: never (dpl-bench
+  // DPL_MOE_GROUPED=N). Measured on an H100 (2026-12-07, Qwen3-30B-A3B
+  // Q4_K_M, 128 experts, k 8; dpl-bench, per route -> grouped): pp512 1,965 ->
+  // 12,673 t/s; 64 sequences 1,770 -> 3,686; 16 (128 routes: 100%) 1,175 ->
+  // 1,313; but 4 (32 routes: 25%) 598 -> 553, where most tiles hold one
+  // route and the mma's 8-token tile idles: hence 100 (docs/PERF.md).
+  int moe_grouped_min_fill_pct = 100;
   // When every matrix of a model has the int8 mma form (q4_K, q6_K:
   // MatVecMmaSupports), products of 2 up to this many tokens (at most
   // kMmaMaxTokens) keep int8 activations and run it instead of dequantize +

@@ -68,6 +68,25 @@ absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& args, const Mat
 absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y, bool pdl,
                              cudaStream_t stream);
 
+// The same form over tiles of a mixture of experts' routes (moe.h's
+// RouteGroups): CTA (x, y) multiplies tile x's routes (at most tile_tokens,
+// a multiple of 8 up to kMmaMaxTokens) by its expert's rows: part m's w is
+// expert 0's rows, expert e's at e * expert_stride[m] bytes; route r reads
+// activation row r / x_div and writes output row r of each part's y. Every
+// part's splits must be 1; grid.x = max_tiles, and the CTAs past n_tiles[0]
+// exit. Each token's sums are those of LaunchMatVecMma's unsplit form.
+struct MmaGroupArgs {
+  const int* n_tiles = nullptr;  // (1)
+  const int* order = nullptr;    // route ids, expert by expert
+  const int* tiles = nullptr;    // (max_tiles, 3): expert, first index into order, count
+  int64_t expert_stride[kMaxMatVecParts] = {};
+  int n_expert = 0;
+  int x_div = 1;
+};
+absl::Status LaunchMatVecMmaGrouped(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
+                                    const MmaGroupArgs& groups, int tile_tokens, int64_t max_tiles, bool pdl,
+                                    cudaStream_t stream);
+
 // The f16 tensor-core form (matvec_mma_f16.cu) of q4_K for 1..kMmaMaxTokens
 // tokens: grid.y = all parts' row blocks of kMmaF16CtaRows rows, grid.z =
 // the largest of the parts' splits (MmaF16Splits, with partial scratch).

@@ -104,8 +104,27 @@ struct MmaStage {
 // general strided loop cost ~150 instructions a block (SASS), a quarter of
 // the block's work at 4-8 tokens. Unrolled up to 2 (more holds an address
 // register per copy: 224 registers at 64 tokens).
-template <int T, int kRow>
-__device__ __forceinline__ void StageBlock(const MatVecArgs& a, int kb, MmaStage<T, kRow>& st) {
+// Which tokens a CTA multiplies: n of them, token tok's activations in row
+// x(tok) of a.xq / xd / xs and its outputs in row y(tok) of each part's y.
+// A dense launch's tokens are the launch's rows 0..n_tokens-1; the grouped
+// expert launch's (LaunchMatVecMmaGrouped) are one tile of an expert's
+// routes, their rows staged in shared memory by the CTA.
+struct MmaDenseTokens {
+  __device__ __forceinline__ int n(const MatVecArgs& a) const { return a.n_tokens; }
+  __device__ __forceinline__ int x(int tok) const { return tok; }
+  __device__ __forceinline__ int y(int tok) const { return tok; }
+};
+struct MmaRouteTokens {
+  int count;
+  const int* xr;  // (T) shared: activation rows
+  const int* yr;  // (T) shared: output rows (route ids)
+  __device__ __forceinline__ int n(const MatVecArgs&) const { return count; }
+  __device__ __forceinline__ int x(int tok) const { return xr[tok]; }
+  __device__ __forceinline__ int y(int tok) const { return yr[tok]; }
+};
+
+template <int T, int kRow, class Tokens>
+__device__ __forceinline__ void StageBlock(const MatVecArgs& a, const Tokens& tk, int kb, MmaStage<T, kRow>& st) {
   static_assert(T * 16 % kMmaThreads == 0, "copies split evenly over the CTA");
   constexpr int kCopies = T * 16 / kMmaThreads;
   constexpr int kUnroll = kCopies <= 2 ? kCopies : 1;
@@ -114,16 +133,16 @@ __device__ __forceinline__ void StageBlock(const MatVecArgs& a, int kb, MmaStage
   for (int k = 0; k < kCopies; ++k) {
     const int i = static_cast<int>(threadIdx.x) + k * kMmaThreads;
     const int tok = i >> 4, c = i & 15;
-    const bool ok = tok < a.n_tokens;
-    const int8_t* src = a.xq + static_cast<int64_t>(ok ? tok : 0) * a.n_cols + kb * 256 + 16 * c;
+    const bool ok = tok < tk.n(a);
+    const int8_t* src = a.xq + static_cast<int64_t>(ok ? tk.x(tok) : 0) * a.n_cols + kb * 256 + 16 * c;
     CpAsync16ZeroFill(SmemAddr(&st.q[tok][16 * c]), src, ok);
   }
 #pragma unroll kUnroll
   for (int k = 0; k < kCopies; ++k) {
     const int i = static_cast<int>(threadIdx.x) + k * kMmaThreads;
     const int tok = i >> 4, j = (i >> 1) & 7, which = i & 1;
-    const bool ok = tok < a.n_tokens;
-    const float* src = (which ? a.xs : a.xd) + static_cast<int64_t>(ok ? tok : 0) * nb + kb * 8 + j;
+    const bool ok = tok < tk.n(a);
+    const float* src = (which ? a.xs : a.xd) + static_cast<int64_t>(ok ? tk.x(tok) : 0) * nb + kb * 8 + j;
     CpAsync4ZeroFill(SmemAddr(&st.ds[j][tok][which]), src, ok);
   }
 }
@@ -423,20 +442,23 @@ __device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
   return m == 0 ? a.part[0] : m == 1 ? a.part[1] : a.part[2];
 }
 
-// grid (1, row blocks of kMmaCtaRows over all parts, max splits), 4 warps;
-// CTA (y, z) takes its part's rows 64 (y - row_block0) .. +63 and the
-// 256-column blocks [nbe z / splits, nbe (z + 1) / splits).
-template <MatVecKernel K, int NT>
-__global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs a) {
+// The part row block blockIdx.y belongs to.
+__device__ __forceinline__ int PartOfBlock(const MatVecArgs& a) {
+  return (a.n_parts > 1 && static_cast<int>(blockIdx.y) >= a.part[1].row_block0) +
+         (a.n_parts > 2 && static_cast<int>(blockIdx.y) >= a.part[2].row_block0);
+}
+
+// One CTA: part P's rows 64 (blockIdx.y - row_block0) .. +63 for the tokens
+// tk and the 256-column blocks [nbe z / splits, nbe (z + 1) / splits).
+// kWaited: the caller has passed GridDependencyWait already (the grouped
+// form reads its tile first); else the first block's weights load before
+// the wait (weights never change).
+template <MatVecKernel K, int NT, bool kWaited, class Tokens>
+__device__ __forceinline__ void MmaRows(const MatVecArgs& a, const MatVecPart& P, int z, const Tokens& tk) {
   constexpr int T = 8 * NT;
   constexpr bool kQ6 = K == MatVecKernel::kQ6KDpl || K == MatVecKernel::kQ6KRaw;
   constexpr int kRow = kQ6 ? kQ6KStageRow : kQ4KStageRow;
   __shared__ __align__(16) MmaStage<T, kRow> stage[2];
-  const int m = (a.n_parts > 1 && static_cast<int>(blockIdx.y) >= a.part[1].row_block0) +
-                (a.n_parts > 2 && static_cast<int>(blockIdx.y) >= a.part[2].row_block0);
-  const MatVecPart P = PartAt(a, m);  // the part row block blockIdx.y belongs to
-  const int z = static_cast<int>(blockIdx.z);
-  if (z >= P.splits) return;  // a part with fewer splits than the launch's grid.z
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int row0 = (static_cast<int>(blockIdx.y) - P.row_block0) * kMmaCtaRows + 16 * warp;
@@ -452,13 +474,13 @@ __global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs 
   // Each block's weights in registers one block ahead (the first before the
   // wait: weights never change).
   MmaRegs<K> cur = LoadBlock<K>(w0, w1, kb0, nbe, t);
-  GridDependencyWait();
+  if constexpr (!kWaited) GridDependencyWait();
   GridLaunchDependents();
-  StageBlock(a, kb0, stage[0]);
+  StageBlock(a, tk, kb0, stage[0]);
   CpAsyncCommit();
   for (int kb = kb0; kb < kb1; ++kb) {
     const int buf = (kb - kb0) & 1;
-    if (kb + 1 < kb1) StageBlock(a, kb + 1, stage[buf ^ 1]);
+    if (kb + 1 < kb1) StageBlock(a, tk, kb + 1, stage[buf ^ 1]);
     CpAsyncCommit();
     const MmaRegs<K> next = kb + 1 < kb1 ? LoadBlock<K>(w0, w1, kb + 1, nbe, t) : cur;
     CpAsyncWait<1>();  // block kb landed (this thread's copies) ...
@@ -479,9 +501,9 @@ __global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs 
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int tok = 8 * n + 2 * t + (e & 1), row = row0 + g + 8 * (e >> 1);
-      if (tok >= a.n_tokens || row >= P.n_rows) continue;
-      const int64_t o = static_cast<int64_t>(tok) * P.n_rows + row;
-      if (P.splits > 1) {
+      if (tok >= tk.n(a) || row >= P.n_rows) continue;
+      const int64_t o = static_cast<int64_t>(tk.y(tok)) * P.n_rows + row;
+      if (P.splits > 1) {  // dense launches only (the grouped form does not split k)
         P.partial[static_cast<int64_t>(z) * a.n_tokens * P.n_rows + o] = acc.v[n][e];
         continue;
       }
@@ -491,6 +513,38 @@ __global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs 
       P.y[o] = v;
     }
   }
+}
+
+// grid (1, row blocks of kMmaCtaRows over all parts, max splits), 4 warps.
+template <MatVecKernel K, int NT>
+__global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs a) {
+  const MatVecPart P = PartAt(a, PartOfBlock(a));
+  const int z = static_cast<int>(blockIdx.z);
+  if (z >= P.splits) return;  // a part with fewer splits than the launch's grid.z
+  MmaRows<K, NT, false>(a, P, z, MmaDenseTokens{});
+}
+
+// grid (tiles, row blocks of kMmaCtaRows over all parts), 4 warps: CTA
+// (x, y) multiplies tile x's routes (MmaGroupArgs) by its expert's rows.
+template <MatVecKernel K, int NT>
+__global__ void __launch_bounds__(kMmaThreads) MatVecMmaGroupedKernel(const MatVecArgs a, const MmaGroupArgs g) {
+  constexpr int T = 8 * NT;
+  __shared__ int rows[2][T];  // the tile's activation rows, then output rows
+  GridDependencyWait();       // the tiles come from RouteGroups
+  const int tile = static_cast<int>(blockIdx.x);
+  if (tile >= g.n_tiles[0]) return;
+  const int e = min(max(g.tiles[3 * tile], 0), g.n_expert - 1);
+  const int first = g.tiles[3 * tile + 1], n = g.tiles[3 * tile + 2];
+  if (threadIdx.x < T) {
+    const int r = g.order[first + min(static_cast<int>(threadIdx.x), n - 1)];
+    rows[0][threadIdx.x] = r / g.x_div;
+    rows[1][threadIdx.x] = r;
+  }
+  __syncthreads();
+  const int m = PartOfBlock(a);
+  MatVecPart P = PartAt(a, m);
+  P.w += static_cast<int64_t>(e) * (m == 0 ? g.expert_stride[0] : m == 1 ? g.expert_stride[1] : g.expert_stride[2]);
+  MmaRows<K, NT, true>(a, P, 0, MmaRouteTokens{n, rows[0], rows[1]});
 }
 
 //   y[t, r] = (sum_z partial[z, t, r]) (+ bias[r]) (+ residual[t, r])
@@ -550,6 +604,52 @@ absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_
   DPL_RETURN_IF_ERROR(LaunchKernel(fn, dim3(1, static_cast<unsigned>(grid_y), splits),
                                    dim3(kMmaThreads), 0, stream, pdl, args));
   return LaunchMmaSumSplits(args, pdl, stream);
+}
+
+absl::Status LaunchMatVecMmaGrouped(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
+                                    const MmaGroupArgs& groups, int tile_tokens, int64_t max_tiles, bool pdl,
+                                    cudaStream_t stream) {
+  if (tile_tokens < 8 || tile_tokens > kMmaMaxTokens || tile_tokens % 8 != 0 || args.n_cols % 256 != 0 ||
+      args.xq == nullptr || args.xd == nullptr || args.xs == nullptr || groups.n_tiles == nullptr ||
+      groups.order == nullptr || groups.tiles == nullptr || groups.n_expert < 1 || groups.x_div < 1 ||
+      max_tiles < 1 || max_tiles > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrCat("grouped matvec mma: tiles of ", tile_tokens, " tokens, ",
+                                                   args.n_cols, " columns, ", max_tiles,
+                                                   " tiles, or no activations or groups"));
+  }
+  for (int i = 0; i < args.n_parts; ++i) {
+    if (args.part[i].splits != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("grouped matvec mma: part ", i, " splits k"));
+    }
+  }
+  const int nt = tile_tokens / 8;
+  using Fn = void (*)(MatVecArgs, MmaGroupArgs);
+  auto pick = [nt](auto k) -> Fn {
+    constexpr MatVecKernel K = decltype(k)::value;
+    switch (nt) {
+      case 1: return MatVecMmaGroupedKernel<K, 1>;
+      case 2: return MatVecMmaGroupedKernel<K, 2>;
+      case 4: return MatVecMmaGroupedKernel<K, 4>;
+      case 8: return MatVecMmaGroupedKernel<K, 8>;
+    }
+    return nullptr;
+  };
+  Fn fn = nullptr;
+  switch (kernel) {
+    case MatVecKernel::kQ4K: fn = pick(std::integral_constant<MatVecKernel, MatVecKernel::kQ4K>{}); break;
+    case MatVecKernel::kQ5K: fn = pick(std::integral_constant<MatVecKernel, MatVecKernel::kQ5K>{}); break;
+    case MatVecKernel::kQ6KRaw: fn = pick(std::integral_constant<MatVecKernel, MatVecKernel::kQ6KRaw>{}); break;
+    case MatVecKernel::kQ6KDpl: fn = pick(std::integral_constant<MatVecKernel, MatVecKernel::kQ6KDpl>{}); break;
+    case MatVecKernel::kQ8_0: fn = pick(std::integral_constant<MatVecKernel, MatVecKernel::kQ8_0>{}); break;
+    case MatVecKernel::kQ8_0Dpl: fn = pick(std::integral_constant<MatVecKernel, MatVecKernel::kQ8_0Dpl>{}); break;
+    default: break;
+  }
+  if (fn == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("grouped matvec mma: no kernel for kernel ",
+                                                   static_cast<int>(kernel), " at ", tile_tokens, " tokens"));
+  }
+  return LaunchKernel(fn, dim3(static_cast<unsigned>(max_tiles), static_cast<unsigned>(grid_y)),
+                      dim3(kMmaThreads), 0, stream, pdl, args, groups);
 }
 
 absl::Status LaunchMmaSumSplits(const MatVecArgs& args, bool pdl, cudaStream_t stream) {

@@ -119,11 +119,31 @@ __device__ __forceinline__ void RopeEpilogue(const MatVecArgs& a, const MatVecPa
   }
 }
 
+// The tokens of a CTA's tile: Init<T>(a) finds them (where the body asks,
+// after its first weight loads), then nt of them, and x(t) / y(t) the
+// activation row and output row token t < nt reads and writes. A dense
+// launch's tile is T consecutive tokens from blockIdx.x * T; the grouped
+// expert launch (moe.cu) gathers one expert's routes instead.
+struct ConsecutiveTokens {
+  int tok0 = 0;
+  int nt = 1;
+  template <int T>
+  __device__ __forceinline__ void Init(const MatVecArgs& a) {
+    // A single-token launch has one token tile (grid.x == 1): say so to the
+    // compiler, which then keeps no token index in registers.
+    tok0 = T == 1 ? 0 : static_cast<int>(blockIdx.x) * T;
+    nt = T == 1 ? 1 : min(T, a.n_tokens - tok0);
+  }
+  __device__ __forceinline__ int x(int t) const { return tok0 + t; }
+  __device__ __forceinline__ int y(int t) const { return tok0 + t; }
+};
+
 // ---------------------------------------------------------------------------
 // The skeleton, for every type U and geometry (matvec_geometry.h):
 //   y[t, r] = sum over steps of U::Dot (+ bias[r]) (+ residual[t, r])
-// for the T tokens tok0 .. tok0+T-1 of this CTA's tile (grid.x) and the rows
-// of its row block (grid.y, counted across the launch's parts). A CTA holds
+// for the nt <= T tokens of this CTA's tile (Tokens: consecutive tokens from
+// grid.x * T for a dense launch) and the rows of its row block (grid.y,
+// counted across the launch's parts). A CTA holds
 // max(4, KS) warps; KS consecutive warps share one group of 4 rows (warp w:
 // group w / KS, part w % KS), part s takes the D consecutive steps starting
 // at D (s + KS j), and the parts are added in part order through shared
@@ -138,8 +158,8 @@ __device__ __forceinline__ void RopeEpilogue(const MatVecArgs& a, const MatVecPa
 // (~90 lines, one function on purpose: each instantiation is one register
 // allocation, and the order of loads and dots above is easiest to check
 // where it is written out in full.)
-template <class U, int T, int KS, int D, bool kPipe, bool kRope>
-__device__ __forceinline__ void MatVecBody(const MatVecArgs& a) {
+template <class U, int T, int KS, int D, bool kPipe, bool kRope, class Tokens = ConsecutiveTokens>
+__device__ __forceinline__ void MatVecBody(const MatVecArgs& a, Tokens tk = {}) {
   constexpr int kWarps = WarpsPerCta(KS);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -160,10 +180,8 @@ __device__ __forceinline__ void MatVecBody(const MatVecArgs& a) {
     }
   }
   const bool row_ok = lrow < P.n_rows;
-  // A single-token launch has one token tile (grid.x == 1): say so to the
-  // compiler, which then keeps no token index in registers.
-  const int tok0 = T == 1 ? 0 : static_cast<int>(blockIdx.x) * T;
-  const int nt = T == 1 ? 1 : min(T, a.n_tokens - tok0);
+  tk.template Init<T>(a);
+  const int nt = T == 1 ? 1 : tk.nt;
   const uint8_t* wrow = P.w + (row_ok ? row : 0) * P.row_stride;  // (row_stride) bytes
   const int steps = U::Steps(a);
   typename U::Regs r[D];
@@ -175,7 +193,7 @@ __device__ __forceinline__ void MatVecBody(const MatVecArgs& a) {
   if (KS == 1 && row0 >= P.n_rows) return;  // the whole warp is past the last row
   XView xv[T];
 #pragma unroll
-  for (int t = 0; t < T; ++t) xv[t] = TokenX(a, tok0 + (t < nt ? t : 0));
+  for (int t = 0; t < T; ++t) xv[t] = TokenX(a, tk.x(t < nt ? t : 0));
   float acc[T];
 #pragma unroll
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
@@ -235,7 +253,7 @@ __device__ __forceinline__ void MatVecBody(const MatVecArgs& a) {
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     if (row_ok && p == 0 && (T == 1 || t < nt)) {
-      const int64_t o = static_cast<int64_t>(tok0 + t) * P.n_rows + row;
+      const int64_t o = static_cast<int64_t>(tk.y(t)) * P.n_rows + row;
       float v = acc[t];
       if (P.bias != nullptr) v += P.bias[row];
       if (P.residual != nullptr) v += P.residual[o];  // may alias y: read before write

@@ -1,10 +1,14 @@
 // The mixture-of-experts kernels (moe.h): routing (softmax + top-k +
-// renormalized weights), the expert-indexed matvec (the matvec skeleton,
-// one CTA column per route) and the weighted sum into the residual.
+// renormalized weights), the routes grouped by expert, the expert-indexed
+// matvec (the matvec skeleton, one CTA column per route or per tile of one
+// expert's routes) and the weighted sum into the residual.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
+#include <iterator>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -144,27 +148,165 @@ __global__ void __launch_bounds__(32 * WarpsPerCta(KS)) ExpertMatVecT(const MoeM
   matvec_detail::MatVecBody<U, 1, KS, 2, false, false>(a);
 }
 
-using ExpertFn = void (*)(MoeMatVecArgs);
+// ---------------------------------------------------------------------------
+// RouteGroups: one warp. Pass 1 counts each expert's routes (the lanes of a
+// 32-route chunk that share an expert found with __match_any_sync, their
+// lowest lane adding their number); each lane then takes a run of experts in
+// order, and warp prefix sums give every expert its first index into
+// `order` and its first tile; pass 2 places each route at its expert's next
+// index plus its rank among the chunk's lanes with that expert (so within an
+// expert the routes keep ascending order: a stable sort, the same every
+// run). 512 routes (64 rows, k = 8): 16 chunks a pass.
+__device__ __forceinline__ int ClampExpert(int e, int n_expert) { return min(max(e, 0), n_expert - 1); }
 
-template <class U>
-ExpertFn PickKs(int ksplit) {
-  switch (ksplit) {
-    case 1: return ExpertMatVecT<U, 1>;
-    case 2: return ExpertMatVecT<U, 2>;
-    case 4: return ExpertMatVecT<U, 4>;
+__global__ void __launch_bounds__(32)
+    RouteGroupsKernel(const int* __restrict__ ids,  // (n_routes)
+                      int n_routes, int n_expert, int tile_routes,
+                      int* __restrict__ n_tiles,    // (1)
+                      int* __restrict__ order,      // (n_routes)
+                      int* __restrict__ tiles) {    // (MoeMaxTiles, 3)
+  GridDependencyWait();
+  GridLaunchDependents();
+  __shared__ int next[kMoeMaxExperts];  // per expert: its count, then its next index into order
+  const int lane = threadIdx.x;
+  for (int e = lane; e < n_expert; e += 32) next[e] = 0;
+  __syncwarp();
+  for (int r0 = 0; r0 < n_routes; r0 += 32) {
+    const int r = r0 + lane;
+    const int e = r < n_routes ? ClampExpert(ids[r], n_expert) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (e >= 0 && lane == __ffs(peers) - 1) next[e] += __popc(peers);
+    __syncwarp();
   }
-  return nullptr;
+  const int per = (n_expert + 31) / 32;
+  const int e0 = min(lane * per, n_expert), e1 = min(e0 + per, n_expert);
+  int routes = 0, ntile = 0;
+  for (int e = e0; e < e1; ++e) {
+    routes += next[e];
+    ntile += (next[e] + tile_routes - 1) / tile_routes;
+  }
+  int rsum = routes, tsum = ntile;  // inclusive prefix sums over the lanes
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int a = __shfl_up_sync(0xffffffffu, rsum, o);
+    const int b = __shfl_up_sync(0xffffffffu, tsum, o);
+    if (lane >= o) {
+      rsum += a;
+      tsum += b;
+    }
+  }
+  if (lane == 31) n_tiles[0] = tsum;
+  int first = rsum - routes, tile = tsum - ntile;
+  for (int e = e0; e < e1; ++e) {
+    const int c = next[e];
+    for (int j = 0; j < c; j += tile_routes) {
+      tiles[3 * tile] = e;
+      tiles[3 * tile + 1] = first + j;
+      tiles[3 * tile + 2] = min(tile_routes, c - j);
+      ++tile;
+    }
+    next[e] = first;
+    first += c;
+  }
+  __syncwarp();
+  for (int r0 = 0; r0 < n_routes; r0 += 32) {
+    const int r = r0 + lane;
+    const int e = r < n_routes ? ClampExpert(ids[r], n_expert) : -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    if (e >= 0) order[next[e] + __popc(peers & ((1u << lane) - 1u))] = r;
+    __syncwarp();
+    if (e >= 0 && lane == __ffs(peers) - 1) next[e] += __popc(peers);
+    __syncwarp();
+  }
 }
 
-ExpertFn PickExpert(MatVecKernel kernel, int ksplit) {
+// The grouped expert matvec where the type has no tensor-core form (q8_0
+// rows that are not whole 256-column blocks): a CTA column per tile of
+// RouteGroups (tiles of 8), its expert's weights, and the skeleton's 8-token
+// tile gathering the tile's routes (RouteTokens: activation row route /
+// x_div, output row route).
+struct RouteTokens {
+  const int* order = nullptr;  // the tile's first entry of MoeGroups::order
+  int nt = 0;
+  int x_div = 1;
+  int xr[kMoeTileRoutes];
+  int yr[kMoeTileRoutes];
+  template <int T>
+  __device__ __forceinline__ void Init(const MatVecArgs&) {
+    static_assert(T == kMoeTileRoutes, "one tile of routes a CTA");
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      yr[t] = order[t < nt ? t : 0];
+      xr[t] = yr[t] / x_div;
+    }
+  }
+  // t is a constant or a select of two constants once the body is unrolled.
+  __device__ __forceinline__ int x(int t) const {
+    int v = xr[0];
+#pragma unroll
+    for (int i = 1; i < kMoeTileRoutes; ++i) v = t == i ? xr[i] : v;
+    return v;
+  }
+  __device__ __forceinline__ int y(int t) const {
+    int v = yr[0];
+#pragma unroll
+    for (int i = 1; i < kMoeTileRoutes; ++i) v = t == i ? yr[i] : v;
+    return v;
+  }
+};
+
+struct MoeGroupedArgs {
+  MatVecArgs mv;  // parts: w = expert 0's rows, y = route 0's output; xq/xd/xs = row 0's
+  int64_t expert_stride[kMaxMatVecParts];  // bytes
+  const int* n_tiles = nullptr;
+  const int* order = nullptr;
+  const int* tiles = nullptr;
+  int n_expert = 0;
+  int x_div = 1;
+};
+
+template <class U, int KS>
+__global__ void __launch_bounds__(32 * WarpsPerCta(KS)) ExpertMatVecGroupedT(const MoeGroupedArgs m) {
+  GridDependencyWait();  // the tiles come from RouteGroups, the activations from before
+  const int tile = static_cast<int>(blockIdx.x);
+  if (tile >= m.n_tiles[0]) return;
+  const int e = ClampExpert(m.tiles[3 * tile], m.n_expert);
+  RouteTokens tk;
+  tk.order = m.order + m.tiles[3 * tile + 1];
+  tk.nt = m.tiles[3 * tile + 2];
+  tk.x_div = m.x_div;
+  MatVecArgs a = m.mv;
+#pragma unroll
+  for (int i = 0; i < kMaxMatVecParts; ++i) {
+    if (i < a.n_parts) a.part[i].w += static_cast<int64_t>(e) * m.expert_stride[i];
+  }
+  matvec_detail::MatVecBody<U, kMoeTileRoutes, KS, 2, false, false>(a, tk);
+}
+
+using ExpertFn = void (*)(MoeMatVecArgs);
+using GroupedFn = void (*)(MoeGroupedArgs);
+
+template <class U, bool kGrouped>
+auto PickKs(int ksplit) {
+  using Fn = std::conditional_t<kGrouped, GroupedFn, ExpertFn>;
+  switch (ksplit) {
+    case 1: return kGrouped ? Fn(ExpertMatVecGroupedT<U, 1>) : Fn(ExpertMatVecT<U, 1>);
+    case 2: return kGrouped ? Fn(ExpertMatVecGroupedT<U, 2>) : Fn(ExpertMatVecT<U, 2>);
+    case 4: return kGrouped ? Fn(ExpertMatVecGroupedT<U, 4>) : Fn(ExpertMatVecT<U, 4>);
+  }
+  return Fn(nullptr);
+}
+
+template <bool kGrouped>
+auto PickExpert(MatVecKernel kernel, int ksplit) {
   switch (kernel) {
-    case MatVecKernel::kQ4K: return PickKs<Q4K>(ksplit);
-    case MatVecKernel::kQ5K: return PickKs<Q5K>(ksplit);
-    case MatVecKernel::kQ6KRaw: return PickKs<Q6K<false>>(ksplit);
-    case MatVecKernel::kQ6KDpl: return PickKs<Q6K<true>>(ksplit);
-    case MatVecKernel::kQ8_0: return PickKs<Q8_0<false>>(ksplit);
-    case MatVecKernel::kQ8_0Dpl: return PickKs<Q8_0<true>>(ksplit);
-    default: return nullptr;
+    case MatVecKernel::kQ4K: return PickKs<Q4K, kGrouped>(ksplit);
+    case MatVecKernel::kQ5K: return PickKs<Q5K, kGrouped>(ksplit);
+    case MatVecKernel::kQ6KRaw: return PickKs<Q6K<false>, kGrouped>(ksplit);
+    case MatVecKernel::kQ6KDpl: return PickKs<Q6K<true>, kGrouped>(ksplit);
+    case MatVecKernel::kQ8_0: return PickKs<Q8_0<false>, kGrouped>(ksplit);
+    case MatVecKernel::kQ8_0Dpl: return PickKs<Q8_0<true>, kGrouped>(ksplit);
+    default: return PickKs<Q4K, kGrouped>(0);  // nullptr
   }
 }
 
@@ -298,61 +440,195 @@ absl::Status RouteTopK(const float* logits, int n_rows, int n_expert, int k, int
                       stream, pdl, logits, n_rows, n_expert, k, ids, weights);
 }
 
-absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
-                          int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl) {
+namespace {
+
+// What both expert launches share: the parts checked and laid into `a` (route
+// 0's outputs, expert 0's weights, row 0's activations), their expert
+// strides, the row blocks of the grid.
+struct ExpertLaunch {
+  MatVecArgs a;
+  int64_t expert_stride[kMaxMatVecParts] = {};
+  int64_t blocks = 0;
+  int n_expert = 0;
+  MatVecKernel kernel = MatVecKernel::kQ4K;
+  int ksplit = 1;
+};
+
+// rows_per_cta: of the kernel the launch runs (the skeleton's RowsPerCta
+// of the plan's k-split, or the mma form's kMmaCtaRows).
+absl::StatusOr<ExpertLaunch> PrepareExperts(const char* who, absl::Span<const ExpertOut> parts,
+                                            const MoeActs& x, int n_cols, int n_routes, int x_div,
+                                            int rows_per_cta) {
   if (parts.empty() || parts.size() > static_cast<size_t>(kMaxMatVecParts)) {
-    return absl::InvalidArgumentError(absl::StrCat("expert matvec: ", parts.size(), " parts (1..",
-                                                   kMaxMatVecParts, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ", parts.size(), " parts (1..", kMaxMatVecParts, ")"));
   }
-  if (n_routes <= 0 || x_div <= 0 || ids == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expert matvec: ", n_routes, " routes, x_div ", x_div, ", ids ", ids != nullptr));
+  if (n_routes <= 0 || x_div <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ", n_routes, " routes, x_div ", x_div));
   }
   const int64_t x_rows = (int64_t{n_routes} + x_div - 1) / x_div;
-  DPL_RETURN_IF_ERROR(CheckActs("expert matvec", x, n_cols, x_rows));
+  DPL_RETURN_IF_ERROR(CheckActs(who, x, n_cols, x_rows));
+  if (parts[0].plan == nullptr || parts[0].w == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": part 0 incomplete"));
+  }
   const ExpertPlan& p0 = *parts[0].plan;
-  MoeMatVecArgs m;
-  MatVecArgs& a = m.mv;
+  ExpertLaunch L;
+  MatVecArgs& a = L.a;
   a.n_parts = static_cast<int>(parts.size());
   a.n_cols = n_cols;
   a.n_tokens = 1;
   a.xq = x.q;
   a.xd = x.d;
   a.xs = x.s;
-  int64_t blocks = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     const ExpertOut& o = parts[i];
     if (o.w == nullptr || o.plan == nullptr || o.y == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("expert matvec: part ", i, " incomplete"));
+      return absl::InvalidArgumentError(absl::StrCat(who, ": part ", i, " incomplete"));
     }
     if (o.w->w.n_cols != n_cols || o.plan->kernel != p0.kernel || o.plan->ksplit != p0.ksplit ||
         o.w->n_expert != parts[0].w->n_expert) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "expert matvec: part ", i, " differs from part 0 in columns (", o.w->w.n_cols, " vs ", n_cols,
+          who, ": part ", i, " differs from part 0 in columns (", o.w->w.n_cols, " vs ", n_cols,
           "), kernel, k-split or expert count"));
     }
     MatVecPart& pt = a.part[i];
     pt.w = static_cast<const uint8_t*>(o.w->w.data);
     pt.row_stride = o.w->w.row_stride;
     pt.n_rows = static_cast<int>(o.w->w.n_rows);
-    pt.row_block0 = static_cast<int>(blocks);
+    pt.row_block0 = static_cast<int>(L.blocks);
     pt.y = o.y;
-    m.expert_stride[i] = o.w->expert_stride;
-    blocks += (o.w->w.n_rows + RowsPerCta(p0.ksplit) - 1) / RowsPerCta(p0.ksplit);
+    L.expert_stride[i] = o.w->expert_stride;
+    L.blocks += (o.w->w.n_rows + rows_per_cta - 1) / rows_per_cta;
   }
-  if (blocks > kMaxGridY) {
-    return absl::InvalidArgumentError(absl::StrCat("expert matvec: ", blocks, " row blocks"));
+  if (L.blocks > kMaxGridY) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ", L.blocks, " row blocks"));
   }
+  L.n_expert = parts[0].w->n_expert;
+  L.kernel = p0.kernel;
+  L.ksplit = p0.ksplit;
+  return L;
+}
+
+absl::Status NotCompiled(const char* who, const ExpertLaunch& L) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(who, ": kernel ", MatVecKernelName(L.kernel), " with k-split ", L.ksplit, " is not compiled"));
+}
+
+}  // namespace
+
+absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
+                          int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl) {
+  constexpr const char* kWho = "expert matvec";
+  if (ids == nullptr) return absl::InvalidArgumentError("expert matvec: no expert ids");
+  if (parts.empty() || parts[0].plan == nullptr) return absl::InvalidArgumentError("expert matvec: no part 0");
+  DPL_ASSIGN_OR_RETURN(const ExpertLaunch L, PrepareExperts(kWho, parts, x, n_cols, n_routes, x_div,
+                                                            RowsPerCta(parts[0].plan->ksplit)));
+  MoeMatVecArgs m;
+  m.mv = L.a;
+  std::copy(std::begin(L.expert_stride), std::end(L.expert_stride), std::begin(m.expert_stride));
   m.ids = ids;
-  m.n_expert = parts[0].w->n_expert;
+  m.n_expert = L.n_expert;
   m.x_div = x_div;
-  const ExpertFn fn = PickExpert(p0.kernel, p0.ksplit);
-  if (fn == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("expert matvec: kernel ", MatVecKernelName(p0.kernel),
-                                                   " with k-split ", p0.ksplit, " is not compiled"));
+  const ExpertFn fn = PickExpert<false>(L.kernel, L.ksplit);
+  if (fn == nullptr) return NotCompiled(kWho, L);
+  return LaunchKernel(fn, dim3(static_cast<unsigned>(n_routes), static_cast<unsigned>(L.blocks)),
+                      dim3(32 * WarpsPerCta(L.ksplit)), 0, stream, pdl, m);
+}
+
+int64_t MoeMaxTiles(int64_t n_routes, int n_expert, int tile_routes) {
+  return n_routes / tile_routes + std::min<int64_t>(n_expert, n_routes);
+}
+
+int MoeTileRoutes(int n_routes, int n_expert, MatVecKernel kernel, int n_cols) {
+  if (!MatVecMmaSupports(kernel, n_cols)) return kMoeTileRoutes;
+  const int mean = (n_routes + n_expert - 1) / n_expert;
+  return mean <= 8 ? 8 : mean <= 16 ? 16 : mean <= 32 ? 32 : 64;
+}
+
+uint64_t MoeGroupsBytes(int max_routes, int n_expert) {
+  const uint64_t tiles = static_cast<uint64_t>(MoeMaxTiles(max_routes, n_expert, kMoeTileRoutes));
+  return Align256(sizeof(int)) + Align256(static_cast<uint64_t>(max_routes) * sizeof(int)) +
+         Align256(3 * tiles * sizeof(int));
+}
+
+MoeGroups MoeGroupsIn(void* mem, int max_routes, int n_expert) {
+  uint8_t* base = static_cast<uint8_t*>(mem);
+  MoeGroups g;
+  g.n_tiles = reinterpret_cast<int*>(base);
+  g.order = reinterpret_cast<int*>(base + Align256(sizeof(int)));
+  g.tiles = reinterpret_cast<int*>(base + Align256(sizeof(int)) +
+                                   Align256(static_cast<uint64_t>(max_routes) * sizeof(int)));
+  g.max_routes = max_routes;
+  g.n_expert = n_expert;
+  return g;
+}
+
+absl::Status RouteGroups(const int* ids, int n_routes, int tile_routes, const MoeGroups& groups,
+                         cudaStream_t stream, bool pdl) {
+  if (ids == nullptr || groups.n_tiles == nullptr || groups.order == nullptr || groups.tiles == nullptr) {
+    return absl::InvalidArgumentError("route groups: null pointer");
   }
-  return LaunchKernel(fn, dim3(static_cast<unsigned>(n_routes), static_cast<unsigned>(blocks)),
-                      dim3(32 * WarpsPerCta(p0.ksplit)), 0, stream, pdl, m);
+  if (n_routes <= 0 || n_routes > groups.max_routes || groups.n_expert < 1 ||
+      groups.n_expert > kMoeMaxExperts) {
+    return absl::InvalidArgumentError(absl::StrCat("route groups: ", n_routes, " routes of ", groups.n_expert,
+                                                   " experts (the buffers hold ", groups.max_routes,
+                                                   " routes, at most ", kMoeMaxExperts, " experts)"));
+  }
+  if (tile_routes < kMoeTileRoutes || tile_routes > kMmaMaxTokens || tile_routes % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("route groups: tiles of ", tile_routes, " routes"));
+  }
+  return LaunchKernel(RouteGroupsKernel, dim3(1), dim3(32), 0, stream, pdl, ids, n_routes, groups.n_expert,
+                      tile_routes, groups.n_tiles, groups.order, groups.tiles);
+}
+
+absl::Status ExpertMatVecGrouped(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
+                                 int n_routes, int x_div, const MoeGroups& groups, int tile_routes,
+                                 cudaStream_t stream, bool pdl) {
+  constexpr const char* kWho = "grouped expert matvec";
+  if (parts.empty() || parts[0].plan == nullptr) return absl::InvalidArgumentError("grouped expert matvec: no part 0");
+  const MatVecKernel kernel = parts[0].plan->kernel;
+  const bool mma = MatVecMmaSupports(kernel, n_cols);
+  DPL_ASSIGN_OR_RETURN(const ExpertLaunch L,
+                       PrepareExperts(kWho, parts, x, n_cols, n_routes, x_div,
+                                      mma ? kMmaCtaRows : RowsPerCta(parts[0].plan->ksplit)));
+  if (n_routes > groups.max_routes || groups.n_expert != L.n_expert || groups.n_tiles == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(kWho, ": ", n_routes, " routes of ", L.n_expert,
+                                                   " experts, groups for ", groups.max_routes, " of ",
+                                                   groups.n_expert));
+  }
+  if (tile_routes != MoeTileRoutes(n_routes, L.n_expert, kernel, n_cols) && !(mma && tile_routes % 8 == 0 &&
+                                                                               tile_routes >= 8 &&
+                                                                               tile_routes <= kMmaMaxTokens)) {
+    return absl::InvalidArgumentError(absl::StrCat(kWho, ": tiles of ", tile_routes, " routes for kernel ",
+                                                   MatVecKernelName(kernel), " (", n_cols, " columns)"));
+  }
+  const int64_t grid = MoeMaxTiles(n_routes, L.n_expert, tile_routes);
+  DPL_RETURN_IF_ERROR(CheckGridX(grid, kWho));
+  if (mma) {
+    // The int8 tensor-core form (matvec_mma.cu), a tile of up to 64 routes
+    // a CTA: each expert's weights read once per tile for all its routes.
+    MatVecArgs a = L.a;
+    for (int i = 0; i < a.n_parts; ++i) a.part[i].splits = 1;
+    MmaGroupArgs g;
+    g.n_tiles = groups.n_tiles;
+    g.order = groups.order;
+    g.tiles = groups.tiles;
+    std::copy(std::begin(L.expert_stride), std::end(L.expert_stride), std::begin(g.expert_stride));
+    g.n_expert = L.n_expert;
+    g.x_div = x_div;
+    return LaunchMatVecMmaGrouped(kernel, a, L.blocks, g, tile_routes, grid, pdl, stream);
+  }
+  MoeGroupedArgs m;
+  m.mv = L.a;
+  std::copy(std::begin(L.expert_stride), std::end(L.expert_stride), std::begin(m.expert_stride));
+  m.n_tiles = groups.n_tiles;
+  m.order = groups.order;
+  m.tiles = groups.tiles;
+  m.n_expert = L.n_expert;
+  m.x_div = x_div;
+  const GroupedFn fn = PickExpert<true>(L.kernel, L.ksplit);
+  if (fn == nullptr) return NotCompiled(kWho, L);
+  return LaunchKernel(fn, dim3(static_cast<unsigned>(grid), static_cast<unsigned>(L.blocks)),
+                      dim3(32 * WarpsPerCta(L.ksplit)), 0, stream, pdl, m);
 }
 
 absl::Status MoeCombine(const float* y, const float* weights, int n_rows, int k, int n_cols, float* x,

@@ -17,11 +17,13 @@
 //
 // Cost: every route reads its expert's rows, so an expert chosen by m rows
 // of a pass is read m times (from L2 when it stays there). One token reads
-// exactly its k experts (the memory roofline of active parameters); a
-// prompt of n tokens reads n * k expert matrices where grouping the rows by
-// expert would read each chosen expert once (n = 512, k = 8 of 128: up to
-// 32x the bytes). Grouped per-expert GEMMs are the later optimization
-// (issue 31); this form is correct for every pass shape first.
+// exactly its k experts (the memory roofline of active parameters). For
+// passes of several rows, RouteGroups sorts the routes by expert into
+// tiles of one expert's routes and ExpertMatVecGrouped multiplies each tile
+// by its expert on the int8 tensor cores (matvec_mma.cu's form, up to 64
+// routes a tile), so an expert chosen by m rows is read ceil(m / tile)
+// times, not m (a 512-token prompt, k = 8 of 128: once or twice an expert
+// instead of ~32 times), and the products run at the tensor cores' rate.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -111,6 +113,53 @@ struct ExpertOut {
 // of bounds). Gate/up: x_div = k (route r reads token r / k); down: 1.
 absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
                           int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl);
+
+// The routes of a pass grouped by expert, in device memory (carved once at
+// load, like MoeActs): `order` holds the route ids expert by expert (within
+// an expert ascending), and the tiles cut each expert's run into pieces of
+// at most tile_routes routes (RouteGroups' argument): tile i is {expert,
+// first index into order, count}. n_tiles[0] says how many tiles
+// RouteGroups wrote.
+inline constexpr int kMoeTileRoutes = 8;  // the smallest tile: the skeleton's token tile
+struct MoeGroups {
+  int* n_tiles = nullptr;  // (1)
+  int* order = nullptr;    // (max_routes)
+  int* tiles = nullptr;    // (MoeMaxTiles(max_routes, n_expert), 3)
+  int max_routes = 0;
+  int n_expert = 0;
+};
+// Tiles n_routes routes over n_expert experts can need: each expert's run
+// ends in at most one partial tile.
+int64_t MoeMaxTiles(int64_t n_routes, int n_expert, int tile_routes);
+// The tile size for n_routes routes over n_expert experts of an expert
+// tensor of this kernel and width: types with the int8 tensor-core form
+// (MatVecMmaSupports) take the smallest of 8, 16, 32, 64 that holds the mean
+// routes an expert (fewer empty token slots in the mma), others 8 (the
+// skeleton's token tile).
+int MoeTileRoutes(int n_routes, int n_expert, MatVecKernel kernel, int n_cols);
+// Bytes for max_routes routes of n_expert experts (any tile size), and the buffers laid out
+// in `mem` (256-byte aligned, that many bytes, owned by the caller).
+uint64_t MoeGroupsBytes(int max_routes, int n_expert);
+MoeGroups MoeGroupsIn(void* mem, int max_routes, int n_expert);
+
+// Groups routes [0, n_routes) of ids (RouteTopK's, (n_routes); out-of-range
+// ids clamped as ExpertMatVec does) into `groups`: a stable counting sort by
+// expert, then the tiles of at most tile_routes (8, 16, 32 or 64). One warp,
+// on the device (graph-capturable). n_routes <= groups.max_routes.
+absl::Status RouteGroups(const int* ids, int n_routes, int tile_routes, const MoeGroups& groups,
+                         cudaStream_t stream, bool pdl);
+
+// ExpertMatVec's outputs (each route's y_m[r]) over RouteGroups' tiles
+// (made with tile_routes = MoeTileRoutes(...), or any multiple of 8 up to 64
+// for a type with the tensor-core form), each tile's expert read once for
+// all its routes: on the int8 tensor cores where the type has that form
+// (within ~1e-6 of ExpertMatVec: the same integer dots, scaled and summed in
+// the mma form's order; the same bits whatever the tile size), else the
+// skeleton's 8-token tile (ExpertMatVec's bits). The grid covers
+// MoeMaxTiles tiles; CTAs past n_tiles[0] exit.
+absl::Status ExpertMatVecGrouped(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
+                                 int n_routes, int x_div, const MoeGroups& groups, int tile_routes,
+                                 cudaStream_t stream, bool pdl);
 
 // x[t] += sum_{j < k} weights[t, j] * y[t * k + j]   (j ascending: deterministic)
 // y: (n_rows * k, n_cols); weights: (n_rows, k); x: (n_rows, n_cols).

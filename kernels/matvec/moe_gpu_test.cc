@@ -8,6 +8,10 @@
 //     experts, against float64 products of the CPU-dequantized expert
 //     weights with the same int8-rounded activations; a grouped launch (gate
 //     and up) gives the bits of one launch per tensor;
+//   - RouteGroups against a stable CPU sort (skewed and out-of-range ids,
+//     1 to 1024 experts, up to 3000 routes, tiles of 8 / 16 / 64), and
+//     ExpertMatVecGrouped against float64 and ExpertMatVec (every type; runs
+//     of several tiles; the same bits at every tile size);
 //   - MoeCombine against float64;
 //   - PlanExperts refuses a type without an expert kernel.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -21,6 +25,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +34,7 @@
 #include "kernels/device_tuning.h"
 #include "kernels/gpu_test.h"
 #include "kernels/matvec/matvec_test_util.h"
+#include "kernels/matvec/matvec_plan.h"
 #include "kernels/matvec/moe.h"
 
 namespace dpl::kernels {
@@ -270,6 +276,184 @@ TEST_CASE("ExpertMatVec follows float64 for every expert type, shape and row cou
       }
     }
   }
+}
+
+// The routes grouped by expert, on a device buffer of MoeGroupsBytes.
+struct DevGroups {
+  void* mem = nullptr;
+  MoeGroups g;
+  DevGroups(int max_routes, int n_expert) {
+    CUDA_OK(cudaMalloc(&mem, MoeGroupsBytes(max_routes, n_expert)));
+    g = MoeGroupsIn(mem, max_routes, n_expert);
+  }
+  ~DevGroups() { cudaFree(mem); }
+};
+
+TEST_CASE("RouteGroups sorts the routes by expert, stably, in tiles") {
+  struct Case {
+    int n_expert, n_routes;
+  };
+  const Case cases[] = {{8, 5}, {8, 100}, {1, 17}, {128, 512}, {128, 2048}, {1024, 3000}, {3, 64}};
+  int seed = 0;
+  for (const Case& c : cases) {
+    for (int tile_routes : {8, 16, 64}) {
+      CAPTURE(c.n_expert);
+      CAPTURE(c.n_routes);
+      CAPTURE(tile_routes);
+      std::mt19937 rng(1000 + ++seed);
+      std::vector<int> ids(static_cast<size_t>(c.n_routes));
+      // Skewed: half the routes on a few experts (runs longer than a tile),
+      // the rest anywhere; a few out of range (clamped, as ExpertMatVec does).
+      for (int r = 0; r < c.n_routes; ++r) {
+        const int u = static_cast<int>(rng() % 100);
+        ids[r] = u < 50 ? static_cast<int>(rng() % std::min(c.n_expert, 3)) : static_cast<int>(rng() % c.n_expert);
+        if (u == 99) ids[r] = -5;
+        if (u == 98) ids[r] = c.n_expert + 7;
+      }
+      GuardedArray<int> d_ids(ids);
+      DevGroups dg(c.n_routes, c.n_expert);
+      STATUS_OK(RouteGroups(d_ids.get(), c.n_routes, tile_routes, dg.g, nullptr, false));
+      CUDA_OK(cudaDeviceSynchronize());
+      const int64_t max_tiles = MoeMaxTiles(c.n_routes, c.n_expert, tile_routes);
+      int n_tiles = 0;
+      std::vector<int> order(static_cast<size_t>(c.n_routes)), tiles(static_cast<size_t>(3 * max_tiles));
+      CUDA_OK(cudaMemcpy(&n_tiles, dg.g.n_tiles, 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(order.data(), dg.g.order, order.size() * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(tiles.data(), dg.g.tiles, tiles.size() * 4, cudaMemcpyDeviceToHost));
+      // The expected grouping: a stable sort by clamped expert, then runs.
+      std::vector<int> want(static_cast<size_t>(c.n_routes));
+      std::iota(want.begin(), want.end(), 0);
+      auto expert = [&](int r) { return std::min(std::max(ids[r], 0), c.n_expert - 1); };
+      std::stable_sort(want.begin(), want.end(), [&](int a, int b) { return expert(a) < expert(b); });
+      CHECK(order == want);
+      std::vector<int> want_tiles;
+      for (int at = 0; at < c.n_routes;) {
+        const int e = expert(want[at]);
+        int end = at;
+        while (end < c.n_routes && expert(want[end]) == e) ++end;
+        for (int j = at; j < end; j += tile_routes) {
+          want_tiles.insert(want_tiles.end(), {e, j, std::min(tile_routes, end - j)});
+        }
+        at = end;
+      }
+      REQUIRE(static_cast<int64_t>(want_tiles.size()) <= 3 * max_tiles);
+      CHECK(n_tiles * 3 == static_cast<int>(want_tiles.size()));
+      CHECK(std::equal(want_tiles.begin(), want_tiles.end(), tiles.begin()));
+    }
+  }
+  DevGroups small(4, 8);
+  GuardedArray<int> d_ids(std::vector<int>{0, 1, 2, 3, 4});
+  CHECK(!RouteGroups(d_ids.get(), 5, 8, small.g, nullptr, false).ok());  // more routes than the buffers hold
+  CHECK(!RouteGroups(d_ids.get(), 0, 8, small.g, nullptr, false).ok());
+  CHECK(!RouteGroups(d_ids.get(), 4, 12, small.g, nullptr, false).ok());  // not a multiple of 8
+}
+
+// Every expert type, gate/up-like and down-like shapes (and a q8_0 width that
+// is not whole 256-column blocks: the skeleton's tile), 2 to 64 rows with
+// one expert taking most routes (runs of several tiles): the grouped form
+// against float64 with the same int8 activations, against ExpertMatVec, and
+// the same bits at every tile size (the tensor-core form) or ExpertMatVec's
+// bits (the skeleton's tile).
+TEST_CASE("ExpertMatVecGrouped follows ExpertMatVec for every expert type") {
+  constexpr int kExperts = 8, kUsed = 2;
+  struct Shape {
+    int64_t rows, cols;
+  };
+  int seed = 0;
+  for (const ExpertType& t : kExpertTypes) {
+    std::vector<Shape> shapes = {{256, 512}, {768, 2048}, {2048, 768}};
+    if (t.type == GgmlType::kQ8_0) shapes.push_back({256, 288});
+    for (const Shape& sh : shapes) {
+      const int64_t rows = sh.rows, cols = sh.cols;
+      CAPTURE(formats::TraitsOf(t.type).name);
+      CAPTURE(static_cast<int>(t.layout));
+      CAPTURE(rows);
+      CAPTURE(cols);
+      DevExperts a, b;
+      MakeExperts(t, kExperts, rows, cols, 3100 + ++seed, &a);
+      MakeExperts(t, kExperts, rows, cols, 3500 + seed, &b);
+      const bool mma = MatVecMmaSupports(a.plan.kernel, cols);
+      for (int n : {2, 9, 64}) {
+        CAPTURE(n);
+        const int n_routes = n * kUsed;
+        std::mt19937 rng(40 + n + seed);
+        std::vector<int> ids(static_cast<size_t>(n_routes));
+        for (int r = 0; r < n_routes; ++r) {
+          ids[r] = r % kUsed == 0 && rng() % 4 != 0 ? 5 : static_cast<int>(rng() % kExperts);
+        }
+        GuardedArray<int> d_ids(ids);
+        for (int x_div : {kUsed, 1}) {
+          CAPTURE(x_div);
+          const int x_rows = n_routes / x_div;
+          const std::vector<float> x = RandomNormal(int64_t{x_rows} * cols, 11 + n + x_div + seed);
+          GuardedArray<float> d_x(x), d_h(x.size()), d_ones(std::vector<float>(static_cast<size_t>(cols), 1.f));
+          void* acts_mem = nullptr;
+          CUDA_OK(cudaMalloc(&acts_mem, MoeActsBytes(int64_t{x_rows} * cols)));
+          const MoeActs acts = MoeActsIn(acts_mem, int64_t{x_rows} * cols);
+          STATUS_OK(MoeNormQuantize(d_x.get(), d_ones.get(), 1e-6f, static_cast<int>(cols), x_rows, d_h.get(),
+                                    acts, nullptr, false));
+          const std::vector<float> h = d_h.Download();
+          const size_t out = static_cast<size_t>(n_routes * rows);
+          GuardedArray<float> ya(out), yb(out);
+          const ExpertOut per_route[2] = {{&a.w, &a.plan, ya.get()}, {&b.w, &b.plan, yb.get()}};
+          STATUS_OK(ExpertMatVec(per_route, acts, static_cast<int>(cols), n_routes, x_div, d_ids.get(), nullptr, false));
+          const std::vector<float> want_a = ya.Download(), want_b = yb.Download();
+          std::vector<float> first_a;  // the first tile size's, for the same-bits check
+          std::vector<int> tile_sizes = {MoeTileRoutes(n_routes, kExperts, a.plan.kernel, static_cast<int>(cols))};
+          if (mma) tile_sizes = {8, 16, 64};
+          for (int tile : tile_sizes) {
+            CAPTURE(tile);
+            DevGroups dg(n_routes, kExperts);
+            STATUS_OK(RouteGroups(d_ids.get(), n_routes, tile, dg.g, nullptr, false));
+            GuardedArray<float> ga(out), gb(out), g1(out);
+            const ExpertOut grouped[2] = {{&a.w, &a.plan, ga.get()}, {&b.w, &b.plan, gb.get()}};
+            const ExpertOut alone[1] = {{&a.w, &a.plan, g1.get()}};
+            STATUS_OK(ExpertMatVecGrouped(grouped, acts, static_cast<int>(cols), n_routes, x_div, dg.g, tile, nullptr,
+                                          false));
+            STATUS_OK(ExpertMatVecGrouped(alone, acts, static_cast<int>(cols), n_routes, x_div, dg.g, tile, nullptr,
+                                          false));
+            const std::vector<float> got_a = ga.Download(), got_b = gb.Download(), got_1 = g1.Download();
+            CHECK(std::memcmp(got_1.data(), got_a.data(), out * 4) == 0);  // grouped launch == alone
+            if (!mma) {
+              CHECK(std::memcmp(got_a.data(), want_a.data(), out * 4) == 0);
+              CHECK(std::memcmp(got_b.data(), want_b.data(), out * 4) == 0);
+            }
+            if (first_a.empty()) {
+              first_a = got_a;
+            } else {
+              CHECK(std::memcmp(got_a.data(), first_a.data(), out * 4) == 0);
+            }
+            double worst_q = 0, worst_per_route = 0;
+            for (int r = 0; r < n_routes; ++r) {
+              const std::vector<double> xq = testutil::QuantizedX(h.data() + int64_t{r / x_div} * cols, cols);
+              for (const auto& [ex, got, want] : {std::tuple{&a, &got_a, &want_a}, std::tuple{&b, &got_b, &want_b}}) {
+                const float* y = got->data() + int64_t{r} * rows;
+                worst_q = std::max(worst_q, NormErr(y, RefExpert(*ex, ids[r], xq.data())));
+                const std::vector<double> w(want->begin() + int64_t{r} * rows, want->begin() + int64_t{r + 1} * rows);
+                worst_per_route = std::max(worst_per_route, NormErr(y, w));
+              }
+            }
+            CHECK_MESSAGE(worst_q < 1e-5, "err vs the quantized-x reference " << worst_q);
+            CHECK_MESSAGE(worst_per_route < 1e-5, "err vs ExpertMatVec " << worst_per_route);
+          }
+          CUDA_OK(cudaFree(acts_mem));
+        }
+      }
+    }
+  }
+  // Groups made for other experts, or too few routes, or the wrong tiles, are refused.
+  DevExperts e;
+  MakeExperts({GgmlType::kQ4_K, TensorLayout::kRaw}, 4, 64, 256, 7, &e);
+  DevGroups wrong(8, 16), few(2, 4), right(8, 4);
+  void* mem = nullptr;
+  CUDA_OK(cudaMalloc(&mem, MoeActsBytes(8 * 256)));
+  const MoeActs acts = MoeActsIn(mem, 8 * 256);
+  GuardedArray<float> y(8 * 64);
+  const ExpertOut o[1] = {{&e.w, &e.plan, y.get()}};
+  CHECK(!ExpertMatVecGrouped(o, acts, 256, 8, 1, wrong.g, 8, nullptr, false).ok());
+  CHECK(!ExpertMatVecGrouped(o, acts, 256, 8, 1, few.g, 8, nullptr, false).ok());
+  CHECK(!ExpertMatVecGrouped(o, acts, 256, 8, 1, right.g, 12, nullptr, false).ok());
+  CUDA_OK(cudaFree(mem));
 }
 
 TEST_CASE("ExpertMatVec reads each route's own expert (a wrong offset shows)") {
