@@ -351,8 +351,9 @@ generated=$(metric tokens_predicted_total)
 [[ -n $generated && ${generated%.*} -lt 600 ]] && ok "cancelled streams stopped generating ($generated tokens in all)" ||
   bad "cancelled streams: $generated tokens"
 expect 200 "/metrics" "$url/metrics"
-for m in prompt_tokens_total prompt_tokens_cached_total prompt_tokens_copied_total tokens_predicted_total requests_total requests_processing requests_deferred \
-         predicted_tokens_seconds kv_cache_usage_ratio kv_cache_tokens; do
+for m in prompt_tokens_total prompt_tokens_cached_total prompt_tokens_copied_total prompt_tokens_adopted_total \
+         tokens_predicted_total requests_total requests_processing requests_deferred \
+         predicted_tokens_seconds kv_cache_usage_ratio kv_cache_tokens kv_blocks_cached; do
   grep -q "^dpl_$m " "$tmp/body" || bad "/metrics lacks dpl_$m"
 done
 # The text is valid Prometheus exposition, names and all (Debian's prometheus

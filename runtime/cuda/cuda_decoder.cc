@@ -295,6 +295,7 @@ absl::Status CudaDecoder::Allocate() {
   void* qx_mem = nullptr;  // int8 activations, laid out by MatVecScratchIn
   void* moe_h_mem = nullptr;  // MoE int8 activations, laid out by MoeActsIn
   void* moe_g_mem = nullptr;
+  void* moe_groups_mem = nullptr;  // the routes grouped by expert, laid out by MoeGroupsIn
   const struct {
     uint64_t bytes;
     void* slot;  // address of the Buffers pointer to set
@@ -318,6 +319,7 @@ absl::Status CudaDecoder::Allocate() {
       {M * K * X * 4, &b.moe_gate}, {M * K * X * 4, &b.moe_up}, {M * K * E * 4, &b.moe_down},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * E)) : 0, &moe_h_mem},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * K * X)) : 0, &moe_g_mem},
+      {M > 0 ? kernels::MoeGroupsBytes(static_cast<int>(M * K), static_cast<int>(NX)) : 0, &moe_groups_mem},
       {x_f16_bytes, &b.x_f16},     {static_cast<uint64_t>(w_f16_elems_) * 2, &b.w_f16},
       {tuning_.gemm_dequant_ahead ? static_cast<uint64_t>(w_f16_elems_) * 2 : 0, &b.w_f16_ahead},
   };
@@ -346,6 +348,7 @@ absl::Status CudaDecoder::Allocate() {
   if (M > 0) {
     b.moe_h = kernels::MoeActsIn(moe_h_mem, static_cast<int64_t>(M * E));
     b.moe_g = kernels::MoeActsIn(moe_g_mem, static_cast<int64_t>(M * K * X));
+    b.moe_groups = kernels::MoeGroupsIn(moe_groups_mem, static_cast<int>(M * K), static_cast<int>(NX));
   }
   // The f16 copy only where a plan reads it.
   b.qx.f16_min_tokens = std::min(tuning_.mma_f16_min_tokens, tuning_.mma_f16_min_tokens_q6k);
@@ -659,18 +662,34 @@ absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, const float* ffn_norm,
     DPL_RETURN_IF_ERROR(kernels::RunMatVec(moe.router.w, moe.router.plan, io, s));
     DPL_RETURN_IF_ERROR(kernels::RouteTopK(b.moe_logits, m, n_expert, k, b.moe_ids, b.moe_w, s, pdl));
     const int routes = m * k;
+    // Several rows: their routes grouped by expert, each expert's weights
+    // read once per 8 of its routes (the same bits as a CTA column a route).
+    // One tile size for the three products (RouteGroups' tiles serve all):
+    // 8 unless every expert tensor has the tensor-core form.
+    const bool grouped = tuning_.moe_grouped_min_fill_pct > 0 && m > 1 &&
+                         int64_t{routes} * 100 >= int64_t{tuning_.moe_grouped_min_fill_pct} * n_expert;
+    int tile = kernels::kMoeTileRoutes;
+    if (grouped) {
+      tile = std::min({kernels::MoeTileRoutes(routes, n_expert, moe.gate_plan.kernel, E),
+                       kernels::MoeTileRoutes(routes, n_expert, moe.up_plan.kernel, E),
+                       kernels::MoeTileRoutes(routes, n_expert, moe.down_plan.kernel, X)});
+      DPL_RETURN_IF_ERROR(kernels::RouteGroups(b.moe_ids, routes, tile, b.moe_groups, s, pdl));
+    }
+    auto experts = [&](absl::Span<const kernels::ExpertOut> parts, const kernels::MoeActs& in, int n_cols,
+                       int x_div) {
+      return grouped ? kernels::ExpertMatVecGrouped(parts, in, n_cols, routes, x_div, b.moe_groups, tile, s, pdl)
+                     : kernels::ExpertMatVec(parts, in, n_cols, routes, x_div, b.moe_ids, s, pdl);
+    };
     const kernels::ExpertOut gate_up[2] = {{&moe.gate, &moe.gate_plan, b.moe_gate},
                                            {&moe.up, &moe.up_plan, b.moe_up}};
     if (moe.gate_up_grouped) {
-      DPL_RETURN_IF_ERROR(kernels::ExpertMatVec(gate_up, b.moe_h, E, routes, k, b.moe_ids, s, pdl));
+      DPL_RETURN_IF_ERROR(experts(gate_up, b.moe_h, E, k));
     } else {
-      for (const kernels::ExpertOut& o : gate_up) {
-        DPL_RETURN_IF_ERROR(kernels::ExpertMatVec({o}, b.moe_h, E, routes, k, b.moe_ids, s, pdl));
-      }
+      for (const kernels::ExpertOut& o : gate_up) DPL_RETURN_IF_ERROR(experts({o}, b.moe_h, E, k));
     }
     DPL_RETURN_IF_ERROR(kernels::MoeSwiGluQuantize(b.moe_gate, b.moe_up, X, routes, b.moe_gate, b.moe_g, s, pdl));
     const kernels::ExpertOut down[1] = {{&moe.down, &moe.down_plan, b.moe_down}};
-    DPL_RETURN_IF_ERROR(kernels::ExpertMatVec(down, b.moe_g, X, routes, 1, b.moe_ids, s, pdl));
+    DPL_RETURN_IF_ERROR(experts(down, b.moe_g, X, 1));
     DPL_RETURN_IF_ERROR(kernels::MoeCombine(b.moe_down, b.moe_w, m, k, E, x, s, pdl));
   }
   return absl::OkStatus();
@@ -1017,6 +1036,19 @@ absl::Status CudaDecoder::CopySeqPrefix(int dst, int src, int64_t n) {
   }
   n_past_[dst] = n;
   sampling_[dst] = false;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::AdoptSeqPrefix(int seq, int64_t n) {
+  if (!tables_.has_value()) return absl::FailedPreconditionError("AdoptSeqPrefix: the KV cache is not paged");
+  DPL_RETURN_IF_ERROR(CheckSeq(seq));
+  if (n > n_ctx_) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot adopt ", n, " positions into sequence ", seq,
+                                                   " of ", n_ctx_));
+  }
+  DPL_RETURN_IF_ERROR(tables_->Adopt(seq, n));  // checks n >= 0 and the table
+  n_past_[seq] = n;
+  sampling_[seq] = false;
   return absl::OkStatus();
 }
 

@@ -180,6 +180,12 @@ class CudaDecoder : public generate::Decoder {
   // copied then). Errors: a sequence out of range, dst == src, n outside
   // [0, n_past(src)].
   absl::Status CopySeqPrefix(int dst, int src, int64_t n);
+  // Paged KV: the sequence's first n positions are the rows already in the
+  // first blocks of its table (SetBlockTable first): blocks of the
+  // scheduler's prefix cache that any sequence wrote. Nothing is copied;
+  // its earlier rows are dropped and no token is pending. Errors: not
+  // paged, a sequence out of range, n < 0, beyond its table or the context.
+  absl::Status AdoptSeqPrefix(int seq, int64_t n);
   // Paged KV: the pool blocks that hold the sequence's positions from now on
   // (block i: positions [i * kv_block(), (i + 1) * kv_block())), uploaded
   // before the next pass. Where a block differs from the one that holds its
@@ -355,6 +361,7 @@ class CudaDecoder : public generate::Decoder {
     float* moe_down = nullptr;    // (M * k, n_embd) down products
     kernels::MoeActs moe_h;       // int8 blocks of the rows' normed x: (M, n_embd)
     kernels::MoeActs moe_g;       // int8 blocks of silu(gate) * up: (M * k, X)
+    kernels::MoeGroups moe_groups;  // the (M * k) routes grouped by expert (RouteGroups)
   };
 
   CudaDecoder() = default;

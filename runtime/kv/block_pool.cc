@@ -109,24 +109,31 @@ bool BlockPool::Cache(int block, int parent, absl::Span<const int32_t> tokens) {
   return true;
 }
 
-std::vector<int> BlockPool::MatchPrefix(absl::Span<const int32_t> tokens, int max_blocks) {
+int BlockPool::CachedChild(int parent, absl::Span<const int32_t> tokens) const {
+  if (parent < -1 || parent >= num_blocks() || static_cast<int>(tokens.size()) != block_size_) return -1;
+  if (parent >= 0 && !blocks_[static_cast<size_t>(parent)].cached) return -1;
+  const auto it = by_hash_.find(HashOf(parent >= 0 ? blocks_[static_cast<size_t>(parent)].hash : 0, tokens));
+  if (it == by_hash_.end()) return -1;
+  const Block& b = blocks_[static_cast<size_t>(it->second)];
+  // Exact: the same parent block and the same tokens, not only the hash.
+  if (b.parent != parent || !std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin())) return -1;
+  return it->second;
+}
+
+std::vector<int> BlockPool::FindPrefix(absl::Span<const int32_t> tokens, int max_blocks) const {
   std::vector<int> chain;
-  int parent = -1;
-  uint64_t parent_hash = 0;
   const int n = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / block_size_);
-  for (int i = 0; i < n; ++i) {
-    const absl::Span<const int32_t> part = tokens.subspan(static_cast<size_t>(i) * block_size_,
-                                                          static_cast<size_t>(block_size_));
-    const uint64_t hash = HashOf(parent_hash, part);
-    const auto it = by_hash_.find(hash);
-    if (it == by_hash_.end()) break;
-    const Block& b = blocks_[static_cast<size_t>(it->second)];
-    // Exact: the same parent block and the same tokens, not only the hash.
-    if (b.parent != parent || !std::equal(b.tokens.begin(), b.tokens.end(), part.begin())) break;
-    chain.push_back(it->second);
-    parent = it->second;
-    parent_hash = hash;
+  const size_t bs = static_cast<size_t>(block_size_);
+  for (int i = 0, parent = -1; i < n; ++i) {
+    parent = CachedChild(parent, tokens.subspan(static_cast<size_t>(i) * bs, bs));
+    if (parent < 0) break;
+    chain.push_back(parent);
   }
+  return chain;
+}
+
+std::vector<int> BlockPool::MatchPrefix(absl::Span<const int32_t> tokens, int max_blocks) {
+  std::vector<int> chain = FindPrefix(tokens, max_blocks);
   for (int id : chain) {
     Block& b = blocks_[static_cast<size_t>(id)];
     if (b.refs++ == 0) evictable_.erase(b.evict_pos);

@@ -65,6 +65,15 @@ class BlockPool {
   // n <= max_blocks, each taken with one more reference (a block with no
   // users leaves the eviction order). Pair with Release.
   std::vector<int> MatchPrefix(absl::Span<const int32_t> tokens, int max_blocks);
+  // The chain MatchPrefix would take now, taken by no one: a scheduler
+  // weighs it against its other starts (and the blocks it would need)
+  // before it commits.
+  std::vector<int> FindPrefix(absl::Span<const int32_t> tokens, int max_blocks) const;
+  // The cached block that continues `parent` (a cached block, or -1 for a
+  // sequence's first) with `tokens`, or -1. A sequence whose block was not
+  // cached because another block already caches the same tokens (two
+  // requests ran one prompt at once) continues its chain from that block.
+  int CachedChild(int parent, absl::Span<const int32_t> tokens) const;
 
   int RefCount(int block) const { return blocks_[static_cast<size_t>(block)].refs; }
   bool IsCached(int block) const { return blocks_[static_cast<size_t>(block)].cached; }

@@ -140,5 +140,42 @@ TEST_CASE("block pool: a block in use is never evicted; caching rules") {
   CHECK(pool.MatchPrefix(Tokens(4, 0), 2) == std::vector<int>{a[0], c});
 }
 
+// What a scheduler does before it commits to a cached start: FindPrefix
+// names the chain MatchPrefix would take and takes nothing (no reference,
+// the eviction order as it was); CachedChild finds the block that caches a
+// prefix another sequence duplicated, so that sequence's next block can
+// continue the cached chain.
+TEST_CASE("block pool: FindPrefix takes nothing; CachedChild continues a duplicated prefix") {
+  BlockPool pool = Pool(6, 2);
+  const std::vector<int> a = WriteAndCache(pool, Tokens(4, 0));  // blocks 0, 1
+  REQUIRE(pool.Release(a).ok());                                 // evictable: a[1], then a[0]
+  CHECK(pool.FindPrefix(Tokens(6, 0), 3) == a);
+  CHECK(pool.FindPrefix(Tokens(6, 0), 1) == std::vector<int>{a[0]});
+  CHECK(pool.FindPrefix(Tokens(1, 0), 3).empty());
+  CHECK(pool.RefCount(a[0]) == 0);
+  CHECK(pool.num_available() == 6);
+  // The order is untouched: after the 4 free blocks, a's tail goes first.
+  std::vector<int> taken;
+  for (int i = 0; i < 5; ++i) taken.push_back(*pool.Allocate());
+  CHECK(taken.back() == a[1]);
+  CHECK(pool.FindPrefix(Tokens(4, 0), 2) == std::vector<int>{a[0]});
+
+  // Another sequence ran the same first block into its own block d (not
+  // cached: a[0] caches those tokens), then a block of its own.
+  const int d = taken[0], e = taken[1];
+  CHECK(!pool.Cache(d, -1, Tokens(2, 0)));
+  CHECK(pool.CachedChild(-1, Tokens(2, 0)) == a[0]);
+  CHECK(pool.CachedChild(-1, Tokens(2, 1)) == -1);      // other tokens
+  CHECK(pool.CachedChild(d, Tokens(2, 2)) == -1);       // d is not cached
+  CHECK(pool.CachedChild(-1, Tokens(3, 0)) == -1);      // not a block
+  CHECK(pool.Cache(e, a[0], Tokens(2, 7)));             // its chain goes on from a[0]
+  CHECK(pool.CachedChild(a[0], Tokens(2, 7)) == e);
+  REQUIRE(pool.Release({d, e}).ok());
+  std::vector<int32_t> seq = Tokens(2, 0);
+  seq.push_back(7);
+  seq.push_back(8);
+  CHECK(pool.MatchPrefix(seq, 2) == std::vector<int>{a[0], e});
+}
+
 }  // namespace
 }  // namespace dpl::kv

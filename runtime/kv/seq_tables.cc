@@ -72,6 +72,18 @@ void SeqTables::Keep(int seq, int64_t n) {
   rows_in_[static_cast<size_t>(seq)] = std::move(held);
 }
 
+absl::Status SeqTables::Adopt(int seq, int64_t n) {
+  const std::vector<int>& table = tables_[static_cast<size_t>(seq)];
+  if (n < 0 || n > static_cast<int64_t>(table.size()) * block_size_) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, ": cannot adopt ", n,
+                                                      " positions with a block table of ", table.size(),
+                                                      " blocks of ", block_size_));
+  }
+  const size_t k = static_cast<size_t>((n + block_size_ - 1) / block_size_);
+  rows_in_[static_cast<size_t>(seq)].assign(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(k));
+  return absl::OkStatus();
+}
+
 absl::Status SeqTables::CheckRun(int seq, int64_t positions) const {
   const std::vector<int>& table = tables_[static_cast<size_t>(seq)];
   const std::vector<int>& held = rows_in_[static_cast<size_t>(seq)];

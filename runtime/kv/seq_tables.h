@@ -10,7 +10,8 @@
 // new table with where the rows are and returns the block copies that
 // bring them over; the engine enqueues them before anything reads the
 // table. Until then a sequence whose rows live elsewhere cannot run
-// (CheckRun).
+// (CheckRun). A start adopted from the prefix cache (Adopt) needs no copy:
+// its rows are in the blocks its new table starts with.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +54,12 @@ class SeqTables {
   void Share(int dst, int src, int64_t n);
   // The sequence keeps its first n positions' rows (KeepPrefix, Release: 0).
   void Keep(int seq, int64_t n);
+  // The sequence's first n positions are the rows its table's blocks
+  // already hold (a start adopted from the scheduler's prefix cache: blocks
+  // that another sequence wrote, possibly long finished); whatever rows it
+  // held before are dropped. Set the table first. FailedPrecondition (and
+  // nothing changes) when its table does not reach n positions.
+  absl::Status Adopt(int seq, int64_t n);
 
   // OK when a pass may run the sequence up to `positions` (exclusive): its
   // table reaches them and its rows are in its own table. FailedPrecondition

@@ -63,6 +63,40 @@ TEST_CASE("seq tables: copy on write of a kept start's shared partial block") {
   CHECK(SetOk(t, 0, {2, 1}, 0).empty());
 }
 
+// The scheduler's prefix cache: blocks that sequence 0 wrote outlive its
+// use of them; sequence 1, which held rows of its own, drops them and
+// adopts the blocks as its first positions. Nothing is copied; it runs
+// within its table at once.
+TEST_CASE("seq tables: an adopted start lives in the table's own blocks") {
+  SeqTables t = Tables();
+  CHECK(SetOk(t, 0, {3, 7, 9}, 0).empty());  // then 40 positions written
+  t.Keep(0, 0);                               // sequence 0 released; blocks 3, 7 stay cached
+  CHECK(SetOk(t, 0, {}, 0).empty());
+  CHECK(SetOk(t, 1, {1, 2}, 0).empty());      // sequence 1 ran 20 positions
+  CHECK(t.CheckRun(1, 20).ok());
+  t.Keep(1, 0);                               // emptied for the next request
+  CHECK(SetOk(t, 1, {3, 7, 4}, 0).empty());   // the cached blocks and one of its own
+  CHECK(!t.Adopt(1, 49).ok());                // beyond its table: refused, nothing changed
+  CHECK(t.CheckRun(1, 48).ok());
+  REQUIRE(t.Adopt(1, 32).ok());
+  CHECK(t.CheckRun(1, 48).ok());
+  // Its rows are where the table says: a later table keeps them without a
+  // copy, and one that moves them copies from the adopted blocks.
+  CHECK(SetOk(t, 1, {3, 7, 4, 5}, 32).empty());
+  const std::vector<BlockCopy> c = SetOk(t, 1, {3, 8, 4}, 32);
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].src == 7);
+  CHECK(c[0].dst == 8);
+  CHECK(c[0].rows == 16);
+  // Adopting drops rows held elsewhere (a copied start not yet moved).
+  CHECK(SetOk(t, 2, {6}, 0).empty());
+  t.Share(2, 1, 20);
+  CHECK(!t.CheckRun(2, 16).ok());
+  REQUIRE(t.Adopt(2, 16).ok());
+  CHECK(t.CheckRun(2, 16).ok());
+  CHECK(SetOk(t, 2, {6, 10}, 16).empty());
+}
+
 TEST_CASE("seq tables: bad tables are refused and change nothing") {
   SeqTables t = Tables();
   CHECK(SetOk(t, 0, {3, 7}, 0).empty());  // then 20 positions written

@@ -15,8 +15,10 @@
 // then Step({..., slot, ...}) -> one token per call; then KeepPrefix(slot,
 // ...) for the next request on the slot (its prompt's cached start), or
 // CopyPrefix(slot, other, ...) when another slot holds a longer start (a
-// shared system prompt), or Release(slot). Calls come from one thread (the
-// scheduler's), in order: a copy sees every call before it.
+// shared system prompt), or AdoptPrefix(slot, ...) when the scheduler's
+// prefix cache holds a longer one in blocks (a paged engine), or
+// Release(slot). Calls come from one thread (the scheduler's), in order: a
+// copy sees every call before it.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "base/status_macros.h"
 #include "kernels/sampling/sampling_util.h"
@@ -168,6 +171,26 @@ class BatchEngine {
   // engine keeps regions; the scheduler sizes its pool from its options.
   virtual int kv_pool_blocks() const { return 0; }
   virtual int kv_block_size() const { return 0; }
+
+  // The scheduler's prefix cache (issue 30): full blocks that a request
+  // wrote stay in the pool after its slot is reused, and a later prompt
+  // that starts with their tokens takes them instead of running them. The
+  // slot's cache becomes kept.size() positions (whole blocks) whose keys
+  // and values are already in the first kept.size() / kv_block_size()
+  // blocks of its table (written by any slot, maybe long ago), with no
+  // token pending, as KeepPrefix leaves it (grammar, biases and logprobs
+  // cleared). `kept` are the tokens at those positions (the repetition
+  // penalty's history). The scheduler calls it on an emptied slot
+  // (KeepPrefix(slot, {})) after SetBlockTable(slot, table); only where
+  // supports_block_adoption() and kv_pool_blocks() > 0 (the CUDA engine
+  // with a paged cache). An engine that keeps a region per slot cannot:
+  // this default refuses (FailedPrecondition).
+  virtual bool supports_block_adoption() const { return false; }
+  virtual absl::Status AdoptPrefix(int slot, absl::Span<const int32_t> kept) {
+    (void)kept;
+    return absl::FailedPreconditionError(
+        absl::StrCat("slot ", slot, ": this engine cannot adopt cached KV blocks (its cache is not paged)"));
+  }
 
   // Structured output (response_format, grammar, json_schema): the tokens
   // the slot samples from its next Prefill's first token on, for the

@@ -305,6 +305,16 @@ absl::Status CudaEngine::CopyPrefix(int slot, int from, absl::Span<const int32_t
   return EndRequest(slot);
 }
 
+absl::Status CudaEngine::AdoptPrefix(int slot, absl::Span<const int32_t> kept) {
+  if (!decoder_->paged()) return BatchEngine::AdoptPrefix(slot, kept);
+  // The table holding the adopted blocks must have been taken.
+  DPL_RETURN_IF_ERROR(CheckTable(slot));
+  DPL_RETURN_IF_ERROR(Annotate(decoder_->AdoptSeqPrefix(slot, static_cast<int64_t>(kept.size())),
+                               absl::StrCat("slot ", slot)));
+  prompts_[slot].assign(kept.begin(), kept.end());
+  return EndRequest(slot);
+}
+
 void CudaEngine::Release(int slot) {
   if (!CheckSlot(slot).ok()) return;
   decoder_->RewindSeq(slot, 0).IgnoreError();  // 0 <= n_past always

@@ -46,6 +46,10 @@ class CudaEngine : public BatchEngine {
   void SetBlockTable(int slot, absl::Span<const int> blocks) override;
   int kv_pool_blocks() const override { return decoder_->paged() ? decoder_->kv_pool_blocks() : 0; }
   int kv_block_size() const override { return decoder_->paged() ? decoder_->kv_block() : 0; }
+  // The prefix cache's blocks as a slot's start (paged only): the rows stay
+  // where they are (CudaDecoder::AdoptSeqPrefix), nothing copied.
+  bool supports_block_adoption() const override { return decoder_->paged(); }
+  absl::Status AdoptPrefix(int slot, absl::Span<const int32_t> kept) override;
   // Structured output: each draw of a slot with a grammar takes the mask
   // of its grammar's state (SlotGrammars), copied to the device before the
   // step (CudaDecoder::SetAllowedTokens), and the grammar takes the token.

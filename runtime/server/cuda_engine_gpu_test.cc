@@ -853,5 +853,74 @@ TEST_CASE("a paged engine under the scheduler: the tokens of regions, and a smal
   }
 }
 
+// The prefix cache (issue 30) on the device: a one-slot paged engine runs
+// p (48 tokens: 3 blocks, one prefill chunk), then q, which takes the
+// slot; p's blocks stay cached, and p's next turn (p and 5 more) adopts
+// them (CudaDecoder::AdoptSeqPrefix: the rows where p's prefill wrote
+// them, nothing copied) and prefills the 5. Its greedy tokens must be
+// those of the same turn started from the slot's own kept cache (no q in
+// between): the same rows, the same 5-token chunk, so the same bits.
+TEST_CASE("a paged engine adopts a reused slot's cached blocks: the tokens of a kept start") {
+  const std::string path = SynthVocabModel("adopt");
+  runtime::CudaDecoderOptions o;
+  o.n_ctx = 256;
+  o.n_seq = 1;
+  o.kv_block = 16;
+  std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
+  CHECK(engine->supports_block_adoption());
+  auto tok = tokenizer::Tokenizer::FromMetadata(engine->decoder().file()->metadata());
+  REQUIRE(tok.ok());
+  auto request = [](std::vector<int32_t> prompt, int max_tokens) {
+    GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    return r;
+  };
+  auto run = [](Scheduler& s, const GenerationRequest& r) {
+    auto st = s.Submit(r);
+    REQUIRE(st.ok());
+    std::pair<std::string, int64_t> got;  // text, cached tokens
+    for (;;) {
+      for (StreamEvent& e : (*st)->Wait(absl::Seconds(60))) {
+        got.first += e.text;
+        if (e.final) {
+          REQUIRE_MESSAGE(e.error.ok(), e.error.ToString());
+          CHECK(e.completion_tokens == r.max_tokens);
+          got.second = e.cached_tokens;
+          return got;
+        }
+      }
+    }
+  };
+  std::vector<int32_t> p(48), q(20);
+  for (int i = 0; i < 48; ++i) p[static_cast<size_t>(i)] = 200 + 41 * i;
+  for (int i = 0; i < 20; ++i) q[static_cast<size_t>(i)] = 7000 + 13 * i;
+  std::vector<int32_t> p2 = p;
+  for (int32_t t : {11, 12, 13, 14, 15}) p2.push_back(t);
+  std::pair<std::string, int64_t> kept, adopted;
+  {
+    Scheduler s(*engine, *tok, {});
+    run(s, request(p, 1));  // the slot holds p's 48 positions (its token pending)
+    kept = run(s, request(p2, 16));
+    CHECK(kept.second == 48);  // the slot's own cache
+    CHECK(s.metrics().prompt_tokens_adopted_total == 0);
+  }
+  {
+    Scheduler s(*engine, *tok, {});
+    run(s, request(p, 1));
+    CHECK(run(s, request(q, 4)).second == 0);  // takes the slot; p's blocks stay cached
+    adopted = run(s, request(p2, 16));
+    const SchedulerMetrics m = s.metrics();
+    CHECK(adopted.second == 48);
+    CHECK(m.prompt_tokens_adopted_total == 48);
+    CHECK(m.kv_blocks_cached >= 3);
+  }
+  CHECK(adopted.first == kept.first);
+  // Refusals: a table too short for the start, a start past the context.
+  CHECK(!engine->AdoptPrefix(0, std::vector<int32_t>(257, 1)).ok());
+}
+
 }  // namespace
 }  // namespace dpl::server

@@ -561,11 +561,15 @@ struct HttpServer::Handlers {
                       " ", value, "\n");
     };
     metric("prompt_tokens_total", "counter", "Prompt tokens processed.", x.prompt_tokens_total);
-    metric("prompt_tokens_cached_total", "counter", "Prompt tokens taken from a slot's cache instead.",
+    metric("prompt_tokens_cached_total", "counter",
+           "Prompt tokens taken from a cache instead (a slot's, or the KV pool's cached blocks).",
            x.prompt_tokens_cached_total);
     metric("prompt_tokens_copied_total", "counter",
            "Of the cached prompt tokens, those copied from another slot's cache (a shared start).",
            x.prompt_tokens_copied_total);
+    metric("prompt_tokens_adopted_total", "counter",
+           "Of the cached prompt tokens, those whose KV blocks the KV pool's prefix cache kept (a paged engine).",
+           x.prompt_tokens_adopted_total);
     metric("tokens_predicted_total", "counter", "Generated tokens.", x.generated_tokens_total);
     metric("requests_total", "counter", "Requests accepted.", x.requests_total);
     metric("prompt_seconds_total", "counter", "Engine seconds spent on prompts.", x.prompt_seconds);
@@ -583,6 +587,9 @@ struct HttpServer::Handlers {
     metric("kv_blocks_used", "gauge", "KV pool blocks that slots hold (running requests and kept caches).",
            x.kv_blocks_used);
     metric("kv_blocks_capacity", "gauge", "KV pool blocks.", x.kv_blocks_total);
+    metric("kv_blocks_cached", "gauge",
+           "KV pool blocks in the prefix cache, held or evictable (a paged engine; 0 otherwise).",
+           x.kv_blocks_cached);
     metric("preemptions_total", "counter", "Running requests sent back to the queue for KV blocks.",
            x.preemptions_total);
     auto histogram = [&out](const char* name, const char* help, const Histogram& h) {

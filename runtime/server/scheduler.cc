@@ -113,6 +113,11 @@ Scheduler::Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer,
   metrics_.kv_positions_total = std::min(static_cast<int64_t>(engine.n_slots()) * engine.n_ctx(), pool_positions_);
   metrics_.kv_block_size = block_size;
   metrics_.kv_blocks_total = blocks;
+  // Blocks outlive slots only where the engine can take a cached block as
+  // a slot's start: a paged engine whose pool this is. An engine of
+  // regions (the CPU engine) keeps each slot's rows in the slot.
+  block_cache_ = engine_pool && engine.supports_block_adoption();
+  slot_cached_.resize(static_cast<size_t>(engine.n_slots()), 0);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -442,15 +447,27 @@ std::pair<int, size_t> Scheduler::LongestStart(const Active& a) const {
   return {from, n};
 }
 
-void Scheduler::Start(Active& a, std::pair<int, size_t> start_at) {
+void Scheduler::Start(Active& a, StartAt start_at) {
   const std::vector<int32_t>& prompt = a.feed();
   std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(a.slot)];
-  const auto [longest, n] = start_at;
-  const int from = longest == a.slot ? -1 : longest;
+  const size_t n = start_at.n;
+  const int from = start_at.adopted || start_at.from == a.slot ? -1 : start_at.from;
   a.started = true;
   slot_group_[static_cast<size_t>(a.slot)] = a.group;
   const absl::Span<const int32_t> start = absl::MakeConstSpan(prompt).subspan(0, n);
-  absl::Status kept = from >= 0 ? engine_.CopyPrefix(a.slot, from, start) : engine_.KeepPrefix(a.slot, start);
+  absl::Status kept;
+  if (start_at.adopted) {
+    // The rows the slot holds are not the start: it is emptied, takes the
+    // table whose first blocks hold the start (ClaimStart's), and is told
+    // they do.
+    kept = engine_.KeepPrefix(a.slot, {});
+    if (kept.ok()) {
+      engine_.SetBlockTable(a.slot, slot_blocks_[static_cast<size_t>(a.slot)]);
+      kept = engine_.AdoptPrefix(a.slot, start);
+    }
+  } else {
+    kept = from >= 0 ? engine_.CopyPrefix(a.slot, from, start) : engine_.KeepPrefix(a.slot, start);
+  }
   // The request's grammar (if any) from its first sampled token on; the
   // start above cleared the previous request's.
   if (kept.ok() && a.request.grammar != nullptr) kept = engine_.SetGrammar(a.slot, a.request.grammar);
@@ -472,6 +489,51 @@ void Scheduler::Start(Active& a, std::pair<int, size_t> start_at) {
   absl::MutexLock lock(&mu_);
   metrics_.prompt_tokens_cached_total += static_cast<int64_t>(n);
   if (from >= 0) metrics_.prompt_tokens_copied_total += static_cast<int64_t>(n);
+  if (start_at.adopted) metrics_.prompt_tokens_adopted_total += static_cast<int64_t>(n);
+}
+
+std::vector<int> Scheduler::CachedChain(const Active& a) const {
+  // As LongestStart: a scored prompt runs whole, cache_prompt false takes
+  // nothing from the block cache (a sample of a group copies only from its
+  // siblings' slots).
+  if (!block_cache_ || !a.request.cache_prompt || (a.request.prompt_logprobs && !a.resuming())) return {};
+  const std::vector<int32_t>& feed = a.feed();
+  // Never the whole prompt: its last token runs for the first logits.
+  return pool_->FindPrefix(feed, static_cast<int>((feed.size() - 1) / static_cast<size_t>(pool_->block_size())));
+}
+
+void Scheduler::CacheBlocks(int slot) {
+  if (!block_cache_) return;
+  const std::vector<int32_t>& tokens = slot_tokens_[static_cast<size_t>(slot)];
+  const std::vector<int>& table = slot_blocks_[static_cast<size_t>(slot)];
+  const size_t bs = static_cast<size_t>(pool_->block_size());
+  // Full blocks whose every position the engine has written with a known
+  // token: slot_tokens_ is what ran (a pending sampled token joins it only
+  // when a step runs it).
+  const size_t full = std::min(tokens.size() / bs, table.size());
+  size_t& settled = slot_cached_[static_cast<size_t>(slot)];
+  if (settled >= full) return;
+  // Each block is cached as the child of the cached block holding the
+  // tokens before it: the slot's own previous block, or, where that one
+  // stayed private because another block caches the same tokens (two
+  // requests ran one prompt at once), that other block (looked up again
+  // from the first block: a block id kept from an earlier call may have
+  // been evicted and reused since).
+  size_t i = settled;
+  if (i > 0 && !pool_->IsCached(table[i - 1])) i = 0;
+  int parent = i > 0 ? table[i - 1] : -1;
+  for (; i < full; ++i) {
+    const absl::Span<const int32_t> part = absl::MakeConstSpan(tokens).subspan(i * bs, bs);
+    // Already cached: a start shared with or adopted from another slot, or
+    // registered by this slot before (a kept start).
+    if (pool_->Cache(table[i], parent, part) || pool_->IsCached(table[i])) {
+      parent = table[i];
+      continue;
+    }
+    parent = pool_->CachedChild(parent, part);
+    if (parent < 0) break;  // not reachable (a hash collision): the rest stays private
+  }
+  settled = full;
 }
 
 bool Scheduler::WaitsForSharedStart(const Active& a, absl::Span<const std::unique_ptr<Active>> older) const {
@@ -487,7 +549,8 @@ bool Scheduler::WaitsForSharedStart(const Active& a, absl::Span<const std::uniqu
     return false;  // its siblings ended without it: it runs the prompt itself
   }
   if (!a.request.cache_prompt) return false;
-  size_t held = 0;  // the longest start a cache holds now
+  // The longest start a cache holds now: a slot's, or the block cache's.
+  size_t held = CachedChain(a).size() * static_cast<size_t>(pool_->block_size());
   for (const std::vector<int32_t>& t : slot_tokens_) held = std::max(held, SharedStart(t, prompt));
   for (const auto& p : older) {
     if (p->decoding || p->done || !p->request.cache_prompt) continue;
@@ -506,6 +569,7 @@ int Scheduler::BlocksFor(int64_t positions) const {
 void Scheduler::DropSlotCache(int slot) {
   std::vector<int>& table = slot_blocks_[static_cast<size_t>(slot)];
   slot_tokens_[static_cast<size_t>(slot)].clear();
+  slot_cached_[static_cast<size_t>(slot)] = 0;
   engine_.Release(slot);
   if (table.empty()) return;
   (void)pool_->Release(table);
@@ -575,46 +639,83 @@ bool Scheduler::Grow(std::vector<std::unique_ptr<Active>>& active, size_t i, int
   return true;
 }
 
-bool Scheduler::ClaimStart(std::vector<std::unique_ptr<Active>>& active, size_t i, std::pair<int, size_t>& start,
+bool Scheduler::ClaimStart(std::vector<std::unique_ptr<Active>>& active, size_t i, StartAt& start,
                            size_t budget) {
   Active& a = *active[i];
   std::vector<int>& table = slot_blocks_[static_cast<size_t>(a.slot)];
   const int bs = pool_->block_size();
+  // A kept start's partial last block is written from its end on: a copy
+  // of it when another slot shares it, or when the block cache holds it (a
+  // full block of the previous request, whose cached tokens the writes
+  // would contradict).
+  auto copies_on_write = [&](size_t n, size_t keep) {
+    return n % static_cast<size_t>(bs) != 0 && keep > 0 && keep <= table.size() &&
+           (pool_->RefCount(table[keep - 1]) > 1 || pool_->IsCached(table[keep - 1]));
+  };
   for (;;) {
-    start = LongestStart(a);
-    const auto [from, n] = start;
-    const int64_t target = static_cast<int64_t>(n + std::min(a.feed().size() - n, budget));
-    // Kept in place: its first blocks stay (a partial last one copied when
-    // shared); copied: the other slot's full blocks are shared, the rest
-    // new. The slot's other blocks go back (those it alone holds count).
-    const size_t keep = from == a.slot ? static_cast<size_t>(BlocksFor(static_cast<int64_t>(n)))
-                                       : static_cast<size_t>(n / static_cast<size_t>(bs));
-    const bool cow = from == a.slot && n % static_cast<size_t>(bs) != 0 && keep > 0 && keep <= table.size() &&
-                     pool_->RefCount(table[keep - 1]) > 1;
-    int freed = 0;
-    for (size_t k = from == a.slot ? keep : 0; k < table.size(); ++k) freed += pool_->RefCount(table[k]) == 1;
-    const int need = BlocksFor(target) - static_cast<int>(keep) + (cow ? 1 : 0);
+    // The longest start: a slot's cache, or the block cache when its chain
+    // of whole blocks is longer.
+    const auto [from, n] = LongestStart(a);
+    const std::vector<int> chain = CachedChain(a);
+    const size_t chained = chain.size() * static_cast<size_t>(bs);
+    start = chained > n ? StartAt{a.slot, chained, true} : StartAt{from, n, false};
+    const int64_t target = static_cast<int64_t>(start.n + std::min(a.feed().size() - start.n, budget));
+    // Blocks it takes from those available now (free, or cached without
+    // users: evictable), and those its slot gives back (the ones it alone
+    // holds; a cached one becomes evictable, available all the same).
+    int need = 0, freed = 0;
+    if (start.adopted) {
+      // The chain's blocks with no users leave the evictable ones.
+      need = BlocksFor(target) - static_cast<int>(chain.size());
+      for (int b : chain) need += pool_->RefCount(b) == 0;
+      for (int b : table) {
+        freed += pool_->RefCount(b) == 1 && std::find(chain.begin(), chain.end(), b) == chain.end();
+      }
+    } else {
+      // Kept in place: its first blocks stay (a partial last one copied on
+      // write); copied: the other slot's full blocks are shared, the rest
+      // new.
+      const size_t keep = from == a.slot ? static_cast<size_t>(BlocksFor(static_cast<int64_t>(n)))
+                                         : static_cast<size_t>(n / static_cast<size_t>(bs));
+      const bool cow = from == a.slot && copies_on_write(n, keep);
+      for (size_t k = from == a.slot ? keep : 0; k < table.size(); ++k) freed += pool_->RefCount(table[k]) == 1;
+      if (cow) freed += pool_->RefCount(table[keep - 1]) == 1;  // cached, no other user: evictable once replaced
+      need = BlocksFor(target) - static_cast<int>(keep) + (cow ? 1 : 0);
+    }
     if (need <= pool_->num_available() + freed) break;
-    if (!ReclaimIdle(active, a.slot, from) && !PreemptNewer(active, i)) return false;
+    if (!ReclaimIdle(active, a.slot, start.adopted ? -1 : from) && !PreemptNewer(active, i)) return false;
   }
-  const auto [from, n] = start;
-  const int64_t target = static_cast<int64_t>(n + std::min(a.feed().size() - n, budget));
-  if (from == a.slot) {
+  const int64_t target = static_cast<int64_t>(start.n + std::min(a.feed().size() - start.n, budget));
+  if (start.adopted) {
+    // The chain found above (nothing changed the pool since), each block
+    // now with one more user: taken before the slot's blocks go back and
+    // before anything is allocated, so none of it is evicted.
+    std::vector<int> chain = pool_->MatchPrefix(a.feed(), static_cast<int>(start.n / static_cast<size_t>(bs)));
+    (void)pool_->Release(table);
+    table = std::move(chain);
+    slot_cached_[static_cast<size_t>(a.slot)] = 0;
+  } else if (start.from == a.slot) {
+    const size_t n = start.n;
     const size_t keep = std::min(table.size(), static_cast<size_t>(BlocksFor(static_cast<int64_t>(n))));
+    const bool cow = copies_on_write(n, keep);
     (void)pool_->Release(absl::MakeConstSpan(table).subspan(keep));
     table.resize(keep);
-    if (n % static_cast<size_t>(bs) != 0 && keep > 0 && pool_->RefCount(table[keep - 1]) > 1) {
-      // Copy on write: the partial last block is shared; the slot writes
-      // its own copy (a paging engine copies its keys and values).
+    if (cow) {
+      // The slot writes its own copy of the partial block (a paging
+      // engine copies its keys and values when the table comes).
       (void)pool_->Release(absl::MakeConstSpan(&table[keep - 1], 1));
       table[keep - 1] = *pool_->Allocate();
     }
+    size_t& settled = slot_cached_[static_cast<size_t>(a.slot)];
+    settled = std::min(settled, n / static_cast<size_t>(bs));
   } else {
-    const std::vector<int>& theirs = slot_blocks_[static_cast<size_t>(from)];
-    std::vector<int> shared(theirs.begin(), theirs.begin() + static_cast<std::ptrdiff_t>(n / static_cast<size_t>(bs)));
+    const std::vector<int>& theirs = slot_blocks_[static_cast<size_t>(start.from)];
+    std::vector<int> shared(theirs.begin(),
+                            theirs.begin() + static_cast<std::ptrdiff_t>(start.n / static_cast<size_t>(bs)));
     for (int b : shared) (void)pool_->Ref(b);
     (void)pool_->Release(table);
     table = std::move(shared);
+    slot_cached_[static_cast<size_t>(a.slot)] = 0;
   }
   while (static_cast<int>(table.size()) < BlocksFor(target)) table.push_back(*pool_->Allocate());
   return true;
@@ -669,7 +770,7 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
     if (budget <= 0) continue;
     if (!a.started) {
       if (WaitsForSharedStart(a, absl::MakeConstSpan(active).subspan(0, i))) continue;
-      std::pair<int, size_t> start;
+      StartAt start;
       if (!ClaimStart(active, i, start, static_cast<size_t>(budget))) {
         waiting.push_back(i);
         continue;
@@ -772,6 +873,7 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
     a.prefilled += n;
     std::vector<int32_t>& held = slot_tokens_[static_cast<size_t>(a.slot)];
     held.insert(held.end(), parts[i].tokens.begin(), parts[i].tokens.end());
+    CacheBlocks(a.slot);
     std::optional<SlotLogprobs> lp = TakeLogprobs(a);
     if (!lp.has_value()) continue;
     for (generate::TokenLogprobs& t : lp->prompt) a.prompt_logprobs.push_back(std::move(t));
@@ -804,7 +906,10 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
   for (size_t i = 0; i < decoders.size(); ++i) {
     if (!step_status.ok()) {
       Finish(*decoders[i], FinishReason::kStop, step_status);
-    } else if (std::optional<SlotLogprobs> lp = TakeLogprobs(*decoders[i])) {
+      continue;
+    }
+    CacheBlocks(decoders[i]->slot);  // its pending token is in the cache now
+    if (std::optional<SlotLogprobs> lp = TakeLogprobs(*decoders[i])) {
       Take(*decoders[i], next[i], std::move(lp->draw));
     }
   }
@@ -830,6 +935,7 @@ void Scheduler::Loop() {
     absl::MutexLock lock(&mu_);
     metrics_.kv_positions_used = kv;
     metrics_.kv_blocks_used = pool_->num_blocks() - pool_->num_available();
+    metrics_.kv_blocks_cached = pool_->num_cached();
     metrics_.generated_tokens_total += std::exchange(generated_unflushed_, 0);
   }
   // Shutting down: every stream ends now.

@@ -12,7 +12,9 @@
 //   3. prompts: a request's first prefill starts from the longest start
 //      of its prompt that any slot's cache holds: its own slot's kept in
 //      place, or another slot's (free or running: a shared system prompt)
-//      copied (BatchEngine::CopyPrefix); prompts start oldest first, and a
+//      copied (BatchEngine::CopyPrefix), or, on a paged engine, the block
+//      cache's (below) when its whole blocks hold more (adopted:
+//      BatchEngine::AdoptPrefix); prompts start oldest first, and a
 //      request that shares a long start with an older prompt still running
 //      waits for it (SchedulerOptions::defer_for_shared_start), so a burst
 //      of requests with one system prompt runs it once. At most
@@ -50,7 +52,44 @@
 // is refused at Submit. SchedulerOptions::kv_pool_positions sizes the pool;
 // by default it is n_slots x n_ctx, so nothing ever waits for blocks or is
 // preempted. The engine sees the tables through BatchEngine::SetBlockTable
-// (the CPU and CUDA engines ignore them: their KV is per slot).
+// (the CPU engine and the CUDA engine of regions ignore them: their KV is
+// per slot; the paged CUDA engine brings its pool and runs on them).
+//
+// The block cache (issue 30's prefix reuse; only where the engine pages its
+// cache with the scheduler's pool and can adopt blocks,
+// BatchEngine::supports_block_adoption: the paged CUDA engine, not the CPU
+// engine, whose behaviour is unchanged). After every engine call, each
+// full block of a slot whose every position holds a token that ran (the
+// prompt, and sampled tokens once a step has run them: the last sampled
+// token is pending, not in the cache) is registered in the pool's prefix
+// cache (kv::BlockPool::Cache) under the hash of every token up to its end,
+// in order, each the child of the block before it (where another block
+// already caches the same tokens, two requests having run one prompt at
+// once, the chain goes on from that one). Blocks that leave a slot (a
+// request's end beyond its kept cache, an idle cache taken back, a
+// preemption, a slot reused for another prompt) go back through
+// BlockPool::Release: a cached one stays cached with no users, evictable,
+// least recently released first and a sequence's tail before its head,
+// and is evicted only when the pool hands a block out. A request's first
+// prefill also looks up the longest chain of cached blocks holding its
+// prompt's start (never all of it: its last token runs for the first
+// logits) and, when it covers more tokens than any slot's cache gives,
+// adopts it: its slot is emptied, its table becomes the chain (each block
+// taken with one more reference: shared with the running requests that
+// use it, never evicted while held) plus fresh blocks for the rest, and
+// the engine is told the table's first blocks hold the start
+// (AdoptPrefix). So a chat whose slot went to other requests, or a
+// preempted request coming back, finds the blocks it wrote while they
+// last. cached_tokens and the metrics count an adopted start as cached
+// (prompt_tokens_adopted_total beside the copied ones). cache_prompt false
+// adopts nothing (its own blocks are registered all the same: they serve
+// later requests), nor does a scored prompt (prompt_logprobs: it runs
+// whole; its blocks are registered too, their keys and values being the
+// same). Blocks a start takes count against the pool: an unused cached
+// block it adopts is one fewer available, and a kept start whose partial
+// last block is cached writes a copy of it (copy on write), so a cached
+// block is never written. Admission's estimate counts evictable blocks as
+// room, as they are.
 //
 // What a preempted request's client sees: a pause, then the stream goes on
 // where it stopped (the request keeps its TextStream: held-back UTF-8 and
@@ -100,7 +139,7 @@ struct GenerationRequest {
   std::vector<std::string> stop;             // stop strings (not part of the text)
   absl::flat_hash_set<int32_t> stop_tokens;  // end-of-generation ids (not part of the text)
   bool ignore_eos = false;                   // llama-server's: stop_tokens do not end it
-  bool cache_prompt = true;                  // llama-server's: reuse a slot's cached start
+  bool cache_prompt = true;                  // llama-server's: reuse a cached start (a slot's, the block cache's)
   // Structured output: the generated text follows this grammar (the engine
   // masks each draw; BatchEngine::SetGrammar). Submit refuses it on an
   // engine without (FailedPrecondition, before anything is streamed).
@@ -146,7 +185,7 @@ struct StreamEvent {
   absl::Status error;  // not OK: the generation failed (engine error, shutdown)
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
-  int64_t cached_tokens = 0;  // of prompt_tokens, taken from the slot's cache (not run)
+  int64_t cached_tokens = 0;  // of prompt_tokens, taken from a cache (a slot's or cached blocks; not run)
 };
 
 // One request's channel from the engine thread to its HTTP handler.
@@ -222,8 +261,9 @@ struct SchedulerMetrics {
   // the API's usage does): prompt_tokens_total + prompt_tokens_cached_total
   // is the sum of the answers' usage.prompt_tokens.
   int64_t prompt_tokens_total = 0;   // prefilled
-  int64_t prompt_tokens_cached_total = 0;  // taken from a slot's cache instead
+  int64_t prompt_tokens_cached_total = 0;  // taken from a cache instead (a slot's or the block cache)
   int64_t prompt_tokens_copied_total = 0;  // of those, copied from another slot's cache
+  int64_t prompt_tokens_adopted_total = 0;  // of those, adopted from the KV pool's cached blocks
   int64_t generated_tokens_total = 0;  // the sum of the requests' completion_tokens
   double prompt_seconds = 0;         // engine time in Prefill
   double decode_seconds = 0;         // engine time in Step
@@ -236,6 +276,7 @@ struct SchedulerMetrics {
   int64_t kv_block_size = 0;
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_used = 0;        // held by slots' tables (running or kept caches)
+  int64_t kv_blocks_cached = 0;      // in the prefix cache, held or evictable (block cache only)
   int64_t preemptions_total = 0;     // running requests sent back to the queue for blocks
   // Tokens run again by preempted requests (prompt and generated tokens),
   // counted in neither prompt_tokens_total nor prompt_tokens_cached_total.
@@ -312,6 +353,23 @@ class Scheduler {
   // The longest start of a's prompt that a slot's cache may give it (its
   // own slot's first, then the others'; see Start) and that slot.
   std::pair<int, size_t> LongestStart(const Active& a) const;
+  // Where a request's first prefill starts: its first n prompt tokens kept
+  // in its slot (from == its slot), copied from slot `from`, or adopted
+  // from the block cache (its table then starts with the cached blocks).
+  struct StartAt {
+    int from = -1;
+    size_t n = 0;
+    bool adopted = false;
+  };
+  // The block cache's longest chain of full blocks holding the start of
+  // a's prompt (never all of it: the last token runs), taken by no one;
+  // empty without the block cache, with cache_prompt false, or for a
+  // scored prompt.
+  std::vector<int> CachedChain(const Active& a) const;
+  // Registers the slot's full blocks that its cache holds with known tokens
+  // (slot_tokens_) in the block cache, in order, after an engine call ran
+  // them.
+  void CacheBlocks(int slot);
 
   void Loop();
   // Ends the queued requests whose client is gone (their final event:
@@ -319,9 +377,9 @@ class Scheduler {
   void DropCancelledLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One iteration's admit step; false when shutting down.
   bool Admit(std::vector<std::unique_ptr<Active>>& active);
-  // A request's first prefill: its slot's cache becomes the longest start
-  // of its prompt that any slot holds (kept or copied); Finish on error.
-  void Start(Active& a, std::pair<int, size_t> start);
+  // A request's first prefill: its slot's cache becomes the start
+  // ClaimStart chose (kept, copied or adopted); Finish on error.
+  void Start(Active& a, StartAt start);
   // KV blocks (engine thread). Blocks covering `positions`.
   int BlocksFor(int64_t positions) const;
   // The slot's cache is emptied and its blocks go back to the pool.
@@ -338,11 +396,11 @@ class Scheduler {
   // The blocks for active[i] (started) to hold `positions`: taken from the
   // pool, idle caches, or newer requests; false when they cannot be had now.
   bool Grow(std::vector<std::unique_ptr<Active>>& active, size_t i, int64_t positions);
-  // The blocks for active[i] (not started) to start from `start` (updated
-  // if freeing blocks changes it) and prefill up to `budget` tokens; false
+  // The blocks for active[i] (not started) to start from the longest start
+  // a slot's cache or the block cache holds (`start`, chosen again if
+  // freeing blocks changes it) and prefill up to `budget` tokens; false
   // when they cannot be had now (nothing changed for it).
-  bool ClaimStart(std::vector<std::unique_ptr<Active>>& active, size_t i, std::pair<int, size_t>& start,
-                  size_t budget);
+  bool ClaimStart(std::vector<std::unique_ptr<Active>>& active, size_t i, StartAt& start, size_t budget);
   // Preempted requests (Active::requeue) go back to the front of the queue.
   void Requeue(std::vector<std::unique_ptr<Active>>& active);
   // One iteration's engine work: prompt tokens, up to prefill_chunk in all,
@@ -383,6 +441,12 @@ class Scheduler {
   // mu_, on the engine thread).
   std::optional<kv::BlockPool> pool_;
   std::vector<std::vector<int>> slot_blocks_;
+  // The block cache (the pool's prefix cache): on where the engine can
+  // adopt blocks and its pool is the scheduler's (a paged engine). Per
+  // slot, how many of its table's first blocks CacheBlocks has settled
+  // (cached, or left to the block that caches the same tokens).
+  bool block_cache_ = false;
+  std::vector<size_t> slot_cached_;
   int64_t pool_positions_ = 0;  // the pool's positions, for Check
   uint64_t groups_ ABSL_GUARDED_BY(mu_) = 0;  // groups given so far
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // requests that hold a slot

@@ -5,7 +5,11 @@
 // frees its slot; shutdown ends every stream. The KV block pool (issue 30):
 // tables grow with positions, requests wait for blocks, the newest is
 // preempted and completes with the text it gives alone, a request the pool
-// can never hold is refused, a copied start shares its full blocks.
+// can never hold is refused, a copied start shares its full blocks. The
+// block cache (issue 30's prefix reuse, on a paged engine that adopts
+// blocks): a chat's next turn adopts the blocks its slot no longer holds,
+// eviction goes least recently released first, adopted blocks count
+// against the pool and are never handed out while in use.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -18,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "formats/gguf.h"
 #include "formats/model_file.h"
@@ -1325,13 +1330,18 @@ namespace {
 // (positions 0 .. n_past - 1), so a wrong table, a missed copy or a shared
 // block written twice gives another token than the request alone gets.
 // Whatever the scheduler does (waiting, preempting, copying and keeping
-// starts), a greedy request's text must be its text alone.
+// starts), a greedy request's text must be its text alone. With `adopt`,
+// it takes the block cache's blocks as a slot's start (AdoptPrefix), as
+// the paged CUDA engine does. It records as an error any write into a
+// block that another slot's table holds (a block handed out twice) and an
+// adopted block whose rows are not the adopted tokens.
 class PagedTokenEngine : public BatchEngine {
  public:
-  PagedTokenEngine(int slots, int64_t n_ctx, int blocks, int block)
+  PagedTokenEngine(int slots, int64_t n_ctx, int blocks, int block, bool adopt = false)
       : n_ctx_(n_ctx),
         blocks_(blocks),
         block_(block),
+        adopt_(adopt),
         tables_(slots, block, blocks, static_cast<int>((n_ctx + block - 1) / block)),
         rows_(static_cast<size_t>(blocks) * block, -1),
         past_(static_cast<size_t>(slots), 0),
@@ -1344,11 +1354,26 @@ class PagedTokenEngine : public BatchEngine {
 
   absl::StatusOr<int32_t> Prefill(int slot, absl::Span<const int32_t> tokens, bool last,
                                   const SamplerParams&) override {
+    {
+      absl::MutexLock lock(&mu_);
+      fed_.push_back({slot, static_cast<int>(tokens.size())});
+      steps_at_prefill_ = steps_;
+    }
     for (int32_t t : tokens) DPL_RETURN_IF_ERROR(Write(slot, t));
     pending_[static_cast<size_t>(slot)] = last ? Next(slot) : -1;
     return pending_[static_cast<size_t>(slot)];
   }
   absl::Status Step(absl::Span<const int> slots, absl::Span<int32_t> next) override {
+    {
+      // A step the test asked to hold: it waits here, on the engine thread,
+      // until Resume.
+      absl::MutexLock lock(&mu_);
+      ++steps_;
+      if (pause_in_ > 0 && --pause_in_ == 0) {
+        paused_ = true;
+        mu_.Await(absl::Condition(+[](bool* p) { return !*p; }, &paused_));
+      }
+    }
     for (size_t i = 0; i < slots.size(); ++i) {
       const size_t s = static_cast<size_t>(slots[i]);
       if (pending_[s] < 0) return absl::FailedPreconditionError("a step before the prompt's last chunk");
@@ -1371,6 +1396,57 @@ class PagedTokenEngine : public BatchEngine {
     return absl::OkStatus();
   }
   void Release(int slot) override { (void)KeepPrefix(slot, {}); }
+  bool supports_block_adoption() const override { return adopt_; }
+  absl::Status AdoptPrefix(int slot, absl::Span<const int32_t> kept) override {
+    if (!adopt_) return BatchEngine::AdoptPrefix(slot, kept);
+    const int64_t n = static_cast<int64_t>(kept.size());
+    DPL_RETURN_IF_ERROR(tables_.Adopt(slot, n));
+    const absl::Span<const int> table = tables_.table(slot);
+    for (int64_t p = 0; p < n; ++p) {
+      const int blk = table[static_cast<size_t>(p / block_)];
+      if (rows_[static_cast<size_t>(blk) * block_ + static_cast<size_t>(p % block_)] != kept[static_cast<size_t>(p)]) {
+        const std::string e = absl::StrCat("slot ", slot, " adopted block ", blk, " whose row ", p % block_,
+                                           " is not token ", kept[static_cast<size_t>(p)]);
+        absl::MutexLock lock(&mu_);
+        errors_.push_back(e);
+        return absl::InternalError(e);
+      }
+    }
+    past_[static_cast<size_t>(slot)] = n;
+    pending_[static_cast<size_t>(slot)] = -1;
+    absl::MutexLock lock(&mu_);
+    adoptions_.push_back({slot, std::vector<int32_t>(kept.begin(), kept.end())});
+    return absl::OkStatus();
+  }
+  // Every AdoptPrefix: (slot, the tokens adopted).
+  std::vector<std::pair<int, std::vector<int32_t>>> adoptions() {
+    absl::MutexLock lock(&mu_);
+    return adoptions_;
+  }
+  // Every Prefill: (slot, its tokens).
+  std::vector<std::pair<int, int>> fed() {
+    absl::MutexLock lock(&mu_);
+    return fed_;
+  }
+  // Step calls before the latest Prefill.
+  int steps_before_last_prefill() {
+    absl::MutexLock lock(&mu_);
+    return steps_at_prefill_;
+  }
+  // The k-th Step from now (k >= 1) waits until Resume; WaitPaused returns
+  // once it does (false after 30 s without).
+  void PauseAtStep(int k) {
+    absl::MutexLock lock(&mu_);
+    pause_in_ = k;
+  }
+  bool WaitPaused() {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&paused_), absl::Seconds(30));
+  }
+  void Resume() {
+    absl::MutexLock lock(&mu_);
+    paused_ = false;
+  }
   void SetBlockTable(int slot, absl::Span<const int> blocks) override {
     absl::StatusOr<std::vector<kv::BlockCopy>> copies = tables_.Set(slot, blocks, past_[static_cast<size_t>(slot)]);
     if (!copies.ok()) {
@@ -1394,6 +1470,15 @@ class PagedTokenEngine : public BatchEngine {
     int64_t& p = past_[static_cast<size_t>(slot)];
     DPL_RETURN_IF_ERROR(tables_.CheckRun(slot, p + 1));
     const int blk = tables_.table(slot)[static_cast<size_t>(p / block_)];
+    // A block one slot writes is in no other slot's table: shared blocks
+    // (copied and adopted starts) are full, never written again.
+    for (int other = 0; other < n_slots(); ++other) {
+      const absl::Span<const int> t = tables_.table(other);
+      if (other != slot && std::find(t.begin(), t.end(), blk) != t.end()) {
+        absl::MutexLock lock(&mu_);
+        errors_.push_back(absl::StrCat("slot ", slot, " writes block ", blk, ", which slot ", other, " holds"));
+      }
+    }
     rows_[static_cast<size_t>(blk) * block_ + static_cast<size_t>(p % block_)] = token;
     ++p;
     return absl::OkStatus();
@@ -1412,12 +1497,18 @@ class PagedTokenEngine : public BatchEngine {
 
   int64_t n_ctx_;
   int blocks_, block_;
+  bool adopt_;
   kv::SeqTables tables_;
   std::vector<int32_t> rows_;  // (blocks, block) the token run at each pool row
   std::vector<int64_t> past_;
   std::vector<int32_t> pending_;
   absl::Mutex mu_;
   std::vector<std::string> errors_;
+  std::vector<std::pair<int, std::vector<int32_t>>> adoptions_;
+  std::vector<std::pair<int, int>> fed_;
+  int pause_in_ = 0;
+  bool paused_ = false;
+  int steps_ = 0, steps_at_prefill_ = 0;
 };
 
 TEST_CASE("a paged engine under the scheduler: waits, preemption, copied and kept starts give each request its text alone") {
@@ -1444,11 +1535,14 @@ TEST_CASE("a paged engine under the scheduler: waits, preemption, copied and kep
     alone.push_back(got.text);
     CHECK(one.errors().empty());
   }
-  for (const int prefill_chunk : {256, 5}) {
+  for (const auto [prefill_chunk, adopt] : {std::pair{256, false}, {5, false}, {256, true}, {5, true}}) {
     CAPTURE(prefill_chunk);
+    CAPTURE(adopt);
     // 4 slots sharing 22 blocks of 4 (88 positions): ~40 a request, so
-    // they wait for blocks and the newest running ones are preempted.
-    PagedTokenEngine e(4, 256, 22, 4);
+    // they wait for blocks and the newest running ones are preempted;
+    // with the block cache, cached blocks shared by running requests and
+    // evictable ones are taken and given back all the while.
+    PagedTokenEngine e(4, 256, 22, 4, adopt);
     Scheduler s(e, *f.tok, {16, prefill_chunk});
     std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, reqs);
     for (size_t i = 0; i < reqs.size(); ++i) {
@@ -1461,9 +1555,310 @@ TEST_CASE("a paged engine under the scheduler: waits, preemption, copied and kep
     const SchedulerMetrics m = s.metrics();
     CHECK(m.kv_blocks_total == 22);
     CHECK(m.kv_block_size == 4);
-    MESSAGE("prefill chunk " << prefill_chunk << ": " << m.preemptions_total << " preemptions, "
-                             << m.prompt_tokens_cached_total << " prompt tokens from caches");
+    if (!adopt) {
+      CHECK(e.adoptions().empty());
+      CHECK(m.prompt_tokens_adopted_total == 0);
+      CHECK(m.kv_blocks_cached == 0);
+    }
+    MESSAGE("prefill chunk " << prefill_chunk << std::string(adopt ? ", block cache" : "") << ": "
+                             << m.preemptions_total << " preemptions, " << m.prompt_tokens_cached_total
+                             << " prompt tokens from caches (" << m.prompt_tokens_adopted_total << " adopted)");
   }
+}
+
+// Issue 30's prefix cache on a paged engine that adopts blocks.
+
+// The text a greedy request gives alone on a fresh paged engine.
+std::string AloneOnPaged(const tokenizer::Tokenizer& tok, const GenerationRequest& r) {
+  PagedTokenEngine one(1, 256, 64, 4);
+  Scheduler s(one, tok, {4, 256});
+  auto st = s.Submit(r);
+  REQUIRE(st.ok());
+  const Result got = Collect(**st);
+  REQUIRE_MESSAGE(got.final.error.ok(), got.final.error.ToString());
+  CHECK(one.errors().empty());
+  return got.text;
+}
+
+Result Run(Scheduler& s, const GenerationRequest& r) {
+  auto st = s.Submit(r);
+  REQUIRE_MESSAGE(st.ok(), st.status().ToString());
+  Result got = Collect(**st);
+  REQUIRE_MESSAGE(got.final.error.ok(), got.final.error.ToString());
+  return got;
+}
+
+// n ids from `first` on.
+std::vector<int32_t> Range(int32_t first, int n) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(first + i);
+  return ids;
+}
+
+// More chats than slots: a chat's second turn finds its slot taken by
+// another chat, but the full blocks its first turn wrote stay in the
+// pool's cache. It adopts them (cached_tokens counts them, the engine is
+// told their tokens) and prefills only the rest, giving the text it gives
+// alone. Without adoption (cache_prompt false, or an engine that cannot)
+// it runs the whole prompt; so does the CPU engine, whose cache is per
+// slot: no block cache at all there.
+TEST_CASE("prefix cache: a chat's next turn adopts its blocks after its slot was taken") {
+  Fixture f(2);  // the tokenizer, and a CPU engine of 2 slots
+  std::vector<GenerationRequest> turn1;
+  for (int32_t c = 0; c < 4; ++c) turn1.push_back(Greedy(Range(200 + 10 * c, 10), 6));
+  struct Outcome {
+    GenerationRequest next;  // chat 0's second turn
+    Result got;
+    SchedulerMetrics m;
+    std::vector<int> fed;  // the second turn's Prefill calls
+  };
+  auto chat = [&](BatchEngine& engine, PagedTokenEngine* paged, bool cache_prompt) {
+    Scheduler s(engine, *f.tok, {4, 256});
+    // One after another on 2 slots: chats 2 and 3 take chats 0's and 1's.
+    std::vector<Result> first;
+    for (const GenerationRequest& r : turn1) first.push_back(Run(s, r));
+    Outcome o;
+    // Its prompt, the answer (the slot ran 10 + 5 positions: 3 full
+    // blocks) and 2 new tokens.
+    o.next = Greedy(Concat(Concat(turn1[0].prompt, Ids(first[0].text)), {77, 78}), 5);
+    REQUIRE(o.next.prompt.size() == 18);
+    o.next.cache_prompt = cache_prompt;
+    const size_t fed_before = paged != nullptr ? paged->fed().size() : 0;
+    o.got = Run(s, o.next);
+    o.m = s.metrics();
+    if (paged != nullptr) {
+      const std::vector<std::pair<int, int>> fed = paged->fed();
+      for (size_t i = fed_before; i < fed.size(); ++i) o.fed.push_back(fed[i].second);
+      CHECK(paged->errors().empty());
+    }
+    return o;
+  };
+  {
+    PagedTokenEngine e(2, 256, 64, 4, /*adopt=*/true);
+    const Outcome o = chat(e, &e, true);
+    CHECK(o.got.final.cached_tokens == 12);
+    const std::vector<std::pair<int, std::vector<int32_t>>> adopted = e.adoptions();
+    REQUIRE(adopted.size() == 1);
+    CHECK(adopted[0].first == 0);  // chat 2's slot, free longest
+    CHECK(adopted[0].second == std::vector<int32_t>(o.next.prompt.begin(), o.next.prompt.begin() + 12));
+    CHECK(o.fed == std::vector<int>{18 - 12});
+    CHECK(o.got.text == AloneOnPaged(*f.tok, o.next));
+    CHECK(o.m.prompt_tokens_cached_total == 12);
+    CHECK(o.m.prompt_tokens_adopted_total == 12);
+    CHECK(o.m.prompt_tokens_copied_total == 0);
+    CHECK(o.m.prompt_tokens_total == 4 * 10 + 6);
+    // Every full block that ran: each first turn's 3 (15 positions), the
+    // second turn's 2 beyond the 3 it adopted (22 positions).
+    CHECK(o.m.kv_blocks_cached == 4 * 3 + 2);
+  }
+  {
+    PagedTokenEngine e(2, 256, 64, 4, true);
+    const Outcome o = chat(e, &e, /*cache_prompt=*/false);
+    CHECK(o.got.final.cached_tokens == 0);
+    CHECK(e.adoptions().empty());
+    CHECK(o.fed == std::vector<int>{18});
+    CHECK(o.got.text == AloneOnPaged(*f.tok, o.next));
+    CHECK(o.m.prompt_tokens_adopted_total == 0);
+  }
+  {
+    PagedTokenEngine e(2, 256, 64, 4, /*adopt=*/false);  // pages, but cannot adopt
+    const Outcome o = chat(e, &e, true);
+    CHECK(o.got.final.cached_tokens == 0);
+    CHECK(e.adoptions().empty());
+    CHECK(o.fed == std::vector<int>{18});
+    CHECK(o.got.text == AloneOnPaged(*f.tok, o.next));
+    CHECK(o.m.kv_blocks_cached == 0);  // nothing registered
+  }
+  {
+    CHECK(!f.engine->supports_block_adoption());
+    CHECK(!f.engine->AdoptPrefix(0, {1, 2}).ok());
+    const Outcome o = chat(*f.engine, nullptr, true);
+    CHECK(o.got.final.cached_tokens == 0);
+    CHECK(o.got.text == RunAlone(o.next).text);
+    CHECK(o.m.prompt_tokens_adopted_total == 0);
+    CHECK(o.m.kv_blocks_cached == 0);
+  }
+}
+
+// A pool of 8 blocks of 4 on one slot: a (12 tokens), b (12), then c (16)
+// leave a's and b's blocks cached, unused; c needs 4 blocks, takes the 2
+// free ones and evicts 2 of a's, released first, its tail first. So a's
+// next prompt adopts only a's first block (and, taking 3 blocks, evicts
+// b's, released before c's); c's adopts all 4 of c's; b's finds nothing. A
+// pool of 64 evicts nothing: each adopts all it can.
+TEST_CASE("prefix cache: eviction takes the least recently released blocks first, tails before heads") {
+  Fixture f(1);
+  const GenerationRequest a = Greedy(Range(300, 12), 1), b = Greedy(Range(400, 12), 1), c = Greedy(Range(500, 16), 1);
+  const GenerationRequest a2 = Greedy(Concat(a.prompt, {31, 32, 33, 34}), 1);
+  const GenerationRequest c2 = Greedy(Concat(c.prompt, {35}), 1);
+  const GenerationRequest b2 = Greedy(Concat(b.prompt, {36, 37, 38, 39}), 1);
+  for (const int blocks : {8, 64}) {
+    CAPTURE(blocks);
+    PagedTokenEngine e(1, 64, blocks, 4, true);
+    Scheduler s(e, *f.tok, {4, 256});
+    for (const GenerationRequest& r : {a, b, c}) CHECK(Run(s, r).final.cached_tokens == 0);
+    const Result ra2 = Run(s, a2), rc2 = Run(s, c2), rb2 = Run(s, b2);
+    CHECK(ra2.text == AloneOnPaged(*f.tok, a2));
+    CHECK(rc2.text == AloneOnPaged(*f.tok, c2));
+    CHECK(rb2.text == AloneOnPaged(*f.tok, b2));
+    const std::vector<std::pair<int, std::vector<int32_t>>> adopted = e.adoptions();
+    if (blocks == 8) {
+      CHECK(ra2.final.cached_tokens == 4);
+      CHECK(rc2.final.cached_tokens == 16);
+      CHECK(rb2.final.cached_tokens == 0);
+      REQUIRE(adopted.size() == 2);
+      CHECK(adopted[0].second == std::vector<int32_t>(a.prompt.begin(), a.prompt.begin() + 4));
+      CHECK(adopted[1].second == c.prompt);
+    } else {
+      CHECK(ra2.final.cached_tokens == 12);
+      CHECK(rc2.final.cached_tokens == 16);
+      CHECK(rb2.final.cached_tokens == 12);
+      CHECK(adopted.size() == 3);
+    }
+    CHECK(e.errors().empty());
+    CHECK(s.metrics().preemptions_total == 0);
+  }
+}
+
+// Chats in waves on a pool that runs out: 6 chats on 3 slots, each turn
+// the last one's prompt, its answer and 2 new tokens, all 6 at once, a
+// system prompt shared by all, prompts in chunks of 6. Starts come from
+// slots' caches, copies and the block cache, with cached blocks in use by
+// running requests while others are evicted, requests wait and are
+// preempted: every answer is its text alone, no block is written while
+// another slot holds it, every adopted block holds its tokens.
+TEST_CASE("prefix cache: chats in waves on a pool that runs out; every answer as alone") {
+  Fixture f(1);
+  const std::vector<int32_t> system = Range(3000, 8);
+  std::vector<GenerationRequest> first;
+  for (int32_t c = 0; c < 6; ++c) first.push_back(Greedy(Concat(system, Range(3100 + 10 * c, 3)), 6 + c % 3));
+  for (const int blocks : {16, 20, 24}) {
+    CAPTURE(blocks);
+    std::vector<GenerationRequest> turn = first;
+    PagedTokenEngine e(3, 128, blocks, 4, true);
+    Scheduler s(e, *f.tok, {16, 6});
+    for (int wave = 0; wave < 3; ++wave) {
+      CAPTURE(wave);
+      const std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, turn);
+      for (size_t c = 0; c < turn.size(); ++c) {
+        CAPTURE(c);
+        const Result got = Collect(*streams[c]);
+        REQUIRE_MESSAGE(got.final.error.ok(), got.final.error.ToString());
+        CHECK(got.final.completion_tokens == turn[c].max_tokens);
+        CHECK(got.text == AloneOnPaged(*f.tok, turn[c]));
+        turn[c].prompt = Concat(Concat(turn[c].prompt, Ids(got.text)), {static_cast<int32_t>(3200 + c), 3300});
+      }
+    }
+    CHECK(e.errors().empty());
+    const SchedulerMetrics m = s.metrics();
+    CHECK(m.kv_blocks_used <= blocks);
+    MESSAGE(blocks << " blocks: " << m.preemptions_total << " preemptions, " << m.prompt_tokens_cached_total
+                   << " prompt tokens cached (" << m.prompt_tokens_adopted_total << " adopted, "
+                   << m.prompt_tokens_copied_total << " copied)");
+  }
+}
+
+// Adopting cached blocks that no one uses takes them from the blocks the
+// pool counts as available: a start is claimed only when the pool has
+// them AND the fresh blocks for the rest. A pool of 8 on 2 slots: a's
+// cache (3 cached blocks and a partial one) is taken back by r, which
+// decodes into 5 blocks, leaving a's 3 cached blocks alone available. a2
+// (a's first 8 tokens and 3 more) is admitted then (3 blocks), but r, older,
+// takes one of them (a's tail) for its next token in that iteration: a2's
+// 2 cached blocks and 1 fresh one are more than the 2 left, so a2 waits
+// until r ends, then adopts them.
+TEST_CASE("prefix cache: adopted blocks count against the pool; a start waits until it has them all") {
+  Fixture f(1);
+  const GenerationRequest a = Greedy(Range(400, 12), 2), r = Greedy(Range(500, 4), 20);
+  const GenerationRequest a2 = Greedy(Concat(Range(400, 8), {41, 42, 43}), 1);
+  PagedTokenEngine e(2, 64, 8, 4, true);
+  Scheduler s(e, *f.tok, {4, 256});
+  CHECK(Run(s, a).final.cached_tokens == 0);  // slot 0: 13 positions, blocks 0-2 cached
+  // r (slot 1) runs position 16 + k at step 13 + k: its 5th block at step
+  // 13 (a's cache reclaimed), its 6th at step 17.
+  e.PauseAtStep(16);
+  auto sr = s.Submit(r);
+  REQUIRE(sr.ok());
+  REQUIRE(e.WaitPaused());
+  auto sa = s.Submit(a2);
+  REQUIRE(sa.ok());
+  e.Resume();
+  const Result rr = Collect(**sr), ra = Collect(**sa);
+  REQUIRE_MESSAGE(rr.final.error.ok(), rr.final.error.ToString());
+  REQUIRE_MESSAGE(ra.final.error.ok(), ra.final.error.ToString());
+  CHECK(rr.text == AloneOnPaged(*f.tok, r));
+  CHECK(ra.text == AloneOnPaged(*f.tok, a2));
+  CHECK(ra.final.cached_tokens == 8);
+  REQUIRE(e.adoptions().size() == 1);
+  CHECK(e.adoptions()[0].second == Range(400, 8));
+  // a2's prompt ran after r's last step: a's 1 step and r's 19 before it.
+  const std::vector<std::pair<int, int>> fed = e.fed();
+  REQUIRE(fed.size() == 3);
+  CHECK(fed[2] == std::pair{0, 3});
+  CHECK(e.steps_before_last_prefill() == 1 + 19);
+  CHECK(e.errors().empty());
+  CHECK(s.metrics().preemptions_total == 0);
+}
+
+// A slot kept to a start that ends inside a block the block cache holds
+// (the previous request filled it) writes the rest into a copy: the cached
+// block keeps its tokens, and a later prompt with them adopts it intact
+// (the engine checks an adopted block's rows).
+TEST_CASE("prefix cache: a kept start never writes into a cached block") {
+  Fixture f(1);
+  const GenerationRequest a = Greedy(Range(1000, 8), 1);  // 2 full blocks, cached
+  const GenerationRequest b = Greedy(Concat(Range(1000, 6), {50, 51, 52}), 1);
+  const GenerationRequest a2 = Greedy(Concat(a.prompt, {60}), 1);
+  PagedTokenEngine e(1, 64, 16, 4, true);
+  Scheduler s(e, *f.tok, {4, 256});
+  CHECK(Run(s, a).final.cached_tokens == 0);
+  CHECK(Run(s, b).final.cached_tokens == 6);  // the slot's cache, kept
+  const Result r = Run(s, a2);
+  CHECK(r.final.cached_tokens == 8);  // a's 2 blocks, more than the 6 the slot holds
+  CHECK(r.text == AloneOnPaged(*f.tok, a2));
+  REQUIRE(e.adoptions().size() == 1);
+  CHECK(e.adoptions()[0].second == a.prompt);
+  CHECK(e.errors().empty());
+}
+
+// Blocks that a running request adopted are cached and in use at once:
+// however short the pool runs, they are never handed to another request.
+// x's 3 cached blocks (its slot since taken) are adopted by x2, which
+// decodes 30 tokens (11 of the 12 blocks); v arrives while it runs and
+// needs 6: the pool runs out, evictable blocks are taken and v (the newer)
+// is preempted and runs again. The engine records any write into a block
+// another slot holds, and both texts are the texts alone.
+TEST_CASE("prefix cache: blocks a running request adopted are never handed out again when the pool runs out") {
+  Fixture f(1);
+  const GenerationRequest x = Greedy(Range(600, 12), 1), y = Greedy(Range(700, 12), 1), w = Greedy(Range(800, 12), 1);
+  const GenerationRequest x2 = Greedy(Concat(x.prompt, {41, 42}), 30), v = Greedy(Range(900, 12), 10);
+  PagedTokenEngine e(2, 64, 12, 4, true);
+  Scheduler s(e, *f.tok, {4, 256});
+  // x on slot 0, y on slot 1, w on slot 0 again: x's blocks cached, unused.
+  for (const GenerationRequest& r : {x, y, w}) Run(s, r);
+  e.PauseAtStep(3);
+  auto sx = s.Submit(x2);
+  REQUIRE(sx.ok());
+  REQUIRE(e.WaitPaused());  // x2 adopted x's blocks and decodes
+  auto sv = s.Submit(v);    // queued while the engine thread waits
+  REQUIRE(sv.ok());
+  e.Resume();
+  const Result rx = Collect(**sx), rv = Collect(**sv);
+  REQUIRE(rx.final.error.ok());
+  REQUIRE(rv.final.error.ok());
+  CHECK(rx.final.cached_tokens == 12);
+  CHECK(rx.final.completion_tokens == 30);
+  CHECK(rv.final.completion_tokens == 10);
+  CHECK(rx.text == AloneOnPaged(*f.tok, x2));
+  CHECK(rv.text == AloneOnPaged(*f.tok, v));
+  const std::vector<std::pair<int, std::vector<int32_t>>> adopted = e.adoptions();
+  REQUIRE(!adopted.empty());
+  CHECK(adopted[0].first == 1);
+  CHECK(adopted[0].second == x.prompt);
+  CHECK(e.errors().empty());
+  const SchedulerMetrics m = s.metrics();
+  CHECK(m.preemptions_total >= 1);
+  CHECK(m.kv_blocks_used <= 12);
 }
 
 }  // namespace
