@@ -208,6 +208,27 @@ std::vector<double> RefExpert(const DevExperts& ex, int e, const double* x) {
   return y;
 }
 
+// x_rows random rows of cols values as the decoder prepares them: RMSNorm
+// (weights 1) and int8 blocks in one launch (MoeNormQuantize); h, the
+// normed floats, back on the host for the references.
+struct NormedActs {
+  void* mem = nullptr;
+  MoeActs acts;
+  std::vector<float> h;
+  NormedActs(int x_rows, int64_t cols, uint64_t seed) {
+    const std::vector<float> x = RandomNormal(int64_t{x_rows} * cols, seed);
+    GuardedArray<float> d_x(x), d_h(x.size()), d_ones(std::vector<float>(static_cast<size_t>(cols), 1.f));
+    CUDA_OK(cudaMalloc(&mem, MoeActsBytes(int64_t{x_rows} * cols)));
+    acts = MoeActsIn(mem, int64_t{x_rows} * cols);
+    STATUS_OK(MoeNormQuantize(d_x.get(), d_ones.get(), 1e-6f, static_cast<int>(cols), x_rows, d_h.get(), acts,
+                              nullptr, false));
+    h = d_h.Download();
+  }
+  ~NormedActs() { cudaFree(mem); }
+  NormedActs(const NormedActs&) = delete;
+  NormedActs& operator=(const NormedActs&) = delete;
+};
+
 TEST_CASE("ExpertMatVec follows float64 for every expert type, shape and row count") {
   constexpr int kExperts = 8, kUsed = 2;
   const int64_t shapes[][2] = {{256, 512}, {512, 256}, {768, 2048}, {2048, 768}};  // rows x cols
@@ -236,14 +257,9 @@ TEST_CASE("ExpertMatVec follows float64 for every expert type, shape and row cou
           const int x_rows = n_routes / x_div;
           // The activations as the decoder makes them: RMSNorm (weights 1)
           // and int8 blocks in one launch; h comes back for the reference.
-          const std::vector<float> x = RandomNormal(int64_t{x_rows} * cols, 77 + n + x_div + seed);
-          GuardedArray<float> d_x(x), d_h(x.size()), d_ones(std::vector<float>(static_cast<size_t>(cols), 1.f));
-          void* acts_mem = nullptr;
-          CUDA_OK(cudaMalloc(&acts_mem, MoeActsBytes(int64_t{x_rows} * cols)));
-          const MoeActs acts = MoeActsIn(acts_mem, int64_t{x_rows} * cols);
-          STATUS_OK(MoeNormQuantize(d_x.get(), d_ones.get(), 1e-6f, static_cast<int>(cols), x_rows, d_h.get(),
-                                    acts, nullptr, false));
-          const std::vector<float> h = d_h.Download();
+          const NormedActs na(x_rows, cols, 77 + n + x_div + seed);
+          const MoeActs& acts = na.acts;
+          const std::vector<float>& h = na.h;
           GuardedArray<float> ya(static_cast<size_t>(n_routes * rows)), yb(ya.size()), ya1(ya.size()),
               yb1(ya.size());
           const ExpertOut both[2] = {{&a.w, &a.plan, ya.get()}, {&b.w, &b.plan, yb.get()}};
@@ -271,7 +287,6 @@ TEST_CASE("ExpertMatVec follows float64 for every expert type, shape and row cou
           // only. Against exact activations: the int8 rounding (~0.5%).
           CHECK_MESSAGE(worst_q < 1e-5, "err vs the quantized-x reference " << worst_q);
           CHECK_MESSAGE(worst_exact < 0.02, "err vs the exact-x reference " << worst_exact);
-          CUDA_OK(cudaFree(acts_mem));
         }
       }
     }
@@ -385,14 +400,9 @@ TEST_CASE("ExpertMatVecGrouped follows ExpertMatVec for every expert type") {
         for (int x_div : {kUsed, 1}) {
           CAPTURE(x_div);
           const int x_rows = n_routes / x_div;
-          const std::vector<float> x = RandomNormal(int64_t{x_rows} * cols, 11 + n + x_div + seed);
-          GuardedArray<float> d_x(x), d_h(x.size()), d_ones(std::vector<float>(static_cast<size_t>(cols), 1.f));
-          void* acts_mem = nullptr;
-          CUDA_OK(cudaMalloc(&acts_mem, MoeActsBytes(int64_t{x_rows} * cols)));
-          const MoeActs acts = MoeActsIn(acts_mem, int64_t{x_rows} * cols);
-          STATUS_OK(MoeNormQuantize(d_x.get(), d_ones.get(), 1e-6f, static_cast<int>(cols), x_rows, d_h.get(),
-                                    acts, nullptr, false));
-          const std::vector<float> h = d_h.Download();
+          const NormedActs na(x_rows, cols, 11 + n + x_div + seed);
+          const MoeActs& acts = na.acts;
+          const std::vector<float>& h = na.h;
           const size_t out = static_cast<size_t>(n_routes * rows);
           GuardedArray<float> ya(out), yb(out);
           const ExpertOut per_route[2] = {{&a.w, &a.plan, ya.get()}, {&b.w, &b.plan, yb.get()}};
@@ -436,7 +446,6 @@ TEST_CASE("ExpertMatVecGrouped follows ExpertMatVec for every expert type") {
             CHECK_MESSAGE(worst_q < 1e-5, "err vs the quantized-x reference " << worst_q);
             CHECK_MESSAGE(worst_per_route < 1e-5, "err vs ExpertMatVec " << worst_per_route);
           }
-          CUDA_OK(cudaFree(acts_mem));
         }
       }
     }

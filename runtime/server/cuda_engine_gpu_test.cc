@@ -83,6 +83,16 @@ std::vector<int32_t> ThroughEngine(CudaEngine& e, const std::vector<int32_t>& pr
   return out;
 }
 
+// A greedy request of max_tokens tokens that ignores end-of-generation.
+GenerationRequest GreedyRequest(std::vector<int32_t> prompt, int max_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
 std::unique_ptr<CudaEngine> LoadEngine(const std::string& path, const runtime::CudaDecoderOptions& o) {
   auto engine = CudaEngine::Load(path, o);
   REQUIRE_MESSAGE(engine.ok(), engine.status().ToString());
@@ -782,14 +792,7 @@ TEST_CASE("a paged engine under the scheduler: the tokens of regions, and a smal
   CHECK(paged->kv_block_size() == 16);
   auto tok = tokenizer::Tokenizer::FromMetadata(paged->decoder().file()->metadata());
   REQUIRE(tok.ok());
-  auto request = [](std::vector<int32_t> prompt, int max_tokens) {
-    GenerationRequest r;
-    r.prompt = std::move(prompt);
-    r.sampling.temperature = 0;
-    r.max_tokens = max_tokens;
-    r.ignore_eos = true;
-    return r;
-  };
+  auto request = GreedyRequest;
   struct Done {
     std::string text;
     int64_t completion = 0, cached = 0;
@@ -870,14 +873,7 @@ TEST_CASE("a paged engine adopts a reused slot's cached blocks: the tokens of a 
   CHECK(engine->supports_block_adoption());
   auto tok = tokenizer::Tokenizer::FromMetadata(engine->decoder().file()->metadata());
   REQUIRE(tok.ok());
-  auto request = [](std::vector<int32_t> prompt, int max_tokens) {
-    GenerationRequest r;
-    r.prompt = std::move(prompt);
-    r.sampling.temperature = 0;
-    r.max_tokens = max_tokens;
-    r.ignore_eos = true;
-    return r;
-  };
+  auto request = GreedyRequest;
   auto run = [](Scheduler& s, const GenerationRequest& r) {
     auto st = s.Submit(r);
     REQUIRE(st.ok());
