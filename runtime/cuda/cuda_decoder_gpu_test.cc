@@ -647,11 +647,13 @@ double WorstBatchedVsSingle(const std::string& path, int n_seq, const Schedule& 
   CudaDecoderOptions bo;
   bo.n_ctx = 128;
   bo.n_seq = n_seq;
+  bo.unverified_moe = true;  // the MoE case runs it too
   auto batched = CudaDecoder::Create(path, bo);
   REQUIRE_MESSAGE(batched.ok(), batched.status().ToString());
   CudaDecoder& B = **batched;
   CudaDecoderOptions so;
   so.n_ctx = 128;
+  so.unverified_moe = true;
   auto single = CudaDecoder::Create(path, so);
   REQUIRE(single.ok());
   CudaDecoder& A = **single;
@@ -1155,7 +1157,6 @@ TEST_CASE("dpl-synth mini-qwen3moe of every expert type follows the CPU referenc
     const std::string path = MakeDpl("mini-qwen3moe", f, l);
     CudaDecoderOptions o;
     o.unverified_moe = true;
-  o.unverified_moe = true;
     o.n_ctx = 512;
     std::unique_ptr<CudaDecoder> d = MustCreate(path, o);
     const std::vector<int32_t> tokens = Tokens(100, d->n_vocab());
