@@ -380,7 +380,7 @@ struct HttpServer::Handlers {
                                    "this model has no vocabulary: use /v1/completions with token ids"));
       }
       // tool_choice "required" or named: a grammar of this model's calls.
-      if (absl::Status st = EnforceToolChoice(m->chat->tool_call_format(), &*r); !st.ok()) return ReplyError(res, st);
+      if (absl::Status st = EnforceToolChoice(m->chat->tool_call_format(), &*r, m->chat->mistral_args_calls()); !st.ok()) return ReplyError(res, st);
       size_t bytes = 0;
       for (const auto& msg : r->messages) {
         bytes += msg.content.size();

@@ -911,12 +911,23 @@ size_t MarkerTail(const std::string& text, size_t from, absl::string_view marker
 // model has it so), that one token, as the model writes it; under any
 // other, the marker's text (Qwen2.5's and Qwen3's <tool_call> are
 // user-defined tokens: one piece of text).
+// With name_args a call is open name args_marker {...} instead (Mistral
+// v11: [TOOL_CALLS]name[ARGS]{...}).
 struct CallsLayout {
   std::string prefix, open, args_key, close, sep, suffix;  // GBNF; empty: nothing
+  bool name_args = false;
+  std::string args_marker;  // GBNF, with name_args
 };
-CallsLayout LayoutOf(ToolCallFormat format) {
+CallsLayout LayoutOf(ToolCallFormat format, bool mistral_args) {
   using grammar::GbnfLiteral;
   using grammar::GbnfTokenLiteral;
+  if (format == ToolCallFormat::kMistral && mistral_args) {
+    CallsLayout l;
+    l.open = GbnfTokenLiteral(std::string(kMistralCalls));
+    l.name_args = true;
+    l.args_marker = GbnfTokenLiteral(std::string(kMistralArgs));
+    return l;
+  }
   switch (format) {
     case ToolCallFormat::kLlama3: return {"", "", "parameters", "", GbnfLiteral("\n"), ""};
     case ToolCallFormat::kMistral:
@@ -939,13 +950,17 @@ absl::StatusOr<std::string> ToolCallsGbnf(const CallsLayout& layout, const std::
     const ojson schema = t.parameters.is_null() ? ojson{{"type", "object"}} : t.parameters;
     absl::StatusOr<std::string> args = rules.Add(schema, "args");
     if (!args.ok()) return FieldError(t.field, absl::StrCat("is not usable: ", args.status().message()));
+    if (layout.name_args) {
+      calls.push_back(absl::StrCat(layout.open, " ", grammar::GbnfLiteral(t.name), " ", layout.args_marker, " ", *args));
+      continue;
+    }
     const std::string name = ojson(t.name).dump(-1, ' ', false, ojson::error_handler_t::replace);
     calls.push_back(absl::StrCat(layout.open, " ",
                                  grammar::GbnfLiteral(absl::StrCat("{\"name\": ", name, ", \"", layout.args_key, "\": ")),
                                  " ", *args, " ", grammar::GbnfLiteral("}"), " ", layout.close));
   }
   const std::string call = absl::StrCat("(", absl::StrJoin(calls, " | "), ")");
-  const std::string more = one ? "" : absl::StrCat(" (", layout.sep, " ", call, ")*");
+  const std::string more = one ? "" : absl::StrCat(" (", layout.sep, " ", call, ")*");  // sep may be empty
   return rules.Gbnf(absl::StrCat(layout.prefix, " ", call, more, " ", layout.suffix));
 }
 
@@ -1012,13 +1027,14 @@ std::string ToolCallHoldback::Push(const std::string& text) {
 
 ParsedAnswer ToolCallHoldback::Finish() const { return ParseToolCalls(text_.substr(sent_), format_); }
 
-absl::Status EnforceToolChoice(ToolCallFormat format, ChatRequest* r) {
+absl::Status EnforceToolChoice(ToolCallFormat format, ChatRequest* r, bool mistral_args) {
   if (r->forced_tools.empty()) return absl::OkStatus();
   if (format == ToolCallFormat::kNone) {
     return absl::InvalidArgumentError(
         "'tool_choice' forces a tool call, but this model's chat template writes no tools (no tool-call format)");
   }
-  DPL_ASSIGN_OR_RETURN(const std::string gbnf, ToolCallsGbnf(LayoutOf(format), r->forced_tools, r->one_call));
+  DPL_ASSIGN_OR_RETURN(const std::string gbnf,
+                       ToolCallsGbnf(LayoutOf(format, mistral_args), r->forced_tools, r->one_call));
   absl::StatusOr<grammar::Grammar> g = grammar::Grammar::Parse(gbnf);
   if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("'tool_choice': the calls' grammar is not usable: ",
                                                               g.status().message()));

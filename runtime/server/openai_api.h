@@ -139,7 +139,9 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
 //   kLlama3   {"name": "f", "parameters": {...}}, "\n" between calls
 //             (no <|python_tag|>)
 //   kMistral  [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...] (the
-//             JSON form, also for v11 tekken models; the ids made up)
+//             JSON form; the ids made up), or with mistral_args (a template
+//             that writes calls as v11's, ChatTemplate::mistral_args_calls)
+//             [TOOL_CALLS]f[ARGS]{...}, the marker again before each call
 // The markers (<tool_call>, </tool_call>, [TOOL_CALLS]) are the grammar's
 // token literals: where the model's vocabulary has the marker as a control
 // token (Mistral's [TOOL_CALLS]), the grammar takes that one token there,
@@ -151,7 +153,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body);
 // OK, the request unchanged. InvalidArgument for kNone (the template writes
 // no tools) and for a parameters schema the grammar cannot follow (naming
 // its field).
-absl::Status EnforceToolChoice(tokenizer::ToolCallFormat format, ChatRequest* r);
+absl::Status EnforceToolChoice(tokenizer::ToolCallFormat format, ChatRequest* r, bool mistral_args = false);
 
 // Python's json.dumps(x, ensure_ascii=False) of a JSON value (", " and ": "
 // separators, keys in the order given): what Jinja's tojson writes into a

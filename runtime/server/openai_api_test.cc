@@ -805,10 +805,11 @@ const std::string kForcedTools = R"("messages": [{"role": "user", "content": "x"
               {"type": "function", "function": {"name": "get_time"}}])";
 
 // The chat request of kForcedTools and `extra`, its tool_choice enforced for `format`.
-ChatRequest Forced(const std::string& extra, ToolCallFormat format = ToolCallFormat::kHermes) {
+ChatRequest Forced(const std::string& extra, ToolCallFormat format = ToolCallFormat::kHermes,
+                   bool mistral_args = false) {
   absl::StatusOr<ChatRequest> r = ParseChatRequest("{" + kForcedTools + ", " + extra + "}");
   REQUIRE_MESSAGE(r.ok(), r.status().ToString());
-  const absl::Status st = EnforceToolChoice(format, &*r);
+  const absl::Status st = EnforceToolChoice(format, &*r, mistral_args);
   REQUIRE_MESSAGE(st.ok(), st.ToString());
   return *std::move(r);
 }
@@ -872,6 +873,21 @@ TEST_CASE("tool_choice required and named: a grammar of the model's calls") {
                      both));
   CHECK(!Accepts(r.params, R"([TOOL_CALLS][])"));
   CHECK(!Accepts(r.params, R"({"name": "get_time", "arguments": {}})"));
+  // Mistral's v11 form (a template that writes calls so): the marker, the
+  // name and [ARGS] before each call's arguments, no separator.
+  r = Forced(R"("tool_choice": "required")", ToolCallFormat::kMistral, /*mistral_args=*/true);
+  CHECK(AcceptsCalls(r, ToolCallFormat::kMistral,
+                     R"([TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]get_time[ARGS]{})", both));
+  CHECK(AcceptsCalls(r, ToolCallFormat::kMistral, R"([TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2})",
+                     weather));
+  CHECK(!Accepts(r.params, R"([TOOL_CALLS][{"name": "get_time", "arguments": {}}])"));
+  CHECK(!Accepts(r.params, R"([TOOL_CALLS]get_time{})"));
+  CHECK(!Accepts(r.params, R"([TOOL_CALLS]get_date[ARGS]{})"));
+  // Named: that one call only.
+  r = Forced(R"("tool_choice": {"type": "function", "function": {"name": "get_time"}})", ToolCallFormat::kMistral,
+             /*mistral_args=*/true);
+  CHECK(AcceptsCalls(r, ToolCallFormat::kMistral, R"([TOOL_CALLS]get_time[ARGS]{})", {{"get_time", "{}"}}));
+  CHECK(!Accepts(r.params, R"([TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"})"));
 
   // The Responses API's flat named choice.
   auto resp = ParseResponsesRequest(R"({"input": "x", "tools": [{"type": "function", "name": "a"},

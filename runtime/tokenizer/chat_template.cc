@@ -31,6 +31,10 @@ struct ChatTemplate::Jinja {
   bool system_role = true;
   // It writes the tools it is given.
   bool tools = false;
+  // It writes an assistant's call as "[TOOL_CALLS]name[ARGS]{...}"
+  // (Mistral's v11 tokenizers: Mistral Small 3.2, Magistral, Devstral), not
+  // as [TOOL_CALLS] and a JSON array.
+  bool mistral_args = false;
 };
 
 namespace {
@@ -554,6 +558,10 @@ ToolCallFormat ChatTemplate::tool_call_format() const {
   return ToolCallFormat::kNone;
 }
 
+bool ChatTemplate::mistral_args_calls() const {
+  return tool_call_format() == ToolCallFormat::kMistral && jinja_ != nullptr && jinja_->mistral_args;
+}
+
 std::string ChatTemplate::NoToolsReason() const {
   const absl::string_view name = ChatFamilyName(family_);
   if (family_ == ChatFamily::kLlama3 || IsMistralFamily(family_)) {
@@ -652,6 +660,13 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(absl::string_view jinja, ab
   const absl::StatusOr<std::string> with_tools =
       RenderMinja(*j->root, j->bos_token, j->eos_token, ojson::array({user}), false, &tools, true, 0);
   j->tools = with_tools.ok() && absl::StrContains(*with_tools, "some_tool");
+  // How it writes a call: a conversation with one (a Mistral-style 9-letter
+  // id, which those templates insist on), as the real renders pass it.
+  const std::vector<ChatMessage> called = {{"user", std::string(kUserNeedle)},
+                                           {"assistant", "", {{"some_tool", "{}", "abcDEF123"}}}};
+  const absl::StatusOr<std::string> with_call =
+      RenderMinja(*j->root, j->bos_token, j->eos_token, MessagesJson(called, !j->system_role), false, &tools, true, 0);
+  j->mistral_args = with_call.ok() && absl::StrContains(*with_call, "some_tool[ARGS]");
 
   ChatTemplate t;
   if (absl::StatusOr<ChatTemplate> family = Detect(jinja); family.ok()) {

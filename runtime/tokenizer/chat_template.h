@@ -292,6 +292,10 @@ class ChatTemplate {
   // tool_call_format() != kNone: tools, tool calls and role "tool" messages
   // are taken.
   bool supports_tools() const { return tool_call_format() != ToolCallFormat::kNone; }
+  // kMistral whose template writes a call as v11's "[TOOL_CALLS]name[ARGS]
+  // {...}" (found by rendering one at load) rather than as a JSON array:
+  // how a forced call is then written (the server's EnforceToolChoice).
+  bool mistral_args_calls() const;
   // Empty when the template inserts none.
   const std::string& default_system_prompt() const { return default_system_; }
 

@@ -1616,6 +1616,49 @@ const std::string kLlamaToolJson =
     "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n"
     "        \"parameters\": {\n            \"type\": \"object\"\n        }\n    }\n}";
 
+// A Mistral template in the v11 style (written for this test after the
+// shape of Mistral Small 3.2's: [SYSTEM_PROMPT], [AVAILABLE_TOOLS], and an
+// assistant's call as [TOOL_CALLS]name[ARGS]arguments, one marker a call).
+constexpr char kMistralArgsTemplate[] = R"JINJA({{- bos_token }}
+{%- for message in messages %}
+    {%- if message.role == "system" %}
+        {{- "[SYSTEM_PROMPT]" + message.content + "[/SYSTEM_PROMPT]" }}
+    {%- elif message.role == "user" %}
+        {%- if tools is defined and tools and loop.last %}
+            {{- "[AVAILABLE_TOOLS]" + tools|tojson + "[/AVAILABLE_TOOLS]" }}
+        {%- endif %}
+        {{- "[INST]" + message.content + "[/INST]" }}
+    {%- elif message.role == "assistant" %}
+        {%- if message.tool_calls is defined and message.tool_calls %}
+            {%- for call in message.tool_calls %}
+                {%- set args = call.function.arguments %}
+                {{- "[TOOL_CALLS]" + call.function.name + "[ARGS]" + (args if args is string else args|tojson) }}
+            {%- endfor %}
+            {{- eos_token }}
+        {%- else %}
+            {{- message.content + eos_token }}
+        {%- endif %}
+    {%- elif message.role == "tool" %}
+        {{- "[TOOL_RESULTS]" + message.content + "[/TOOL_RESULTS]" }}
+    {%- endif %}
+{%- endfor %}
+)JINJA";
+
+TEST_CASE("a Mistral template that writes calls as name[ARGS]{...} is told apart from the JSON-array ones") {
+  auto v11 = ChatTemplate::FromJinja(kMistralArgsTemplate, "<s>", "</s>");
+  REQUIRE_MESSAGE(v11.ok(), v11.status().ToString());
+  CHECK(v11->tool_call_format() == ToolCallFormat::kMistral);
+  CHECK(v11->mistral_args_calls());
+  auto nemo = ChatTemplate::FromJinja(kMistralNemoTemplate, "<s>", "</s>");
+  REQUIRE(nemo.ok());
+  CHECK(nemo->tool_call_format() == ToolCallFormat::kMistral);
+  CHECK_FALSE(nemo->mistral_args_calls());
+  CHECK_FALSE(ChatTemplate::FromName("chatml")->mistral_args_calls());
+  auto llama31 = ChatTemplate::FromJinja(kLlama31Template, "<|begin_of_text|>", "<|eot_id|>");
+  REQUIRE(llama31.ok());
+  CHECK_FALSE(llama31->mistral_args_calls());
+}
+
 TEST_CASE("tool call formats: per family, and only where a template writes tools") {
   CHECK(ToolCallFormatName(ChatTemplate::FromName("chatml")->tool_call_format()) == "hermes");
   CHECK(ChatTemplate::FromName("qwen3")->tool_call_format() == ToolCallFormat::kHermes);
