@@ -662,10 +662,11 @@ absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, const float* ffn_norm,
     DPL_RETURN_IF_ERROR(kernels::RunMatVec(moe.router.w, moe.router.plan, io, s));
     DPL_RETURN_IF_ERROR(kernels::RouteTopK(b.moe_logits, m, n_expert, k, b.moe_ids, b.moe_w, s, pdl));
     const int routes = m * k;
-    // Several rows: their routes grouped by expert, each expert's weights
-    // read once per 8 of its routes (the same bits as a CTA column a route).
-    // One tile size for the three products (RouteGroups' tiles serve all):
-    // 8 unless every expert tensor has the tensor-core form.
+    // Routes numbering at least the experts (tuning): grouped by expert,
+    // each expert's weights read once per tile of its routes on the int8
+    // tensor cores (within ~1e-6 of a CTA column a route). One tile size for
+    // the three products (RouteGroups' tiles serve all): 8 unless every
+    // expert tensor has the tensor-core form.
     const bool grouped = tuning_.moe_grouped_min_fill_pct > 0 && m > 1 &&
                          int64_t{routes} * 100 >= int64_t{tuning_.moe_grouped_min_fill_pct} * n_expert;
     int tile = kernels::kMoeTileRoutes;

@@ -1108,6 +1108,14 @@ std::unique_ptr<CudaDecoder> MustCreate(const std::string& path, const CudaDecod
   return std::move(*d);
 }
 
+// One sequence of 512 positions of a MoE model (the unverified path opted into).
+std::unique_ptr<CudaDecoder> MoeDecoder(const std::string& path) {
+  CudaDecoderOptions o;
+  o.unverified_moe = true;
+  o.n_ctx = 512;
+  return MustCreate(path, o);
+}
+
 std::string MoeOracleDpl() {
   const std::string dpl = testing::TempDir() + "/mini-qwen3moe-q4km.dpl";
   const absl::StatusOr<converter::ConvertStats> s =
@@ -1123,10 +1131,7 @@ TEST_CASE("the qwen3moe oracle on the GPU follows llama.cpp and the CPU referenc
   const std::string name = "mini-qwen3moe-q4km";
   const std::string path = MoeOracleDpl();
   const std::vector<int32_t> tokens = OracleTokens(name);
-  CudaDecoderOptions o;
-  o.unverified_moe = true;
-  o.n_ctx = 512;
-  std::unique_ptr<CudaDecoder> d = MustCreate(path, o);
+  std::unique_ptr<CudaDecoder> d = MoeDecoder(path);
   CHECK(d->uses_graph());
   const std::vector<std::vector<double>> llama = OracleLogits(name, d->n_vocab());
   REQUIRE(llama.size() == tokens.size());
@@ -1155,10 +1160,7 @@ TEST_CASE("dpl-synth mini-qwen3moe of every expert type follows the CPU referenc
     const std::string what = absl::StrCat("mini-qwen3moe ", std::string(synth::FtypeName(f)), " layout ", static_cast<int>(l));
     CAPTURE(what);
     const std::string path = MakeDpl("mini-qwen3moe", f, l);
-    CudaDecoderOptions o;
-    o.unverified_moe = true;
-    o.n_ctx = 512;
-    std::unique_ptr<CudaDecoder> d = MustCreate(path, o);
+    std::unique_ptr<CudaDecoder> d = MoeDecoder(path);
     const std::vector<int32_t> tokens = Tokens(100, d->n_vocab());
     const RefRun ref = RunReference(path, tokens);
     const std::vector<int32_t> first(tokens.begin(), tokens.begin() + 24);
@@ -1172,10 +1174,7 @@ TEST_CASE("dpl-synth mini-qwen3moe of every expert type follows the CPU referenc
 // feed-forward runs in two slices; every position against the reference.
 TEST_CASE("a MoE prompt of more rows than one slice follows the CPU reference") {
   const std::string path = MakeDpl("mini-qwen3moe");
-  CudaDecoderOptions o;
-  o.unverified_moe = true;
-  o.n_ctx = 512;
-  std::unique_ptr<CudaDecoder> d = MustCreate(path, o);
+  std::unique_ptr<CudaDecoder> d = MoeDecoder(path);
   const std::vector<int32_t> tokens = Tokens(300, d->n_vocab());
   const RefRun ref = RunReference(path, tokens);
   CheckPositions("mini-qwen3moe, 300-token prompt", GpuPrompt(*d, tokens), ref.logits, ref.margin, 0.04, 0.03);
