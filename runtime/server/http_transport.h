@@ -23,7 +23,9 @@
 //     (413, before any "100 Continue");
 //   body: within body_timeout of the headers (408), at most max_body_bytes
 //     (413), valid chunking (400); bodies over kFreeBodyBytes draw on
-//     body_budget_bytes, shared by all connections (503 when it is spent);
+//     body_budget_bytes, shared by all connections (503 when it is spent;
+//     a declared length is taken whole once a body passes kFreeBodyBytes,
+//     a chunked body as it grows);
 //   pooled: a free worker (503 when all are busy), then the body decoded
 //     (gzip, deflate: 400 when it is not what it claims, 413 past
 //     max_body_bytes) and the handler.

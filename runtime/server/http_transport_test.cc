@@ -265,6 +265,49 @@ TEST_CASE("the body budget holds a body once, and refuses past it") {
   CHECK(post(6u << 20).rfind("HTTP/1.1 200", 0) == 0);  // the refused one gave its part back
 }
 
+// Two bodies of declared length arriving interleaved against a budget that
+// holds one: the first takes all it needs at once and is answered, the
+// second is refused at once. (Taken a MiB at a time as they came, both held
+// half the budget midway and both were refused.)
+TEST_CASE("a body of declared length takes its whole share of the budget at once") {
+  HttpLimits limits;
+  limits.body_budget_bytes = 4u << 20;
+  Served s(
+      [](HttpTransport& h) {
+        h.Route("POST", "/size", HandlerMode::kPooled, [](const HttpRequest& req, HttpResponder& r) {
+          r.Send({200, "text/plain", {}, std::to_string(req.body.size())});
+        });
+      },
+      limits);
+  constexpr size_t kBody = 3u << 20, kPart = 3u << 19;  // each part 1.5 MiB
+  const std::string head =
+      "POST /size HTTP/1.1\r\nConnection: close\r\nContent-Length: " + std::to_string(kBody) + "\r\n\r\n";
+  const std::string part(kPart, 'x');
+  const int a = Connect(s.port()), b = Connect(s.port());
+  auto send_all = [](int fd, const std::string& bytes) {  // a refused client's socket may be closed: no SIGPIPE
+    size_t at = 0;
+    for (ssize_t n; at < bytes.size() && (n = send(fd, bytes.data() + at, bytes.size() - at, MSG_NOSIGNAL)) > 0;) at += n;
+  };
+  auto settle = [] { absl::SleepFor(absl::Milliseconds(200)); };
+  send_all(a, head + part);
+  settle();
+  send_all(b, head + part);
+  settle();
+  send_all(a, part);
+  send_all(b, part);
+  auto read_all = [](int fd) {
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
+    close(fd);
+    return out;
+  };
+  const std::string got_a = read_all(a), got_b = read_all(b);
+  CHECK_MESSAGE(got_a.rfind("HTTP/1.1 200", 0) == 0, got_a.substr(0, 200));
+  CHECK(got_a.substr(got_a.size() - 7) == std::to_string(kBody));
+  CHECK_MESSAGE(got_b.rfind("HTTP/1.1 503", 0) == 0, got_b.substr(0, 200));
+}
+
 TEST_CASE("a client that leaves fires OnDisconnect while its handler waits") {
   absl::Notification started, gone;
   std::atomic<bool> timed_out{false};
