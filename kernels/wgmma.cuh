@@ -77,6 +77,16 @@ __device__ __forceinline__ uint64_t WgmmaDesc(uint32_t smem_addr, uint32_t lbo, 
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32);
 }
 
+// desc with its start address moved by `bytes` (a multiple of 16). The
+// address field is the low 14 bits (address >> 4) and shared memory ends
+// below 256 KB, so the add stays in the low word: one add on it, the high
+// word untouched (a 64-bit add, or building the descriptor again, costs
+// more uniform instructions before every wgmma).
+__device__ __forceinline__ uint64_t WgmmaDescAdvance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // d += A B for N = 8, 16, 32 or 64 (d: N / 8 groups of 4 floats).
 template <int N>
 __device__ __forceinline__ void WgmmaF16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc);

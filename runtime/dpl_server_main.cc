@@ -203,6 +203,9 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   if (const char* e = std::getenv("DPL_MIXED_STEPS"); e != nullptr && std::string(e) == "1") {
     o.scheduler.mixed_steps = true;
   }
+  if (const char* e = std::getenv("DPL_BLOCK_CACHE"); e != nullptr && std::string(e) == "0") {
+    o.scheduler.block_cache = false;  // the A/B of blocks that outlive their slots
+  }
   // The scheduler's KV block pool (issue 30) over the CPU engine's regions,
   // for development (the CUDA engine brings its own pool, -c positions):
   // the CPU engine still reserves -c positions a slot, so a smaller pool

@@ -32,7 +32,11 @@
 // per-stage chain costs time. Three cuts that keep every result bit: the
 // copies' offsets worked out once (WeightCopies), each quad's four rows'
 // scales unpacked once and shared by shuffles (not by all four lanes), and
-// the nibbles at bit 4 made exact without a shift (Deq2Hi, Q6Pair).
+// the nibbles at bit 4 made exact without a shift (Deq2Hi, Q6Pair). Three
+// more from the SASS (989 -> 763 instructions a warp a stage at 64 tokens;
+// the 32-sequence 7B step +4.3% on an H100, docs/PERF.md): mask | 0x6400
+// as one lop3 (MaskOr6400), descriptors advanced by constants
+// (WgmmaDescAdvance), activation copies at constant offsets.
 //
 // The k order inside one product is free as long as A and B use the same
 // one: a sub-block's 32 columns are two k16 steps, and thread t of a quad
@@ -96,22 +100,35 @@ constexpr int StagesFor() {
 __device__ __forceinline__ uint32_t U32(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 H2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 
+// (a & kMask) | 0x64006400 (the f16 exponent that makes the masked bits an
+// exact 1024 + v) as ONE lop3. Written in C++ the compiler emits an AND and
+// an OR, two LOP3s, because a SASS LOP3 takes one immediate: the SASS of
+// the 64-token q4_K kernel (H100, cuobjdump) had 134 ORs with 0x64006400 a
+// stage a warp, 283 LOP3s of its 989 instructions. Here the OR's constant
+// is a register, set once. Integer logic: the same bits.
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t MaskOr6400(uint32_t a) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "n"(kMask), "r"(0x64006400u));  // (a & b) | c
+  return r;
+}
+
 // Bytes 0 and 2 of w (both < 2048) as an exact half2: (0x6400 | b) is 1024 + b.
 __device__ __forceinline__ __half2 Bytes02(uint32_t w) {
-  return __hsub2(H2((w & 0x00FF00FFu) | 0x64006400u), H2(0x64006400u));
+  return __hsub2(H2(MaskOr6400<0x00FF00FFu>(w)), H2(0x64006400u));
 }
 
 // Two weights from the nibbles at bits 0..3 and 16..19 of p: q s - m, q
 // exact in f16, one rounding.
 __device__ __forceinline__ uint32_t Deq2Lo(uint32_t p, __half2 s, __half2 neg_m) {
-  const __half2 q = __hsub2(H2((p & 0x000F000Fu) | 0x64006400u), H2(0x64006400u));
+  const __half2 q = __hsub2(H2(MaskOr6400<0x000F000Fu>(p)), H2(0x64006400u));
   return U32(__hfma2(q, s, neg_m));
 }
 // The same from the nibbles at bits 4..7 and 20..23, without a shift:
 // (0x6400 | 16 q) is 1024 + 16 q, and (1024 + 16 q) / 16 - 64 = q exactly
 // (Marlin's trick), so the result has the same bits as Deq2Lo(p >> 4).
 __device__ __forceinline__ uint32_t Deq2Hi(uint32_t p, __half2 s, __half2 neg_m) {
-  const __half2 q = __hfma2(H2((p & 0x00F000F0u) | 0x64006400u), H2(0x2C002C00u),  // 1/16
+  const __half2 q = __hfma2(H2(MaskOr6400<0x00F000F0u>(p)), H2(0x2C002C00u),  // 1/16
                             H2(0xD400D400u));                                          // -64
   return U32(__hfma2(q, s, neg_m));
 }
@@ -124,7 +141,7 @@ __device__ __forceinline__ uint32_t Deq2Hi(uint32_t p, __half2 s, __half2 neg_m)
 template <int P>
 __device__ __forceinline__ __half2 Q6Pair(uint32_t lo, uint32_t hb) {
   constexpr uint32_t kLo = 0x000F000Fu << P, kHb = 0x00030003u << (P + 4);
-  const uint32_t x = (lo & kLo) | (hb & kHb) | 0x64006400u;
+  const uint32_t x = MaskOr6400<kLo>(lo) | (hb & kHb);
   if constexpr (P == 0) {
     return __hsub2(H2(x), H2(0x64206420u));  // 1024 + v - 1056
   } else {
@@ -178,13 +195,16 @@ template <class W, int T>
 __device__ __forceinline__ void StageActivations(const MatVecArgs& a, int ks, Stage<W, T>& st) {
   constexpr int kCopies = W::kCols / 8 * T;  // 16-byte copies a stage
   static_assert(kCopies % kThreads == 0, "copies split evenly over the CTA");
-  const uint8_t* src =
-      reinterpret_cast<const uint8_t*>(a.xh) + static_cast<int64_t>(ks) * kCopies * 16;
-  const uint32_t dst = SmemAddr(&st.x[0][0][0]);
+  // This thread's first copy, then the others at constant offsets, which
+  // ptxas folds into the copies' immediates. Why: with the index i = thread
+  // + 128 k in the address (an int widened per copy) each copy cost five
+  // integer instructions (SASS, 64-token q4_K kernel: 80 of a stage's 989).
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(a.xh) +
+                       (static_cast<int64_t>(ks) * kCopies + threadIdx.x) * 16;
+  const uint32_t dst = SmemAddr(&st.x[0][0][0]) + 16 * threadIdx.x;
 #pragma unroll
   for (int k = 0; k < kCopies / kThreads; ++k) {
-    const int i = static_cast<int>(threadIdx.x) + k * kThreads;
-    CpAsync16ZeroFill(dst + 16 * i, src + 16 * i, true);
+    CpAsync16ZeroFill(dst + 16 * kThreads * k, src + 16 * kThreads * k, true);
   }
 }
 
@@ -208,7 +228,17 @@ __device__ __forceinline__ uint32_t Pairs(uint32_t w) { return __byte_perm(w, 0,
 // Without wgmma (compute_90 PTX) the warp multiplies its own 16 rows of each
 // tile by mma.sync, B fragments read from the same chunks.
 template <int NT>
-__device__ __forceinline__ void MmaSubBlock(uint32_t x, int x0, int jj,
+__device__ __forceinline__ uint64_t StageDesc(uint32_t x) {
+  constexpr uint32_t kChunkBytes = 16 * 8 * NT;
+  return WgmmaDesc(x, kChunkBytes, 128);
+}
+
+// x0 and jj are constants after unrolling, so each wgmma's descriptor is
+// the stage's (desc, StageDesc of x) plus a constant: two uniform
+// instructions, where building it whole from the address took five (SASS:
+// 80 of the 64-token q4_K kernel's 989 a stage).
+template <int NT>
+__device__ __forceinline__ void MmaSubBlock(uint32_t x, uint64_t desc0, int x0, int jj,
                                             const uint32_t (&A)[2][2][4],
                                             float (&acc)[2][NT][4]) {
   constexpr uint32_t kChunkBytes = 16 * 8 * NT;
@@ -219,7 +249,7 @@ __device__ __forceinline__ void MmaSubBlock(uint32_t x, int x0, int jj,
 #pragma unroll
   for (int step = 0; step < 2; ++step) {
     const uint32_t c = static_cast<uint32_t>(x0 / 8 + 4 * jj + 2 * step);
-    const uint64_t desc = WgmmaDesc(x + c * kChunkBytes, kChunkBytes, 128);
+    const uint64_t desc = WgmmaDescAdvance(desc0, c * kChunkBytes);
 #pragma unroll
     for (int i = 0; i < 2; ++i) WgmmaF16<8 * NT>(acc[i], A[i][step], desc);
   }
@@ -228,6 +258,7 @@ __device__ __forceinline__ void MmaSubBlock(uint32_t x, int x0, int jj,
   WgmmaFenceOperands(acc[0]);
   WgmmaFenceOperands(acc[1]);
 #else
+  (void)desc0;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int step = 0; step < 2; ++step) {
@@ -298,6 +329,8 @@ struct Q4KF16 {
                               int t, float (&acc)[2][NT][4]) {
     const int q0 = 16 + (kWhole ? 64 * h : 0);  // the half's quants in the stage row
     const int lane0 = (threadIdx.x & 31) & ~3;
+    const uint32_t xs = SmemAddr(&st.x[0][0][0]);
+    const uint64_t desc0 = StageDesc<NT>(xs);
     uint2 q[2][2][2];  // [tile][row g, g + 8][chunk]
     const HalfScales mine = Scales(
         *reinterpret_cast<const uint4*>(&st.w[TileRow(warp, t >> 1, g, t & 1)][0]), h);
@@ -342,7 +375,7 @@ struct Q4KF16 {
           }
         }
       }
-      MmaSubBlock<NT>(SmemAddr(&st.x[0][0][0]), kWhole ? 128 * h : 0, jj, A, acc);
+      MmaSubBlock<NT>(xs, desc0, kWhole ? 128 * h : 0, jj, A, acc);
     }
   }
 };
@@ -403,6 +436,8 @@ struct Q6KF16 {
     const int kb8 = kb & 7;
     const int ql0 = kWhole ? 64 * h : 0, qh0 = kQhAt + (kWhole ? 32 * h : 0);
     const int lane0 = (threadIdx.x & 31) & ~3;
+    const uint32_t xs = SmemAddr(&st.x[0][0][0]);
+    const uint64_t desc0 = StageDesc<NT>(xs);
     uint2 ql[2][2][2], qh[2][2];  // [tile][row g, g + 8]([ql half])
     HalfScales sc[2][2];
     {
@@ -459,7 +494,7 @@ struct Q6KF16 {
           }
         }
       }
-      MmaSubBlock<NT>(SmemAddr(&st.x[0][0][0]), kWhole ? 128 * h : 0, q, A, acc);
+      MmaSubBlock<NT>(xs, desc0, kWhole ? 128 * h : 0, q, A, acc);
     }
   }
 };

@@ -116,7 +116,7 @@ Scheduler::Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer,
   // Blocks outlive slots only where the engine can take a cached block as
   // a slot's start: a paged engine whose pool this is. An engine of
   // regions (the CPU engine) keeps each slot's rows in the slot.
-  block_cache_ = engine_pool && engine.supports_block_adoption();
+  block_cache_ = options_.block_cache && engine_pool && engine.supports_block_adoption();
   slot_cached_.resize(static_cast<size_t>(engine.n_slots()), 0);
   thread_ = std::thread([this] { Loop(); });
 }

@@ -230,6 +230,11 @@ struct SchedulerOptions {
   // median 324-329 vs 300-318 ms, docs/PERF.md); dpl-server's
   // DPL_MIXED_STEPS=1 turns it on.
   bool mixed_steps = false;
+  // Full KV blocks stay cached in the pool after their request (and slot)
+  // moves on, and a prompt adopts the longest cached chain (where the
+  // engine pages its cache and can adopt: the CUDA engine). false: only
+  // what slots hold is reused (dpl-server's DPL_BLOCK_CACHE=0, an A/B).
+  bool block_cache = true;
   // The KV block pool (issue 30): positions a block, and positions in all
   // (rounded up to whole blocks); 0: n_slots x n_ctx (each slot's whole
   // context, rounded up per slot: nothing waits or is preempted, today's

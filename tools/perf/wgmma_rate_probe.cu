@@ -46,7 +46,15 @@ constexpr int kThreads = 128;
 constexpr int kWRow = 160;  // the form's q4_K smem row (144 bytes used)
 
 // smem: weights [128][160] then activations [32 chunks][N][8 halves] (one stage).
-template <int N, bool kLds, bool kDeq>
+// Second round (twelfth session, after the first table): why do the dequant
+// and the wgmmas add up instead of overlapping? kMma false drops the wgmmas
+// (the dequant's own issue time: if "both" = "wgmma only" + this, nothing
+// overlaps); kFenceAfter false drops the accumulator pins after the wait;
+// kHalf batches a half's four sub-blocks: all 64 A registers first, then its
+// 16 wgmmas as one group (wait_group 1 retires the previous half), so a
+// whole half's products (512 tensor clocks a CTA) cover the next half's
+// dequant instead of one sub-block's (128).
+template <int N, bool kLds, bool kDeq, bool kMma = true, bool kFenceAfter = true, bool kHalf = false>
 __global__ void __launch_bounds__(kThreads) StageLoop(int stages, float* out) {
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* w = smem;
@@ -89,9 +97,10 @@ __global__ void __launch_bounds__(kThreads) StageLoop(int stages, float* out) {
           }
       if (kLds) hdr = *reinterpret_cast<const uint4*>(&w[(64 * (t >> 1) + 16 * warp + g) * kWRow]);
       const __half2 s = H2(hdr.x), m = H2(hdr.y ^ hdr.w);
+      uint32_t AH[4][2][2][4];  // kHalf: the half's four sub-blocks
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
-        uint32_t A[2][2][4];
+        uint32_t (&A)[2][2][4] = AH[jj];
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -107,20 +116,35 @@ __global__ void __launch_bounds__(kThreads) StageLoop(int stages, float* out) {
                 A[i][step][2 + r] = (p >> 8) & 0x3BFF3BFFu;
               }
             }
-        WgmmaFenceOperands(acc[0]);
-        WgmmaFenceOperands(acc[1]);
-        WgmmaFence();
+        if (!kMma) {
 #pragma unroll
-        for (int step = 0; step < 2; ++step) {
-          const uint32_t c = static_cast<uint32_t>(16 * h + 4 * jj + 2 * step);
-          const uint64_t desc = WgmmaDesc(xs + c * kChunkBytes, kChunkBytes, 128);
+          for (int i = 0; i < 2; ++i)
 #pragma unroll
-          for (int i = 0; i < 2; ++i) WgmmaF16<N>(acc[i], A[i][step], desc);
+            for (int e = 0; e < 4; ++e) acc[i][e & 1][e] += __uint_as_float(A[i][0][e] ^ A[i][1][e]);
+          continue;
+        }
+        if (kHalf && jj < 3) continue;
+#pragma unroll
+        for (int j0 = kHalf ? 0 : jj; j0 <= jj; ++j0) {
+          if (j0 == (kHalf ? 0 : jj)) {
+            WgmmaFenceOperands(acc[0]);
+            WgmmaFenceOperands(acc[1]);
+            WgmmaFence();
+          }
+#pragma unroll
+          for (int step = 0; step < 2; ++step) {
+            const uint32_t c = static_cast<uint32_t>(16 * h + 4 * j0 + 2 * step);
+            const uint64_t desc = WgmmaDesc(xs + c * kChunkBytes, kChunkBytes, 128);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) WgmmaF16<N>(acc[i], AH[j0][i][step], desc);
+          }
         }
         WgmmaCommit();
         WgmmaWait<1>();
-        WgmmaFenceOperands(acc[0]);
-        WgmmaFenceOperands(acc[1]);
+        if (kFenceAfter) {
+          WgmmaFenceOperands(acc[0]);
+          WgmmaFenceOperands(acc[1]);
+        }
       }
     }
     WgmmaWait<0>();
@@ -135,9 +159,9 @@ __global__ void __launch_bounds__(kThreads) StageLoop(int stages, float* out) {
   if (v == 12345.f) out[0] = v;  // keeps the products live
 }
 
-template <int N, bool kLds, bool kDeq>
+template <int N, bool kLds, bool kDeq, bool kMma = true, bool kFenceAfter = true, bool kHalf = false>
 void Run(int num_sms, int ctas, int stages, const char* name) {
-  auto k = StageLoop<N, kLds, kDeq>;
+  auto k = StageLoop<N, kLds, kDeq, kMma, kFenceAfter, kHalf>;
   const int need = 128 * kWRow + 32 * N * 16;
   const int smem = std::max(need, (227 * 1024) / ctas - 1024);
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -175,6 +199,17 @@ int main() {
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, dev));
   std::printf("%s, %d SMs, %d MHz\n", p.name, sms, clock / 1000);
+  // Second round first: the overlap question.
+  for (int ctas : {1, 2}) {
+    Run<64, false, false>(sms, ctas, 200, "wgmma only");
+    Run<64, true, true>(sms, ctas, 200, "+ both (the form's loop)");
+    Run<64, true, true, false>(sms, ctas, 200, "both, no wgmma");
+    Run<64, true, true, true, false>(sms, ctas, 200, "both, no pins after wait");
+    Run<64, true, true, true, true, true>(sms, ctas, 200, "both, a half a group");
+    Run<16, true, true>(sms, ctas, 200, "N16 both");
+    Run<16, true, true, false>(sms, ctas, 200, "N16 both, no wgmma");
+    Run<16, true, true, true, true, true>(sms, ctas, 200, "N16 both, a half a group");
+  }
   for (int ctas : {1, 2, 3}) {
     Run<64, false, false>(sms, ctas, 200, "wgmma only");
     Run<64, false, true>(sms, ctas, 200, "+ dequant");
