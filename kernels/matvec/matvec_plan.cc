@@ -288,6 +288,12 @@ MatVecGeometry MixedGeometryFor(MatVecKernel kernel, int64_t n_rows, const Decod
 
 MatVecGeometry DecodeGeometryFor(MatVecKernel kernel, int64_t n_rows, const DecodeTuning& tuning) {
   const MatVecGeometry plain = {1, n_rows < 16384 ? 4 : 1, n_rows >= 65536 ? 4 : 2, false};
+  // A MoE router (f32, experts x n_embd: 128 x 2048 on Qwen3-30B-A3B, 1 MB
+  // in 32 CTAs) is read by few CTAs, each waiting on its loads: eight warps
+  // a CTA splitting k, four loads deep. Measured in the captured step (H100,
+  // 30B-A3B Q4_K_M, tg128, DPL_MATVEC_GEOM sweep, docs/PERF.md): 4,2 (the
+  // plain rule) 414 t/s; 8,4 435; 8,2 427; 4,4 422; 2,2 384; 1,1 271.
+  if (kernel == MatVecKernel::kF32 && n_rows < 2048) return {1, 8, 4, false};
   if (n_rows >= 65536 && (kernel == MatVecKernel::kQ6KDpl || kernel == MatVecKernel::kQ6KRaw)) {
     return {1, 1, 1, false};
   }

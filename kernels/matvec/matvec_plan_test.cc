@@ -190,6 +190,10 @@ TEST_CASE("decode geometry per type and height reproduces the H200 sweep") {
   CHECK(DecodeGeometryFor(MatVecKernel::kQ5K, 3584, t) == MatVecGeometry{1, 4, 1, true});
   CHECK(DecodeGeometryFor(MatVecKernel::kQ8_0Dpl, 18944, t) == MatVecGeometry{1, 1, 4, false});
   CHECK(DecodeGeometryFor(MatVecKernel::kQ8_0Dpl, 3584, t) == plain_short);
+  // A MoE router (f32, few rows): eight warps a CTA, four loads deep; taller
+  // f32 matrices keep the plain geometry.
+  CHECK(DecodeGeometryFor(MatVecKernel::kF32, 128, t) == MatVecGeometry{1, 8, 4, false});
+  CHECK(DecodeGeometryFor(MatVecKernel::kF32, 2048, t) == plain_short);
   // Other types keep the plain geometry.
   CHECK(DecodeGeometryFor(MatVecKernel::kQ8_0, 3584, t) == plain_short);
   CHECK(DecodeGeometryFor(MatVecKernel::kQ8_0, 18944, t) == plain_long);
