@@ -126,15 +126,25 @@ struct DecodeTuning {
   // but in the step clusters on the one-wave launches lost 3-7% at 12-64
   // sequences, and on every split launch (with 3 CTAs a SM) won at 12, 16
   // and 64 (+2.6%, +2.6%, +3.5%) and lost 6.5% at 32; 1 is the rule those
-  // numbers point to, not yet measured. 0 until a rule wins everywhere.
+  // numbers point to, not yet measured. Measured again after the stage's
+  // instruction cuts (H100, 2026-12-07, thirteenth session, dpl-bench 7B,
+  // two rounds, 12 / 16 / 32 / 64 sequences, t/s): 0 3,192 / 4,239 / 7,197
+  // / 10,606; 1 3,248 / 4,316 / 7,240 / 10,692; 2 3,284 / 4,363 / 7,186 /
+  // 10,817: 2 wins at 12, 16 and 64 (+2.0-2.9%) and is level at 32.
   // dpl-bench and matvec_bench take DPL_F16_CLUSTER.
-  int mma_f16_cluster_sum = 0;
+  int mma_f16_cluster_sum = 2;
   // About how many CTAs the f16 form's k splits aim at for one matrix
   // (MmaF16Splits: ceil(target / row tiles) splits, at most 8): 224 puts
   // 7B's Q, O and down (28 row tiles) at 8 splits, so a Q/K/V launch has
   // 288 CTAs, 1.09 waves of 264 at two a SM; 196 gives them 7 (260 CTAs,
   // one wave). dpl-bench and matvec_bench take DPL_F16_TARGET.
   int mma_f16_target_ctas = 224;
+  // The same for products of more than 16 tokens. Measured with cluster sums
+  // (H100, 2026-12-07, thirteenth session, dpl-bench 7B, two rounds, t/s at
+  // 12 / 16 / 32 / 64 sequences): 224 3,281 / 4,356 / 7,151 / 10,809; 196
+  // 3,204 / 4,263 / 7,363 / 10,905: 196 wins past 16 tokens (+3.0%, +0.9%),
+  // 224 up to 16 (+2.4%, +2.2%). dpl-bench takes DPL_F16_TARGET_WIDE.
+  int mma_f16_target_ctas_wide = 196;
   // A packed prompt pass's chunks (the server's prompts of several
   // sequences in one pass) go through prompt attention in one launch a
   // layer (PromptAttentionBatch) instead of one launch a chunk. dpl-server

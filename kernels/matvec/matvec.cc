@@ -237,7 +237,8 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     if (mma) {
       const int64_t cta_rows = f16 ? kMmaF16CtaRows : kMmaCtaRows;
       grid.y = (w.n_rows + cta_rows - 1) / cta_rows;
-      p.splits = f16 ? MmaF16Splits(w.n_rows, w.n_cols, plan.mma_f16_target_ctas)
+      p.splits = f16 ? MmaF16Splits(w.n_rows, w.n_cols,
+                                    io.n_tokens > 16 ? plan.mma_f16_target_ctas_wide : plan.mma_f16_target_ctas)
                      : MmaSplits(w.n_rows, w.n_cols);
       if (p.splits > 1) {
         const int64_t need = int64_t{p.splits} * io.n_tokens * w.n_rows;

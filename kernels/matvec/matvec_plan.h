@@ -76,6 +76,7 @@ struct MatVecPlan {
   int mma_f16_cluster_sum = 0;
   // About how many CTAs cover one f16-form matrix (its k splits: MmaF16Splits).
   int mma_f16_target_ctas = kMmaTargetCtas / 2;
+  int mma_f16_target_ctas_wide = kMmaTargetCtas / 2;  // over 16 tokens
   int num_sms = 0;  // the GPU's (DecodeTuning::num_sms): what "a wave" is above
 };
 
