@@ -133,14 +133,6 @@ struct DecodeTuning {
   // 10,817: 2 wins at 12, 16 and 64 (+2.0-2.9%) and is level at 32.
   // dpl-bench and matvec_bench take DPL_F16_CLUSTER.
   int mma_f16_cluster_sum = 2;
-  // The int8 mma form's k splits (2 to 8 tokens past mma_f16_min_tokens'
-  // reach: a 4-sequence step's q/o, down and k/v products, split 8 ways, and
-  // gate/up, split 2) added inside clusters the same way (the same bits),
-  // instead of the 126 MmaSumSplits launches of a 4-sequence 7B step (ncu,
-  // H100: 578 us of the isolated kernels' ~4.2 ms; docs/PERF.md). Off until
-  // measured: written in the thirteenth session, not yet run on a GPU.
-  // dpl-bench and matvec_bench take DPL_MMA_CLUSTER.
-  bool mma_cluster_sum = false;
   // About how many CTAs the f16 form's k splits aim at for one matrix
   // (MmaF16Splits: ceil(target / row tiles) splits, at most 8): 224 puts
   // 7B's Q, O and down (28 row tiles) at 8 splits, so a Q/K/V launch has

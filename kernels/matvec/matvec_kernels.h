@@ -65,11 +65,8 @@ absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& args, const Mat
 // tokens: grid.y = all parts' row blocks of kMmaCtaRows rows (part k's first
 // at row_block0), grid.z = the largest of the parts' splits (with its
 // partial scratch). Needs the int8 activations and n_cols % 256 == 0.
-// cluster_sum: a k-split launch whose parts all split alike, 2 to 8 ways,
-// adds its splits inside clusters of a row tile's CTAs (mma_cluster_sum.cuh:
-// no MmaSumSplits launch; the same bits). DecodeTuning::mma_cluster_sum.
 absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y, bool pdl,
-                             cudaStream_t stream, bool cluster_sum = false);
+                             cudaStream_t stream);
 
 // The same form over tiles of a mixture of experts' routes (moe.h's
 // RouteGroups): CTA (x, y) multiplies tile x's routes (at most tile_tokens,

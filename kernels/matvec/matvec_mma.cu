@@ -42,7 +42,6 @@
 #include "kernels/cuda_check.h"
 #include "kernels/launch.cuh"
 #include "kernels/matvec/matvec_kernels.h"
-#include "kernels/matvec/mma_cluster_sum.cuh"
 #include "kernels/matvec/matvec_traits.cuh"
 
 namespace dpl::kernels {
@@ -453,10 +452,8 @@ __device__ __forceinline__ int PartOfBlock(const MatVecArgs& a) {
 // tk and the 256-column blocks [nbe z / splits, nbe (z + 1) / splits).
 // kWaited: the caller has passed GridDependencyWait already (the grouped
 // form reads its tile first); else the first block's weights load before
-// the wait (weights never change). kCluster: a dense launch whose k splits
-// may be a cluster (MmaClusterSum), compiled only into the kernels launched
-// as clusters.
-template <MatVecKernel K, int NT, bool kWaited, bool kCluster = false, class Tokens>
+// the wait (weights never change).
+template <MatVecKernel K, int NT, bool kWaited, class Tokens>
 __device__ __forceinline__ void MmaRows(const MatVecArgs& a, const MatVecPart& P, int z, const Tokens& tk) {
   constexpr int T = 8 * NT;
   constexpr bool kQ6 = K == MatVecKernel::kQ6KDpl || K == MatVecKernel::kQ6KRaw;
@@ -499,27 +496,6 @@ __device__ __forceinline__ void MmaRows(const MatVecArgs& a, const MatVecPart& P
     cur = next;
   }
   // Thread (g, t) holds rows row0 + g, + 8 x tokens 8n + 2t, + 1.
-  if constexpr (kCluster) {
-    static_assert(std::is_same_v<Tokens, MmaDenseTokens>, "clusters sum dense launches");
-    if (P.splits > 1 && ClusterCtas() == P.splits) {
-      // red[token][row] in the stages' shared memory, rows padded to 68
-      // floats: thread (g, t)'s tokens 2t, 2t + 1 and rows g.. land on
-      // distinct banks (68 = 4 mod 32).
-      constexpr int kPitch = kMmaCtaRows + 4;
-      static_assert(T * kPitch * 4 <= static_cast<int>(sizeof(stage)),
-                    "the partial tile fits in the stages' shared memory");
-      float* red = reinterpret_cast<float*>(&stage[0]);
-      CpAsyncWait<0>();  // no copy still landing (the loop's last group is empty)
-      __syncthreads();   // the loop ended on a barrier: kept for the copies' sake
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) red[(8 * n + 2 * t + (e & 1)) * kPitch + 16 * warp + g + 8 * (e >> 1)] = acc.v[n][e];
-      ClusterSumTile<kMmaCtaRows, kPitch, kMmaThreads>(a, P, row0 - 16 * warp, z,
-                                                       a.n_tokens < T ? a.n_tokens : T, red);
-      return;
-    }
-  }
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
 #pragma unroll
@@ -539,15 +515,13 @@ __device__ __forceinline__ void MmaRows(const MatVecArgs& a, const MatVecPart& P
   }
 }
 
-// grid (1, row blocks of kMmaCtaRows over all parts, max splits), 4 warps;
-// kCluster: launched as clusters of a row tile's splits, which add their
-// partials in the cluster (MmaRows).
-template <MatVecKernel K, int NT, bool kCluster>
+// grid (1, row blocks of kMmaCtaRows over all parts, max splits), 4 warps.
+template <MatVecKernel K, int NT>
 __global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs a) {
   const MatVecPart P = PartAt(a, PartOfBlock(a));
   const int z = static_cast<int>(blockIdx.z);
-  if (z >= P.splits) return;  // a part with fewer splits than the launch's grid.z (never in a cluster launch)
-  MmaRows<K, NT, false, kCluster>(a, P, z, MmaDenseTokens{});
+  if (z >= P.splits) return;  // a part with fewer splits than the launch's grid.z
+  MmaRows<K, NT, false>(a, P, z, MmaDenseTokens{});
 }
 
 // grid (tiles, row blocks of kMmaCtaRows over all parts), 4 warps: CTA
@@ -589,23 +563,18 @@ __global__ void __launch_bounds__(256) MmaSumSplits(const MatVecArgs a) {
   P.y[o] = v;
 }
 
-template <MatVecKernel K, bool kCluster>
-void (*PickKernel(int n_tokens))(MatVecArgs) {
-  if (n_tokens <= 8) return MatVecMmaKernel<K, 1, kCluster>;
-  if (n_tokens <= 16) return MatVecMmaKernel<K, 2, kCluster>;
-  if (n_tokens <= 32) return MatVecMmaKernel<K, 4, kCluster>;
-  return MatVecMmaKernel<K, 8, kCluster>;
-}
-
 template <MatVecKernel K>
-void (*PickKernel(int n_tokens, bool cluster))(MatVecArgs) {
-  return cluster ? PickKernel<K, true>(n_tokens) : PickKernel<K, false>(n_tokens);
+void (*PickKernel(int n_tokens))(MatVecArgs) {
+  if (n_tokens <= 8) return MatVecMmaKernel<K, 1>;
+  if (n_tokens <= 16) return MatVecMmaKernel<K, 2>;
+  if (n_tokens <= 32) return MatVecMmaKernel<K, 4>;
+  return MatVecMmaKernel<K, 8>;
 }
 
 }  // namespace
 
 absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y, bool pdl,
-                             cudaStream_t stream, bool cluster_sum) {
+                             cudaStream_t stream) {
   if (args.n_tokens < 1 || args.n_tokens > kMmaMaxTokens || args.n_cols % 256 != 0 ||
       args.xq == nullptr || args.xd == nullptr || args.xs == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("matvec mma: ", args.n_tokens, " tokens, ",
@@ -621,26 +590,19 @@ absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_
     }
     splits = std::max(splits, p.splits);
   }
-  // Clusters only where every part splits k alike (a cluster is one row
-  // tile's splits), 2 to 8 ways (the portable cluster size).
-  bool cluster = cluster_sum && splits > 1 && splits <= 8;
-  for (int i = 0; i < args.n_parts; ++i) cluster &= args.part[i].splits == splits;
-  const int n = args.n_tokens;
   void (*fn)(MatVecArgs) = nullptr;
-  if (kernel == MatVecKernel::kQ4K) fn = PickKernel<MatVecKernel::kQ4K>(n, cluster);
-  if (kernel == MatVecKernel::kQ6KDpl) fn = PickKernel<MatVecKernel::kQ6KDpl>(n, cluster);
-  if (kernel == MatVecKernel::kQ6KRaw) fn = PickKernel<MatVecKernel::kQ6KRaw>(n, cluster);
-  if (kernel == MatVecKernel::kQ5K) fn = PickKernel<MatVecKernel::kQ5K>(n, cluster);
-  if (kernel == MatVecKernel::kQ8_0) fn = PickKernel<MatVecKernel::kQ8_0>(n, cluster);
-  if (kernel == MatVecKernel::kQ8_0Dpl) fn = PickKernel<MatVecKernel::kQ8_0Dpl>(n, cluster);
+  if (kernel == MatVecKernel::kQ4K) fn = PickKernel<MatVecKernel::kQ4K>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ6KDpl) fn = PickKernel<MatVecKernel::kQ6KDpl>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ6KRaw) fn = PickKernel<MatVecKernel::kQ6KRaw>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ5K) fn = PickKernel<MatVecKernel::kQ5K>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ8_0) fn = PickKernel<MatVecKernel::kQ8_0>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ8_0Dpl) fn = PickKernel<MatVecKernel::kQ8_0Dpl>(args.n_tokens);
   if (fn == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("matvec mma: no tensor-core kernel for kernel ", static_cast<int>(kernel)));
   }
-  DPL_RETURN_IF_ERROR(LaunchClusterKernel(fn, dim3(1, static_cast<unsigned>(grid_y), splits),
-                                          dim3(kMmaThreads), dim3(1, 1, cluster ? splits : 1), 0, stream,
-                                          pdl, args));
-  if (cluster) return absl::OkStatus();
+  DPL_RETURN_IF_ERROR(LaunchKernel(fn, dim3(1, static_cast<unsigned>(grid_y), splits),
+                                   dim3(kMmaThreads), 0, stream, pdl, args));
   return LaunchMmaSumSplits(args, pdl, stream);
 }
 

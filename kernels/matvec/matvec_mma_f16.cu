@@ -45,6 +45,7 @@
 // copy holds the activations in that same k order (F16MmaPos). Without
 // wgmma (the compute_90 PTX) MmaSubBlock multiplies by mma.sync from the
 // same shared memory.
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -58,7 +59,6 @@
 #include "formats/tensor_layout.h"
 #include "kernels/attention/mma_f16.cuh"
 #include "kernels/matvec/matvec_kernels.h"
-#include "kernels/matvec/mma_cluster_sum.cuh"
 #include "kernels/wgmma.cuh"
 
 namespace dpl::kernels {
@@ -499,16 +499,30 @@ struct Q6KF16 {
   }
 };
 
-// The k-split sum inside the cluster (mma_cluster_sum.cuh): this CTA's
-// 128 rows x T tokens of partials into the stages' shared memory as
-// red[token][row], rows padded to 132 floats (thread (g, t)'s tokens 2t,
-// 2t + 1 and rows g.. land on distinct banks: 132 = 4 mod 32), then the
-// cluster's shared sum.
+// CTAs in this CTA's thread block cluster: 1 unless launched as clusters.
+__device__ __forceinline__ int ClusterCtas() {
+  return static_cast<int>(cooperative_groups::this_cluster().num_blocks());
+}
+
+// The k-split sum inside the cluster (a launch whose clusters are a row
+// tile's P.splits CTAs, cluster rank = blockIdx.z): each CTA leaves its
+// 128 rows x T tokens of partial sums in its own shared memory, and CTA z
+// adds the z-th 1/splits of the tile's outputs over all the cluster's
+// shared memories (distributed shared memory), in split order, then bias
+// and residual: MmaSumSplits' additions in its order, so the same bits,
+// with no partials through global memory and no second launch.
+//   y[t, r] = ((p_0[t, r] + p_1[t, r]) + ... + p_{S-1}[t, r]) (+ bias[r]) (+ residual[t, r])
+// Why: the sum kernels were 112 of a 16-sequence 7B step's 425 launches
+// (docs/PERF.md, "A 16-sequence step, kernel by kernel"); one CTA adding a
+// whole tile lost (its chain of L2 round trips, "The k-split sums in the
+// row tile's last CTA"): here every CTA of the tile adds a share.
 template <class W, int NT>
 __device__ __forceinline__ void ClusterSum(const MatVecArgs& a, const MatVecPart& P, int row0,
                                            int z, int warp, int g, int t,
                                            const float (&acc)[2][NT][4], uint8_t* smem) {
   constexpr int T = 8 * NT;
+  // red[token][row], rows padded to 132 floats: thread (g, t)'s tokens 2t,
+  // 2t + 1 and rows g.. land on distinct banks (132 = 4 mod 32).
   constexpr int kPitch = kMmaF16CtaRows + 4;
   static_assert(T * kPitch * 4 <= 2 * static_cast<int>(sizeof(Stage<W, T>)),
                 "the partial tile fits in the stages' shared memory");
@@ -522,7 +536,31 @@ __device__ __forceinline__ void ClusterSum(const MatVecArgs& a, const MatVecPart
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         red[(8 * n + 2 * t + (e & 1)) * kPitch + TileRow(warp, i, g, e >> 1)] = acc[i][n][e];
-  ClusterSumTile<kMmaF16CtaRows, kPitch, kThreads>(a, P, row0, z, a.n_tokens < T ? a.n_tokens : T, red);
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.sync();  // every split's partials written and visible cluster-wide
+  const int splits = P.splits, n_tok = a.n_tokens < T ? a.n_tokens : T;
+  const int n_out = n_tok * kMmaF16CtaRows;
+  const int lo = n_out * z / splits, hi = n_out * (z + 1) / splits;
+  for (int o = lo + static_cast<int>(threadIdx.x); o < hi; o += kThreads) {
+    const int tok = o / kMmaF16CtaRows, r = o % kMmaF16CtaRows, row = row0 + r;
+    if (row >= P.n_rows) continue;
+    const int at = tok * kPitch + r;
+    float p[kMmaMaxSplits];  // every split's load in flight before the first add
+#pragma unroll
+    for (int s = 0; s < kMmaMaxSplits; ++s) {
+      p[s] = s < splits ? cluster.map_shared_rank(red, s)[at] : 0.f;
+    }
+    float v = p[0];
+#pragma unroll
+    for (int s = 1; s < kMmaMaxSplits; ++s) {
+      if (s < splits) v += p[s];
+    }
+    const int64_t off = static_cast<int64_t>(tok) * P.n_rows + row;
+    if (P.bias != nullptr) v += P.bias[row];
+    if (P.residual != nullptr) v += P.residual[off];  // may alias y: read before write
+    P.y[off] = v;
+  }
+  cluster.sync();  // no CTA leaves while another still reads its shared memory
 }
 
 __device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {

@@ -210,7 +210,6 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   plan.mma_f16_small_ctas = tuning.mma_f16_small_ctas_per_sm;
   plan.mma_f16_cluster_sum = tuning.mma_f16_cluster_sum;
   plan.mma_f16_target_ctas = tuning.mma_f16_target_ctas;
-  plan.mma_cluster_sum = tuning.mma_cluster_sum;
   plan.mma_f16_target_ctas_wide = tuning.mma_f16_target_ctas_wide;
   plan.num_sms = tuning.num_sms;
   if (MatVecMmaF16Supports(k, w.n_cols)) {

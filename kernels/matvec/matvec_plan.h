@@ -74,8 +74,6 @@ struct MatVecPlan {
   // The f16 form's k splits summed in clusters (DecodeTuning::mma_f16_cluster_sum):
   // 0 never, 1 launches of more than one wave (num_sms x their CTAs a SM), 2 always.
   int mma_f16_cluster_sum = 0;
-  // The int8 form's k splits summed in clusters (DecodeTuning::mma_cluster_sum).
-  bool mma_cluster_sum = false;
   // About how many CTAs cover one f16-form matrix (its k splits: MmaF16Splits).
   int mma_f16_target_ctas = kMmaTargetCtas / 2;
   int mma_f16_target_ctas_wide = kMmaTargetCtas / 2;  // over 16 tokens
