@@ -1,0 +1,441 @@
+// Probe for issue 34 (not part of the build): does ONE persistent kernel that
+// runs a decode layer's dependent products in order, its CTAs waiting on
+// counters in global memory, beat the same products as one kernel each in a
+// CUDA graph (programmatic dependent launch, weights fetched before the
+// wait), and how near does each come to the HBM rate?
+//
+// One token through L layers of a 7B's shapes (E 3584, Q/K/V 4608 rows, O
+// 3584, gate/up 2 x 18944, down 3584 x 18944), four dependent ops a layer:
+//   QKV:  qkv = Wqkv rmsnorm(x)        (every CTA recomputes the norm: no op of its own)
+//   O:    x += Wo qkv[0:E]             (a stand-in for attention's output)
+//   GU:   g = silu(Wg h) * (Wu h), h = rmsnorm(x)   (gate and up rows interleaved, the
+//         SwiGLU in the rows' epilogue: no op of its own)
+//   DOWN: x += Wd g
+// Weights: 4 bits with an f16 scale per 32 (0.5625 bytes a weight, as q4_K),
+// a row its nibbles (byte k of a block: weight k low, k + 16 high) then its
+// scales. Activations: int8 per 32 with a float scale (as the decoder's),
+// quantized by every CTA from the f32 vector in L2; products by dp4a.
+// Every op's rows are dealt in G equal chunks, G = the CTAs resident at once;
+// chunk c is the same work in every variant:
+//   graph:      one kernel an op (grid G), each CTA prefetching its chunk's first
+//               kPrefetch bytes of weights into L2, then griddepcontrol.wait; PDL
+//   graph-nopdl the same, plain launches
+//   persistent: one kernel (grid G) running the 4L ops; before op i's activations a
+//               CTA prefetches its chunk the same way, then spins until op i-1's
+//               counter reaches G (acquire), computes, and adds 1 to op i's
+//               counter (release)
+//   persistent-noprefetch: the same without the L2 prefetch
+// All variants compute identical bits (checked), and the first layer's QKV is
+// checked against a float64 product of the same quantized activations.
+//
+// Prediction (written before any run; H100, whose reads stream at ~3.0 TB/s of
+// 3.35): a layer is 131 MB (QKV 9.3, O 7.2, GU 76.4, DOWN 38.2): ~44 us at
+// 3.0 TB/s. The graph pays each of the 4 boundaries ~2.5 us (launch, ramp,
+// tail; docs/PERF.md's one-row probe): ~54 us a layer; the persistent kernel
+// a counter round trip and the slowest chunk's tail (~1 us): ~48 us. So ~10%
+// between them on this chain, more on a real step's 8-9 boundaries a layer.
+//
+// Build and run (device): nvcc -O3 -std=c++17 -arch=sm_90a -o persistprobe persistent_probe.cu && ./persistprobe
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "probe_util.cuh"
+
+namespace {
+
+constexpr int kE = 3584, kQkv = 4608, kFf = 18944;
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+constexpr int kPrefetch = 64 * 1024;  // bytes of a chunk's weights prefetched into L2 before the wait
+constexpr float kEps = 1e-6f;
+
+enum OpKind : int { kOpQkv = 0, kOpO = 1, kOpGu = 2, kOpDown = 3 };
+
+struct Op {
+  int kind;
+  int rows;           // output rows (GU: gate/up pairs, 18944)
+  int cols;           // K
+  const uint8_t* w;   // (rows (x2 for GU), stride)
+  int64_t stride;     // bytes a weight row
+  const float* norm;  // (E) QKV, GU: the RMSNorm weights
+};
+
+struct Bufs {
+  float* x;    // (E) the residual stream
+  float* qkv;  // (kQkv)
+  float* g;    // (kFf)
+  unsigned* done;  // (n_ops) CTAs finished with each op (persistent)
+};
+
+__host__ __device__ constexpr int64_t RowStride(int cols) { return cols / 2 + cols / 16; }
+
+// int8 activations in shared memory: q[K], d[K / 32] (per-32 scale), s[K / 32]
+// (per-32 sum of q: the offset-8 term). Sized for the largest K.
+struct Acts {
+  int8_t q[kFf];
+  float d[kFf / 32];
+  int s[kFf / 32];
+};
+
+// v = the op's input (x normed, qkv[0:E] or g) quantized per 32: one warp a
+// block. Reads bypass L1 (other SMs wrote them during this launch).
+__device__ void QuantizeInput(const Op& op, const Bufs& b, Acts& a, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* src = op.kind == kOpQkv || op.kind == kOpGu ? b.x : op.kind == kOpO ? b.qkv : b.g;
+  float scale = 1.f;
+  if (op.kind == kOpQkv || op.kind == kOpGu) {  // rmsnorm: every CTA sums x^2 itself
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < kE; i += kThreads) {
+      const float v = __ldcg(src + i);
+      ss += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    float t = 0.f;
+    for (int w = 0; w < kWarps; ++w) t += red[w];
+    scale = rsqrtf(t / kE + kEps);
+    __syncthreads();
+  }
+  const int nb = op.cols / 32;
+  for (int blk = warp; blk < nb; blk += kWarps) {
+    const int i = 32 * blk + lane;
+    float v = __ldcg(src + i);
+    if (op.norm != nullptr) v *= scale * op.norm[i];
+    float m = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float d = m / 127.f;
+    const int q = d > 0.f ? __float2int_rn(v / d) : 0;
+    a.q[i] = static_cast<int8_t>(q);
+    int s = q;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) {
+      a.d[blk] = d;
+      a.s[blk] = s;
+    }
+  }
+}
+
+// One row: sum over its 32-weight blocks of  scale_w d_x (dot(q_w, q_x) - 8 s_x),
+// lane l taking blocks l, l + 32, ...; the warp's sum in every lane.
+__device__ __forceinline__ float RowDot(const uint8_t* row, int cols, const Acts& a) {
+  const int lane = threadIdx.x & 31;
+  const int nb = cols / 32;
+  const uint8_t* nib = row;
+  const __half* sc = reinterpret_cast<const __half*>(row + cols / 2);
+  float acc = 0.f;
+#pragma unroll 4
+  for (int blk = lane; blk < nb; blk += 32) {
+    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(nib + 16 * blk));  // streamed once
+    const int4* xq = reinterpret_cast<const int4*>(a.q + 32 * blk);
+    const int4 x0 = xq[0], x1 = xq[1];  // weights 0..15, 16..31
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+    const int xl[4] = {x0.x, x0.y, x0.z, x0.w}, xh[4] = {x1.x, x1.y, x1.z, x1.w};
+    int dot = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      dot = __dp4a(static_cast<int>(ws[k] & 0x0F0F0F0Fu), xl[k], dot);
+      dot = __dp4a(static_cast<int>((ws[k] >> 4) & 0x0F0F0F0Fu), xh[k], dot);
+    }
+    acc += __half2float(sc[blk]) * a.d[blk] * static_cast<float>(dot - 8 * a.s[blk]);
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  return acc;
+}
+
+__device__ __forceinline__ void PrefetchL2(const void* p, int bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+// The chunk c of G of op: rows [r0, r1) (GU: pairs).
+__device__ __forceinline__ void Chunk(const Op& op, int c, int G, int* r0, int* r1) {
+  *r0 = static_cast<int>(static_cast<int64_t>(op.rows) * c / G);
+  *r1 = static_cast<int>(static_cast<int64_t>(op.rows) * (c + 1) / G);
+}
+
+// The first kPrefetch bytes (at most the chunk) of chunk c's weights into L2:
+// one thread, one bulk prefetch (contiguous rows).
+__device__ void PrefetchChunk(const Op& op, int c, int G) {
+  if (threadIdx.x != 0) return;
+  int r0, r1;
+  Chunk(op, c, G, &r0, &r1);
+  const int per = op.kind == kOpGu ? 2 : 1;
+  const int64_t bytes = static_cast<int64_t>(r1 - r0) * per * op.stride;
+  const int n = static_cast<int>(bytes < kPrefetch ? bytes : kPrefetch) & ~15;
+  if (n > 0) PrefetchL2(op.w + static_cast<int64_t>(r0) * per * op.stride, n);
+}
+
+// The chunk's rows, warp w taking rows r0 + w, r0 + w + kWarps, ...
+__device__ void ComputeChunk(const Op& op, int c, int G, const Bufs& b, const Acts& a) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int r0, r1;
+  Chunk(op, c, G, &r0, &r1);
+  for (int r = r0 + warp; r < r1; r += kWarps) {
+    if (op.kind == kOpGu) {
+      const float gate = RowDot(op.w + (2 * static_cast<int64_t>(r)) * op.stride, op.cols, a);
+      const float up = RowDot(op.w + (2 * static_cast<int64_t>(r) + 1) * op.stride, op.cols, a);
+      if (lane == 0) b.g[r] = gate / (1.f + expf(-gate)) * up;
+    } else {
+      const float y = RowDot(op.w + static_cast<int64_t>(r) * op.stride, op.cols, a);
+      if (lane == 0) {
+        if (op.kind == kOpQkv) {
+          b.qkv[r] = y;
+        } else {
+          b.x[r] = __ldcg(b.x + r) + y;  // O, DOWN: residual in place (own rows only)
+        }
+      }
+    }
+  }
+}
+
+// ---- graph variant: one kernel an op.
+__global__ void __launch_bounds__(kThreads) OpKernel(const Op op, const Bufs b) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  Acts& a = *reinterpret_cast<Acts*>(smem);
+  __shared__ float red[kWarps];
+  PrefetchChunk(op, blockIdx.x, gridDim.x);
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  QuantizeInput(op, b, a, red);
+  __syncthreads();
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  ComputeChunk(op, blockIdx.x, gridDim.x, b, a);
+}
+
+// ---- persistent variant: every op in order, dependencies through b.done.
+__device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <bool kPrefetchWeights>
+__global__ void __launch_bounds__(kThreads) PersistentKernel(const Op* __restrict__ ops, int n_ops,
+                                                             const Bufs b) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  Acts& a = *reinterpret_cast<Acts*>(smem);
+  __shared__ float red[kWarps];
+  const int G = gridDim.x, c = blockIdx.x;
+  for (int i = 0; i < n_ops; ++i) {
+    const Op op = ops[i];
+    if (kPrefetchWeights) PrefetchChunk(op, c, G);
+    if (i > 0) {
+      if (threadIdx.x == 0) {
+        while (LoadAcquire(b.done + i - 1) < static_cast<unsigned>(G)) {
+        }
+      }
+      __syncthreads();
+    }
+    QuantizeInput(op, b, a, red);
+    __syncthreads();
+    ComputeChunk(op, c, G, b, a);
+    __syncthreads();  // every warp's outputs written ...
+    if (threadIdx.x == 0) {
+      __threadfence();  // ... and visible GPU-wide before the count
+      atomicAdd(b.done + i, 1u);
+    }
+  }
+}
+
+// ---- the host side.
+std::vector<uint8_t> RandomWeights(int rows, int cols, std::mt19937& rng) {
+  const int64_t stride = RowStride(cols);
+  std::vector<uint8_t> h(static_cast<size_t>(rows * stride));
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> s(0.002f, 0.02f);
+  for (int r = 0; r < rows; ++r) {
+    uint8_t* row = h.data() + r * stride;
+    for (int i = 0; i < cols / 2; ++i) row[i] = static_cast<uint8_t>(byte(rng));
+    __half* sc = reinterpret_cast<__half*>(row + cols / 2);
+    for (int blk = 0; blk < cols / 32; ++blk) sc[blk] = __float2half(s(rng));
+  }
+  return h;
+}
+
+uint8_t* Upload(const std::vector<uint8_t>& h) {
+  uint8_t* d = nullptr;
+  CK(cudaMalloc(&d, h.size()));
+  CK(cudaMemcpy(d, h.data(), h.size(), cudaMemcpyHostToDevice));
+  return d;
+}
+
+}  // namespace
+
+int main() {
+  int dev = 0, sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, dev));
+  const int smem = static_cast<int>(sizeof(Acts));
+  CK(cudaFuncSetAttribute(OpKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(PersistentKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CK(cudaFuncSetAttribute(PersistentKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int max_per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&max_per_sm, PersistentKernel<true>, kThreads, smem));
+  std::printf("%s, %d SMs, at most %d CTAs a SM (%d B of shared memory a CTA)\n", p.name, sms, max_per_sm, smem);
+
+  // L layers of distinct weights (L x 131 MB, past L2).
+  const int L = 8;
+  std::mt19937 rng(7);
+  std::vector<Op> ops;
+  std::vector<uint8_t> w_qkv0;  // layer 0's QKV, for the reference
+  std::vector<float> hnorm(kE);
+  for (float& v : hnorm) v = 0.5f + std::uniform_real_distribution<float>(0.f, 1.f)(rng);
+  float* dnorm = nullptr;
+  CK(cudaMalloc(&dnorm, kE * 4));
+  CK(cudaMemcpy(dnorm, hnorm.data(), kE * 4, cudaMemcpyHostToDevice));
+  double layer_bytes = 0;
+  for (int l = 0; l < L; ++l) {
+    const std::vector<uint8_t> qkv = RandomWeights(kQkv, kE, rng), o = RandomWeights(kE, kE, rng),
+                               gu = RandomWeights(2 * kFf, kE, rng), down = RandomWeights(kE, kFf, rng);
+    if (l == 0) w_qkv0 = qkv;
+    ops.push_back({kOpQkv, kQkv, kE, Upload(qkv), RowStride(kE), dnorm});
+    ops.push_back({kOpO, kE, kE, Upload(o), RowStride(kE), nullptr});
+    ops.push_back({kOpGu, kFf, kE, Upload(gu), RowStride(kE), dnorm});
+    ops.push_back({kOpDown, kE, kFf, Upload(down), RowStride(kFf), nullptr});
+    if (l == 0) layer_bytes = static_cast<double>(qkv.size() + o.size() + gu.size() + down.size());
+  }
+  const int n_ops = static_cast<int>(ops.size());
+  Op* dops = nullptr;
+  CK(cudaMalloc(&dops, n_ops * sizeof(Op)));
+  CK(cudaMemcpy(dops, ops.data(), n_ops * sizeof(Op), cudaMemcpyHostToDevice));
+  Bufs b;
+  CK(cudaMalloc(&b.x, kE * 4));
+  CK(cudaMalloc(&b.qkv, kQkv * 4));
+  CK(cudaMalloc(&b.g, kFf * 4));
+  CK(cudaMalloc(&b.done, n_ops * 4));
+  std::vector<float> x0(kE);
+  for (float& v : x0) v = std::uniform_real_distribution<float>(-1.f, 1.f)(rng);
+
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // G: CTAs a SM x SMs, all resident at once (so the spin waits cannot
+  // deadlock): one CTA a SM as a megakernel would, two, and the most that fit.
+  for (int per_sm : {1, 2, max_per_sm}) {
+  if (per_sm > max_per_sm) continue;
+  const int G = sms * per_sm;
+  std::printf("=== G = %d (%d a SM)\n", G, per_sm);
+  auto reset = [&](cudaStream_t st) {
+    CK(cudaMemcpyAsync(b.x, x0.data(), kE * 4, cudaMemcpyHostToDevice, st));
+    CK(cudaMemsetAsync(b.done, 0, n_ops * 4, st));
+  };
+  // One variant's run, captured: 0 graph (PDL), 1 graph without PDL, 2
+  // persistent, 3 persistent without the prefetch.
+  auto capture = [&](int v) {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK(cudaMemsetAsync(b.done, 0, n_ops * 4, s));
+    if (v <= 1) {
+      for (const Op& op : ops) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(G);
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = s;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = v == 0 ? 1 : 0;
+        CK(cudaLaunchKernelEx(&cfg, OpKernel, op, b));
+      }
+    } else if (v == 2) {
+      PersistentKernel<true><<<G, kThreads, smem, s>>>(dops, n_ops, b);
+    } else {
+      PersistentKernel<false><<<G, kThreads, smem, s>>>(dops, n_ops, b);
+    }
+    CK(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t e;
+    CK(cudaGraphInstantiate(&e, g, 0));
+    CK(cudaGraphDestroy(g));
+    return e;
+  };
+  const char* names[4] = {"graph, PDL", "graph, no PDL", "persistent", "persistent, no prefetch"};
+  cudaGraphExec_t exec[4];
+  for (int v = 0; v < 4; ++v) exec[v] = capture(v);
+
+  // Correctness: every variant's x after the L layers, bit for bit; layer
+  // 0's QKV against float64 on the same int8 activations.
+  std::vector<float> xs[4];
+  for (int v = 0; v < 4; ++v) {
+    reset(s);
+    CK(cudaGraphLaunch(exec[v], s));
+    CK(cudaStreamSynchronize(s));
+    xs[v].resize(kE);
+    CK(cudaMemcpy(xs[v].data(), b.x, kE * 4, cudaMemcpyDeviceToHost));
+  }
+  for (int v = 1; v < 4; ++v) {
+    const bool same = std::memcmp(xs[v].data(), xs[0].data(), kE * 4) == 0;
+    std::printf("%-24s x after %d layers %s the graph's\n", names[v], L, same ? "==" : "DIFFERS from");
+  }
+  {
+    // Layer 0's QKV alone (one op of the graph variant) against the host.
+    reset(s);
+    OpKernel<<<G, kThreads, smem, s>>>(ops[0], b);
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> got(kQkv);
+    CK(cudaMemcpy(got.data(), b.qkv, kQkv * 4, cudaMemcpyDeviceToHost));
+    double ss = 0;
+    for (float v : x0) ss += static_cast<double>(v) * v;
+    const float scale = 1.f / std::sqrt(static_cast<float>(ss / kE) + kEps);
+    std::vector<int8_t> q(kE);
+    std::vector<float> d(kE / 32);
+    std::vector<int> sq(kE / 32);
+    for (int blk = 0; blk < kE / 32; ++blk) {
+      float m = 0;
+      for (int i = 0; i < 32; ++i) m = std::max(m, std::fabs(x0[32 * blk + i] * scale * hnorm[32 * blk + i]));
+      d[blk] = m / 127.f;
+      sq[blk] = 0;
+      for (int i = 0; i < 32; ++i) {
+        const float v = x0[32 * blk + i] * scale * hnorm[32 * blk + i];
+        q[32 * blk + i] = static_cast<int8_t>(d[blk] > 0 ? std::lrintf(v / d[blk]) : 0);
+        sq[blk] += q[32 * blk + i];
+      }
+    }
+    double e2 = 0, r2 = 0;
+    const int64_t stride = RowStride(kE);
+    for (int r = 0; r < kQkv; ++r) {
+      const uint8_t* row = w_qkv0.data() + r * stride;
+      const __half* sc = reinterpret_cast<const __half*>(row + kE / 2);
+      double y = 0;
+      for (int blk = 0; blk < kE / 32; ++blk) {
+        long dot = 0;
+        for (int k = 0; k < 16; ++k) {
+          const uint8_t byte = row[16 * blk + k];
+          dot += static_cast<long>(byte & 15) * q[32 * blk + k] + static_cast<long>(byte >> 4) * q[32 * blk + 16 + k];
+        }
+        y += static_cast<double>(__half2float(sc[blk])) * d[blk] * static_cast<double>(dot - 8L * sq[blk]);
+      }
+      e2 += (got[r] - y) * (got[r] - y);
+      r2 += y * y;
+    }
+    std::printf("layer 0 QKV against float64 on the same int8 activations: rel. RMS %.2e\n", std::sqrt(e2 / r2));
+  }
+
+  // Timing: 20 replays each, the variants interleaved, 3 rounds.
+  static cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int round = 0; round < 3; ++round) {
+    for (int v = 0; v < 4; ++v) {
+      const int reps = 20;
+      float total = 0;
+      for (int r = 0; r < reps; ++r) {
+        reset(s);
+        CK(cudaEventRecord(e0, s));
+        CK(cudaGraphLaunch(exec[v], s));
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        total += ms;
+      }
+      const double us_layer = 1e3 * total / reps / L;
+      std::printf("round %d %-24s %7.2f us a layer, %6.0f GB/s\n", round, names[v], us_layer,
+                  layer_bytes / (us_layer * 1e-6) / 1e9);
+    }
+  }
+  for (int v = 0; v < 4; ++v) CK(cudaGraphExecDestroy(exec[v]));
+  }
+  return 0;
+}
