@@ -35,6 +35,24 @@ __global__ void __launch_bounds__(kActThreads) QuantizeKernel(const float* __res
   QuantizeBlock32(x[blk * 32 + (threadIdx.x & 31)], blk, out);
 }
 
+// 1 / sqrt(mean(x^2) + eps) of a row of n from each thread's partial sum of
+// squares ss: the warp's in a fixed shuffle order, then the CTA's warps in
+// order (partial: kActBlocksPerCta floats of shared memory). Every kernel
+// that normalizes a row takes its scale from here, so one that sums the
+// same partials gets the same bits. IEEE sqrt and division (not rsqrtf)
+// keep the scale within 1 ulp.
+__device__ __forceinline__ float RmsScale(float ss, float* partial, int n, float eps) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) partial[warp] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kActBlocksPerCta; ++k) total += partial[k];
+  return 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+}
+
 // h = x * w / sqrt(mean(x^2) + eps), then h quantized. grid (CTAs per row,
 // n_tokens): every CTA of a row sums the row's squares itself (in the same
 // order, so each gets the same scale; the row is in L2), then its 8 warps
@@ -59,15 +77,7 @@ __global__ void __launch_bounds__(kActThreads)
     const float v = xr[i];
     ss += v * v;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (lane == 0) partial[warp] = ss;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int k = 0; k < kActBlocksPerCta; ++k) total += partial[k];
-  // IEEE sqrt and division (not rsqrtf) keep the scale within 1 ulp.
-  const float scale = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+  const float scale = RmsScale(ss, partial, n, eps);
   if (b * 32 >= n) return;  // warp-uniform
   const float v = (xr[i] * scale) * wi;
   h[t * n + i] = v;
@@ -93,7 +103,6 @@ __global__ void __launch_bounds__(kActThreads)
                               float* __restrict__ h,  // (n_tokens, n)
                               QuantOut out) {
   __shared__ float partial[kActBlocksPerCta];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int per = n / kActThreads;  // n is a multiple of 256 (the launcher checks)
   GridDependencyWait();
   GridLaunchDependents();
@@ -113,14 +122,7 @@ __global__ void __launch_bounds__(kActThreads)
     xr[c] = v[m];
     ss += v[m] * v[m];
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (lane == 0) partial[warp] = ss;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int q = 0; q < kActBlocksPerCta; ++q) total += partial[q];
-  const float scale = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+  const float scale = RmsScale(ss, partial, n, eps);
 #pragma unroll
   for (int m = 0; m < kMaxPer; ++m) {
     if (m >= per) break;
