@@ -54,20 +54,35 @@ constexpr int kWRow = 160;  // the form's q4_K smem row (144 bytes used)
 // 16 wgmmas as one group (wait_group 1 retires the previous half), so a
 // whole half's products (512 tensor clocks a CTA) cover the next half's
 // dequant instead of one sub-block's (128).
-template <int N, bool kLds, bool kDeq, bool kMma = true, bool kFenceAfter = true, bool kHalf = false>
-__global__ void __launch_bounds__(kThreads) StageLoop(int stages, float* out) {
+//
+// Third round (same session, after the SASS cuts): kWgs 2 runs two
+// warpgroups in one CTA, each on its own 128 rows and the shared stage of
+// activations, as two CTAs a SM would; kOrdered makes them take turns at
+// the tensor cores (FlashAttention-3's ping-pong): warpgroup w issues a
+// sub-block's wgmmas only after the other issued its previous one (named
+// barriers 1 and 2), so one dequantizes while the other's products run.
+// If the loop's dequant and wgmmas fail to overlap because both
+// warpgroups reach them at once, ordering them pays; if the tensor core
+// and the dequant cannot overlap within an SM at all, it does not.
+template <int N, bool kLds, bool kDeq, bool kMma = true, bool kFenceAfter = true, bool kHalf = false,
+          int kWgs = 1, bool kOrdered = false>
+__global__ void __launch_bounds__(kThreads * kWgs) StageLoop(int stages, float* out) {
   extern __shared__ __align__(16) uint8_t smem[];
-  uint8_t* w = smem;
-  __half* x = reinterpret_cast<__half*>(smem + 128 * kWRow);
-  for (int i = threadIdx.x; i < 128 * kWRow / 4; i += kThreads) {
-    reinterpret_cast<uint32_t*>(w)[i] = 0x3C003C00u ^ (i * 2654435761u & 0x03FF03FFu);
+  constexpr int kAll = kThreads * kWgs;
+  const int wg = static_cast<int>(threadIdx.x) / kThreads;
+  uint8_t* w = smem + wg * 128 * kWRow;
+  __half* x = reinterpret_cast<__half*>(smem + kWgs * 128 * kWRow);
+  for (int i = threadIdx.x; i < kWgs * 128 * kWRow / 4; i += kAll) {
+    reinterpret_cast<uint32_t*>(smem)[i] = 0x3C003C00u ^ (i * 2654435761u & 0x03FF03FFu);
   }
-  for (int i = threadIdx.x; i < 32 * N * 8; i += kThreads) {
+  for (int i = threadIdx.x; i < 32 * N * 8; i += kAll) {
     x[i] = __float2half(0.001f * ((i * 7919) % 97 - 48));
   }
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  // Warpgroup 1 lets warpgroup 0 go first.
+  if (kOrdered && wg == 1) asm volatile("bar.arrive 1, %0;\n" ::"n"(kAll) : "memory");
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   constexpr int NT = N / 8;
   float acc[2][NT][4];
 #pragma unroll
@@ -124,6 +139,9 @@ __global__ void __launch_bounds__(kThreads) StageLoop(int stages, float* out) {
           continue;
         }
         if (kHalf && jj < 3) continue;
+        if (kOrdered) {  // my turn (barrier 1 + wg): the other has issued its previous sub-block
+          asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wg), "n"(kAll) : "memory");
+        }
 #pragma unroll
         for (int j0 = kHalf ? 0 : jj; j0 <= jj; ++j0) {
           if (j0 == (kHalf ? 0 : jj)) {
@@ -140,6 +158,9 @@ __global__ void __launch_bounds__(kThreads) StageLoop(int stages, float* out) {
           }
         }
         WgmmaCommit();
+        if (kOrdered) {  // the other's turn (barrier 2 - wg); no branch in the loop
+          asm volatile("bar.arrive %0, %1;\n" ::"r"(2 - wg), "n"(kAll) : "memory");
+        }
         WgmmaWait<1>();
         if (kFenceAfter) {
           WgmmaFenceOperands(acc[0]);
@@ -151,6 +172,8 @@ __global__ void __launch_bounds__(kThreads) StageLoop(int stages, float* out) {
     WgmmaFenceOperands(acc[0]);
     WgmmaFenceOperands(acc[1]);
   }
+  // Warpgroup 1's last hand-over (one more than warpgroup 0 waited for).
+  if (kOrdered && wg == 0) asm volatile("bar.sync 1, %0;\n" ::"n"(kAll) : "memory");
   float v = 0.f;
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -159,18 +182,19 @@ __global__ void __launch_bounds__(kThreads) StageLoop(int stages, float* out) {
   if (v == 12345.f) out[0] = v;  // keeps the products live
 }
 
-template <int N, bool kLds, bool kDeq, bool kMma = true, bool kFenceAfter = true, bool kHalf = false>
+template <int N, bool kLds, bool kDeq, bool kMma = true, bool kFenceAfter = true, bool kHalf = false,
+          int kWgs = 1, bool kOrdered = false>
 void Run(int num_sms, int ctas, int stages, const char* name) {
-  auto k = StageLoop<N, kLds, kDeq, kMma, kFenceAfter, kHalf>;
-  const int need = 128 * kWRow + 32 * N * 16;
+  auto k = StageLoop<N, kLds, kDeq, kMma, kFenceAfter, kHalf, kWgs, kOrdered>;
+  const int need = kWgs * 128 * kWRow + 32 * N * 16;
   const int smem = std::max(need, (227 * 1024) / ctas - 1024);
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, smem));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads * kWgs, smem));
   float* out;
   CK(cudaMalloc(&out, 4));
   const int blocks = num_sms * ctas;
-  k<<<blocks, kThreads, smem>>>(stages, out);
+  k<<<blocks, kThreads * kWgs, smem>>>(stages, out);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   cudaEvent_t a, b;
@@ -178,13 +202,13 @@ void Run(int num_sms, int ctas, int stages, const char* name) {
   CK(cudaEventCreate(&b));
   const int reps = 20;
   CK(cudaEventRecord(a));
-  for (int r = 0; r < reps; ++r) k<<<blocks, kThreads, smem>>>(stages, out);
+  for (int r = 0; r < reps; ++r) k<<<blocks, kThreads * kWgs, smem>>>(stages, out);
   CK(cudaEventRecord(b));
   CK(cudaEventSynchronize(b));
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, a, b));
   const double us = 1e3 * ms / reps;
-  const double fma = double(blocks) * stages * 32 * 64.0 * N * 16;
+  const double fma = double(blocks) * kWgs * stages * 32 * 64.0 * N * 16;
   std::printf("%-26s N=%2d ctas/SM %d (fit %d) stages %4d: %8.1f us, %6.1f TFLOP/s, %.3f us a stage-round\n",
               name, N, ctas, per_sm, stages, us, 2 * fma / (us * 1e-6) / 1e12, us / stages);
   CK(cudaFree(out));
@@ -199,7 +223,21 @@ int main() {
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, dev));
   std::printf("%s, %d SMs, %d MHz\n", p.name, sms, clock / 1000);
-  // Second round first: the overlap question.
+  // Third round first: two warpgroups a CTA, taking turns or not, against
+  // two CTAs a SM (the form's loop, "both").
+  for (int n : {64, 16}) {
+    if (n == 64) {
+      Run<64, true, true>(sms, 2, 200, "both, 2 CTAs of 1 WG");
+      Run<64, true, true, true, true, false, 2, false>(sms, 1, 200, "both, 1 CTA of 2 WGs");
+      Run<64, true, true, true, true, false, 2, true>(sms, 1, 200, "both, 2 WGs taking turns");
+      Run<64, false, false, true, true, false, 2, true>(sms, 1, 200, "wgmma only, 2 WGs turns");
+    } else {
+      Run<16, true, true>(sms, 2, 200, "N16 both, 2 CTAs of 1 WG");
+      Run<16, true, true, true, true, false, 2, false>(sms, 1, 200, "N16 both, 1 CTA of 2 WGs");
+      Run<16, true, true, true, true, false, 2, true>(sms, 1, 200, "N16 both, 2 WGs turns");
+    }
+  }
+  // Second round: the overlap question.
   for (int ctas : {1, 2}) {
     Run<64, false, false>(sms, ctas, 200, "wgmma only");
     Run<64, true, true>(sms, ctas, 200, "+ both (the form's loop)");
