@@ -1612,8 +1612,10 @@ TEST_CASE("prefix cache: a chat's next turn adopts its blocks after its slot was
     SchedulerMetrics m;
     std::vector<int> fed;  // the second turn's Prefill calls
   };
-  auto chat = [&](BatchEngine& engine, PagedTokenEngine* paged, bool cache_prompt) {
-    Scheduler s(engine, *f.tok, {4, 256});
+  auto chat = [&](BatchEngine& engine, PagedTokenEngine* paged, bool cache_prompt, bool block_cache = true) {
+    SchedulerOptions so{4, 256};
+    so.block_cache = block_cache;
+    Scheduler s(engine, *f.tok, so);
     // One after another on 2 slots: chats 2 and 3 take chats 0's and 1's.
     std::vector<Result> first;
     for (const GenerationRequest& r : turn1) first.push_back(Run(s, r));
@@ -1659,6 +1661,18 @@ TEST_CASE("prefix cache: a chat's next turn adopts its blocks after its slot was
     CHECK(o.fed == std::vector<int>{18});
     CHECK(o.got.text == AloneOnPaged(*f.tok, o.next));
     CHECK(o.m.prompt_tokens_adopted_total == 0);
+  }
+  {
+    // The block cache turned off (SchedulerOptions::block_cache, dpl-server's
+    // DPL_BLOCK_CACHE=0): an engine that could adopt is never asked to.
+    PagedTokenEngine e(2, 256, 64, 4, /*adopt=*/true);
+    const Outcome o = chat(e, &e, true, /*block_cache=*/false);
+    CHECK(o.got.final.cached_tokens == 0);
+    CHECK(e.adoptions().empty());
+    CHECK(o.fed == std::vector<int>{18});
+    CHECK(o.got.text == AloneOnPaged(*f.tok, o.next));
+    CHECK(o.m.prompt_tokens_adopted_total == 0);
+    CHECK(o.m.kv_blocks_cached == 0);  // nothing registered
   }
   {
     PagedTokenEngine e(2, 256, 64, 4, /*adopt=*/false);  // pages, but cannot adopt
