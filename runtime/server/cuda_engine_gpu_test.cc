@@ -856,6 +856,62 @@ TEST_CASE("a paged engine under the scheduler: the tokens of regions, and a smal
   }
 }
 
+// The API's n on the device (Scheduler::SubmitSamples, issue 32): three
+// seeded samples of one prompt on a paged engine of three slots. The prompt
+// runs once (sample 0's slot); the others copy all of it but its last token
+// from that slot (a paged engine: its full blocks shared, nothing copied)
+// and run that token for their own first draw. Each sample completes, the
+// metrics count the prompt once, and the seeds give different answers.
+TEST_CASE("samples of one prompt (n) on the device: the prompt runs once, each sample its own draws") {
+  const std::string path = SynthVocabModel("samples");
+  runtime::CudaDecoderOptions o;
+  o.n_ctx = 256;
+  o.n_seq = 3;
+  o.kv_block = 16;
+  std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
+  auto tok = tokenizer::Tokenizer::FromMetadata(engine->decoder().file()->metadata());
+  REQUIRE(tok.ok());
+  Scheduler s(*engine, *tok, {});
+  std::vector<int32_t> prompt(37);
+  for (int i = 0; i < 37; ++i) prompt[static_cast<size_t>(i)] = 200 + 11 * i;
+  std::vector<GenerationRequest> samples;
+  for (uint64_t j = 0; j < 3; ++j) {
+    GenerationRequest r;
+    r.prompt = prompt;
+    r.sampling.temperature = 1;
+    r.sampling.seed = 7 + j;
+    r.max_tokens = 24;
+    r.ignore_eos = true;
+    samples.push_back(r);
+  }
+  auto streams = s.SubmitSamples(samples);
+  REQUIRE_MESSAGE(streams.ok(), streams.status().ToString());
+  REQUIRE(streams->size() == 3);
+  std::vector<std::string> texts;
+  for (size_t j = 0; j < 3; ++j) {
+    std::string text;
+    bool done = false;
+    while (!done) {
+      for (StreamEvent& e : (*streams)[j]->Wait(absl::Seconds(60))) {
+        text += e.text;
+        if (!e.final) continue;
+        REQUIRE_MESSAGE(e.error.ok(), e.error.ToString());
+        CAPTURE(j);
+        CHECK(e.completion_tokens == 24);
+        CHECK(e.prompt_tokens == 37);
+        CHECK(e.cached_tokens == (j == 0 ? 0 : 36));  // its sibling's start, all but the last token
+        done = true;
+      }
+    }
+    texts.push_back(text);
+  }
+  CHECK((texts[0] != texts[1] || texts[1] != texts[2]));  // the seeds differ, so do the answers
+  const SchedulerMetrics m = s.metrics();
+  CHECK(m.requests_total == 3);
+  CHECK(m.prompt_tokens_total == 37);  // as usage: the prompt once
+  CHECK(m.generated_tokens_total == 3 * 24);
+}
+
 // The prefix cache (issue 30) on the device: a one-slot paged engine runs
 // p (48 tokens: 3 blocks, one prefill chunk), then q, which takes the
 // slot; p's blocks stay cached, and p's next turn (p and 5 more) adopts
