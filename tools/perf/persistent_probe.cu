@@ -117,31 +117,46 @@ __device__ void QuantizeInput(const Op& op, const Bufs& b, Acts& a, float* red) 
   }
 }
 
-// One row: sum over its 32-weight blocks of  scale_w d_x (dot(q_w, q_x) - 8 s_x),
-// lane l taking blocks l, l + 32, ...; the warp's sum in every lane.
-__device__ __forceinline__ float RowDot(const uint8_t* row, int cols, const Acts& a) {
+// One 32-weight block: scale_w d_x (dot(q_w, q_x) - 8 s_x).
+__device__ __forceinline__ float BlockDot(const uint4& w, float scale, const Acts& a, int blk) {
+  const int4* xq = reinterpret_cast<const int4*>(a.q + 32 * blk);
+  const int4 x0 = xq[0], x1 = xq[1];  // weights 0..15, 16..31
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+  const int xl[4] = {x0.x, x0.y, x0.z, x0.w}, xh[4] = {x1.x, x1.y, x1.z, x1.w};
+  int dot = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    dot = __dp4a(static_cast<int>(ws[k] & 0x0F0F0F0Fu), xl[k], dot);
+    dot = __dp4a(static_cast<int>((ws[k] >> 4) & 0x0F0F0F0Fu), xh[k], dot);
+  }
+  return scale * a.d[blk] * static_cast<float>(dot - 8 * a.s[blk]);
+}
+
+// Two rows at once (twice the loads in flight a warp): the sums over their
+// 32-weight blocks, lane l taking blocks l, l + 32, ...; each warp's sum in
+// every lane. r1 may be null (one row).
+__device__ __forceinline__ void RowDot2(const uint8_t* r0, const uint8_t* r1, int cols, const Acts& a,
+                                        float* y0, float* y1) {
   const int lane = threadIdx.x & 31;
   const int nb = cols / 32;
-  const uint8_t* nib = row;
-  const __half* sc = reinterpret_cast<const __half*>(row + cols / 2);
-  float acc = 0.f;
-#pragma unroll 4
+  const __half* s0 = reinterpret_cast<const __half*>(r0 + cols / 2);
+  const __half* s1 = r1 != nullptr ? reinterpret_cast<const __half*>(r1 + cols / 2) : s0;
+  const uint8_t* n1 = r1 != nullptr ? r1 : r0;
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll 2
   for (int blk = lane; blk < nb; blk += 32) {
-    const uint4 w = __ldcs(reinterpret_cast<const uint4*>(nib + 16 * blk));  // streamed once
-    const int4* xq = reinterpret_cast<const int4*>(a.q + 32 * blk);
-    const int4 x0 = xq[0], x1 = xq[1];  // weights 0..15, 16..31
-    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-    const int xl[4] = {x0.x, x0.y, x0.z, x0.w}, xh[4] = {x1.x, x1.y, x1.z, x1.w};
-    int dot = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      dot = __dp4a(static_cast<int>(ws[k] & 0x0F0F0F0Fu), xl[k], dot);
-      dot = __dp4a(static_cast<int>((ws[k] >> 4) & 0x0F0F0F0Fu), xh[k], dot);
-    }
-    acc += __half2float(sc[blk]) * a.d[blk] * static_cast<float>(dot - 8 * a.s[blk]);
+    const uint4 w0 = __ldcs(reinterpret_cast<const uint4*>(r0 + 16 * blk));  // streamed once
+    const uint4 w1 = __ldcs(reinterpret_cast<const uint4*>(n1 + 16 * blk));
+    const float c0 = __half2float(s0[blk]), c1 = __half2float(s1[blk]);
+    a0 += BlockDot(w0, c0, a, blk);
+    a1 += BlockDot(w1, c1, a, blk);
   }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  return acc;
+  for (int o = 16; o > 0; o >>= 1) {
+    a0 += __shfl_xor_sync(0xffffffffu, a0, o);
+    a1 += __shfl_xor_sync(0xffffffffu, a1, o);
+  }
+  *y0 = a0;
+  *y1 = a1;
 }
 
 __device__ __forceinline__ void PrefetchL2(const void* p, int bytes) {
@@ -171,19 +186,28 @@ __device__ void ComputeChunk(const Op& op, int c, int G, const Bufs& b, const Ac
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int r0, r1;
   Chunk(op, c, G, &r0, &r1);
-  for (int r = r0 + warp; r < r1; r += kWarps) {
-    if (op.kind == kOpGu) {
-      const float gate = RowDot(op.w + (2 * static_cast<int64_t>(r)) * op.stride, op.cols, a);
-      const float up = RowDot(op.w + (2 * static_cast<int64_t>(r) + 1) * op.stride, op.cols, a);
+  if (op.kind == kOpGu) {  // a pair's gate and up rows together
+    for (int r = r0 + warp; r < r1; r += kWarps) {
+      float gate, up;
+      RowDot2(op.w + (2 * static_cast<int64_t>(r)) * op.stride, op.w + (2 * static_cast<int64_t>(r) + 1) * op.stride,
+              op.cols, a, &gate, &up);
       if (lane == 0) b.g[r] = gate / (1.f + expf(-gate)) * up;
-    } else {
-      const float y = RowDot(op.w + static_cast<int64_t>(r) * op.stride, op.cols, a);
-      if (lane == 0) {
-        if (op.kind == kOpQkv) {
-          b.qkv[r] = y;
-        } else {
-          b.x[r] = __ldcg(b.x + r) + y;  // O, DOWN: residual in place (own rows only)
-        }
+    }
+    return;
+  }
+  // Rows r and r + kWarps together.
+  for (int r = r0 + warp; r < r1; r += 2 * kWarps) {
+    const bool two = r + kWarps < r1;
+    float y[2];
+    RowDot2(op.w + static_cast<int64_t>(r) * op.stride, two ? op.w + static_cast<int64_t>(r + kWarps) * op.stride : nullptr,
+            op.cols, a, &y[0], &y[1]);
+    if (lane != 0) continue;
+    for (int i = 0; i < (two ? 2 : 1); ++i) {
+      const int row = r + i * kWarps;
+      if (op.kind == kOpQkv) {
+        b.qkv[row] = y[i];
+      } else {
+        b.x[row] = __ldcg(b.x + row) + y[i];  // O, DOWN: residual in place (own rows only)
       }
     }
   }
