@@ -93,6 +93,17 @@ GenerationRequest GreedyRequest(std::vector<int32_t> prompt, int max_tokens) {
   return r;
 }
 
+// A stream read to its end: its text and its final event.
+std::pair<std::string, StreamEvent> Finish(RequestStream& st) {
+  std::string text;
+  for (;;) {
+    for (StreamEvent& e : st.Wait(absl::Seconds(60))) {
+      text += e.text;
+      if (e.final) return {text, std::move(e)};
+    }
+  }
+}
+
 std::unique_ptr<CudaEngine> LoadEngine(const std::string& path, const runtime::CudaDecoderOptions& o) {
   auto engine = CudaEngine::Load(path, o);
   REQUIRE_MESSAGE(engine.ok(), engine.status().ToString());
@@ -333,18 +344,7 @@ TEST_CASE("a JSON schema through the device's mask: the answers parse and match 
       streams.push_back(*st);
     }
     std::vector<std::pair<std::string, StreamEvent>> out;
-    for (auto& st : streams) {
-      std::string text;
-      for (bool done = false; !done;) {
-        for (StreamEvent& e : st->Wait(absl::Seconds(60))) {
-          text += e.text;
-          if (e.final) {
-            out.emplace_back(text, std::move(e));
-            done = true;
-          }
-        }
-      }
-    }
+    for (auto& st : streams) out.push_back(Finish(*st));
     return out;
   };
   auto request = [&](float temperature, uint64_t seed, int max_tokens) {
@@ -798,18 +798,9 @@ TEST_CASE("a paged engine under the scheduler: the tokens of regions, and a smal
     int64_t completion = 0, cached = 0;
   };
   auto finish = [](std::shared_ptr<RequestStream> st) {
-    Done d;
-    for (;;) {
-      for (StreamEvent& e : st->Wait(absl::Seconds(60))) {
-        d.text += e.text;
-        if (e.final) {
-          REQUIRE_MESSAGE(e.error.ok(), e.error.ToString());
-          d.completion = e.completion_tokens;
-          d.cached = e.cached_tokens;
-          return d;
-        }
-      }
-    }
+    auto [text, e] = Finish(*st);
+    REQUIRE_MESSAGE(e.error.ok(), e.error.ToString());
+    return Done{text, e.completion_tokens, e.cached_tokens};
   };
   std::vector<int32_t> system(40);
   for (int i = 0; i < 40; ++i) system[static_cast<size_t>(i)] = 100 + 37 * i;
@@ -889,20 +880,12 @@ TEST_CASE("samples of one prompt (n) on the device: the prompt runs once, each s
   REQUIRE(streams->size() == 3);
   std::vector<std::string> texts;
   for (size_t j = 0; j < 3; ++j) {
-    std::string text;
-    bool done = false;
-    while (!done) {
-      for (StreamEvent& e : (*streams)[j]->Wait(absl::Seconds(60))) {
-        text += e.text;
-        if (!e.final) continue;
-        REQUIRE_MESSAGE(e.error.ok(), e.error.ToString());
-        CAPTURE(j);
-        CHECK(e.completion_tokens == 24);
-        CHECK(e.prompt_tokens == 37);
-        CHECK(e.cached_tokens == (j == 0 ? 0 : 36));  // its sibling's start, all but the last token
-        done = true;
-      }
-    }
+    auto [text, e] = Finish(*(*streams)[j]);
+    REQUIRE_MESSAGE(e.error.ok(), e.error.ToString());
+    CAPTURE(j);
+    CHECK(e.completion_tokens == 24);
+    CHECK(e.prompt_tokens == 37);
+    CHECK(e.cached_tokens == (j == 0 ? 0 : 36));  // its sibling's start, all but the last token
     texts.push_back(text);
   }
   CHECK((texts[0] != texts[1] || texts[1] != texts[2]));  // the seeds differ, so do the answers
@@ -933,18 +916,10 @@ TEST_CASE("a paged engine adopts a reused slot's cached blocks: the tokens of a 
   auto run = [](Scheduler& s, const GenerationRequest& r) {
     auto st = s.Submit(r);
     REQUIRE(st.ok());
-    std::pair<std::string, int64_t> got;  // text, cached tokens
-    for (;;) {
-      for (StreamEvent& e : (*st)->Wait(absl::Seconds(60))) {
-        got.first += e.text;
-        if (e.final) {
-          REQUIRE_MESSAGE(e.error.ok(), e.error.ToString());
-          CHECK(e.completion_tokens == r.max_tokens);
-          got.second = e.cached_tokens;
-          return got;
-        }
-      }
-    }
+    auto [text, e] = Finish(**st);
+    REQUIRE_MESSAGE(e.error.ok(), e.error.ToString());
+    CHECK(e.completion_tokens == r.max_tokens);
+    return std::pair<std::string, int64_t>(text, e.cached_tokens);  // text, cached tokens
   };
   std::vector<int32_t> p(48), q(20);
   for (int i = 0; i < 48; ++i) p[static_cast<size_t>(i)] = 200 + 41 * i;
