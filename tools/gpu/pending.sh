@@ -10,7 +10,9 @@
 #  3. cuda_decoder_gpu_test, the MoE sum left to the next norm (issue 31),
 #     and cuda_engine_gpu_test, the API's n on the device (issue 32);
 #  4. DPL_MOE_FUSE=0/1 on a dpl-synth Qwen3-30B-A3B, tg128 and batched rows,
-#     interleaved twice (~40 s of synthesis first).
+#     interleaved twice (~40 s of synthesis first);
+#  5. (before 4) q6_K's int8 form with integer scales (issue 29): its test
+#     and DPL_Q6K_INT=0/1 in matvec_bench and dpl-bench at 4 and 8.
 set -u
 root=$PWD
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
@@ -34,6 +36,17 @@ echo "== wgmma probe, third round (issue 29)"
 timeout 60 "$out/wgmmaprobe" | head -8
 echo "== cuda_decoder_gpu_test: the MoE sum left to the next norm"
 timeout 120 ./cuda_decoder_gpu_test --test-case="*next layer's norm*" 2>&1 | grep -E "ERROR|values|test cases|assertions"
+echo "== matvec_gpu_test: q6_K's int8 form with integer scales (issue 29)"
+timeout 120 ./matvec_gpu_test --test-case="*token-tiled*" 2>&1 | grep -E "int scales|ERROR|values|test cases|assertions" | tail -12
+echo "== DPL_Q6K_INT 0 / 1: matvec_bench 7B q6_K at 4 and 8 tokens, dpl-bench 4 and 8 sequences"
+m7=$(q7_model)
+for r in 1 2; do
+  for f in 0 1; do
+    echo "-- DPL_Q6K_INT=$f"
+    DPL_Q6K_INT=$f DPL_MATVEC_BENCH_ONLY="q6_K dpl" timeout 60 ./matvec_bench 2>&1 | grep -E "(4|8)tok +int8 form"
+    echo "   $(DPL_Q6K_INT=$f timeout 60 ./dpl-bench -m "$m7" -p 0 -n 128 -d 0 -npl 4,8 -npp 128 -r 1 2>&1 | grep -E '^\| tg128 x' | awk -F'|' '{printf "%s %s;", $2, $3}')"
+  done
+done
 echo "== cuda_engine_gpu_test: samples of one prompt"
 timeout 120 ./cuda_engine_gpu_test --test-case="*samples of one prompt*" 2>&1 | grep -E "ERROR|values|test cases|assertions"
 wait $synth
