@@ -847,6 +847,23 @@ TEST_CASE("a paged engine under the scheduler: the tokens of regions, and a smal
   }
 }
 
+// A paged engine (blocks of 16, 256 positions) of `slots` slots on a tiny
+// random qwen2 with the real vocabulary, and its tokenizer.
+struct PagedEngine {
+  std::unique_ptr<CudaEngine> engine;
+  tokenizer::Tokenizer tok;
+  PagedEngine(const std::string& name, int slots) {
+    runtime::CudaDecoderOptions o;
+    o.n_ctx = 256;
+    o.n_seq = slots;
+    o.kv_block = 16;
+    engine = LoadEngine(SynthVocabModel(name), o);
+    auto t = tokenizer::Tokenizer::FromMetadata(engine->decoder().file()->metadata());
+    REQUIRE(t.ok());
+    tok = *std::move(t);
+  }
+};
+
 // The API's n on the device (Scheduler::SubmitSamples, issue 32): three
 // seeded samples of one prompt on a paged engine of three slots. The prompt
 // runs once (sample 0's slot); the others copy all of it but its last token
@@ -854,15 +871,9 @@ TEST_CASE("a paged engine under the scheduler: the tokens of regions, and a smal
 // and run that token for their own first draw. Each sample completes, the
 // metrics count the prompt once, and the seeds give different answers.
 TEST_CASE("samples of one prompt (n) on the device: the prompt runs once, each sample its own draws") {
-  const std::string path = SynthVocabModel("samples");
-  runtime::CudaDecoderOptions o;
-  o.n_ctx = 256;
-  o.n_seq = 3;
-  o.kv_block = 16;
-  std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
-  auto tok = tokenizer::Tokenizer::FromMetadata(engine->decoder().file()->metadata());
-  REQUIRE(tok.ok());
-  Scheduler s(*engine, *tok, {});
+  PagedEngine pe("samples", 3);
+  CudaEngine& engine = *pe.engine;
+  Scheduler s(engine, pe.tok, {});
   std::vector<int32_t> prompt(37);
   for (int i = 0; i < 37; ++i) prompt[static_cast<size_t>(i)] = 200 + 11 * i;
   std::vector<GenerationRequest> samples;
@@ -903,15 +914,10 @@ TEST_CASE("samples of one prompt (n) on the device: the prompt runs once, each s
 // those of the same turn started from the slot's own kept cache (no q in
 // between): the same rows, the same 5-token chunk, so the same bits.
 TEST_CASE("a paged engine adopts a reused slot's cached blocks: the tokens of a kept start") {
-  const std::string path = SynthVocabModel("adopt");
-  runtime::CudaDecoderOptions o;
-  o.n_ctx = 256;
-  o.n_seq = 1;
-  o.kv_block = 16;
-  std::unique_ptr<CudaEngine> engine = LoadEngine(path, o);
+  PagedEngine pe("adopt", 1);
+  std::unique_ptr<CudaEngine>& engine = pe.engine;
   CHECK(engine->supports_block_adoption());
-  auto tok = tokenizer::Tokenizer::FromMetadata(engine->decoder().file()->metadata());
-  REQUIRE(tok.ok());
+  tokenizer::Tokenizer* tok = &pe.tok;
   auto request = GreedyRequest;
   auto run = [](Scheduler& s, const GenerationRequest& r) {
     auto st = s.Submit(r);
