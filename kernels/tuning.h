@@ -75,14 +75,6 @@ struct DecodeTuning {
   // 1,313; but 4 (32 routes: 25%) 598 -> 553, where most tiles hold one
   // route and the mma's 8-token tile idles: hence 100 (docs/PERF.md).
   int moe_grouped_min_fill_pct = 100;
-  // A MoE layer's weighted sum of its experts into the residual done by the
-  // next layer's RMSNorm + quantize launch (kernels::
-  // CombineNormQuantizeActivations: the same bits, one launch a layer
-  // fewer) on the int8 path. Predicted from ncu of a 30B-A3B token (H100,
-  // isolated: MoeCombine 4.0 us, the norm 3.6 us a layer): ~2 us a layer in
-  // the graph, 30B-A3B tg128 +3-4%. Off until run: written in the
-  // thirteenth session without a GPU. dpl-bench takes DPL_MOE_FUSE.
-  bool moe_fuse_combine = false;
   // When every matrix of a model has the int8 mma form (q4_K, q6_K:
   // MatVecMmaSupports), products of 2 up to this many tokens (at most
   // kMmaMaxTokens) keep int8 activations and run it instead of dequantize +

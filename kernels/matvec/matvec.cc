@@ -126,18 +126,6 @@ absl::Status NormQuantizeActivations(const float* x, const float* w, float eps, 
   return absl::OkStatus();
 }
 
-absl::Status CombineNormQuantizeActivations(const float* y, const float* cw, int k, float* x, const float* w,
-                                            float eps, int64_t n_cols, int64_t n_tokens, float* h,
-                                            MatVecScratch* scratch, cudaStream_t stream, bool pdl) {
-  DPL_RETURN_IF_ERROR(CheckScratch("combine + norm + quantize", n_cols, n_tokens, scratch));
-  if (x == h) return absl::InvalidArgumentError("combine + norm + quantize: h == x");
-  DPL_RETURN_IF_ERROR(LaunchCombineNormQuantize(y, cw, k, x, w, eps, n_cols, n_tokens, h,
-                                                OutOf(*scratch, n_cols, n_tokens), pdl, stream));
-  scratch->n_cols = n_cols;
-  scratch->n_tokens = n_tokens;
-  return absl::OkStatus();
-}
-
 absl::Status SwiGluQuantizeActivations(const float* gate, const float* up, int64_t n_cols,
                                        int64_t n_tokens, float* g, MatVecScratch* scratch,
                                        cudaStream_t stream, bool pdl) {

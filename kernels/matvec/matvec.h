@@ -78,16 +78,6 @@ absl::Status NormQuantizeActivations(const float* x, const float* w, float eps, 
                                      int64_t n_tokens, float* h, MatVecScratch* scratch,
                                      cudaStream_t stream, bool pdl = false);
 
-// A mixture of experts' sum into the residual, then the next layer's
-// RMSNorm, quantized into `scratch`, in one launch (one CTA a row):
-//   x += sum_j cw[t, j] y[t k + j];  h = x * w / sqrt(mean(x^2) + eps)
-// The bits of kernels::MoeCombine then NormQuantizeActivations. y: (n_tokens
-// * k, n_cols), cw: (n_tokens, k), x and h: (n_tokens, n_cols), h must not
-// overlap x; n_cols a multiple of 256, at most 8192.
-absl::Status CombineNormQuantizeActivations(const float* y, const float* cw, int k, float* x, const float* w,
-                                            float eps, int64_t n_cols, int64_t n_tokens, float* h,
-                                            MatVecScratch* scratch, cudaStream_t stream, bool pdl = false);
-
 // g = silu(gate) * up (SwiGLU, full-precision expf), written as float32 and
 // quantized into `scratch`, in one launch. gate, up, g: (n_tokens, n_cols);
 // g may equal gate.

@@ -84,55 +84,6 @@ __global__ void __launch_bounds__(kActThreads)
   QuantizeBlock32(v, t * (n / 32) + b, out);
 }
 
-// A mixture of experts' sum into the residual, then the next layer's
-// RMSNorm and quantization, one CTA a row (grid n_tokens):
-//   x += sum_j w_j y_j   (j in order: MoeCombine's additions)
-//   h = x * w / sqrt(mean(x^2) + eps), then h quantized
-// Thread i holds columns i + 256 m; its sum of squares, the warp and CTA
-// reductions and the scale are NormQuantizeKernel's in the same order, and
-// its column i + 256 m is lane i % 32 of block i / 32 + 8 m: the same bits as
-// MoeCombine then NormQuantize, in one launch instead of two. kMaxPer:
-// columns a thread holds (n <= 256 kMaxPer).
-template <int kMaxPer>
-__global__ void __launch_bounds__(kActThreads)
-    CombineNormQuantizeKernel(const float* __restrict__ y,   // (n_tokens * k, n)
-                              const float* __restrict__ cw,  // (n_tokens, k)
-                              int k, float* __restrict__ x,  // (n_tokens, n), updated
-                              const float* __restrict__ w,   // (n)
-                              int n, float eps,
-                              float* __restrict__ h,  // (n_tokens, n)
-                              QuantOut out) {
-  __shared__ float partial[kActBlocksPerCta];
-  const int per = n / kActThreads;  // n is a multiple of 256 (the launcher checks)
-  GridDependencyWait();
-  GridLaunchDependents();
-  const int64_t t = blockIdx.x;
-  float* xr = x + t * n;
-  float v[kMaxPer];
-  float ss = 0.f;
-#pragma unroll
-  for (int m = 0; m < kMaxPer; ++m) {
-    if (m >= per) break;
-    const int c = threadIdx.x + kActThreads * m;
-    float acc = 0.f;
-    for (int j = 0; j < k; ++j) {
-      acc += cw[t * k + j] * y[(t * k + j) * n + c];
-    }
-    v[m] = xr[c] + acc;
-    xr[c] = v[m];
-    ss += v[m] * v[m];
-  }
-  const float scale = RmsScale(ss, partial, n, eps);
-#pragma unroll
-  for (int m = 0; m < kMaxPer; ++m) {
-    if (m >= per) break;
-    const int c = threadIdx.x + kActThreads * m;
-    const float hv = (v[m] * scale) * w[c];
-    h[t * n + c] = hv;
-    QuantizeBlock32(hv, t * (n / 32) + c / 32, out);
-  }
-}
-
 // g = silu(gate) * up = gate / (1 + exp(-gate)) * up, then g quantized; one
 // warp per block of 32.
 __global__ void __launch_bounds__(kActThreads)
@@ -225,21 +176,6 @@ absl::Status LaunchNormQuantize(const float* x, const float* w, float eps, int64
   const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(n_tokens));
   return LaunchKernel(NormQuantizeKernel, grid, dim3(kActThreads), 0, stream, pdl, x, w,
                       static_cast<int>(n_cols), eps, h, out);
-}
-
-absl::Status LaunchCombineNormQuantize(const float* y, const float* cw, int k, float* x, const float* w,
-                                       float eps, int64_t n_cols, int64_t n_tokens, float* h,
-                                       const QuantOut& out, bool pdl, cudaStream_t stream) {
-  constexpr int kMaxPer = 32;  // rows of up to 8192 values
-  if (n_cols <= 0 || n_cols % kActThreads != 0 || n_cols > kActThreads * kMaxPer || n_tokens <= 0 ||
-      n_tokens > 0x7fffffff || k < 1 || y == nullptr || cw == nullptr || x == nullptr || w == nullptr ||
-      h == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("combine + norm + quantize: bad shape ", n_tokens, " x ", n_cols,
-                                                   ", k ", k, " (n_cols a multiple of 256, at most ",
-                                                   kActThreads * kMaxPer, ") or a null pointer"));
-  }
-  return LaunchKernel(CombineNormQuantizeKernel<kMaxPer>, dim3(static_cast<unsigned>(n_tokens)), dim3(kActThreads),
-                      0, stream, pdl, y, cw, k, x, w, static_cast<int>(n_cols), eps, h, out);
 }
 
 absl::Status LaunchSwiGluQuantize(const float* gate, const float* up, int64_t n_cols,

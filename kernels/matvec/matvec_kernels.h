@@ -125,13 +125,6 @@ absl::Status LaunchQuantizeActivations(const float* x, int64_t n_blocks, const Q
 absl::Status LaunchNormQuantize(const float* x, const float* w, float eps, int64_t n_cols,
                                 int64_t n_tokens, float* h, const QuantOut& out, bool pdl,
                                 cudaStream_t stream);
-// A mixture of experts' combine, then the next RMSNorm: x += sum_j cw[t, j]
-// y[t k + j] (MoeCombine's additions, x updated), then v = h = rmsnorm(x) *
-// w as LaunchNormQuantize: the bits of the two launches in one (one CTA a
-// row; n_cols a multiple of 256, at most 8192).
-absl::Status LaunchCombineNormQuantize(const float* y, const float* cw, int k, float* x, const float* w,
-                                       float eps, int64_t n_cols, int64_t n_tokens, float* h,
-                                       const QuantOut& out, bool pdl, cudaStream_t stream);
 // v = g = silu(gate) * up (SwiGLU, full-precision expf), g also written as
 // float32 (n_tokens, n_cols); g may alias gate.
 absl::Status LaunchSwiGluQuantize(const float* gate, const float* up, int64_t n_cols,

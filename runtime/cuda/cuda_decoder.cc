@@ -535,25 +535,12 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
                                    h_prompt_tiles_.size() * sizeof(kernels::PromptTile),
                                    cudaMemcpyHostToDevice, s));
   }
-  // A MoE layer's sum into x left to the next layer's norm (one launch for
-  // both: tuning_.moe_fuse_combine), where that norm is on the int8 path and
-  // the pass is one MoE slice (the slice's expert outputs still in the
-  // buffers).
-  const bool fuse_combine = tuning_.moe_fuse_combine && !tensor_cores(n) && n <= moe_rows_;
-  bool combine_pending = false;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     uint16_t* k_cache = b.kv + kv_layout_.KOffset(static_cast<int>(l)) + region;
     uint16_t* v_cache = b.kv + kv_layout_.VOffset(static_cast<int>(l)) + region;
-    // Attention block (x += the previous MoE layer's experts first, if left).
-    if (combine_pending) {
-      DPL_RETURN_IF_ERROR(kernels::CombineNormQuantizeActivations(
-          b.moe_down, b.moe_w, static_cast<int>(hp_.n_expert_used), b.x, L.attn_norm, eps, E, n, b.h, &b.qx, s,
-          pdl));
-      combine_pending = false;
-    } else {
-      DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.attn_norm, n));
-    }
+    // Attention block.
+    DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.attn_norm, n));
     // q, k, v = Wq h, Wk h, Wv h (+ biases); q and k rotated (RoPE), k and
     // v written to the cache at the token's position.
     const Matrix* qkv[3] = {&L.wq, &L.wk, &L.wv};
@@ -608,8 +595,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     DPL_RETURN_IF_ERROR(mm(L.wo, b.att, {b.x, L.bo, b.x}, n));  // x += Wo a
     // Feed-forward block.
     if (L.moe) {
-      combine_pending = fuse_combine && l + 1 < layers_.size();
-      DPL_RETURN_IF_ERROR(EnqueueMoe(*L.moe, L.ffn_norm, n, pdl, /*leave_combine=*/combine_pending));
+      DPL_RETURN_IF_ERROR(EnqueueMoe(*L.moe, L.ffn_norm, n, pdl));
       continue;
     }
     DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.ffn_norm, n));
@@ -658,11 +644,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
 // Every launch reads the experts' ids from device memory: the graph holds
 // the same kernels whatever the router picks. Prompt slices run the same
 // per-route products as a step (kernels/matvec/moe.h says what that costs).
-absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, const float* ffn_norm, int n, bool pdl,
-                                     bool leave_combine) {
-  if (leave_combine && n > moe_rows_) {
-    return absl::InternalError(absl::StrCat("MoE: ", n, " rows left to the next norm, more than a slice"));
-  }
+absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, const float* ffn_norm, int n, bool pdl) {
   const int E = static_cast<int>(hp_.n_embd), X = static_cast<int>(hp_.n_ff_exp);
   const int k = static_cast<int>(hp_.n_expert_used), n_expert = static_cast<int>(hp_.n_expert);
   const float eps = static_cast<float>(hp_.rms_eps);
@@ -709,7 +691,6 @@ absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, const float* ffn_norm,
     DPL_RETURN_IF_ERROR(kernels::MoeSwiGluQuantize(b.moe_gate, b.moe_up, X, routes, b.moe_gate, b.moe_g, s, pdl));
     const kernels::ExpertOut down[1] = {{&moe.down, &moe.down_plan, b.moe_down}};
     DPL_RETURN_IF_ERROR(experts(down, b.moe_g, X, 1));
-    if (leave_combine) break;  // the next layer's norm adds them (CombineNormQuantizeActivations)
     DPL_RETURN_IF_ERROR(kernels::MoeCombine(b.moe_down, b.moe_w, m, k, E, x, s, pdl));
   }
   return absl::OkStatus();

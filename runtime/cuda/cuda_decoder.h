@@ -409,10 +409,8 @@ class CudaDecoder : public generate::Decoder {
   absl::Status EnqueueStep(const Bucket& bucket, bool sample);
   // A MoE layer's feed-forward for rows [0, n) of the pass: x += the
   // weighted sum of the chosen experts' SwiGLU products (kernels/matvec/
-  // moe.h), all on the device, in slices of moe_rows_ rows. leave_combine
-  // (n <= moe_rows_): the weighted sum is left in buf_.moe_down / moe_w for
-  // the next layer's norm to add (kernels::CombineNormQuantizeActivations).
-  absl::Status EnqueueMoe(const MoeLayer& moe, const float* ffn_norm, int n, bool pdl, bool leave_combine = false);
+  // moe.h), all on the device, in slices of moe_rows_ rows.
+  absl::Status EnqueueMoe(const MoeLayer& moe, const float* ffn_norm, int n, bool pdl);
   // Samples `rows` rows of logits (rows, n_vocab; penalties rewrite them in
   // place), row r for sequence
   // buf_.row_seq[r] with its parameters, sampler state and ring, into

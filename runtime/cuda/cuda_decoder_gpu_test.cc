@@ -1201,34 +1201,6 @@ TEST_CASE("MoE: graph replay and eager steps give identical bits, and so do two 
   CHECK(p1 == p2);
 }
 
-// DecodeTuning::moe_fuse_combine: each MoE layer's weighted sum of its
-// experts added by the next layer's norm launch (CombineNormQuantize-
-// Activations) instead of MoeCombine: the same additions in the same order,
-// so the same logits bit for bit, steps (graph) and prompts on the int8 path.
-TEST_CASE("MoE: the experts' sum added by the next layer's norm gives the same bits") {
-  const std::string path = MoeOracleDpl();
-  CudaDecoderOptions plain, fused;
-  plain.unverified_moe = fused.unverified_moe = true;
-  kernels::DecodeTuning t = *kernels::DecodeTuningForDevice();
-  t.moe_fuse_combine = false;
-  plain.tuning = t;
-  t.moe_fuse_combine = true;
-  fused.tuning = t;
-  std::unique_ptr<CudaDecoder> a = MustCreate(path, plain), b = MustCreate(path, fused);
-  for (int32_t tok : Tokens(12, a->n_vocab())) {
-    std::vector<float> la, lb;
-    const int32_t one[1] = {tok};
-    REQUIRE(a->Eval(one, &la, nullptr).ok());
-    REQUIRE(b->Eval(one, &lb, nullptr).ok());
-    REQUIRE(la.size() == lb.size());
-    CHECK(std::memcmp(la.data(), lb.data(), la.size() * 4) == 0);
-  }
-  for (int n : {5, 40}) {  // the dp4a token tile and the mma forms
-    const std::vector<int32_t> prompt = Tokens(n, a->n_vocab());
-    CHECK(GpuPrompt(*a, prompt) == GpuPrompt(*b, prompt));
-  }
-}
-
 // Rows of a step routed to different experts (and sharing some), every
 // bucket; the gate of the dense models' batched tests.
 TEST_CASE("MoE: batched steps follow the single-sequence step") {
