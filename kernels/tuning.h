@@ -145,14 +145,6 @@ struct DecodeTuning {
   // 3,204 / 4,263 / 7,363 / 10,905: 196 wins past 16 tokens (+3.0%, +0.9%),
   // 224 up to 16 (+2.4%, +2.2%). dpl-bench takes DPL_F16_TARGET_WIDE.
   int mma_f16_target_ctas_wide = 196;
-  // The int8 mma form's q6_K products (2-8 tokens; the lm head and the
-  // q6_K down of a Q4_K_M at 4 sequences are 273 and 36 us against one
-  // token's 149 and 24, ncu on an H100) with each pair of 16-column
-  // sub-blocks scaled in integers (matvec_mma.cu, Q6KBlockInt: ~6% fewer
-  // instructions; within ~1e-7 of the float scaling, not its bits). Off:
-  // written in the thirteenth session without a GPU. dpl-bench and
-  // matvec_bench take DPL_Q6K_INT.
-  bool mma_q6k_int_scales = false;
   // A packed prompt pass's chunks (the server's prompts of several
   // sequences in one pass) go through prompt attention in one launch a
   // layer (PromptAttentionBatch) instead of one launch a chunk. dpl-server

@@ -214,7 +214,6 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_F16_CLUSTER", &t.mma_f16_cluster_sum);
   flag("DPL_F16_TARGET", &t.mma_f16_target_ctas);
   flag("DPL_F16_TARGET_WIDE", &t.mma_f16_target_ctas_wide);
-  flag("DPL_Q6K_INT", &t.mma_q6k_int_scales);
   flag("DPL_ROPE_FOLD", &t.rope_in_matvec);
   flag("DPL_GEMM_AHEAD", &t.gemm_dequant_ahead);
   flag("DPL_MOE_GROUPED", &t.moe_grouped_min_fill_pct);

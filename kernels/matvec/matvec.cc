@@ -290,7 +290,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
                      blocks * splits > int64_t{o.ctas_per_sm} * plan.num_sms);
     return Annotate(LaunchMatVecMmaF16(kernel, a, blocks, plan.pdl, stream, o), what);
   }
-  if (mma) return Annotate(LaunchMatVecMma(kernel, a, blocks, plan.pdl, stream, plan.mma_q6k_int_scales), what);
+  if (mma) return Annotate(LaunchMatVecMma(kernel, a, blocks, plan.pdl, stream), what);
   return Annotate(LaunchMatVec(kernel, a, g, grid_x, blocks, plan.pdl, stream,
                                plan.mixed ? plan.last_kernel : kernel),
                   what);

@@ -316,9 +316,6 @@ int Main() {
   if (const char* e = std::getenv("DPL_F16_TARGET_WIDE"); e != nullptr) {
     tuning->mma_f16_target_ctas_wide = std::atoi(e);
   }
-  if (const char* e = std::getenv("DPL_Q6K_INT"); e != nullptr) {
-    tuning->mma_q6k_int_scales = std::atoi(e) != 0;
-  }
   std::printf("tuning: q6_K decode CTAs per SM %d\n", tuning->q6k_ctas_per_sm);
   const absl::StatusOr<uint64_t> scratch_bytes = MatVecScratchBytes(18944, 512);
   BENCH_OK(scratch_bytes.status());

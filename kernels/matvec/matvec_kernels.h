@@ -65,10 +65,8 @@ absl::Status LaunchMatVec(MatVecKernel kernel, const MatVecArgs& args, const Mat
 // tokens: grid.y = all parts' row blocks of kMmaCtaRows rows (part k's first
 // at row_block0), grid.z = the largest of the parts' splits (with its
 // partial scratch). Needs the int8 activations and n_cols % 256 == 0.
-// q6k_int_scales: q6_K's sub-blocks scaled in integers (DecodeTuning::
-// mma_q6k_int_scales).
 absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y, bool pdl,
-                             cudaStream_t stream, bool q6k_int_scales = false);
+                             cudaStream_t stream);
 
 // The same form over tiles of a mixture of experts' routes (moe.h's
 // RouteGroups): CTA (x, y) multiplies tile x's routes (at most tile_tokens,

@@ -332,62 +332,22 @@ __device__ __forceinline__ int8_t Q6Scale(const Q6KRegs& r, int row, int s) {
   return static_cast<int8_t>(Byte(r.sw[row][s >> 2], s & 3));
 }
 
-template <int NT>
-__device__ __forceinline__ void Q6KBlock(const Q6KRegs& r, const MmaStage<8 * NT, kQ6KStageRow>& st,
-                                         int g, int t, Acc<NT>& acc) {
-  const float d0 = Half(r.d[0]), d1 = Half(r.d[1]);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      // Activation block 4h + q of this 256-column block covers both segs:
-      // its scales for this lane's C columns (tokens 8n + 2t, + 1).
-      const int xb = 4 * h + q;
-      float xda[NT], xdb[NT];
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const float4 xa = *reinterpret_cast<const float4*>(&st.ds[xb][8 * n + 2 * t][0]);
-        xda[n] = xa.x;
-        xdb[n] = xa.z;
-      }
-#pragma unroll
-      for (int seg = 0; seg < 2; ++seg) {
-        const uint32_t a0 = Q6Quants(r, 0, h, q, seg), a1 = Q6Quants(r, 1, h, q, seg);
-        const int s = 8 * h + 2 * q + seg;
-        const float ds0 = d0 * static_cast<float>(Q6Scale(r, 0, s));
-        const float ds1 = d1 * static_cast<float>(Q6Scale(r, 1, s));
-        const int col = 128 * h + 32 * q + 16 * seg + 4 * t;
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const uint32_t bx = *reinterpret_cast<const uint32_t*>(&st.q[8 * n + g][col]);
-          int c4[4] = {0, 0, 0, 0};
-          Mma16816(c4, a0, a1, bx);
-          float* v = acc.v[n];
-          v[0] = fmaf(static_cast<float>(c4[0]), ds0 * xda[n], v[0]);
-          v[1] = fmaf(static_cast<float>(c4[1]), ds0 * xdb[n], v[1]);
-          v[2] = fmaf(static_cast<float>(c4[2]), ds1 * xda[n], v[2]);
-          v[3] = fmaf(static_cast<float>(c4[3]), ds1 * xdb[n], v[3]);
-        }
-      }
-    }
-  }
-}
-
 // Per quarter q of half h (32 columns: one activation block, two 16-column
 // sub-blocks s0 = 8h + 2q, s1 = s0 + 1 with their int8 scales), per token
 // and row:
 //   y += d xd (sc_s0 dot_s0 + sc_s1 dot_s1)
 // The two sub-blocks' k16 integer dots scaled by their int8 scales and
 // summed in integers (|sum| <= 2 x 16 x 32 x 127 x 128 < 2^24: exact, and
-// exact as a float), then one float multiply-add, where Q6KBlock spends an
-// I2F, a multiply and an FMA a sub-block and converts each scale and
-// multiplies it by d (cubin, 8 tokens: 1,048 -> 984 instructions a kernel).
-// The sums round once where Q6KBlock's rounded twice: within ~1e-7 of it,
-// not its bits. DecodeTuning::mma_q6k_int_scales; not yet run on a GPU:
-// the A/B (tools/gpu/pending.sh) keeps one of the two and deletes the other.
+// exact as a float), then one float multiply-add, where scaling each
+// sub-block in floats spent an I2F, a multiply and an FMA a sub-block and
+// converted each scale and multiplied it by d (cubin, 8 tokens: 1,048 -> 984
+// instructions a kernel; H100, 7B at 4 / 8 sequences 1,217 / 2,330 ->
+// 1,219 / 2,333 t/s, and the q6_K products at 64 tokens on this form -8%;
+// docs/PERF.md, 2026-12-07). The sums round once where the float scaling
+// rounded twice: ~5e-8 from the single-token kernel (matvec_gpu_test).
 template <int NT>
-__device__ __forceinline__ void Q6KBlockInt(const Q6KRegs& r, const MmaStage<8 * NT, kQ6KStageRow>& st,
-                                         int g, int t, Acc<NT>& acc) {
+__device__ __forceinline__ void Q6KBlock(const Q6KRegs& r, const MmaStage<8 * NT, kQ6KStageRow>& st,
+                                      int g, int t, Acc<NT>& acc) {
   const float d0 = Half(r.d[0]), d1 = Half(r.d[1]);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -530,7 +490,7 @@ __device__ __forceinline__ int PartOfBlock(const MatVecArgs& a) {
 // kWaited: the caller has passed GridDependencyWait already (the grouped
 // form reads its tile first); else the first block's weights load before
 // the wait (weights never change).
-template <MatVecKernel K, int NT, bool kWaited, bool kQ6Int = false, class Tokens>
+template <MatVecKernel K, int NT, bool kWaited, class Tokens>
 __device__ __forceinline__ void MmaRows(const MatVecArgs& a, const MatVecPart& P, int z, const Tokens& tk) {
   constexpr int T = 8 * NT;
   constexpr bool kQ6 = K == MatVecKernel::kQ6KDpl || K == MatVecKernel::kQ6KRaw;
@@ -567,11 +527,7 @@ __device__ __forceinline__ void MmaRows(const MatVecArgs& a, const MatVecPart& P
     } else if constexpr (K == MatVecKernel::kQ8_0 || K == MatVecKernel::kQ8_0Dpl) {
       Q8_0Block<NT>(cur, stage[buf], g, t, acc);
     } else {
-      if constexpr (kQ6Int) {
-        Q6KBlockInt<NT>(cur, stage[buf], g, t, acc);
-      } else {
-        Q6KBlock<NT>(cur, stage[buf], g, t, acc);
-      }
+      Q6KBlock<NT>(cur, stage[buf], g, t, acc);
     }
     __syncthreads();  // the next iteration's copies overwrite this buffer
     cur = next;
@@ -597,13 +553,12 @@ __device__ __forceinline__ void MmaRows(const MatVecArgs& a, const MatVecPart& P
 }
 
 // grid (1, row blocks of kMmaCtaRows over all parts, max splits), 4 warps.
-// kQ6Int: q6_K's sub-blocks scaled in integers (Q6KBlockInt).
-template <MatVecKernel K, int NT, bool kQ6Int = false>
+template <MatVecKernel K, int NT>
 __global__ void __launch_bounds__(kMmaThreads) MatVecMmaKernel(const MatVecArgs a) {
   const MatVecPart P = PartAt(a, PartOfBlock(a));
   const int z = static_cast<int>(blockIdx.z);
   if (z >= P.splits) return;  // a part with fewer splits than the launch's grid.z
-  MmaRows<K, NT, false, kQ6Int>(a, P, z, MmaDenseTokens{});
+  MmaRows<K, NT, false>(a, P, z, MmaDenseTokens{});
 }
 
 // grid (tiles, row blocks of kMmaCtaRows over all parts), 4 warps: CTA
@@ -645,18 +600,18 @@ __global__ void __launch_bounds__(256) MmaSumSplits(const MatVecArgs a) {
   P.y[o] = v;
 }
 
-template <MatVecKernel K, bool kQ6Int = false>
+template <MatVecKernel K>
 void (*PickKernel(int n_tokens))(MatVecArgs) {
-  if (n_tokens <= 8) return MatVecMmaKernel<K, 1, kQ6Int>;
-  if (n_tokens <= 16) return MatVecMmaKernel<K, 2, kQ6Int>;
-  if (n_tokens <= 32) return MatVecMmaKernel<K, 4, kQ6Int>;
-  return MatVecMmaKernel<K, 8, kQ6Int>;
+  if (n_tokens <= 8) return MatVecMmaKernel<K, 1>;
+  if (n_tokens <= 16) return MatVecMmaKernel<K, 2>;
+  if (n_tokens <= 32) return MatVecMmaKernel<K, 4>;
+  return MatVecMmaKernel<K, 8>;
 }
 
 }  // namespace
 
 absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y, bool pdl,
-                             cudaStream_t stream, bool q6k_int_scales) {
+                             cudaStream_t stream) {
   if (args.n_tokens < 1 || args.n_tokens > kMmaMaxTokens || args.n_cols % 256 != 0 ||
       args.xq == nullptr || args.xd == nullptr || args.xs == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("matvec mma: ", args.n_tokens, " tokens, ",
@@ -674,14 +629,8 @@ absl::Status LaunchMatVecMma(MatVecKernel kernel, const MatVecArgs& args, int64_
   }
   void (*fn)(MatVecArgs) = nullptr;
   if (kernel == MatVecKernel::kQ4K) fn = PickKernel<MatVecKernel::kQ4K>(args.n_tokens);
-  if (kernel == MatVecKernel::kQ6KDpl) {
-    fn = q6k_int_scales ? PickKernel<MatVecKernel::kQ6KDpl, true>(args.n_tokens)
-                        : PickKernel<MatVecKernel::kQ6KDpl>(args.n_tokens);
-  }
-  if (kernel == MatVecKernel::kQ6KRaw) {
-    fn = q6k_int_scales ? PickKernel<MatVecKernel::kQ6KRaw, true>(args.n_tokens)
-                        : PickKernel<MatVecKernel::kQ6KRaw>(args.n_tokens);
-  }
+  if (kernel == MatVecKernel::kQ6KDpl) fn = PickKernel<MatVecKernel::kQ6KDpl>(args.n_tokens);
+  if (kernel == MatVecKernel::kQ6KRaw) fn = PickKernel<MatVecKernel::kQ6KRaw>(args.n_tokens);
   if (kernel == MatVecKernel::kQ5K) fn = PickKernel<MatVecKernel::kQ5K>(args.n_tokens);
   if (kernel == MatVecKernel::kQ8_0) fn = PickKernel<MatVecKernel::kQ8_0>(args.n_tokens);
   if (kernel == MatVecKernel::kQ8_0Dpl) fn = PickKernel<MatVecKernel::kQ8_0Dpl>(args.n_tokens);

@@ -211,7 +211,6 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   plan.mma_f16_cluster_sum = tuning.mma_f16_cluster_sum;
   plan.mma_f16_target_ctas = tuning.mma_f16_target_ctas;
   plan.mma_f16_target_ctas_wide = tuning.mma_f16_target_ctas_wide;
-  plan.mma_q6k_int_scales = tuning.mma_q6k_int_scales;
   plan.num_sms = tuning.num_sms;
   if (MatVecMmaF16Supports(k, w.n_cols)) {
     plan.mma_f16_min_tokens =

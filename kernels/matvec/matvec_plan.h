@@ -77,8 +77,6 @@ struct MatVecPlan {
   // About how many CTAs cover one f16-form matrix (its k splits: MmaF16Splits).
   int mma_f16_target_ctas = kMmaTargetCtas / 2;
   int mma_f16_target_ctas_wide = kMmaTargetCtas / 2;  // over 16 tokens
-  // The int8 form's q6_K sub-blocks scaled in integers (DecodeTuning::mma_q6k_int_scales).
-  bool mma_q6k_int_scales = false;
   int num_sms = 0;  // the GPU's (DecodeTuning::num_sms): what "a wave" is above
 };
 

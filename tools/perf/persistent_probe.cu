@@ -49,6 +49,7 @@ constexpr int kE = 3584, kQkv = 4608, kFf = 18944;
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kPrefetch = 64 * 1024;  // bytes of a chunk's weights prefetched into L2 before the wait
 constexpr float kEps = 1e-6f;
+static_assert(kE % kThreads == 0, "QuantizeInput: the norm's loads a thread");
 
 enum OpKind : int { kOpQkv = 0, kOpO = 1, kOpGu = 2, kOpDown = 3 };
 
@@ -85,11 +86,14 @@ __device__ void QuantizeInput(const Op& op, const Bufs& b, Acts& a, float* red) 
   const float* src = op.kind == kOpQkv || op.kind == kOpGu ? b.x : op.kind == kOpO ? b.qkv : b.g;
   float scale = 1.f;
   if (op.kind == kOpQkv || op.kind == kOpGu) {  // rmsnorm: every CTA sums x^2 itself
+    // kE / kThreads = 14 loads a thread, all in flight at once (a loop of
+    // dependent L2 round trips cost the first run ~1 us an op).
+    float v[kE / kThreads];
+#pragma unroll
+    for (int m = 0; m < kE / kThreads; ++m) v[m] = __ldcg(src + threadIdx.x + kThreads * m);
     float ss = 0.f;
-    for (int i = threadIdx.x; i < kE; i += kThreads) {
-      const float v = __ldcg(src + i);
-      ss += v * v;
-    }
+#pragma unroll
+    for (int m = 0; m < kE / kThreads; ++m) ss += v[m] * v[m];
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (lane == 0) red[warp] = ss;
     __syncthreads();
@@ -98,21 +102,37 @@ __device__ void QuantizeInput(const Op& op, const Bufs& b, Acts& a, float* red) 
     scale = rsqrtf(t / kE + kEps);
     __syncthreads();
   }
+  // Warp w quantizes blocks w, w + kWarps, ...: kGroup blocks' loads issued
+  // before any is reduced (the first run's one load a round trip made the
+  // down op's 74 blocks a warp ~10 us of serial L2 latency in every CTA,
+  // and its product ran at ~1 TB/s).
+  constexpr int kGroup = 8;
   const int nb = op.cols / 32;
-  for (int blk = warp; blk < nb; blk += kWarps) {
-    const int i = 32 * blk + lane;
-    float v = __ldcg(src + i);
-    if (op.norm != nullptr) v *= scale * op.norm[i];
-    float m = fabsf(v);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float d = m / 127.f;
-    const int q = d > 0.f ? __float2int_rn(v / d) : 0;
-    a.q[i] = static_cast<int8_t>(q);
-    int s = q;
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) {
-      a.d[blk] = d;
-      a.s[blk] = s;
+  for (int blk0 = warp; blk0 < nb; blk0 += kWarps * kGroup) {
+    float v[kGroup];
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      const int blk = blk0 + kWarps * u;
+      v[u] = blk < nb ? __ldcg(src + 32 * blk + lane) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      const int blk = blk0 + kWarps * u;
+      if (blk >= nb) break;
+      const int i = 32 * blk + lane;
+      float x = v[u];
+      if (op.norm != nullptr) x *= scale * op.norm[i];
+      float m = fabsf(x);
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      const float d = m / 127.f;
+      const int q = d > 0.f ? __float2int_rn(x / d) : 0;
+      a.q[i] = static_cast<int8_t>(q);
+      int s = q;
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) {
+        a.d[blk] = d;
+        a.s[blk] = s;
+      }
     }
   }
 }
@@ -143,7 +163,9 @@ __device__ __forceinline__ void RowDot2(const uint8_t* r0, const uint8_t* r1, in
   const __half* s1 = r1 != nullptr ? reinterpret_cast<const __half*>(r1 + cols / 2) : s0;
   const uint8_t* n1 = r1 != nullptr ? r1 : r0;
   float a0 = 0.f, a1 = 0.f;
-#pragma unroll 2
+  // Unrolled 4 deep: 8 loads of 16 B a lane in flight (the first run's 2
+  // deep left the product at ~1 TB/s, latency-bound).
+#pragma unroll 4
   for (int blk = lane; blk < nb; blk += 32) {
     const uint4 w0 = __ldcs(reinterpret_cast<const uint4*>(r0 + 16 * blk));  // streamed once
     const uint4 w1 = __ldcs(reinterpret_cast<const uint4*>(n1 + 16 * blk));
