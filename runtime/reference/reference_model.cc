@@ -485,6 +485,27 @@ absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, in
   }
   const int64_t kv_dim = h.kv_dim();
   router_margins_.clear();
+  own_experts_.clear();
+  // Forced experts (tests) are for this pass only, whatever it returns.
+  const std::vector<std::vector<int>> forced = std::move(forced_experts_);
+  forced_experts_.clear();
+  if (!forced.empty()) {
+    int64_t moe_layers = 0;
+    for (const Layer& L : layers_) moe_layers += L.router != nullptr;
+    if (static_cast<int64_t>(forced.size()) != moe_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("reference: experts forced for ", forced.size(),
+                                                     " layers, the model has ", moe_layers, " MoE layers"));
+    }
+    for (const std::vector<int>& ids : forced) {
+      std::vector<int> sorted = ids;
+      std::sort(sorted.begin(), sorted.end());
+      if (static_cast<int64_t>(ids.size()) != h.n_expert_used || sorted.front() < 0 ||
+          sorted.back() >= h.n_expert || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("reference: forced experts must be ", h.n_expert_used,
+                                                       " distinct ids in [0, ", h.n_expert, ")"));
+      }
+    }
+  }
   for (int il = 0; il < h.n_layer; ++il) {
     const Layer& L = layers_[il];
     // Attention block.
@@ -510,7 +531,7 @@ absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, in
     for (int64_t i = 0; i < h.n_embd; ++i) x_[i] += tmp_[i];
 
     RmsNorm(x_.data(), L.ffn_norm, h.rms_eps, h_.data());
-    DPL_RETURN_IF_ERROR(FeedForward(L));
+    DPL_RETURN_IF_ERROR(FeedForward(L, forced.empty() || L.router == nullptr ? nullptr : &forced[router_margins_.size()]));
   }
   RmsNorm(x_.data(), output_norm_, h.rms_eps, h_.data());
   DPL_RETURN_IF_ERROR(MatVec(*output_, h_.data(), logits_.data()));
@@ -518,7 +539,7 @@ absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, in
   return logits_;
 }
 
-absl::Status ReferenceModel::FeedForward(const Layer& L) {
+absl::Status ReferenceModel::FeedForward(const Layer& L, const std::vector<int>* forced) {
   const model::Hparams& h = hp_;
   // down(silu(gate(h)) * up(h)) into tmp_, for one set of matrices of width n.
   const auto swiglu = [&](const Matrix& gate, const Matrix& up, const Matrix& down,
@@ -555,6 +576,8 @@ absl::Status ReferenceModel::FeedForward(const Layer& L) {
   } else {
     router_margins_.push_back(INFINITY);
   }
+  own_experts_.emplace_back(order.begin(), order.begin() + h.n_expert_used);
+  if (forced != nullptr) std::copy(forced->begin(), forced->end(), order.begin());
   double sum = 0;
   for (int64_t j = 0; j < h.n_expert_used; ++j) sum += router_[order[j]];
   sum = std::max(sum, 6.103515625e-5);

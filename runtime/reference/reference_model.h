@@ -95,6 +95,17 @@ class ReferenceModel {
   // dense model). A small margin is a near-tie another implementation's
   // rounding may resolve the other way (a different expert).
   const std::vector<double>& router_margins() const { return router_margins_; }
+  // Tests: the experts the next forward pass's MoE layers take instead of
+  // their own top-k, per MoE layer in order (n_expert_used ids each): another
+  // implementation's choices, so that where it resolved a near-tie the other
+  // way the two compare the same arithmetic. The weights are still this
+  // model's probabilities, renormalized over the forced set. Used by the next
+  // forward pass only; empty: its own choice. own_experts() still reports the
+  // model's own top-k.
+  void ForceExperts(std::vector<std::vector<int>> per_layer) { forced_experts_ = std::move(per_layer); }
+  // Of the last forward pass, per MoE layer in order, the experts its own
+  // top-k chose (in probability order), forced or not.
+  const std::vector<std::vector<int>>& own_experts() const { return own_experts_; }
 
   struct Matrix;  // a weight matrix (n_rows outputs x n_cols inputs)
 
@@ -108,7 +119,8 @@ class ReferenceModel {
   // Expert e of a 3-D expert tensor: its rows e ne[1] .. (e + 1) ne[1].
   absl::StatusOr<const Matrix*> AddExpert(const formats::TensorView& t, uint64_t e);
   // x += the layer's feed-forward of h_ (dense or mixture of experts).
-  absl::Status FeedForward(const Layer& L);
+  // forced: this MoE layer's experts (ForceExperts), or null for its own top-k.
+  absl::Status FeedForward(const Layer& L, const std::vector<int>* forced);
   // Dequantizes every matrix that is not f32 into `owned` (see max_resident_bytes).
   absl::Status MakeResident();
   // y = W x, rows split across the pool; x: (n_cols), y: (n_rows).
@@ -137,6 +149,7 @@ class ReferenceModel {
   std::vector<double> x_, h_, q_, k_, v_, att_, tmp_, gate_, up_, logits_;
   std::vector<double> router_, moe_;  // (n_expert) router logits, (n_embd) expert sum
   std::vector<double> router_margins_;  // router_margins()
+  std::vector<std::vector<int>> forced_experts_, own_experts_;  // ForceExperts(), own_experts()
   std::vector<std::vector<float>> scratch_;   // per worker: (max n_cols) row buffer
   std::vector<std::vector<double>> scores_;   // per worker: (n_ctx) attention scores
   std::vector<absl::Status> worker_status_;   // per worker: first dequant error

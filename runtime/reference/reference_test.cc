@@ -170,6 +170,63 @@ TEST_CASE("router_margins: one per MoE layer, each the top-k gap") {
   REQUIRE(dense->ForwardF64(tokens[0] % dense->n_vocab(), 0).ok());
   CHECK(dense->router_margins().empty());
 }
+// ForceExperts (what the GPU tests hold the reference to the GPU's own
+// expert choices by): forcing a pass's own choices gives its logits bit for
+// bit; forcing another expert in one layer moves them and leaves
+// own_experts the model's; a wrong forcing is refused and forgotten.
+TEST_CASE("ForceExperts: the model's own choice is its own logits, another moves them") {
+  std::unique_ptr<ReferenceModel> m = LoadOrDie(OraclePath("mini-qwen3moe-q4km.gguf"));
+  const std::vector<int32_t> tokens = ReadTokens("mini-qwen3moe-q4km");
+  const int n_layer = static_cast<int>(m->hparams().n_layer);
+  const int k = static_cast<int>(m->hparams().n_expert_used), n_expert = static_cast<int>(m->hparams().n_expert);
+  REQUIRE(m->ForwardF64(tokens[0], 0).ok());
+  absl::StatusOr<std::vector<double>> own = m->ForwardF64(tokens[1], 1);
+  REQUIRE(own.ok());
+  const std::vector<std::vector<int>> chosen = m->own_experts();
+  REQUIRE(chosen.size() == static_cast<size_t>(n_layer));
+  for (const std::vector<int>& ids : chosen) CHECK(ids.size() == static_cast<size_t>(k));
+  // The same choices forced (in another order: the sum is over a set).
+  std::vector<std::vector<int>> same = chosen;
+  for (std::vector<int>& ids : same) std::reverse(ids.begin(), ids.end());
+  m->ForceExperts(same);
+  absl::StatusOr<std::vector<double>> forced_same = m->ForwardF64(tokens[1], 1);
+  REQUIRE(forced_same.ok());
+  // Reversed, the k weights add in another order: within rounding.
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < own->size(); ++i) {
+    d2 += ((*forced_same)[i] - (*own)[i]) * ((*forced_same)[i] - (*own)[i]);
+    r2 += (*own)[i] * (*own)[i];
+  }
+  CHECK(std::sqrt(d2 / r2) < 1e-12);
+  m->ForceExperts(chosen);
+  CHECK(*m->ForwardF64(tokens[1], 1) == *own);
+  // Layer 0's last choice replaced by an expert it did not take.
+  std::vector<std::vector<int>> other = chosen;
+  for (int e = 0; e < n_expert; ++e) {
+    if (std::find(chosen[0].begin(), chosen[0].end(), e) == chosen[0].end()) {
+      other[0].back() = e;
+      break;
+    }
+  }
+  m->ForceExperts(other);
+  absl::StatusOr<std::vector<double>> moved = m->ForwardF64(tokens[1], 1);
+  REQUIRE(moved.ok());
+  CHECK(m->own_experts() == chosen);
+  d2 = 0;
+  for (size_t i = 0; i < own->size(); ++i) d2 += ((*moved)[i] - (*own)[i]) * ((*moved)[i] - (*own)[i]);
+  CHECK(std::sqrt(d2 / r2) > 1e-3);
+  // Refused: a layer missing, a repeated id, an id out of range; then the
+  // next pass is the model's own again.
+  std::vector<std::vector<int>> missing(chosen.begin(), chosen.end() - 1), repeated = chosen, outside = chosen;
+  repeated[1][1] = repeated[1][0];
+  outside[1][1] = n_expert;
+  for (const std::vector<std::vector<int>>& bad : {missing, repeated, outside}) {
+    m->ForceExperts(bad);
+    const absl::StatusOr<std::vector<double>> r = m->ForwardF64(tokens[1], 1);
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(*m->ForwardF64(tokens[1], 1) == *own);
+  }
+}
 // One f16 model quantized by llama-quantize into every common type: a wrong
 // dequantization of any of them shows as tens of percent.
 TEST_CASE("mini-llama in Q5_K_M, Q6_K, Q8_0, Q4_0, IQ4_XS and Q3_K_M matches llama.cpp") {
