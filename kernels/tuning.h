@@ -75,6 +75,15 @@ struct DecodeTuning {
   // 1,313; but 4 (32 routes: 25%) 598 -> 553, where most tiles hold one
   // route and the mma's 8-token tile idles: hence 100 (docs/PERF.md).
   int moe_grouped_min_fill_pct = 100;
+  // A MoE model's prompt passes (not its decode steps) of more rows than
+  // this run their dense products on dequantize + cuBLAS (f16 activations)
+  // instead of the int8 and f16 mma forms. Why: a router near-tie turns
+  // activation noise into another expert, and the int8 activations of the
+  // q8_0 / q5_K products (no f16 form) are the noise. The MoE oracle's
+  // 48-token prompt (H100, docs/PERF.md, 2026-12-07): 2.886% RMS from
+  // float64 with the mma forms (position 11, margin 0.005, took the other
+  // expert: 12.95% there), 0.631% this way. dpl-bench takes DPL_MOE_PROMPT_MMA.
+  int moe_prompt_mma_max_rows = 8;
   // When every matrix of a model has the int8 mma form (q4_K, q6_K:
   // MatVecMmaSupports), products of 2 up to this many tokens (at most
   // kMmaMaxTokens) keep int8 activations and run it instead of dequantize +

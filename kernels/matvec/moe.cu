@@ -46,7 +46,8 @@ __global__ void __launch_bounds__(32 * kRouteWarps)
     RouteTopKKernel(const float* __restrict__ logits,  // (n_rows, n_expert)
                     int n_rows, int n_expert, int k,
                     int* __restrict__ ids,          // (n_rows, k)
-                    float* __restrict__ weights) {  // (n_rows, k)
+                    float* __restrict__ weights,    // (n_rows, k)
+                    int* __restrict__ ids_copy) {   // (n_rows, k) or null
   GridDependencyWait();
   GridLaunchDependents();
   const int lane = threadIdx.x & 31;
@@ -106,6 +107,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps)
     sum += p;
     if (lane == 0) {
       row_ids[j] = bi;
+      if (ids_copy != nullptr) ids_copy[t * k + j] = bi;
       row_w[j] = p;  // the probability for now; renormalized below
     }
   }
@@ -429,7 +431,7 @@ absl::Status MoeSwiGluQuantize(const float* gate, const float* up, int n_cols, i
 }
 
 absl::Status RouteTopK(const float* logits, int n_rows, int n_expert, int k, int* ids,
-                       float* weights, cudaStream_t stream, bool pdl) {
+                       float* weights, cudaStream_t stream, bool pdl, int* ids_copy) {
   if (n_rows <= 0 || n_expert < 1 || n_expert > kMoeMaxExperts || k < 1 || k > n_expert) {
     return absl::InvalidArgumentError(absl::StrCat("route top-k: ", n_rows, " rows of ", n_expert,
                                                    " experts, k ", k, " (1 <= k <= n_expert <= ",
@@ -440,14 +442,14 @@ absl::Status RouteTopK(const float* logits, int n_rows, int n_expert, int k, int
   }
   const int64_t grid = (int64_t{n_rows} + kRouteWarps - 1) / kRouteWarps;
   DPL_RETURN_IF_ERROR(CheckGridX(grid, "route top-k"));
-  void (*fn)(const float*, int, int, int, int*, float*) = RouteTopKKernel<kMoeMaxExperts / 32>;
+  void (*fn)(const float*, int, int, int, int*, float*, int*) = RouteTopKKernel<kMoeMaxExperts / 32>;
   if (n_expert <= 32) fn = RouteTopKKernel<1>;
   else if (n_expert <= 64) fn = RouteTopKKernel<2>;
   else if (n_expert <= 128) fn = RouteTopKKernel<4>;
   else if (n_expert <= 256) fn = RouteTopKKernel<8>;
   else if (n_expert <= 512) fn = RouteTopKKernel<16>;
   return LaunchKernel(fn, dim3(static_cast<unsigned>(grid)), dim3(32 * kRouteWarps), 0,
-                      stream, pdl, logits, n_rows, n_expert, k, ids, weights);
+                      stream, pdl, logits, n_rows, n_expert, k, ids, weights, ids_copy);
 }
 
 namespace {

@@ -94,8 +94,9 @@ absl::Status MoeSwiGluQuantize(const float* gate, const float* up, int n_cols, i
 //   weights[t, j] = p_{ids[t, j]} / max(sum_j p_{ids[t, j]}, 2^-14)
 // (the CPU reference's rule; NaN logits count as -inf). One warp a row.
 // ids, weights: (n_rows, k). 1 <= k <= n_expert <= kMoeMaxExperts.
+// ids_copy (tests, may be null): the ids written there too, (n_rows, k).
 absl::Status RouteTopK(const float* logits, int n_rows, int n_expert, int k, int* ids,
-                       float* weights, cudaStream_t stream, bool pdl);
+                       float* weights, cudaStream_t stream, bool pdl, int* ids_copy = nullptr);
 
 // One expert tensor of an ExpertMatVec launch and where it writes.
 struct ExpertOut {

@@ -86,6 +86,7 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   keep_draw_logits_.assign(options.n_seq, false);
   draw_logits_ready_.assign(options.n_seq, false);
   eager_ = options.eager;
+  record_routes_ = options.record_routes;
   if (options.tuning.has_value()) {
     tuning_ = *options.tuning;
   } else {
@@ -205,6 +206,7 @@ absl::Status CudaDecoder::Allocate() {
   // Mixture of experts: slices of M rows, k routes a row, X = n_ff_exp.
   moe_rows_ = hp_.moe() ? static_cast<int>(std::min<uint64_t>(T, kMoeRows)) : 0;
   const uint64_t M = moe_rows_, NX = hp_.n_expert, K = hp_.n_expert_used, X = hp_.n_ff_exp;
+  route_log_rows_ = hp_.moe() && record_routes_ ? static_cast<int>(T) : 0;
   logit_rows_ = std::max(std::min(max_batch_, kMaxLogitRows), n_seq);
   ring_stride_ = static_cast<int>(std::min<int64_t>(n_ctx_, kMaxRing));
   const uint64_t W = std::max({E, F, Q});  // widest matvec input
@@ -275,10 +277,12 @@ absl::Status CudaDecoder::Allocate() {
   }
   const int mma_rows = std::min(tuning_.mma_max_tokens, kernels::kMmaMaxTokens);
   int8_max_rows_ = all_mma ? std::max(mma_rows, tuning_.gemm_min_tokens - 1) : tuning_.gemm_min_tokens - 1;
+  prompt_int8_max_rows_ =
+      hp_.moe() ? std::min(int8_max_rows_, std::max(1, tuning_.moe_prompt_mma_max_rows)) : int8_max_rows_;
   // The tensor-core path's f16 scratch: activations of a chunk, and the
   // largest layer matrix (the lm head, larger, goes through it in row blocks).
   w_f16_elems_ = 0;
-  if (static_cast<int>(T) > int8_max_rows_) {
+  if (static_cast<int>(T) > prompt_int8_max_rows_) {
     for (const Layer& L : layers_) {
       for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
         if (m->w.data == nullptr) continue;
@@ -316,6 +320,7 @@ absl::Status CudaDecoder::Allocate() {
       {S * kernels::kMaxLogitBias * sizeof(kernels::LogitBias), &b.bias}, {S * 4, &b.n_bias},
       {qx_bytes, &qx_mem},
       {M * NX * 4, &b.moe_logits}, {M * K * 4, &b.moe_ids},   {M * K * 4, &b.moe_w},
+      {static_cast<uint64_t>(hp_.n_layer) * route_log_rows_ * K * 4, &b.route_log},
       {M * K * X * 4, &b.moe_gate}, {M * K * X * 4, &b.moe_up}, {M * K * E * 4, &b.moe_down},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * E)) : 0, &moe_h_mem},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * K * X)) : 0, &moe_g_mem},
@@ -419,8 +424,11 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
   // tensor-core form for 2..kMmaMaxTokens tokens), whose kernels go out as
   // programmatic dependent launches when the tuning says so (the decode
   // step's chain).
+  // A MoE model's prompt passes move to the f16 path sooner
+  // (prompt_int8_max_rows_: DecodeTuning::moe_prompt_mma_max_rows).
+  const int int8_max_rows = step == nullptr ? prompt_int8_max_rows_ : int8_max_rows_;
   auto tensor_cores = [&](int rows) {
-    return gemm_.has_value() && rows > int8_max_rows_;
+    return gemm_.has_value() && rows > int8_max_rows;
   };
   const bool pdl = tuning_.pdl && !tensor_cores(n);
   // Prepares x (rows tokens of `cols` values) once for the products that
@@ -595,7 +603,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     DPL_RETURN_IF_ERROR(mm(L.wo, b.att, {b.x, L.bo, b.x}, n));  // x += Wo a
     // Feed-forward block.
     if (L.moe) {
-      DPL_RETURN_IF_ERROR(EnqueueMoe(*L.moe, L.ffn_norm, n, pdl));
+      DPL_RETURN_IF_ERROR(EnqueueMoe(*L.moe, static_cast<int>(l), L.ffn_norm, n, pdl));
       continue;
     }
     DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.ffn_norm, n));
@@ -644,7 +652,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
 // Every launch reads the experts' ids from device memory: the graph holds
 // the same kernels whatever the router picks. Prompt slices run the same
 // per-route products as a step (kernels/matvec/moe.h says what that costs).
-absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, const float* ffn_norm, int n, bool pdl) {
+absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, int layer, const float* ffn_norm, int n, bool pdl) {
   const int E = static_cast<int>(hp_.n_embd), X = static_cast<int>(hp_.n_ff_exp);
   const int k = static_cast<int>(hp_.n_expert_used), n_expert = static_cast<int>(hp_.n_expert);
   const float eps = static_cast<float>(hp_.rms_eps);
@@ -660,7 +668,10 @@ absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, const float* ffn_norm,
     io.n_tokens = m;
     io.y = b.moe_logits;
     DPL_RETURN_IF_ERROR(kernels::RunMatVec(moe.router.w, moe.router.plan, io, s));
-    DPL_RETURN_IF_ERROR(kernels::RouteTopK(b.moe_logits, m, n_expert, k, b.moe_ids, b.moe_w, s, pdl));
+    int* log = b.route_log != nullptr
+                   ? b.route_log + (static_cast<int64_t>(layer) * route_log_rows_ + r0) * k
+                   : nullptr;
+    DPL_RETURN_IF_ERROR(kernels::RouteTopK(b.moe_logits, m, n_expert, k, b.moe_ids, b.moe_w, s, pdl, log));
     const int routes = m * k;
     // Routes numbering at least the experts (tuning): grouped by expert,
     // each expert's weights read once per tile of its routes on the int8
@@ -1291,6 +1302,24 @@ absl::StatusOr<absl::Span<const float>> CudaDecoder::DrawLogits(int seq) const {
   return absl::Span<const float>(h_draw_logits_.get() + static_cast<size_t>(seq) * V, V);
 }
 
+absl::StatusOr<std::vector<int32_t>> CudaDecoder::RecordedRoutes(int rows) const {
+  if (route_log_rows_ == 0) {
+    return absl::FailedPreconditionError("no routes recorded: a MoE model opened with record_routes");
+  }
+  if (rows < 1 || rows > route_log_rows_) {
+    return absl::InvalidArgumentError(absl::StrCat("recorded routes: ", rows, " rows, the log holds 1..",
+                                                   route_log_rows_));
+  }
+  const int64_t L = hp_.n_layer, k = hp_.n_expert_used;
+  std::vector<int32_t> out(static_cast<size_t>(L * rows * k));
+  DPL_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  for (int64_t l = 0; l < L; ++l) {
+    DPL_CUDA_CHECK(cudaMemcpy(out.data() + l * rows * k, buf_.route_log + l * route_log_rows_ * k,
+                              static_cast<size_t>(rows * k) * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  }
+  return out;
+}
+
 absl::Status CudaDecoder::EnqueueDrawLogits(int seq, const float* row) {
   if (!keep_draw_logits_[seq]) return absl::OkStatus();
   const size_t V = static_cast<size_t>(hp_.n_vocab);
@@ -1349,13 +1378,17 @@ std::string CudaDecoder::LoadReport() const {
   for (const Bucket& b : buckets_) absl::StrAppend(&buckets, buckets.empty() ? "" : ",", b.batch);
   return absl::StrFormat(
       "cuda: weights %.2f GiB loaded in %.2f s (%.1f GB/s); KV cache %.2f GiB (f16, %d sequences x "
-      "%d positions); buffers %.2f GiB (prompt chunk %d, f16 GEMM from %d tokens); decode "
+      "%d positions); buffers %.2f GiB (prompt chunk %d, f16 GEMM from %s tokens); decode "
       "steps of %s rows %s\n"
       "cuda load stages: init %.0f ms, weights %.0f ms, setup %.0f ms, graph %.0f ms",
       report_.weight_bytes / 1073741824.0, report_.load.seconds, report_.load.gb_per_s(),
       report_.kv_cache_bytes / 1073741824.0, n_seq(), n_ctx_,
       report_.scratch_bytes / 1073741824.0, max_batch_,
-      gemm_.has_value() ? int8_max_rows_ + 1 : max_batch_ + 1, buckets,
+      !gemm_.has_value() ? absl::StrCat(max_batch_ + 1)
+      : prompt_int8_max_rows_ == int8_max_rows_
+          ? absl::StrCat(int8_max_rows_ + 1)
+          : absl::StrCat(prompt_int8_max_rows_ + 1, " (prompts) / ", int8_max_rows_ + 1, " (steps)"),
+      buckets,
       eager_ ? "eager (DPL_EAGER)" : "captured as CUDA graphs", report_.init_seconds * 1e3,
       report_.weights_seconds * 1e3, report_.setup_seconds * 1e3, report_.graph_seconds * 1e3);
 }

@@ -97,6 +97,10 @@ struct CudaDecoderOptions {
   // DPL_CUDA_MOE=1, its GPU tests set it. Unset: Create refuses the model
   // with that reason and points to --device cpu.
   bool unverified_moe = false;
+  // Tests: every pass of a MoE model keeps each row's expert choices
+  // (RouteTopK's ids, copied by the kernel itself, so graphs hold it too)
+  // for RecordedRoutes.
+  bool record_routes = false;
   // Launch policy; unset: DecodeTuningForDevice() (benchmarks override fields).
   std::optional<kernels::DecodeTuning> tuning;
   LoadOptions load;
@@ -262,6 +266,12 @@ class CudaDecoder : public generate::Decoder {
   // table, which is read one row per token unless it is also the lm head).
   uint64_t weight_bytes_per_token() const { return bytes_per_token_; }
   bool uses_graph() const { return !eager_; }
+  // With CudaDecoderOptions::record_routes: the expert ids every MoE layer
+  // chose for rows 0..rows-1 of the last pass, (n_layer, rows, k) (a step's
+  // rows are its batch rows in bucket order). FailedPrecondition without the
+  // option; InvalidArgument for rows outside [1, the pass rows the decoder
+  // holds].
+  absl::StatusOr<std::vector<int32_t>> RecordedRoutes(int rows) const;
   // Whether single-token steps fold RoPE and the KV write into the Q/K/V
   // matvec (DecodeTuning::rope_in_matvec, where the model and plans allow).
   bool folds_rope() const { return rope_fold_ok_; }
@@ -362,6 +372,7 @@ class CudaDecoder : public generate::Decoder {
     kernels::MoeActs moe_h;       // int8 blocks of the rows' normed x: (M, n_embd)
     kernels::MoeActs moe_g;       // int8 blocks of silu(gate) * up: (M * k, X)
     kernels::MoeGroups moe_groups;  // the (M * k) routes grouped by expert (RouteGroups)
+    int* route_log = nullptr;     // (n_layer, T, k) record_routes: every row's ids a layer
   };
 
   CudaDecoder() = default;
@@ -410,7 +421,7 @@ class CudaDecoder : public generate::Decoder {
   // A MoE layer's feed-forward for rows [0, n) of the pass: x += the
   // weighted sum of the chosen experts' SwiGLU products (kernels/matvec/
   // moe.h), all on the device, in slices of moe_rows_ rows.
-  absl::Status EnqueueMoe(const MoeLayer& moe, const float* ffn_norm, int n, bool pdl);
+  absl::Status EnqueueMoe(const MoeLayer& moe, int layer, const float* ffn_norm, int n, bool pdl);
   // Samples `rows` rows of logits (rows, n_vocab; penalties rewrite them in
   // place), row r for sequence
   // buf_.row_seq[r] with its parameters, sampler state and ring, into
@@ -457,11 +468,14 @@ class CudaDecoder : public generate::Decoder {
   int kv_pool_blocks_ = 0;  // CudaDecoderOptions::kv_pool_blocks
   // Products of at most this many rows keep int8 activations (see the top).
   int int8_max_rows_ = 0;
+  int prompt_int8_max_rows_ = 0;  // the same for prompt passes (a MoE model's: fewer)
   // Mixture of experts: the feed-forward runs over a pass's rows in slices
   // of at most this many (its buffers' rows; a step of up to 256 rows is one
   // slice).
   static constexpr int kMoeRows = 256;
   int moe_rows_ = 0;
+  bool record_routes_ = false;  // CudaDecoderOptions::record_routes
+  int route_log_rows_ = 0;      // T of buf_.route_log (0: not recorded)
   // Rows of buf_.logits: Eval asked for every token's logits runs chunks of
   // at most this many tokens (a 2048-token chunk's logits would take 1.2 GB
   // for a 152k vocabulary; one row is all a prompt needs otherwise); a step
