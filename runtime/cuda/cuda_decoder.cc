@@ -349,6 +349,9 @@ absl::Status CudaDecoder::Allocate() {
     std::memcpy(e.slot, &at, sizeof(void*));  // every slot is a pointer (a member of b, or qx_mem)
     at += align(e.bytes);
   }
+  // RouteTopK copies into the log only where it exists (a zero-byte entry
+  // above still got an address).
+  if (route_log_rows_ == 0) b.route_log = nullptr;
   b.qx = kernels::MatVecScratchIn(qx_mem, static_cast<int64_t>(W), static_cast<int64_t>(qx_tokens));
   if (M > 0) {
     b.moe_h = kernels::MoeActsIn(moe_h_mem, static_cast<int64_t>(M * E));

@@ -1182,6 +1182,7 @@ void CheckAgainstForcedReference(const std::string& what, const std::string& pat
     absl::StatusOr<std::vector<double>> row = ref->ForwardF64(tokens[p], static_cast<int64_t>(p));
     REQUIRE_MESSAGE(row.ok(), row.status().ToString());
     want.push_back(std::move(*row));
+    REQUIRE(ref->own_experts().size() == static_cast<size_t>(n_layer));  // every layer a MoE one (qwen3moe)
     for (int l = 0; l < n_layer; ++l) {
       std::vector<int> own = ref->own_experts()[l], gpu_ids = forced[l];
       std::sort(own.begin(), own.end());
