@@ -36,7 +36,9 @@ done
 # Statically linked binaries with kernels for sm_90a, stripped of debug info
 # and gzipped, which keeps a call under the 64 MiB it may carry.
 chmod u+w "$out/bin"/* && strip "$out/bin"/*
-tar -C "$out/bin" -czf "$out/bin.tar.gz" . && rm -rf "$out/bin"
+# DPL_STAGE_BINS="a b ...": pack only those binaries (a call's 64 MiB holds
+# about half of them).
+tar -C "$out/bin" -czf "$out/bin.tar.gz" ${DPL_STAGE_BINS:-.} && rm -rf "$out/bin"
 shared=${DPL_SHARED_DIR:-../shared}
 # Under the 64 MiB a call may carry: the five small oracle models (the
 # MoE one, 7 MB, for cuda_decoder_gpu_test's qwen3moe cases), and the

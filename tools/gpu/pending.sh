@@ -1,0 +1,65 @@
+#!/bin/bash
+# What the fourteenth session (2026-12-07) wrote or left unmeasured when its
+# device time ran out, in one call (~5 min; docs/PERF.md names each and its
+# prediction). Stage the binaries it uses (the suite's are too many for one
+# call's 64 MiB):
+#   DPL_STAGE_ORACLES="mini-qwen3moe-q4km" DPL_STAGE_BINS="moe_gpu_test cuda_decoder_gpu_test \
+#     cuda_engine_gpu_test matvec_bench dpl-bench dpl-synth dpl-convert" tools/gpu/stage.sh
+# and on the device, from the repository root:
+#   bash tools/gpu/pending.sh .gpu/suite OUT_DIR
+#  1. issue 31: the MoE accuracy cases against the reference on the GPU's own
+#     expert choices (ForceExperts, record_routes), MoE prompts' dense
+#     products on cuBLAS (moe_prompt_mma_max_rows 8), RouteTopK's ids copy;
+#     the whole cuda_decoder_gpu_test. If every case passes, the
+#     DPL_CUDA_MOE gate can go.
+#  2. issue 31: a 30B-A3B's prompts of 16 and 48 tokens and pp512,
+#     DPL_MOE_PROMPT_MMA 8 / 64 interleaved (the cost of the cuBLAS rule).
+#  3. issue 29: q6_K on the f16 form from 4 tokens (DPL_MMA_F16_MIN_Q6K 4 / 9)
+#     at 4 and 8 sequences, interleaved twice; then cuda_engine_gpu_test (its
+#     three-slot case keeps the int8 form either way: 3 rows).
+#  4. issue 29: ncu of the int8 form's q6_K down at 4 tokens and the
+#     one-token kernel on the same matrix (why 1.4 TB/s against 2.3).
+set -u
+suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
+out=${2:-/tmp/pending}
+mkdir -p "$out"
+exec > >(tee "$out/pending.log") 2>&1
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+cd "$suite" || exit 1
+[[ -f bin.tar.gz && ! -x dpl-bench ]] && tar -xzf bin.tar.gz
+source ./env.sh
+export DPL_SHARED_DIR=$PWD/shared
+T=${TMPDIR:-/tmp}
+( [[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
+    ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; } ) &
+synth=$!  # waited for by pid: a bare `wait` also waits for the tee above
+echo "== 1. MoE accuracy on the GPU's own routes (issue 31)"
+timeout 100 ./moe_gpu_test --test-case="RouteTopK*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
+timeout 300 ./cuda_decoder_gpu_test --test-case="*qwen3moe*,*MoE*" 2>&1 |
+  grep -E "ERROR|RMS|chose other|excused|test cases|assertions" | head -60
+timeout 300 ./cuda_decoder_gpu_test --test-case-exclude="*qwen3moe*,*MoE*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -5
+wait $synth
+echo "== 2. 30B-A3B prompts, DPL_MOE_PROMPT_MMA 8 / 64 (issue 31)"
+for r in 1 2; do
+  for v in 8 64; do
+    for p in 16 48 512; do
+      echo "-- $v pp$p: $(DPL_MOE_PROMPT_MMA=$v DPL_CUDA_MOE=1 timeout 60 ./dpl-bench -m "$T/q30.dpl" -p $p -n 0 -d 0 -r 3 2>&1 |
+        grep -E '^\| pp|rror' | awk -F'|' '{printf "%s %s;", $2, $3}')"
+    done
+  done
+done
+echo "== 3. q6_K on the f16 form from 4 tokens (issue 29)"
+m7=$(q7_model)
+for r in 1 2; do
+  for v in 9 4; do
+    echo "-- DPL_MMA_F16_MIN_Q6K=$v: $(DPL_MMA_F16_MIN_Q6K=$v timeout 100 ./dpl-bench -m "$m7" -p 0 -n 128 -d 0 -npl 4,8 -npp 128 -r 1 2>&1 |
+      grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}')"
+  done
+done
+timeout 300 ./cuda_engine_gpu_test 2>&1 | grep -E "ERROR|test cases|assertions" | tail -5
+echo "== 4. ncu: the int8 form's q6_K down at 4 tokens, then the one-token kernel (issue 29)"
+S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
+DPL_MATVEC_BENCH_ONLY="mma 7B ffn_down q6_K dpl 4tok" timeout 60 ncu --clock-control none -k regex:MatVecMmaKernel \
+  --launch-skip 5 --launch-count 1 $S ./matvec_bench 2>&1 | grep -vE "^==PROF==|^ +-+$|^$" | tail -80
+DPL_MATVEC_BENCH_ONLY="7B ffn_down q6_K dpl" timeout 60 ncu --clock-control none -k regex:"MatVecKernel" \
+  --launch-skip 3 --launch-count 1 $S ./matvec_bench 2>&1 | grep -vE "^==PROF==|^ +-+$|^$" | tail -80
