@@ -1,4 +1,4 @@
-// q4_K and q6_K (dpl) weights times 2 to kMmaMaxTokens f16 token rows on
+// q4_K, q6_K (dpl) and q8_0 (dpl) weights times 2 to kMmaMaxTokens f16 token rows on
 // Hopper's warpgroup tensor cores (wgmma, kernels/wgmma.cuh), Marlin's
 // arithmetic with a multi-stage weight pipeline:
 //   y[t, r] = sum_k w[r, k] x[t, k] (+ bias[r]) (+ residual[t, r]),
@@ -499,6 +499,80 @@ struct Q6KF16 {
   }
 };
 
+// q8_0 in the dpl layout (planes qs | d, formats/tensor_layout.h; a row of
+// n_cols = 256 nbe columns: qs at byte k for column k, then the blocks' f16
+// d from byte 256 nbe):
+//   w = d_{k / 32} qs[k]   (qs int8)
+// Each 32-column sub-block of a stage is one q8_0 block. A stage row: the
+// stage's qs (256 or 128 bytes) and the 16-byte chunk of the d plane with its
+// 256-column block's 8 scales: 288 (160) bytes, so that a half-warp's 8-byte
+// loads (rows g..g+3) fall on distinct banks. int8 q is exact in f16 as
+// (0x6400 | (q ^ 0x80)) - 1152, then one multiply by d: one rounding, as
+// q4_K's q s - m.
+template <int kStageCols>
+struct Q8_0F16 {
+  static constexpr int kCols = kStageCols;
+  static constexpr bool kWhole = kCols == 256;
+  static constexpr int kQs = kCols / 16;  // 16-byte chunks of qs a stage row
+  static constexpr int kChunks = kQs + 1;  // + the d chunk
+  static constexpr int kRow = kWhole ? 288 : 160;
+  static constexpr int kDAt = 16 * kQs;
+  // Chunk c of stage ks is at byte ChunkFixed(c) + ChunkStep(ks, c) of the row.
+  __device__ static uint32_t ChunkFixed(int nbe, int c) {
+    return c < kQs ? 16 * c : static_cast<uint32_t>(nbe) * 256;
+  }
+  __device__ static uint32_t ChunkStep(int ks, int c) {
+    if (c < kQs) return static_cast<uint32_t>(ks) * kCols;
+    return static_cast<uint32_t>(kWhole ? ks : ks >> 1) * 16;
+  }
+
+  // Two weights from the (q ^ 0x80) bytes at bits 0..7 and 16..23 of p,
+  // times the block's scale s.
+  __device__ static uint32_t Deq2(uint32_t p, __half2 s) {
+    const __half2 q = __hsub2(H2(MaskOr6400<0x00FF00FFu>(p)), H2(0x64806480u));  // 1152 + q - 1152
+    return U32(__hmul2(q, s));
+  }
+
+  template <int NT>
+  __device__ static void Half(const Stage<Q8_0F16, 8 * NT>& st, int h, int /*kb*/, int warp, int g,
+                              int t, float (&acc)[2][NT][4]) {
+    const int q0 = kWhole ? 128 * h : 0;  // the half's qs in the stage row
+    const uint32_t xs = SmemAddr(&st.x[0][0][0]);
+    const uint64_t desc0 = StageDesc<NT>(xs);
+    uint2 d[2][2];  // [tile][row g, g + 8]: the half's 4 scales (blocks 4h .. 4h + 3)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        d[i][r] = *reinterpret_cast<const uint2*>(&st.w[TileRow(warp, i, g, r)][kDAt + 8 * h]);
+      }
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      uint32_t A[2][2][4];  // [tile][k16 step][a0..a3]
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          // This thread's columns 8t .. 8t + 7 of block 4h + jj, and its scale.
+          const uint2 q = *reinterpret_cast<const uint2*>(&st.w[TileRow(warp, i, g, r)][q0 + 32 * jj + 8 * t]);
+          const uint32_t dw = jj < 2 ? d[i][r].x : d[i][r].y;
+          const __half2 s = (jj & 1) ? __high2half2(H2(dw)) : __low2half2(H2(dw));
+#pragma unroll
+          for (int step = 0; step < 2; ++step) {
+            // Columns (0, 1) in bytes 0 and 2 of p, (2, 3) in bytes 1 and 3;
+            // the sign bits flipped once for all four.
+            const uint32_t p = Pairs(step ? q.y : q.x) ^ 0x80808080u;
+            A[i][step][r] = Deq2(p, s);
+            A[i][step][2 + r] = Deq2(p >> 8, s);
+          }
+        }
+      }
+      MmaSubBlock<NT>(xs, desc0, kWhole ? 128 * h : 0, jj, A, acc);
+    }
+  }
+};
+
 // CTAs in this CTA's thread block cluster: 1 unless launched as clusters.
 __device__ __forceinline__ int ClusterCtas() {
   return static_cast<int>(cooperative_groups::this_cluster().num_blocks());
@@ -722,9 +796,13 @@ template <template <int> class W>
 absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
                        cudaStream_t stream, const MmaF16Options& o) {
   const bool c = o.cluster_sum;
-  if (args.n_tokens <= 16 && o.ctas_per_sm == 3) {
-    if (args.n_tokens <= 8) return Launch<W<256>, 1, 3>(args, grid_y, splits, pdl, stream, c);
-    return Launch<W<256>, 2, 3>(args, grid_y, splits, pdl, stream, c);
+  // Three CTAs a SM where two whole-block stages fit that share (q4_K, q6_K;
+  // not q8_0's 288-byte rows): otherwise the two-CTA launch below.
+  if constexpr (StagesFor<W<256>, 2, 3>() >= 2) {
+    if (args.n_tokens <= 16 && o.ctas_per_sm == 3) {
+      if (args.n_tokens <= 8) return Launch<W<256>, 1, 3>(args, grid_y, splits, pdl, stream, c);
+      return Launch<W<256>, 2, 3>(args, grid_y, splits, pdl, stream, c);
+    }
   }
   if (args.n_tokens <= 16 && o.ctas_per_sm == 4) {
     if (args.n_tokens <= 8) return Launch<W<128>, 1, 4>(args, grid_y, splits, pdl, stream, c);
@@ -744,10 +822,10 @@ absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool 
 
 absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
                                 bool pdl, cudaStream_t stream, const MmaF16Options& options) {
-  if (kernel != MatVecKernel::kQ4K && kernel != MatVecKernel::kQ6KDpl) {
+  if (kernel != MatVecKernel::kQ4K && kernel != MatVecKernel::kQ6KDpl && kernel != MatVecKernel::kQ8_0Dpl) {
     return absl::InvalidArgumentError(absl::StrCat("matvec f16 mma: kernel ",
                                                    static_cast<int>(kernel),
-                                                   " has no f16 form (q4_K, q6_K dpl)"));
+                                                   " has no f16 form (q4_K, q6_K dpl, q8_0 dpl)"));
   }
   if (args.n_tokens < 1 || args.n_tokens > kMmaMaxTokens || args.n_cols % 256 != 0 ||
       args.xh == nullptr) {
@@ -774,8 +852,10 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
   o.cluster_sum &= splits > 1 && splits <= 8;
   if (kernel == MatVecKernel::kQ4K) {
     DPL_RETURN_IF_ERROR(LaunchFor<Q4KF16>(args, grid_y, splits, pdl, stream, o));
-  } else {
+  } else if (kernel == MatVecKernel::kQ6KDpl) {
     DPL_RETURN_IF_ERROR(LaunchFor<Q6KF16>(args, grid_y, splits, pdl, stream, o));
+  } else {
+    DPL_RETURN_IF_ERROR(LaunchFor<Q8_0F16>(args, grid_y, splits, pdl, stream, o));
   }
   if (o.cluster_sum) return absl::OkStatus();
   return LaunchMmaSumSplits(args, pdl, stream);

@@ -372,22 +372,26 @@ TEST_CASE("the int8 mma form covers the types of Q4_K_M, Q5_K_M, Q6_K and Q8_0 f
   CHECK(!MatVecMmaSupports(MatVecKernel::kQ4_0, 4096));
   CHECK(kMmaMaxTokens == 64);
   CHECK(DecodeTuning{}.mma_max_tokens <= kMmaMaxTokens);
-  // The f16 form: q4_K and q6_K dpl, whole 256-column blocks.
+  // The f16 form: q4_K, q6_K dpl and q8_0 dpl, whole 256-column blocks.
   CHECK(MatVecMmaF16Supports(MatVecKernel::kQ4K, 3584));
   CHECK(MatVecMmaF16Supports(MatVecKernel::kQ6KDpl, 18944));
+  CHECK(MatVecMmaF16Supports(MatVecKernel::kQ8_0Dpl, 3584));
   CHECK(!MatVecMmaF16Supports(MatVecKernel::kQ4K, 3584 + 32));
+  CHECK(!MatVecMmaF16Supports(MatVecKernel::kQ8_0Dpl, 896));
   for (MatVecKernel k : {MatVecKernel::kQ5K, MatVecKernel::kQ6KRaw,
-                         MatVecKernel::kQ8_0, MatVecKernel::kQ8_0Dpl, MatVecKernel::kF16}) {
+                         MatVecKernel::kQ8_0, MatVecKernel::kF16}) {
     CAPTURE(MatVecKernelName(k));
     CHECK(!MatVecMmaF16Supports(k, 3584));
   }
 }
 
 // A plan carries the f16 form's threshold only where the kernel has it.
-TEST_CASE("the f16 mma threshold reaches q4_K plans only") {
+TEST_CASE("the f16 mma threshold reaches q4_K, q6_K dpl and q8_0 dpl plans only") {
   DecodeTuning t = H200();
+  CHECK(t.mma_f16_min_tokens_q8_0 > kMmaMaxTokens);  // off until measured
   t.mma_f16_min_tokens = 16;
   t.mma_f16_min_tokens_q6k = 4;
+  t.mma_f16_min_tokens_q8_0 = 24;
   t.mma_f16_small_ctas_per_sm = 4;
   const absl::StatusOr<MatVecPlan> q4 = PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584), t);
   REQUIRE(q4.ok());
@@ -400,6 +404,12 @@ TEST_CASE("the f16 mma threshold reaches q4_K plans only") {
   const absl::StatusOr<MatVecPlan> raw = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kRaw, 512, 3584), t);
   REQUIRE(raw.ok());
   CHECK(raw->mma_f16_min_tokens == 0);
+  const absl::StatusOr<MatVecPlan> q8 = PlanMatVec(Make(GgmlType::kQ8_0, TensorLayout::kDpl, 512, 3584), t);
+  REQUIRE(q8.ok());
+  CHECK(q8->mma_f16_min_tokens == 24);
+  const absl::StatusOr<MatVecPlan> q8raw = PlanMatVec(Make(GgmlType::kQ8_0, TensorLayout::kRaw, 512, 3584), t);
+  REQUIRE(q8raw.ok());
+  CHECK(q8raw->mma_f16_min_tokens == 0);
   const absl::StatusOr<MatVecPlan> q5 = PlanMatVec(Make(GgmlType::kQ5_K, TensorLayout::kRaw, 512, 3584), t);
   REQUIRE(q5.ok());
   CHECK(q5->mma_f16_min_tokens == 0);
