@@ -113,11 +113,13 @@ struct DecodeTuning {
   // kernel) keeps.
   int mma_f16_min_tokens = 9;
   int mma_f16_min_tokens_q6k = 9;
-  // q8_0 (dpl) on the f16 form (Q8_0F16: int8 weights exact in f16, one
-  // multiply by d) from this many tokens: 65, never, until it is measured
+  // q5_K and q8_0 (dpl) on the f16 form (Q5KF16: q4_K's arithmetic with
+  // the fifth bit in the mantissa; Q8_0F16: int8 weights exact in f16, one
+  // multiply by d) from this many tokens: 65, never, until they are measured
   // (written 2026-12-07 without a GPU; matvec_gpu_test's f16 case and
-  // matvec_bench's "ffn_gate/up q8_0 dpl" rows hold it). dpl-bench takes
-  // DPL_MMA_F16_MIN_Q8_0.
+  // matvec_bench's "ffn_gate/up q5_K" / "q8_0 dpl" rows hold them). dpl-bench
+  // takes DPL_MMA_F16_MIN_Q5K and DPL_MMA_F16_MIN_Q8_0.
+  int mma_f16_min_tokens_q5k = 65;
   int mma_f16_min_tokens_q8_0 = 65;
   // CTAs a SM of the f16 form up to 16 tokens: 2 (whole-block stages, three
   // or four of them), 3 (whole-block stages, two: the same bits) or 4

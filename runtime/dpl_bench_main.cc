@@ -162,7 +162,8 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 // cuBLAS GEMM instead of the int8 mma matvec (default 64), DPL_MMA_F16_MIN=N:
 // q4_K products of N or more of those tokens take the f16 mma form instead
 // of the int8 one (65: never; default 9), DPL_MMA_F16_MIN_Q6K=N the same for
-// q6_K dpl (default 9), DPL_MMA_F16_MIN_Q8_0=N for q8_0 dpl (default 65),
+// q6_K dpl (default 9), DPL_MMA_F16_MIN_Q5K=N and DPL_MMA_F16_MIN_Q8_0=N for
+// q5_K and q8_0 dpl (default 65),
 // DPL_ROPE_FOLD=0
 // runs the RoPE kernel instead of folding RoPE into the Q/K/V matvec,
 // DPL_MATVEC_GEOM=KERNEL:ROWSxCOLS=KSPLIT,DEPTH,PIPE[;...] forces a
@@ -211,6 +212,7 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_MMA_MAX", &t.mma_max_tokens);
   flag("DPL_MMA_F16_MIN", &t.mma_f16_min_tokens);
   flag("DPL_MMA_F16_MIN_Q6K", &t.mma_f16_min_tokens_q6k);
+  flag("DPL_MMA_F16_MIN_Q5K", &t.mma_f16_min_tokens_q5k);
   flag("DPL_MMA_F16_MIN_Q8_0", &t.mma_f16_min_tokens_q8_0);
   flag("DPL_F16_CTAS", &t.mma_f16_small_ctas_per_sm);
   flag("DPL_F16_CLUSTER", &t.mma_f16_cluster_sum);

@@ -537,7 +537,7 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
   }
 }
 
-// The f16 mma form (matvec_mma_f16.cu; q4_K, q6_K dpl, q8_0 dpl) against the float64 product of
+// The f16 mma form (matvec_mma_f16.cu; q4_K, q5_K, q6_K dpl, q8_0 dpl) against the float64 product of
 // the dequantized weights with x rounded to f16 (the activations it reads):
 // what is left is the f16 rounding of each weight (one rounding of q s - m)
 // and of d sc, d dmin, ~2-4e-4; the int8 form's int8 activations give ~4e-3
@@ -559,6 +559,9 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
       {GgmlType::kQ8_0, TensorLayout::kDpl, 301, 3584, 0},   // d plane chunks of 8 scales
       {GgmlType::kQ8_0, TensorLayout::kDpl, 8459, 768, 16},  // padded stride
       {GgmlType::kQ8_0, TensorLayout::kDpl, 67, 256, 0},
+      {GgmlType::kQ5_K, TensorLayout::kRaw, 301, 3584, 0},   // 14 blocks: every sub-block's fifth bit
+      {GgmlType::kQ5_K, TensorLayout::kRaw, 8459, 512, 16},  // padded stride
+      {GgmlType::kQ5_K, TensorLayout::kRaw, 67, 256, 0},
   };
   for (const Case& c : cases) {
     const HostMatrix m = testutil::RandomMatrix(c.type, c.layout, c.n_rows, c.n_cols,
@@ -566,7 +569,7 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
     DevMatrix dm(m);
     const std::vector<float> w = Dequant(m);
     MatVecPlan p16 = PlanFor(dm.w), p8 = p16;
-    REQUIRE(p16.mma_f16_min_tokens > 0);  // the form exists (q8_0's: off by default, 65)
+    REQUIRE(p16.mma_f16_min_tokens > 0);  // the form exists (q5_K's, q8_0's: off by default, 65)
     p16.mma_f16_min_tokens = 2;
     p8.mma_f16_min_tokens = 0;
     for (int64_t n_tokens : {int64_t{2}, int64_t{8}, int64_t{13}, int64_t{33}, int64_t{64}}) {

@@ -1,4 +1,4 @@
-// q4_K, q6_K (dpl) and q8_0 (dpl) weights times 2 to kMmaMaxTokens f16 token rows on
+// q4_K, q5_K, q6_K (dpl) and q8_0 (dpl) weights times 2 to kMmaMaxTokens f16 token rows on
 // Hopper's warpgroup tensor cores (wgmma, kernels/wgmma.cuh), Marlin's
 // arithmetic with a multi-stage weight pipeline:
 //   y[t, r] = sum_k w[r, k] x[t, k] (+ bias[r]) (+ residual[t, r]),
@@ -372,6 +372,108 @@ struct Q4KF16 {
             const uint32_t p8 = p >> 8;
             A[i][step][r] = hi ? Deq2Hi(p, s, m) : Deq2Lo(p, s, m);
             A[i][step][2 + r] = hi ? Deq2Hi(p8, s, m) : Deq2Lo(p8, s, m);
+          }
+        }
+      }
+      MmaSubBlock<NT>(xs, desc0, kWhole ? 128 * h : 0, jj, A, acc);
+    }
+  }
+};
+
+// q5_K (raw 176-byte blocks: d, dmin, scales[12], qh[32], qs[128]): q4_K's
+// nibbles, scales and mins, and a fifth bit, bit j of qh[l] for element l
+// of sub-block j:
+//   w = d sc_j (nibble | fifth << 4) - dmin m_j
+// A stage row: the whole block (176 bytes, in a 224-byte row), or for
+// half-block stages the header, qh and the half's 64 quant bytes (112, in
+// 160); strides chosen as q6_K's so that a half-warp's 8-byte loads fall on
+// distinct banks. Each pair costs q4_K's instructions and two more: the
+// fifth bits moved into place and OR-ed in (exact: 1024 + v, v < 32).
+template <int kStageCols>
+struct Q5KF16 {
+  using Q4 = Q4KF16<kStageCols>;
+  static constexpr int kCols = kStageCols;
+  static constexpr bool kWhole = kCols == 256;
+  static constexpr int kRow = kWhole ? 224 : 160;
+  static constexpr int kChunks = kWhole ? 11 : 7;  // header, qh (2), 8 (4) of quants
+  static constexpr int kQhAt = 16, kQsAt = 48;
+  // Chunk c of stage ks is at byte ChunkFixed(c) + ChunkStep(ks, c) of the row.
+  __device__ static uint32_t ChunkFixed(int /*nbe*/, int c) { return 16 * c; }
+  __device__ static uint32_t ChunkStep(int ks, int c) {
+    if (kWhole) return static_cast<uint32_t>(ks) * 176;
+    return static_cast<uint32_t>(ks >> 1) * 176 + (c < 3 ? 0 : 64 * (ks & 1));
+  }
+
+  // Sub-block j's fifth bits of the two columns at bytes 0 and 2 of ph (a
+  // Pairs() of qh bytes), moved to bits 4 and 20 (next to a low nibble) or
+  // 8 and 24 (above a nibble at bit 4).
+  __device__ static uint32_t FifthLo(uint32_t ph, int j) {
+    return (j <= 4 ? ph << (4 - j) : ph >> (j - 4)) & 0x00100010u;
+  }
+  __device__ static uint32_t FifthHi(uint32_t ph, int j) { return (ph << (8 - j)) & 0x01000100u; }
+  // Deq2Lo / Deq2Hi with the fifth bits (FifthLo / FifthHi) in the mantissa.
+  __device__ static uint32_t Deq2Lo5(uint32_t p, uint32_t fifth, __half2 s, __half2 neg_m) {
+    const __half2 q = __hsub2(H2(MaskOr6400<0x000F000Fu>(p) | fifth), H2(0x64006400u));
+    return U32(__hfma2(q, s, neg_m));
+  }
+  __device__ static uint32_t Deq2Hi5(uint32_t p, uint32_t fifth, __half2 s, __half2 neg_m) {
+    const __half2 q = __hfma2(H2(MaskOr6400<0x00F000F0u>(p) | fifth), H2(0x2C002C00u),  // 1/16
+                              H2(0xD400D400u));                                           // -64
+    return U32(__hfma2(q, s, neg_m));
+  }
+
+  // As Q4KF16::Half (the quad shares the four rows' scales by shuffles),
+  // each row's 8 qh bytes loaded once for the half's four sub-blocks.
+  template <int NT>
+  __device__ static void Half(const Stage<Q5KF16, 8 * NT>& st, int h, int /*kb*/, int warp, int g,
+                              int t, float (&acc)[2][NT][4]) {
+    const int q0 = kQsAt + (kWhole ? 64 * h : 0);  // the half's quants in the stage row
+    const int lane0 = (threadIdx.x & 31) & ~3;
+    const uint32_t xs = SmemAddr(&st.x[0][0][0]);
+    const uint64_t desc0 = StageDesc<NT>(xs);
+    uint2 q[2][2][2], qh[2][2];  // [tile][row g, g + 8]([chunk])
+    const typename Q4::HalfScales mine = Q4::Scales(
+        *reinterpret_cast<const uint4*>(&st.w[TileRow(warp, t >> 1, g, t & 1)][0]), h);
+    typename Q4::HalfScales sc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = TileRow(warp, i, g, r);
+        const int src = lane0 + 2 * i + r;
+        sc[i][r].s02 = H2(__shfl_sync(0xffffffffu, U32(mine.s02), src));
+        sc[i][r].s13 = H2(__shfl_sync(0xffffffffu, U32(mine.s13), src));
+        sc[i][r].m02 = H2(__shfl_sync(0xffffffffu, U32(mine.m02), src));
+        sc[i][r].m13 = H2(__shfl_sync(0xffffffffu, U32(mine.m13), src));
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          q[i][r][c] = *reinterpret_cast<const uint2*>(&st.w[row][q0 + 32 * c + 8 * t]);
+        }
+        qh[i][r] = *reinterpret_cast<const uint2*>(&st.w[row][kQhAt + 8 * t]);
+      }
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      // Sub-block j = 4h + jj: chunk jj / 2 of the half, low nibbles for even jj.
+      const int c = jj >> 1, j = 4 * h + jj;
+      const bool hi = jj & 1;
+      uint32_t A[2][2][4];  // [tile][k16 step][a0..a3]
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const __half2 s2 = hi ? sc[i][r].s13 : sc[i][r].s02;
+          const __half2 m2 = hi ? sc[i][r].m13 : sc[i][r].m02;
+          const __half2 s = (jj & 2) ? __high2half2(s2) : __low2half2(s2);
+          const __half2 m = (jj & 2) ? __high2half2(m2) : __low2half2(m2);
+#pragma unroll
+          for (int step = 0; step < 2; ++step) {
+            // Columns (0, 1) in bytes 0 and 2 of p and ph, (2, 3) in bytes 1 and 3.
+            const uint32_t p = Pairs(step ? q[i][r][c].y : q[i][r][c].x);
+            const uint32_t ph = Pairs(step ? qh[i][r].y : qh[i][r].x);
+            A[i][step][r] = hi ? Deq2Hi5(p, FifthHi(ph, j), s, m) : Deq2Lo5(p, FifthLo(ph, j), s, m);
+            A[i][step][2 + r] = hi ? Deq2Hi5(p >> 8, FifthHi(ph >> 8, j), s, m)
+                                   : Deq2Lo5(p >> 8, FifthLo(ph >> 8, j), s, m);
           }
         }
       }
@@ -822,10 +924,11 @@ absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool 
 
 absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
                                 bool pdl, cudaStream_t stream, const MmaF16Options& options) {
-  if (kernel != MatVecKernel::kQ4K && kernel != MatVecKernel::kQ6KDpl && kernel != MatVecKernel::kQ8_0Dpl) {
+  if (kernel != MatVecKernel::kQ4K && kernel != MatVecKernel::kQ5K && kernel != MatVecKernel::kQ6KDpl &&
+      kernel != MatVecKernel::kQ8_0Dpl) {
     return absl::InvalidArgumentError(absl::StrCat("matvec f16 mma: kernel ",
                                                    static_cast<int>(kernel),
-                                                   " has no f16 form (q4_K, q6_K dpl, q8_0 dpl)"));
+                                                   " has no f16 form (q4_K, q5_K, q6_K dpl, q8_0 dpl)"));
   }
   if (args.n_tokens < 1 || args.n_tokens > kMmaMaxTokens || args.n_cols % 256 != 0 ||
       args.xh == nullptr) {
@@ -852,6 +955,8 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
   o.cluster_sum &= splits > 1 && splits <= 8;
   if (kernel == MatVecKernel::kQ4K) {
     DPL_RETURN_IF_ERROR(LaunchFor<Q4KF16>(args, grid_y, splits, pdl, stream, o));
+  } else if (kernel == MatVecKernel::kQ5K) {
+    DPL_RETURN_IF_ERROR(LaunchFor<Q5KF16>(args, grid_y, splits, pdl, stream, o));
   } else if (kernel == MatVecKernel::kQ6KDpl) {
     DPL_RETURN_IF_ERROR(LaunchFor<Q6KF16>(args, grid_y, splits, pdl, stream, o));
   } else {

@@ -84,7 +84,8 @@ bool MatVecMmaSupports(MatVecKernel k, int64_t n_cols) {
 }
 
 bool MatVecMmaF16Supports(MatVecKernel k, int64_t n_cols) {
-  return (k == MatVecKernel::kQ4K || k == MatVecKernel::kQ6KDpl || k == MatVecKernel::kQ8_0Dpl) &&
+  return (k == MatVecKernel::kQ4K || k == MatVecKernel::kQ5K || k == MatVecKernel::kQ6KDpl ||
+          k == MatVecKernel::kQ8_0Dpl) &&
          MatVecMmaSupports(k, n_cols);
 }
 
@@ -215,6 +216,7 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   plan.num_sms = tuning.num_sms;
   if (MatVecMmaF16Supports(k, w.n_cols)) {
     plan.mma_f16_min_tokens = k == MatVecKernel::kQ4K      ? tuning.mma_f16_min_tokens
+                              : k == MatVecKernel::kQ5K    ? tuning.mma_f16_min_tokens_q5k
                               : k == MatVecKernel::kQ6KDpl ? tuning.mma_f16_min_tokens_q6k
                                                            : tuning.mma_f16_min_tokens_q8_0;
   }

@@ -63,8 +63,9 @@ struct MatVecPlan {
   bool pdl = false;       // launched as a programmatic dependent launch (DecodeTuning::pdl)
   // Products of this many tokens or more (up to kMmaMaxTokens) take the f16
   // mma form instead of the int8 one; 0: never (no f16 form for the kernel).
-  // DecodeTuning::mma_f16_min_tokens (q4_K), mma_f16_min_tokens_q6k (q6_K dpl)
-  // or mma_f16_min_tokens_q8_0 (q8_0 dpl) where MatVecMmaF16Supports.
+  // DecodeTuning::mma_f16_min_tokens (q4_K), mma_f16_min_tokens_q5k,
+  // mma_f16_min_tokens_q6k (q6_K dpl) or mma_f16_min_tokens_q8_0 (q8_0 dpl)
+  // where MatVecMmaF16Supports.
   int mma_f16_min_tokens = 0;
   // The f16 form's CTAs a SM up to 16 tokens
   // (DecodeTuning::mma_f16_small_ctas_per_sm), taken only by launches of

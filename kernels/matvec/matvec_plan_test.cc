@@ -372,24 +372,26 @@ TEST_CASE("the int8 mma form covers the types of Q4_K_M, Q5_K_M, Q6_K and Q8_0 f
   CHECK(!MatVecMmaSupports(MatVecKernel::kQ4_0, 4096));
   CHECK(kMmaMaxTokens == 64);
   CHECK(DecodeTuning{}.mma_max_tokens <= kMmaMaxTokens);
-  // The f16 form: q4_K, q6_K dpl and q8_0 dpl, whole 256-column blocks.
+  // The f16 form: q4_K, q5_K, q6_K dpl and q8_0 dpl, whole 256-column blocks.
   CHECK(MatVecMmaF16Supports(MatVecKernel::kQ4K, 3584));
   CHECK(MatVecMmaF16Supports(MatVecKernel::kQ6KDpl, 18944));
   CHECK(MatVecMmaF16Supports(MatVecKernel::kQ8_0Dpl, 3584));
+  CHECK(MatVecMmaF16Supports(MatVecKernel::kQ5K, 3584));
   CHECK(!MatVecMmaF16Supports(MatVecKernel::kQ4K, 3584 + 32));
   CHECK(!MatVecMmaF16Supports(MatVecKernel::kQ8_0Dpl, 896));
-  for (MatVecKernel k : {MatVecKernel::kQ5K, MatVecKernel::kQ6KRaw,
-                         MatVecKernel::kQ8_0, MatVecKernel::kF16}) {
+  for (MatVecKernel k : {MatVecKernel::kQ6KRaw, MatVecKernel::kQ8_0, MatVecKernel::kF16}) {
     CAPTURE(MatVecKernelName(k));
     CHECK(!MatVecMmaF16Supports(k, 3584));
   }
 }
 
 // A plan carries the f16 form's threshold only where the kernel has it.
-TEST_CASE("the f16 mma threshold reaches q4_K, q6_K dpl and q8_0 dpl plans only") {
+TEST_CASE("the f16 mma threshold reaches q4_K, q5_K, q6_K dpl and q8_0 dpl plans only") {
   DecodeTuning t = H200();
-  CHECK(t.mma_f16_min_tokens_q8_0 > kMmaMaxTokens);  // off until measured
+  CHECK(t.mma_f16_min_tokens_q5k > kMmaMaxTokens);  // off until measured
+  CHECK(t.mma_f16_min_tokens_q8_0 > kMmaMaxTokens);
   t.mma_f16_min_tokens = 16;
+  t.mma_f16_min_tokens_q5k = 12;
   t.mma_f16_min_tokens_q6k = 4;
   t.mma_f16_min_tokens_q8_0 = 24;
   t.mma_f16_small_ctas_per_sm = 4;
@@ -412,7 +414,10 @@ TEST_CASE("the f16 mma threshold reaches q4_K, q6_K dpl and q8_0 dpl plans only"
   CHECK(q8raw->mma_f16_min_tokens == 0);
   const absl::StatusOr<MatVecPlan> q5 = PlanMatVec(Make(GgmlType::kQ5_K, TensorLayout::kRaw, 512, 3584), t);
   REQUIRE(q5.ok());
-  CHECK(q5->mma_f16_min_tokens == 0);
+  CHECK(q5->mma_f16_min_tokens == 12);
+  const absl::StatusOr<MatVecPlan> q40 = PlanMatVec(Make(GgmlType::kQ4_0, TensorLayout::kDpl, 512, 3584), t);
+  REQUIRE(q40.ok());
+  CHECK(q40->mma_f16_min_tokens == 0);
 }
 
 // The scratch for the k-split partials (kMmaMaxPartialRows a token, per

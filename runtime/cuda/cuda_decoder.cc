@@ -359,8 +359,8 @@ absl::Status CudaDecoder::Allocate() {
     b.moe_groups = kernels::MoeGroupsIn(moe_groups_mem, static_cast<int>(M * K), static_cast<int>(NX));
   }
   // The f16 copy only where a plan reads it.
-  b.qx.f16_min_tokens = std::min({tuning_.mma_f16_min_tokens, tuning_.mma_f16_min_tokens_q6k,
-                                   tuning_.mma_f16_min_tokens_q8_0});
+  b.qx.f16_min_tokens = std::min({tuning_.mma_f16_min_tokens, tuning_.mma_f16_min_tokens_q5k,
+                                   tuning_.mma_f16_min_tokens_q6k, tuning_.mma_f16_min_tokens_q8_0});
   // Sequences start with RNG counter 0, token 0 at position 0, and
   // parameters that sample greedily: a benchmark step of a sequence that was
   // never started (TimeDecodeSteps) reads defined values.

@@ -1,9 +1,9 @@
 #!/bin/bash
 # What the fourteenth session (2026-12-07) wrote or left unmeasured when its
-# device time ran out, in one call (~5 min; docs/PERF.md names each and its
+# device time ran out, in one call (~8 min; docs/PERF.md names each and its
 # prediction). Stage the binaries it uses (the suite's are too many for one
 # call's 64 MiB):
-#   DPL_STAGE_ORACLES="mini-qwen3moe-q4km" DPL_STAGE_BINS="moe_gpu_test cuda_decoder_gpu_test \
+#   DPL_STAGE_ORACLES="mini-qwen3moe-q4km" DPL_STAGE_BINS="moe_gpu_test cuda_decoder_gpu_test matvec_gpu_test \
 #     cuda_engine_gpu_test matvec_bench dpl-bench dpl-synth dpl-convert" tools/gpu/stage.sh
 # and on the device, from the repository root:
 #   bash tools/gpu/pending.sh .gpu/suite OUT_DIR
@@ -19,6 +19,8 @@
 #     three-slot case keeps the int8 form either way: 3 rows).
 #  4. issue 29: ncu of the int8 form's q6_K down at 4 tokens and the
 #     one-token kernel on the same matrix (why 1.4 TB/s against 2.3).
+#  5. issue 29: q5_K and q8_0 on the f16 form (off by default): matvec_gpu_test,
+#     matvec_bench, Q8_0 and Q5_K_M 7B steps at 16-64 sequences, each threshold 65 / 9.
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
 out=${2:-/tmp/pending}
@@ -63,3 +65,16 @@ DPL_MATVEC_BENCH_ONLY="mma 7B ffn_down q6_K dpl 4tok" timeout 60 ncu --clock-con
   --launch-skip 5 --launch-count 1 $S ./matvec_bench 2>&1 | grep -vE "^==PROF==|^ +-+$|^$" | tail -80
 DPL_MATVEC_BENCH_ONLY="7B ffn_down q6_K dpl" timeout 60 ncu --clock-control none -k regex:"MatVecKernel" \
   --launch-skip 3 --launch-count 1 $S ./matvec_bench 2>&1 | grep -vE "^==PROF==|^ +-+$|^$" | tail -80
+echo "== 5. q5_K and q8_0 on the f16 form (issue 29): the GPU test, the products, the step"
+timeout 300 ./matvec_gpu_test --test-case="*f16 mma form*" 2>&1 | grep -E "q5_K|q8_0|ERROR|test cases|assertions" | tail -40
+DPL_MATVEC_BENCH_ONLY="mma 7B ffn_gate/up q" timeout 120 ./matvec_bench 2>&1 | grep -E "(q5_K|q8_0).*int8 form"
+for f in q8_0 q5_k_m; do
+  ( cd "${TMPDIR:-/tmp}" && [[ -f 7b-$f.dpl ]] || { "$OLDPWD/dpl-synth" qwen2.5-7b 7b-$f.gguf --ftype $f >/dev/null &&
+      "$OLDPWD/dpl-convert" -q 7b-$f.gguf 7b-$f.dpl >/dev/null; rm -f 7b-$f.gguf; } )
+  for r in 1 2; do
+    for v in 65 9; do
+      echo "-- $f, f16 form from $v: $(DPL_MMA_F16_MIN_Q5K=$v DPL_MMA_F16_MIN_Q8_0=$v timeout 150 ./dpl-bench -m "${TMPDIR:-/tmp}/7b-$f.dpl" -p 0 -n 128 -d 0 -npl 16,32,64 -npp 128 -r 1 2>&1 |
+        grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}')"
+    done
+  done
+done
