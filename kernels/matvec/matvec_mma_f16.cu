@@ -119,17 +119,20 @@ __device__ __forceinline__ __half2 Bytes02(uint32_t w) {
 }
 
 // Two weights from the nibbles at bits 0..3 and 16..19 of p: q s - m, q
-// exact in f16, one rounding.
-__device__ __forceinline__ uint32_t Deq2Lo(uint32_t p, __half2 s, __half2 neg_m) {
-  const __half2 q = __hsub2(H2(MaskOr6400<0x000F000Fu>(p)), H2(0x64006400u));
+// exact in f16, one rounding. q5_K's fifth bits (at bits 4 and 20 of
+// fifth; 0 for q4_K, where the OR folds away) join the mantissa: 1024 + q,
+// q < 32, still exact.
+__device__ __forceinline__ uint32_t Deq2Lo(uint32_t p, __half2 s, __half2 neg_m, uint32_t fifth = 0) {
+  const __half2 q = __hsub2(H2(MaskOr6400<0x000F000Fu>(p) | fifth), H2(0x64006400u));
   return U32(__hfma2(q, s, neg_m));
 }
 // The same from the nibbles at bits 4..7 and 20..23, without a shift:
 // (0x6400 | 16 q) is 1024 + 16 q, and (1024 + 16 q) / 16 - 64 = q exactly
 // (Marlin's trick), so the result has the same bits as Deq2Lo(p >> 4).
-__device__ __forceinline__ uint32_t Deq2Hi(uint32_t p, __half2 s, __half2 neg_m) {
-  const __half2 q = __hfma2(H2(MaskOr6400<0x00F000F0u>(p)), H2(0x2C002C00u),  // 1/16
-                            H2(0xD400D400u));                                          // -64
+// q5_K's fifth bits at bits 8 and 24 (16 q <= 496 stays in the mantissa).
+__device__ __forceinline__ uint32_t Deq2Hi(uint32_t p, __half2 s, __half2 neg_m, uint32_t fifth = 0) {
+  const __half2 q = __hfma2(H2(MaskOr6400<0x00F000F0u>(p) | fifth), H2(0x2C002C00u),  // 1/16
+                            H2(0xD400D400u));                                                  // -64
   return U32(__hfma2(q, s, neg_m));
 }
 
@@ -277,24 +280,38 @@ __device__ __forceinline__ void MmaSubBlock(uint32_t x, uint64_t desc0, int x0, 
 }
 
 // q4_K (raw 144-byte blocks: d, dmin, scales[12], qs[128]; qs[32c + l] holds
-// sub-block 2c in its low nibble, 2c + 1 in its high one):
-//   w = d sc_j q - dmin m_j
-// A stage row: the whole block (144 bytes, in a 160-byte row), or for
-// half-block stages the header and the half's 64 quant bytes (in 96);
-// strides chosen so that a half-warp's 8-byte quant loads (rows g..g+3)
-// fall on distinct banks.
-template <int kStageCols>
-struct Q4KF16 {
+// sub-block 2c in its low nibble, 2c + 1 in its high one) and, with kQ5,
+// q5_K (raw 176-byte blocks: d, dmin, scales[12], qh[32], qs[128]; the same
+// nibbles and scales, and a fifth bit, bit j of qh[l] for element l of
+// sub-block j):
+//   w = d sc_j q - dmin m_j   (q5_K: q = nibble | fifth << 4)
+// A stage row: the whole block (144 bytes in a 160-byte row; q5_K 176 in
+// 224), or for half-block stages the header (and q5_K's qh) and the half's
+// 64 quant bytes (in 96; q5_K 112 in 160); strides chosen so that a
+// half-warp's 8-byte loads (rows g..g+3) fall on distinct banks. q5_K costs
+// two instructions a pair more: its fifth bits moved into place and OR-ed in.
+template <int kStageCols, bool kQ5>
+struct QKF16 {
   static constexpr int kCols = kStageCols;
   static constexpr bool kWhole = kCols == 256;
-  static constexpr int kRow = kWhole ? 160 : 96;
-  static constexpr int kChunks = kWhole ? 9 : 5;  // header, 8 (4) of quants
+  static constexpr int kBlock = kQ5 ? 176 : 144;
+  static constexpr int kQhAt = 16, kQsAt = kQ5 ? kQhAt + 32 : 16;  // in the block and the stage row
+  static constexpr int kRow = kQ5 ? (kWhole ? 224 : 160) : (kWhole ? 160 : 96);
+  static constexpr int kChunks = (kQsAt + (kWhole ? 128 : 64)) / 16;  // header (qh), 8 (4) of quants
   // Chunk c of stage ks is at byte ChunkFixed(c) + ChunkStep(ks, c) of the row.
   __device__ static uint32_t ChunkFixed(int /*nbe*/, int c) { return 16 * c; }
   __device__ static uint32_t ChunkStep(int ks, int c) {
-    if (kWhole) return static_cast<uint32_t>(ks) * 144;
-    return static_cast<uint32_t>(ks >> 1) * 144 + (c == 0 ? 0 : 64 * (ks & 1));
+    if (kWhole) return static_cast<uint32_t>(ks) * kBlock;
+    return static_cast<uint32_t>(ks >> 1) * kBlock + (c < kQsAt / 16 ? 0 : 64 * (ks & 1));
   }
+
+  // Sub-block j's fifth bits of the two columns at bytes 0 and 2 of ph (a
+  // Pairs() of qh bytes), moved to bits 4 and 20 (next to a low nibble) or
+  // 8 and 24 (above a nibble at bit 4): Deq2Lo's and Deq2Hi's fifth.
+  __device__ static uint32_t FifthLo(uint32_t ph, int j) {
+    return (j <= 4 ? ph << (4 - j) : ph >> (j - 4)) & 0x00100010u;
+  }
+  __device__ static uint32_t FifthHi(uint32_t ph, int j) { return (ph << (8 - j)) & 0x01000100u; }
 
   // The half's (h) 6-bit scales sc_j and mins m_j, j = 4h .. 4h + 3, one
   // per byte (the q4_K scale packing, as Q4KUnpackScales in matvec_mma.cu),
@@ -324,14 +341,17 @@ struct Q4KF16 {
   // (same g) need the same four rows' scales: lane t unpacks row (i, r) = (t
   // / 2, t % 2) and the quad shares them by shuffles (16 shuffles instead of
   // unpacking three more rows, ~84 instructions in PTX).
+  // q5_K: each row's 8 qh bytes (this thread's columns of every sub-block)
+  // loaded once a half.
   template <int NT>
-  __device__ static void Half(const Stage<Q4KF16, 8 * NT>& st, int h, int /*kb*/, int warp, int g,
+  __device__ static void Half(const Stage<QKF16, 8 * NT>& st, int h, int /*kb*/, int warp, int g,
                               int t, float (&acc)[2][NT][4]) {
-    const int q0 = 16 + (kWhole ? 64 * h : 0);  // the half's quants in the stage row
+    const int q0 = kQsAt + (kWhole ? 64 * h : 0);  // the half's quants in the stage row
     const int lane0 = (threadIdx.x & 31) & ~3;
     const uint32_t xs = SmemAddr(&st.x[0][0][0]);
     const uint64_t desc0 = StageDesc<NT>(xs);
     uint2 q[2][2][2];  // [tile][row g, g + 8][chunk]
+    uint2 qh[2][2];    // q5_K: [tile][row g, g + 8]
     const HalfScales mine = Scales(
         *reinterpret_cast<const uint4*>(&st.w[TileRow(warp, t >> 1, g, t & 1)][0]), h);
     HalfScales sc[2][2];
@@ -349,107 +369,7 @@ struct Q4KF16 {
         for (int c = 0; c < 2; ++c) {
           q[i][r][c] = *reinterpret_cast<const uint2*>(&st.w[row][q0 + 32 * c + 8 * t]);
         }
-      }
-    }
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      // Sub-block 4h + jj: chunk jj / 2 of the half, low nibbles for even jj.
-      const int c = jj >> 1;
-      const bool hi = jj & 1;
-      uint32_t A[2][2][4];  // [tile][k16 step][a0..a3]
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const __half2 s2 = hi ? sc[i][r].s13 : sc[i][r].s02;
-          const __half2 m2 = hi ? sc[i][r].m13 : sc[i][r].m02;
-          const __half2 s = (jj & 2) ? __high2half2(s2) : __low2half2(s2);
-          const __half2 m = (jj & 2) ? __high2half2(m2) : __low2half2(m2);
-#pragma unroll
-          for (int step = 0; step < 2; ++step) {
-            // Columns (0, 1) in bytes 0 and 2 of p, (2, 3) in bytes 1 and 3.
-            const uint32_t p = Pairs(step ? q[i][r][c].y : q[i][r][c].x);
-            const uint32_t p8 = p >> 8;
-            A[i][step][r] = hi ? Deq2Hi(p, s, m) : Deq2Lo(p, s, m);
-            A[i][step][2 + r] = hi ? Deq2Hi(p8, s, m) : Deq2Lo(p8, s, m);
-          }
-        }
-      }
-      MmaSubBlock<NT>(xs, desc0, kWhole ? 128 * h : 0, jj, A, acc);
-    }
-  }
-};
-
-// q5_K (raw 176-byte blocks: d, dmin, scales[12], qh[32], qs[128]): q4_K's
-// nibbles, scales and mins, and a fifth bit, bit j of qh[l] for element l
-// of sub-block j:
-//   w = d sc_j (nibble | fifth << 4) - dmin m_j
-// A stage row: the whole block (176 bytes, in a 224-byte row), or for
-// half-block stages the header, qh and the half's 64 quant bytes (112, in
-// 160); strides chosen as q6_K's so that a half-warp's 8-byte loads fall on
-// distinct banks. Each pair costs q4_K's instructions and two more: the
-// fifth bits moved into place and OR-ed in (exact: 1024 + v, v < 32).
-template <int kStageCols>
-struct Q5KF16 {
-  using Q4 = Q4KF16<kStageCols>;
-  static constexpr int kCols = kStageCols;
-  static constexpr bool kWhole = kCols == 256;
-  static constexpr int kRow = kWhole ? 224 : 160;
-  static constexpr int kChunks = kWhole ? 11 : 7;  // header, qh (2), 8 (4) of quants
-  static constexpr int kQhAt = 16, kQsAt = 48;
-  // Chunk c of stage ks is at byte ChunkFixed(c) + ChunkStep(ks, c) of the row.
-  __device__ static uint32_t ChunkFixed(int /*nbe*/, int c) { return 16 * c; }
-  __device__ static uint32_t ChunkStep(int ks, int c) {
-    if (kWhole) return static_cast<uint32_t>(ks) * 176;
-    return static_cast<uint32_t>(ks >> 1) * 176 + (c < 3 ? 0 : 64 * (ks & 1));
-  }
-
-  // Sub-block j's fifth bits of the two columns at bytes 0 and 2 of ph (a
-  // Pairs() of qh bytes), moved to bits 4 and 20 (next to a low nibble) or
-  // 8 and 24 (above a nibble at bit 4).
-  __device__ static uint32_t FifthLo(uint32_t ph, int j) {
-    return (j <= 4 ? ph << (4 - j) : ph >> (j - 4)) & 0x00100010u;
-  }
-  __device__ static uint32_t FifthHi(uint32_t ph, int j) { return (ph << (8 - j)) & 0x01000100u; }
-  // Deq2Lo / Deq2Hi with the fifth bits (FifthLo / FifthHi) in the mantissa.
-  __device__ static uint32_t Deq2Lo5(uint32_t p, uint32_t fifth, __half2 s, __half2 neg_m) {
-    const __half2 q = __hsub2(H2(MaskOr6400<0x000F000Fu>(p) | fifth), H2(0x64006400u));
-    return U32(__hfma2(q, s, neg_m));
-  }
-  __device__ static uint32_t Deq2Hi5(uint32_t p, uint32_t fifth, __half2 s, __half2 neg_m) {
-    const __half2 q = __hfma2(H2(MaskOr6400<0x00F000F0u>(p) | fifth), H2(0x2C002C00u),  // 1/16
-                              H2(0xD400D400u));                                           // -64
-    return U32(__hfma2(q, s, neg_m));
-  }
-
-  // As Q4KF16::Half (the quad shares the four rows' scales by shuffles),
-  // each row's 8 qh bytes loaded once for the half's four sub-blocks.
-  template <int NT>
-  __device__ static void Half(const Stage<Q5KF16, 8 * NT>& st, int h, int /*kb*/, int warp, int g,
-                              int t, float (&acc)[2][NT][4]) {
-    const int q0 = kQsAt + (kWhole ? 64 * h : 0);  // the half's quants in the stage row
-    const int lane0 = (threadIdx.x & 31) & ~3;
-    const uint32_t xs = SmemAddr(&st.x[0][0][0]);
-    const uint64_t desc0 = StageDesc<NT>(xs);
-    uint2 q[2][2][2], qh[2][2];  // [tile][row g, g + 8]([chunk])
-    const typename Q4::HalfScales mine = Q4::Scales(
-        *reinterpret_cast<const uint4*>(&st.w[TileRow(warp, t >> 1, g, t & 1)][0]), h);
-    typename Q4::HalfScales sc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = TileRow(warp, i, g, r);
-        const int src = lane0 + 2 * i + r;
-        sc[i][r].s02 = H2(__shfl_sync(0xffffffffu, U32(mine.s02), src));
-        sc[i][r].s13 = H2(__shfl_sync(0xffffffffu, U32(mine.s13), src));
-        sc[i][r].m02 = H2(__shfl_sync(0xffffffffu, U32(mine.m02), src));
-        sc[i][r].m13 = H2(__shfl_sync(0xffffffffu, U32(mine.m13), src));
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          q[i][r][c] = *reinterpret_cast<const uint2*>(&st.w[row][q0 + 32 * c + 8 * t]);
-        }
-        qh[i][r] = *reinterpret_cast<const uint2*>(&st.w[row][kQhAt + 8 * t]);
+        if constexpr (kQ5) qh[i][r] = *reinterpret_cast<const uint2*>(&st.w[row][kQhAt + 8 * t]);
       }
     }
 #pragma unroll
@@ -468,12 +388,17 @@ struct Q5KF16 {
           const __half2 m = (jj & 2) ? __high2half2(m2) : __low2half2(m2);
 #pragma unroll
           for (int step = 0; step < 2; ++step) {
-            // Columns (0, 1) in bytes 0 and 2 of p and ph, (2, 3) in bytes 1 and 3.
+            // Columns (0, 1) in bytes 0 and 2 of p (and ph), (2, 3) in bytes 1 and 3.
             const uint32_t p = Pairs(step ? q[i][r][c].y : q[i][r][c].x);
-            const uint32_t ph = Pairs(step ? qh[i][r].y : qh[i][r].x);
-            A[i][step][r] = hi ? Deq2Hi5(p, FifthHi(ph, j), s, m) : Deq2Lo5(p, FifthLo(ph, j), s, m);
-            A[i][step][2 + r] = hi ? Deq2Hi5(p >> 8, FifthHi(ph >> 8, j), s, m)
-                                   : Deq2Lo5(p >> 8, FifthLo(ph >> 8, j), s, m);
+            const uint32_t p8 = p >> 8;
+            uint32_t f = 0, f8 = 0;  // q5_K's fifth bits of the two pairs
+            if constexpr (kQ5) {
+              const uint32_t ph = Pairs(step ? qh[i][r].y : qh[i][r].x);
+              f = hi ? FifthHi(ph, j) : FifthLo(ph, j);
+              f8 = hi ? FifthHi(ph >> 8, j) : FifthLo(ph >> 8, j);
+            }
+            A[i][step][r] = hi ? Deq2Hi(p, s, m, f) : Deq2Lo(p, s, m, f);
+            A[i][step][2 + r] = hi ? Deq2Hi(p8, s, m, f8) : Deq2Lo(p8, s, m, f8);
           }
         }
       }
@@ -481,6 +406,11 @@ struct Q5KF16 {
     }
   }
 };
+
+template <int kStageCols>
+using Q4KF16 = QKF16<kStageCols, false>;
+template <int kStageCols>
+using Q5KF16 = QKF16<kStageCols, true>;
 
 // q6_K in the dpl layout (planes ql | qh | sc | d, each 16-byte aligned:
 // formats/tensor_layout.h): element l of half h, quarter q = l / 32, is
