@@ -1,12 +1,12 @@
 #!/bin/bash
 # What the fourteenth session (2026-12-07) wrote or left unmeasured when its
-# device time ran out, in one call (~8 min; docs/PERF.md names each and its
-# prediction). Stage the binaries it uses (the suite's are too many for one
+# device time ran out (docs/PERF.md names each and its prediction). Stage the binaries it uses (the suite's are too many for one
 # call's 64 MiB):
 #   DPL_STAGE_ORACLES="mini-qwen3moe-q4km" DPL_STAGE_BINS="moe_gpu_test cuda_decoder_gpu_test matvec_gpu_test \
 #     cuda_engine_gpu_test matvec_bench dpl-bench dpl-synth dpl-convert" tools/gpu/stage.sh
-# and on the device, from the repository root:
-#   bash tools/gpu/pending.sh .gpu/suite OUT_DIR
+# and on the device, from the repository root (all five are ~15 min, more
+# than one call's 10: ITEMS picks, e.g. two calls of ITEMS="1 2 4" and "3 5"):
+#   ITEMS="1 2 4" bash tools/gpu/pending.sh .gpu/suite OUT_DIR
 #  1. issue 31: the MoE accuracy cases against the reference on the GPU's own
 #     expert choices (ForceExperts, record_routes), MoE prompts' dense
 #     products on cuBLAS (moe_prompt_mma_max_rows 8), RouteTopK's ids copy;
@@ -32,14 +32,19 @@ cd "$suite" || exit 1
 source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
-( [[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
+want() { [[ " ${ITEMS:-1 2 3 4 5} " == *" $1 "* ]]; }
+synth=
+want 2 && ( [[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
     ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; } ) &
-synth=$!  # waited for by pid: a bare `wait` also waits for the tee above
+want 2 && synth=$!  # waited for by pid: a bare `wait` also waits for the tee above
+if want 1; then
 echo "== 1. MoE accuracy on the GPU's own routes (issue 31)"
 timeout 100 ./moe_gpu_test --test-case="RouteTopK*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
 timeout 300 ./cuda_decoder_gpu_test --test-case="*qwen3moe*,*MoE*" 2>&1 |
   grep -E "ERROR|RMS|chose other|excused|test cases|assertions" | head -60
 timeout 300 ./cuda_decoder_gpu_test --test-case-exclude="*qwen3moe*,*MoE*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -5
+fi
+if want 2; then
 wait $synth
 echo "== 2. 30B-A3B prompts, DPL_MOE_PROMPT_MMA 8 / 64 (issue 31)"
 for r in 1 2; do
@@ -50,6 +55,8 @@ for r in 1 2; do
     done
   done
 done
+fi
+if want 3; then
 echo "== 3. q6_K on the f16 form from 4 tokens (issue 29)"
 m7=$(q7_model)
 for r in 1 2; do
@@ -59,12 +66,16 @@ for r in 1 2; do
   done
 done
 timeout 300 ./cuda_engine_gpu_test 2>&1 | grep -E "ERROR|test cases|assertions" | tail -5
+fi
+if want 4; then
 echo "== 4. ncu: the int8 form's q6_K down at 4 tokens, then the one-token kernel (issue 29)"
 S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
 DPL_MATVEC_BENCH_ONLY="mma 7B ffn_down q6_K dpl 4tok" timeout 60 ncu --clock-control none -k regex:MatVecMmaKernel \
   --launch-skip 5 --launch-count 1 $S ./matvec_bench 2>&1 | grep -vE "^==PROF==|^ +-+$|^$" | tail -80
 DPL_MATVEC_BENCH_ONLY="7B ffn_down q6_K dpl" timeout 60 ncu --clock-control none -k regex:"MatVecKernel" \
   --launch-skip 3 --launch-count 1 $S ./matvec_bench 2>&1 | grep -vE "^==PROF==|^ +-+$|^$" | tail -80
+fi
+if want 5; then
 echo "== 5. q5_K and q8_0 on the f16 form (issue 29): the GPU test, the products, the step"
 timeout 300 ./matvec_gpu_test --test-case="*f16 mma form*" 2>&1 | grep -E "q5_K|q8_0|ERROR|test cases|assertions" | tail -40
 DPL_MATVEC_BENCH_ONLY="mma 7B ffn_gate/up q" timeout 120 ./matvec_bench 2>&1 | grep -E "(q5_K|q8_0).*int8 form"
@@ -78,3 +89,4 @@ for f in q8_0 q5_k_m; do
     done
   done
 done
+fi
