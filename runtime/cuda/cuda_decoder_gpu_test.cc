@@ -1077,19 +1077,8 @@ void CheckPositions(const std::string& what, const std::vector<std::vector<float
   CHECK(total < rms);
 }
 
-// The GPU's logits at every position of `tokens`: one token a step (the
-// captured graph), or one prompt pass (every position's logits).
-std::vector<std::vector<float>> GpuSteps(CudaDecoder& d, const std::vector<int32_t>& tokens) {
-  REQUIRE(d.Rewind(0).ok());
-  std::vector<std::vector<float>> rows;
-  for (int32_t t : tokens) {
-    std::vector<float> a;
-    const int32_t one[1] = {t};
-    REQUIRE(d.Eval(one, &a, nullptr).ok());
-    rows.push_back(std::move(a));
-  }
-  return rows;
-}
+// The GPU's logits at every position of `tokens` from one prompt pass
+// (GpuStepsRouted, below, takes them one token a step).
 std::vector<std::vector<float>> GpuPrompt(CudaDecoder& d, const std::vector<int32_t>& tokens) {
   REQUIRE(d.Rewind(0).ok());
   std::vector<float> last, all;
@@ -1119,7 +1108,8 @@ std::unique_ptr<CudaDecoder> MoeDecoder(const std::string& path) {
 }
 
 // A GPU run's logits and, per position, the experts each layer chose
-// ((n_layer, k) ids, layer-major).
+// ((n_layer, k) ids, layer-major): one token a step (the captured graph),
+// or one prompt pass.
 struct RoutedRun {
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<int32_t>> routes;
