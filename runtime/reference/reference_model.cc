@@ -531,7 +531,10 @@ absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, in
     for (int64_t i = 0; i < h.n_embd; ++i) x_[i] += tmp_[i];
 
     RmsNorm(x_.data(), L.ffn_norm, h.rms_eps, h_.data());
-    DPL_RETURN_IF_ERROR(FeedForward(L, forced.empty() || L.router == nullptr ? nullptr : &forced[router_margins_.size()]));
+    // The MoE layers before this one each pushed a margin: this one's index.
+    const std::vector<int>* ids =
+        forced.empty() || L.router == nullptr ? nullptr : &forced[router_margins_.size()];
+    DPL_RETURN_IF_ERROR(FeedForward(L, ids));
   }
   RmsNorm(x_.data(), output_norm_, h.rms_eps, h_.data());
   DPL_RETURN_IF_ERROR(MatVec(*output_, h_.data(), logits_.data()));
