@@ -1314,13 +1314,12 @@ absl::StatusOr<std::vector<int32_t>> CudaDecoder::RecordedRoutes(int rows) const
     return absl::InvalidArgumentError(absl::StrCat("recorded routes: ", rows, " rows, the log holds 1..",
                                                    route_log_rows_));
   }
-  const int64_t L = hp_.n_layer, k = hp_.n_expert_used;
-  std::vector<int32_t> out(static_cast<size_t>(L * rows * k));
+  const size_t L = hp_.n_layer, k = hp_.n_expert_used, row_bytes = k * sizeof(int32_t);
+  std::vector<int32_t> out(L * rows * k);
   DPL_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
-  for (int64_t l = 0; l < L; ++l) {
-    DPL_CUDA_CHECK(cudaMemcpy(out.data() + l * rows * k, buf_.route_log + l * route_log_rows_ * k,
-                              static_cast<size_t>(rows * k) * sizeof(int32_t), cudaMemcpyDeviceToHost));
-  }
+  // Each layer's first `rows` rows of its route_log_rows_.
+  DPL_CUDA_CHECK(cudaMemcpy2D(out.data(), rows * row_bytes, buf_.route_log, route_log_rows_ * row_bytes,
+                              rows * row_bytes, L, cudaMemcpyDeviceToHost));
   return out;
 }
 

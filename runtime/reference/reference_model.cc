@@ -464,6 +464,9 @@ void ReferenceModel::Attention(int il, int64_t pos) {
 }
 
 absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, int64_t pos) {
+  // Forced experts (tests) are for this pass only, whatever it returns.
+  const std::vector<std::vector<int>> forced = std::move(forced_experts_);
+  forced_experts_.clear();
   const model::Hparams& h = hp_;
   if (token < 0 || token >= h.n_vocab) {
     return absl::OutOfRangeError(
@@ -477,18 +480,7 @@ absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, in
     return absl::InvalidArgumentError(absl::StrCat(
         "reference: position ", pos, " skips ahead of the ", n_past_, " cached positions"));
   }
-  n_past_ = pos;  // drops any cached positions >= pos
-  {
-    const float* row = nullptr;
-    DPL_RETURN_IF_ERROR(RowF32(*token_embd_, token, scratch_[0].data(), &row));
-    for (int64_t i = 0; i < h.n_embd; ++i) x_[i] = row[i];
-  }
-  const int64_t kv_dim = h.kv_dim();
-  router_margins_.clear();
-  own_experts_.clear();
-  // Forced experts (tests) are for this pass only, whatever it returns.
-  const std::vector<std::vector<int>> forced = std::move(forced_experts_);
-  forced_experts_.clear();
+  // Forced experts: checked before anything of this pass changes the model's state.
   if (!forced.empty()) {
     int64_t moe_layers = 0;
     for (const Layer& L : layers_) moe_layers += L.router != nullptr;
@@ -506,6 +498,15 @@ absl::StatusOr<std::vector<double>> ReferenceModel::ForwardF64(int32_t token, in
       }
     }
   }
+  n_past_ = pos;  // drops any cached positions >= pos
+  {
+    const float* row = nullptr;
+    DPL_RETURN_IF_ERROR(RowF32(*token_embd_, token, scratch_[0].data(), &row));
+    for (int64_t i = 0; i < h.n_embd; ++i) x_[i] = row[i];
+  }
+  const int64_t kv_dim = h.kv_dim();
+  router_margins_.clear();
+  own_experts_.clear();
   for (int il = 0; il < h.n_layer; ++il) {
     const Layer& L = layers_[il];
     // Attention block.
