@@ -400,24 +400,21 @@ TEST_CASE("the f16 mma threshold reaches q4_K, q5_K, q6_K dpl and q8_0 dpl plans
   CHECK(q4->mma_f16_min_tokens == 16);
   CHECK(q4->mma_f16_small_ctas == 4);
   CHECK(q4->num_sms == t.num_sms);
-  const absl::StatusOr<MatVecPlan> q6 = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kDpl, 512, 3584), t);
-  REQUIRE(q6.ok());
-  CHECK(q6->mma_f16_min_tokens == 4);
-  const absl::StatusOr<MatVecPlan> raw = PlanMatVec(Make(GgmlType::kQ6_K, TensorLayout::kRaw, 512, 3584), t);
-  REQUIRE(raw.ok());
-  CHECK(raw->mma_f16_min_tokens == 0);
-  const absl::StatusOr<MatVecPlan> q8 = PlanMatVec(Make(GgmlType::kQ8_0, TensorLayout::kDpl, 512, 3584), t);
-  REQUIRE(q8.ok());
-  CHECK(q8->mma_f16_min_tokens == 24);
-  const absl::StatusOr<MatVecPlan> q8raw = PlanMatVec(Make(GgmlType::kQ8_0, TensorLayout::kRaw, 512, 3584), t);
-  REQUIRE(q8raw.ok());
-  CHECK(q8raw->mma_f16_min_tokens == 0);
-  const absl::StatusOr<MatVecPlan> q5 = PlanMatVec(Make(GgmlType::kQ5_K, TensorLayout::kRaw, 512, 3584), t);
-  REQUIRE(q5.ok());
-  CHECK(q5->mma_f16_min_tokens == 12);
-  const absl::StatusOr<MatVecPlan> q40 = PlanMatVec(Make(GgmlType::kQ4_0, TensorLayout::kDpl, 512, 3584), t);
-  REQUIRE(q40.ok());
-  CHECK(q40->mma_f16_min_tokens == 0);
+  // The other types: their own threshold, or none (0) without the form.
+  const struct {
+    GgmlType type;
+    TensorLayout layout;
+    int want;
+  } cases[] = {{GgmlType::kQ5_K, TensorLayout::kRaw, 12}, {GgmlType::kQ6_K, TensorLayout::kDpl, 4},
+               {GgmlType::kQ6_K, TensorLayout::kRaw, 0},  {GgmlType::kQ8_0, TensorLayout::kDpl, 24},
+               {GgmlType::kQ8_0, TensorLayout::kRaw, 0},  {GgmlType::kQ4_0, TensorLayout::kDpl, 0}};
+  for (const auto& c : cases) {
+    CAPTURE(static_cast<int>(c.type));
+    CAPTURE(static_cast<int>(c.layout));
+    const absl::StatusOr<MatVecPlan> plan = PlanMatVec(Make(c.type, c.layout, 512, 3584), t);
+    REQUIRE(plan.ok());
+    CHECK(plan->mma_f16_min_tokens == c.want);
+  }
 }
 
 // The scratch for the k-split partials (kMmaMaxPartialRows a token, per
