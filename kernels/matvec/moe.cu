@@ -128,7 +128,38 @@ struct MoeMatVecArgs {
   const int* ids = nullptr;                // (n_routes)
   int n_expert = 0;
   int x_div = 1;  // route r reads activation row r / x_div
+  MoeSum sum;     // x null: no sum
 };
+
+// MoeSum's tail of CTA (route r, row block blockIdx.y), once its y rows are
+// written: counts itself in, and the token's last CTA of the block adds the
+// block's rows of the k routes into x. Why not a launch of its own: at one
+// token (Qwen3-30B-A3B) MoeCombine is 4 us of a ~48 us layer, most of it
+// the boundary between launches.
+template <int KS>
+__device__ __forceinline__ void SumRoutesTail(const MoeMatVecArgs& m, int r) {
+  __shared__ bool last;
+  const int k = m.sum.k, t = r / k;
+  const int n_rows = static_cast<int>(m.mv.part[0].n_rows);
+  __threadfence();  // this thread's y stores, device-wide, before the count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* count = m.sum.counters + static_cast<int64_t>(t) * gridDim.y + blockIdx.y;
+    last = atomicAdd(count, 1) == k - 1;
+    if (last) *count = 0;  // zero again for the next launch, which follows this one's end
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * RowsPerCta(KS) + threadIdx.x;
+  if (threadIdx.x >= RowsPerCta(KS) || row >= n_rows) return;
+  // MoeCombineKernel's arithmetic (the same bits); y from L2 (__ldcg: the
+  // other CTAs' rows, never in this SM's L1).
+  const float* y = m.mv.part[0].y + static_cast<int64_t>(t) * k * n_rows + row;
+  float acc = 0.f;
+  for (int j = 0; j < k; ++j) acc += m.sum.weights[t * k + j] * __ldcg(y + static_cast<int64_t>(j) * n_rows);
+  m.sum.x[static_cast<int64_t>(t) * n_rows + row] += acc;
+}
 
 template <class U, int KS>
 __global__ void __launch_bounds__(32 * WarpsPerCta(KS)) ExpertMatVecT(const MoeMatVecArgs m) {
@@ -152,6 +183,7 @@ __global__ void __launch_bounds__(32 * WarpsPerCta(KS)) ExpertMatVecT(const MoeM
     }
   }
   matvec_detail::MatVecBody<U, 1, KS, 2, false, false>(a);
+  if (m.sum.x != nullptr) SumRoutesTail<KS>(m, r);
 }
 
 // ---------------------------------------------------------------------------
@@ -527,11 +559,25 @@ absl::Status NotCompiled(const char* who, const ExpertLaunch& L) {
 
 }  // namespace
 
+int64_t MoeSumCounters(int max_tokens, int64_t n_rows) {
+  constexpr int kMinRowsPerCta = RowsPerCta(4);  // = RowsPerCta(8), the fewest of any k-split
+  static_assert(kMinRowsPerCta == RowsPerCta(8) && kMinRowsPerCta <= RowsPerCta(1) && kMinRowsPerCta <= RowsPerCta(2));
+  return int64_t{max_tokens} * ((n_rows + kMinRowsPerCta - 1) / kMinRowsPerCta);
+}
+
 absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
-                          int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl) {
+                          int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl,
+                          const MoeSum* sum) {
   constexpr const char* kWho = "expert matvec";
   if (ids == nullptr) return absl::InvalidArgumentError("expert matvec: no expert ids");
   if (parts.empty() || parts[0].plan == nullptr) return absl::InvalidArgumentError("expert matvec: no part 0");
+  if (sum != nullptr &&
+      (parts.size() != 1 || x_div != 1 || sum->k <= 0 || n_routes % sum->k != 0 || sum->weights == nullptr ||
+       sum->x == nullptr || sum->counters == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert matvec: a fused sum takes one part (", parts.size(), "), x_div 1 (", x_div,
+        "), routes a multiple of k (", n_routes, ", k ", sum->k, ") and weights, x and counters"));
+  }
   DPL_ASSIGN_OR_RETURN(const ExpertLaunch L, PrepareExperts(kWho, parts, x, n_cols, n_routes, x_div,
                                                             RowsPerCta(parts[0].plan->ksplit)));
   MoeMatVecArgs m;
@@ -540,6 +586,7 @@ absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, i
   m.ids = ids;
   m.n_expert = L.n_expert;
   m.x_div = x_div;
+  if (sum != nullptr) m.sum = *sum;
   const ExpertFn fn = PickExpert<false>(L.kernel, L.ksplit);
   if (fn == nullptr) return NotCompiled(kWho, L);
   return LaunchKernel(fn, dim3(static_cast<unsigned>(n_routes), static_cast<unsigned>(L.blocks)),

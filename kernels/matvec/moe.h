@@ -105,6 +105,21 @@ struct ExpertOut {
   float* y = nullptr;  // (n_routes, w->w.n_rows)
 };
 
+// MoeCombine done by the down product's own launch (ExpertMatVec's `sum`):
+// the last of a token's k CTAs to finish a row block (an atomic count a
+// (token, row block), each CTA's y rows made visible by a fence before it
+// counts) adds that block's rows of the token's k routes into x, j
+// ascending, with MoeCombine's arithmetic: the same bits, one launch fewer.
+struct MoeSum {
+  const float* weights = nullptr;  // (n_routes / k, k) RouteTopK's
+  int k = 0;
+  float* x = nullptr;         // (n_routes / k, the tensor's n_rows) the residual
+  int* counters = nullptr;    // (MoeSumCounters) zero when given; every launch leaves them zero
+};
+// Counters for up to max_tokens token rows over an expert tensor of n_rows
+// rows (any k-split: its row blocks are at least 4 rows).
+int64_t MoeSumCounters(int max_tokens, int64_t n_rows);
+
 // For every route r < n_routes and every part m (1 to kMaxMatVecParts
 // tensors of equal n_cols, kernel and k-split: gate and up share a launch):
 //   y_m[r] = W_m[ids[r]] x~[r / x_div]
@@ -112,8 +127,11 @@ struct ExpertOut {
 // MoeNormQuantize or MoeSwiGluQuantize). ids: (n_routes) expert ids in
 // [0, n_expert) (RouteTopK's; out-of-range ids are clamped, never read out
 // of bounds). Gate/up: x_div = k (route r reads token r / k); down: 1.
+// With `sum` (one part, x_div 1, n_routes a multiple of sum->k): also
+// MoeCombine(y_0, sum->weights, n_routes / k, k, n_rows, sum->x) (MoeSum).
 absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
-                          int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl);
+                          int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl,
+                          const MoeSum* sum = nullptr);
 
 // The routes of a pass grouped by expert, in device memory (carved once at
 // load, like MoeActs): `order` holds the route ids expert by expert (within

@@ -12,7 +12,8 @@
 //     1 to 1024 experts, up to 3000 routes, tiles of 8 / 16 / 64), and
 //     ExpertMatVecGrouped against float64 and ExpertMatVec (every type; runs
 //     of several tiles; the same bits at every tile size);
-//   - MoeCombine against float64;
+//   - MoeCombine against float64, and ExpertMatVec's fused sum (MoeSum)
+//     against ExpertMatVec + MoeCombine bit for bit;
 //   - PlanExperts refuses a type without an expert kernel.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -522,6 +523,72 @@ TEST_CASE("MoeCombine adds the weighted routes into the residual") {
     }
     CHECK(NormErr(got, want) < 1e-6);
   }
+}
+
+TEST_CASE("ExpertMatVec's fused sum gives MoeCombine's bits and leaves its counters zero") {
+  // The down product (x_div 1) with MoeSum against the same launch without
+  // it followed by MoeCombine: the same y and the same x, bit for bit, for
+  // every expert type, one and several token rows, k 1, 2 and 8, three
+  // launches in a row on one counter buffer (each must leave it zeroed).
+  constexpr int kExperts = 8;
+  const int64_t shapes[][2] = {{2048, 768}, {512, 256}, {300, 512}};  // rows x cols; 300: a partial row block
+  int seed = 0;
+  for (const ExpertType& t : kExpertTypes) {
+    for (const auto& sh : shapes) {
+      const int64_t rows = sh[0], cols = sh[1];
+      CAPTURE(formats::TraitsOf(t.type).name);
+      CAPTURE(static_cast<int>(t.layout));
+      CAPTURE(rows);
+      DevExperts ex;
+      MakeExperts(t, kExperts, rows, cols, 1300 + ++seed, &ex);
+      const int max_tokens = 5;
+      GuardedArray<int> counters(static_cast<size_t>(MoeSumCounters(max_tokens, rows)));
+      for (int k : {1, 2, 8}) {
+        for (int n : {1, 5, 3}) {
+          CAPTURE(k);
+          CAPTURE(n);
+          const int routes = n * k;
+          std::vector<int> ids(static_cast<size_t>(routes));
+          for (int r = 0; r < routes; ++r) ids[r] = (r * 5 + n) % kExperts;
+          GuardedArray<int> d_ids(ids);
+          const NormedActs na(routes, cols, 40 + seed + k + n);
+          const std::vector<float> w = RandomNormal(routes, 60 + k + n, 0.3f);
+          const std::vector<float> x0 = RandomNormal(int64_t{n} * rows, 70 + k + n);
+          GuardedArray<float> d_w(w), y1(static_cast<size_t>(routes * rows)), y2(y1.size()), x1(x0), x2(x0);
+          const ExpertOut o1[1] = {{&ex.w, &ex.plan, y1.get()}};
+          const ExpertOut o2[1] = {{&ex.w, &ex.plan, y2.get()}};
+          STATUS_OK(ExpertMatVec(o1, na.acts, static_cast<int>(cols), routes, 1, d_ids.get(), nullptr, false));
+          STATUS_OK(MoeCombine(y1.get(), d_w.get(), n, k, static_cast<int>(rows), x1.get(), nullptr, false));
+          const MoeSum sum{d_w.get(), k, x2.get(), counters.get()};
+          STATUS_OK(ExpertMatVec(o2, na.acts, static_cast<int>(cols), routes, 1, d_ids.get(), nullptr, true, &sum));
+          const std::vector<float> gy1 = y1.Download(), gy2 = y2.Download(), gx1 = x1.Download(),
+                                   gx2 = x2.Download();
+          CHECK(std::memcmp(gy1.data(), gy2.data(), gy1.size() * 4) == 0);
+          CHECK(std::memcmp(gx1.data(), gx2.data(), gx1.size() * 4) == 0);
+          CHECK(gx1 != x0);  // the sum moved x
+          const std::vector<int> c = counters.Download();
+          CHECK(std::all_of(c.begin(), c.end(), [](int v) { return v == 0; }));
+        }
+      }
+    }
+  }
+  // Misuse is an error, not a wrong sum: two parts, x_div != 1, routes not
+  // a multiple of k, a missing buffer.
+  DevExperts ex;
+  MakeExperts({GgmlType::kQ4_K, TensorLayout::kRaw}, 4, 64, 256, 77, &ex);
+  const NormedActs na(4, 256, 3);
+  GuardedArray<int> d_ids(std::vector<int>{0, 1, 2, 3}), counters(64);
+  GuardedArray<float> d_w(4), y(4 * 64), y2(4 * 64), x(2 * 64);
+  const ExpertOut one[1] = {{&ex.w, &ex.plan, y.get()}};
+  const ExpertOut two[2] = {{&ex.w, &ex.plan, y.get()}, {&ex.w, &ex.plan, y2.get()}};
+  const MoeSum ok{d_w.get(), 2, x.get(), counters.get()};
+  CHECK(!ExpertMatVec(two, na.acts, 256, 4, 1, d_ids.get(), nullptr, false, &ok).ok());
+  CHECK(!ExpertMatVec(one, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, &ok).ok());
+  const MoeSum k3{d_w.get(), 3, x.get(), counters.get()};
+  CHECK(!ExpertMatVec(one, na.acts, 256, 4, 1, d_ids.get(), nullptr, false, &k3).ok());
+  const MoeSum no_counters{d_w.get(), 2, x.get(), nullptr};
+  CHECK(!ExpertMatVec(one, na.acts, 256, 4, 1, d_ids.get(), nullptr, false, &no_counters).ok());
+  STATUS_OK(ExpertMatVec(one, na.acts, 256, 4, 1, d_ids.get(), nullptr, false, &ok));
 }
 
 TEST_CASE("PlanExperts refuses a type without an expert kernel") {

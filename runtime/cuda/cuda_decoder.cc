@@ -322,6 +322,8 @@ absl::Status CudaDecoder::Allocate() {
       {M * NX * 4, &b.moe_logits}, {M * K * 4, &b.moe_ids},   {M * K * 4, &b.moe_w},
       {static_cast<uint64_t>(hp_.n_layer) * route_log_rows_ * K * 4, &b.route_log},
       {M * K * X * 4, &b.moe_gate}, {M * K * X * 4, &b.moe_up}, {M * K * E * 4, &b.moe_down},
+      {static_cast<uint64_t>(kernels::MoeSumCounters(static_cast<int>(M), static_cast<int64_t>(E))) * 4,
+       &b.moe_sum_counters},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * E)) : 0, &moe_h_mem},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * K * X)) : 0, &moe_g_mem},
       {M > 0 ? kernels::MoeGroupsBytes(static_cast<int>(M * K), static_cast<int>(NX)) : 0, &moe_groups_mem},
@@ -370,6 +372,9 @@ absl::Status CudaDecoder::Allocate() {
   DPL_CUDA_CHECK(cudaMemset(b.row_seq, 0xff, S * 4));  // all -1: padding
   DPL_CUDA_CHECK(cudaMemset(b.allowed_on, 0, S * 4));  // no masks
   DPL_CUDA_CHECK(cudaMemset(b.n_bias, 0, S * 4));      // no logit biases
+  if (M > 0) {  // MoeSum's counts start at zero (each launch leaves them so)
+    DPL_CUDA_CHECK(cudaMemset(b.moe_sum_counters, 0, kernels::MoeSumCounters(static_cast<int>(M), static_cast<int64_t>(E)) * 4));
+  }
   if (kv_layout_.paged()) {
     // Every entry a block of the pool (0) until a table is set: a padding
     // row's read of its sequence's first key stays inside the pool.
@@ -705,6 +710,11 @@ absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, int layer, const float
     }
     DPL_RETURN_IF_ERROR(kernels::MoeSwiGluQuantize(b.moe_gate, b.moe_up, X, routes, b.moe_gate, b.moe_g, s, pdl));
     const kernels::ExpertOut down[1] = {{&moe.down, &moe.down_plan, b.moe_down}};
+    if (!grouped && tuning_.moe_fused_sum) {  // x += sum_j w_j down_j inside the down launch
+      const kernels::MoeSum sum{b.moe_w, k, x, b.moe_sum_counters};
+      DPL_RETURN_IF_ERROR(kernels::ExpertMatVec(down, b.moe_g, X, routes, 1, b.moe_ids, s, pdl, &sum));
+      continue;
+    }
     DPL_RETURN_IF_ERROR(experts(down, b.moe_g, X, 1));
     DPL_RETURN_IF_ERROR(kernels::MoeCombine(b.moe_down, b.moe_w, m, k, E, x, s, pdl));
   }

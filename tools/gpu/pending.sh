@@ -21,22 +21,28 @@
 #     one-token kernel on the same matrix (why 1.4 TB/s against 2.3).
 #  5. issue 29: q5_K and q8_0 on the f16 form (off by default): matvec_gpu_test,
 #     matvec_bench, Q8_0 and Q5_K_M 7B steps at 16-64 sequences, each threshold 65 / 9.
+#  6. issue 31 (fifteenth session): the down launch's own sum (MoeSum,
+#     DPL_MOE_SUM) against MoeCombine after it: moe_gpu_test's and
+#     cuda_decoder_gpu_test's same-bits cases, then 30B-A3B tg128 and 4 / 8
+#     sequences, DPL_MOE_SUM 0 / 1 interleaved twice.
+#  7. issue 32: tools/gpu/structured.sh (json_schema against free text, -np 1).
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
 out=${2:-/tmp/pending}
 mkdir -p "$out"
 exec > >(tee "$out/pending.log") 2>&1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+root=$PWD
 cd "$suite" || exit 1
 [[ -f bin.tar.gz && ! -x dpl-bench ]] && tar -xzf bin.tar.gz
 source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
-want() { [[ " ${ITEMS:-1 2 3 4 5} " == *" $1 "* ]]; }
+want() { [[ " ${ITEMS:-1 2 3 4 5 6 7} " == *" $1 "* ]]; }
 synth=
-want 2 && ( [[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
+( want 2 || want 6 ) && ( [[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
     ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; } ) &
-want 2 && synth=$!  # waited for by pid: a bare `wait` also waits for the tee above
+( want 2 || want 6 ) && synth=$!  # waited for by pid: a bare `wait` also waits for the tee above
 if want 1; then
 echo "== 1. MoE accuracy on the GPU's own routes (issue 31)"
 timeout 100 ./moe_gpu_test --test-case="RouteTopK*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
@@ -89,4 +95,21 @@ for f in q8_0 q5_k_m; do
     done
   done
 done
+fi
+if want 6; then
+echo "== 6. the down launch's own sum (MoeSum) against MoeCombine (issue 31)"
+timeout 120 ./moe_gpu_test --test-case="*fused sum*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
+timeout 120 ./cuda_decoder_gpu_test --test-case="*own sum*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
+[[ -n $synth ]] && wait $synth && synth=
+for r in 1 2; do
+  for v in 0 1; do
+    echo "-- DPL_MOE_SUM=$v: $(DPL_MOE_SUM=$v DPL_CUDA_MOE=1 timeout 100 ./dpl-bench -m "$T/q30.dpl" -p 0 -n 128 -d 0 -r 2 2>&1 |
+      grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}') $(DPL_MOE_SUM=$v DPL_CUDA_MOE=1 timeout 100 ./dpl-bench -m "$T/q30.dpl" -p 0 -n 128 -d 0 -npl 4,8 -npp 128 -r 1 2>&1 |
+      grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}')"
+  done
+done
+fi
+if want 7; then
+echo "== 7. json_schema against free text through dpl-server (issue 32)"
+timeout 240 bash "$root/tools/gpu/structured.sh" "$PWD"
 fi
