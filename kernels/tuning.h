@@ -89,6 +89,9 @@ struct DecodeTuning {
   // of each row block sums it, the same bits as MoeCombine) instead of a
   // MoeCombine launch after it. dpl-bench takes DPL_MOE_SUM.
   bool moe_fused_sum = false;
+  // The same for SwiGLU + int8 after the gate/up launch (MoeSwiGlu: the last
+  // CTA of each route's 32 rows of gate and up). dpl-bench: DPL_MOE_SWIGLU.
+  bool moe_fused_swiglu = false;
   // When every matrix of a model has the int8 mma form (q4_K, q6_K:
   // MatVecMmaSupports), products of 2 up to this many tokens (at most
   // kMmaMaxTokens) keep int8 activations and run it instead of dequantize +

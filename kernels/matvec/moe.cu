@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "formats/ggml_types.h"
+#include "kernels/act_quant.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/launch.cuh"
 #include "kernels/matvec/matvec_kernels.h"
@@ -129,7 +130,25 @@ struct MoeMatVecArgs {
   int n_expert = 0;
   int x_div = 1;  // route r reads activation row r / x_div
   MoeSum sum;     // x null: no sum
+  MoeSwiGlu swiglu;  // g null: none
 };
+
+// Counts CTA (route, row block blockIdx.y) into *count, which `arrivals`
+// CTAs share, once every thread's stores are made visible device-wide;
+// true in the last CTA, which zeroes the count for the next launch (it
+// follows this one's end) and may read the others' stores after the fence.
+__device__ __forceinline__ bool LastToArrive(int* count, int arrivals) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(count, 1) == arrivals - 1;
+    if (last) *count = 0;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
 
 // MoeSum's tail of CTA (route r, row block blockIdx.y), once its y rows are
 // written: counts itself in, and the token's last CTA of the block adds the
@@ -138,19 +157,9 @@ struct MoeMatVecArgs {
 // the boundary between launches.
 template <int KS>
 __device__ __forceinline__ void SumRoutesTail(const MoeMatVecArgs& m, int r) {
-  __shared__ bool last;
   const int k = m.sum.k, t = r / k;
   const int n_rows = static_cast<int>(m.mv.part[0].n_rows);
-  __threadfence();  // this thread's y stores, device-wide, before the count
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* count = m.sum.counters + static_cast<int64_t>(t) * gridDim.y + blockIdx.y;
-    last = atomicAdd(count, 1) == k - 1;
-    if (last) *count = 0;  // zero again for the next launch, which follows this one's end
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!LastToArrive(m.sum.counters + static_cast<int64_t>(t) * gridDim.y + blockIdx.y, k)) return;
   const int64_t row = static_cast<int64_t>(blockIdx.y) * RowsPerCta(KS) + threadIdx.x;
   if (threadIdx.x >= RowsPerCta(KS) || row >= n_rows) return;
   // MoeCombineKernel's arithmetic (the same bits); y from L2 (__ldcg: the
@@ -159,6 +168,26 @@ __device__ __forceinline__ void SumRoutesTail(const MoeMatVecArgs& m, int r) {
   float acc = 0.f;
   for (int j = 0; j < k; ++j) acc += m.sum.weights[t * k + j] * __ldcg(y + static_cast<int64_t>(j) * n_rows);
   m.sum.x[static_cast<int64_t>(t) * n_rows + row] += acc;
+}
+
+// MoeSwiGlu's tail of CTA (route r, row block blockIdx.y of gate or up):
+// the last of the 2 x 32 / RowsPerCta CTAs writing the route's 32-row group
+// of gate and up turns it into g and its int8 block, one warp, with
+// SwiGluQuantizeKernel's arithmetic (the same bits).
+template <int KS>
+__device__ __forceinline__ void SwiGluTail(const MoeMatVecArgs& m, int r) {
+  constexpr int kArrivals = 2 * 32 / RowsPerCta(KS);
+  static_assert(32 % RowsPerCta(KS) == 0, "a row block inside one group of 32");
+  const int n_rows = static_cast<int>(m.mv.part[0].n_rows);
+  const int part = static_cast<int>(blockIdx.y) >= m.mv.part[1].row_block0;
+  const int group = (static_cast<int>(blockIdx.y) - m.mv.part[part].row_block0) * RowsPerCta(KS) / 32;
+  if (!LastToArrive(m.swiglu.counters + static_cast<int64_t>(r) * (n_rows / 32) + group, kArrivals)) return;
+  if (threadIdx.x >= 32) return;
+  const int64_t i = static_cast<int64_t>(r) * n_rows + group * 32 + threadIdx.x;
+  const float gv = __ldcg(m.mv.part[0].y + i);
+  const float v = gv / (1.0f + expf(-gv)) * __ldcg(m.mv.part[1].y + i);
+  m.swiglu.g[i] = v;
+  QuantizeBlock32(v, i / 32, {m.swiglu.acts.q, m.swiglu.acts.d, m.swiglu.acts.s, nullptr});
 }
 
 template <class U, int KS>
@@ -184,6 +213,7 @@ __global__ void __launch_bounds__(32 * WarpsPerCta(KS)) ExpertMatVecT(const MoeM
   }
   matvec_detail::MatVecBody<U, 1, KS, 2, false, false>(a);
   if (m.sum.x != nullptr) SumRoutesTail<KS>(m, r);
+  if (m.swiglu.g != nullptr) SwiGluTail<KS>(m, r);
 }
 
 // ---------------------------------------------------------------------------
@@ -565,9 +595,11 @@ int64_t MoeSumCounters(int max_tokens, int64_t n_rows) {
   return int64_t{max_tokens} * ((n_rows + kMinRowsPerCta - 1) / kMinRowsPerCta);
 }
 
+int64_t MoeSwiGluCounters(int max_routes, int64_t n_rows) { return int64_t{max_routes} * (n_rows / 32); }
+
 absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
                           int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl,
-                          const MoeSum* sum) {
+                          const MoeSum* sum, const MoeSwiGlu* swiglu) {
   constexpr const char* kWho = "expert matvec";
   if (ids == nullptr) return absl::InvalidArgumentError("expert matvec: no expert ids");
   if (parts.empty() || parts[0].plan == nullptr) return absl::InvalidArgumentError("expert matvec: no part 0");
@@ -578,6 +610,17 @@ absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, i
         "expert matvec: a fused sum takes one part (", parts.size(), "), x_div 1 (", x_div,
         "), routes a multiple of k (", n_routes, ", k ", sum->k, ") and weights, x and counters"));
   }
+  if (swiglu != nullptr) {
+    if (sum != nullptr || parts.size() != 2 || parts[0].w == nullptr || parts[1].w == nullptr ||
+        parts[0].w->w.n_rows != parts[1].w->w.n_rows || parts[0].w->w.n_rows % 32 != 0 ||
+        swiglu->g == nullptr || swiglu->counters == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expert matvec: a fused SwiGLU takes two parts of equal rows, a multiple of 32 (", parts.size(),
+          " parts), g and counters, and no sum"));
+    }
+    DPL_RETURN_IF_ERROR(CheckActs("expert matvec's SwiGLU", swiglu->acts,
+                                  static_cast<int>(parts[0].w->w.n_rows), n_routes));
+  }
   DPL_ASSIGN_OR_RETURN(const ExpertLaunch L, PrepareExperts(kWho, parts, x, n_cols, n_routes, x_div,
                                                             RowsPerCta(parts[0].plan->ksplit)));
   MoeMatVecArgs m;
@@ -587,6 +630,7 @@ absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, i
   m.n_expert = L.n_expert;
   m.x_div = x_div;
   if (sum != nullptr) m.sum = *sum;
+  if (swiglu != nullptr) m.swiglu = *swiglu;
   const ExpertFn fn = PickExpert<false>(L.kernel, L.ksplit);
   if (fn == nullptr) return NotCompiled(kWho, L);
   return LaunchKernel(fn, dim3(static_cast<unsigned>(n_routes), static_cast<unsigned>(L.blocks)),

@@ -120,6 +120,18 @@ struct MoeSum {
 // rows (any k-split: its row blocks are at least 4 rows).
 int64_t MoeSumCounters(int max_tokens, int64_t n_rows);
 
+// MoeSwiGluQuantize done by the gate/up launch itself (ExpertMatVec's
+// `swiglu`): the last of the CTAs writing a route's 32-row group of gate and
+// up (a count a (route, group)) computes that group's g = silu(gate) * up
+// and its int8 block with MoeSwiGluQuantize's arithmetic: the same bits,
+// one launch fewer.
+struct MoeSwiGlu {
+  float* g = nullptr;        // (n_routes, n_rows) may be part 0's y (in place)
+  MoeActs acts;              // g's int8 blocks
+  int* counters = nullptr;   // (MoeSwiGluCounters) zero when given; every launch leaves them zero
+};
+int64_t MoeSwiGluCounters(int max_routes, int64_t n_rows);
+
 // For every route r < n_routes and every part m (1 to kMaxMatVecParts
 // tensors of equal n_cols, kernel and k-split: gate and up share a launch):
 //   y_m[r] = W_m[ids[r]] x~[r / x_div]
@@ -129,9 +141,11 @@ int64_t MoeSumCounters(int max_tokens, int64_t n_rows);
 // of bounds). Gate/up: x_div = k (route r reads token r / k); down: 1.
 // With `sum` (one part, x_div 1, n_routes a multiple of sum->k): also
 // MoeCombine(y_0, sum->weights, n_routes / k, k, n_rows, sum->x) (MoeSum).
+// With `swiglu` (two parts, gate then up, n_rows a multiple of 32): also
+// MoeSwiGluQuantize(y_0, y_1, n_rows, n_routes, swiglu->g, swiglu->acts).
 absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
                           int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl,
-                          const MoeSum* sum = nullptr);
+                          const MoeSum* sum = nullptr, const MoeSwiGlu* swiglu = nullptr);
 
 // The routes of a pass grouped by expert, in device memory (carved once at
 // load, like MoeActs): `order` holds the route ids expert by expert (within

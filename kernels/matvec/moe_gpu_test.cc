@@ -13,7 +13,8 @@
 //     ExpertMatVecGrouped against float64 and ExpertMatVec (every type; runs
 //     of several tiles; the same bits at every tile size);
 //   - MoeCombine against float64, and ExpertMatVec's fused sum (MoeSum)
-//     against ExpertMatVec + MoeCombine bit for bit;
+//     against ExpertMatVec + MoeCombine bit for bit, and its fused SwiGLU
+//     (MoeSwiGlu) against ExpertMatVec + MoeSwiGluQuantize;
 //   - PlanExperts refuses a type without an expert kernel.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -589,6 +590,94 @@ TEST_CASE("ExpertMatVec's fused sum gives MoeCombine's bits and leaves its count
   const MoeSum no_counters{d_w.get(), 2, x.get(), nullptr};
   CHECK(!ExpertMatVec(one, na.acts, 256, 4, 1, d_ids.get(), nullptr, false, &no_counters).ok());
   STATUS_OK(ExpertMatVec(one, na.acts, 256, 4, 1, d_ids.get(), nullptr, false, &ok));
+}
+
+// The int8 blocks of n values in `a`, back on the host as raw bytes (q,
+// then d, then s): equal bytes, equal blocks.
+std::vector<uint8_t> ActsBytes(const MoeActs& a, int64_t n) {
+  std::vector<uint8_t> out(static_cast<size_t>(n + 2 * (n / 32) * 4));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpy(out.data(), a.q, n, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(out.data() + n, a.d, (n / 32) * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(out.data() + n + (n / 32) * 4, a.s, (n / 32) * 4, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+TEST_CASE("ExpertMatVec's fused SwiGLU gives MoeSwiGluQuantize's bits and leaves its counters zero") {
+  // The gate/up launch (two parts, x_div k) with MoeSwiGlu, g in place over
+  // gate as the decoder has it, against the same launch followed by
+  // MoeSwiGluQuantize: the same g, up and int8 blocks, bit for bit.
+  constexpr int kExperts = 8;
+  const int64_t shapes[][2] = {{768, 2048}, {256, 512}, {512, 256}};  // rows x cols
+  int seed = 0;
+  for (const ExpertType& t : kExpertTypes) {
+    for (const auto& sh : shapes) {
+      const int64_t rows = sh[0], cols = sh[1];
+      CAPTURE(formats::TraitsOf(t.type).name);
+      CAPTURE(static_cast<int>(t.layout));
+      CAPTURE(rows);
+      DevExperts gate, up;
+      MakeExperts(t, kExperts, rows, cols, 1700 + ++seed, &gate);
+      MakeExperts(t, kExperts, rows, cols, 1800 + seed, &up);
+      const int max_routes = 40;
+      GuardedArray<int> counters(static_cast<size_t>(MoeSwiGluCounters(max_routes, rows)));
+      for (int k : {1, 2, 8}) {
+        for (int n : {1, 5, 3}) {
+          CAPTURE(k);
+          CAPTURE(n);
+          const int routes = n * k;
+          std::vector<int> ids(static_cast<size_t>(routes));
+          for (int r = 0; r < routes; ++r) ids[r] = (r * 3 + n) % kExperts;
+          GuardedArray<int> d_ids(ids);
+          const NormedActs na(n, cols, 90 + seed + k + n);
+          GuardedArray<float> g1(static_cast<size_t>(routes * rows)), u1(g1.size()), g2(g1.size()), u2(g1.size());
+          void* mem1 = nullptr;
+          void* mem2 = nullptr;
+          CUDA_OK(cudaMalloc(&mem1, MoeActsBytes(routes * rows)));
+          CUDA_OK(cudaMalloc(&mem2, MoeActsBytes(routes * rows)));
+          const MoeActs a1 = MoeActsIn(mem1, routes * rows), a2 = MoeActsIn(mem2, routes * rows);
+          const ExpertOut o1[2] = {{&gate.w, &gate.plan, g1.get()}, {&up.w, &up.plan, u1.get()}};
+          const ExpertOut o2[2] = {{&gate.w, &gate.plan, g2.get()}, {&up.w, &up.plan, u2.get()}};
+          STATUS_OK(ExpertMatVec(o1, na.acts, static_cast<int>(cols), routes, k, d_ids.get(), nullptr, false));
+          STATUS_OK(MoeSwiGluQuantize(g1.get(), u1.get(), static_cast<int>(rows), routes, g1.get(), a1, nullptr, false));
+          const MoeSwiGlu sw{g2.get(), a2, counters.get()};
+          STATUS_OK(ExpertMatVec(o2, na.acts, static_cast<int>(cols), routes, k, d_ids.get(), nullptr, true, nullptr,
+                                 &sw));
+          const std::vector<float> gg1 = g1.Download(), gg2 = g2.Download(), gu1 = u1.Download(), gu2 = u2.Download();
+          CHECK(std::memcmp(gg1.data(), gg2.data(), gg1.size() * 4) == 0);
+          CHECK(std::memcmp(gu1.data(), gu2.data(), gu1.size() * 4) == 0);
+          CHECK(ActsBytes(a1, routes * rows) == ActsBytes(a2, routes * rows));
+          const std::vector<int> c = counters.Download();
+          CHECK(std::all_of(c.begin(), c.end(), [](int v) { return v == 0; }));
+          CUDA_OK(cudaFree(mem1));
+          CUDA_OK(cudaFree(mem2));
+        }
+      }
+    }
+  }
+  // Misuse: one part, rows not a multiple of 32, with a sum too, no counters.
+  DevExperts a, b, c;
+  MakeExperts({GgmlType::kQ4_K, TensorLayout::kRaw}, 4, 64, 256, 78, &a);
+  MakeExperts({GgmlType::kQ4_K, TensorLayout::kRaw}, 4, 64, 256, 79, &b);
+  MakeExperts({GgmlType::kQ4_K, TensorLayout::kRaw}, 4, 80, 256, 80, &c);
+  const NormedActs na(2, 256, 4);
+  GuardedArray<int> d_ids(std::vector<int>{0, 1, 2, 3}), counters(64);
+  GuardedArray<float> y(4 * 80), y2(4 * 80), d_w(4), x(2 * 80);
+  void* mem = nullptr;
+  CUDA_OK(cudaMalloc(&mem, MoeActsBytes(4 * 80)));
+  const MoeActs acts = MoeActsIn(mem, 4 * 80);
+  const MoeSwiGlu sw{y.get(), acts, counters.get()};
+  const ExpertOut one[1] = {{&a.w, &a.plan, y.get()}};
+  const ExpertOut two[2] = {{&a.w, &a.plan, y.get()}, {&b.w, &b.plan, y2.get()}};
+  const ExpertOut uneven[2] = {{&a.w, &a.plan, y.get()}, {&c.w, &c.plan, y2.get()}};
+  CHECK(!ExpertMatVec(one, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, nullptr, &sw).ok());
+  CHECK(!ExpertMatVec(uneven, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, nullptr, &sw).ok());
+  const MoeSum sum{d_w.get(), 2, x.get(), counters.get()};
+  CHECK(!ExpertMatVec(two, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, &sum, &sw).ok());
+  const MoeSwiGlu no_counters{y.get(), acts, nullptr};
+  CHECK(!ExpertMatVec(two, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, nullptr, &no_counters).ok());
+  STATUS_OK(ExpertMatVec(two, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, nullptr, &sw));
+  CUDA_OK(cudaFree(mem));
 }
 
 TEST_CASE("PlanExperts refuses a type without an expert kernel") {

@@ -324,6 +324,8 @@ absl::Status CudaDecoder::Allocate() {
       {M * K * X * 4, &b.moe_gate}, {M * K * X * 4, &b.moe_up}, {M * K * E * 4, &b.moe_down},
       {static_cast<uint64_t>(kernels::MoeSumCounters(static_cast<int>(M), static_cast<int64_t>(E))) * 4,
        &b.moe_sum_counters},
+      {static_cast<uint64_t>(kernels::MoeSwiGluCounters(static_cast<int>(M * K), static_cast<int64_t>(X))) * 4,
+       &b.moe_swiglu_counters},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * E)) : 0, &moe_h_mem},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * K * X)) : 0, &moe_g_mem},
       {M > 0 ? kernels::MoeGroupsBytes(static_cast<int>(M * K), static_cast<int>(NX)) : 0, &moe_groups_mem},
@@ -372,8 +374,10 @@ absl::Status CudaDecoder::Allocate() {
   DPL_CUDA_CHECK(cudaMemset(b.row_seq, 0xff, S * 4));  // all -1: padding
   DPL_CUDA_CHECK(cudaMemset(b.allowed_on, 0, S * 4));  // no masks
   DPL_CUDA_CHECK(cudaMemset(b.n_bias, 0, S * 4));      // no logit biases
-  if (M > 0) {  // MoeSum's counts start at zero (each launch leaves them so)
+  if (M > 0) {  // MoeSum's and MoeSwiGlu's counts start at zero (each launch leaves them so)
     DPL_CUDA_CHECK(cudaMemset(b.moe_sum_counters, 0, kernels::MoeSumCounters(static_cast<int>(M), static_cast<int64_t>(E)) * 4));
+    DPL_CUDA_CHECK(cudaMemset(b.moe_swiglu_counters, 0,
+                              kernels::MoeSwiGluCounters(static_cast<int>(M * K), static_cast<int64_t>(X)) * 4));
   }
   if (kv_layout_.paged()) {
     // Every entry a block of the pool (0) until a table is set: a padding
@@ -703,12 +707,19 @@ absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, int layer, const float
     };
     const kernels::ExpertOut gate_up[2] = {{&moe.gate, &moe.gate_plan, b.moe_gate},
                                            {&moe.up, &moe.up_plan, b.moe_up}};
-    if (moe.gate_up_grouped) {
-      DPL_RETURN_IF_ERROR(experts(gate_up, b.moe_h, E, k));
+    if (moe.gate_up_grouped && !grouped && tuning_.moe_fused_swiglu) {  // g = silu(gate) * up inside the launch
+      const kernels::MoeSwiGlu swiglu{b.moe_gate, b.moe_g, b.moe_swiglu_counters};
+      DPL_RETURN_IF_ERROR(
+          kernels::ExpertMatVec(gate_up, b.moe_h, E, routes, k, b.moe_ids, s, pdl, nullptr, &swiglu));
     } else {
-      for (const kernels::ExpertOut& o : gate_up) DPL_RETURN_IF_ERROR(experts({o}, b.moe_h, E, k));
+      if (moe.gate_up_grouped) {
+        DPL_RETURN_IF_ERROR(experts(gate_up, b.moe_h, E, k));
+      } else {
+        for (const kernels::ExpertOut& o : gate_up) DPL_RETURN_IF_ERROR(experts({o}, b.moe_h, E, k));
+      }
+      DPL_RETURN_IF_ERROR(
+          kernels::MoeSwiGluQuantize(b.moe_gate, b.moe_up, X, routes, b.moe_gate, b.moe_g, s, pdl));
     }
-    DPL_RETURN_IF_ERROR(kernels::MoeSwiGluQuantize(b.moe_gate, b.moe_up, X, routes, b.moe_gate, b.moe_g, s, pdl));
     const kernels::ExpertOut down[1] = {{&moe.down, &moe.down_plan, b.moe_down}};
     if (!grouped && tuning_.moe_fused_sum) {  // x += sum_j w_j down_j inside the down launch
       const kernels::MoeSum sum{b.moe_w, k, x, b.moe_sum_counters};

@@ -1281,20 +1281,21 @@ TEST_CASE("MoE: graph replay and eager steps give identical bits, and so do two 
   CHECK(p1 == p2);
 }
 
-// DecodeTuning::moe_fused_sum: the down launch adds the routes into the
-// residual itself (MoeSum) in ungrouped passes: one-token steps (graph) and
-// a 3-token prompt (6 routes of 8 experts: ungrouped), the same bits as
-// MoeCombine after it.
-TEST_CASE("MoE: the down launch's own sum gives MoeCombine's bits") {
+// DecodeTuning::moe_fused_sum and moe_fused_swiglu: the down launch adds
+// the routes into the residual itself (MoeSum) and the gate/up launch
+// writes g and its int8 blocks (MoeSwiGlu) in ungrouped passes: one-token
+// steps (graph) and a 3-token prompt (6 routes of 8 experts: ungrouped),
+// the same bits as MoeCombine and MoeSwiGluQuantize launched after them.
+TEST_CASE("MoE: the down launch's own sum and the gate/up launch's own SwiGLU give the separate launches' bits") {
   const std::string path = MoeOracleDpl();
   absl::StatusOr<kernels::DecodeTuning> t = kernels::DecodeTuningForDevice();
   REQUIRE(t.ok());
   CudaDecoderOptions fused, plain;
   fused.unverified_moe = plain.unverified_moe = true;
   fused.tuning = *t;
-  fused.tuning->moe_fused_sum = true;
+  fused.tuning->moe_fused_sum = fused.tuning->moe_fused_swiglu = true;
   plain.tuning = *t;
-  plain.tuning->moe_fused_sum = false;
+  plain.tuning->moe_fused_sum = plain.tuning->moe_fused_swiglu = false;
   std::unique_ptr<CudaDecoder> a = MustCreate(path, fused), b = MustCreate(path, plain);
   const std::vector<int32_t> prompt = Tokens(3, a->n_vocab());
   CHECK(GpuPrompt(*a, prompt) == GpuPrompt(*b, prompt));

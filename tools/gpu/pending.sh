@@ -22,9 +22,10 @@
 #  5. issue 29: q5_K and q8_0 on the f16 form (off by default): matvec_gpu_test,
 #     matvec_bench, Q8_0 and Q5_K_M 7B steps at 16-64 sequences, each threshold 65 / 9.
 #  6. issue 31 (fifteenth session): the down launch's own sum (MoeSum,
-#     DPL_MOE_SUM) against MoeCombine after it: moe_gpu_test's and
+#     DPL_MOE_SUM) and the gate/up launch's own SwiGLU (MoeSwiGlu,
+#     DPL_MOE_SWIGLU) against the separate launches: moe_gpu_test's and
 #     cuda_decoder_gpu_test's same-bits cases, then 30B-A3B tg128 and 4 / 8
-#     sequences, DPL_MOE_SUM 0 / 1 interleaved twice.
+#     sequences, off / sum / both, interleaved twice.
 #  7. issue 32: tools/gpu/structured.sh (json_schema against free text, -np 1).
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
@@ -98,14 +99,15 @@ done
 fi
 if want 6; then
 echo "== 6. the down launch's own sum (MoeSum) against MoeCombine (issue 31)"
-timeout 120 ./moe_gpu_test --test-case="*fused sum*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
+timeout 200 ./moe_gpu_test --test-case="*fused sum*,*fused SwiGLU*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
 timeout 120 ./cuda_decoder_gpu_test --test-case="*own sum*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
 [[ -n $synth ]] && wait $synth && synth=
 for r in 1 2; do
-  for v in 0 1; do
-    echo "-- DPL_MOE_SUM=$v: $(DPL_MOE_SUM=$v DPL_CUDA_MOE=1 timeout 100 ./dpl-bench -m "$T/q30.dpl" -p 0 -n 128 -d 0 -r 2 2>&1 |
-      grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}') $(DPL_MOE_SUM=$v DPL_CUDA_MOE=1 timeout 100 ./dpl-bench -m "$T/q30.dpl" -p 0 -n 128 -d 0 -npl 4,8 -npp 128 -r 1 2>&1 |
-      grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}')"
+  for v in "0 0" "1 0" "1 1"; do
+    read -r su sw <<<"$v"
+    b() { DPL_MOE_SUM=$su DPL_MOE_SWIGLU=$sw DPL_CUDA_MOE=1 timeout 100 ./dpl-bench -m "$T/q30.dpl" -p 0 -n 128 -d 0 "$@" 2>&1 |
+      grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}'; }
+    echo "-- DPL_MOE_SUM=$su DPL_MOE_SWIGLU=$sw: $(b -r 2) $(b -npl 4,8 -npp 128 -r 1)"
   done
 done
 fi
