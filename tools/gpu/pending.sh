@@ -45,7 +45,7 @@ synth=
     ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; } ) &
 ( want 2 || want 6 ) && synth=$!  # waited for by pid: a bare `wait` also waits for the tee above
 if want 1; then
-echo "== 1. MoE accuracy on the GPU's own routes (issue 31)"
+echo "[${SECONDS}s] == 1. MoE accuracy on the GPU's own routes (issue 31)"
 timeout 100 ./moe_gpu_test --test-case="RouteTopK*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
 timeout 300 ./cuda_decoder_gpu_test --test-case="*qwen3moe*,*MoE*" 2>&1 |
   grep -E "ERROR|RMS|chose other|excused|test cases|assertions" | head -60
@@ -53,7 +53,7 @@ timeout 300 ./cuda_decoder_gpu_test --test-case-exclude="*qwen3moe*,*MoE*" 2>&1 
 fi
 if want 2; then
 wait $synth
-echo "== 2. 30B-A3B prompts, DPL_MOE_PROMPT_MMA 8 / 64 (issue 31)"
+echo "[${SECONDS}s] == 2. 30B-A3B prompts, DPL_MOE_PROMPT_MMA 8 / 64 (issue 31)"
 for r in 1 2; do
   for v in 8 64; do
     for p in 16 48 512; do
@@ -64,7 +64,7 @@ for r in 1 2; do
 done
 fi
 if want 3; then
-echo "== 3. q6_K on the f16 form from 4 tokens (issue 29)"
+echo "[${SECONDS}s] == 3. q6_K on the f16 form from 4 tokens (issue 29)"
 m7=$(q7_model)
 for r in 1 2; do
   for v in 9 4; do
@@ -75,7 +75,7 @@ done
 timeout 300 ./cuda_engine_gpu_test 2>&1 | grep -E "ERROR|test cases|assertions" | tail -5
 fi
 if want 4; then
-echo "== 4. ncu: the int8 form's q6_K down at 4 tokens, then the one-token kernel (issue 29)"
+echo "[${SECONDS}s] == 4. ncu: the int8 form's q6_K down at 4 tokens, then the one-token kernel (issue 29)"
 S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
 DPL_MATVEC_BENCH_ONLY="mma 7B ffn_down q6_K dpl 4tok" timeout 60 ncu --clock-control none -k regex:MatVecMmaKernel \
   --launch-skip 5 --launch-count 1 $S ./matvec_bench 2>&1 | grep -vE "^==PROF==|^ +-+$|^$" | tail -80
@@ -83,7 +83,7 @@ DPL_MATVEC_BENCH_ONLY="7B ffn_down q6_K dpl" timeout 60 ncu --clock-control none
   --launch-skip 3 --launch-count 1 $S ./matvec_bench 2>&1 | grep -vE "^==PROF==|^ +-+$|^$" | tail -80
 fi
 if want 5; then
-echo "== 5. q5_K and q8_0 on the f16 form (issue 29): the GPU test, the products, the step"
+echo "[${SECONDS}s] == 5. q5_K and q8_0 on the f16 form (issue 29): the GPU test, the products, the step"
 timeout 300 ./matvec_gpu_test --test-case="*f16 mma form*" 2>&1 | grep -E "q5_K|q8_0|ERROR|test cases|assertions" | tail -40
 DPL_MATVEC_BENCH_ONLY="mma 7B ffn_gate/up q" timeout 120 ./matvec_bench 2>&1 | grep -E "(q5_K|q8_0).*int8 form"
 for f in q8_0 q5_k_m; do
@@ -98,7 +98,7 @@ for f in q8_0 q5_k_m; do
 done
 fi
 if want 6; then
-echo "== 6. the down launch's own sum (MoeSum) against MoeCombine (issue 31)"
+echo "[${SECONDS}s] == 6. the down launch's own sum (MoeSum) against MoeCombine (issue 31)"
 timeout 200 ./moe_gpu_test --test-case="*fused sum*,*fused SwiGLU*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
 timeout 120 ./cuda_decoder_gpu_test --test-case="*own sum*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
 [[ -n $synth ]] && wait $synth && synth=
@@ -112,6 +112,7 @@ for r in 1 2; do
 done
 fi
 if want 7; then
-echo "== 7. json_schema against free text through dpl-server (issue 32)"
+echo "[${SECONDS}s] == 7. json_schema against free text through dpl-server (issue 32)"
 timeout 240 bash "$root/tools/gpu/structured.sh" "$PWD"
 fi
+echo "[${SECONDS}s] done"
