@@ -92,6 +92,10 @@ struct DecodeTuning {
   // The same for SwiGLU + int8 after the gate/up launch (MoeSwiGlu: the last
   // CTA of each route's 32 rows of gate and up). dpl-bench: DPL_MOE_SWIGLU.
   bool moe_fused_swiglu = false;
+  // One-token MoE passes take the router's logits and the top-k in one
+  // launch (RouteLogitsTopK: the router matvec's last CTA picks). dpl-bench:
+  // DPL_MOE_ROUTER.
+  bool moe_fused_router = false;
   // When every matrix of a model has the int8 mma form (q4_K, q6_K:
   // MatVecMmaSupports), products of 2 up to this many tokens (at most
   // kMmaMaxTokens) keep int8 activations and run it instead of dequantize +

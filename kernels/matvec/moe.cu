@@ -42,19 +42,14 @@ __device__ __forceinline__ bool RouteBefore(float av, int ai, float bv, int bi) 
   return bi == INT_MAX || (ai != INT_MAX && (av > bv || (av == bv && ai < bi)));
 }
 
+// One row's pick by one warp (lane = threadIdx.x & 31): l (n_expert), ids
+// and w (k), copy (k) or null. Logits read from L2 (__ldcg): the router's
+// own last CTA reads rows the other CTAs wrote (RouteLogitsTopK).
 template <int kRoutePer>
-__global__ void __launch_bounds__(32 * kRouteWarps)
-    RouteTopKKernel(const float* __restrict__ logits,  // (n_rows, n_expert)
-                    int n_rows, int n_expert, int k,
-                    int* __restrict__ ids,          // (n_rows, k)
-                    float* __restrict__ weights,    // (n_rows, k)
-                    int* __restrict__ ids_copy) {   // (n_rows, k) or null
-  GridDependencyWait();
-  GridLaunchDependents();
+__device__ __forceinline__ void RouteRow(const float* __restrict__ l, int n_expert, int k,
+                                         int* __restrict__ row_ids, float* __restrict__ row_w,
+                                         int* __restrict__ row_copy) {
   const int lane = threadIdx.x & 31;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
-  if (t >= n_rows) return;  // warp-uniform
-  const float* l = logits + t * n_expert;
   float v[kRoutePer];
   float mx = -INFINITY;
 #pragma unroll
@@ -62,7 +57,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps)
     const int e = lane + 32 * i;
     v[i] = -INFINITY;
     if (e < n_expert) {
-      const float x = l[e];
+      const float x = __ldcg(l + e);
       v[i] = isnan(x) ? -INFINITY : x;
       mx = fmaxf(mx, v[i]);
     }
@@ -80,8 +75,6 @@ __global__ void __launch_bounds__(32 * kRouteWarps)
   for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
   uint32_t taken = 0;  // bit i: expert lane + 32 i picked
   float sum = 0.f;     // of the picked probabilities, in pick order (lane 0 uses it)
-  int* row_ids = ids + t * k;
-  float* row_w = weights + t * k;
   for (int j = 0; j < k; ++j) {
     float bv = -INFINITY;
     int bi = INT_MAX;
@@ -108,7 +101,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps)
     sum += p;
     if (lane == 0) {
       row_ids[j] = bi;
-      if (ids_copy != nullptr) ids_copy[t * k + j] = bi;
+      if (row_copy != nullptr) row_copy[j] = bi;
       row_w[j] = p;  // the probability for now; renormalized below
     }
   }
@@ -116,6 +109,21 @@ __global__ void __launch_bounds__(32 * kRouteWarps)
     const float s = fmaxf(sum, 6.103515625e-5f);  // 2^-14, llama.cpp's clamp
     for (int j = 0; j < k; ++j) row_w[j] = row_w[j] / s;
   }
+}
+
+template <int kRoutePer>
+__global__ void __launch_bounds__(32 * kRouteWarps)
+    RouteTopKKernel(const float* __restrict__ logits,  // (n_rows, n_expert)
+                    int n_rows, int n_expert, int k,
+                    int* __restrict__ ids,          // (n_rows, k)
+                    float* __restrict__ weights,    // (n_rows, k)
+                    int* __restrict__ ids_copy) {   // (n_rows, k) or null
+  GridDependencyWait();
+  GridLaunchDependents();
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
+  if (t >= n_rows) return;  // warp-uniform
+  RouteRow<kRoutePer>(logits + t * n_expert, n_expert, k, ids + t * k, weights + t * k,
+                      ids_copy != nullptr ? ids_copy + t * k : nullptr);
 }
 
 // ---------------------------------------------------------------------------
@@ -214,6 +222,28 @@ __global__ void __launch_bounds__(32 * WarpsPerCta(KS)) ExpertMatVecT(const MoeM
   matvec_detail::MatVecBody<U, 1, KS, 2, false, false>(a);
   if (m.sum.x != nullptr) SumRoutesTail<KS>(m, r);
   if (m.swiglu.g != nullptr) SwiGluTail<KS>(m, r);
+}
+
+// RouteLogitsTopK: the router's f32 matvec for one token (MatVecT's body at
+// the decode geometry that f32 matrices under 2,048 rows take: k-split 8,
+// depth 4), then its last CTA to finish picks the experts (RouteRow).
+constexpr int kRouterKs = 8, kRouterDepth = 4;
+struct RouterArgs {
+  MatVecArgs mv;  // one part: the router, y = the logits (n_expert)
+  int n_expert = 0;
+  int k = 0;
+  int* ids = nullptr;       // (k)
+  float* weights = nullptr; // (k)
+  int* ids_copy = nullptr;  // (k) or null
+  int* counter = nullptr;   // (1) zero; left zero
+};
+
+template <int kRoutePer>
+__global__ void __launch_bounds__(32 * WarpsPerCta(kRouterKs)) RouteLogitsTopKT(const RouterArgs r) {
+  matvec_detail::MatVecBody<F32Vec, 1, kRouterKs, kRouterDepth, false, false>(r.mv);
+  if (!LastToArrive(r.counter, static_cast<int>(gridDim.y))) return;
+  if (threadIdx.x >= 32) return;
+  RouteRow<kRoutePer>(r.mv.part[0].y, r.n_expert, r.k, r.ids, r.weights, r.ids_copy);
 }
 
 // ---------------------------------------------------------------------------
@@ -512,6 +542,52 @@ absl::Status RouteTopK(const float* logits, int n_rows, int n_expert, int k, int
   else if (n_expert <= 512) fn = RouteTopKKernel<16>;
   return LaunchKernel(fn, dim3(static_cast<unsigned>(grid)), dim3(32 * kRouteWarps), 0,
                       stream, pdl, logits, n_rows, n_expert, k, ids, weights, ids_copy);
+}
+
+bool RouteLogitsTopKSupports(const MatVecPlan& plan) {
+  return plan.kernel == MatVecKernel::kF32 && plan.decode == MatVecGeometry{1, kRouterKs, kRouterDepth, false};
+}
+
+absl::Status RouteLogitsTopK(const WeightMatrix& router, const MatVecPlan& plan, const float* h, float* logits,
+                             int k, int* ids, float* weights, int* counter, cudaStream_t stream, bool pdl,
+                             int* ids_copy) {
+  const int64_t n_expert = router.n_rows;
+  if (!RouteLogitsTopKSupports(plan) || router.type != formats::GgmlType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat("router top-k: a ", MatVecKernelName(plan.kernel),
+                                                   " plan at k-split ", plan.decode.ksplit, ", depth ",
+                                                   plan.decode.depth, " (the fused form is f32 at 8, 4)"));
+  }
+  if (n_expert < 1 || n_expert > kMoeMaxExperts || k < 1 || k > n_expert) {
+    return absl::InvalidArgumentError(absl::StrCat("router top-k: ", n_expert, " experts, k ", k,
+                                                   " (1 <= k <= n_expert <= ", kMoeMaxExperts, ")"));
+  }
+  if (h == nullptr || logits == nullptr || ids == nullptr || weights == nullptr || counter == nullptr ||
+      reinterpret_cast<uintptr_t>(h) % 16 != 0) {
+    return absl::InvalidArgumentError("router top-k: null pointer, or h not 16-byte aligned");
+  }
+  RouterArgs r;
+  MatVecPart& p = r.mv.part[0];
+  p.w = static_cast<const uint8_t*>(router.data);
+  p.row_stride = router.row_stride;
+  p.n_rows = static_cast<int>(n_expert);
+  p.y = logits;
+  r.mv.n_cols = static_cast<int>(router.n_cols);
+  r.mv.x = h;
+  r.n_expert = static_cast<int>(n_expert);
+  r.k = k;
+  r.ids = ids;
+  r.weights = weights;
+  r.ids_copy = ids_copy;
+  r.counter = counter;
+  DPL_ASSIGN_OR_RETURN(const MatVecGrid grid, MatVecGridFor(n_expert, 1, plan.decode));
+  void (*fn)(RouterArgs) = RouteLogitsTopKT<kMoeMaxExperts / 32>;
+  if (n_expert <= 32) fn = RouteLogitsTopKT<1>;
+  else if (n_expert <= 64) fn = RouteLogitsTopKT<2>;
+  else if (n_expert <= 128) fn = RouteLogitsTopKT<4>;
+  else if (n_expert <= 256) fn = RouteLogitsTopKT<8>;
+  else if (n_expert <= 512) fn = RouteLogitsTopKT<16>;
+  return LaunchKernel(fn, dim3(1, static_cast<unsigned>(grid.y)), dim3(32 * WarpsPerCta(kRouterKs)), 0, stream,
+                      pdl, r);
 }
 
 namespace {

@@ -98,6 +98,20 @@ absl::Status MoeSwiGluQuantize(const float* gate, const float* up, int n_cols, i
 absl::Status RouteTopK(const float* logits, int n_rows, int n_expert, int k, int* ids,
                        float* weights, cudaStream_t stream, bool pdl, int* ids_copy = nullptr);
 
+// The router's logits and RouteTopK in one launch, for ONE token row (a
+// decode step of one sequence): logits = W_router h by the f32 matvec at the
+// plan's decode geometry, then the last of its CTAs to finish picks the
+// experts from them as RouteTopK does: the same logits, ids and weights as
+// RunMatVec + RouteTopK, one launch fewer. Only for plans that
+// RouteLogitsTopKSupports (f32 at k-split 8, depth 4: the geometry of f32
+// matrices under 2,048 rows, matvec_plan.cc). h: (n_cols) f32, 16-byte
+// aligned; logits (n_expert); ids, weights, ids_copy (null or not) (k);
+// counter: one int, zero, left zero.
+bool RouteLogitsTopKSupports(const MatVecPlan& plan);
+absl::Status RouteLogitsTopK(const WeightMatrix& router, const MatVecPlan& plan, const float* h, float* logits,
+                             int k, int* ids, float* weights, int* counter, cudaStream_t stream, bool pdl,
+                             int* ids_copy = nullptr);
+
 // One expert tensor of an ExpertMatVec launch and where it writes.
 struct ExpertOut {
   const ExpertWeights* w = nullptr;

@@ -1,7 +1,8 @@
 // GPU tests of the mixture-of-experts kernels (tags gpu, manual):
 //   - RouteTopK against a float64 CPU softmax / top-k / renormalization (the
 //     reference model's rule), with exact ties, near-ties and k = 1, 2, 8 of
-//     8 and 128 experts;
+//     8 and 128 experts; RouteLogitsTopK (router matvec + top-k in one
+//     launch) against RunMatVec + RouteTopK bit for bit;
 //   - ExpertMatVec for every expert kernel (q4_K, q5_K, q6_K raw and dpl,
 //     q8_0 raw and dpl) at 256x512, 512x256, 768x2048, 2048x768 (one-block
 //     rows: 256 columns), for 1, 3 and 16 token rows whose routes share
@@ -35,6 +36,7 @@
 #include "kernels/cuda_handles.h"
 #include "kernels/device_tuning.h"
 #include "kernels/gpu_test.h"
+#include "kernels/matvec/matvec.h"
 #include "kernels/matvec/matvec_test_util.h"
 #include "kernels/matvec/matvec_plan.h"
 #include "kernels/matvec/moe.h"
@@ -146,6 +148,68 @@ TEST_CASE("RouteTopK follows the float64 softmax / top-k / renormalization") {
       }
     }
   }
+}
+
+TEST_CASE("RouteLogitsTopK gives RunMatVec + RouteTopK's logits, ids and weights") {
+  // The router of one token: f32 (n_expert, n_cols), planned as the decoder
+  // plans it; the fused launch against the two launches, bit for bit, three
+  // times on one counter (each launch must leave it zero), with and without
+  // the ids copy.
+  for (int n_expert : {8, 60, 128}) {
+    for (int64_t n_cols : {512, 2048}) {
+      for (int k : {1, 2, 8}) {
+        CAPTURE(n_expert);
+        CAPTURE(n_cols);
+        CAPTURE(k);
+        const std::vector<float> w = RandomNormal(n_expert * n_cols, 2000 + n_expert + n_cols + k, 0.05f);
+        GuardedArray<float> d_router(w);
+        WeightMatrix m;
+        m.data = d_router.get();
+        m.type = GgmlType::kF32;
+        m.n_rows = n_expert;
+        m.n_cols = n_cols;
+        m.row_stride = n_cols * 4;
+        const absl::StatusOr<MatVecPlan> plan = PlanMatVec(m, Tuning());
+        REQUIRE_MESSAGE(plan.ok(), plan.status().ToString());
+        REQUIRE(RouteLogitsTopKSupports(*plan));
+        GuardedArray<int> counter(1), ids1(k), ids2(k), copy(k);
+        GuardedArray<float> l1(n_expert), l2(n_expert), w1(k), w2(k);
+        for (int round = 0; round < 3; ++round) {
+          CAPTURE(round);
+          GuardedArray<float> h(RandomNormal(n_cols, 3000 + round + k));
+          MatVecIo io;
+          io.x = h.get();
+          io.n_tokens = 1;
+          io.y = l1.get();
+          STATUS_OK(RunMatVec(m, *plan, io, nullptr));
+          STATUS_OK(RouteTopK(l1.get(), 1, n_expert, k, ids1.get(), w1.get(), nullptr, false));
+          STATUS_OK(RouteLogitsTopK(m, *plan, h.get(), l2.get(), k, ids2.get(), w2.get(), counter.get(), nullptr,
+                                    true, round == 1 ? copy.get() : nullptr));
+          const std::vector<float> gl1 = l1.Download(), gl2 = l2.Download(), gw1 = w1.Download(), gw2 = w2.Download();
+          CHECK(std::memcmp(gl1.data(), gl2.data(), gl1.size() * 4) == 0);
+          CHECK(ids1.Download() == ids2.Download());
+          CHECK(std::memcmp(gw1.data(), gw2.data(), gw1.size() * 4) == 0);
+          if (round == 1) CHECK(copy.Download() == ids2.Download());
+          CHECK(counter.Download()[0] == 0);
+        }
+      }
+    }
+  }
+  // A plan the fused form does not take is an error naming it.
+  GuardedArray<float> d_router(std::vector<float>(8 * 512, 0.f)), h(512), l(8), w(2);
+  GuardedArray<int> counter(1), ids(2);
+  WeightMatrix m;
+  m.data = d_router.get();
+  m.n_rows = 8;
+  m.n_cols = 512;
+  m.row_stride = 512 * 4;
+  absl::StatusOr<MatVecPlan> plan = PlanMatVec(m, Tuning());
+  REQUIRE(plan.ok());
+  plan->decode.ksplit = 4;
+  CHECK(!RouteLogitsTopKSupports(*plan));
+  const absl::Status st = RouteLogitsTopK(m, *plan, h.get(), l.get(), 2, ids.get(), w.get(), counter.get(), nullptr, false);
+  CHECK(!st.ok());
+  CHECK_MESSAGE(std::string(st.message()).find("k-split 4") != std::string::npos, st.ToString());
 }
 
 TEST_CASE("RouteTopK refuses bad shapes") {

@@ -326,6 +326,7 @@ absl::Status CudaDecoder::Allocate() {
        &b.moe_sum_counters},
       {static_cast<uint64_t>(kernels::MoeSwiGluCounters(static_cast<int>(M * K), static_cast<int64_t>(X))) * 4,
        &b.moe_swiglu_counters},
+      {M > 0 ? 4u : 0u, &b.moe_route_counter},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * E)) : 0, &moe_h_mem},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * K * X)) : 0, &moe_g_mem},
       {M > 0 ? kernels::MoeGroupsBytes(static_cast<int>(M * K), static_cast<int>(NX)) : 0, &moe_groups_mem},
@@ -378,6 +379,7 @@ absl::Status CudaDecoder::Allocate() {
     DPL_CUDA_CHECK(cudaMemset(b.moe_sum_counters, 0, kernels::MoeSumCounters(static_cast<int>(M), static_cast<int64_t>(E)) * 4));
     DPL_CUDA_CHECK(cudaMemset(b.moe_swiglu_counters, 0,
                               kernels::MoeSwiGluCounters(static_cast<int>(M * K), static_cast<int64_t>(X)) * 4));
+    DPL_CUDA_CHECK(cudaMemset(b.moe_route_counter, 0, 4));
   }
   if (kv_layout_.paged()) {
     // Every entry a block of the pool (0) until a table is set: a padding
@@ -676,15 +678,20 @@ absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, int layer, const float
     float* x = b.x + static_cast<int64_t>(r0) * E;  // (m, E)
     float* h = b.h + static_cast<int64_t>(r0) * E;  // (m, E)
     DPL_RETURN_IF_ERROR(kernels::MoeNormQuantize(x, ffn_norm, eps, E, m, h, b.moe_h, s, pdl));
-    kernels::MatVecIo io;
-    io.x = h;
-    io.n_tokens = m;
-    io.y = b.moe_logits;
-    DPL_RETURN_IF_ERROR(kernels::RunMatVec(moe.router.w, moe.router.plan, io, s));
     int* log = b.route_log != nullptr
                    ? b.route_log + (static_cast<int64_t>(layer) * route_log_rows_ + r0) * k
                    : nullptr;
-    DPL_RETURN_IF_ERROR(kernels::RouteTopK(b.moe_logits, m, n_expert, k, b.moe_ids, b.moe_w, s, pdl, log));
+    if (m == 1 && tuning_.moe_fused_router && kernels::RouteLogitsTopKSupports(moe.router.plan)) {
+      DPL_RETURN_IF_ERROR(kernels::RouteLogitsTopK(moe.router.w, moe.router.plan, h, b.moe_logits, k, b.moe_ids,
+                                                   b.moe_w, b.moe_route_counter, s, pdl, log));
+    } else {
+      kernels::MatVecIo io;
+      io.x = h;
+      io.n_tokens = m;
+      io.y = b.moe_logits;
+      DPL_RETURN_IF_ERROR(kernels::RunMatVec(moe.router.w, moe.router.plan, io, s));
+      DPL_RETURN_IF_ERROR(kernels::RouteTopK(b.moe_logits, m, n_expert, k, b.moe_ids, b.moe_w, s, pdl, log));
+    }
     const int routes = m * k;
     // Routes numbering at least the experts (tuning): grouped by expert,
     // each expert's weights read once per tile of its routes on the int8

@@ -1281,21 +1281,22 @@ TEST_CASE("MoE: graph replay and eager steps give identical bits, and so do two 
   CHECK(p1 == p2);
 }
 
-// DecodeTuning::moe_fused_sum and moe_fused_swiglu: the down launch adds
-// the routes into the residual itself (MoeSum) and the gate/up launch
-// writes g and its int8 blocks (MoeSwiGlu) in ungrouped passes: one-token
-// steps (graph) and a 3-token prompt (6 routes of 8 experts: ungrouped),
-// the same bits as MoeCombine and MoeSwiGluQuantize launched after them.
-TEST_CASE("MoE: the down launch's own sum and the gate/up launch's own SwiGLU give the separate launches' bits") {
+// DecodeTuning::moe_fused_sum, moe_fused_swiglu and moe_fused_router: the
+// down launch adds the routes into the residual itself (MoeSum), the
+// gate/up launch writes g and its int8 blocks (MoeSwiGlu) in ungrouped
+// passes, and one-token steps pick their experts in the router's launch
+// (RouteLogitsTopK): one-token steps (graph) and a 3-token prompt (6 routes
+// of 8 experts: ungrouped), the same bits as the separate launches.
+TEST_CASE("MoE: the fused tails (sum, SwiGLU, router top-k) give the separate launches' bits") {
   const std::string path = MoeOracleDpl();
   absl::StatusOr<kernels::DecodeTuning> t = kernels::DecodeTuningForDevice();
   REQUIRE(t.ok());
   CudaDecoderOptions fused, plain;
   fused.unverified_moe = plain.unverified_moe = true;
   fused.tuning = *t;
-  fused.tuning->moe_fused_sum = fused.tuning->moe_fused_swiglu = true;
+  fused.tuning->moe_fused_sum = fused.tuning->moe_fused_swiglu = fused.tuning->moe_fused_router = true;
   plain.tuning = *t;
-  plain.tuning->moe_fused_sum = plain.tuning->moe_fused_swiglu = false;
+  plain.tuning->moe_fused_sum = plain.tuning->moe_fused_swiglu = plain.tuning->moe_fused_router = false;
   std::unique_ptr<CudaDecoder> a = MustCreate(path, fused), b = MustCreate(path, plain);
   const std::vector<int32_t> prompt = Tokens(3, a->n_vocab());
   CHECK(GpuPrompt(*a, prompt) == GpuPrompt(*b, prompt));

@@ -99,15 +99,15 @@ done
 fi
 if want 6; then
 echo "[${SECONDS}s] == 6. the down launch's own sum (MoeSum) against MoeCombine (issue 31)"
-timeout 200 ./moe_gpu_test --test-case="*fused sum*,*fused SwiGLU*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
-timeout 120 ./cuda_decoder_gpu_test --test-case="*own sum*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
+timeout 200 ./moe_gpu_test --test-case="*fused sum*,*fused SwiGLU*,RouteLogitsTopK*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
+timeout 120 ./cuda_decoder_gpu_test --test-case="*fused tails*" 2>&1 | grep -E "ERROR|test cases|assertions" | tail -4
 [[ -n $synth ]] && wait $synth && synth=
 for r in 1 2; do
-  for v in "0 0" "1 0" "1 1"; do
-    read -r su sw <<<"$v"
-    b() { DPL_MOE_SUM=$su DPL_MOE_SWIGLU=$sw DPL_CUDA_MOE=1 timeout 100 ./dpl-bench -m "$T/q30.dpl" -p 0 -n 128 -d 0 "$@" 2>&1 |
+  for v in "0 0 0" "1 0 0" "1 1 0" "1 1 1"; do
+    read -r su sw ro <<<"$v"
+    b() { DPL_MOE_SUM=$su DPL_MOE_SWIGLU=$sw DPL_MOE_ROUTER=$ro DPL_CUDA_MOE=1 timeout 100 ./dpl-bench -m "$T/q30.dpl" -p 0 -n 128 -d 0 "$@" 2>&1 |
       grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}'; }
-    echo "-- DPL_MOE_SUM=$su DPL_MOE_SWIGLU=$sw: $(b -r 2) $(b -npl 4,8 -npp 128 -r 1)"
+    echo "-- DPL_MOE_SUM=$su DPL_MOE_SWIGLU=$sw DPL_MOE_ROUTER=$ro: $(b -r 2) $(b -npl 4,8 -npp 128 -r 1)"
   done
 done
 fi
