@@ -24,8 +24,8 @@
 #  6. issue 31 (fifteenth session): the down launch's own sum (MoeSum,
 #     DPL_MOE_SUM) and the gate/up launch's own SwiGLU (MoeSwiGlu,
 #     DPL_MOE_SWIGLU) against the separate launches: moe_gpu_test's and
-#     cuda_decoder_gpu_test's same-bits cases, then 30B-A3B tg128 and 4 / 8
-#     sequences, off / sum / both, interleaved twice.
+#     cuda_decoder_gpu_test's same-bits cases, then 30B-A3B 1 / 4 / 8
+#     sequences, off / sum / + SwiGLU / + router, interleaved twice.
 #  7. issue 32: tools/gpu/structured.sh (json_schema against free text, -np 1).
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
@@ -107,7 +107,7 @@ for r in 1 2; do
     read -r su sw ro <<<"$v"
     b() { DPL_MOE_SUM=$su DPL_MOE_SWIGLU=$sw DPL_MOE_ROUTER=$ro DPL_CUDA_MOE=1 timeout 100 ./dpl-bench -m "$T/q30.dpl" -p 0 -n 128 -d 0 "$@" 2>&1 |
       grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}'; }
-    echo "-- DPL_MOE_SUM=$su DPL_MOE_SWIGLU=$sw DPL_MOE_ROUTER=$ro: $(b -r 2) $(b -npl 4,8 -npp 128 -r 1)"
+    echo "-- DPL_MOE_SUM=$su DPL_MOE_SWIGLU=$sw DPL_MOE_ROUTER=$ro: $(b -npl 1,4,8 -npp 128 -r 1)"
   done
 done
 fi
