@@ -448,11 +448,12 @@ absl::Status FormatGrammar(const json& format, const nlohmann::ordered_json& ord
   return absl::OkStatus();
 }
 
-// response_format (chat), text.format (Responses), grammar and json_schema
-// (llama-server's; chat and completions): at most one constrains the answer.
-absl::Status ParseStructuredUnguarded(const json& j, absl::string_view body, bool chat, bool responses,
-                                      GenerationParams* p) {
-  const json* rf = chat ? Field(j, "response_format") : nullptr;
+// response_format (chat, and completions as vLLM's completions API takes it:
+// a client's response_format must never be ignored), text.format
+// (Responses), grammar and json_schema (llama-server's; chat and
+// completions): at most one constrains the answer.
+absl::Status ParseStructuredUnguarded(const json& j, absl::string_view body, bool responses, GenerationParams* p) {
+  const json* rf = responses ? nullptr : Field(j, "response_format");
   const json* text = responses ? Field(j, "text") : nullptr;
   const json* tf = text != nullptr && text->is_object() ? Field(*text, "format") : nullptr;
   const json* gbnf = responses ? nullptr : Field(j, "grammar");
@@ -514,10 +515,10 @@ absl::Status ParseForcedCalls(const json& j, bool responses, ChatRequest* r) {
                                                 "' constrains the answer too: give one"));
 }
 
-absl::Status ParseStructured(const json& j, absl::string_view body, bool chat, bool responses,
+absl::Status ParseStructured(const json& j, absl::string_view body, bool responses,
                              GenerationParams* p) {
   try {
-    return ParseStructuredUnguarded(j, body, chat, responses, p);
+    return ParseStructuredUnguarded(j, body, responses, p);
   } catch (const nlohmann::ordered_json::exception& e) {  // the ordered parse differs (duplicate keys)
     return absl::InvalidArgumentError(absl::StrCat("the body's structured-output fields could not be read: ", e.what()));
   }
@@ -529,7 +530,7 @@ absl::StatusOr<ChatRequest> ParseChatRequest(absl::string_view body) {
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
   ChatRequest r;
   DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
-  DPL_RETURN_IF_ERROR(ParseStructured(j, body, /*chat=*/true, /*responses=*/false, &r.params));
+  DPL_RETURN_IF_ERROR(ParseStructured(j, body, /*responses=*/false, &r.params));
   DPL_RETURN_IF_ERROR(ParseChatLogprobs(j, &r.params));
   const json* messages = Field(j, "messages");
   if (messages == nullptr) return FieldError("messages", "is required");
@@ -1046,7 +1047,7 @@ absl::StatusOr<ChatRequest> ParseResponsesRequest(absl::string_view body) {
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
   ChatRequest r;
   DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
-  DPL_RETURN_IF_ERROR(ParseStructured(j, body, /*chat=*/false, /*responses=*/true, &r.params));
+  DPL_RETURN_IF_ERROR(ParseStructured(j, body, /*responses=*/true, &r.params));
   if (r.params.n != 1) return FieldError("n", "is not a Responses API field (one output a response)");
   int64_t max_out = -2;
   DPL_RETURN_IF_ERROR(Integer(j, "max_output_tokens", -1, std::numeric_limits<int32_t>::max(), &max_out));
@@ -1161,7 +1162,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
   DPL_ASSIGN_OR_RETURN(const json j, ParseObject(body));
   CompletionRequest r;
   DPL_ASSIGN_OR_RETURN(r.params, ParseParams(j));
-  DPL_RETURN_IF_ERROR(ParseStructured(j, body, /*chat=*/false, /*responses=*/false, &r.params));
+  DPL_RETURN_IF_ERROR(ParseStructured(j, body, /*responses=*/false, &r.params));
   DPL_RETURN_IF_ERROR(ParseCompletionLogprobs(j, &r.params));
   const json* prompt = Field(j, "prompt");
   if (prompt == nullptr) return FieldError("prompt", "is required");

@@ -758,6 +758,17 @@ TEST_CASE("structured output: response_format, grammar, json_schema, text.format
   c = ParseCompletionRequest(R"({"prompt": "x", "json_schema": {"type": "boolean"}})");
   REQUIRE(c.ok());
   CHECK(Accepts(c->params, "true"));
+  // response_format on /v1/completions (vLLM's completions API): enforced,
+  // never silently ignored.
+  c = ParseCompletionRequest(R"({"prompt": "x", "response_format": {"type": "json_schema",
+      "json_schema": {"name": "a", "schema": {"type": "array", "items": {"type": "integer"}}}}})");
+  REQUIRE_MESSAGE(c.ok(), c.status().ToString());
+  REQUIRE(c->params.grammar != nullptr);
+  CHECK(Accepts(c->params, "[1, 2]"));
+  CHECK(!Accepts(c->params, "[\"a\"]"));
+  c = ParseCompletionRequest(R"({"prompt": "x", "response_format": {"type": "yaml"}})");
+  REQUIRE(!c.ok());
+  CHECK(std::string(c.status().message()).find("'response_format.type'") == 0);
 
   auto resp = ParseResponsesRequest(R"({"input": "hi", "text": {"format": {"type": "json_schema", "name": "t",
       "schema": {"type": "object", "properties": {"b": {"type": "null"}}, "required": ["b"]}}}})");

@@ -3,11 +3,11 @@
 # free text, one stream through dpl-server --device cuda -np 1 (after
 # tools/gpu/stage.sh; needs dpl-server, dpl-synth, dpl-convert):
 #   bash tools/gpu/structured.sh SUITE_DIR [MODEL.dpl]
-# Each request is /v1/completions, temperature 1, max_tokens 400, ignore_eos,
-# one of three seeds; the figure is the request's wall time over its
-# usage.completion_tokens (ms a token, HTTP included). A schema's answer can
-# end before 400 tokens (an array closed), so its per-token figure carries the
-# first steps' masks over fewer tokens: the string array runs the full 400.
+# Each request is /v1/completions with response_format, temperature 1,
+# max_tokens 400, ignore_eos, one of three seeds; the figure is the
+# request's wall time over its usage.completion_tokens (ms a token, HTTP
+# included); the first 200 characters of each answer are printed once (the
+# check that the schema held).
 set -u
 suite=${1:?usage: structured.sh SUITE_DIR [MODEL.dpl]}
 cd "$suite" || exit 1
@@ -21,9 +21,11 @@ for _ in $(seq 1 240); do
   curl -sf http://127.0.0.1:$port/health >/dev/null && break
   sleep 0.5
 done
-schema_strings='{"type":"array","items":{"type":"string"}}'
-schema_ints='{"type":"array","items":{"type":"integer"}}'
-schema_objects='{"type":"array","items":{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"]}}'
+# minItems keeps a random-weight model's answer open (it would close an
+# array at once: "[]"), so every request runs its 400 tokens.
+schema_strings='{"type":"array","items":{"type":"string"},"minItems":200}'
+schema_ints='{"type":"array","items":{"type":"integer"},"minItems":200}'
+schema_objects='{"type":"array","items":{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"]},"minItems":100}'
 # request KIND SEED: prints "ms_per_token tokens"
 request() {
   local fmt=
@@ -39,7 +41,9 @@ request() {
   local t1=$EPOCHREALTIME
   local n; n=$(grep -o '"completion_tokens":[0-9]*' <<<"$r" | cut -d: -f2)
   [[ -z $n ]] && { echo "error: ${r:0:300}"; return; }
-  awk -v a="$t0" -v b="$t1" -v n="$n" 'BEGIN{printf "%.3f ms/token over %d tokens\n", (b-a)*1000/n, n}'
+  awk -v a="$t0" -v b="$t1" -v n="$n" 'BEGIN{printf "%.3f ms/token over %d tokens", (b-a)*1000/n, n}'
+  [[ $2 == 1 ]] && printf ' | %s' "$(grep -o '"text":"[^"\\]*\(\\.[^"\\]*\)*' <<<"$r" | head -c 200)"
+  echo
 }
 # The first request of each kind warms the graph and the vocabulary's trie
 # (built on a thread at engine start), then three seeds, kinds interleaved.
