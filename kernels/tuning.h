@@ -84,18 +84,6 @@ struct DecodeTuning {
   // float64 with the mma forms (position 11, margin 0.005, took the other
   // expert: 12.95% there), 0.631% this way. dpl-bench takes DPL_MOE_PROMPT_MMA.
   int moe_prompt_mma_max_rows = 8;
-  // Ungrouped MoE passes (one token, small batches) add the experts' down
-  // products into the residual inside the down launch (MoeSum: the last CTA
-  // of each row block sums it, the same bits as MoeCombine) instead of a
-  // MoeCombine launch after it. dpl-bench takes DPL_MOE_SUM.
-  bool moe_fused_sum = false;
-  // The same for SwiGLU + int8 after the gate/up launch (MoeSwiGlu: the last
-  // CTA of each route's 32 rows of gate and up). dpl-bench: DPL_MOE_SWIGLU.
-  bool moe_fused_swiglu = false;
-  // One-token MoE passes take the router's logits and the top-k in one
-  // launch (RouteLogitsTopK: the router matvec's last CTA picks). dpl-bench:
-  // DPL_MOE_ROUTER.
-  bool moe_fused_router = false;
   // When every matrix of a model has the int8 mma form (q4_K, q6_K:
   // MatVecMmaSupports), products of 2 up to this many tokens (at most
   // kMmaMaxTokens) keep int8 activations and run it instead of dequantize +

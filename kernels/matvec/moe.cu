@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "formats/ggml_types.h"
-#include "kernels/act_quant.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/launch.cuh"
 #include "kernels/matvec/matvec_kernels.h"
@@ -42,14 +41,19 @@ __device__ __forceinline__ bool RouteBefore(float av, int ai, float bv, int bi) 
   return bi == INT_MAX || (ai != INT_MAX && (av > bv || (av == bv && ai < bi)));
 }
 
-// One row's pick by one warp (lane = threadIdx.x & 31): l (n_expert), ids
-// and w (k), copy (k) or null. Logits read from L2 (__ldcg): the router's
-// own last CTA reads rows the other CTAs wrote (RouteLogitsTopK).
 template <int kRoutePer>
-__device__ __forceinline__ void RouteRow(const float* __restrict__ l, int n_expert, int k,
-                                         int* __restrict__ row_ids, float* __restrict__ row_w,
-                                         int* __restrict__ row_copy) {
+__global__ void __launch_bounds__(32 * kRouteWarps)
+    RouteTopKKernel(const float* __restrict__ logits,  // (n_rows, n_expert)
+                    int n_rows, int n_expert, int k,
+                    int* __restrict__ ids,          // (n_rows, k)
+                    float* __restrict__ weights,    // (n_rows, k)
+                    int* __restrict__ ids_copy) {   // (n_rows, k) or null
+  GridDependencyWait();
+  GridLaunchDependents();
   const int lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
+  if (t >= n_rows) return;  // warp-uniform
+  const float* l = logits + t * n_expert;
   float v[kRoutePer];
   float mx = -INFINITY;
 #pragma unroll
@@ -57,7 +61,7 @@ __device__ __forceinline__ void RouteRow(const float* __restrict__ l, int n_expe
     const int e = lane + 32 * i;
     v[i] = -INFINITY;
     if (e < n_expert) {
-      const float x = __ldcg(l + e);
+      const float x = l[e];
       v[i] = isnan(x) ? -INFINITY : x;
       mx = fmaxf(mx, v[i]);
     }
@@ -75,6 +79,8 @@ __device__ __forceinline__ void RouteRow(const float* __restrict__ l, int n_expe
   for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
   uint32_t taken = 0;  // bit i: expert lane + 32 i picked
   float sum = 0.f;     // of the picked probabilities, in pick order (lane 0 uses it)
+  int* row_ids = ids + t * k;
+  float* row_w = weights + t * k;
   for (int j = 0; j < k; ++j) {
     float bv = -INFINITY;
     int bi = INT_MAX;
@@ -101,7 +107,7 @@ __device__ __forceinline__ void RouteRow(const float* __restrict__ l, int n_expe
     sum += p;
     if (lane == 0) {
       row_ids[j] = bi;
-      if (row_copy != nullptr) row_copy[j] = bi;
+      if (ids_copy != nullptr) ids_copy[t * k + j] = bi;
       row_w[j] = p;  // the probability for now; renormalized below
     }
   }
@@ -109,21 +115,6 @@ __device__ __forceinline__ void RouteRow(const float* __restrict__ l, int n_expe
     const float s = fmaxf(sum, 6.103515625e-5f);  // 2^-14, llama.cpp's clamp
     for (int j = 0; j < k; ++j) row_w[j] = row_w[j] / s;
   }
-}
-
-template <int kRoutePer>
-__global__ void __launch_bounds__(32 * kRouteWarps)
-    RouteTopKKernel(const float* __restrict__ logits,  // (n_rows, n_expert)
-                    int n_rows, int n_expert, int k,
-                    int* __restrict__ ids,          // (n_rows, k)
-                    float* __restrict__ weights,    // (n_rows, k)
-                    int* __restrict__ ids_copy) {   // (n_rows, k) or null
-  GridDependencyWait();
-  GridLaunchDependents();
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / 32;
-  if (t >= n_rows) return;  // warp-uniform
-  RouteRow<kRoutePer>(logits + t * n_expert, n_expert, k, ids + t * k, weights + t * k,
-                      ids_copy != nullptr ? ids_copy + t * k : nullptr);
 }
 
 // ---------------------------------------------------------------------------
@@ -137,66 +128,7 @@ struct MoeMatVecArgs {
   const int* ids = nullptr;                // (n_routes)
   int n_expert = 0;
   int x_div = 1;  // route r reads activation row r / x_div
-  MoeSum sum;     // x null: no sum
-  MoeSwiGlu swiglu;  // g null: none
 };
-
-// Counts CTA (route, row block blockIdx.y) into *count, which `arrivals`
-// CTAs share, once every thread's stores are made visible device-wide;
-// true in the last CTA, which zeroes the count for the next launch (it
-// follows this one's end) and may read the others' stores after the fence.
-__device__ __forceinline__ bool LastToArrive(int* count, int arrivals) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(count, 1) == arrivals - 1;
-    if (last) *count = 0;
-  }
-  __syncthreads();
-  if (last) __threadfence();
-  return last;
-}
-
-// MoeSum's tail of CTA (route r, row block blockIdx.y), once its y rows are
-// written: counts itself in, and the token's last CTA of the block adds the
-// block's rows of the k routes into x. Why not a launch of its own: at one
-// token (Qwen3-30B-A3B) MoeCombine is 4 us of a ~48 us layer, most of it
-// the boundary between launches.
-template <int KS>
-__device__ __forceinline__ void SumRoutesTail(const MoeMatVecArgs& m, int r) {
-  const int k = m.sum.k, t = r / k;
-  const int n_rows = static_cast<int>(m.mv.part[0].n_rows);
-  if (!LastToArrive(m.sum.counters + static_cast<int64_t>(t) * gridDim.y + blockIdx.y, k)) return;
-  const int64_t row = static_cast<int64_t>(blockIdx.y) * RowsPerCta(KS) + threadIdx.x;
-  if (threadIdx.x >= RowsPerCta(KS) || row >= n_rows) return;
-  // MoeCombineKernel's arithmetic (the same bits); y from L2 (__ldcg: the
-  // other CTAs' rows, never in this SM's L1).
-  const float* y = m.mv.part[0].y + static_cast<int64_t>(t) * k * n_rows + row;
-  float acc = 0.f;
-  for (int j = 0; j < k; ++j) acc += m.sum.weights[t * k + j] * __ldcg(y + static_cast<int64_t>(j) * n_rows);
-  m.sum.x[static_cast<int64_t>(t) * n_rows + row] += acc;
-}
-
-// MoeSwiGlu's tail of CTA (route r, row block blockIdx.y of gate or up):
-// the last of the 2 x 32 / RowsPerCta CTAs writing the route's 32-row group
-// of gate and up turns it into g and its int8 block, one warp, with
-// SwiGluQuantizeKernel's arithmetic (the same bits).
-template <int KS>
-__device__ __forceinline__ void SwiGluTail(const MoeMatVecArgs& m, int r) {
-  constexpr int kArrivals = 2 * 32 / RowsPerCta(KS);
-  static_assert(32 % RowsPerCta(KS) == 0, "a row block inside one group of 32");
-  const int n_rows = static_cast<int>(m.mv.part[0].n_rows);
-  const int part = static_cast<int>(blockIdx.y) >= m.mv.part[1].row_block0;
-  const int group = (static_cast<int>(blockIdx.y) - m.mv.part[part].row_block0) * RowsPerCta(KS) / 32;
-  if (!LastToArrive(m.swiglu.counters + static_cast<int64_t>(r) * (n_rows / 32) + group, kArrivals)) return;
-  if (threadIdx.x >= 32) return;
-  const int64_t i = static_cast<int64_t>(r) * n_rows + group * 32 + threadIdx.x;
-  const float gv = __ldcg(m.mv.part[0].y + i);
-  const float v = gv / (1.0f + expf(-gv)) * __ldcg(m.mv.part[1].y + i);
-  m.swiglu.g[i] = v;
-  QuantizeBlock32(v, i / 32, {m.swiglu.acts.q, m.swiglu.acts.d, m.swiglu.acts.s, nullptr});
-}
 
 template <class U, int KS>
 __global__ void __launch_bounds__(32 * WarpsPerCta(KS)) ExpertMatVecT(const MoeMatVecArgs m) {
@@ -220,30 +152,6 @@ __global__ void __launch_bounds__(32 * WarpsPerCta(KS)) ExpertMatVecT(const MoeM
     }
   }
   matvec_detail::MatVecBody<U, 1, KS, 2, false, false>(a);
-  if (m.sum.x != nullptr) SumRoutesTail<KS>(m, r);
-  if (m.swiglu.g != nullptr) SwiGluTail<KS>(m, r);
-}
-
-// RouteLogitsTopK: the router's f32 matvec for one token (MatVecT's body at
-// the decode geometry that f32 matrices under 2,048 rows take: k-split 8,
-// depth 4), then its last CTA to finish picks the experts (RouteRow).
-constexpr int kRouterKs = 8, kRouterDepth = 4;
-struct RouterArgs {
-  MatVecArgs mv;  // one part: the router, y = the logits (n_expert)
-  int n_expert = 0;
-  int k = 0;
-  int* ids = nullptr;       // (k)
-  float* weights = nullptr; // (k)
-  int* ids_copy = nullptr;  // (k) or null
-  int* counter = nullptr;   // (1) zero; left zero
-};
-
-template <int kRoutePer>
-__global__ void __launch_bounds__(32 * WarpsPerCta(kRouterKs)) RouteLogitsTopKT(const RouterArgs r) {
-  matvec_detail::MatVecBody<F32Vec, 1, kRouterKs, kRouterDepth, false, false>(r.mv);
-  if (!LastToArrive(r.counter, static_cast<int>(gridDim.y))) return;
-  if (threadIdx.x >= 32) return;
-  RouteRow<kRoutePer>(r.mv.part[0].y, r.n_expert, r.k, r.ids, r.weights, r.ids_copy);
 }
 
 // ---------------------------------------------------------------------------
@@ -544,52 +452,6 @@ absl::Status RouteTopK(const float* logits, int n_rows, int n_expert, int k, int
                       stream, pdl, logits, n_rows, n_expert, k, ids, weights, ids_copy);
 }
 
-bool RouteLogitsTopKSupports(const MatVecPlan& plan) {
-  return plan.kernel == MatVecKernel::kF32 && plan.decode == MatVecGeometry{1, kRouterKs, kRouterDepth, false};
-}
-
-absl::Status RouteLogitsTopK(const WeightMatrix& router, const MatVecPlan& plan, const float* h, float* logits,
-                             int k, int* ids, float* weights, int* counter, cudaStream_t stream, bool pdl,
-                             int* ids_copy) {
-  const int64_t n_expert = router.n_rows;
-  if (!RouteLogitsTopKSupports(plan) || router.type != formats::GgmlType::kF32) {
-    return absl::InvalidArgumentError(absl::StrCat("router top-k: a ", MatVecKernelName(plan.kernel),
-                                                   " plan at k-split ", plan.decode.ksplit, ", depth ",
-                                                   plan.decode.depth, " (the fused form is f32 at 8, 4)"));
-  }
-  if (n_expert < 1 || n_expert > kMoeMaxExperts || k < 1 || k > n_expert) {
-    return absl::InvalidArgumentError(absl::StrCat("router top-k: ", n_expert, " experts, k ", k,
-                                                   " (1 <= k <= n_expert <= ", kMoeMaxExperts, ")"));
-  }
-  if (h == nullptr || logits == nullptr || ids == nullptr || weights == nullptr || counter == nullptr ||
-      reinterpret_cast<uintptr_t>(h) % 16 != 0) {
-    return absl::InvalidArgumentError("router top-k: null pointer, or h not 16-byte aligned");
-  }
-  RouterArgs r;
-  MatVecPart& p = r.mv.part[0];
-  p.w = static_cast<const uint8_t*>(router.data);
-  p.row_stride = router.row_stride;
-  p.n_rows = static_cast<int>(n_expert);
-  p.y = logits;
-  r.mv.n_cols = static_cast<int>(router.n_cols);
-  r.mv.x = h;
-  r.n_expert = static_cast<int>(n_expert);
-  r.k = k;
-  r.ids = ids;
-  r.weights = weights;
-  r.ids_copy = ids_copy;
-  r.counter = counter;
-  DPL_ASSIGN_OR_RETURN(const MatVecGrid grid, MatVecGridFor(n_expert, 1, plan.decode));
-  void (*fn)(RouterArgs) = RouteLogitsTopKT<kMoeMaxExperts / 32>;
-  if (n_expert <= 32) fn = RouteLogitsTopKT<1>;
-  else if (n_expert <= 64) fn = RouteLogitsTopKT<2>;
-  else if (n_expert <= 128) fn = RouteLogitsTopKT<4>;
-  else if (n_expert <= 256) fn = RouteLogitsTopKT<8>;
-  else if (n_expert <= 512) fn = RouteLogitsTopKT<16>;
-  return LaunchKernel(fn, dim3(1, static_cast<unsigned>(grid.y)), dim3(32 * WarpsPerCta(kRouterKs)), 0, stream,
-                      pdl, r);
-}
-
 namespace {
 
 // What both expert launches share: the parts checked and laid into `a` (route
@@ -665,38 +527,11 @@ absl::Status NotCompiled(const char* who, const ExpertLaunch& L) {
 
 }  // namespace
 
-int64_t MoeSumCounters(int max_tokens, int64_t n_rows) {
-  constexpr int kMinRowsPerCta = RowsPerCta(4);  // = RowsPerCta(8), the fewest of any k-split
-  static_assert(kMinRowsPerCta == RowsPerCta(8) && kMinRowsPerCta <= RowsPerCta(1) && kMinRowsPerCta <= RowsPerCta(2));
-  return int64_t{max_tokens} * ((n_rows + kMinRowsPerCta - 1) / kMinRowsPerCta);
-}
-
-int64_t MoeSwiGluCounters(int max_routes, int64_t n_rows) { return int64_t{max_routes} * (n_rows / 32); }
-
 absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
-                          int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl,
-                          const MoeSum* sum, const MoeSwiGlu* swiglu) {
+                          int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl) {
   constexpr const char* kWho = "expert matvec";
   if (ids == nullptr) return absl::InvalidArgumentError("expert matvec: no expert ids");
   if (parts.empty() || parts[0].plan == nullptr) return absl::InvalidArgumentError("expert matvec: no part 0");
-  if (sum != nullptr &&
-      (parts.size() != 1 || x_div != 1 || sum->k <= 0 || n_routes % sum->k != 0 || sum->weights == nullptr ||
-       sum->x == nullptr || sum->counters == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expert matvec: a fused sum takes one part (", parts.size(), "), x_div 1 (", x_div,
-        "), routes a multiple of k (", n_routes, ", k ", sum->k, ") and weights, x and counters"));
-  }
-  if (swiglu != nullptr) {
-    if (sum != nullptr || parts.size() != 2 || parts[0].w == nullptr || parts[1].w == nullptr ||
-        parts[0].w->w.n_rows != parts[1].w->w.n_rows || parts[0].w->w.n_rows % 32 != 0 ||
-        swiglu->g == nullptr || swiglu->counters == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "expert matvec: a fused SwiGLU takes two parts of equal rows, a multiple of 32 (", parts.size(),
-          " parts), g and counters, and no sum"));
-    }
-    DPL_RETURN_IF_ERROR(CheckActs("expert matvec's SwiGLU", swiglu->acts,
-                                  static_cast<int>(parts[0].w->w.n_rows), n_routes));
-  }
   DPL_ASSIGN_OR_RETURN(const ExpertLaunch L, PrepareExperts(kWho, parts, x, n_cols, n_routes, x_div,
                                                             RowsPerCta(parts[0].plan->ksplit)));
   MoeMatVecArgs m;
@@ -705,8 +540,6 @@ absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, i
   m.ids = ids;
   m.n_expert = L.n_expert;
   m.x_div = x_div;
-  if (sum != nullptr) m.sum = *sum;
-  if (swiglu != nullptr) m.swiglu = *swiglu;
   const ExpertFn fn = PickExpert<false>(L.kernel, L.ksplit);
   if (fn == nullptr) return NotCompiled(kWho, L);
   return LaunchKernel(fn, dim3(static_cast<unsigned>(n_routes), static_cast<unsigned>(L.blocks)),

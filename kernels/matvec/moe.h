@@ -98,53 +98,12 @@ absl::Status MoeSwiGluQuantize(const float* gate, const float* up, int n_cols, i
 absl::Status RouteTopK(const float* logits, int n_rows, int n_expert, int k, int* ids,
                        float* weights, cudaStream_t stream, bool pdl, int* ids_copy = nullptr);
 
-// The router's logits and RouteTopK in one launch, for ONE token row (a
-// decode step of one sequence): logits = W_router h by the f32 matvec at the
-// plan's decode geometry, then the last of its CTAs to finish picks the
-// experts from them as RouteTopK does: the same logits, ids and weights as
-// RunMatVec + RouteTopK, one launch fewer. Only for plans that
-// RouteLogitsTopKSupports (f32 at k-split 8, depth 4: the geometry of f32
-// matrices under 2,048 rows, matvec_plan.cc). h: (n_cols) f32, 16-byte
-// aligned; logits (n_expert); ids, weights, ids_copy (null or not) (k);
-// counter: one int, zero, left zero.
-bool RouteLogitsTopKSupports(const MatVecPlan& plan);
-absl::Status RouteLogitsTopK(const WeightMatrix& router, const MatVecPlan& plan, const float* h, float* logits,
-                             int k, int* ids, float* weights, int* counter, cudaStream_t stream, bool pdl,
-                             int* ids_copy = nullptr);
-
 // One expert tensor of an ExpertMatVec launch and where it writes.
 struct ExpertOut {
   const ExpertWeights* w = nullptr;
   const ExpertPlan* plan = nullptr;
   float* y = nullptr;  // (n_routes, w->w.n_rows)
 };
-
-// MoeCombine done by the down product's own launch (ExpertMatVec's `sum`):
-// the last of a token's k CTAs to finish a row block (an atomic count a
-// (token, row block), each CTA's y rows made visible by a fence before it
-// counts) adds that block's rows of the token's k routes into x, j
-// ascending, with MoeCombine's arithmetic: the same bits, one launch fewer.
-struct MoeSum {
-  const float* weights = nullptr;  // (n_routes / k, k) RouteTopK's
-  int k = 0;
-  float* x = nullptr;         // (n_routes / k, the tensor's n_rows) the residual
-  int* counters = nullptr;    // (MoeSumCounters) zero when given; every launch leaves them zero
-};
-// Counters for up to max_tokens token rows over an expert tensor of n_rows
-// rows (any k-split: its row blocks are at least 4 rows).
-int64_t MoeSumCounters(int max_tokens, int64_t n_rows);
-
-// MoeSwiGluQuantize done by the gate/up launch itself (ExpertMatVec's
-// `swiglu`): the last of the CTAs writing a route's 32-row group of gate and
-// up (a count a (route, group)) computes that group's g = silu(gate) * up
-// and its int8 block with MoeSwiGluQuantize's arithmetic: the same bits,
-// one launch fewer.
-struct MoeSwiGlu {
-  float* g = nullptr;        // (n_routes, n_rows) may be part 0's y (in place)
-  MoeActs acts;              // g's int8 blocks
-  int* counters = nullptr;   // (MoeSwiGluCounters) zero when given; every launch leaves them zero
-};
-int64_t MoeSwiGluCounters(int max_routes, int64_t n_rows);
 
 // For every route r < n_routes and every part m (1 to kMaxMatVecParts
 // tensors of equal n_cols, kernel and k-split: gate and up share a launch):
@@ -153,13 +112,8 @@ int64_t MoeSwiGluCounters(int max_routes, int64_t n_rows);
 // MoeNormQuantize or MoeSwiGluQuantize). ids: (n_routes) expert ids in
 // [0, n_expert) (RouteTopK's; out-of-range ids are clamped, never read out
 // of bounds). Gate/up: x_div = k (route r reads token r / k); down: 1.
-// With `sum` (one part, x_div 1, n_routes a multiple of sum->k): also
-// MoeCombine(y_0, sum->weights, n_routes / k, k, n_rows, sum->x) (MoeSum).
-// With `swiglu` (two parts, gate then up, n_rows a multiple of 32): also
-// MoeSwiGluQuantize(y_0, y_1, n_rows, n_routes, swiglu->g, swiglu->acts).
 absl::Status ExpertMatVec(absl::Span<const ExpertOut> parts, const MoeActs& x, int n_cols,
-                          int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl,
-                          const MoeSum* sum = nullptr, const MoeSwiGlu* swiglu = nullptr);
+                          int n_routes, int x_div, const int* ids, cudaStream_t stream, bool pdl);
 
 // The routes of a pass grouped by expert, in device memory (carved once at
 // load, like MoeActs): `order` holds the route ids expert by expert (within

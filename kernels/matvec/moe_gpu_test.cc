@@ -1,8 +1,7 @@
 // GPU tests of the mixture-of-experts kernels (tags gpu, manual):
 //   - RouteTopK against a float64 CPU softmax / top-k / renormalization (the
 //     reference model's rule), with exact ties, near-ties and k = 1, 2, 8 of
-//     8 and 128 experts; RouteLogitsTopK (router matvec + top-k in one
-//     launch) against RunMatVec + RouteTopK bit for bit;
+//     8 and 128 experts;
 //   - ExpertMatVec for every expert kernel (q4_K, q5_K, q6_K raw and dpl,
 //     q8_0 raw and dpl) at 256x512, 512x256, 768x2048, 2048x768 (one-block
 //     rows: 256 columns), for 1, 3 and 16 token rows whose routes share
@@ -13,9 +12,7 @@
 //     1 to 1024 experts, up to 3000 routes, tiles of 8 / 16 / 64), and
 //     ExpertMatVecGrouped against float64 and ExpertMatVec (every type; runs
 //     of several tiles; the same bits at every tile size);
-//   - MoeCombine against float64, and ExpertMatVec's fused sum (MoeSum)
-//     against ExpertMatVec + MoeCombine bit for bit, and its fused SwiGLU
-//     (MoeSwiGlu) against ExpertMatVec + MoeSwiGluQuantize;
+//   - MoeCombine against float64;
 //   - PlanExperts refuses a type without an expert kernel.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -36,7 +33,6 @@
 #include "kernels/cuda_handles.h"
 #include "kernels/device_tuning.h"
 #include "kernels/gpu_test.h"
-#include "kernels/matvec/matvec.h"
 #include "kernels/matvec/matvec_test_util.h"
 #include "kernels/matvec/matvec_plan.h"
 #include "kernels/matvec/moe.h"
@@ -148,68 +144,6 @@ TEST_CASE("RouteTopK follows the float64 softmax / top-k / renormalization") {
       }
     }
   }
-}
-
-TEST_CASE("RouteLogitsTopK gives RunMatVec + RouteTopK's logits, ids and weights") {
-  // The router of one token: f32 (n_expert, n_cols), planned as the decoder
-  // plans it; the fused launch against the two launches, bit for bit, three
-  // times on one counter (each launch must leave it zero), with and without
-  // the ids copy.
-  for (int n_expert : {8, 60, 128}) {
-    for (int64_t n_cols : {512, 2048}) {
-      for (int k : {1, 2, 8}) {
-        CAPTURE(n_expert);
-        CAPTURE(n_cols);
-        CAPTURE(k);
-        const std::vector<float> w = RandomNormal(n_expert * n_cols, 2000 + n_expert + n_cols + k, 0.05f);
-        GuardedArray<float> d_router(w);
-        WeightMatrix m;
-        m.data = d_router.get();
-        m.type = GgmlType::kF32;
-        m.n_rows = n_expert;
-        m.n_cols = n_cols;
-        m.row_stride = n_cols * 4;
-        const absl::StatusOr<MatVecPlan> plan = PlanMatVec(m, Tuning());
-        REQUIRE_MESSAGE(plan.ok(), plan.status().ToString());
-        REQUIRE(RouteLogitsTopKSupports(*plan));
-        GuardedArray<int> counter(1), ids1(k), ids2(k), copy(k);
-        GuardedArray<float> l1(n_expert), l2(n_expert), w1(k), w2(k);
-        for (int round = 0; round < 3; ++round) {
-          CAPTURE(round);
-          GuardedArray<float> h(RandomNormal(n_cols, 3000 + round + k));
-          MatVecIo io;
-          io.x = h.get();
-          io.n_tokens = 1;
-          io.y = l1.get();
-          STATUS_OK(RunMatVec(m, *plan, io, nullptr));
-          STATUS_OK(RouteTopK(l1.get(), 1, n_expert, k, ids1.get(), w1.get(), nullptr, false));
-          STATUS_OK(RouteLogitsTopK(m, *plan, h.get(), l2.get(), k, ids2.get(), w2.get(), counter.get(), nullptr,
-                                    true, round == 1 ? copy.get() : nullptr));
-          const std::vector<float> gl1 = l1.Download(), gl2 = l2.Download(), gw1 = w1.Download(), gw2 = w2.Download();
-          CHECK(std::memcmp(gl1.data(), gl2.data(), gl1.size() * 4) == 0);
-          CHECK(ids1.Download() == ids2.Download());
-          CHECK(std::memcmp(gw1.data(), gw2.data(), gw1.size() * 4) == 0);
-          if (round == 1) CHECK(copy.Download() == ids2.Download());
-          CHECK(counter.Download()[0] == 0);
-        }
-      }
-    }
-  }
-  // A plan the fused form does not take is an error naming it.
-  GuardedArray<float> d_router(std::vector<float>(8 * 512, 0.f)), h(512), l(8), w(2);
-  GuardedArray<int> counter(1), ids(2);
-  WeightMatrix m;
-  m.data = d_router.get();
-  m.n_rows = 8;
-  m.n_cols = 512;
-  m.row_stride = 512 * 4;
-  absl::StatusOr<MatVecPlan> plan = PlanMatVec(m, Tuning());
-  REQUIRE(plan.ok());
-  plan->decode.ksplit = 4;
-  CHECK(!RouteLogitsTopKSupports(*plan));
-  const absl::Status st = RouteLogitsTopK(m, *plan, h.get(), l.get(), 2, ids.get(), w.get(), counter.get(), nullptr, false);
-  CHECK(!st.ok());
-  CHECK_MESSAGE(std::string(st.message()).find("k-split 4") != std::string::npos, st.ToString());
 }
 
 TEST_CASE("RouteTopK refuses bad shapes") {
@@ -588,160 +522,6 @@ TEST_CASE("MoeCombine adds the weighted routes into the residual") {
     }
     CHECK(NormErr(got, want) < 1e-6);
   }
-}
-
-TEST_CASE("ExpertMatVec's fused sum gives MoeCombine's bits and leaves its counters zero") {
-  // The down product (x_div 1) with MoeSum against the same launch without
-  // it followed by MoeCombine: the same y and the same x, bit for bit, for
-  // every expert type, one and several token rows, k 1, 2 and 8, three
-  // launches in a row on one counter buffer (each must leave it zeroed).
-  constexpr int kExperts = 8;
-  const int64_t shapes[][2] = {{2048, 768}, {512, 256}, {300, 512}};  // rows x cols; 300: a partial row block
-  int seed = 0;
-  for (const ExpertType& t : kExpertTypes) {
-    for (const auto& sh : shapes) {
-      const int64_t rows = sh[0], cols = sh[1];
-      CAPTURE(formats::TraitsOf(t.type).name);
-      CAPTURE(static_cast<int>(t.layout));
-      CAPTURE(rows);
-      DevExperts ex;
-      MakeExperts(t, kExperts, rows, cols, 1300 + ++seed, &ex);
-      const int max_tokens = 5;
-      GuardedArray<int> counters(static_cast<size_t>(MoeSumCounters(max_tokens, rows)));
-      for (int k : {1, 2, 8}) {
-        for (int n : {1, 5, 3}) {
-          CAPTURE(k);
-          CAPTURE(n);
-          const int routes = n * k;
-          std::vector<int> ids(static_cast<size_t>(routes));
-          for (int r = 0; r < routes; ++r) ids[r] = (r * 5 + n) % kExperts;
-          GuardedArray<int> d_ids(ids);
-          const NormedActs na(routes, cols, 40 + seed + k + n);
-          const std::vector<float> w = RandomNormal(routes, 60 + k + n, 0.3f);
-          const std::vector<float> x0 = RandomNormal(int64_t{n} * rows, 70 + k + n);
-          GuardedArray<float> d_w(w), y1(static_cast<size_t>(routes * rows)), y2(y1.size()), x1(x0), x2(x0);
-          const ExpertOut o1[1] = {{&ex.w, &ex.plan, y1.get()}};
-          const ExpertOut o2[1] = {{&ex.w, &ex.plan, y2.get()}};
-          STATUS_OK(ExpertMatVec(o1, na.acts, static_cast<int>(cols), routes, 1, d_ids.get(), nullptr, false));
-          STATUS_OK(MoeCombine(y1.get(), d_w.get(), n, k, static_cast<int>(rows), x1.get(), nullptr, false));
-          const MoeSum sum{d_w.get(), k, x2.get(), counters.get()};
-          STATUS_OK(ExpertMatVec(o2, na.acts, static_cast<int>(cols), routes, 1, d_ids.get(), nullptr, true, &sum));
-          const std::vector<float> gy1 = y1.Download(), gy2 = y2.Download(), gx1 = x1.Download(),
-                                   gx2 = x2.Download();
-          CHECK(std::memcmp(gy1.data(), gy2.data(), gy1.size() * 4) == 0);
-          CHECK(std::memcmp(gx1.data(), gx2.data(), gx1.size() * 4) == 0);
-          CHECK(gx1 != x0);  // the sum moved x
-          const std::vector<int> c = counters.Download();
-          CHECK(std::all_of(c.begin(), c.end(), [](int v) { return v == 0; }));
-        }
-      }
-    }
-  }
-  // Misuse is an error, not a wrong sum: two parts, x_div != 1, routes not
-  // a multiple of k, a missing buffer.
-  DevExperts ex;
-  MakeExperts({GgmlType::kQ4_K, TensorLayout::kRaw}, 4, 64, 256, 77, &ex);
-  const NormedActs na(4, 256, 3);
-  GuardedArray<int> d_ids(std::vector<int>{0, 1, 2, 3}), counters(64);
-  GuardedArray<float> d_w(4), y(4 * 64), y2(4 * 64), x(2 * 64);
-  const ExpertOut one[1] = {{&ex.w, &ex.plan, y.get()}};
-  const ExpertOut two[2] = {{&ex.w, &ex.plan, y.get()}, {&ex.w, &ex.plan, y2.get()}};
-  const MoeSum ok{d_w.get(), 2, x.get(), counters.get()};
-  CHECK(!ExpertMatVec(two, na.acts, 256, 4, 1, d_ids.get(), nullptr, false, &ok).ok());
-  CHECK(!ExpertMatVec(one, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, &ok).ok());
-  const MoeSum k3{d_w.get(), 3, x.get(), counters.get()};
-  CHECK(!ExpertMatVec(one, na.acts, 256, 4, 1, d_ids.get(), nullptr, false, &k3).ok());
-  const MoeSum no_counters{d_w.get(), 2, x.get(), nullptr};
-  CHECK(!ExpertMatVec(one, na.acts, 256, 4, 1, d_ids.get(), nullptr, false, &no_counters).ok());
-  STATUS_OK(ExpertMatVec(one, na.acts, 256, 4, 1, d_ids.get(), nullptr, false, &ok));
-}
-
-// The int8 blocks of n values in `a`, back on the host as raw bytes (q,
-// then d, then s): equal bytes, equal blocks.
-std::vector<uint8_t> ActsBytes(const MoeActs& a, int64_t n) {
-  std::vector<uint8_t> out(static_cast<size_t>(n + 2 * (n / 32) * 4));
-  CUDA_OK(cudaDeviceSynchronize());
-  CUDA_OK(cudaMemcpy(out.data(), a.q, n, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(out.data() + n, a.d, (n / 32) * 4, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(out.data() + n + (n / 32) * 4, a.s, (n / 32) * 4, cudaMemcpyDeviceToHost));
-  return out;
-}
-
-TEST_CASE("ExpertMatVec's fused SwiGLU gives MoeSwiGluQuantize's bits and leaves its counters zero") {
-  // The gate/up launch (two parts, x_div k) with MoeSwiGlu, g in place over
-  // gate as the decoder has it, against the same launch followed by
-  // MoeSwiGluQuantize: the same g, up and int8 blocks, bit for bit.
-  constexpr int kExperts = 8;
-  const int64_t shapes[][2] = {{768, 2048}, {256, 512}, {512, 256}};  // rows x cols
-  int seed = 0;
-  for (const ExpertType& t : kExpertTypes) {
-    for (const auto& sh : shapes) {
-      const int64_t rows = sh[0], cols = sh[1];
-      CAPTURE(formats::TraitsOf(t.type).name);
-      CAPTURE(static_cast<int>(t.layout));
-      CAPTURE(rows);
-      DevExperts gate, up;
-      MakeExperts(t, kExperts, rows, cols, 1700 + ++seed, &gate);
-      MakeExperts(t, kExperts, rows, cols, 1800 + seed, &up);
-      const int max_routes = 40;
-      GuardedArray<int> counters(static_cast<size_t>(MoeSwiGluCounters(max_routes, rows)));
-      for (int k : {1, 2, 8}) {
-        for (int n : {1, 5, 3}) {
-          CAPTURE(k);
-          CAPTURE(n);
-          const int routes = n * k;
-          std::vector<int> ids(static_cast<size_t>(routes));
-          for (int r = 0; r < routes; ++r) ids[r] = (r * 3 + n) % kExperts;
-          GuardedArray<int> d_ids(ids);
-          const NormedActs na(n, cols, 90 + seed + k + n);
-          GuardedArray<float> g1(static_cast<size_t>(routes * rows)), u1(g1.size()), g2(g1.size()), u2(g1.size());
-          void* mem1 = nullptr;
-          void* mem2 = nullptr;
-          CUDA_OK(cudaMalloc(&mem1, MoeActsBytes(routes * rows)));
-          CUDA_OK(cudaMalloc(&mem2, MoeActsBytes(routes * rows)));
-          const MoeActs a1 = MoeActsIn(mem1, routes * rows), a2 = MoeActsIn(mem2, routes * rows);
-          const ExpertOut o1[2] = {{&gate.w, &gate.plan, g1.get()}, {&up.w, &up.plan, u1.get()}};
-          const ExpertOut o2[2] = {{&gate.w, &gate.plan, g2.get()}, {&up.w, &up.plan, u2.get()}};
-          STATUS_OK(ExpertMatVec(o1, na.acts, static_cast<int>(cols), routes, k, d_ids.get(), nullptr, false));
-          STATUS_OK(MoeSwiGluQuantize(g1.get(), u1.get(), static_cast<int>(rows), routes, g1.get(), a1, nullptr, false));
-          const MoeSwiGlu sw{g2.get(), a2, counters.get()};
-          STATUS_OK(ExpertMatVec(o2, na.acts, static_cast<int>(cols), routes, k, d_ids.get(), nullptr, true, nullptr,
-                                 &sw));
-          const std::vector<float> gg1 = g1.Download(), gg2 = g2.Download(), gu1 = u1.Download(), gu2 = u2.Download();
-          CHECK(std::memcmp(gg1.data(), gg2.data(), gg1.size() * 4) == 0);
-          CHECK(std::memcmp(gu1.data(), gu2.data(), gu1.size() * 4) == 0);
-          CHECK(ActsBytes(a1, routes * rows) == ActsBytes(a2, routes * rows));
-          const std::vector<int> c = counters.Download();
-          CHECK(std::all_of(c.begin(), c.end(), [](int v) { return v == 0; }));
-          CUDA_OK(cudaFree(mem1));
-          CUDA_OK(cudaFree(mem2));
-        }
-      }
-    }
-  }
-  // Misuse: one part, rows not a multiple of 32, with a sum too, no counters.
-  DevExperts a, b, c;
-  MakeExperts({GgmlType::kQ4_K, TensorLayout::kRaw}, 4, 64, 256, 78, &a);
-  MakeExperts({GgmlType::kQ4_K, TensorLayout::kRaw}, 4, 64, 256, 79, &b);
-  MakeExperts({GgmlType::kQ4_K, TensorLayout::kRaw}, 4, 80, 256, 80, &c);
-  const NormedActs na(2, 256, 4);
-  GuardedArray<int> d_ids(std::vector<int>{0, 1, 2, 3}), counters(64);
-  GuardedArray<float> y(4 * 80), y2(4 * 80), d_w(4), x(2 * 80);
-  void* mem = nullptr;
-  CUDA_OK(cudaMalloc(&mem, MoeActsBytes(4 * 80)));
-  const MoeActs acts = MoeActsIn(mem, 4 * 80);
-  const MoeSwiGlu sw{y.get(), acts, counters.get()};
-  const ExpertOut one[1] = {{&a.w, &a.plan, y.get()}};
-  const ExpertOut two[2] = {{&a.w, &a.plan, y.get()}, {&b.w, &b.plan, y2.get()}};
-  const ExpertOut uneven[2] = {{&a.w, &a.plan, y.get()}, {&c.w, &c.plan, y2.get()}};
-  CHECK(!ExpertMatVec(one, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, nullptr, &sw).ok());
-  CHECK(!ExpertMatVec(uneven, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, nullptr, &sw).ok());
-  const MoeSum sum{d_w.get(), 2, x.get(), counters.get()};
-  CHECK(!ExpertMatVec(two, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, &sum, &sw).ok());
-  const MoeSwiGlu no_counters{y.get(), acts, nullptr};
-  CHECK(!ExpertMatVec(two, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, nullptr, &no_counters).ok());
-  STATUS_OK(ExpertMatVec(two, na.acts, 256, 4, 2, d_ids.get(), nullptr, false, nullptr, &sw));
-  CUDA_OK(cudaFree(mem));
 }
 
 TEST_CASE("PlanExperts refuses a type without an expert kernel") {

@@ -322,11 +322,6 @@ absl::Status CudaDecoder::Allocate() {
       {M * NX * 4, &b.moe_logits}, {M * K * 4, &b.moe_ids},   {M * K * 4, &b.moe_w},
       {static_cast<uint64_t>(hp_.n_layer) * route_log_rows_ * K * 4, &b.route_log},
       {M * K * X * 4, &b.moe_gate}, {M * K * X * 4, &b.moe_up}, {M * K * E * 4, &b.moe_down},
-      {static_cast<uint64_t>(kernels::MoeSumCounters(static_cast<int>(M), static_cast<int64_t>(E))) * 4,
-       &b.moe_sum_counters},
-      {static_cast<uint64_t>(kernels::MoeSwiGluCounters(static_cast<int>(M * K), static_cast<int64_t>(X))) * 4,
-       &b.moe_swiglu_counters},
-      {M > 0 ? 4u : 0u, &b.moe_route_counter},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * E)) : 0, &moe_h_mem},
       {M > 0 ? kernels::MoeActsBytes(static_cast<int64_t>(M * K * X)) : 0, &moe_g_mem},
       {M > 0 ? kernels::MoeGroupsBytes(static_cast<int>(M * K), static_cast<int>(NX)) : 0, &moe_groups_mem},
@@ -375,12 +370,6 @@ absl::Status CudaDecoder::Allocate() {
   DPL_CUDA_CHECK(cudaMemset(b.row_seq, 0xff, S * 4));  // all -1: padding
   DPL_CUDA_CHECK(cudaMemset(b.allowed_on, 0, S * 4));  // no masks
   DPL_CUDA_CHECK(cudaMemset(b.n_bias, 0, S * 4));      // no logit biases
-  if (M > 0) {  // MoeSum's and MoeSwiGlu's counts start at zero (each launch leaves them so)
-    DPL_CUDA_CHECK(cudaMemset(b.moe_sum_counters, 0, kernels::MoeSumCounters(static_cast<int>(M), static_cast<int64_t>(E)) * 4));
-    DPL_CUDA_CHECK(cudaMemset(b.moe_swiglu_counters, 0,
-                              kernels::MoeSwiGluCounters(static_cast<int>(M * K), static_cast<int64_t>(X)) * 4));
-    DPL_CUDA_CHECK(cudaMemset(b.moe_route_counter, 0, 4));
-  }
   if (kv_layout_.paged()) {
     // Every entry a block of the pool (0) until a table is set: a padding
     // row's read of its sequence's first key stays inside the pool.
@@ -678,20 +667,15 @@ absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, int layer, const float
     float* x = b.x + static_cast<int64_t>(r0) * E;  // (m, E)
     float* h = b.h + static_cast<int64_t>(r0) * E;  // (m, E)
     DPL_RETURN_IF_ERROR(kernels::MoeNormQuantize(x, ffn_norm, eps, E, m, h, b.moe_h, s, pdl));
+    kernels::MatVecIo io;
+    io.x = h;
+    io.n_tokens = m;
+    io.y = b.moe_logits;
+    DPL_RETURN_IF_ERROR(kernels::RunMatVec(moe.router.w, moe.router.plan, io, s));
     int* log = b.route_log != nullptr
                    ? b.route_log + (static_cast<int64_t>(layer) * route_log_rows_ + r0) * k
                    : nullptr;
-    if (m == 1 && tuning_.moe_fused_router && kernels::RouteLogitsTopKSupports(moe.router.plan)) {
-      DPL_RETURN_IF_ERROR(kernels::RouteLogitsTopK(moe.router.w, moe.router.plan, h, b.moe_logits, k, b.moe_ids,
-                                                   b.moe_w, b.moe_route_counter, s, pdl, log));
-    } else {
-      kernels::MatVecIo io;
-      io.x = h;
-      io.n_tokens = m;
-      io.y = b.moe_logits;
-      DPL_RETURN_IF_ERROR(kernels::RunMatVec(moe.router.w, moe.router.plan, io, s));
-      DPL_RETURN_IF_ERROR(kernels::RouteTopK(b.moe_logits, m, n_expert, k, b.moe_ids, b.moe_w, s, pdl, log));
-    }
+    DPL_RETURN_IF_ERROR(kernels::RouteTopK(b.moe_logits, m, n_expert, k, b.moe_ids, b.moe_w, s, pdl, log));
     const int routes = m * k;
     // Routes numbering at least the experts (tuning): grouped by expert,
     // each expert's weights read once per tile of its routes on the int8
@@ -714,25 +698,13 @@ absl::Status CudaDecoder::EnqueueMoe(const MoeLayer& moe, int layer, const float
     };
     const kernels::ExpertOut gate_up[2] = {{&moe.gate, &moe.gate_plan, b.moe_gate},
                                            {&moe.up, &moe.up_plan, b.moe_up}};
-    if (moe.gate_up_grouped && !grouped && tuning_.moe_fused_swiglu) {  // g = silu(gate) * up inside the launch
-      const kernels::MoeSwiGlu swiglu{b.moe_gate, b.moe_g, b.moe_swiglu_counters};
-      DPL_RETURN_IF_ERROR(
-          kernels::ExpertMatVec(gate_up, b.moe_h, E, routes, k, b.moe_ids, s, pdl, nullptr, &swiglu));
+    if (moe.gate_up_grouped) {
+      DPL_RETURN_IF_ERROR(experts(gate_up, b.moe_h, E, k));
     } else {
-      if (moe.gate_up_grouped) {
-        DPL_RETURN_IF_ERROR(experts(gate_up, b.moe_h, E, k));
-      } else {
-        for (const kernels::ExpertOut& o : gate_up) DPL_RETURN_IF_ERROR(experts({o}, b.moe_h, E, k));
-      }
-      DPL_RETURN_IF_ERROR(
-          kernels::MoeSwiGluQuantize(b.moe_gate, b.moe_up, X, routes, b.moe_gate, b.moe_g, s, pdl));
+      for (const kernels::ExpertOut& o : gate_up) DPL_RETURN_IF_ERROR(experts({o}, b.moe_h, E, k));
     }
+    DPL_RETURN_IF_ERROR(kernels::MoeSwiGluQuantize(b.moe_gate, b.moe_up, X, routes, b.moe_gate, b.moe_g, s, pdl));
     const kernels::ExpertOut down[1] = {{&moe.down, &moe.down_plan, b.moe_down}};
-    if (!grouped && tuning_.moe_fused_sum) {  // x += sum_j w_j down_j inside the down launch
-      const kernels::MoeSum sum{b.moe_w, k, x, b.moe_sum_counters};
-      DPL_RETURN_IF_ERROR(kernels::ExpertMatVec(down, b.moe_g, X, routes, 1, b.moe_ids, s, pdl, &sum));
-      continue;
-    }
     DPL_RETURN_IF_ERROR(experts(down, b.moe_g, X, 1));
     DPL_RETURN_IF_ERROR(kernels::MoeCombine(b.moe_down, b.moe_w, m, k, E, x, s, pdl));
   }

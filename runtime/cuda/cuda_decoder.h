@@ -369,9 +369,6 @@ class CudaDecoder : public generate::Decoder {
     float* moe_gate = nullptr;    // (M * k, X) gate products, then silu(gate) * up
     float* moe_up = nullptr;      // (M * k, X) up products
     float* moe_down = nullptr;    // (M * k, n_embd) down products
-    int* moe_sum_counters = nullptr;  // (MoeSumCounters(M, n_embd)) the down launch's sum (MoeSum), zeroed once
-    int* moe_swiglu_counters = nullptr;  // (MoeSwiGluCounters(M * k, X)) the gate/up launch's SwiGLU (MoeSwiGlu)
-    int* moe_route_counter = nullptr;    // (1) RouteLogitsTopK's
     kernels::MoeActs moe_h;       // int8 blocks of the rows' normed x: (M, n_embd)
     kernels::MoeActs moe_g;       // int8 blocks of silu(gate) * up: (M * k, X)
     kernels::MoeGroups moe_groups;  // the (M * k) routes grouped by expert (RouteGroups)

@@ -1281,35 +1281,6 @@ TEST_CASE("MoE: graph replay and eager steps give identical bits, and so do two 
   CHECK(p1 == p2);
 }
 
-// DecodeTuning::moe_fused_sum, moe_fused_swiglu and moe_fused_router: the
-// down launch adds the routes into the residual itself (MoeSum), the
-// gate/up launch writes g and its int8 blocks (MoeSwiGlu) in ungrouped
-// passes, and one-token steps pick their experts in the router's launch
-// (RouteLogitsTopK): one-token steps (graph) and a 3-token prompt (6 routes
-// of 8 experts: ungrouped), the same bits as the separate launches.
-TEST_CASE("MoE: the fused tails (sum, SwiGLU, router top-k) give the separate launches' bits") {
-  const std::string path = MoeOracleDpl();
-  absl::StatusOr<kernels::DecodeTuning> t = kernels::DecodeTuningForDevice();
-  REQUIRE(t.ok());
-  CudaDecoderOptions fused, plain;
-  fused.unverified_moe = plain.unverified_moe = true;
-  fused.tuning = *t;
-  fused.tuning->moe_fused_sum = fused.tuning->moe_fused_swiglu = fused.tuning->moe_fused_router = true;
-  plain.tuning = *t;
-  plain.tuning->moe_fused_sum = plain.tuning->moe_fused_swiglu = plain.tuning->moe_fused_router = false;
-  std::unique_ptr<CudaDecoder> a = MustCreate(path, fused), b = MustCreate(path, plain);
-  const std::vector<int32_t> prompt = Tokens(3, a->n_vocab());
-  CHECK(GpuPrompt(*a, prompt) == GpuPrompt(*b, prompt));
-  for (int32_t tok : Tokens(16, a->n_vocab())) {
-    std::vector<float> la, lb;
-    const int32_t one[1] = {tok};
-    REQUIRE(a->Eval(one, &la, nullptr).ok());
-    REQUIRE(b->Eval(one, &lb, nullptr).ok());
-    REQUIRE(la.size() == lb.size());
-    CHECK(std::memcmp(la.data(), lb.data(), la.size() * 4) == 0);
-  }
-}
-
 // Rows of a step routed to different experts (and sharing some), every
 // bucket; the gate of the dense models' batched tests.
 TEST_CASE("MoE: batched steps follow the single-sequence step") {
