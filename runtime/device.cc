@@ -130,7 +130,6 @@ absl::StatusOr<std::unique_ptr<generate::Decoder>> CreateDecoder(const std::stri
     CudaDecoderOptions co;
     co.n_ctx = options.n_ctx;
     co.eager = options.eager;
-    co.unverified_moe = options.unverified_moe;
     co.max_batch = options.max_batch;
     co.index = options.index;
     DPL_ASSIGN_OR_RETURN(co.load.method, ParseUploadMethod(options.weights_upload));

@@ -19,7 +19,6 @@ struct DeviceOptions {
   int64_t n_ctx = 4096;         // KV cache positions (0: the model's context length)
   int max_batch = 2048;         // cuda: prompt chunk, tokens per forward pass (-ub)
   bool eager = false;           // cuda: launch kernel by kernel (DPL_EAGER=1), no graph
-  bool unverified_moe = false;  // cuda: run MoE models (DPL_CUDA_MOE=1; CudaDecoderOptions says why)
   std::string weights_upload = "auto";  // cuda: auto, pin or staged (DeviceWeights)
   double host_copy_gb_per_s = 0;        // cuda, auto: StartWeightPrefault's measure (0: none)
   // cuda: `path` already opened with ModelFile::OpenIndex (parsed once), or null.

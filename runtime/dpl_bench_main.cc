@@ -263,8 +263,6 @@ absl::Status Bench(const cxxopts::ParseResult& args) {
   dpl::runtime::CudaDecoderOptions opt;
   opt.n_ctx = args["ctx-size"].as<int64_t>() > 0 ? args["ctx-size"].as<int64_t>() : need + 1;
   opt.max_batch = args["ubatch-size"].as<int>();
-  const char* moe = std::getenv("DPL_CUDA_MOE");  // the unverified CUDA MoE path (README)
-  opt.unverified_moe = moe != nullptr && std::string(moe) == "1";
   if (opt.max_batch < 1 || opt.max_batch > 8192) {
     return absl::InvalidArgumentError(absl::StrCat("-ub ", opt.max_batch, " is out of range [1, 8192]"));
   }

@@ -160,8 +160,6 @@ absl::StatusOr<Loaded> Load(const cxxopts::ParseResult& args) {
   dopt.weights_upload = args["weights-upload"].as<std::string>();
   const char* eager = std::getenv("DPL_EAGER");  // debugging: no graph (docs in README)
   dopt.eager = eager != nullptr && *eager != '\0' && std::strcmp(eager, "0") != 0;
-  const char* moe = std::getenv("DPL_CUDA_MOE");  // the unverified CUDA MoE path (README)
-  dopt.unverified_moe = moe != nullptr && std::strcmp(moe, "1") == 0;
   dopt.index = l.index;
   l.device_init_seconds = device_init.get();
   l.host_copy_gb_per_s = dopt.host_copy_gb_per_s = prefault.host_copy_gb_per_s.get();

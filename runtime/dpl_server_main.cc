@@ -153,8 +153,6 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
       }
     }
     co.index = file;
-    const char* moe = std::getenv("DPL_CUDA_MOE");  // the unverified CUDA MoE path (README)
-    co.unverified_moe = moe != nullptr && std::string(moe) == "1";
     device_init.get();
     // DPL_PROMPT_ONE_LAUNCH=0: a packed pass's chunks through prompt
     // attention one launch a chunk (kernels/tuning.h; an A/B).

@@ -50,13 +50,6 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   }
   DPL_ASSIGN_OR_RETURN(const model::ModelDesc desc, model::BindModel(*index_));
   DPL_RETURN_IF_ERROR(model::CheckGpuArch(desc));
-  if (desc.hp.moe() && !options.unverified_moe) {
-    return absl::UnimplementedError(absl::StrCat(
-        path, ": ", desc.hp.arch_name, " (", desc.hp.n_expert,
-        " experts): the CUDA runtime's mixture-of-experts path is not yet within 3% of llama.cpp's "
-        "logits at every position; DPL_CUDA_MOE=1 runs it anyway, dpl-run --device cpu runs the CPU "
-        "reference"));
-  }
   hp_ = desc.hp;
   bytes_per_token_ = desc.bytes_per_token;
   if (options.n_ctx < 0 || options.n_ctx > kMaxContext) {

@@ -90,13 +90,6 @@ struct CudaDecoderOptions {
   // Debugging: run every step eagerly instead of replaying the graph (dpl-run
   // sets it from DPL_EAGER=1). Same bits either way.
   bool eager = false;
-  // Mixture-of-experts models (qwen3moe) run only with this set: the CUDA
-  // MoE path (kernels/matvec/moe.h) passes its kernel tests, but the MoE
-  // oracle is not yet within 3% of llama.cpp at every position (H100,
-  // docs/PERF.md). dpl-run, dpl-bench and dpl-server set it from
-  // DPL_CUDA_MOE=1, its GPU tests set it. Unset: Create refuses the model
-  // with that reason and points to --device cpu.
-  bool unverified_moe = false;
   // Tests: every pass of a MoE model keeps each row's expert choices
   // (RouteTopK's ids, copied by the kernel itself, so graphs hold it too)
   // for RecordedRoutes.

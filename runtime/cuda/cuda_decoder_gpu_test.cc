@@ -647,13 +647,11 @@ double WorstBatchedVsSingle(const std::string& path, int n_seq, const Schedule& 
   CudaDecoderOptions bo;
   bo.n_ctx = 128;
   bo.n_seq = n_seq;
-  bo.unverified_moe = true;  // the MoE case runs it too
   auto batched = CudaDecoder::Create(path, bo);
   REQUIRE_MESSAGE(batched.ok(), batched.status().ToString());
   CudaDecoder& B = **batched;
   CudaDecoderOptions so;
   so.n_ctx = 128;
-  so.unverified_moe = true;
   auto single = CudaDecoder::Create(path, so);
   REQUIRE(single.ok());
   CudaDecoder& A = **single;
@@ -1101,7 +1099,6 @@ std::unique_ptr<CudaDecoder> MustCreate(const std::string& path, const CudaDecod
 // into), its expert choices recorded.
 std::unique_ptr<CudaDecoder> MoeDecoder(const std::string& path) {
   CudaDecoderOptions o;
-  o.unverified_moe = true;
   o.record_routes = true;
   o.n_ctx = 512;
   return MustCreate(path, o);
@@ -1263,7 +1260,6 @@ TEST_CASE("a MoE prompt of more rows than one slice follows the CPU reference") 
 TEST_CASE("MoE: graph replay and eager steps give identical bits, and so do two prompt passes") {
   const std::string path = MoeOracleDpl();
   CudaDecoderOptions g, e;
-  g.unverified_moe = e.unverified_moe = true;
   e.eager = true;
   std::unique_ptr<CudaDecoder> graph = MustCreate(path, g), eager = MustCreate(path, e);
   CHECK(graph->uses_graph());
@@ -1301,7 +1297,6 @@ TEST_CASE("MoE: batched steps follow the single-sequence step") {
 TEST_CASE("MoE: packed and mixed passes follow each sequence alone") {
   const std::string path = MakeDpl("mini-qwen3moe");
   CudaDecoderOptions o;
-  o.unverified_moe = true;
   o.n_ctx = 256;
   o.n_seq = 3;
   o.max_batch = 128;
@@ -1348,16 +1343,6 @@ TEST_CASE("a MoE model whose experts have no expert kernel is refused at load") 
   const std::string msg(d.status().message());
   CHECK_MESSAGE(msg.find("_exps.weight' is q4_0, which the CUDA runtime has no expert kernel for") != std::string::npos,
                 msg);
-}
-
-// Until the MoE oracle is within its bar on the GPU, a MoE model needs the
-// caller's CudaDecoderOptions::unverified_moe: without it, a clear refusal.
-TEST_CASE("a MoE model is refused without unverified_moe, naming DPL_CUDA_MOE") {
-  const std::string path = MakeDpl("mini-qwen3moe");
-  auto d = CudaDecoder::Create(path, {});
-  REQUIRE(!d.ok());
-  CHECK(d.status().code() == absl::StatusCode::kUnimplemented);
-  CHECK_MESSAGE(std::string(d.status().message()).find("DPL_CUDA_MOE=1") != std::string::npos, d.status().ToString());
 }
 
 }  // namespace

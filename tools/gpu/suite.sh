@@ -36,7 +36,7 @@ if [[ $what == e2e || $what == all ]]; then
       ./dpl-convert -q --layout $layout "shared/oracle/$name.gguf" "$tmp/$name.dpl" >/dev/null
       tokens=$(tr -d ' \n' <"shared/oracle/$name.tokens")
       check "e2e $name --layout $layout (cuda vs llama.cpp, limit $limit)" bash -c \
-        "DPL_CUDA_MOE=1 ./dpl-run -m $tmp/$name.dpl -c 4096 --tokens $tokens --all-logits --dump-logits $tmp/$name.f32 >/dev/null &&
+        "./dpl-run -m $tmp/$name.dpl -c 4096 --tokens $tokens --all-logits --dump-logits $tmp/$name.f32 >/dev/null &&
          ./compare_logits $tmp/$name.f32 shared/oracle/$name.logits.f32 $limit $rows"
       rm -f "$tmp/$name.f32"
     done
