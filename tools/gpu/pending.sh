@@ -19,10 +19,13 @@
 #     matvec_bench, Q8_0 and Q5_K_M 7B steps at 16-64 sequences, each threshold 65 / 9.
 #  7. issue 32: tools/gpu/structured.sh (json_schema against free text, -np 1;
 #     the bar is the H200's).
+#  8. issue 31: where a 4-sequence 30B-A3B step's time goes (614 t/s on an
+#     H100: ~6.5 ms a step for ~4 GB of experts and weights, ~0.6 TB/s): ncu
+#     durations of every kernel of a few steps, summed by kernel and grid.
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
 out=${2:-/tmp/pending}
-mkdir -p "$out"
+mkdir -p "$out" && out=$(cd "$out" && pwd)
 exec > >(tee "$out/pending.log") 2>&1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 root=$PWD
@@ -31,7 +34,7 @@ cd "$suite" || exit 1
 source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
-want() { [[ " ${ITEMS:-3 4 5 7} " == *" $1 "* ]]; }
+want() { [[ " ${ITEMS:-3 4 5 7 8} " == *" $1 "* ]]; }
 if want 3; then
 echo "[${SECONDS}s] == 3. cuda_engine_gpu_test with q6_K on the f16 form from 4 tokens (issue 29)"
 [[ -f cuda_engine_gpu_test_q6k4.gz ]] && gunzip -kf cuda_engine_gpu_test_q6k4.gz && chmod +x cuda_engine_gpu_test_q6k4
@@ -63,5 +66,14 @@ fi
 if want 7; then
 echo "[${SECONDS}s] == 7. json_schema against free text through dpl-server (issue 32)"
 timeout 240 bash "$root/tools/gpu/structured.sh" "$PWD"
+fi
+if want 8; then
+echo "[${SECONDS}s] == 8. where a 4-sequence 30B-A3B step's time goes (issue 31)"
+[[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
+  ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; }
+timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv ./dpl-bench -m "$T/q30.dpl" -p 0 -n 3 -d 0 \
+  -npl 4 -npp 16 -r 1 >"$out/ncu30x4.csv" 2>"$out/ncu30x4.err"
+tail -2 "$out/ncu30x4.err"
+python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu30x4.csv" 30
 fi
 echo "[${SECONDS}s] done"
