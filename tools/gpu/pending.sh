@@ -7,7 +7,8 @@
 #   DPL_STAGE_ORACLES="" DPL_STAGE_BINS="matvec_gpu_test cuda_engine_gpu_test \
 #     matvec_bench dpl-bench dpl-synth dpl-convert dpl-server" tools/gpu/stage.sh
 # and on the device, from the repository root (ITEMS picks):
-#   ITEMS="4 5 7" bash tools/gpu/pending.sh .gpu/suite OUT_DIR
+#   ITEMS="3 4 5 7 8" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item
+#   runs within one call's 10 minutes; 5 is the longest)
 #  3. issue 29: q6_K on the f16 form from 4 tokens measured +1.6% at 4
 #     sequences; left: cuda_engine_gpu_test on a build with
 #     mma_f16_min_tokens_q6k 4 (batched rows must keep one stream's greedy

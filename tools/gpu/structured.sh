@@ -3,6 +3,8 @@
 # free text, one stream through dpl-server --device cuda -np 1 (after
 # tools/gpu/stage.sh; needs dpl-server, dpl-synth, dpl-convert):
 #   bash tools/gpu/structured.sh SUITE_DIR [MODEL.dpl]
+# (DPL_DEVICE=cpu runs it against the CPU device: a check of the script on a
+# machine without a GPU, with a small dpl-synth model given as MODEL.dpl.)
 # Each request is /v1/completions with response_format, temperature 1,
 # max_tokens 400, ignore_eos, one of three seeds; the figure is the
 # request's wall time over its usage.completion_tokens (ms a token, HTTP
