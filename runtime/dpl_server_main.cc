@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <string>
@@ -203,6 +204,13 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   }
   if (const char* e = std::getenv("DPL_BLOCK_CACHE"); e != nullptr && std::string(e) == "0") {
     o.scheduler.block_cache = false;  // the A/B of blocks that outlive their slots
+  }
+  if (const char* e = std::getenv("DPL_TRACE_STEPS"); e != nullptr && *e != '\0') {
+    auto trace = std::make_shared<std::ofstream>(e);  // a line per engine call (SchedulerOptions::trace)
+    if (!trace->is_open()) {
+      return absl::InvalidArgumentError(absl::StrCat("DPL_TRACE_STEPS: cannot write '", e, "'"));
+    }
+    o.scheduler.trace = std::move(trace);
   }
   // The scheduler's KV block pool (issue 30) over the CPU engine's regions,
   // for development (the CUDA engine brings its own pool, -c positions):

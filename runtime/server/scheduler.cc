@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 
 namespace dpl::server {
@@ -118,6 +119,8 @@ Scheduler::Scheduler(BatchEngine& engine, const tokenizer::Tokenizer& tokenizer,
   // regions (the CPU engine) keeps each slot's rows in the slot.
   block_cache_ = options_.block_cache && engine_pool && engine.supports_block_adoption();
   slot_cached_.resize(static_cast<size_t>(engine.n_slots()), 0);
+  trace_start_ = trace_last_ = std::chrono::steady_clock::now();
+  if (options_.trace) *options_.trace << "t_ms\tgap_ms\tengine_ms\tdecode_rows\tprompt_parts\tprompt_tokens\tactive\tqueued\n";
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -861,6 +864,7 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
     }
     if (step_status.ok()) metrics_.decode_tokens += static_cast<int64_t>(slots.size());
   }
+  if (options_.trace) TraceCall(t0, done, slots.size(), parts.size(), prompt_tokens, active.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     Active& a = *prompts[i];
     if (!prompt_status.ok()) {
@@ -915,6 +919,20 @@ void Scheduler::Iterate(std::vector<std::unique_ptr<Active>>& active) {
   }
 }
 
+void Scheduler::TraceCall(std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point done,
+                          size_t decode_rows, size_t prompt_parts, int64_t prompt_tokens, size_t active) {
+  auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  size_t queued = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    queued = queue_.size();
+  }
+  *options_.trace << absl::StrFormat("%.3f\t%.3f\t%.3f\t%d\t%d\t%d\t%d\t%d\n", ms(t0 - trace_start_),
+                                     ms(t0 - trace_last_), ms(done - t0), decode_rows, prompt_parts, prompt_tokens,
+                                     active, queued);
+  trace_last_ = done;
+}
+
 void Scheduler::Loop() {
   std::vector<std::unique_ptr<Active>> active;  // in admission order
   auto sweep = [&active] {
@@ -938,6 +956,7 @@ void Scheduler::Loop() {
     metrics_.kv_blocks_cached = pool_->num_cached();
     metrics_.generated_tokens_total += std::exchange(generated_unflushed_, 0);
   }
+  if (options_.trace) options_.trace->flush();
   // Shutting down: every stream ends now.
   const absl::Status bye = absl::UnavailableError("the server is shutting down");
   for (auto& a : active) Finish(*a, FinishReason::kStop, bye);

@@ -115,6 +115,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -245,6 +246,17 @@ struct SchedulerOptions {
   // GPU engine reading block tables is issue 30's next part).
   int kv_block_size = 16;
   int64_t kv_pool_positions = 0;
+  // Where one line per engine call goes (dpl-server's DPL_TRACE_STEPS=FILE,
+  // for measuring where a load's time goes; tools/perf/step_trace.py sums
+  // it): null, none. Columns, tab-separated after a header line:
+  //   t_ms     the call's start, ms since the scheduler started
+  //   gap_ms   since the previous call returned: the scheduler's own work
+  //            (tokens handed to streams, admission, block bookkeeping),
+  //            and any idle wait for requests
+  //   engine_ms  the call (prompts and the decode step; the engine syncs)
+  //   decode_rows, prompt_parts, prompt_tokens  what it ran
+  //   active, queued  requests holding slots, and waiting for one, after it
+  std::shared_ptr<std::ostream> trace;
 };
 
 // A Prometheus histogram: observations counted under ascending upper bounds
@@ -377,6 +389,9 @@ class Scheduler {
   void CacheBlocks(int slot);
 
   void Loop();
+  // One line of SchedulerOptions::trace for the engine call [t0, done).
+  void TraceCall(std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point done,
+                 size_t decode_rows, size_t prompt_parts, int64_t prompt_tokens, size_t active);
   // Ends the queued requests whose client is gone (their final event:
   // Cancelled).
   void DropCancelledLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -453,6 +468,9 @@ class Scheduler {
   bool block_cache_ = false;
   std::vector<size_t> slot_cached_;
   int64_t pool_positions_ = 0;  // the pool's positions, for Check
+  // SchedulerOptions::trace's clock: the scheduler's start and the last
+  // engine call's return (engine thread only).
+  std::chrono::steady_clock::time_point trace_start_, trace_last_;
   uint64_t groups_ ABSL_GUARDED_BY(mu_) = 0;  // groups given so far
   int running_ ABSL_GUARDED_BY(mu_) = 0;  // requests that hold a slot
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

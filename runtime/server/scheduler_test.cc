@@ -17,6 +17,7 @@
 #include <cmath>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -555,6 +556,47 @@ TEST_CASE("short prompts share one step's prefill budget; a long one goes in chu
   CHECK(back_to_back >= 1);
   const std::vector<int> batches = rec.batches();
   CHECK(*std::max_element(batches.begin(), batches.end()) >= 2);
+}
+
+TEST_CASE("the step trace: a line per engine call, its rows and prompt tokens those the load ran") {
+  const std::vector<GenerationRequest> reqs = {Greedy({1, 2, 3}, 4), Greedy({9, 8, 7, 6, 5}, 3),
+                                               Greedy({4, 5, 6, 7}, 5)};
+  auto trace = std::make_shared<std::ostringstream>();
+  Fixture f(3);
+  SchedulerOptions o{4, 4};  // a budget of 4: the 12 prompt tokens take three iterations or more
+  o.trace = trace;
+  {
+    Scheduler s(*f.engine, *f.tok, o);
+    for (const auto& st : SubmitAll(s, reqs)) CHECK(Collect(*st).final.error.ok());
+  }  // the destructor joins the engine thread: every line is written
+  std::istringstream in(trace->str());
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  CHECK(line == "t_ms\tgap_ms\tengine_ms\tdecode_rows\tprompt_parts\tprompt_tokens\tactive\tqueued");
+  int calls = 0;
+  int64_t rows = 0, prompt_tokens = 0;
+  double last_t = -1;
+  while (std::getline(in, line)) {
+    std::istringstream cols(line);
+    double t = 0, gap = 0, engine_ms = 0;
+    int64_t decode_rows = 0, parts = 0, tokens = 0, active = 0, queued = 0;
+    REQUIRE(static_cast<bool>(cols >> t >> gap >> engine_ms >> decode_rows >> parts >> tokens >> active >> queued));
+    CHECK(t >= last_t);  // in order
+    CHECK(gap >= 0);
+    CHECK(engine_ms > 0);
+    CHECK(tokens <= 4);  // within the budget
+    CHECK((parts > 0) == (tokens > 0));
+    CHECK(active <= 3);
+    last_t = t;
+    rows += decode_rows;
+    prompt_tokens += tokens;
+    ++calls;
+  }
+  CHECK(prompt_tokens == 3 + 5 + 4);
+  // Every generated token but each request's first (its prompt's last
+  // chunk draws it) and its last (drawn, never run) is a decode row.
+  CHECK(rows == (4 - 1) + (3 - 1) + (5 - 1));
+  CHECK(calls >= 3);
 }
 
 TEST_CASE("stop strings, stop tokens, ignore_eos, max_tokens 0 and a full context") {

@@ -23,6 +23,9 @@
 #  8. issue 31: where a 4-sequence 30B-A3B step's time goes (614 t/s on an
 #     H100: ~6.5 ms a step for ~4 GB of experts and weights, ~0.6 TB/s): ncu
 #     durations of every kernel of a few steps, summed by kernel and grid.
+#  9. issue 30: where a server load's time goes: dpl-server's step trace
+#     (DPL_TRACE_STEPS, summed by tools/perf/step_trace.py) under the 64-stream
+#     burst and the 16-stream shared start, and dpl-bench's 16 and 64 rows.
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
 out=${2:-/tmp/pending}
@@ -76,5 +79,25 @@ timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv ./dp
   -npl 4 -npp 16 -r 1 >"$out/ncu30x4.csv" 2>"$out/ncu30x4.err"
 tail -2 "$out/ncu30x4.err"
 python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu30x4.csv" 30
+fi
+if want 9; then
+echo "[${SECONDS}s] == 9. where a server load's time goes: the step trace (issue 30)"
+m=$(q7_model) || exit 1
+trace() {  # NAME SERVER_ARGS -- LOAD_ARGS
+  local name=$1; shift
+  local sargs=() largs=()
+  while [[ $1 != -- ]]; do sargs+=("$1"); shift; done; shift
+  largs=("$@")
+  DPL_TRACE_STEPS="$out/trace-$name.tsv" ./dpl-server -m "$m" --device cuda --port 18090 "${sargs[@]}" 2>"$out/server-$name.err" &
+  local pid=$!
+  for _ in $(seq 1 240); do curl -sf http://127.0.0.1:18090/health >/dev/null && break; sleep 0.5; done
+  echo "-- $name: dpl-server ${sargs[*]}; server_load.sh ${largs[*]}"
+  bash "$root/tools/server_load.sh" --url http://127.0.0.1:18090 "${largs[@]}" | grep -E "aggregate|decode|slowest|median|turn"
+  kill -TERM $pid; wait $pid
+  python3 "$root/tools/perf/step_trace.py" "$out/trace-$name.tsv"
+}
+trace burst64 -np 64 -c 32768 --queue 256 -- -n 64 --prompt 128 --gen 128
+trace shared16 -np 16 -c 65536 -- -n 16 --prompt 50 --gen 32 --shared 2000 --warm
+timeout 120 ./dpl-bench -m "$m" -p 0 -n 128 -d 0 -npl 16,64 -npp 128 -r 1 2>&1 | grep -E "^\| tg|rror"
 fi
 echo "[${SECONDS}s] done"
