@@ -26,6 +26,9 @@
 #  9. issue 30: where a server load's time goes: dpl-server's step trace
 #     (DPL_TRACE_STEPS, summed by tools/perf/step_trace.py) under the 64-stream
 #     burst and the 16-stream shared start, and dpl-bench's 16 and 64 rows.
+# 10. issue 34: ncu of the persistent probe's gate/up and down products (the
+#     fourteenth session's second run: 1.15 TB/s where the runtime's matvecs
+#     stream at ~2.9; the probe's cause not found).
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
 out=${2:-/tmp/pending}
@@ -99,5 +102,13 @@ trace() {  # NAME SERVER_ARGS -- LOAD_ARGS
 trace burst64 -np 64 -c 32768 --queue 256 -- -n 64 --prompt 128 --gen 128
 trace shared16 -np 16 -c 65536 -- -n 16 --prompt 50 --gen 32 --shared 2000 --warm
 timeout 120 ./dpl-bench -m "$m" -p 0 -n 128 -d 0 -npl 16,64 -npp 128 -r 1 2>&1 | grep -E "^\| tg|rror"
+fi
+if want 10; then
+echo "[${SECONDS}s] == 10. ncu of the persistent probe's products: why 1.1 TB/s (issue 34)"
+nvcc -O3 -std=c++17 -arch=sm_90a -o "$T/persistprobe" "$root/tools/perf/persistent_probe.cu" || exit 1
+S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
+# The correctness pass's first graph (G = 1 CTA a SM): ops 2 and 3 are layer 0's gate/up and down.
+timeout 120 ncu --clock-control none -k regex:OpKernel --launch-skip 2 --launch-count 2 $S "$T/persistprobe" 2>&1 |
+  grep -vE "^==PROF==|^ +-+$|^$" | tail -120
 fi
 echo "[${SECONDS}s] done"
