@@ -69,9 +69,15 @@ request() {
         *'"error"'*) echo "$EPOCHREALTIME error $line" ;;
         data:*'"text":""'*) ;;  # an empty delta (the final finish_reason chunk)
         data:*) echo "$EPOCHREALTIME"
-          sed -E 's/.*"text":"(([^"\\]|\\.)*)".*/\1/' <<<"$line" | tr -d '\n' >>"$tmp/$tag.txt" ;;
+          echo "$line" >>"$tmp/$tag.raw" ;;
       esac
     done >"$tmp/$tag.log"
+  # The answer's text from its chunks, once the stream has ended (a process
+  # a chunk, as this once ran, is 8,192 forks for 64 x 128 tokens: on the
+  # clients' cores beside the server's, and late timestamps).
+  if [[ -f $tmp/$tag.raw ]]; then
+    sed -E 's/.*"text":"(([^"\\]|\\.)*)".*/\1/' "$tmp/$tag.raw" | tr -d '\n' >"$tmp/$tag.txt"
+  fi
 }
 stream() { request "$1" "$1" "$shared_ids$(own_ids "$1")"; }
 # --turns: stream I's chat, each turn's prompt its history (the last prompt
