@@ -110,17 +110,26 @@ struct DecodeTuning {
   // 17, 4,097 from 9), not from 2: its f16 activations move a random-weight
   // model's greedy tokens off the single-stream ones (cuda_engine_gpu_test,
   // 3 rows), which the int8 form (the same integer dots as the one-row
-  // kernel) keeps.
+  // kernel) kept then. q6_K from 4 since the sixteenth session (2026-12-07,
+  // H100): 4 sequences 1,206 -> 1,226 t/s, 8 2,312 -> 2,326 (fifteenth
+  // session's A/B), and cuda_engine_gpu_test on a build with it, 12/12:
+  // batched rows keep one stream's greedy tokens.
   int mma_f16_min_tokens = 9;
-  int mma_f16_min_tokens_q6k = 9;
+  int mma_f16_min_tokens_q6k = 4;
   // q5_K and q8_0 (dpl) on the f16 form (Q5KF16: q4_K's arithmetic with
   // the fifth bit in the mantissa; Q8_0F16: int8 weights exact in f16, one
-  // multiply by d) from this many tokens: 65, never, until they are measured
-  // (written 2026-12-07 without a GPU; matvec_gpu_test's f16 case and
-  // matvec_bench's "ffn_gate/up q5_K" / "q8_0 dpl" rows hold them). dpl-bench
-  // takes DPL_MMA_F16_MIN_Q5K and DPL_MMA_F16_MIN_Q8_0.
-  int mma_f16_min_tokens_q5k = 65;
-  int mma_f16_min_tokens_q8_0 = 65;
+  // multiply by d) from this many tokens. Measured on an H100 (2026-12-07,
+  // sixteenth session; docs/PERF.md): matvec_gpu_test's f16 case 6.4-6.9e-5
+  // (q8_0) and 1.8-2.4e-4 (q5_K) from the f16-x reference where the int8 form
+  // is 1.5-1.9e-3; matvec_bench 7B gate/up int8 / f16 time at 4 / 16 / 32 /
+  // 64 tokens q5_K 1.21 / 1.28 / 1.25 / 1.38x, q8_0 1.04 / 1.07 / 1.16 /
+  // 1.38x; dpl-bench 7B, from 9 against never, 16 / 32 / 64 sequences:
+  // Q8_0 2,874 -> 3,349 / 4,436 -> 6,307 / 5,964 -> 9,714 t/s, Q5_K_M 3,725
+  // -> 3,681 (-1.2%) / 5,537 -> 6,653 / 6,567 -> 9,419. Hence q8_0 from 9
+  // and q5_K from 17 (the 32-token n-tiles' first count). dpl-bench takes
+  // DPL_MMA_F16_MIN_Q5K and DPL_MMA_F16_MIN_Q8_0.
+  int mma_f16_min_tokens_q5k = 17;
+  int mma_f16_min_tokens_q8_0 = 9;
   // CTAs a SM of the f16 form up to 16 tokens: 2 (whole-block stages, three
   // or four of them), 3 (whole-block stages, two: the same bits) or 4
   // (half-block stages, registers capped at 128), taken only by launches of

@@ -207,7 +207,12 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   MatVecPlan plan;
   plan.kernel = k;
   plan.decode = PlannedDecodeGeometry(k, w.n_rows, w.n_cols, tuning);
-  plan.prompt = MatVecGeometry{kTokenTile, 1, 2, false};
+  // The token tile's k split: 4 (four rows a CTA) where row blocks of 16
+  // would not give every SM one. Why: a MoE router (qwen3moe's 128 x 2048
+  // f32) at 4 tokens took 70.8 us on 8 CTAs, 48 of them 3.4 ms of a 6.5 ms
+  // 4-sequence step (ncu, H100, 30B-A3B, docs/PERF.md).
+  const bool few_blocks = (w.n_rows + RowsPerCta(1) - 1) / RowsPerCta(1) < tuning.num_sms;
+  plan.prompt = MatVecGeometry{kTokenTile, few_blocks ? 4 : 1, 2, false};
   plan.pdl = tuning.pdl;
   plan.mma_f16_small_ctas = tuning.mma_f16_small_ctas_per_sm;
   plan.mma_f16_cluster_sum = tuning.mma_f16_cluster_sum;

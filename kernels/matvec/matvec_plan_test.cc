@@ -204,6 +204,21 @@ TEST_CASE("decode geometry per type and height reproduces the H200 sweep") {
   CHECK(IsCompiledGeometry(plan->decode));
   CHECK(IsCompiledGeometry(plan->prompt));
   CHECK(plan->prompt.token_tile == kTokenTile);
+  CHECK(plan->prompt.ksplit == 1);  // 1184 row blocks of 16
+  // The token tile splits k 4 ways where row blocks of 16 leave SMs idle
+  // (a MoE router: 8 blocks of 16 rows, 32 of 4), not past one a SM.
+  const absl::StatusOr<MatVecPlan> router = PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 128, 2048), t);
+  REQUIRE(router.ok());
+  CHECK(router->prompt == MatVecGeometry{kTokenTile, 4, 2, false});
+  CHECK(IsCompiledGeometry(router->prompt));
+  const absl::StatusOr<MatVecPlan> edge =
+      PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 16 * t.num_sms, 2048), t);
+  REQUIRE(edge.ok());
+  CHECK(edge->prompt.ksplit == 1);
+  const absl::StatusOr<MatVecPlan> below =
+      PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 16 * t.num_sms - 16, 2048), t);
+  REQUIRE(below.ok());
+  CHECK(below->prompt.ksplit == 4);
 }
 
 TEST_CASE("PlanMatVecGroups: one launch per kernel, planned for the total height") {
@@ -388,8 +403,12 @@ TEST_CASE("the int8 mma form covers the types of Q4_K_M, Q5_K_M, Q6_K and Q8_0 f
 // A plan carries the f16 form's threshold only where the kernel has it.
 TEST_CASE("the f16 mma threshold reaches q4_K, q5_K, q6_K dpl and q8_0 dpl plans only") {
   DecodeTuning t = H200();
-  CHECK(t.mma_f16_min_tokens_q5k > kMmaMaxTokens);  // off until measured
-  CHECK(t.mma_f16_min_tokens_q8_0 > kMmaMaxTokens);
+  // Every f16 form is on by default (the thresholds measured, tuning.h).
+  for (int min : {t.mma_f16_min_tokens, t.mma_f16_min_tokens_q5k, t.mma_f16_min_tokens_q6k,
+                  t.mma_f16_min_tokens_q8_0}) {
+    CHECK(min >= 2);
+    CHECK(min <= kMmaMaxTokens);
+  }
   t.mma_f16_min_tokens = 16;
   t.mma_f16_min_tokens_q5k = 12;
   t.mma_f16_min_tokens_q6k = 4;

@@ -113,6 +113,48 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
                          }));
   }
   report_.graph_seconds = lap();
+  DPL_RETURN_IF_ERROR(Warmup());
+  report_.warmup_seconds = lap();
+  return absl::OkStatus();
+}
+
+// Why: a server's first request paid for what nothing had run yet: its
+// 128-token prompt took 130 ms against ~7 once warm and a 512-token one 104
+// against 22.5 (H100, dpl-server's step trace, docs/PERF.md), the kernels'
+// modules loaded lazily at their first launch and cuBLAS's first GEMMs
+// choosing and loading theirs, and the first replay of each step graph
+// uploading it. So: every step graph uploaded, and prompt passes of 8, 16,
+// 64 and max_batch tokens (the int8 and f16 tensor-core forms and the cuBLAS
+// path) run through sequence 0 and rewound. What they leave in the cache is
+// past the sequence's end (overwritten before anything reads it), and its
+// pending token and position are those of a fresh sequence again.
+absl::Status CudaDecoder::Warmup() {
+  cudaStream_t s = stream_.get();
+  for (Bucket& b : buckets_) {
+    if (b.generate) DPL_CUDA_CHECK(cudaGraphUpload(b.generate.get(), s));
+    if (b.forward) DPL_CUDA_CHECK(cudaGraphUpload(b.forward.get(), s));
+  }
+  int64_t most = std::min<int64_t>(max_batch_, n_ctx_);
+  if (kv_layout_.paged()) most = std::min<int64_t>(most, int64_t{kv_layout_.n_blocks} * kv_layout_.block());
+  const std::vector<int32_t> tokens(static_cast<size_t>(std::max<int64_t>(most, 0)), 0);
+  int done = 0;
+  for (const int n : {8, 16, 64, max_batch_}) {
+    if (n < 2 || n > most || n == done) continue;
+    if (kv_layout_.paged()) {
+      std::vector<int> blocks((n + kv_layout_.block() - 1) / kv_layout_.block());
+      for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int>(i);
+      DPL_RETURN_IF_ERROR(SetBlockTable(0, blocks));
+    }
+    DPL_RETURN_IF_ERROR(EvalSeq(0, absl::MakeConstSpan(tokens).first(static_cast<size_t>(n)), nullptr, nullptr));
+    DPL_RETURN_IF_ERROR(RewindSeq(0, 0));
+    if (kv_layout_.paged()) DPL_RETURN_IF_ERROR(SetBlockTable(0, {}));
+    done = n;
+  }
+  const int S = n_seq();
+  DPL_CUDA_CHECK(cudaMemsetAsync(buf_.seq_token, 0, S * 4, s));
+  DPL_CUDA_CHECK(cudaMemsetAsync(buf_.seq_pos, 0, S * 4, s));
+  DPL_CUDA_CHECK(cudaMemsetAsync(buf_.row_seq, 0xff, S * 4, s));
+  DPL_CUDA_CHECK(cudaStreamSynchronize(s));
   return absl::OkStatus();
 }
 
@@ -1407,7 +1449,8 @@ std::vector<std::pair<std::string, double>> CudaDecoder::LoadStages() const {
   return {{"cuda init", report_.init_seconds},
           {WeightsStage(report_.load), report_.weights_seconds},
           {"setup", report_.setup_seconds},
-          {"graph", report_.graph_seconds}};
+          {"graph", report_.graph_seconds},
+          {"warm-up", report_.warmup_seconds}};
 }
 
 }  // namespace dpl::runtime

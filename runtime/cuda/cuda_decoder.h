@@ -113,6 +113,7 @@ struct CudaMemoryReport {
   double weights_seconds = 0;  // DeviceWeights::Load: allocation + upload (load.seconds)
   double setup_seconds = 0;    // matvec plans, buffers, cuBLAS handle, RoPE table
   double graph_seconds = 0;    // decode step captured and instantiated
+  double warmup_seconds = 0;   // graphs uploaded, a few prompt passes run (CudaDecoder::Warmup)
 };
 
 class CudaDecoder : public generate::Decoder {
@@ -373,6 +374,9 @@ class CudaDecoder : public generate::Decoder {
   absl::Status BindWeights(const model::ModelDesc& desc);
   absl::Status Allocate();
   absl::Status InitRope(const model::ModelDesc& desc);
+  // Every step graph uploaded and a few prompt passes run, so that no
+  // request pays for the first launches (Init's last stage).
+  absl::Status Warmup();
   absl::Status CheckSeq(int seq) const;
   // A prompt chunk for the sequence: not empty, ids in the vocabulary, room
   // in its context.

@@ -26,6 +26,13 @@
 #  9. issue 30: where a server load's time goes: dpl-server's step trace
 #     (DPL_TRACE_STEPS, summed by tools/perf/step_trace.py) under the 64-stream
 #     burst and the 16-stream shared start, and dpl-bench's 16 and 64 rows.
+# 11. issue 29: cuda_engine_gpu_test and cuda_decoder_gpu_test on the build
+#     with q6_K on the f16 form from 4, q8_0 from 9, q5_K from 17 and
+#     CudaDecoder::Warmup (stage the MoE oracle: DPL_STAGE_ORACLES=
+#     "mini-qwen3moe-q4km small-qwen2-q4km").
+# 12. issue 31: 30B-A3B pp16, tg128 and 4 / 8 sequences on the build whose
+#     token-tile matvecs split k 4 ways below a row block a SM (the router
+#     took 70.8 us on 8 CTAs at 4 tokens: 3.4 ms of a 6.5 ms step).
 # 10. issue 34: ncu of the persistent probe's gate/up and down products (the
 #     fourteenth session's second run: 1.15 TB/s where the runtime's matvecs
 #     stream at ~2.9; the probe's cause not found).
@@ -102,6 +109,17 @@ trace() {  # NAME SERVER_ARGS -- LOAD_ARGS
 trace burst64 -np 64 -c 32768 --queue 256 -- -n 64 --prompt 128 --gen 128
 trace shared16 -np 16 -c 65536 -- -n 16 --prompt 50 --gen 32 --shared 2000 --warm
 timeout 120 ./dpl-bench -m "$m" -p 0 -n 128 -d 0 -npl 16,64 -npp 128 -r 1 2>&1 | grep -E "^\| tg|rror"
+fi
+if want 11; then
+echo "[${SECONDS}s] == 11. the GPU tests on the f16 forms' new thresholds and the load's warm-up"
+timeout 200 ./cuda_engine_gpu_test 2>&1 | grep -E "ERROR|FAIL|test cases|assertions" | tail -8
+timeout 300 ./cuda_decoder_gpu_test 2>&1 | grep -E "ERROR|FAIL|RMS|test cases|assertions" | tail -30
+fi
+if want 12; then
+echo "[${SECONDS}s] == 12. 30B-A3B at 1 / 4 / 8 sequences, the router's token tile split 4 ways (issue 31)"
+[[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
+  ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; }
+timeout 150 ./dpl-bench -m "$T/q30.dpl" -p 16 -n 128 -d 0 -npl 1,4,8 -npp 128 -r 1 2>&1 | grep -E "^\| (pp|tg)|rror"
 fi
 if want 10; then
 echo "[${SECONDS}s] == 10. ncu of the persistent probe's products: why 1.1 TB/s (issue 34)"
