@@ -1,41 +1,31 @@
 #!/bin/bash
 # What is left unmeasured (docs/PERF.md names each and its prediction), as
-# of the fifteenth session (2026-12-07), whose H100 call ran the
-# fourteenth's items 1-3 (MoE accuracy: passed, the gate removed; the cost
-# of the MoE prompt rule; q6_K on the f16 form from 4 tokens) and the three
-# MoE folds (lost, removed). Stage the binaries it uses:
-#   DPL_STAGE_ORACLES="" DPL_STAGE_BINS="matvec_gpu_test cuda_engine_gpu_test \
-#     matvec_bench dpl-bench dpl-synth dpl-convert dpl-server" tools/gpu/stage.sh
+# of the sixteenth session (2026-12-07), whose H100 calls ran the fifteenth's
+# items (q6_K from 4 landed; q5_K's f16 form from 17 landed, q8_0's off after
+# a GPU test; the 30B-A3B router's grid found and fixed; the server's step
+# trace and the load's warm-up). Stage the binaries it uses:
+#   DPL_STAGE_ORACLES="mini-qwen3moe-q4km small-qwen2-q4km" DPL_STAGE_BINS=\
+#     "cuda_decoder_gpu_test cuda_engine_gpu_test dpl-bench dpl-synth dpl-convert \
+#     dpl-server" tools/gpu/stage.sh
 # and on the device, from the repository root (ITEMS picks):
-#   ITEMS="3 4 5 7 8" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item
-#   runs within one call's 10 minutes; 5 is the longest)
-#  3. issue 29: q6_K on the f16 form from 4 tokens measured +1.6% at 4
-#     sequences; left: cuda_engine_gpu_test on a build with
-#     mma_f16_min_tokens_q6k 4 (batched rows must keep one stream's greedy
-#     tokens), then the default. Build it with that default, strip it and
-#     gzip it into the suite as cuda_engine_gpu_test_q6k4.gz.
-#  4. issue 29: ncu of the int8 form's q6_K down at 4 tokens and the
-#     one-token kernel on the same matrix (why 1.4 TB/s against 2.3).
-#  5. issue 29: q5_K and q8_0 on the f16 form (off by default): matvec_gpu_test,
-#     matvec_bench, Q8_0 and Q5_K_M 7B steps at 16-64 sequences, each threshold 65 / 9.
-#  7. issue 32: tools/gpu/structured.sh (json_schema against free text, -np 1;
-#     the bar is the H200's).
-#  8. issue 31: where a 4-sequence 30B-A3B step's time goes (614 t/s on an
-#     H100: ~6.5 ms a step for ~4 GB of experts and weights, ~0.6 TB/s): ncu
+#   ITEMS="11 8 7 9" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item
+#   runs within one call's 10 minutes)
+# 11. cuda_engine_gpu_test and cuda_decoder_gpu_test, whole, on the landed
+#     defaults (q6_K f16 from 4, q5_K from 17, q8_0 off, the router's k split,
+#     CudaDecoder::Warmup): call 3 ran them with q8_0 from 9 (one case failed
+#     for it) and call 4 that case alone with q8_0 off.
+#  8. issue 31: where a 4-sequence 30B-A3B step's time goes now that the
+#     router runs on 32 CTAs (839 t/s on an H100, ~4.8 ms a step): ncu
 #     durations of every kernel of a few steps, summed by kernel and grid.
-#  9. issue 30: where a server load's time goes: dpl-server's step trace
-#     (DPL_TRACE_STEPS, summed by tools/perf/step_trace.py) under the 64-stream
-#     burst and the 16-stream shared start, and dpl-bench's 16 and 64 rows.
-# 11. issue 29: cuda_engine_gpu_test and cuda_decoder_gpu_test on the build
-#     with q6_K on the f16 form from 4, q8_0 from 9, q5_K from 17 and
-#     CudaDecoder::Warmup (stage the MoE oracle: DPL_STAGE_ORACLES=
-#     "mini-qwen3moe-q4km small-qwen2-q4km").
-# 12. issue 31: 30B-A3B pp16, tg128 and 4 / 8 sequences on the build whose
-#     token-tile matvecs split k 4 ways below a row block a SM (the router
-#     took 70.8 us on 8 CTAs at 4 tokens: 3.4 ms of a 6.5 ms step).
-# 10. issue 34: ncu of the persistent probe's gate/up and down products (the
-#     fourteenth session's second run: 1.15 TB/s where the runtime's matvecs
-#     stream at ~2.9; the probe's cause not found).
+#  7. issue 32: tools/gpu/structured.sh (json_schema against free text, -np 1;
+#     the bar is the H200's; the H100 gave +3.2-3.9%).
+#  9. issue 30: dpl-server's step trace (DPL_TRACE_STEPS, summed by
+#     tools/perf/step_trace.py) under the 64-stream burst and the 16-stream
+#     shared start, and dpl-bench's 16 and 64 rows (the bars are the H200's).
+#  5. issue 29: q5_K and q8_0 on the f16 form: matvec_gpu_test, matvec_bench,
+#     Q8_0 and Q5_K_M 7B steps at 16-64 sequences, each threshold 65 / 9
+#     (stage matvec_gpu_test and matvec_bench too).
+# 10. issue 34: ncu of the persistent probe's products (nvcc on the device).
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
 out=${2:-/tmp/pending}
@@ -48,20 +38,7 @@ cd "$suite" || exit 1
 source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
-want() { [[ " ${ITEMS:-3 4 5 7 8} " == *" $1 "* ]]; }
-if want 3; then
-echo "[${SECONDS}s] == 3. cuda_engine_gpu_test with q6_K on the f16 form from 4 tokens (issue 29)"
-[[ -f cuda_engine_gpu_test_q6k4.gz ]] && gunzip -kf cuda_engine_gpu_test_q6k4.gz && chmod +x cuda_engine_gpu_test_q6k4
-timeout 300 ./cuda_engine_gpu_test_q6k4 2>&1 | grep -E "ERROR|test cases|assertions" | tail -8
-fi
-if want 4; then
-echo "[${SECONDS}s] == 4. ncu: the int8 form's q6_K down at 4 tokens, then the one-token kernel (issue 29)"
-S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
-DPL_MATVEC_BENCH_ONLY="mma 7B ffn_down q6_K dpl 4tok" timeout 60 ncu --clock-control none -k regex:MatVecMmaKernel \
-  --launch-skip 5 --launch-count 1 $S ./matvec_bench 2>&1 | grep -vE "^==PROF==|^ +-+$|^$" | tail -80
-DPL_MATVEC_BENCH_ONLY="7B ffn_down q6_K dpl" timeout 60 ncu --clock-control none -k regex:"MatVecKernel" \
-  --launch-skip 3 --launch-count 1 $S ./matvec_bench 2>&1 | grep -vE "^==PROF==|^ +-+$|^$" | tail -80
-fi
+want() { [[ " ${ITEMS:-11 8 7 9} " == *" $1 "* ]]; }
 if want 5; then
 echo "[${SECONDS}s] == 5. q5_K and q8_0 on the f16 form (issue 29): the GPU test, the products, the step"
 timeout 300 ./matvec_gpu_test --test-case="*f16 mma form*" 2>&1 | grep -E "q5_K|q8_0|ERROR|test cases|assertions" | tail -40
@@ -114,12 +91,6 @@ if want 11; then
 echo "[${SECONDS}s] == 11. the GPU tests on the f16 forms' new thresholds and the load's warm-up"
 timeout 200 ./cuda_engine_gpu_test 2>&1 | grep -E "ERROR|FAIL|test cases|assertions" | tail -8
 timeout 300 ./cuda_decoder_gpu_test 2>&1 | grep -E "ERROR|FAIL|RMS|test cases|assertions" | tail -30
-fi
-if want 12; then
-echo "[${SECONDS}s] == 12. 30B-A3B at 1 / 4 / 8 sequences, the router's token tile split 4 ways (issue 31)"
-[[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
-  ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; }
-timeout 150 ./dpl-bench -m "$T/q30.dpl" -p 16 -n 128 -d 0 -npl 1,4,8 -npp 128 -r 1 2>&1 | grep -E "^\| (pp|tg)|rror"
 fi
 if want 10; then
 echo "[${SECONDS}s] == 10. ncu of the persistent probe's products: why 1.1 TB/s (issue 34)"
