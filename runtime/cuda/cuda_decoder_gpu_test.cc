@@ -1125,21 +1125,24 @@ RoutedRun GpuStepsRouted(CudaDecoder& d, const std::vector<int32_t>& tokens) {
   }
   return r;
 }
-RoutedRun GpuPromptRouted(CudaDecoder& d, const std::vector<int32_t>& tokens) {
+// Row p's expert choices ((n_layer, k) ids, layer-major) from a pass's
+// RecordedRoutes(n): each layer's n rows of k ids.
+std::vector<int32_t> RoutesOfRow(const CudaDecoder& d, const std::vector<int32_t>& ids, int n, int p) {
   const int n_layer = static_cast<int>(d.hparams().n_layer), k = static_cast<int>(d.hparams().n_expert_used);
+  std::vector<int32_t> at;
+  for (int l = 0; l < n_layer; ++l) {
+    at.insert(at.end(), ids.begin() + (static_cast<int64_t>(l) * n + p) * k,
+              ids.begin() + (static_cast<int64_t>(l) * n + p + 1) * k);
+  }
+  return at;
+}
+RoutedRun GpuPromptRouted(CudaDecoder& d, const std::vector<int32_t>& tokens) {
   RoutedRun r;
   r.logits = GpuPrompt(d, tokens);  // one pass (tokens <= max_batch)
   const int n = static_cast<int>(tokens.size());
   absl::StatusOr<std::vector<int32_t>> ids = d.RecordedRoutes(n);
   REQUIRE_MESSAGE(ids.ok(), ids.status().ToString());
-  for (int p = 0; p < n; ++p) {
-    std::vector<int32_t> at;
-    for (int l = 0; l < n_layer; ++l) {
-      at.insert(at.end(), ids->begin() + (static_cast<int64_t>(l) * n + p) * k,
-                ids->begin() + (static_cast<int64_t>(l) * n + p + 1) * k);
-    }
-    r.routes.push_back(std::move(at));
-  }
+  for (int p = 0; p < n; ++p) r.routes.push_back(RoutesOfRow(d, *ids, n, p));
   return r;
 }
 
@@ -1150,10 +1153,14 @@ RoutedRun GpuPromptRouted(CudaDecoder& d, const std::vector<int32_t>& tokens) {
 // both. And every GPU choice the reference's own top-k would not have made
 // must be a near-tie of the reference's (margin < kNearTie): a wrong route
 // (a bug, not rounding) differs where the reference's choice is clear.
+// Positions before `from` are run on the GPU's routes but not compared
+// (gpu.logits holds the compared positions' rows only: tokens.size() - from).
 void CheckAgainstForcedReference(const std::string& what, const std::string& path,
                                  const std::vector<int32_t>& tokens, const RoutedRun& gpu, double per_pos,
-                                 double rms) {
+                                 double rms, size_t from = 0) {
   REQUIRE(gpu.routes.size() == tokens.size());
+  REQUIRE(from <= tokens.size());
+  REQUIRE(gpu.logits.size() == tokens.size() - from);
   const std::unique_ptr<reference::ReferenceModel> ref = LoadReference(path, 1024);
   const int n_layer = static_cast<int>(ref->hparams().n_layer), k = static_cast<int>(ref->hparams().n_expert_used);
   std::vector<std::vector<double>> want;
@@ -1168,7 +1175,7 @@ void CheckAgainstForcedReference(const std::string& what, const std::string& pat
     ref->ForceExperts(forced);
     absl::StatusOr<std::vector<double>> row = ref->ForwardF64(tokens[p], static_cast<int64_t>(p));
     REQUIRE_MESSAGE(row.ok(), row.status().ToString());
-    want.push_back(std::move(*row));
+    if (p >= from) want.push_back(std::move(*row));
     REQUIRE(ref->own_experts().size() == static_cast<size_t>(n_layer));  // every layer a MoE one (qwen3moe)
     for (int l = 0; l < n_layer; ++l) {
       std::vector<int> own = ref->own_experts()[l], gpu_ids = forced[l];
@@ -1187,8 +1194,72 @@ void CheckAgainstForcedReference(const std::string& what, const std::string& pat
   std::printf("%s: the GPU chose other experts than the reference's own at %d (position, layer) pairs, "
               "the widest margin among them %.4f\n",
               what.c_str(), differ, widest);
-  const std::vector<double> none_excused(tokens.size(), INFINITY);
+  const std::vector<double> none_excused(tokens.size() - from, INFINITY);
   CheckPositions(what + " vs the reference on the GPU's routes", gpu.logits, want, none_excused, per_pos, rms);
+}
+
+// Batched steps of a MoE model against the CPU reference made to take the
+// batched rows' own expert choices (CheckAgainstForcedReference, from each
+// sequence's first step; its prompt, one pass, on that pass's recorded
+// routes). Why not against the single-sequence step, as for the dense
+// models: a batched row's activations round otherwise than the one-token
+// kernel's (int8 blocks of other sums, or f16 where the f16 form runs), and
+// at a router's near-tie that moves an expert choice and the row's logits by
+// tens of percent (0.179 relative RMS at 12 sequences with q8_0 K/V on the
+// f16 form, docs/PERF.md). On its own routes a batched row must follow the
+// reference everywhere, and a route that is not the reference's own choice
+// must be a near-tie of the reference's.
+void CheckBatchedAgainstForcedReference(const std::string& what, const std::string& path, int n_seq,
+                                        const Schedule& schedule) {
+  CudaDecoderOptions o;
+  o.n_ctx = 128;
+  o.n_seq = n_seq;
+  o.record_routes = true;
+  const std::unique_ptr<CudaDecoder> b = MustCreate(path, o);
+  CudaDecoder& B = *b;
+  std::vector<std::vector<int32_t>> seq_tokens(n_seq);  // prompt, then every sampled token
+  std::vector<size_t> prompt_len(n_seq);
+  std::vector<RoutedRun> runs(n_seq);  // routes from position 0, logits from the first step on
+  generate::SamplerParams greedy;
+  greedy.temperature = 0;
+  const std::vector<int32_t> pool = Tokens(64, B.n_vocab());
+  for (int s = 0; s < n_seq; ++s) {
+    seq_tokens[s].assign(pool.begin() + s, pool.begin() + s + 3 + s % 12);  // 3..14 tokens
+    const int n = static_cast<int>(seq_tokens[s].size());
+    prompt_len[s] = seq_tokens[s].size();
+    REQUIRE(B.EvalSeq(s, seq_tokens[s], nullptr, nullptr).ok());
+    absl::StatusOr<std::vector<int32_t>> ids = B.RecordedRoutes(n);
+    REQUIRE_MESSAGE(ids.ok(), ids.status().ToString());
+    for (int p = 0; p < n; ++p) runs[s].routes.push_back(RoutesOfRow(B, *ids, n, p));
+    auto first = B.BeginSampling(s, greedy, seq_tokens[s]);
+    REQUIRE(first.ok());
+    seq_tokens[s].push_back(*first);
+  }
+  for (const auto& [seqs, steps] : schedule) {
+    for (int i = 0; i < steps; ++i) {
+      std::vector<int32_t> next(seqs.size());
+      const absl::Status st = B.StepSeqs(seqs, absl::MakeSpan(next));
+      REQUIRE_MESSAGE(st.ok(), st.ToString());
+      const int rows = static_cast<int>(seqs.size());
+      absl::StatusOr<std::vector<int32_t>> ids = B.RecordedRoutes(rows);
+      REQUIRE_MESSAGE(ids.ok(), ids.status().ToString());
+      for (int r = 0; r < rows; ++r) {
+        std::vector<float> row;
+        REQUIRE(B.StepLogits(r, &row).ok());
+        CHECK(next[r] == std::max_element(row.begin(), row.end()) - row.begin());
+        RoutedRun& run = runs[seqs[r]];
+        run.logits.push_back(std::move(row));
+        run.routes.push_back(RoutesOfRow(B, *ids, rows, r));
+        seq_tokens[seqs[r]].push_back(next[r]);
+      }
+    }
+  }
+  for (int s = 0; s < n_seq; ++s) {
+    // The fed tokens: all but the last sampled one, each at its position.
+    const std::vector<int32_t> fed(seq_tokens[s].begin(), seq_tokens[s].end() - 1);
+    CheckAgainstForcedReference(absl::StrCat(what, ", sequence ", s), path, fed, runs[s], 0.04, 0.03,
+                                prompt_len[s]);
+  }
 }
 
 std::string MoeOracleDpl() {
@@ -1279,17 +1350,18 @@ TEST_CASE("MoE: graph replay and eager steps give identical bits, and so do two 
 
 // Rows of a step routed to different experts (and sharing some), every
 // bucket; the gate of the dense models' batched tests.
-TEST_CASE("MoE: batched steps follow the single-sequence step") {
+// Four sequences against the single-sequence step (no near-tie met there);
+// twelve, whose rows reach the f16 forms, against the reference on their
+// own routes (CheckBatchedAgainstForcedReference says why).
+TEST_CASE("MoE: batched steps follow the single-sequence step and the reference on their routes") {
   const std::string path = MakeDpl("mini-qwen3moe");
   const double worst4 = WorstBatchedVsSingle(path, 4,
                                              {{{0, 1, 2, 3}, 3}, {{0, 2, 3}, 3}, {{3, 1}, 2}, {{2}, 2}});
-  const double worst12 =
-      WorstBatchedVsSingle(path, 12,
-                           {{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 3}, {{0, 2, 4, 6, 8, 10, 11}, 3}, {{1, 5, 9}, 3}});
-  std::printf("MoE batched steps vs the single-sequence step: worst relative RMS %.2e (4 sequences), %.2e (12)\n",
-              worst4, worst12);
+  std::printf("MoE batched steps vs the single-sequence step: worst relative RMS %.2e (4 sequences)\n", worst4);
   CHECK(worst4 < 0.04);
-  CHECK(worst12 < 0.04);
+  CheckBatchedAgainstForcedReference(
+      "MoE batched steps of 12 sequences", path, 12,
+      {{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 3}, {{0, 2, 4, 6, 8, 10, 11}, 3}, {{1, 5, 9}, 3}});
 }
 
 // A packed prompt pass (EvalSeqs) and a mixed pass (StepWithChunks) of a
