@@ -30,7 +30,9 @@
 #  5. issue 29: q5_K and q8_0 on the f16 form: matvec_gpu_test, matvec_bench,
 #     Q8_0 and Q5_K_M 7B steps at 16-64 sequences, each threshold 65 / 9
 #     (stage matvec_gpu_test and matvec_bench too).
-# 10. issue 34: ncu of the persistent probe's products (nvcc on the device).
+# 10. issue 34: the persistent probe's third round: ./persistprobe and
+#     PROBE_PREQ=1 ./persistprobe (a quantize op before each product, as the
+#     runtime has), then ncu of its products (nvcc on the device).
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
 out=${2:-/tmp/pending}
@@ -100,6 +102,8 @@ fi
 if want 10; then
 echo "[${SECONDS}s] == 10. ncu of the persistent probe's products: why 1.1 TB/s (issue 34)"
 nvcc -O3 -std=c++17 -arch=sm_90a -o "$T/persistprobe" "$root/tools/perf/persistent_probe.cu" || exit 1
+timeout 60 "$T/persistprobe"
+PROBE_PREQ=1 timeout 60 "$T/persistprobe"
 S="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats"
 # The correctness pass's first graph (G = 1 CTA a SM): ops 2 and 3 are layer 0's gate/up and down.
 timeout 120 ncu --clock-control none -k regex:OpKernel --launch-skip 2 --launch-count 2 $S "$T/persistprobe" 2>&1 |

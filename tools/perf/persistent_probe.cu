@@ -35,7 +35,25 @@
 // a counter round trip and the slowest chunk's tail (~1 us): ~48 us. So ~10%
 // between them on this chain, more on a real step's 8-9 boundaries a layer.
 //
+// Third round (sixteenth session, 2026-12-07; not yet run): ncu showed the
+// products latency-bound (752 GB/s at one CTA a SM, half the stalls on
+// global loads) and more CTAs a SM did not help, because every CTA also
+// quantized the op's whole input first, redundantly (the down op's 74 KB of
+// g read by each of up to 528 CTAs, a serial prologue before its weights).
+// PROBE_PREQ=1 runs the runtime's structure instead: a quantize op before
+// each product (QuantOp: the blocks dealt over the CTAs, the norm's sum
+// recomputed by each from x in L2) writing int8 blocks to global memory,
+// and each product copying them into shared memory (16-byte loads, one
+// round trip): 8 ops a layer, 8 boundaries, as a real step has ~9.
+// Prediction: the products near the runtime's (~2.5 TB/s: a layer ~55-60 us
+// in the graph at 4-5 CTAs a SM); the persistent kernel then pays a counter
+// round trip a boundary where the graph pays a launch's ramp and tail, so
+// if boundaries cost what docs/PERF.md guesses (~2.5 us against ~1), it
+// gains ~8 x 1.5 = 12 us a layer (~20%); under 5%, issue 34's instruction
+// list is not worth its size.
+//
 // Build and run (device): nvcc -O3 -std=c++17 -arch=sm_90a -o persistprobe persistent_probe.cu && ./persistprobe
+// (PROBE_PREQ=1 ./persistprobe: the third round's ops)
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -51,15 +69,19 @@ constexpr int kPrefetch = 64 * 1024;  // bytes of a chunk's weights prefetched i
 constexpr float kEps = 1e-6f;
 static_assert(kE % kThreads == 0, "QuantizeInput: the norm's loads a thread");
 
-enum OpKind : int { kOpQkv = 0, kOpO = 1, kOpGu = 2, kOpDown = 3 };
+enum OpKind : int { kOpQkv = 0, kOpO = 1, kOpGu = 2, kOpDown = 3, kOpQuant = 4 };
+// What a quantize op reads (kOpQuant's src): rmsnorm(x), qkv[0:E] or g.
+enum QuantSrc : int { kSrcNormX = 0, kSrcQkv = 1, kSrcG = 2 };
 
 struct Op {
   int kind;
-  int rows;           // output rows (GU: gate/up pairs, 18944)
+  int rows;           // output rows (GU: gate/up pairs, 18944); kOpQuant: blocks of 32
   int cols;           // K
   const uint8_t* w;   // (rows (x2 for GU), stride)
   int64_t stride;     // bytes a weight row
   const float* norm;  // (E) QKV, GU: the RMSNorm weights
+  int src = 0;        // kOpQuant: a QuantSrc
+  bool preq = false;  // a product reading its input from Bufs::act (a quantize op before it)
 };
 
 struct Bufs {
@@ -67,6 +89,9 @@ struct Bufs {
   float* qkv;  // (kQkv)
   float* g;    // (kFf)
   unsigned* done;  // (n_ops) CTAs finished with each op (persistent)
+  int8_t* act_q;   // (kFf) the last quantize op's int8 values
+  float* act_d;    // (kFf / 32) their block scales
+  int* act_s;      // (kFf / 32) their block sums
 };
 
 __host__ __device__ constexpr int64_t RowStride(int cols) { return cols / 2 + cols / 16; }
@@ -135,6 +160,75 @@ __device__ void QuantizeInput(const Op& op, const Bufs& b, Acts& a, float* red) 
       }
     }
   }
+}
+
+// kOpQuant, chunk c of G: blocks [nb c / G, nb (c + 1) / G) of the source
+// quantized into Bufs::act_* (one warp a block, as QuantizeInput's), the
+// norm's sum of squares recomputed by every CTA from x in L2.
+__device__ void QuantOp(const Op& op, int c, int G, const Bufs& b, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* src = op.src == kSrcNormX ? b.x : op.src == kSrcQkv ? b.qkv : b.g;
+  float scale = 1.f;
+  if (op.src == kSrcNormX) {
+    float v[kE / kThreads];
+#pragma unroll
+    for (int m = 0; m < kE / kThreads; ++m) v[m] = __ldcg(src + threadIdx.x + kThreads * m);
+    float ss = 0.f;
+#pragma unroll
+    for (int m = 0; m < kE / kThreads; ++m) ss += v[m] * v[m];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    float t = 0.f;
+    for (int w = 0; w < kWarps; ++w) t += red[w];
+    scale = rsqrtf(t / kE + kEps);
+  }
+  const int b0 = static_cast<int>(static_cast<int64_t>(op.rows) * c / G);
+  const int b1 = static_cast<int>(static_cast<int64_t>(op.rows) * (c + 1) / G);
+  for (int blk = b0 + warp; blk < b1; blk += kWarps) {
+    const int i = 32 * blk + lane;
+    float x = __ldcg(src + i);
+    if (op.norm != nullptr) x *= scale * op.norm[i];
+    float m = fabsf(x);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float d = m / 127.f;
+    const int q = d > 0.f ? __float2int_rn(x / d) : 0;
+    b.act_q[i] = static_cast<int8_t>(q);
+    int sum = q;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+      b.act_d[blk] = d;
+      b.act_s[blk] = sum;
+    }
+  }
+}
+
+// A product's input from the quantize op before it: Bufs::act_* into
+// shared memory, 16 bytes a thread a load, all issued before any is used.
+__device__ void LoadActs(const Op& op, const Bufs& b, Acts& a) {
+  const int n16 = op.cols / 16, nb = op.cols / 32;
+  for (int i = threadIdx.x; i < n16; i += kThreads) {
+    reinterpret_cast<int4*>(a.q)[i] = __ldcg(reinterpret_cast<const int4*>(b.act_q) + i);
+  }
+  for (int i = threadIdx.x; i < nb; i += kThreads) {
+    a.d[i] = __ldcg(b.act_d + i);
+    a.s[i] = __ldcg(b.act_s + i);
+  }
+}
+
+// The op's input into shared memory (a product) or its quantized blocks
+// into global memory (a quantize op); false for a quantize op (no product).
+__device__ bool PrepareOp(const Op& op, int c, int G, const Bufs& b, Acts& a, float* red) {
+  if (op.kind == kOpQuant) {
+    QuantOp(op, c, G, b, red);
+    return false;
+  }
+  if (op.preq) {
+    LoadActs(op, b, a);
+  } else {
+    QuantizeInput(op, b, a, red);
+  }
+  return true;
 }
 
 // One 32-weight block: scale_w d_x (dot(q_w, q_x) - 8 s_x).
@@ -242,10 +336,10 @@ __global__ void __launch_bounds__(kThreads) OpKernel(const Op op, const Bufs b) 
   __shared__ float red[kWarps];
   PrefetchChunk(op, blockIdx.x, gridDim.x);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  QuantizeInput(op, b, a, red);
+  const bool product = PrepareOp(op, blockIdx.x, gridDim.x, b, a, red);
   __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  ComputeChunk(op, blockIdx.x, gridDim.x, b, a);
+  if (product) ComputeChunk(op, blockIdx.x, gridDim.x, b, a);
 }
 
 // ---- persistent variant: every op in order, dependencies through b.done.
@@ -272,9 +366,9 @@ __global__ void __launch_bounds__(kThreads) PersistentKernel(const Op* __restric
       }
       __syncthreads();
     }
-    QuantizeInput(op, b, a, red);
+    const bool product = PrepareOp(op, c, G, b, a, red);
     __syncthreads();
-    ComputeChunk(op, c, G, b, a);
+    if (product) ComputeChunk(op, c, G, b, a);
     __syncthreads();  // every warp's outputs written ...
     if (threadIdx.x == 0) {
       __threadfence();  // ... and visible GPU-wide before the count
@@ -322,6 +416,10 @@ int main() {
 
   // L layers of distinct weights (L x 131 MB, past L2).
   const int L = 8;
+  const char* preq_env = std::getenv("PROBE_PREQ");
+  const bool preq = preq_env != nullptr && std::atoi(preq_env) != 0;
+  std::printf("%s\n", preq ? "PROBE_PREQ: a quantize op before each product (8 ops a layer)"
+                           : "each product quantizes its own input (4 ops a layer)");
   std::mt19937 rng(7);
   std::vector<Op> ops;
   std::vector<uint8_t> w_qkv0;  // layer 0's QKV, for the reference
@@ -335,10 +433,18 @@ int main() {
     const std::vector<uint8_t> qkv = RandomWeights(kQkv, kE, rng), o = RandomWeights(kE, kE, rng),
                                gu = RandomWeights(2 * kFf, kE, rng), down = RandomWeights(kE, kFf, rng);
     if (l == 0) w_qkv0 = qkv;
-    ops.push_back({kOpQkv, kQkv, kE, Upload(qkv), RowStride(kE), dnorm});
-    ops.push_back({kOpO, kE, kE, Upload(o), RowStride(kE), nullptr});
-    ops.push_back({kOpGu, kFf, kE, Upload(gu), RowStride(kE), dnorm});
-    ops.push_back({kOpDown, kE, kFf, Upload(down), RowStride(kFf), nullptr});
+    // PROBE_PREQ: each product's input quantized by an op of its own first.
+    auto quant = [&](int cols, int src, const float* norm) {
+      if (preq) ops.push_back({kOpQuant, cols / 32, cols, nullptr, 0, norm, src});
+    };
+    quant(kE, kSrcNormX, dnorm);
+    ops.push_back({kOpQkv, kQkv, kE, Upload(qkv), RowStride(kE), dnorm, 0, preq});
+    quant(kE, kSrcQkv, nullptr);
+    ops.push_back({kOpO, kE, kE, Upload(o), RowStride(kE), nullptr, 0, preq});
+    quant(kE, kSrcNormX, dnorm);
+    ops.push_back({kOpGu, kFf, kE, Upload(gu), RowStride(kE), dnorm, 0, preq});
+    quant(kFf, kSrcG, nullptr);
+    ops.push_back({kOpDown, kE, kFf, Upload(down), RowStride(kFf), nullptr, 0, preq});
     if (l == 0) layer_bytes = static_cast<double>(qkv.size() + o.size() + gu.size() + down.size());
   }
   const int n_ops = static_cast<int>(ops.size());
@@ -350,6 +456,9 @@ int main() {
   CK(cudaMalloc(&b.qkv, kQkv * 4));
   CK(cudaMalloc(&b.g, kFf * 4));
   CK(cudaMalloc(&b.done, n_ops * 4));
+  CK(cudaMalloc(&b.act_q, kFf));
+  CK(cudaMalloc(&b.act_d, kFf / 32 * 4));
+  CK(cudaMalloc(&b.act_s, kFf / 32 * 4));
   std::vector<float> x0(kE);
   for (float& v : x0) v = std::uniform_real_distribution<float>(-1.f, 1.f)(rng);
 
@@ -415,9 +524,11 @@ int main() {
     std::printf("%-24s x after %d layers %s the graph's\n", names[v], L, same ? "==" : "DIFFERS from");
   }
   {
-    // Layer 0's QKV alone (one op of the graph variant) against the host.
+    // Layer 0's QKV alone (one op of the graph variant; its quantize op
+    // first under PROBE_PREQ) against the host.
     reset(s);
-    OpKernel<<<G, kThreads, smem, s>>>(ops[0], b);
+    if (preq) OpKernel<<<G, kThreads, smem, s>>>(ops[0], b);
+    OpKernel<<<G, kThreads, smem, s>>>(ops[preq ? 1 : 0], b);
     CK(cudaStreamSynchronize(s));
     std::vector<float> got(kQkv);
     CK(cudaMemcpy(got.data(), b.qkv, kQkv * 4, cudaMemcpyDeviceToHost));
