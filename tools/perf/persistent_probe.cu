@@ -104,29 +104,51 @@ struct Acts {
   int s[kFf / 32];
 };
 
+// rsqrt(mean(x^2) + eps) over the E values of x, by the whole CTA (red:
+// kWarps floats of shared memory, free again on return). kE / kThreads = 14
+// loads a thread, all in flight at once (a loop of dependent L2 round trips
+// cost the first run ~1 us an op).
+__device__ float NormScale(const float* x, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float v[kE / kThreads];
+#pragma unroll
+  for (int m = 0; m < kE / kThreads; ++m) v[m] = __ldcg(x + threadIdx.x + kThreads * m);
+  float ss = 0.f;
+#pragma unroll
+  for (int m = 0; m < kE / kThreads; ++m) ss += v[m] * v[m];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  float t = 0.f;
+  for (int w = 0; w < kWarps; ++w) t += red[w];
+  __syncthreads();
+  return rsqrtf(t / kE + kEps);
+}
+
+// One block of 32 (this lane's value x) quantized by its warp: q into q[lane],
+// and by lane 0 the block's scale into *d and its sum of q into *s.
+__device__ __forceinline__ void QuantizeBlock(float x, int8_t* q, float* d, int* s) {
+  const int lane = threadIdx.x & 31;
+  float m = fabsf(x);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const float bd = m / 127.f;
+  const int v = bd > 0.f ? __float2int_rn(x / bd) : 0;
+  q[lane] = static_cast<int8_t>(v);
+  int sum = v;
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) {
+    *d = bd;
+    *s = sum;
+  }
+}
+
 // v = the op's input (x normed, qkv[0:E] or g) quantized per 32: one warp a
 // block. Reads bypass L1 (other SMs wrote them during this launch).
 __device__ void QuantizeInput(const Op& op, const Bufs& b, Acts& a, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* src = op.kind == kOpQkv || op.kind == kOpGu ? b.x : op.kind == kOpO ? b.qkv : b.g;
-  float scale = 1.f;
-  if (op.kind == kOpQkv || op.kind == kOpGu) {  // rmsnorm: every CTA sums x^2 itself
-    // kE / kThreads = 14 loads a thread, all in flight at once (a loop of
-    // dependent L2 round trips cost the first run ~1 us an op).
-    float v[kE / kThreads];
-#pragma unroll
-    for (int m = 0; m < kE / kThreads; ++m) v[m] = __ldcg(src + threadIdx.x + kThreads * m);
-    float ss = 0.f;
-#pragma unroll
-    for (int m = 0; m < kE / kThreads; ++m) ss += v[m] * v[m];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    float t = 0.f;
-    for (int w = 0; w < kWarps; ++w) t += red[w];
-    scale = rsqrtf(t / kE + kEps);
-    __syncthreads();
-  }
+  // rmsnorm: every CTA sums x^2 itself
+  const float scale = op.kind == kOpQkv || op.kind == kOpGu ? NormScale(src, red) : 1.f;
   // Warp w quantizes blocks w, w + kWarps, ...: kGroup blocks' loads issued
   // before any is reduced (the first run's one load a round trip made the
   // down op's 74 blocks a warp ~10 us of serial L2 latency in every CTA,
@@ -147,17 +169,7 @@ __device__ void QuantizeInput(const Op& op, const Bufs& b, Acts& a, float* red) 
       const int i = 32 * blk + lane;
       float x = v[u];
       if (op.norm != nullptr) x *= scale * op.norm[i];
-      float m = fabsf(x);
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      const float d = m / 127.f;
-      const int q = d > 0.f ? __float2int_rn(x / d) : 0;
-      a.q[i] = static_cast<int8_t>(q);
-      int s = q;
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0) {
-        a.d[blk] = d;
-        a.s[blk] = s;
-      }
+      QuantizeBlock(x, a.q + 32 * blk, a.d + blk, a.s + blk);
     }
   }
 }
@@ -168,38 +180,14 @@ __device__ void QuantizeInput(const Op& op, const Bufs& b, Acts& a, float* red) 
 __device__ void QuantOp(const Op& op, int c, int G, const Bufs& b, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* src = op.src == kSrcNormX ? b.x : op.src == kSrcQkv ? b.qkv : b.g;
-  float scale = 1.f;
-  if (op.src == kSrcNormX) {
-    float v[kE / kThreads];
-#pragma unroll
-    for (int m = 0; m < kE / kThreads; ++m) v[m] = __ldcg(src + threadIdx.x + kThreads * m);
-    float ss = 0.f;
-#pragma unroll
-    for (int m = 0; m < kE / kThreads; ++m) ss += v[m] * v[m];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    float t = 0.f;
-    for (int w = 0; w < kWarps; ++w) t += red[w];
-    scale = rsqrtf(t / kE + kEps);
-  }
+  const float scale = op.src == kSrcNormX ? NormScale(src, red) : 1.f;
   const int b0 = static_cast<int>(static_cast<int64_t>(op.rows) * c / G);
   const int b1 = static_cast<int>(static_cast<int64_t>(op.rows) * (c + 1) / G);
   for (int blk = b0 + warp; blk < b1; blk += kWarps) {
     const int i = 32 * blk + lane;
     float x = __ldcg(src + i);
     if (op.norm != nullptr) x *= scale * op.norm[i];
-    float m = fabsf(x);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float d = m / 127.f;
-    const int q = d > 0.f ? __float2int_rn(x / d) : 0;
-    b.act_q[i] = static_cast<int8_t>(q);
-    int sum = q;
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) {
-      b.act_d[blk] = d;
-      b.act_s[blk] = sum;
-    }
+    QuantizeBlock(x, b.act_q + 32 * blk, b.act_d + blk, b.act_s + blk);
   }
 }
 
