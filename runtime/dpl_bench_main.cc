@@ -1,13 +1,17 @@
 // dpl-bench: llama-bench's shape for the CUDA runtime.
 //   dpl-bench -m MODEL.dpl [-p 512] [-n 128] [-d 0,3254] [-r 3] [-ub 2048] [-o md|json]
-//             [-npl 1,4,16,64 [-npp 128]]
+//             [-npl 1,4,16,64 [-npp 128] [--shared 2000]]
 // Rows, per depth D as llama-bench orders them: ppP (a P-token prompt, in
 // chunks of -ub tokens, from an empty cache), tgN (N decode steps, graph
 // replays back to back), and ppP @ dD / tgN @ dD (the same after a D-token
 // prompt, which is not timed). With -npl, batched rows as
 // llama-batched-bench counts S_TG: for each B, B sequences each hold an
 // -npp-token prompt (not timed), then N steps decode all B together;
-// tgN xB is B * N tokens over the steps' time (aggregate t/s).
+// tgN xB is B * N tokens over the steps' time (aggregate t/s). With
+// --shared S, the batched rows are prompt rows instead (llama-batched-bench
+// -pps, as the server meets a shared system prompt): B sequences share an
+// S-token start (not timed) and ppP xB @ sS times their -npp new tokens each,
+// packed into passes of at most -ub tokens.
 // Each row: mean and standard deviation of tokens/s over -r runs, plus the
 // fraction of the HBM roofline: (weight bytes read per step / read bandwidth
 // measured in this run) over the measured time per step.
@@ -21,6 +25,7 @@
 #include <iostream>
 #include <vector>
 
+#include <cuda_profiler_api.h>
 #include <cxxopts.hpp>
 
 #include "absl/strings/numbers.h"
@@ -109,6 +114,48 @@ absl::StatusOr<std::vector<Row>> MeasureBatchedRows(dpl::runtime::CudaDecoder& d
       }
       DPL_ASSIGN_OR_RETURN(const double sec, dec.TimeDecodeSteps(n_gen, batch));
       if (r > 0) row.tps.push_back(static_cast<double>(batch) * n_gen / sec);
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+// Per B: B sequences share an n_shared-token start (sequence 0 evaluates it,
+// the others copy it, as the server starts a request from a cached system
+// prompt; not timed), then each gets n_prompt new tokens over it, evaluated
+// as the server packs them: passes of whole chunks, at most max_batch tokens
+// a pass (EvalSeqs). ppP xB @ sN is B * P tokens over those passes' time.
+absl::StatusOr<std::vector<Row>> MeasureSharedStartRows(dpl::runtime::CudaDecoder& dec, int n_shared,
+                                                        int n_prompt, const std::vector<int>& batches,
+                                                        int reps) {
+  std::vector<Row> rows;
+  const std::vector<int32_t> start = Tokens(n_shared, 99, dec.n_vocab());
+  std::vector<std::vector<int32_t>> own;
+  std::vector<dpl::runtime::CudaDecoder::SeqChunk> chunks;
+  std::vector<float> last;
+  for (int batch : batches) {
+    Row row{absl::StrCat("pp", n_prompt, " x", batch, " @ s", n_shared), {}, false};
+    for (int r = 0; r <= reps; ++r) {
+      DPL_RETURN_IF_ERROR(dec.RewindSeq(0, 0));
+      DPL_RETURN_IF_ERROR(dec.EvalSeq(0, start, nullptr, nullptr));
+      for (int seq = 1; seq < batch; ++seq) DPL_RETURN_IF_ERROR(dec.CopySeqPrefix(seq, 0, n_shared));
+      own.clear();
+      for (int seq = 0; seq < batch; ++seq) own.push_back(Tokens(n_prompt, r * 1000 + seq, dec.n_vocab()));
+      // The last run's passes alone under `ncu --profile-from-start off`.
+      if (r == reps) cudaProfilerStart();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int seq = 0; seq < batch;) {
+        chunks.clear();
+        int tokens = 0;
+        for (; seq < batch && (chunks.empty() || tokens + n_prompt <= dec.max_batch()); ++seq) {
+          chunks.push_back({seq, own[static_cast<size_t>(seq)]});
+          tokens += n_prompt;
+        }
+        DPL_RETURN_IF_ERROR(dec.EvalSeqs(chunks, &last));
+      }
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r == reps) cudaProfilerStop();
+      if (r > 0) row.tps.push_back(static_cast<double>(batch) * n_prompt / sec);
     }
     rows.push_back(row);
   }
@@ -257,7 +304,14 @@ absl::Status Bench(const cxxopts::ParseResult& args) {
   if (n_batch_prompt < 1 || n_batch_prompt > 1 << 20) {
     return absl::InvalidArgumentError(absl::StrCat("-npp ", n_batch_prompt, " is out of range"));
   }
-  if (!batches.empty() && n_gen < 1) return absl::InvalidArgumentError("-npl needs -n >= 1");
+  const int n_shared = args["shared"].as<int>();
+  if (n_shared < 0 || n_shared > 1 << 20) {
+    return absl::InvalidArgumentError(absl::StrCat("--shared ", n_shared, " is out of range"));
+  }
+  if (n_shared > 0 && batches.empty()) return absl::InvalidArgumentError("--shared needs -npl");
+  if (!batches.empty() && n_gen < 1 && n_shared == 0) {
+    return absl::InvalidArgumentError("-npl needs -n >= 1");
+  }
   int64_t need = 0;
   for (int d : depths) need = std::max<int64_t>(need, d + std::max(n_prompt, std::max(n_gen, 1)));
   dpl::runtime::CudaDecoderOptions opt;
@@ -276,10 +330,11 @@ absl::Status Bench(const cxxopts::ParseResult& args) {
     // row needs (the depth rows' context times 64 would waste gigabytes).
     dec.reset();
     opt.n_seq = *std::max_element(batches.begin(), batches.end());
-    opt.n_ctx = n_batch_prompt + n_gen + 1;
+    opt.n_ctx = n_shared > 0 ? n_shared + n_batch_prompt : n_batch_prompt + n_gen + 1;
     DPL_ASSIGN_OR_RETURN(dec, dpl::runtime::CudaDecoder::Create(path, opt));
     DPL_ASSIGN_OR_RETURN(std::vector<Row> batched,
-                         MeasureBatchedRows(*dec, n_batch_prompt, n_gen, batches, reps));
+                         n_shared > 0 ? MeasureSharedStartRows(*dec, n_shared, n_batch_prompt, batches, reps)
+                                      : MeasureBatchedRows(*dec, n_batch_prompt, n_gen, batches, reps));
     rows.insert(rows.end(), batched.begin(), batched.end());
   }
   PrintRows(format, path, *dec, bw, rows);
@@ -301,7 +356,10 @@ int main(int argc, char** argv) {
       ("ubatch-size", "prompt tokens per forward pass (-ub)", cxxopts::value<int>()->default_value("2048"))
       ("npl", "comma-separated sequence counts for batched tg rows (llama-batched-bench's -npl)",
        cxxopts::value<std::string>()->default_value(""))
-      ("npp", "prompt tokens per sequence of a batched row", cxxopts::value<int>()->default_value("128"));
+      ("npp", "prompt tokens per sequence of a batched row", cxxopts::value<int>()->default_value("128"))
+      ("shared", "with -npl: the batched rows time -npp new tokens a sequence over a start of this many "
+       "tokens that all share (packed passes of at most -ub tokens), instead of decode steps",
+       cxxopts::value<int>()->default_value("0"));
   cmd.AddSingleDashAlias("-ub", "ubatch-size");
   cmd.AddSingleDashAlias("-npl", "npl");
   cmd.AddSingleDashAlias("-npp", "npp");

@@ -33,6 +33,11 @@
 # 10. issue 34: the persistent probe's third round: ./persistprobe and
 #     PROBE_PREQ=1 ./persistprobe (a quantize op before each product, as the
 #     runtime has), then ncu of its products (nvcc on the device).
+# 12. issue 30: the shared start's packed passes alone: dpl-bench --shared
+#     2000 -npp 50 at -ub 512 (16 chunks: passes of 10 and 6, as the server
+#     packs them) beside pp512 and pp512 @ d2000, then ncu of the x16 row's
+#     last run (--profile-from-start off: dpl-bench brackets it), summed by
+#     kernel and grid.
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
 out=${2:-/tmp/pending}
@@ -73,6 +78,15 @@ timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv ./dp
   -npl 4 -npp 16 -r 1 >"$out/ncu30x4.csv" 2>"$out/ncu30x4.err"
 tail -2 "$out/ncu30x4.err"
 python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu30x4.csv" 30
+fi
+if want 12; then
+echo "[${SECONDS}s] == 12. the shared start's packed passes (issue 30)"
+m=$(q7_model) || exit 1
+timeout 200 ./dpl-bench -m "$m" -p 512 -n 0 -d 0,2000 -ub 512 -r 3 -npl 1,2,11,16 -npp 50 --shared 2000 2>&1 | grep -E '^\||rror'
+timeout 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv ./dpl-bench \
+  -m "$m" -p 0 -n 0 -d 0 -ub 512 -r 1 -npl 16 -npp 50 --shared 2000 >"$out/ncu-shared16.csv" 2>"$out/ncu-shared16.err"
+tail -3 "$out/ncu-shared16.err"; grep -E '^\|' "$out/ncu-shared16.csv"
+python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu-shared16.csv" 30
 fi
 if want 9; then
 echo "[${SECONDS}s] == 9. where a server load's time goes: the step trace (issue 30)"
