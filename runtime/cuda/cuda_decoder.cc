@@ -150,11 +150,51 @@ absl::Status CudaDecoder::Warmup() {
     if (kv_layout_.paged()) DPL_RETURN_IF_ERROR(SetBlockTable(0, {}));
     done = n;
   }
+  DPL_RETURN_IF_ERROR(WarmupPackedPasses());
   const int S = n_seq();
   DPL_CUDA_CHECK(cudaMemsetAsync(buf_.seq_token, 0, S * 4, s));
   DPL_CUDA_CHECK(cudaMemsetAsync(buf_.seq_pos, 0, S * 4, s));
   DPL_CUDA_CHECK(cudaMemsetAsync(buf_.row_seq, 0xff, S * 4, s));
   DPL_CUDA_CHECK(cudaStreamSynchronize(s));
+  return absl::OkStatus();
+}
+
+// Why: a server's first pass of several prompts, and its first with decode
+// rows beside them, still took 31-37 ms after the one-sequence warm-up where
+// a warm one of 100 tokens needs ~10 (H100, the shared-start load's step
+// trace, docs/PERF.md): their kernels (prompt attention over a tile list,
+// the logits rows' gather, the eager sampling of a first token, the decode
+// rows' gather and finish) had not run yet. So sequences 0 and 1, 8 tokens
+// each: a pass of both (sequence 0 over its first 8, so at a depth), a
+// first token drawn for sequence 0, then a pass of its decode row beside
+// sequence 1's next 8; both rewound. Skipped with one sequence, or a pool
+// or context too small for 24 positions a sequence.
+absl::Status CudaDecoder::WarmupPackedPasses() {
+  constexpr int kChunk = 8;
+  const int per_seq = 3 * kChunk;
+  if (n_seq() < 2 || max_batch_ < 2 * kChunk || n_ctx_ < per_seq + 1) return absl::OkStatus();
+  const bool paged = kv_layout_.paged();
+  const int blocks = (per_seq + 1 + kv_layout_.block() - 1) / kv_layout_.block();
+  if (paged && kv_layout_.n_blocks < 2 * blocks) return absl::OkStatus();
+  for (int seq = 0; seq < 2 && paged; ++seq) {
+    std::vector<int> table(static_cast<size_t>(blocks));
+    for (int i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = seq * blocks + i;
+    DPL_RETURN_IF_ERROR(SetBlockTable(seq, table));
+  }
+  const std::vector<int32_t> t(kChunk, 0);
+  std::vector<float> last;
+  DPL_RETURN_IF_ERROR(EvalSeq(0, t, nullptr, nullptr));
+  const SeqChunk both[2] = {{0, t}, {1, t}};
+  DPL_RETURN_IF_ERROR(EvalSeqs(both, &last));
+  DPL_RETURN_IF_ERROR(BeginSampling(0, generate::SamplerParams{}, t).status());
+  const int seqs[1] = {0};
+  int32_t next[1] = {0};
+  const SeqChunk beside[1] = {{1, t}};
+  DPL_RETURN_IF_ERROR(StepWithChunks(seqs, next, beside, &last));
+  for (int seq = 0; seq < 2; ++seq) {
+    DPL_RETURN_IF_ERROR(RewindSeq(seq, 0));
+    if (paged) DPL_RETURN_IF_ERROR(SetBlockTable(seq, {}));
+  }
   return absl::OkStatus();
 }
 

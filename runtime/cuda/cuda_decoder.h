@@ -377,6 +377,9 @@ class CudaDecoder : public generate::Decoder {
   // Every step graph uploaded and a few prompt passes run, so that no
   // request pays for the first launches (Init's last stage).
   absl::Status Warmup();
+  // Warmup's passes of several sequences: packed prompts, a first token
+  // drawn, decode rows beside a prompt chunk.
+  absl::Status WarmupPackedPasses();
   absl::Status CheckSeq(int seq) const;
   // A prompt chunk for the sequence: not empty, ids in the vocabulary, room
   // in its context.
