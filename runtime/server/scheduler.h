@@ -423,6 +423,9 @@ class Scheduler {
   bool ClaimStart(std::vector<std::unique_ptr<Active>>& active, size_t i, StartAt& start, size_t budget);
   // Preempted requests (Active::requeue) go back to the front of the queue.
   void Requeue(std::vector<std::unique_ptr<Active>>& active);
+  // Prompt tokens this iteration may feed: prefill_chunk, less the decode
+  // rows that share the pass with mixed steps (at least half of it).
+  int PromptBudget(const std::vector<std::unique_ptr<Active>>& active) const;
   // One iteration's engine work: prompt tokens, up to prefill_chunk in all,
   // oldest prompt first (each Started when its turn comes; a prompt's last
   // chunk gives its first token), and a decode step for every request that

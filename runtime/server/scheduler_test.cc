@@ -558,6 +558,46 @@ TEST_CASE("short prompts share one step's prefill budget; a long one goes in chu
   CHECK(*std::max_element(batches.begin(), batches.end()) >= 2);
 }
 
+
+// With mixed steps the decode rows ride in the prompts' pass, so they count
+// against its budget: an iteration's prompt tokens and decode rows together
+// stay within prefill_chunk (the CUDA engine's max_batch; one row more and
+// it runs the pass and the step apart), while at least half of it stays
+// the prompts'. The texts do not change.
+TEST_CASE("mixed steps: the decode rows count against the prefill budget") {
+  const std::vector<GenerationRequest> reqs = {Greedy({1, 2, 3}, 12), Greedy({9, 8, 7}, 12),
+                                               Greedy({3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, 6),
+                                               Greedy({2, 7, 1, 8, 2, 8, 1, 8, 2, 8}, 6)};
+  constexpr int kChunk = 8;
+  Fixture f(4);
+  RecordingEngine rec(*f.engine);
+  SchedulerOptions o{4, kChunk};
+  o.mixed_steps = true;
+  Scheduler s(rec, *f.tok, o);
+  const std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Result got = Collect(*streams[i]);
+    CHECK(got.final.error.ok());
+    CHECK(got.text == RunAlone(reqs[i]).text);
+  }
+  // An iteration: a PrefillBatch (-2) and its parts, then its step (-1).
+  int fed = 0, shared = 0;
+  for (const auto& [slot, n] : rec.calls()) {
+    if (slot == -2) {
+      fed = 0;
+    } else if (slot >= 0) {
+      fed += n;
+    } else {
+      if (fed > 0) {
+        ++shared;
+        CAPTURE(n);
+        CHECK(fed + n <= kChunk);
+      }
+      fed = 0;
+    }
+  }
+  CHECK(shared >= 1);  // the long prompts ran beside decode rows
+}
 TEST_CASE("the step trace: a line per engine call, its rows and prompt tokens those the load ran") {
   const std::vector<GenerationRequest> reqs = {Greedy({1, 2, 3}, 4), Greedy({9, 8, 7, 6, 5}, 3),
                                                Greedy({4, 5, 6, 7}, 5)};

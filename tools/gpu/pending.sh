@@ -26,7 +26,8 @@
 #     the bar is the H200's; the H100 gave +3.2-3.9%).
 #  9. issue 30: dpl-server's step trace (DPL_TRACE_STEPS, summed by
 #     tools/perf/step_trace.py) under the 64-stream burst and the 16-stream
-#     shared start (at each -ub of UB_LIST, default 512), and dpl-bench's 16
+#     shared start (at each -ub of UB_LIST, default 512, and DPL_MIXED_STEPS
+#     of MIXED_LIST, default 0), and dpl-bench's 16
 #     and 64 rows (the bars are the H200's).
 #  5. issue 29: q5_K and q8_0 on the f16 form: matvec_gpu_test, matvec_bench,
 #     Q8_0 and Q5_K_M 7B steps at 16-64 sequences, each threshold 65 / 9
@@ -105,10 +106,14 @@ trace() {  # NAME SERVER_ARGS -- LOAD_ARGS
   kill -TERM $pid; wait $pid
   python3 "$root/tools/perf/step_trace.py" "$out/trace-$name.tsv"
 }
+for mx in ${MIXED_LIST:-0}; do  # MIXED_LIST="0 1": DPL_MIXED_STEPS off and on
 for ub in ${UB_LIST:-512}; do  # UB_LIST="512 1024": the same loads at each -ub
-  trace burst64-ub$ub -np 64 -c 32768 --queue 256 -ub $ub -- -n 64 --prompt 128 --gen 128
-  trace shared16-ub$ub -np 16 -c 65536 -ub $ub -- -n 16 --prompt 50 --gen 32 --shared 2000 --warm
+  export DPL_MIXED_STEPS=$mx
+  trace burst64-ub$ub-mixed$mx -np 64 -c 32768 --queue 256 -ub $ub -- -n 64 --prompt 128 --gen 128
+  trace shared16-ub$ub-mixed$mx -np 16 -c 65536 -ub $ub -- -n 16 --prompt 50 --gen 32 --shared 2000 --warm
 done
+done
+unset DPL_MIXED_STEPS
 timeout 120 ./dpl-bench -m "$m" -p 0 -n 128 -d 0 -npl 16,64 -npp 128 -r 1 2>&1 | grep -E "^\| tg|rror"
 fi
 if want 11; then
