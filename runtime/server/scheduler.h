@@ -18,9 +18,11 @@
 //      request that shares a long start with an older prompt still running
 //      waits for it (SchedulerOptions::defer_for_shared_start), so a burst
 //      of requests with one system prompt runs it once. At most
-//      SchedulerOptions::prefill_chunk prompt tokens go in all, oldest
-//      request first: one chunk of a long prompt, or several short prompts
-//      until the budget is spent (llama-server's n_batch). Samples of one
+//      SchedulerOptions::prefill_chunk prompt tokens go in all (with
+//      mixed steps, less the decode rows that share their pass, down to
+//      half of it), oldest request first: one chunk of a long prompt, or
+//      several short prompts until the budget is spent (llama-server's
+//      n_batch). Samples of one
 //      prompt (SubmitSamples, the API's n) run it once: the first runs it,
 //      the others wait for it and copy all of it but its last token, which
 //      each runs for its own first draw;
