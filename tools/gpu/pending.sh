@@ -76,6 +76,7 @@ if want 8; then
 echo "[${SECONDS}s] == 8. where a 4-sequence 30B-A3B step's time goes (issue 31)"
 [[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
   ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; }
+timeout 200 ./dpl-bench -m "$T/q30.dpl" -p 512 -n 128 -d 0 -npl 4,16,64 -npp 128 -r 1 2>&1 | grep -E '^\||rror'
 timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv ./dpl-bench -m "$T/q30.dpl" -p 0 -n 3 -d 0 \
   -npl 4 -npp 16 -r 1 >"$out/ncu30x4.csv" 2>"$out/ncu30x4.err"
 tail -2 "$out/ncu30x4.err"
