@@ -209,8 +209,8 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 // cuBLAS GEMM instead of the int8 mma matvec (default 64), DPL_MMA_F16_MIN=N:
 // q4_K products of N or more of those tokens take the f16 mma form instead
 // of the int8 one (65: never; default 9), DPL_MMA_F16_MIN_Q6K=N the same for
-// q6_K dpl (default 9), DPL_MMA_F16_MIN_Q5K=N and DPL_MMA_F16_MIN_Q8_0=N for
-// q5_K and q8_0 dpl (default 65),
+// q6_K dpl (default 4), DPL_MMA_F16_MIN_Q5K=N and DPL_MMA_F16_MIN_Q8_0=N for
+// q5_K and q8_0 dpl (default 17 and 9),
 // DPL_ROPE_FOLD=0
 // runs the RoPE kernel instead of folding RoPE into the Q/K/V matvec,
 // DPL_MATVEC_GEOM=KERNEL:ROWSxCOLS=KSPLIT,DEPTH,PIPE[;...] forces a

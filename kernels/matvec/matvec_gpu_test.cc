@@ -569,7 +569,7 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
     DevMatrix dm(m);
     const std::vector<float> w = Dequant(m);
     MatVecPlan p16 = PlanFor(dm.w), p8 = p16;
-    REQUIRE(p16.mma_f16_min_tokens > 0);  // the form exists (q5_K's, q8_0's: off by default, 65)
+    REQUIRE(p16.mma_f16_min_tokens > 0);  // the form exists
     p16.mma_f16_min_tokens = 2;
     p8.mma_f16_min_tokens = 0;
     for (int64_t n_tokens : {int64_t{2}, int64_t{8}, int64_t{13}, int64_t{33}, int64_t{64}}) {
