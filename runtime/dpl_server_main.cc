@@ -199,8 +199,8 @@ absl::Status Run(const cxxopts::ParseResult& args) {
   if (const char* e = std::getenv("DPL_PREFILL_BATCH"); e != nullptr && std::string(e) == "0") {
     o.scheduler.batch_prefill = false;
   }
-  if (const char* e = std::getenv("DPL_MIXED_STEPS"); e != nullptr && std::string(e) == "1") {
-    o.scheduler.mixed_steps = true;
+  if (const char* e = std::getenv("DPL_MIXED_STEPS"); e != nullptr && std::string(e) == "0") {
+    o.scheduler.mixed_steps = false;
   }
   if (const char* e = std::getenv("DPL_BLOCK_CACHE"); e != nullptr && std::string(e) == "0") {
     o.scheduler.block_cache = false;  // the A/B of blocks that outlive their slots

@@ -228,11 +228,15 @@ struct SchedulerOptions {
   bool batch_prefill = true;
   // With batch_prefill, the prompt tokens and the decode step in ONE engine
   // call (BatchEngine::StepWithPrefill; the CUDA engine runs them as one
-  // forward pass); false: a PrefillBatch, then a Step. Off by default: on an
-  // H100 the mixed pass gave the 64-stream burst no gain (first tokens
-  // median 324-329 vs 300-318 ms, docs/PERF.md); dpl-server's
-  // DPL_MIXED_STEPS=1 turns it on.
-  bool mixed_steps = false;
+  // forward pass), the decode rows counted in the pass's budget
+  // (PromptBudget); false: a PrefillBatch, then a Step (dpl-server's
+  // DPL_MIXED_STEPS=0). On since the seventeenth session (H100, 7B, -ub
+  // 512, docs/PERF.md): the 64-stream burst's first tokens median 254 ->
+  // 235 ms, slowest 462 -> 473, aggregate 6,336 -> 6,317 t/s; the 16-stream
+  // shared start's median 49.0 -> 44.9 ms, slowest 104 -> 88. (An earlier
+  // A/B found no gain because the budget then counted prompt tokens only:
+  // every burst pass was one row past max_batch and ran as two.)
+  bool mixed_steps = true;
   // Full KV blocks stay cached in the pool after their request (and slot)
   // moves on, and a prompt adopts the longest cached chain (where the
   // engine pages its cache and can adopt: the CUDA engine). false: only

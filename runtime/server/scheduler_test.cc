@@ -122,7 +122,9 @@ TEST_CASE("requests decoded together give the text each gives alone") {
   CHECK(alone[0].text == RunAlone(reqs[0], 2).text);  // prompt in chunks of 2
 
   Fixture f(2);
-  Scheduler s(*f.engine, *f.tok, {4, 2});
+  SchedulerOptions apart{4, 2};
+  apart.mixed_steps = false;  // a PrefillBatch, then a Step
+  Scheduler s(*f.engine, *f.tok, apart);
   const std::vector<std::shared_ptr<RequestStream>> streams = SubmitAll(s, reqs);
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Result got = Collect(*streams[i]);
@@ -132,7 +134,8 @@ TEST_CASE("requests decoded together give the text each gives alone") {
     CHECK(got.final.completion_tokens == reqs[i].max_tokens);
     CHECK(got.final.prompt_tokens == static_cast<int64_t>(reqs[i].prompt.size()));
   }
-  // The same with each iteration's prompts and step in one engine call.
+  // The same with each iteration's prompts and step in one engine call (the
+  // default).
   SchedulerOptions mixed{4, 2};
   mixed.mixed_steps = true;
   Fixture fm(2);
