@@ -84,6 +84,11 @@ struct DecodeTuning {
   // float64 with the mma forms (position 11, margin 0.005, took the other
   // expert: 12.95% there), 0.631% this way. dpl-bench takes DPL_MOE_PROMPT_MMA.
   int moe_prompt_mma_max_rows = 8;
+  // f32 matrices of few row blocks (a MoE router) multiply 2-64 tokens on
+  // the token tile split 8 ways, 4 steps deep (kF32WideTile,
+  // matvec_geometry.h) instead of 4 ways, 2 deep (dpl-bench's
+  // DPL_F32_WIDE_TILE=0/1, an A/B; not yet measured: off).
+  bool f32_wide_tile = false;
   // When every matrix of a model has the int8 mma form (q4_K, q6_K:
   // MatVecMmaSupports), products of 2 up to this many tokens (at most
   // kMmaMaxTokens) keep int8 activations and run it instead of dequantize +

@@ -269,6 +269,7 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_GEMM_AHEAD", &t.gemm_dequant_ahead);
   flag("DPL_MOE_GROUPED", &t.moe_grouped_min_fill_pct);
   flag("DPL_MOE_PROMPT_MMA", &t.moe_prompt_mma_max_rows);
+  flag("DPL_F32_WIDE_TILE", &t.f32_wide_tile);
   if (const char* e = std::getenv("DPL_MATVEC_GEOM"); e != nullptr) {
     DPL_ASSIGN_OR_RETURN(t.matvec_geometry, GeometryOverrides(e));
   }

@@ -8,7 +8,9 @@ MatVecKernelFn PickFloatMatVec(MatVecKernel kernel, const MatVecGeometry& g) {
   using matvec_detail::PickGeometry;
   using formats::GgmlType;
   switch (kernel) {
-    case MatVecKernel::kF32: return PickGeometry<F32Vec>(g);
+    case MatVecKernel::kF32:
+      if (g == kF32WideTile) return matvec_detail::MatVecT<F32Vec, kTokenTile, 8, 4, false>;
+      return PickGeometry<F32Vec>(g);
     case MatVecKernel::kF32Scalar: return PickGeometry<FloatScalar<GgmlType::kF32>>(g);
     case MatVecKernel::kF16: return PickGeometry<F16Vec>(g);
     case MatVecKernel::kF16Scalar: return PickGeometry<FloatScalar<GgmlType::kF16>>(g);

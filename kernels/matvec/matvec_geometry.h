@@ -158,6 +158,18 @@ inline bool IsCompiledGeometry(const MatVecGeometry& g) {
   return g.token_tile == kTokenTile && (g.ksplit == 1 || g.ksplit == 4) && g.depth == 2 && !g.pipe;
 }
 
+// One more token tile, compiled for the f32 vector kernel alone: k split 8
+// ways, 4 steps deep (a MoE router at 2-16 tokens: 128 x 2048 f32 in 32
+// CTAs of 4 rows, whose plain tile (k split 4, depth 2) took 21.9 us a call
+// at up to 8 tokens where the one-token kernel at (8, 4) takes 4.5; ncu,
+// H100, docs/PERF.md).
+inline constexpr MatVecGeometry kF32WideTile{kTokenTile, 8, 4, false};
+
+// Whether the kernel family has geometry g compiled.
+inline bool IsCompiledFor(MatVecKernel k, const MatVecGeometry& g) {
+  return IsCompiledGeometry(g) || (k == MatVecKernel::kF32 && g == kF32WideTile);
+}
+
 // Geometries a mixed launch (two kernels, matvec_skeleton.cuh) is compiled
 // for: one token, k-split 1, 2 or 4, depth 1, pipelined.
 inline bool IsMixedGeometry(const MatVecGeometry& g) {

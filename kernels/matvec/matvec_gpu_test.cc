@@ -537,6 +537,42 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
   }
 }
 
+// The f32 kernel's deeper token tile (kF32WideTile, a MoE router's) against
+// the single-token kernel per token: a router's shape and an odd one, with
+// bias and residual.
+TEST_CASE("matvec: the f32 wide token tile equals the single-token kernel per token") {
+  ScratchHolder sh;
+  const Case cases[] = {{GgmlType::kF32, TensorLayout::kRaw, 128, 2048, 0},
+                        {GgmlType::kF32, TensorLayout::kRaw, 67, 516, 0}};
+  for (const Case& c : cases) {
+    for (int64_t n_tokens : {int64_t{2}, int64_t{4}, int64_t{13}}) {
+      const HostMatrix m = testutil::RandomMatrix(c.type, c.layout, c.n_rows, c.n_cols, 0, 37);
+      DevMatrix dm(m);
+      const std::vector<float> x = RandomX(c.n_cols * n_tokens, 21);
+      const std::vector<float> bias = RandomX(c.n_rows, 22), res = RandomX(c.n_rows * n_tokens, 23);
+      DevFloats dx(c.n_cols * n_tokens), db(c.n_rows), dr(c.n_rows * n_tokens),
+          ym(c.n_rows * n_tokens), ys(c.n_rows * n_tokens);
+      dx.Upload(x);
+      db.Upload(bias);
+      dr.Upload(res);
+      MatVecPlan plan = PlanFor(dm.w);
+      REQUIRE(plan.kernel == MatVecKernel::kF32);
+      plan.prompt = kF32WideTile;
+      STATUS_OK(Run(dm.w, plan, dx.get(), n_tokens, ym.get(), db.get(), dr.get(), &sh.s));
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        STATUS_OK(Run(dm.w, plan, dx.get() + t * c.n_cols, 1, ys.get() + t * c.n_rows, db.get(),
+                      dr.get() + t * c.n_rows, &sh.s));
+      }
+      const std::vector<float> a = ym.Download(), b = ys.Download();
+      std::vector<double> bd(b.begin(), b.end());
+      const double err = NormErr(a.data(), bd);
+      std::printf("[wide tile] f32 %ldx%ld tokens %2ld: err vs single-token %.3e\n",
+                  static_cast<long>(c.n_rows), static_cast<long>(c.n_cols), static_cast<long>(n_tokens), err);
+      CHECK_MESSAGE(err < 1e-6, "rows " << c.n_rows << " tokens " << n_tokens);
+    }
+  }
+}
+
 // The f16 mma form (matvec_mma_f16.cu; q4_K, q5_K, q6_K dpl, q8_0 dpl) against the float64 product of
 // the dequantized weights with x rounded to f16 (the activations it reads):
 // what is left is the f16 rounding of each weight (one rounding of q s - m)

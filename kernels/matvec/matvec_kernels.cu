@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kActThreads)
 }
 
 MatVecKernelFn PickKernel(MatVecKernel kernel, const MatVecGeometry& g) {
-  if (!IsCompiledGeometry(g)) return nullptr;
+  if (!IsCompiledFor(kernel, g)) return nullptr;
   if (MatVecKernelFn f = PickFloatMatVec(kernel, g)) return f;
   if (MatVecKernelFn f = PickQ32MatVec(kernel, g)) return f;
   return PickKQuantMatVec(kernel, g);

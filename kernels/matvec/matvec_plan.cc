@@ -213,6 +213,9 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
   // 4-sequence step (ncu, H100, 30B-A3B, docs/PERF.md).
   const bool few_blocks = (w.n_rows + RowsPerCta(1) - 1) / RowsPerCta(1) < tuning.num_sms;
   plan.prompt = MatVecGeometry{kTokenTile, few_blocks ? 4 : 1, 2, false};
+  // There, f32 matrices (a router) may take the deeper tile
+  // (DecodeTuning::f32_wide_tile; kF32WideTile says why).
+  if (few_blocks && k == MatVecKernel::kF32 && tuning.f32_wide_tile) plan.prompt = kF32WideTile;
   plan.pdl = tuning.pdl;
   plan.mma_f16_small_ctas = tuning.mma_f16_small_ctas_per_sm;
   plan.mma_f16_cluster_sum = tuning.mma_f16_cluster_sum;
@@ -320,7 +323,7 @@ MatVecGeometry DecodeGeometryFor(MatVecKernel kernel, int64_t n_rows, const Deco
 }
 
 absl::StatusOr<MatVecGrid> MatVecGridFor(int64_t n_rows, int64_t n_tokens, const MatVecGeometry& g) {
-  if (!IsCompiledGeometry(g)) {
+  if (!IsCompiledGeometry(g) && !(g == kF32WideTile)) {
     return absl::InvalidArgumentError(absl::StrCat("matvec: token tile ", g.token_tile, " / k-split ",
                                                    g.ksplit, " / depth ", g.depth, " / pipe ",
                                                    g.pipe, " is not compiled"));

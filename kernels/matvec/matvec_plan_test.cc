@@ -211,6 +211,20 @@ TEST_CASE("decode geometry per type and height reproduces the H200 sweep") {
   REQUIRE(router.ok());
   CHECK(router->prompt == MatVecGeometry{kTokenTile, 4, 2, false});
   CHECK(IsCompiledGeometry(router->prompt));
+  // With f32_wide_tile, an f32 matrix of few row blocks takes the deeper
+  // tile, compiled for the f32 kernel alone; a q4_K one keeps the plain.
+  DecodeTuning wide = t;
+  wide.f32_wide_tile = true;
+  const absl::StatusOr<MatVecPlan> wide_router =
+      PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 128, 2048), wide);
+  REQUIRE(wide_router.ok());
+  CHECK(wide_router->prompt == kF32WideTile);
+  CHECK(IsCompiledFor(MatVecKernel::kF32, kF32WideTile));
+  CHECK_FALSE(IsCompiledFor(MatVecKernel::kQ4K, kF32WideTile));
+  CHECK(MatVecGridFor(128, 4, kF32WideTile).ok());
+  const absl::StatusOr<MatVecPlan> wide_q4 = PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584), wide);
+  REQUIRE(wide_q4.ok());
+  CHECK(wide_q4->prompt == MatVecGeometry{kTokenTile, 4, 2, false});
   const absl::StatusOr<MatVecPlan> edge =
       PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 16 * t.num_sms, 2048), t);
   REQUIRE(edge.ok());

@@ -295,7 +295,10 @@ MatVecKernelFn PickDecode(int depth, bool pipe) {
 template <class U>
 MatVecKernelFn PickGeometry(const MatVecGeometry& g) {
   if (g.token_tile == kTokenTile) {
-    return g.ksplit == 1 ? MatVecT<U, kTokenTile, 1, 2, false> : MatVecT<U, kTokenTile, 4, 2, false>;
+    if (g.depth != 2 || g.pipe) return nullptr;
+    return g.ksplit == 1 ? MatVecT<U, kTokenTile, 1, 2, false>
+           : g.ksplit == 4 ? MatVecT<U, kTokenTile, 4, 2, false>
+                           : nullptr;
   }
   switch (g.ksplit) {
     case 1: return PickDecode<U, 1>(g.depth, g.pipe);
