@@ -1,45 +1,40 @@
 #!/bin/bash
 # What is left unmeasured (docs/PERF.md names each and its prediction), as
-# of the sixteenth session (2026-12-07), whose H100 calls ran the fifteenth's
-# items (q6_K from 4 landed; q5_K's f16 form from 17 landed, q8_0's off after
-# a GPU test; the 30B-A3B router's grid found and fixed; the server's step
-# trace and the load's warm-up). Stage the binaries it uses:
+# of the seventeenth session (2026-12-07), whose H100 call ran items 11, 12,
+# 9 and 8 (q8_0's f16 form from 9 landed; the shared start's slow passes
+# were first launches, now warmed; mixed steps on; the 30B-A3B's router
+# tile found slow at 2-16 rows). Stage the binaries the items use, e.g.
 #   DPL_STAGE_ORACLES="mini-qwen3moe-q4km small-qwen2-q4km" DPL_STAGE_BINS=\
-#     "cuda_decoder_gpu_test cuda_engine_gpu_test dpl-bench dpl-synth dpl-convert \
+#     "matvec_gpu_test cuda_decoder_gpu_test dpl-bench dpl-synth dpl-convert \
 #     dpl-server" tools/gpu/stage.sh
 # and on the device, from the repository root (ITEMS picks):
-#   ITEMS="11 8 7 9" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item
-#   runs within one call's 10 minutes)
-# 11. cuda_engine_gpu_test and cuda_decoder_gpu_test, whole, on the landed
-#     defaults (q6_K f16 from 4, q5_K from 17, q8_0 off, the router's k split,
-#     CudaDecoder::Warmup): call 3 ran them with q8_0 from 9 (one case failed
-#     for it) and call 4 that case alone with q8_0 off. The MoE batched case
-#     now checks 12 sequences against the reference on their own routes
-#     (written after the calls, not yet run): run it on this build and on one
-#     with mma_f16_min_tokens_q8_0 9 (kernels/device_tuning.cc's last line is
-#     the quickest place for that build); if both pass, q8_0 from 9 is the
-#     default to land (Q8_0 7B: +16% / +42% / +63% at 16 / 32 / 64 sequences).
-#  8. issue 31: where a 4-sequence 30B-A3B step's time goes now that the
-#     router runs on 32 CTAs (839 t/s on an H100, ~4.8 ms a step): ncu
-#     durations of every kernel of a few steps, summed by kernel and grid.
+#   ITEMS="13 7" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
+#   within one call's 10 minutes)
+# 13. issue 31: the f32 wide token tile (kF32WideTile, written and tested on
+#     the CPU only): matvec_gpu_test's "*wide token tile*" case, then the
+#     30B-A3B's 4- and 16-sequence rows with DPL_F32_WIDE_TILE 0 / 1
+#     interleaved twice (predicted: the router 21.9 -> ~6 us a call, 4
+#     sequences 839 -> ~1,000 t/s); if it wins, DecodeTuning::f32_wide_tile
+#     on by default.
 #  7. issue 32: tools/gpu/structured.sh (json_schema against free text, -np 1;
 #     the bar is the H200's; the H100 gave +3.2-3.9%).
 #  9. issue 30: dpl-server's step trace (DPL_TRACE_STEPS, summed by
 #     tools/perf/step_trace.py) under the 64-stream burst and the 16-stream
 #     shared start (at each -ub of UB_LIST, default 512, and DPL_MIXED_STEPS
-#     of MIXED_LIST, default 0), and dpl-bench's 16
-#     and 64 rows (the bars are the H200's).
+#     of MIXED_LIST, default 0), and dpl-bench's 16 and 64 rows; the bars are
+#     the H200's, where it has not run yet.
+# 12. issue 30: the shared start's packed passes alone: dpl-bench --shared
+#     2000 -npp 50 at -ub 512 beside pp512 and pp512 @ d2000, then ncu of the
+#     x16 row's last run (--profile-from-start off: dpl-bench brackets it).
+#  8. issue 31: the 30B-A3B's rows at 4 / 16 / 64 sequences, then ncu of a
+#     4-sequence run's kernels summed by kernel and grid.
+# 11. cuda_engine_gpu_test and cuda_decoder_gpu_test, whole.
 #  5. issue 29: q5_K and q8_0 on the f16 form: matvec_gpu_test, matvec_bench,
 #     Q8_0 and Q5_K_M 7B steps at 16-64 sequences, each threshold 65 / 9
 #     (stage matvec_gpu_test and matvec_bench too).
 # 10. issue 34: the persistent probe's third round: ./persistprobe and
 #     PROBE_PREQ=1 ./persistprobe (a quantize op before each product, as the
 #     runtime has), then ncu of its products (nvcc on the device).
-# 12. issue 30: the shared start's packed passes alone: dpl-bench --shared
-#     2000 -npp 50 at -ub 512 (16 chunks: passes of 10 and 6, as the server
-#     packs them) beside pp512 and pp512 @ d2000, then ncu of the x16 row's
-#     last run (--profile-from-start off: dpl-bench brackets it), summed by
-#     kernel and grid.
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
 out=${2:-/tmp/pending}
@@ -52,7 +47,7 @@ cd "$suite" || exit 1
 source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
-want() { [[ " ${ITEMS:-11 8 7 9} " == *" $1 "* ]]; }
+want() { [[ " ${ITEMS:-13 7} " == *" $1 "* ]]; }
 if want 5; then
 echo "[${SECONDS}s] == 5. q5_K and q8_0 on the f16 form (issue 29): the GPU test, the products, the step"
 timeout 300 ./matvec_gpu_test --test-case="*f16 mma form*" 2>&1 | grep -E "q5_K|q8_0|ERROR|test cases|assertions" | tail -40
@@ -81,6 +76,18 @@ timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv ./dp
   -npl 4 -npp 16 -r 1 >"$out/ncu30x4.csv" 2>"$out/ncu30x4.err"
 tail -2 "$out/ncu30x4.err"
 python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu30x4.csv" 30
+fi
+if want 13; then
+echo "[${SECONDS}s] == 13. the f32 wide token tile (issue 31)"
+timeout 60 ./matvec_gpu_test --test-case="*wide token tile*" 2>&1 | grep -E "wide tile|ERROR|test cases|assertions"
+[[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
+  ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; }
+for r in 1 2; do
+  for w in 0 1; do
+    echo "-- DPL_F32_WIDE_TILE=$w: $(DPL_F32_WIDE_TILE=$w timeout 100 ./dpl-bench -m "$T/q30.dpl" -p 0 -n 64 -d 0 -npl 4,16 -npp 64 -r 1 2>&1 |
+      grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}')"
+  done
+done
 fi
 if want 12; then
 echo "[${SECONDS}s] == 12. the shared start's packed passes (issue 30)"
