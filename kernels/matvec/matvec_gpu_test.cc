@@ -480,7 +480,8 @@ TEST_CASE("matvec: fused bias and residual (also in place)") {
 // Several tokens (the token tile, or for q4_K, q5_K, q6_K and q8_0 rows of
 // whole 256-column blocks from 2 to kMmaMaxTokens tokens the int8 mma form)
 // against the single-token kernel token by token: the same integer dots,
-// float sums in another order.
+// float sums in another order. f32 matrices also on the deeper token tile
+// (kF32WideTile, a MoE router's), a router's shape among them.
 TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token") {
   ScratchHolder sh;
   const Case cases[] = {
@@ -497,6 +498,7 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
       {GgmlType::kQ5_0, TensorLayout::kRaw, 67, 96, 0},
       {GgmlType::kF16, TensorLayout::kRaw, 301, 896, 0},
       {GgmlType::kF32, TensorLayout::kRaw, 67, 99, 0},
+      {GgmlType::kF32, TensorLayout::kRaw, 128, 2048, 0},
   };
   for (const Case& c : cases) {
     for (int64_t n_tokens : {int64_t{2}, int64_t{13}, int64_t{33}, int64_t{64}, int64_t{512}}) {
@@ -519,56 +521,29 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
       // activations: its own test below checks it against float64).
       MatVecPlan plan = PlanFor(dm.w);
       plan.mma_f16_min_tokens = 0;
-      STATUS_OK(Run(dm.w, plan, dx.get(), n_tokens, ym.get(), db.get(), dr.get(), &sh.s));
+      std::vector<MatVecPlan> plans = {plan};
+      if (plan.kernel == MatVecKernel::kF32) {
+        plans.push_back(plan);
+        plans.back().prompt = kF32WideTile;
+      }
       for (int64_t t = 0; t < n_tokens; ++t) {
         STATUS_OK(Run(dm.w, plan, dx.get() + t * c.n_cols, 1, ys.get() + t * c.n_rows, db.get(),
                       dr.get() + t * c.n_rows, &sh.s));
       }
-      const std::vector<float> a = ym.Download(), b = ys.Download();
-      std::vector<double> bd(b.begin(), b.end());
-      const double err = NormErr(a.data(), bd);
-      const bool same = std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-      std::printf("[multi] %-10s %ldx%ld tokens %3ld: err vs single-token %.3e (%s)\n",
-                  std::string(formats::TraitsOf(c.type).name).c_str(),
-                  static_cast<long>(c.n_rows), static_cast<long>(c.n_cols),
-                  static_cast<long>(n_tokens), err, same ? "bit-identical" : "differs");
-      CHECK_MESSAGE(err < 1e-6, formats::TraitsOf(c.type).name << " tokens " << n_tokens);
-    }
-  }
-}
-
-// The f32 kernel's deeper token tile (kF32WideTile, a MoE router's) against
-// the single-token kernel per token: a router's shape and an odd one, with
-// bias and residual.
-TEST_CASE("matvec: the f32 wide token tile equals the single-token kernel per token") {
-  ScratchHolder sh;
-  const Case cases[] = {{GgmlType::kF32, TensorLayout::kRaw, 128, 2048, 0},
-                        {GgmlType::kF32, TensorLayout::kRaw, 67, 516, 0}};
-  for (const Case& c : cases) {
-    for (int64_t n_tokens : {int64_t{2}, int64_t{4}, int64_t{13}}) {
-      const HostMatrix m = testutil::RandomMatrix(c.type, c.layout, c.n_rows, c.n_cols, 0, 37);
-      DevMatrix dm(m);
-      const std::vector<float> x = RandomX(c.n_cols * n_tokens, 21);
-      const std::vector<float> bias = RandomX(c.n_rows, 22), res = RandomX(c.n_rows * n_tokens, 23);
-      DevFloats dx(c.n_cols * n_tokens), db(c.n_rows), dr(c.n_rows * n_tokens),
-          ym(c.n_rows * n_tokens), ys(c.n_rows * n_tokens);
-      dx.Upload(x);
-      db.Upload(bias);
-      dr.Upload(res);
-      MatVecPlan plan = PlanFor(dm.w);
-      REQUIRE(plan.kernel == MatVecKernel::kF32);
-      plan.prompt = kF32WideTile;
-      STATUS_OK(Run(dm.w, plan, dx.get(), n_tokens, ym.get(), db.get(), dr.get(), &sh.s));
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        STATUS_OK(Run(dm.w, plan, dx.get() + t * c.n_cols, 1, ys.get() + t * c.n_rows, db.get(),
-                      dr.get() + t * c.n_rows, &sh.s));
+      const std::vector<float> b = ys.Download();
+      const std::vector<double> bd(b.begin(), b.end());
+      for (const MatVecPlan& pl : plans) {
+        STATUS_OK(Run(dm.w, pl, dx.get(), n_tokens, ym.get(), db.get(), dr.get(), &sh.s));
+        const std::vector<float> a = ym.Download();
+        const double err = NormErr(a.data(), bd);
+        const bool same = std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+        const bool wide = pl.prompt == kF32WideTile;
+        std::printf("[multi] %-10s %ldx%ld tokens %3ld%s: err vs single-token %.3e (%s)\n",
+                    std::string(formats::TraitsOf(c.type).name).c_str(), static_cast<long>(c.n_rows),
+                    static_cast<long>(c.n_cols), static_cast<long>(n_tokens), wide ? " (wide tile)" : "",
+                    err, same ? "bit-identical" : "differs");
+        CHECK_MESSAGE(err < 1e-6, formats::TraitsOf(c.type).name << " tokens " << n_tokens << " wide " << wide);
       }
-      const std::vector<float> a = ym.Download(), b = ys.Download();
-      std::vector<double> bd(b.begin(), b.end());
-      const double err = NormErr(a.data(), bd);
-      std::printf("[wide tile] f32 %ldx%ld tokens %2ld: err vs single-token %.3e\n",
-                  static_cast<long>(c.n_rows), static_cast<long>(c.n_cols), static_cast<long>(n_tokens), err);
-      CHECK_MESSAGE(err < 1e-6, "rows " << c.n_rows << " tokens " << n_tokens);
     }
   }
 }

@@ -10,9 +10,10 @@
 # and on the device, from the repository root (ITEMS picks):
 #   ITEMS="13 7" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
 #   within one call's 10 minutes)
-# 13. issue 31: the f32 wide token tile (kF32WideTile, written and tested on
-#     the CPU only): matvec_gpu_test's "*wide token tile*" case, then the
-#     30B-A3B's 4- and 16-sequence rows with DPL_F32_WIDE_TILE 0 / 1
+# 13. issue 31: the f32 wide token tile (kF32WideTile; its plan tested on the
+#     CPU, the kernel not yet run): matvec_gpu_test's "*token-tiled variant*"
+#     case (f32 on the wide tile too), then the 30B-A3B's 4- and 16-sequence
+#     rows with DPL_F32_WIDE_TILE 0 / 1
 #     interleaved twice (predicted: the router 21.9 -> ~6 us a call, 4
 #     sequences 839 -> ~1,000 t/s); if it wins, DecodeTuning::f32_wide_tile
 #     on by default.
@@ -79,7 +80,7 @@ python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu30x4.csv" 30
 fi
 if want 13; then
 echo "[${SECONDS}s] == 13. the f32 wide token tile (issue 31)"
-timeout 60 ./matvec_gpu_test --test-case="*wide token tile*" 2>&1 | grep -E "wide tile|ERROR|test cases|assertions"
+timeout 120 ./matvec_gpu_test --test-case="*token-tiled variant*" 2>&1 | grep -E "wide tile|f32|ERROR|test cases|assertions"
 [[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
   ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; }
 for r in 1 2; do
