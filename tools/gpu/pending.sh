@@ -17,6 +17,10 @@
 #     interleaved twice (predicted: the router 21.9 -> ~6 us a call, 4
 #     sequences 839 -> ~1,000 t/s); if it wins, DecodeTuning::f32_wide_tile
 #     on by default.
+# 14. issues 30 and 29: tools/perf/wgmma_rate_probe.cu's fourth round (the
+#     f16 form's stage loop at 128 and 256 tokens; nvcc on the device): does
+#     the dequantization hide under wgmmas twice and four times as long?
+#     docs/PERF.md ("Seventeenth session") has the prediction.
 #  7. issue 32: tools/gpu/structured.sh (json_schema against free text, -np 1;
 #     the bar is the H200's; the H100 gave +3.2-3.9%).
 #  9. issue 30: dpl-server's step trace (DPL_TRACE_STEPS, summed by
@@ -48,7 +52,7 @@ cd "$suite" || exit 1
 source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
-want() { [[ " ${ITEMS:-13 7} " == *" $1 "* ]]; }
+want() { [[ " ${ITEMS:-13 14 7} " == *" $1 "* ]]; }
 if want 5; then
 echo "[${SECONDS}s] == 5. q5_K and q8_0 on the f16 form (issue 29): the GPU test, the products, the step"
 timeout 300 ./matvec_gpu_test --test-case="*f16 mma form*" 2>&1 | grep -E "q5_K|q8_0|ERROR|test cases|assertions" | tail -40
@@ -89,6 +93,11 @@ for r in 1 2; do
       grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}')"
   done
 done
+fi
+if want 14; then
+echo "[${SECONDS}s] == 14. the f16 form's stage loop at 128 and 256 tokens (issues 30, 29)"
+nvcc -O3 -std=c++17 -arch=sm_90a -o "$T/wgmmaprobe" "$root/tools/perf/wgmma_rate_probe.cu" || exit 1
+timeout 120 "$T/wgmmaprobe" | grep -E "R4|only|SMs"
 fi
 if want 12; then
 echo "[${SECONDS}s] == 12. the shared start's packed passes (issue 30)"
