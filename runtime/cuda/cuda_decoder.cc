@@ -160,9 +160,11 @@ absl::Status CudaDecoder::Warmup() {
 }
 
 // Why: a server's first pass of several prompts, and its first with decode
-// rows beside them, still took 31-37 ms after the one-sequence warm-up where
-// a warm one of 100 tokens needs ~10 (H100, the shared-start load's step
-// trace, docs/PERF.md): their kernels (prompt attention over a tile list,
+// rows beside them, still took 31-37 ms after the one-sequence warm-up (a
+// warm pass of two 50-token prompts over a 2,000-token start takes 16.3 ms:
+// H100, the shared-start load's step trace and dpl-bench --shared,
+// docs/PERF.md; with this warm-up the load's median first token went 73.8
+// -> 49.0 ms): their kernels (prompt attention over a tile list,
 // the logits rows' gather, the eager sampling of a first token, the decode
 // rows' gather and finish) had not run yet. So sequences 0 and 1, 8 tokens
 // each: a pass of both (sequence 0 over its first 8, so at a depth), a
