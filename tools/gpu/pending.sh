@@ -5,10 +5,10 @@
 # were first launches, now warmed; mixed steps on; the 30B-A3B's router
 # tile found slow at 2-16 rows). Stage the binaries the items use, e.g.
 #   DPL_STAGE_ORACLES="mini-qwen3moe-q4km small-qwen2-q4km" DPL_STAGE_BINS=\
-#     "matvec_gpu_test cuda_decoder_gpu_test dpl-bench dpl-synth dpl-convert \
-#     dpl-server" tools/gpu/stage.sh
+#     "matvec_gpu_test cuda_decoder_gpu_test cuda_engine_gpu_test dpl-bench \
+#     dpl-synth dpl-convert" tools/gpu/stage.sh
 # and on the device, from the repository root (ITEMS picks):
-#   ITEMS="13 7" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
+#   ITEMS="11 13 14 7" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
 #   within one call's 10 minutes)
 # 13. issue 31: the f32 wide token tile (kF32WideTile; its plan tested on the
 #     CPU, the kernel not yet run): matvec_gpu_test's "*token-tiled variant*"
@@ -33,7 +33,9 @@
 #     x16 row's last run (--profile-from-start off: dpl-bench brackets it).
 #  8. issue 31: the 30B-A3B's rows at 4 / 16 / 64 sequences, then ncu of a
 #     4-sequence run's kernels summed by kernel and grid.
-# 11. cuda_engine_gpu_test and cuda_decoder_gpu_test, whole.
+# 11. cuda_engine_gpu_test and cuda_decoder_gpu_test, whole: the engine's
+#     scheduler cases have not run with mixed steps on (the default since
+#     the seventeenth session, flipped after its call).
 #  5. issue 29: q5_K and q8_0 on the f16 form: matvec_gpu_test, matvec_bench,
 #     Q8_0 and Q5_K_M 7B steps at 16-64 sequences, each threshold 65 / 9
 #     (stage matvec_gpu_test and matvec_bench too).
@@ -52,7 +54,7 @@ cd "$suite" || exit 1
 source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
-want() { [[ " ${ITEMS:-13 14 7} " == *" $1 "* ]]; }
+want() { [[ " ${ITEMS:-11 13 14 7} " == *" $1 "* ]]; }
 if want 5; then
 echo "[${SECONDS}s] == 5. q5_K and q8_0 on the f16 form (issue 29): the GPU test, the products, the step"
 timeout 300 ./matvec_gpu_test --test-case="*f16 mma form*" 2>&1 | grep -E "q5_K|q8_0|ERROR|test cases|assertions" | tail -40
