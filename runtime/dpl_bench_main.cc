@@ -34,6 +34,7 @@
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "cli/cli.h"
+#include "kernels/cuda_check.h"
 #include "kernels/device_tuning.h"
 #include "kernels/matvec/matvec_geometry.h"
 #include "kernels/membw/membw.h"
@@ -142,7 +143,7 @@ absl::StatusOr<std::vector<Row>> MeasureSharedStartRows(dpl::runtime::CudaDecode
       own.clear();
       for (int seq = 0; seq < batch; ++seq) own.push_back(Tokens(n_prompt, r * 1000 + seq, dec.n_vocab()));
       // The last run's passes alone under `ncu --profile-from-start off`.
-      if (r == reps) cudaProfilerStart();
+      if (r == reps) DPL_CUDA_CHECK(cudaProfilerStart());
       const auto t0 = std::chrono::steady_clock::now();
       for (int seq = 0; seq < batch;) {
         chunks.clear();
@@ -154,7 +155,7 @@ absl::StatusOr<std::vector<Row>> MeasureSharedStartRows(dpl::runtime::CudaDecode
         DPL_RETURN_IF_ERROR(dec.EvalSeqs(chunks, &last));
       }
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (r == reps) cudaProfilerStop();
+      if (r == reps) DPL_CUDA_CHECK(cudaProfilerStop());
       if (r > 0) row.tps.push_back(static_cast<double>(batch) * n_prompt / sec);
     }
     rows.push_back(row);

@@ -169,6 +169,8 @@ inline constexpr MatVecGeometry kF32WideTile{kTokenTile, 8, 4, false};
 inline bool IsCompiledFor(MatVecKernel k, const MatVecGeometry& g) {
   return IsCompiledGeometry(g) || (k == MatVecKernel::kF32 && g == kF32WideTile);
 }
+// Whether some kernel family has it (what a grid needs to be sized).
+inline bool IsCompiledForSome(const MatVecGeometry& g) { return IsCompiledFor(MatVecKernel::kF32, g); }
 
 // Geometries a mixed launch (two kernels, matvec_skeleton.cuh) is compiled
 // for: one token, k-split 1, 2 or 4, depth 1, pipelined.

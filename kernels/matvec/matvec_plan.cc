@@ -323,7 +323,7 @@ MatVecGeometry DecodeGeometryFor(MatVecKernel kernel, int64_t n_rows, const Deco
 }
 
 absl::StatusOr<MatVecGrid> MatVecGridFor(int64_t n_rows, int64_t n_tokens, const MatVecGeometry& g) {
-  if (!IsCompiledGeometry(g) && !(g == kF32WideTile)) {
+  if (!IsCompiledForSome(g)) {
     return absl::InvalidArgumentError(absl::StrCat("matvec: token tile ", g.token_tile, " / k-split ",
                                                    g.ksplit, " / depth ", g.depth, " / pipe ",
                                                    g.pipe, " is not compiled"));
