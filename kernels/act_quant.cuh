@@ -21,9 +21,10 @@ __device__ __forceinline__ void QuantizeBlock32(float v, int64_t blk, const Quan
   int qi = 0;
   if (amax > 0.f) qi = max(-127, min(127, __float2int_rn(v / dv)));
   out.q[blk * 32 + lane] = static_cast<int8_t>(qi);
-  if (out.h != nullptr) {  // set for at most 64 tokens: blk fits 32 bits (no 64-bit division)
+  if (out.h != nullptr) {  // blk fits 32 bits (a pass's tokens x columns / 32: no 64-bit division)
     const uint32_t per_row = static_cast<uint32_t>(out.h_cols) / 32, b = static_cast<uint32_t>(blk);
-    out.h[F16Index(static_cast<int>(b / per_row), static_cast<int>(b % per_row) * 32 + lane, out.h_slots)] =
+    out.h[F16Index(static_cast<int>(b / per_row), static_cast<int>(b % per_row) * 32 + lane, out.h_slots,
+                   out.h_cols)] =
         __float2half_rn(v);
   }
   int sum = qi;

@@ -35,25 +35,39 @@ __host__ __device__ constexpr int F16MmaPos(int c) {
   return 16 * ((c >> 2) & 1) + 8 * ((c >> 1) & 1) + 2 * (c >> 3) + (c & 1);
 }
 
+// The f16 copy's token tile: at most this many token slots lie together
+// in its chunk-major order; a copy of more tokens is a run of such tiles.
+inline constexpr int kF16TileTokens = 64;
+
 // Token slots of the f16 copy: the f16 mma form's token tile (8, 16, 32 or
-// 64) for n_tokens (1..64).
+// 64) for n_tokens up to 64; past 64, whole 64-token tiles (the wide form,
+// one CTA a tile: matvec/matvec_mma_f16.cu).
 __host__ __device__ constexpr int F16TokenSlots(int n_tokens) {
-  return n_tokens <= 8 ? 8 : n_tokens <= 16 ? 16 : n_tokens <= 32 ? 32 : 64;
+  return n_tokens <= 8    ? 8
+         : n_tokens <= 16 ? 16
+         : n_tokens <= 32 ? 32
+                          : (n_tokens + kF16TileTokens - 1) / kF16TileTokens * kF16TileTokens;
 }
 
-// Where value (token, column) sits in h: 16-byte chunk-major,
-//   h[(chunk * h_slots + token) * 8 + e],  chunk * 8 + e = 32 (column / 32) + F16MmaPos(column % 32),
-// so that the chunks of one stage of the f16 form, for every token slot,
-// are one contiguous run of bytes: the kernel copies them linearly into
-// shared memory, where they already are the wgmma's B core matrices (8
+// Where value (token, column) sits in h: in 64-token tiles (h_cols columns
+// each), and in a tile 16-byte chunk-major,
+//   h[tile * 64 h_cols + (chunk * slots + token % 64) * 8 + e],
+//   tile = token / 64, slots = min(h_slots, 64),
+//   chunk * 8 + e = 32 (column / 32) + F16MmaPos(column % 32),
+// so that the chunks of one stage of the f16 form, for every token slot of
+// a tile, are one contiguous run of bytes: the kernel copies them linearly
+// into shared memory, where they already are the wgmma's B core matrices (8
 // token slots x 16 bytes). Why linear: cp.async writes whose shared
 // destinations do not follow the threads' order cost a shared-memory
 // wavefront each (ncu, H100, 7B gate/up at 64 tokens: 6.1 M wavefronts
 // against 2.6 M, the kernel 90 us against 58, when a token-major copy was
-// scattered into this layout in shared memory).
-__host__ __device__ constexpr int64_t F16Index(int token, int column, int h_slots) {
+// scattered into this layout in shared memory). Up to 64 tokens there is
+// one tile: the layout of every earlier session.
+__host__ __device__ constexpr int64_t F16Index(int token, int column, int h_slots, int h_cols) {
   const int p = 32 * (column / 32) + F16MmaPos(column % 32);
-  return (static_cast<int64_t>(p / 8) * h_slots + token) * 8 + p % 8;
+  const int slots = h_slots < kF16TileTokens ? h_slots : kF16TileTokens;
+  return static_cast<int64_t>(token / kF16TileTokens) * kF16TileTokens * h_cols +
+         (static_cast<int64_t>(p / 8) * slots + token % kF16TileTokens) * 8 + p % 8;
 }
 
 }  // namespace dpl::kernels

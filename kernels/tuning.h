@@ -183,6 +183,17 @@ struct DecodeTuning {
   // 3,204 / 4,263 / 7,363 / 10,905: 196 wins past 16 tokens (+3.0%, +0.9%),
   // 224 up to 16 (+2.4%, +2.2%). dpl-bench takes DPL_F16_TARGET_WIDE.
   int mma_f16_target_ctas_wide = 196;
+  // Products of more than kMmaMaxTokens (64) and up to this many tokens (a
+  // prompt pass, a server's packed or mixed pass) on the f16 form's wide
+  // launch: one CTA a 64-token tile of a row tile, grid.x the tiles, so the
+  // CTAs of a row tile run side by side and read its weights from HBM about
+  // once (the rest from L2); no f16 copy of the weights. Past it, and for
+  // files with a matrix that has no f16 form, dequantize + cuBLAS
+  // (gemm_min_tokens). 0 (or <= 64): never. Why try: a 512-token 7B pass
+  // spends ~6 ms of its ~22 writing and reading back f16 weights, and a
+  // 65-128-token pass pays all of it (docs/PERF.md, "Seventeenth
+  // session"). dpl-bench and dpl-server take DPL_MMA_F16_MAX.
+  int mma_f16_max_tokens = 0;
   // A packed prompt pass's chunks (the server's prompts of several
   // sequences in one pass) go through prompt attention in one launch a
   // layer (PromptAttentionBatch) instead of one launch a chunk. dpl-server

@@ -211,7 +211,8 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 // q4_K products of N or more of those tokens take the f16 mma form instead
 // of the int8 one (65: never; default 9), DPL_MMA_F16_MIN_Q6K=N the same for
 // q6_K dpl (default 4), DPL_MMA_F16_MIN_Q5K=N and DPL_MMA_F16_MIN_Q8_0=N for
-// q5_K and q8_0 dpl (default 17 and 9),
+// q5_K and q8_0 dpl (default 17 and 9), DPL_MMA_F16_MAX=N: products of 65
+// to N tokens on the f16 form's wide launch (kernels/tuning.h),
 // DPL_ROPE_FOLD=0
 // runs the RoPE kernel instead of folding RoPE into the Q/K/V matvec,
 // DPL_MATVEC_GEOM=KERNEL:ROWSxCOLS=KSPLIT,DEPTH,PIPE[;...] forces a
@@ -262,6 +263,7 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_MMA_F16_MIN_Q6K", &t.mma_f16_min_tokens_q6k);
   flag("DPL_MMA_F16_MIN_Q5K", &t.mma_f16_min_tokens_q5k);
   flag("DPL_MMA_F16_MIN_Q8_0", &t.mma_f16_min_tokens_q8_0);
+  flag("DPL_MMA_F16_MAX", &t.mma_f16_max_tokens);
   flag("DPL_F16_CTAS", &t.mma_f16_small_ctas_per_sm);
   flag("DPL_F16_CLUSTER", &t.mma_f16_cluster_sum);
   flag("DPL_F16_TARGET", &t.mma_f16_target_ctas);

@@ -159,12 +159,19 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
     // attention one launch a chunk (kernels/tuning.h; an A/B).
     // DPL_GEMM_AHEAD=1: the next matrix's f16 dequant beside this one's
     // GEMM in prompt passes (a probe, kernels/tuning.h).
+    // DPL_MMA_F16_MAX=N: products of 65 to N tokens on the f16 form's wide
+    // launch (kernels/tuning.h; 0: dequantize + cuBLAS past 64).
     const char* one_launch = std::getenv("DPL_PROMPT_ONE_LAUNCH");
     const char* ahead = std::getenv("DPL_GEMM_AHEAD");
-    if ((one_launch != nullptr && std::string(one_launch) == "0") || (ahead != nullptr && std::string(ahead) == "1")) {
+    const char* f16_max = std::getenv("DPL_MMA_F16_MAX");
+    if ((one_launch != nullptr && std::string(one_launch) == "0") || (ahead != nullptr && std::string(ahead) == "1") ||
+        (f16_max != nullptr && *f16_max != '\0')) {
       DPL_ASSIGN_OR_RETURN(co.tuning, dpl::kernels::DecodeTuningForDevice());
       co.tuning->prompt_attn_one_launch = one_launch == nullptr || std::string(one_launch) != "0";
       co.tuning->gemm_dequant_ahead = ahead != nullptr && std::string(ahead) == "1";
+      if (f16_max != nullptr && *f16_max != '\0' && !absl::SimpleAtoi(f16_max, &co.tuning->mma_f16_max_tokens)) {
+        return absl::InvalidArgumentError(absl::StrCat("DPL_MMA_F16_MAX: '", f16_max, "' is not an integer"));
+      }
     }
     DPL_ASSIGN_OR_RETURN(co.load.method,
                          dpl::runtime::ParseUploadMethod(args["weights-upload"].as<std::string>()));

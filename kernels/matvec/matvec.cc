@@ -18,29 +18,31 @@ int64_t PartialFloats(int64_t max_tokens) {
   return max_tokens < 2 ? 0 : std::min<int64_t>(max_tokens, kMmaMaxTokens) * kMmaMaxPartialRows;
 }
 
-// Halves of the f16 activation copy (the f16 mma form's input).
-int64_t HalfValues(int64_t max_cols, int64_t max_tokens) {
-  return max_tokens < 2 ? 0
-                        : F16TokenSlots(static_cast<int>(std::min<int64_t>(max_tokens, kMmaMaxTokens))) *
-                              max_cols;
+// Halves of the f16 activation copy (the f16 mma form's input) for up to
+// f16_max_tokens of the scratch's max_tokens.
+int64_t HalfValues(int64_t max_cols, int64_t max_tokens, int64_t f16_max_tokens) {
+  const int64_t n = std::min(max_tokens, std::max<int64_t>(f16_max_tokens, kMmaMaxTokens));
+  return n < 2 ? 0 : F16TokenSlots(static_cast<int>(n)) * max_cols;
 }
 }  // namespace
 
 // Layout: q at 0, then d, s, the partials and the f16 copy each at the next
 // 256-byte boundary (the kernels read d and s with 8- and 16-byte loads).
-absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens) {
-  if (max_cols <= 0 || max_cols % kActBlock != 0 || max_tokens <= 0) {
+absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens,
+                                            int64_t f16_max_tokens) {
+  if (max_cols <= 0 || max_cols % kActBlock != 0 || max_tokens <= 0 ||
+      max_cols * max_tokens / kActBlock > (int64_t{1} << 31)) {
     return absl::InvalidArgumentError(absl::StrCat("matvec scratch: max_cols ", max_cols,
                                                    " (multiple of 32 needed), max_tokens ",
-                                                   max_tokens));
+                                                   max_tokens, " (at most 2^31 blocks of 32)"));
   }
   const uint64_t n = static_cast<uint64_t>(max_cols) * static_cast<uint64_t>(max_tokens);
   return Align256(n) + 2 * Align256(n / kActBlock * sizeof(float)) +
          Align256(PartialFloats(max_tokens) * sizeof(float)) +
-         Align256(HalfValues(max_cols, max_tokens) * sizeof(__half));
+         Align256(HalfValues(max_cols, max_tokens, f16_max_tokens) * sizeof(__half));
 }
 
-MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens) {
+MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens, int64_t f16_max_tokens) {
   const uint64_t n = static_cast<uint64_t>(max_cols) * static_cast<uint64_t>(max_tokens);
   const uint64_t scales = Align256(n / kActBlock * sizeof(float));
   uint8_t* base = static_cast<uint8_t*>(mem);
@@ -51,12 +53,13 @@ MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens) {
   s.partial_floats = PartialFloats(max_tokens);
   const uint64_t partial_at = Align256(n) + 2 * scales;
   if (s.partial_floats > 0) s.partial = reinterpret_cast<float*>(base + partial_at);
-  if (HalfValues(max_cols, max_tokens) > 0) {
+  if (HalfValues(max_cols, max_tokens, f16_max_tokens) > 0) {
     s.h = reinterpret_cast<__half*>(base + partial_at +
                                     Align256(s.partial_floats * sizeof(float)));
   }
   s.max_cols = max_cols;
   s.max_tokens = max_tokens;
+  s.f16_max_tokens = std::min(max_tokens, std::max<int64_t>(f16_max_tokens, kMmaMaxTokens));
   return s;
 }
 
@@ -82,12 +85,13 @@ absl::Status CheckScratch(const char* who, int64_t n_cols, int64_t n_tokens,
 }
 
 // Where (n_tokens, n_cols) quantized activations go: the f16 copy too for
-// f16_min_tokens..kMmaMaxTokens tokens that fit it (what the f16 mma form
+// f16_min_tokens..f16_max_tokens tokens that fit it (what the f16 mma form
 // may read).
 QuantOut OutOf(const MatVecScratch& s, int64_t n_cols, int64_t n_tokens) {
-  const bool f16 = n_tokens >= std::max<int64_t>(2, s.f16_min_tokens) &&
-                   n_tokens <= kMmaMaxTokens &&
-                   F16TokenSlots(static_cast<int>(n_tokens)) * n_cols <= HalfValues(s.max_cols, s.max_tokens);
+  const bool f16 = s.h != nullptr && n_tokens >= std::max<int64_t>(2, s.f16_min_tokens) &&
+                   n_tokens <= s.f16_max_tokens &&
+                   F16TokenSlots(static_cast<int>(n_tokens)) * n_cols <=
+                       HalfValues(s.max_cols, s.max_tokens, s.f16_max_tokens);
   if (!f16) return {s.q, s.d, s.s, nullptr};
   return {s.q, s.d, s.s, s.h, static_cast<int32_t>(n_cols), F16TokenSlots(static_cast<int>(n_tokens))};
 }
@@ -214,14 +218,18 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
   const MatVecGeometry& g = io.n_tokens == 1 ? plan.decode : plan.prompt;
   // A few tokens on the tensor cores, where the type has that form (q8_0
   // rows that are not whole 256-column blocks keep the token tile).
-  const bool mma = io.n_tokens > 1 && io.n_tokens <= kMmaMaxTokens &&
-                   MatVecMmaSupports(kernel, ws[0]->n_cols);
-  // Of those, enough q4_K tokens on the f16 form (where the f16 copy exists).
-  const bool f16 = mma && plan.mma_f16_min_tokens > 0 && io.n_tokens >= plan.mma_f16_min_tokens &&
-                   MatVecMmaF16Supports(kernel, ws[0]->n_cols) && a.xh != nullptr &&
-                   std::all_of(ws.begin(), ws.end(), [](const WeightMatrix* w) {
-                     return w->n_rows * w->row_stride < kMmaF16MaxMatrixBytes;
-                   });
+  const bool f16_ok = MatVecMmaF16Supports(kernel, ws[0]->n_cols) && a.xh != nullptr &&
+                      std::all_of(ws.begin(), ws.end(), [](const WeightMatrix* w) {
+                        return w->n_rows * w->row_stride < kMmaF16MaxMatrixBytes;
+                      });
+  // More tokens, up to mma_f16_max_tokens, on the f16 form's wide launch
+  // (64-token tiles over grid.x, k never split).
+  const bool wide = io.n_tokens > kMmaMaxTokens && io.n_tokens <= plan.mma_f16_max_tokens && f16_ok;
+  const bool mma = wide || (io.n_tokens > 1 && io.n_tokens <= kMmaMaxTokens &&
+                            MatVecMmaSupports(kernel, ws[0]->n_cols));
+  // Of those, enough tokens on the f16 form (where the f16 copy exists).
+  const bool f16 = wide || (mma && plan.mma_f16_min_tokens > 0 &&
+                            io.n_tokens >= plan.mma_f16_min_tokens && f16_ok);
   a.n_parts = static_cast<int>(ws.size());
   a.rope = io.rope;
   int64_t grid_x = 0, blocks = 0, partial_used = 0;
@@ -237,9 +245,10 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     if (mma) {
       const int64_t cta_rows = f16 ? kMmaF16CtaRows : kMmaCtaRows;
       grid.y = (w.n_rows + cta_rows - 1) / cta_rows;
-      p.splits = f16 ? MmaF16Splits(w.n_rows, w.n_cols,
-                                    io.n_tokens > 16 ? plan.mma_f16_target_ctas_wide : plan.mma_f16_target_ctas)
-                     : MmaSplits(w.n_rows, w.n_cols);
+      p.splits = wide  ? 1
+                 : f16 ? MmaF16Splits(w.n_rows, w.n_cols,
+                                      io.n_tokens > 16 ? plan.mma_f16_target_ctas_wide : plan.mma_f16_target_ctas)
+                       : MmaSplits(w.n_rows, w.n_cols);
       if (p.splits > 1) {
         const int64_t need = int64_t{p.splits} * io.n_tokens * w.n_rows;
         if (io.qx->partial == nullptr || partial_used + need > io.qx->partial_floats) {

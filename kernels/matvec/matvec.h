@@ -33,14 +33,18 @@ struct MatVecScratch {
   int8_t* q = nullptr;  // (max_tokens, max_cols) int8
   float* d = nullptr;   // (max_tokens, max_cols / 32) block scales
   float* s = nullptr;   // (max_tokens, max_cols / 32) d * sum(q) per block
-  // (min(max_tokens, kMmaMaxTokens), max_cols) f16 copy of the activations
-  // for the f16 mma form, written with q when f16_min_tokens..kMmaMaxTokens
-  // tokens are quantized; null when max_tokens < 2.
+  // (f16_max_tokens, max_cols) f16 copy of the activations for the f16 mma
+  // form (F16Index, act_quant.h), written with q when
+  // f16_min_tokens..f16_max_tokens tokens are quantized; null when
+  // max_tokens < 2.
   __half* h = nullptr;
   // Fewest tokens whose quantization also writes h: the owner sets what its
   // plans' mma_f16_min_tokens read (the decoder: DecodeTuning's), so no step
   // writes a copy that nothing reads. MatVecScratchIn: 2 (always).
   int64_t f16_min_tokens = 2;
+  // Most tokens h holds: min(max_tokens, the f16_max_tokens asked of
+  // MatVecScratchIn, at least kMmaMaxTokens).
+  int64_t f16_max_tokens = 0;
   float* partial = nullptr;    // (partial_floats): min(max_tokens, kMmaMaxTokens)
   int64_t partial_floats = 0;  // x kMmaMaxPartialRows floats when max_tokens >= 2
   int64_t max_cols = 0;
@@ -54,9 +58,13 @@ struct MatVecScratch {
 // Device bytes a scratch for (max_tokens, max_cols) needs (max_cols a
 // multiple of 32), and the scratch laid out in `mem`, which holds that many
 // bytes, is 256-byte aligned and stays owned by the caller (allocated once,
-// at init: never inside a step).
-absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens);
-MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens);
+// at init: never inside a step). Its f16 copy holds up to f16_max_tokens
+// tokens (at least kMmaMaxTokens; more for products on the f16 form's wide
+// tiles, MatVecPlan::mma_f16_max_tokens).
+absl::StatusOr<uint64_t> MatVecScratchBytes(int64_t max_cols, int64_t max_tokens,
+                                            int64_t f16_max_tokens = kMmaMaxTokens);
+MatVecScratch MatVecScratchIn(void* mem, int64_t max_cols, int64_t max_tokens,
+                              int64_t f16_max_tokens = kMmaMaxTokens);
 
 // Quantizes x: (n_tokens, n_cols) f32 on the device into `scratch`, where
 // every quantized matvec reading x then finds it (quantize once, use for Q, K

@@ -186,13 +186,14 @@ void CheckCase(const Case& c, MatVecScratch* scratch) {
 struct ScratchHolder {
   DeviceBuffer<uint8_t> mem;
   MatVecScratch s;
-  ScratchHolder() {
-    const absl::StatusOr<uint64_t> bytes = MatVecScratchBytes(32768, 512);
+  // f16_max: the most tokens its f16 copy holds (the f16 form's wide launch past 64).
+  explicit ScratchHolder(int64_t f16_max = kMmaMaxTokens) {
+    const absl::StatusOr<uint64_t> bytes = MatVecScratchBytes(32768, 512, f16_max);
     REQUIRE_MESSAGE(bytes.ok(), bytes.status().ToString());
     absl::StatusOr<DeviceBuffer<uint8_t>> m = DeviceBuffer<uint8_t>::Allocate(*bytes);
     REQUIRE_MESSAGE(m.ok(), m.status().ToString());
     mem = std::move(*m);
-    s = MatVecScratchIn(mem.get(), 32768, 512);
+    s = MatVecScratchIn(mem.get(), 32768, 512, f16_max);
   }
 };
 
@@ -675,6 +676,108 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
       STATUS_OK(Run(dm.w, p16, dx.get(), n_tokens, yoff.get(), db.get(), yoff.get(), &sh.s));
       sh.s.f16_min_tokens = 2;
       CHECK(std::memcmp(yoff.Download().data(), b.data(), b.size() * 4) == 0);
+    }
+  }
+}
+
+// The f16 form's wide launch (MatVecPlan::mma_f16_max_tokens: more than
+// 64 tokens, one CTA a 64-token tile of a row tile, k never split): against
+// the float64 reference as above, and each 64-token tile bit for bit equal
+// to a 64-token launch of those tokens alone with k unsplit (the same
+// kernel, the same sums in the same order: the tile's offset is all that
+// differs), bias and residual (in place) included; a grouped launch equal
+// to one launch a matrix; and with mma_f16_max_tokens below the count, the
+// token tile (the dp4a kernel's int8 error) instead.
+TEST_CASE("matvec: the f16 form's wide launch == its 64-token tiles, vs float64 reference") {
+  ScratchHolder sh(512);
+  const Case cases[] = {
+      {GgmlType::kQ4_K, TensorLayout::kRaw, 301, 3584, 0},   // 3 row blocks
+      {GgmlType::kQ4_K, TensorLayout::kRaw, 1000, 512, 16},  // 8 row blocks, padded stride
+      {GgmlType::kQ6_K, TensorLayout::kDpl, 203, 2304, 0},   // d in 2 chunks of 8
+      {GgmlType::kQ8_0, TensorLayout::kDpl, 301, 1024, 0},
+      {GgmlType::kQ5_K, TensorLayout::kRaw, 130, 768, 16},
+  };
+  for (const Case& c : cases) {
+    const HostMatrix m = testutil::RandomMatrix(c.type, c.layout, c.n_rows, c.n_cols,
+                                                c.extra_stride, 91 + c.n_rows);
+    DevMatrix dm(m);
+    const std::vector<float> w = Dequant(m);
+    MatVecPlan wide = PlanFor(dm.w);
+    REQUIRE(wide.mma_f16_min_tokens > 0);  // the form exists
+    wide.mma_f16_max_tokens = 512;
+    // 64-token launches with k unsplit: one CTA a row tile, as in the wide launch.
+    MatVecPlan tile = wide;
+    tile.mma_f16_min_tokens = 2;
+    tile.mma_f16_target_ctas = tile.mma_f16_target_ctas_wide = 1;
+    tile.mma_f16_cluster_sum = 0;
+    for (int64_t n_tokens : {int64_t{65}, int64_t{130}, int64_t{200}, int64_t{512}}) {
+      if (n_tokens == 512 && c.type != GgmlType::kQ4_K) continue;  // the reference's time
+      CAPTURE(n_tokens);
+      const std::vector<float> x = RandomX(c.n_cols * n_tokens, 15 + n_tokens);
+      const std::vector<float> bias = RandomX(c.n_rows, 16), res = RandomX(c.n_rows * n_tokens, 17);
+      std::vector<double> ref(static_cast<size_t>(c.n_rows * n_tokens));
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        std::vector<double> xh(static_cast<size_t>(c.n_cols));
+        for (int64_t i = 0; i < c.n_cols; ++i) {
+          xh[i] = static_cast<double>(__half2float(__float2half_rn(x[t * c.n_cols + i])));
+        }
+        const std::vector<double> y = RefMatVec(w, c.n_rows, c.n_cols, xh.data());
+        for (int64_t r = 0; r < c.n_rows; ++r) ref[t * c.n_rows + r] = y[r] + bias[r] + res[t * c.n_rows + r];
+      }
+      DevFloats dx(c.n_cols * n_tokens), db(c.n_rows), yw(c.n_rows * n_tokens), yt(c.n_rows * n_tokens);
+      dx.Upload(x);
+      db.Upload(bias);
+      yw.Upload(res);  // residual in place: y = W x + bias + y
+      yt.Upload(res);
+      STATUS_OK(Run(dm.w, wide, dx.get(), n_tokens, yw.get(), db.get(), yw.get(), &sh.s));
+      const std::vector<float> got = yw.Download();
+      for (float v : got) REQUIRE(std::isfinite(v));
+      const double err = NormErr(got.data(), ref);
+      // Tile by tile: 64 tokens each (the last padded with more random
+      // tokens, whose outputs are not compared).
+      bool same = true;
+      for (int64_t t0 = 0; t0 < n_tokens; t0 += 64) {
+        const int64_t n = std::min<int64_t>(64, n_tokens - t0);
+        std::vector<float> xt = RandomX(c.n_cols * 64, 18);
+        std::vector<float> rt = RandomX(c.n_rows * 64, 19);
+        std::copy(x.begin() + t0 * c.n_cols, x.begin() + (t0 + n) * c.n_cols, xt.begin());
+        std::copy(res.begin() + t0 * c.n_rows, res.begin() + (t0 + n) * c.n_rows, rt.begin());
+        DevFloats dxt(c.n_cols * 64), dyt(c.n_rows * 64);
+        dxt.Upload(xt);
+        dyt.Upload(rt);
+        STATUS_OK(Run(dm.w, tile, dxt.get(), 64, dyt.get(), db.get(), dyt.get(), &sh.s));
+        const std::vector<float> yt64 = dyt.Download();
+        same = same && std::memcmp(yt64.data(), got.data() + t0 * c.n_rows, n * c.n_rows * 4) == 0;
+      }
+      // The same matrix twice in one wide launch (two parts) against one launch.
+      const WeightMatrix* ws[2] = {&dm.w, &dm.w};
+      DevFloats ya(c.n_rows * n_tokens), yb(c.n_rows * n_tokens), ys(c.n_rows * n_tokens);
+      const MatVecOut outs[2] = {{ya.get(), nullptr, nullptr}, {yb.get(), nullptr, nullptr}};
+      MatVecIo io;
+      io.x = dx.get();
+      io.qx = &sh.s;
+      io.n_tokens = n_tokens;
+      STATUS_OK(QuantizeActivations(dx.get(), c.n_cols, n_tokens, &sh.s, nullptr));
+      STATUS_OK(RunMatVecGroup(ws, wide, outs, io, nullptr));
+      STATUS_OK(Run(dm.w, wide, dx.get(), n_tokens, ys.get(), nullptr, nullptr, &sh.s));
+      const std::vector<float> one = ys.Download();
+      const bool grouped = std::memcmp(ya.Download().data(), one.data(), one.size() * 4) == 0 &&
+                           std::memcmp(yb.Download().data(), one.data(), one.size() * 4) == 0;
+      // Below the count: the token tile on int8 activations.
+      MatVecPlan narrow = wide;
+      narrow.mma_f16_max_tokens = static_cast<int>(n_tokens) - 1;
+      STATUS_OK(Run(dm.w, narrow, dx.get(), n_tokens, yt.get(), db.get(), yt.get(), &sh.s));
+      const std::vector<float> tt = yt.Download();
+      const double e8 = NormErr(tt.data(), ref);
+      std::printf("[f16 wide] %s %ldx%ld stride %ld tokens %3ld: err vs f16-x reference %.2e "
+                  "(token tile %.2e), tiles %s, grouped %s\n",
+                  std::string(formats::TraitsOf(c.type).name).c_str(), static_cast<long>(c.n_rows),
+                  static_cast<long>(c.n_cols), static_cast<long>(m.row_stride), static_cast<long>(n_tokens), err,
+                  e8, same ? "== 64-token launches" : "DIFFER", grouped ? "== separate" : "DIFFERS");
+      CHECK_MESSAGE(err < 1e-3, "wide f16 form err " << err);
+      CHECK_MESSAGE(e8 > 2 * err, "the token tile should carry the int8 activation error");
+      CHECK(same);
+      CHECK(grouped);
     }
   }
 }

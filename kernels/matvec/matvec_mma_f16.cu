@@ -191,18 +191,18 @@ struct WeightCopies {
 };
 
 // Stage ks's activations (columns W::kCols ks ..): W::kCols / 8 chunks of
-// the T token slots, one contiguous run in the f16 copy, copied linearly
-// (slots past n_tokens hold whatever is there: their products land in
-// output columns nobody reads).
+// the T token slots of the CTA's token tile xh, one contiguous run in the
+// f16 copy, copied linearly (slots past n_tokens hold whatever is there:
+// their products land in output columns nobody reads).
 template <class W, int T>
-__device__ __forceinline__ void StageActivations(const MatVecArgs& a, int ks, Stage<W, T>& st) {
+__device__ __forceinline__ void StageActivations(const __half* xh, int ks, Stage<W, T>& st) {
   constexpr int kCopies = W::kCols / 8 * T;  // 16-byte copies a stage
   static_assert(kCopies % kThreads == 0, "copies split evenly over the CTA");
   // This thread's first copy, then the others at constant offsets, which
   // ptxas folds into the copies' immediates. Why: with the index i = thread
   // + 128 k in the address (an int widened per copy) each copy cost five
   // integer instructions (SASS, 64-token q4_K kernel: 80 of a stage's 989).
-  const uint8_t* src = reinterpret_cast<const uint8_t*>(a.xh) +
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(xh) +
                        (static_cast<int64_t>(ks) * kCopies + threadIdx.x) * 16;
   const uint32_t dst = SmemAddr(&st.x[0][0][0]) + 16 * threadIdx.x;
 #pragma unroll
@@ -673,11 +673,15 @@ __device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
   return m == 0 ? a.part[0] : m == 1 ? a.part[1] : a.part[2];
 }
 
-// grid (1, row blocks of kMmaF16CtaRows over all parts, max splits), 4
-// warps, kStages stages of dynamic shared memory. CTA (y, z) takes its
+// grid (token tiles, row blocks of kMmaF16CtaRows over all parts, max
+// splits), 4 warps, kStages stages of dynamic shared memory. CTA (x, y, z)
+// takes tokens T x .. T x + T - 1 (the f16 copy's tile x: F16Index), its
 // part's rows 128 (y - row_block0) .. +127 and the W::kCols-column stages
 // [ns z / splits, ns (z + 1) / splits) (none for some splits of a short
-// row: their partials are zeros).
+// row: their partials are zeros). More than one token tile (the wide
+// launch) only with splits 1. The tiles of a row block are consecutive
+// CTAs, so they run side by side and the row block's weights come from
+// HBM about once, the other tiles' reads from L2.
 template <class W, int NT, int kCtas, bool kCluster>
 __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
   constexpr int T = 8 * NT, kS = StagesFor<W, NT, kCtas>();
@@ -694,6 +698,8 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
   const int row0 = (static_cast<int>(blockIdx.y) - P.row_block0) * kMmaF16CtaRows;
   const int ns = a.n_cols / W::kCols, nbe = a.n_cols / 256;
   const int ks0 = ns * z / P.splits, n_it = ns * (z + 1) / P.splits - ks0;
+  const int tok0 = T * static_cast<int>(blockIdx.x);  // the token tile's first token
+  const __half* xh = a.xh + static_cast<int64_t>(tok0) * a.n_cols;
   float acc[2][NT][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -710,7 +716,7 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
   GridLaunchDependents();
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_it) StageActivations(a, ks0 + s, stage[s]);
+    if (s < n_it) StageActivations(xh, ks0 + s, stage[s]);
     CpAsyncCommit();
   }
   for (int it = 0; it < n_it; ++it) {
@@ -720,7 +726,7 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
     const int nx = it + kS - 1;
     if (nx < n_it) {
       copies.Issue(P, ks0 + nx, SmemAddr(&stage[nx % kS]));
-      StageActivations(a, ks0 + nx, stage[nx % kS]);
+      StageActivations(xh, ks0 + nx, stage[nx % kS]);
     }
     CpAsyncCommit();
     const int ks = ks0 + it;
@@ -747,7 +753,7 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int tok = 8 * n + 2 * t + (e & 1);
+        const int tok = tok0 + 8 * n + 2 * t + (e & 1);
         const int row = row0 + TileRow(warp, i, g, e >> 1);
         if (tok >= a.n_tokens || row >= P.n_rows) continue;
         const int64_t o = static_cast<int64_t>(tok) * P.n_rows + row;
@@ -785,7 +791,8 @@ template <auto kKernel>
 absl::Status LaunchOne(const MatVecArgs& args, int64_t grid_y, int splits, int cluster_z, int smem,
                        bool pdl, cudaStream_t stream) {
   DPL_RETURN_IF_ERROR((OptInSharedMemory<kKernel>(smem)));
-  return LaunchClusterKernel(kKernel, dim3(1, static_cast<unsigned>(grid_y), splits),
+  const unsigned tiles = static_cast<unsigned>((args.n_tokens + kF16TileTokens - 1) / kF16TileTokens);
+  return LaunchClusterKernel(kKernel, dim3(tiles, static_cast<unsigned>(grid_y), splits),
                              dim3(kThreads), dim3(1, 1, cluster_z), smem, stream, pdl, args);
 }
 
@@ -793,7 +800,7 @@ template <class W, int NT, int kCtas = 2>
 absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
                     cudaStream_t stream, bool cluster_sum) {
   static_assert(W::kCols / 8 * 8 * NT % kThreads == 0, "a stage's activation copies split evenly");
-  if (F16TokenSlots(args.n_tokens) != 8 * NT) {
+  if (std::min(F16TokenSlots(args.n_tokens), kF16TileTokens) != 8 * NT) {
     return absl::InternalError(absl::StrCat("matvec f16 mma: ", args.n_tokens, " tokens in a ",
                                             8 * NT, "-token tile"));
   }
@@ -860,8 +867,7 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
                                                    static_cast<int>(kernel),
                                                    " has no f16 form (q4_K, q5_K, q6_K dpl, q8_0 dpl)"));
   }
-  if (args.n_tokens < 1 || args.n_tokens > kMmaMaxTokens || args.n_cols % 256 != 0 ||
-      args.xh == nullptr) {
+  if (args.n_tokens < 1 || args.n_cols % 256 != 0 || args.xh == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("matvec f16 mma: ", args.n_tokens, " tokens, ",
                                                    args.n_cols, " columns or no f16 activations"));
   }
@@ -877,6 +883,11 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
           " (16-byte multiple), ", p.n_rows, " rows (under 4 GiB in all)"));
     }
     splits = std::max(splits, p.splits);
+  }
+  if (args.n_tokens > kMmaMaxTokens && splits > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("matvec f16 mma: ", args.n_tokens,
+                                                   " tokens (64-token tiles) with k split ", splits,
+                                                   " ways: the wide launch never splits k"));
   }
   MmaF16Options o = options;
   // Clusters only where every part splits k alike (a cluster is one row

@@ -227,6 +227,7 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
                               : k == MatVecKernel::kQ5K    ? tuning.mma_f16_min_tokens_q5k
                               : k == MatVecKernel::kQ6KDpl ? tuning.mma_f16_min_tokens_q6k
                                                            : tuning.mma_f16_min_tokens_q8_0;
+    plan.mma_f16_max_tokens = tuning.mma_f16_max_tokens > kMmaMaxTokens ? tuning.mma_f16_max_tokens : 0;
   }
   return plan;
 }

@@ -67,6 +67,10 @@ struct MatVecPlan {
   // mma_f16_min_tokens_q6k (q6_K dpl) or mma_f16_min_tokens_q8_0 (q8_0 dpl)
   // where MatVecMmaF16Supports.
   int mma_f16_min_tokens = 0;
+  // Products of more than kMmaMaxTokens and up to this many tokens take the
+  // f16 form's wide launch (64-token tiles over grid.x) where the kernel has
+  // an f16 form (DecodeTuning::mma_f16_max_tokens); 0: never.
+  int mma_f16_max_tokens = 0;
   // The f16 form's CTAs a SM up to 16 tokens
   // (DecodeTuning::mma_f16_small_ctas_per_sm), taken only by launches of
   // more CTAs than two a SM of num_sms hold; smaller launches keep 2 (see

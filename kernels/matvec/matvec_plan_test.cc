@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "formats/tensor_layout.h"
+#include "kernels/act_quant.h"
 #include "kernels/matvec/matvec_plan.h"
 #include "kernels/matvec/matvec_rope.h"
 
@@ -448,7 +450,62 @@ TEST_CASE("the f16 mma threshold reaches q4_K, q5_K, q6_K dpl and q8_0 dpl plans
     const absl::StatusOr<MatVecPlan> plan = PlanMatVec(Make(c.type, c.layout, 512, 3584), t);
     REQUIRE(plan.ok());
     CHECK(plan->mma_f16_min_tokens == c.want);
+    // The wide launch's limit reaches the same plans (and only past 64).
+    t.mma_f16_max_tokens = 512;
+    const absl::StatusOr<MatVecPlan> wide = PlanMatVec(Make(c.type, c.layout, 512, 3584), t);
+    REQUIRE(wide.ok());
+    CHECK(wide->mma_f16_max_tokens == (c.want > 0 ? 512 : 0));
+    t.mma_f16_max_tokens = kMmaMaxTokens;
+    const absl::StatusOr<MatVecPlan> narrow = PlanMatVec(Make(c.type, c.layout, 512, 3584), t);
+    REQUIRE(narrow.ok());
+    CHECK(narrow->mma_f16_max_tokens == 0);
+    t.mma_f16_max_tokens = 0;
   }
+}
+
+// The f16 copy of the activations (act_quant.h): every (token, column) of a
+// pass has its own half in [0, slots x columns); up to 64 tokens one
+// chunk-major tile of F16TokenSlots slots; past 64, tiles of 64 tokens
+// each h_cols x 64 halves, so the f16 form's CTA for tile x finds its
+// tokens at x 64 h_cols, laid out as a 64-token copy would be.
+TEST_CASE("the f16 copy's index: a half per value, 64-token tiles past 64 tokens") {
+  CHECK(F16TokenSlots(1) == 8);
+  CHECK(F16TokenSlots(9) == 16);
+  CHECK(F16TokenSlots(33) == 64);
+  CHECK(F16TokenSlots(64) == 64);
+  CHECK(F16TokenSlots(65) == 128);
+  CHECK(F16TokenSlots(512) == 512);
+  CHECK(F16TokenSlots(513) == 576);
+  const int cols = 96;
+  for (int n : {5, 33, 64, 65, 130}) {
+    CAPTURE(n);
+    const int slots = F16TokenSlots(n);
+    std::vector<int> seen(static_cast<size_t>(slots) * cols, 0);
+    bool inside = true;
+    for (int t = 0; t < n; ++t) {
+      for (int c = 0; c < cols; ++c) {
+        const int64_t i = F16Index(t, c, slots, cols);
+        if (i < 0 || i >= static_cast<int64_t>(seen.size())) {
+          inside = false;
+          continue;
+        }
+        ++seen[static_cast<size_t>(i)];
+        if (t >= 64) {  // a later tile: the first tile's place, one tile of halves on
+          CHECK(i == F16Index(t % 64, c, 64, cols) + int64_t{t / 64} * 64 * cols);
+        }
+      }
+    }
+    CHECK(inside);
+    int twice = 0;
+    for (int v : seen) twice += v > 1;
+    CHECK(twice == 0);
+  }
+  // Within a tile: chunk-major, 16-byte chunks of 8 halves a token slot
+  // (column 0..7 of the block order F16MmaPos gives).
+  CHECK(F16Index(0, 0, 64, cols) == 0);
+  CHECK(F16Index(1, 0, 64, cols) == 8);
+  CHECK(F16Index(0, 8, 64, cols) == 2);  // column 8 is position 2 of the block: F16MmaPos
+  CHECK(F16Index(0, 32, 64, cols) == 4 * 64 * 8);  // block 1's first chunk after block 0's four
 }
 
 // The scratch for the k-split partials (kMmaMaxPartialRows a token, per

@@ -344,16 +344,24 @@ absl::Status CudaDecoder::Allocate() {
   // dequantize + GEMM there (each weight read once, not dequantized to f16
   // and read again). Other types move to dequantize + GEMM from
   // gemm_min_tokens rows, where that wins over their token tile.
+  // Past kMmaMaxTokens, up to tuning.mma_f16_max_tokens rows stay there
+  // too when every layer matrix has the f16 form (its wide launch: 64-token
+  // tiles, no f16 copy of the weights).
   auto mma = [](const Matrix& m) { return kernels::MatVecMmaSupports(m.plan.kernel, m.w.n_cols); };
-  bool all_mma = mma(out_);
+  auto f16 = [](const Matrix& m) { return kernels::MatVecMmaF16Supports(m.plan.kernel, m.w.n_cols); };
+  bool all_mma = mma(out_), all_f16 = true;
   for (const Layer& L : layers_) {
     for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
       if (m->w.data == nullptr) continue;  // a MoE layer's feed-forward: its own kernels
       all_mma = all_mma && mma(*m);
+      all_f16 = all_f16 && f16(*m);
     }
   }
   const int mma_rows = std::min(tuning_.mma_max_tokens, kernels::kMmaMaxTokens);
   int8_max_rows_ = all_mma ? std::max(mma_rows, tuning_.gemm_min_tokens - 1) : tuning_.gemm_min_tokens - 1;
+  if (all_mma && all_f16 && mma_rows == kernels::kMmaMaxTokens) {
+    int8_max_rows_ = std::max(int8_max_rows_, tuning_.mma_f16_max_tokens);
+  }
   prompt_int8_max_rows_ =
       hp_.moe() ? std::min(int8_max_rows_, std::max(1, tuning_.moe_prompt_mma_max_rows)) : int8_max_rows_;
   // The tensor-core path's f16 scratch: activations of a chunk, and the
@@ -371,7 +379,10 @@ absl::Status CudaDecoder::Allocate() {
   // The dp4a matvec's int8 activations: only for products below the
   // tensor-core threshold when that path exists.
   const uint64_t qx_tokens = w_f16_elems_ > 0 ? std::min<uint64_t>(T, std::max(1, int8_max_rows_)) : T;
-  DPL_ASSIGN_OR_RETURN(const uint64_t qx_bytes, kernels::MatVecScratchBytes(W, qx_tokens));
+  // Its f16 copy for the f16 form's rows: up to 64, or the wide launch's.
+  const int64_t f16_rows = int8_max_rows_ > kernels::kMmaMaxTokens ? tuning_.mma_f16_max_tokens
+                                                                   : kernels::kMmaMaxTokens;
+  DPL_ASSIGN_OR_RETURN(const uint64_t qx_bytes, kernels::MatVecScratchBytes(W, qx_tokens, f16_rows));
   Buffers& b = buf_;
   void* qx_mem = nullptr;  // int8 activations, laid out by MatVecScratchIn
   void* moe_h_mem = nullptr;  // MoE int8 activations, laid out by MoeActsIn
@@ -429,7 +440,7 @@ absl::Status CudaDecoder::Allocate() {
   // RouteTopK copies into the log only where it exists (a zero-byte entry
   // above still got an address).
   if (route_log_rows_ == 0) b.route_log = nullptr;
-  b.qx = kernels::MatVecScratchIn(qx_mem, static_cast<int64_t>(W), static_cast<int64_t>(qx_tokens));
+  b.qx = kernels::MatVecScratchIn(qx_mem, static_cast<int64_t>(W), static_cast<int64_t>(qx_tokens), f16_rows);
   if (M > 0) {
     b.moe_h = kernels::MoeActsIn(moe_h_mem, static_cast<int64_t>(M * E));
     b.moe_g = kernels::MoeActsIn(moe_g_mem, static_cast<int64_t>(M * K * X));
@@ -502,7 +513,8 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
   Buffers& b = buf_;
   // Products over more than int8_max_rows_ tokens run dequantize + cuBLAS
   // (activations in f16), the others on the int8 matvec (dp4a, or its
-  // tensor-core form for 2..kMmaMaxTokens tokens), whose kernels go out as
+  // tensor-core forms for 2..kMmaMaxTokens tokens and the f16 form's wide
+  // launch up to DecodeTuning::mma_f16_max_tokens), whose kernels go out as
   // programmatic dependent launches when the tuning says so (the decode
   // step's chain).
   // A MoE model's prompt passes move to the f16 path sooner

@@ -306,10 +306,18 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
     want.emplace_back(row->begin(), row->end());
   }
   const size_t V = want[0].size();
-  auto rows_of = [&](int max_batch) {
+  // wide: products of more than 64 tokens on the f16 form's wide launch
+  // (DecodeTuning::mma_f16_max_tokens) where every matrix has the form.
+  auto rows_of = [&](int max_batch, bool wide = false) {
     CudaDecoderOptions o;
     o.n_ctx = 1024;
     o.max_batch = max_batch;
+    if (wide) {
+      absl::StatusOr<kernels::DecodeTuning> t = kernels::DecodeTuningForDevice();
+      REQUIRE(t.ok());
+      o.tuning = *t;
+      o.tuning->mma_f16_max_tokens = 512;
+    }
     auto d = CudaDecoder::Create(path, o);
     REQUIRE_MESSAGE(d.ok(), d.status().ToString());
     std::vector<float> all, last;
@@ -340,19 +348,23 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
     return worst;
   };
   const std::vector<float> one_chunk = rows_of(512);
+  const std::vector<float> wide = rows_of(512, true);
   const std::vector<float> chunks = rows_of(64);  // 64 * k + a tail below gemm_min_tokens
   const std::vector<float> dp4a = rows_of(kernels::DecodeTuning{}.gemm_min_tokens - 1);
   const std::vector<float> single = rows_of(1);
   const double e_one = worst_vs(one_chunk, nullptr), e_chunks = worst_vs(chunks, nullptr),
-               e_dp4a = worst_vs(dp4a, nullptr), e_single = worst_vs(single, nullptr);
+               e_dp4a = worst_vs(dp4a, nullptr), e_single = worst_vs(single, nullptr),
+               e_wide = worst_vs(wide, nullptr);
   const double d_chunks = worst_vs(chunks, &one_chunk), d_dp4a = worst_vs(dp4a, &one_chunk),
-               d_single = worst_vs(single, &one_chunk);
-  std::printf("%s, %d tokens, worst relative RMS vs the CPU reference: one chunk %.4f%%, chunks of "
-              "64 %.4f%%, dp4a chunks %.4f%%, token by token %.4f%%; vs one chunk: chunks %.2e, "
-              "dp4a chunks %.2e, token by token %.2e\n",
-              path.c_str(), n_tokens, 100 * e_one, 100 * e_chunks, 100 * e_dp4a, 100 * e_single,
-              d_chunks, d_dp4a, d_single);
+               d_single = worst_vs(single, &one_chunk), d_wide = worst_vs(wide, &one_chunk);
+  std::printf("%s, %d tokens, worst relative RMS vs the CPU reference: one chunk %.4f%%, one chunk on "
+              "the f16 form's wide launch %.4f%%, chunks of 64 %.4f%%, dp4a chunks %.4f%%, token by "
+              "token %.4f%%; vs one chunk: wide %.2e, chunks %.2e, dp4a chunks %.2e, token by token %.2e\n",
+              path.c_str(), n_tokens, 100 * e_one, 100 * e_wide, 100 * e_chunks, 100 * e_dp4a,
+              100 * e_single, d_wide, d_chunks, d_dp4a, d_single);
   CHECK(e_one < 0.04);
+  CHECK(e_wide < 0.04);
+  CHECK(d_wide < 0.04);
   CHECK(e_chunks < 0.04);
   CHECK(e_dp4a < 0.04);
   CHECK(e_single < 0.04);

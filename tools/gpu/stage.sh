@@ -22,6 +22,14 @@ tests=(
 # leave the carry's room for oracle models (e2e, dpl-bench, startup.sh).
 targets=("${tools[@]}")
 [[ -n ${DPL_STAGE_TOOLS_ONLY:-} ]] || targets+=("${tests[@]}")
+# DPL_STAGE_BINS="a b ...": build (and pack) only those binaries.
+if [[ -n ${DPL_STAGE_BINS:-} ]]; then
+  picked=()
+  for t in "${targets[@]}"; do
+    [[ " $DPL_STAGE_BINS " == *" ${t##*:} "* ]] && picked+=("$t")
+  done
+  targets=("${picked[@]}")
+fi
 if ! log=$(bazel build "${targets[@]}" 2>&1); then
   echo "$log" | grep -E "ERROR|error:" >&2
   exit 1
