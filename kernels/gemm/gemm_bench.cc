@@ -6,9 +6,13 @@
 //           captured CUDA graph (which shows how much of an eager Run is host
 //           time: cuBLAS's per-call overhead, paid once per row block);
 //   int8:   the int8 matvec path, QuantizeActivations + RunMatVec: the dp4a
-//           kernel at 1 token, the int8 mma form (matvec_mma.cu) at 2 to
-//           kMmaMaxTokens for q4_K / q6_K (else and beyond, the dp4a token
-//           tile), with its GB/s of quantized weights and TFLOP/s;
+//           kernel at 1 token, the mma forms (matvec_mma.cu, or the f16 one
+//           from DecodeTuning's thresholds) at 2 to kMmaMaxTokens for q4_K /
+//           q6_K, and with DPL_MMA_F16_MAX=N the f16 form's wide launch from
+//           65 to N tokens (DPL_F16_WIDE_TOKENS=64|128 tokens a CTA,
+//           DPL_F16_WIDE_CTAS=1|2 CTAs a SM for 128; else and beyond, the
+//           dp4a token tile), with its
+//           GB/s of quantized weights and TFLOP/s;
 // then the f16 dequant alone (GB/s of quantized bytes read + f16 bytes
 // written, against the device's memset and D2D copy ceilings), and per shape
 // the smallest T from which dequant + GEMM beats the int8 path (what
@@ -258,9 +262,10 @@ absl::Status BenchShape(const Shape& s, const std::vector<int64_t>& tokens,
     std::printf(" %.1f | %.0f | %.1f | %s |\n", r.int8_us, q_bytes / (r.int8_us * 1e-6) / 1e9,
                 flops / (r.int8_us * 1e-6) / 1e12,
                 r.run_us[0] < r.int8_us ? "dequant+GEMM"
+                : r.tokens > kMmaMaxTokens && r.tokens <= plan.mma_f16_max_tokens ? "f16 wide"
                 : r.tokens == 1 || r.tokens > kMmaMaxTokens || !MatVecMmaSupports(plan.kernel, s.n_cols)
                     ? "dp4a"
-                    : "int8 mma");
+                    : "mma");
   }
   std::fflush(stdout);
   absl::StrAppend(&tables->summary, "| ", s.name, " |");
@@ -296,10 +301,22 @@ absl::Status Bench() {
   DPL_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, %d SMs, L2 %d MB\n\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
-  DPL_ASSIGN_OR_RETURN(const DecodeTuning tuning, DecodeTuningForDevice());
-  DPL_ASSIGN_OR_RETURN(const uint64_t mv_bytes, MatVecScratchBytes(18944, kMaxTokens));
+  DPL_ASSIGN_OR_RETURN(DecodeTuning tuning, DecodeTuningForDevice());
+  if (const char* e = std::getenv("DPL_MMA_F16_MAX"); e != nullptr && *e != '\0') {
+    if (!absl::SimpleAtoi(e, &tuning.mma_f16_max_tokens) || tuning.mma_f16_max_tokens < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("DPL_MMA_F16_MAX: bad token count '", e, "'"));
+    }
+  }
+  if (const char* e = std::getenv("DPL_F16_WIDE_TOKENS"); e != nullptr && *e != '\0') {
+    tuning.mma_f16_wide_tokens = std::atoi(e);
+  }
+  if (const char* e = std::getenv("DPL_F16_WIDE_CTAS"); e != nullptr && *e != '\0') {
+    tuning.mma_f16_wide_ctas_per_sm = std::atoi(e);
+  }
+  const int64_t f16_max = std::max<int64_t>(kMmaMaxTokens, tuning.mma_f16_max_tokens);
+  DPL_ASSIGN_OR_RETURN(const uint64_t mv_bytes, MatVecScratchBytes(18944, kMaxTokens, f16_max));
   DPL_ASSIGN_OR_RETURN(DeviceBuffer<uint8_t> mv_mem, DeviceBuffer<uint8_t>::Allocate(mv_bytes));
-  MatVecScratch mv_scratch = MatVecScratchIn(mv_mem.get(), 18944, kMaxTokens);
+  MatVecScratch mv_scratch = MatVecScratchIn(mv_mem.get(), 18944, kMaxTokens, f16_max);
   DPL_ASSIGN_OR_RETURN(Stream stream, CreateStream());
   DPL_ASSIGN_OR_RETURN(Timer timer, Timer::Create(stream.get()));
   const Shape shapes[] = {

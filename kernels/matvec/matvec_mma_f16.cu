@@ -193,21 +193,47 @@ struct WeightCopies {
 // Stage ks's activations (columns W::kCols ks ..): W::kCols / 8 chunks of
 // the T token slots of the CTA's token tile xh, one contiguous run in the
 // f16 copy, copied linearly (slots past n_tokens hold whatever is there:
-// their products land in output columns nobody reads).
+// their products land in output columns nobody reads). T = 128 (the wide
+// launch's 128-token CTAs): two of the copy's 64-token tiles, xh and xh +
+// 64 n_cols, a 64-slot run of each chunk from each (the second zero-filled
+// where the pass has no second tile: `second` false).
 template <class W, int T>
-__device__ __forceinline__ void StageActivations(const __half* xh, int ks, Stage<W, T>& st) {
-  constexpr int kCopies = W::kCols / 8 * T;  // 16-byte copies a stage
-  static_assert(kCopies % kThreads == 0, "copies split evenly over the CTA");
-  // This thread's first copy, then the others at constant offsets, which
-  // ptxas folds into the copies' immediates. Why: with the index i = thread
-  // + 128 k in the address (an int widened per copy) each copy cost five
-  // integer instructions (SASS, 64-token q4_K kernel: 80 of a stage's 989).
-  const uint8_t* src = reinterpret_cast<const uint8_t*>(xh) +
-                       (static_cast<int64_t>(ks) * kCopies + threadIdx.x) * 16;
-  const uint32_t dst = SmemAddr(&st.x[0][0][0]) + 16 * threadIdx.x;
+__device__ __forceinline__ void StageActivations(const __half* xh, int n_cols, bool second, int ks,
+                                                 Stage<W, T>& st) {
+  if constexpr (T > kF16TileTokens) {
+    static_assert(T == 2 * kF16TileTokens, "a CTA of two 64-token tiles");
+    constexpr int kRun = W::kCols / 8 * kF16TileTokens;  // 16-byte copies of one tile a stage
+    static_assert(kRun % kThreads == 0, "a tile's copies split evenly over the CTA");
+    // Copy k of a tile: chunk tid / 64 + 2 k, slot tid % 64 (+ 64 for the
+    // second tile), from the tile's run at 16 (tid + 128 k) bytes.
+    const int tid = static_cast<int>(threadIdx.x);
+    const uint32_t dst = SmemAddr(&st.x[0][0][0]) + 16 * ((tid / 64) * T + tid % 64);
 #pragma unroll
-  for (int k = 0; k < kCopies / kThreads; ++k) {
-    CpAsync16ZeroFill(dst + 16 * kThreads * k, src + 16 * kThreads * k, true);
+    for (int j = 0; j < 2; ++j) {
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(xh + static_cast<int64_t>(j) * kF16TileTokens * n_cols) +
+                           (static_cast<int64_t>(ks) * kRun + tid) * 16;
+#pragma unroll
+      for (int k = 0; k < kRun / kThreads; ++k) {
+        CpAsync16ZeroFill(dst + 16 * (2 * k * T + kF16TileTokens * j), src + 16 * kThreads * k,
+                          j == 0 || second);
+      }
+    }
+  } else {
+    (void)n_cols;
+    (void)second;
+    constexpr int kCopies = W::kCols / 8 * T;  // 16-byte copies a stage
+    static_assert(kCopies % kThreads == 0, "copies split evenly over the CTA");
+    // This thread's first copy, then the others at constant offsets, which
+    // ptxas folds into the copies' immediates. Why: with the index i = thread
+    // + 128 k in the address (an int widened per copy) each copy cost five
+    // integer instructions (SASS, 64-token q4_K kernel: 80 of a stage's 989).
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(xh) +
+                         (static_cast<int64_t>(ks) * kCopies + threadIdx.x) * 16;
+    const uint32_t dst = SmemAddr(&st.x[0][0][0]) + 16 * threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < kCopies / kThreads; ++k) {
+      CpAsync16ZeroFill(dst + 16 * kThreads * k, src + 16 * kThreads * k, true);
+    }
   }
 }
 
@@ -700,6 +726,7 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
   const int ks0 = ns * z / P.splits, n_it = ns * (z + 1) / P.splits - ks0;
   const int tok0 = T * static_cast<int>(blockIdx.x);  // the token tile's first token
   const __half* xh = a.xh + static_cast<int64_t>(tok0) * a.n_cols;
+  const bool second = tok0 + kF16TileTokens < a.n_tokens;  // T = 128: the f16 copy has a second tile
   float acc[2][NT][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -716,7 +743,7 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
   GridLaunchDependents();
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_it) StageActivations(xh, ks0 + s, stage[s]);
+    if (s < n_it) StageActivations(xh, a.n_cols, second, ks0 + s, stage[s]);
     CpAsyncCommit();
   }
   for (int it = 0; it < n_it; ++it) {
@@ -726,7 +753,7 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
     const int nx = it + kS - 1;
     if (nx < n_it) {
       copies.Issue(P, ks0 + nx, SmemAddr(&stage[nx % kS]));
-      StageActivations(xh, ks0 + nx, stage[nx % kS]);
+      StageActivations(xh, a.n_cols, second, ks0 + nx, stage[nx % kS]);
     }
     CpAsyncCommit();
     const int ks = ks0 + it;
@@ -787,11 +814,12 @@ __global__ void __launch_bounds__(kThreads, kCtas) MatVecMmaF16KernelCtas(const 
   MatVecMmaF16Body<W, NT, kCtas, kCluster>(a);
 }
 
+// grid.x: the token tiles of tile_tokens (a CTA's T; one tile up to 64 tokens).
 template <auto kKernel>
 absl::Status LaunchOne(const MatVecArgs& args, int64_t grid_y, int splits, int cluster_z, int smem,
-                       bool pdl, cudaStream_t stream) {
+                       bool pdl, cudaStream_t stream, int tile_tokens = kF16TileTokens) {
   DPL_RETURN_IF_ERROR((OptInSharedMemory<kKernel>(smem)));
-  const unsigned tiles = static_cast<unsigned>((args.n_tokens + kF16TileTokens - 1) / kF16TileTokens);
+  const unsigned tiles = static_cast<unsigned>((args.n_tokens + tile_tokens - 1) / tile_tokens);
   return LaunchClusterKernel(kKernel, dim3(tiles, static_cast<unsigned>(grid_y), splits),
                              dim3(kThreads), dim3(1, 1, cluster_z), smem, stream, pdl, args);
 }
@@ -820,6 +848,23 @@ absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl
   }
 }
 
+// The wide launch on 128-token CTAs (MmaF16Options::wide_tokens 128): NT
+// 16, two m64 tiles of m64n128k16 wgmmas (128 accumulators a thread), half-
+// block stages (a whole block's 128 slots of activations would be 64 KB a
+// stage), kCtas CTAs a SM (1: four stages; 2: two). Why try: the loop's
+// dequantization and weight loads cost the same a stage whatever the token
+// count, so 128 tokens give them twice the tensor-core work to hide under
+// (tools/perf/wgmma_rate_probe.cu's fourth round). k never split here.
+template <class W, int kCtas>
+absl::Status LaunchWide128(const MatVecArgs& args, int64_t grid_y, bool pdl, cudaStream_t stream) {
+  constexpr int kSmem = StagesFor<W, 16, kCtas>() * static_cast<int>(sizeof(Stage<W, 128>));
+  if constexpr (kCtas == 2) {
+    return LaunchOne<MatVecMmaF16Kernel<W, 16, false>>(args, grid_y, 1, 1, kSmem, pdl, stream, 128);
+  } else {
+    return LaunchOne<MatVecMmaF16KernelCtas<W, 16, kCtas, false>>(args, grid_y, 1, 1, kSmem, pdl, stream, 128);
+  }
+}
+
 // Whole-block stages where two CTAs a SM still fit them: every token count
 // for q4_K, up to 32 tokens for q6_K (its 224-byte rows and 64 tokens'
 // whole-block activations would leave one CTA a SM), half blocks beyond.
@@ -835,6 +880,10 @@ template <template <int> class W>
 absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
                        cudaStream_t stream, const MmaF16Options& o) {
   const bool c = o.cluster_sum;
+  if (args.n_tokens > kMmaMaxTokens && o.wide_tokens == 128) {
+    if (o.wide_ctas == 1) return LaunchWide128<W<128>, 1>(args, grid_y, pdl, stream);
+    return LaunchWide128<W<128>, 2>(args, grid_y, pdl, stream);
+  }
   // Three CTAs a SM where two whole-block stages fit that share (q4_K, q6_K;
   // not q8_0's 288-byte rows): otherwise the two-CTA launch below.
   if constexpr (StagesFor<W<256>, 2, 3>() >= 2) {
