@@ -344,9 +344,10 @@ absl::Status CudaDecoder::Allocate() {
   // dequantize + GEMM there (each weight read once, not dequantized to f16
   // and read again). Other types move to dequantize + GEMM from
   // gemm_min_tokens rows, where that wins over their token tile.
-  // Past kMmaMaxTokens, up to tuning.mma_f16_max_tokens rows stay there
-  // too when every layer matrix has the f16 form (its wide launch: 64-token
-  // tiles, no f16 copy of the weights).
+  // Past kMmaMaxTokens, passes of up to wide_max_rows_ rows
+  // (tuning.mma_f16_max_tokens) run the f16 form's wide launch when every
+  // layer matrix has that form (token tiles over the grid, no f16 copy of
+  // the weights); a MoE model's prompts too (f16 activations, as cuBLAS's).
   auto mma = [](const Matrix& m) { return kernels::MatVecMmaSupports(m.plan.kernel, m.w.n_cols); };
   auto f16 = [](const Matrix& m) { return kernels::MatVecMmaF16Supports(m.plan.kernel, m.w.n_cols); };
   bool all_mma = mma(out_), all_f16 = true;
@@ -359,15 +360,18 @@ absl::Status CudaDecoder::Allocate() {
   }
   const int mma_rows = std::min(tuning_.mma_max_tokens, kernels::kMmaMaxTokens);
   int8_max_rows_ = all_mma ? std::max(mma_rows, tuning_.gemm_min_tokens - 1) : tuning_.gemm_min_tokens - 1;
-  if (all_mma && all_f16 && mma_rows == kernels::kMmaMaxTokens) {
-    int8_max_rows_ = std::max(int8_max_rows_, tuning_.mma_f16_max_tokens);
-  }
   prompt_int8_max_rows_ =
       hp_.moe() ? std::min(int8_max_rows_, std::max(1, tuning_.moe_prompt_mma_max_rows)) : int8_max_rows_;
+  wide_max_rows_ = all_mma && all_f16 && mma_rows == kernels::kMmaMaxTokens &&
+                           int8_max_rows_ == kernels::kMmaMaxTokens && tuning_.mma_f16_max_tokens > kernels::kMmaMaxTokens
+                       ? tuning_.mma_f16_max_tokens
+                       : 0;
   // The tensor-core path's f16 scratch: activations of a chunk, and the
-  // largest layer matrix (the lm head, larger, goes through it in row blocks).
+  // largest layer matrix (the lm head, larger, goes through it in row blocks),
+  // where some prompt pass of up to T rows takes that path.
   w_f16_elems_ = 0;
-  if (static_cast<int>(T) > prompt_int8_max_rows_) {
+  const bool wide_covers = prompt_int8_max_rows_ >= kernels::kMmaMaxTokens && static_cast<int>(T) <= wide_max_rows_;
+  if (static_cast<int>(T) > prompt_int8_max_rows_ && !wide_covers) {
     for (const Layer& L : layers_) {
       for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
         if (m->w.data == nullptr) continue;
@@ -378,10 +382,10 @@ absl::Status CudaDecoder::Allocate() {
   const uint64_t x_f16_bytes = w_f16_elems_ > 0 ? T * W * 2 : 0;
   // The dp4a matvec's int8 activations: only for products below the
   // tensor-core threshold when that path exists.
-  const uint64_t qx_tokens = w_f16_elems_ > 0 ? std::min<uint64_t>(T, std::max(1, int8_max_rows_)) : T;
+  const uint64_t qx_tokens =
+      w_f16_elems_ > 0 ? std::min<uint64_t>(T, std::max({1, int8_max_rows_, wide_max_rows_})) : T;
   // Its f16 copy for the f16 form's rows: up to 64, or the wide launch's.
-  const int64_t f16_rows = int8_max_rows_ > kernels::kMmaMaxTokens ? tuning_.mma_f16_max_tokens
-                                                                   : kernels::kMmaMaxTokens;
+  const int64_t f16_rows = std::max(kernels::kMmaMaxTokens, wide_max_rows_);
   DPL_ASSIGN_OR_RETURN(const uint64_t qx_bytes, kernels::MatVecScratchBytes(W, qx_tokens, f16_rows));
   Buffers& b = buf_;
   void* qx_mem = nullptr;  // int8 activations, laid out by MatVecScratchIn
@@ -521,7 +525,8 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
   // (prompt_int8_max_rows_: DecodeTuning::moe_prompt_mma_max_rows).
   const int int8_max_rows = step == nullptr ? prompt_int8_max_rows_ : int8_max_rows_;
   auto tensor_cores = [&](int rows) {
-    return gemm_.has_value() && rows > int8_max_rows;
+    const bool wide = rows > kernels::kMmaMaxTokens && rows <= wide_max_rows_;  // the f16 form's wide launch
+    return gemm_.has_value() && rows > int8_max_rows && !wide;
   };
   const bool pdl = tuning_.pdl && !tensor_cores(n);
   // Prepares x (rows tokens of `cols` values) once for the products that
@@ -1477,9 +1482,10 @@ std::string CudaDecoder::LoadReport() const {
       report_.kv_cache_bytes / 1073741824.0, n_seq(), n_ctx_,
       report_.scratch_bytes / 1073741824.0, max_batch_,
       !gemm_.has_value() ? absl::StrCat(max_batch_ + 1)
-      : prompt_int8_max_rows_ == int8_max_rows_
-          ? absl::StrCat(int8_max_rows_ + 1)
-          : absl::StrCat(prompt_int8_max_rows_ + 1, " (prompts) / ", int8_max_rows_ + 1, " (steps)"),
+      : absl::StrCat(prompt_int8_max_rows_ == int8_max_rows_
+                         ? absl::StrCat(int8_max_rows_ + 1)
+                         : absl::StrCat(prompt_int8_max_rows_ + 1, " (prompts) / ", int8_max_rows_ + 1, " (steps)"),
+                     wide_max_rows_ > 0 ? absl::StrCat(", but 65-", wide_max_rows_, " on the f16 form") : ""),
       buckets,
       eager_ ? "eager (DPL_EAGER)" : "captured as CUDA graphs", report_.init_seconds * 1e3,
       report_.weights_seconds * 1e3, report_.setup_seconds * 1e3, report_.graph_seconds * 1e3);
