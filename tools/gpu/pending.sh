@@ -1,15 +1,30 @@
 #!/bin/bash
 # What is left unmeasured (docs/PERF.md names each and its prediction), as
-# of the seventeenth session (2026-12-07), whose H100 call ran items 11, 12,
-# 9 and 8 (q8_0's f16 form from 9 landed; the shared start's slow passes
-# were first launches, now warmed; mixed steps on; the 30B-A3B's router
-# tile found slow at 2-16 rows). Stage the binaries the items use, e.g.
+# of the eighteenth session (2026-12-07), which got no device at all: the
+# f16 form's wide launch (items 15 and 16) is written and CPU-tested only.
+# Stage the binaries the items use (stage.sh builds only those), e.g.
 #   DPL_STAGE_ORACLES="mini-qwen3moe-q4km small-qwen2-q4km" DPL_STAGE_BINS=\
 #     "matvec_gpu_test cuda_decoder_gpu_test cuda_engine_gpu_test dpl-bench \
 #     dpl-synth dpl-convert" tools/gpu/stage.sh
-# and on the device, from the repository root (ITEMS picks):
-#   ITEMS="11 13 14 7" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
-#   within one call's 10 minutes)
+# (58 MiB with dpl-server too: within a call's 64 MiB beside the tree), and
+# for item 16 a second stage (DPL_STAGE_DIR=.gpu/s2 DPL_STAGE_ORACLES="" with
+# gemm_bench dpl-bench dpl-synth dpl-convert matvec_gpu_test dpl-server);
+# on the device, from the repository root (ITEMS picks):
+#   ITEMS="15 11 14" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
+#   within one call's 10 minutes; 15 + 11 + 14 about 7 minutes)
+# 15. issues 30 and 29: the f16 form's wide launch (DecodeTuning::
+#     mma_f16_max_tokens, off by default): matvec_gpu_test's "*wide launch*"
+#     case (each 64-token tile == a 64-token launch, bit for bit; 64- and
+#     128-token CTAs against the reference), then 7B pp65/128/256/512 with
+#     DPL_MMA_F16_MAX 0 / 512 interleaved twice, and the shared start's packed
+#     passes (dpl-bench --shared 2000) both ways; cuda_decoder_gpu_test
+#     (item 11) has its chunking case on the wide launch. Predicted (docs/
+#     PERF.md, "Eighteenth session"): pp128 ~+70%, pp512 ~+5-10%; if it wins,
+#     mma_f16_max_tokens 512 by default.
+# 16. the same: gemm_bench's 7B shapes at T 64-2048 on the wide launch's
+#     64-token CTAs and 128-token ones (1 and 2 a SM) against dequantize +
+#     cuBLAS (the crossover that mma_f16_max_tokens follows), then the server
+#     loads (item 9) with DPL_MMA_F16_MAX 0 / 512.
 # 13. issue 31: the f32 wide token tile (kF32WideTile; its plan tested on the
 #     CPU, the kernel not yet run): matvec_gpu_test's "*token-tiled variant*"
 #     case (f32 on the wide tile too), then the 30B-A3B's 4- and 16-sequence
@@ -54,7 +69,36 @@ cd "$suite" || exit 1
 source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
-want() { [[ " ${ITEMS:-11 13 14 7} " == *" $1 "* ]]; }
+want() { [[ " ${ITEMS:-15 11 14} " == *" $1 "* ]]; }
+if want 15; then
+echo "[${SECONDS}s] == 15. the f16 form's wide launch (issues 30, 29)"
+timeout 200 ./matvec_gpu_test --test-case="*wide launch*" 2>&1 | grep -E "f16 wide|DIFF|ERROR|test cases|assertions" | tail -50
+m=$(q7_model) || exit 1
+for r in 1 2; do
+  for v in 0 512; do
+    echo "-- DPL_MMA_F16_MAX=$v"
+    DPL_MMA_F16_MAX=$v timeout 120 ./dpl-bench -m "$m" -p 65,128,256,512 -n 0 -d 0 -ub 512 -r 3 2>&1 | grep -E '^\| pp|rror'
+  done
+done
+for v in 0 512; do
+  echo "-- DPL_MMA_F16_MAX=$v, the shared start's passes"
+  DPL_MMA_F16_MAX=$v timeout 150 ./dpl-bench -m "$m" -p 512 -n 0 -d 2000 -ub 512 -r 3 -npl 1,2,11,16 -npp 50 \
+    --shared 2000 2>&1 | grep -E '^\| pp|rror'
+done
+fi
+if want 16; then
+echo "[${SECONDS}s] == 16. the wide launch's CTAs against dequantize + cuBLAS, and the server loads (issues 30, 29)"
+for v in "64 2" "128 1" "128 2"; do
+  set -- $v
+  echo "-- gemm_bench 7B, DPL_MMA_F16_MAX=2048, wide CTAs of $1 tokens, $2 a SM"
+  DPL_F16_WIDE_TOKENS=$1 DPL_F16_WIDE_CTAS=$2 DPL_MMA_F16_MAX=2048 DPL_GEMM_BENCH_ONLY="7B" \
+    DPL_GEMM_BENCH_TOKENS=64,128,256,512,2048 timeout 200 ./gemm_bench 2>&1 | grep -E "^\| 7B|^\| shape|HBM"
+done
+for v in 0 512; do
+  mkdir -p "$out/w$v"
+  ( cd "$root" && DPL_MMA_F16_MAX=$v ITEMS=9 bash tools/gpu/pending.sh "$suite" "$out/w$v" 2>&1 | grep -vE "^NVIDIA|done$" )
+done
+fi
 if want 5; then
 echo "[${SECONDS}s] == 5. q5_K and q8_0 on the f16 form (issue 29): the GPU test, the products, the step"
 timeout 300 ./matvec_gpu_test --test-case="*f16 mma form*" 2>&1 | grep -E "q5_K|q8_0|ERROR|test cases|assertions" | tail -40
