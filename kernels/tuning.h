@@ -195,11 +195,12 @@ struct DecodeTuning {
   // session"). dpl-bench and dpl-server take DPL_MMA_F16_MAX.
   int mma_f16_max_tokens = 0;
   // The wide launch's CTAs: 64 tokens each (the 64-token kernel, two CTAs a
-  // SM) or 128 (m64n128k16 wgmmas, half-block stages; 1 or 2 CTAs a SM,
-  // mma_f16_wide_ctas_per_sm). dpl-bench and gemm_bench take
-  // DPL_F16_WIDE_TOKENS and DPL_F16_WIDE_CTAS.
+  // SM) or 128 (m64n128k16 wgmmas, half-block stages, one CTA a SM), with
+  // one warpgroup on both m64 tiles (mma_f16_wide_warpgroups 1: ptxas
+  // spills) or one a tile (2). dpl-bench and gemm_bench take
+  // DPL_F16_WIDE_TOKENS and DPL_F16_WIDE_WGS.
   int mma_f16_wide_tokens = 64;
-  int mma_f16_wide_ctas_per_sm = 2;
+  int mma_f16_wide_warpgroups = 2;
   // A packed prompt pass's chunks (the server's prompts of several
   // sequences in one pass) go through prompt attention in one launch a
   // layer (PromptAttentionBatch) instead of one launch a chunk. dpl-server

@@ -213,7 +213,7 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 // q6_K dpl (default 4), DPL_MMA_F16_MIN_Q5K=N and DPL_MMA_F16_MIN_Q8_0=N for
 // q5_K and q8_0 dpl (default 17 and 9), DPL_MMA_F16_MAX=N: products of 65
 // to N tokens on the f16 form's wide launch (kernels/tuning.h), its CTAs
-// DPL_F16_WIDE_TOKENS=64|128 tokens each, DPL_F16_WIDE_CTAS=1|2 a SM,
+// DPL_F16_WIDE_TOKENS=64|128 tokens each, DPL_F16_WIDE_WGS=1|2 warpgroups,
 // DPL_ROPE_FOLD=0
 // runs the RoPE kernel instead of folding RoPE into the Q/K/V matvec,
 // DPL_MATVEC_GEOM=KERNEL:ROWSxCOLS=KSPLIT,DEPTH,PIPE[;...] forces a
@@ -266,7 +266,7 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_MMA_F16_MIN_Q8_0", &t.mma_f16_min_tokens_q8_0);
   flag("DPL_MMA_F16_MAX", &t.mma_f16_max_tokens);
   flag("DPL_F16_WIDE_TOKENS", &t.mma_f16_wide_tokens);
-  flag("DPL_F16_WIDE_CTAS", &t.mma_f16_wide_ctas_per_sm);
+  flag("DPL_F16_WIDE_WGS", &t.mma_f16_wide_warpgroups);
   flag("DPL_F16_CTAS", &t.mma_f16_small_ctas_per_sm);
   flag("DPL_F16_CLUSTER", &t.mma_f16_cluster_sum);
   flag("DPL_F16_TARGET", &t.mma_f16_target_ctas);

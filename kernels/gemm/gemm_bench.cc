@@ -10,7 +10,7 @@
 //           from DecodeTuning's thresholds) at 2 to kMmaMaxTokens for q4_K /
 //           q6_K, and with DPL_MMA_F16_MAX=N the f16 form's wide launch from
 //           65 to N tokens (DPL_F16_WIDE_TOKENS=64|128 tokens a CTA,
-//           DPL_F16_WIDE_CTAS=1|2 CTAs a SM for 128; else and beyond, the
+//           DPL_F16_WIDE_WGS=1|2 warpgroups for 128; else and beyond, the
 //           dp4a token tile), with its
 //           GB/s of quantized weights and TFLOP/s;
 // then the f16 dequant alone (GB/s of quantized bytes read + f16 bytes
@@ -310,8 +310,8 @@ absl::Status Bench() {
   if (const char* e = std::getenv("DPL_F16_WIDE_TOKENS"); e != nullptr && *e != '\0') {
     tuning.mma_f16_wide_tokens = std::atoi(e);
   }
-  if (const char* e = std::getenv("DPL_F16_WIDE_CTAS"); e != nullptr && *e != '\0') {
-    tuning.mma_f16_wide_ctas_per_sm = std::atoi(e);
+  if (const char* e = std::getenv("DPL_F16_WIDE_WGS"); e != nullptr && *e != '\0') {
+    tuning.mma_f16_wide_warpgroups = std::atoi(e);
   }
   const int64_t f16_max = std::max<int64_t>(kMmaMaxTokens, tuning.mma_f16_max_tokens);
   DPL_ASSIGN_OR_RETURN(const uint64_t mv_bytes, MatVecScratchBytes(18944, kMaxTokens, f16_max));

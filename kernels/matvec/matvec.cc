@@ -294,7 +294,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     for (int i = 0; i < a.n_parts; ++i) splits = std::max(splits, a.part[i].splits);
     MmaF16Options o;
     o.wide_tokens = plan.mma_f16_wide_tokens;
-    o.wide_ctas = plan.mma_f16_wide_ctas;
+    o.wide_wgs = plan.mma_f16_wide_wgs;
     o.ctas_per_sm = blocks * splits > 2 * int64_t{plan.num_sms} ? plan.mma_f16_small_ctas : 2;
     o.cluster_sum = plan.mma_f16_cluster_sum == 2 ||
                     (plan.mma_f16_cluster_sum == 1 &&

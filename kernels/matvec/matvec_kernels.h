@@ -103,10 +103,11 @@ struct MmaF16Options {
   // DecodeTuning::mma_f16_cluster_sum.
   bool cluster_sum = false;
   // Launches of more than 64 tokens (the wide launch: token tiles over
-  // grid.x, k unsplit): 64 or 128 tokens a CTA, and for 128, 1 or 2 CTAs a
-  // SM (DecodeTuning::mma_f16_wide_tokens, mma_f16_wide_ctas_per_sm).
+  // grid.x, k unsplit): 64 or 128 tokens a CTA, and for 128, one warpgroup
+  // on both m64 tiles or one a tile (DecodeTuning::mma_f16_wide_tokens,
+  // mma_f16_wide_warpgroups).
   int wide_tokens = 64;
-  int wide_ctas = 2;
+  int wide_wgs = 2;
 };
 absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
                                 bool pdl, cudaStream_t stream, const MmaF16Options& options);

@@ -22,7 +22,7 @@
 #     PERF.md, "Eighteenth session"): pp128 ~+70%, pp512 ~+5-10%; if it wins,
 #     mma_f16_max_tokens 512 by default.
 # 16. the same: gemm_bench's 7B shapes at T 64-2048 on the wide launch's
-#     64-token CTAs and 128-token ones (1 and 2 a SM) against dequantize +
+#     64-token CTAs and 128-token ones (one or two warpgroups) against dequantize +
 #     cuBLAS (the crossover that mma_f16_max_tokens follows), then the server
 #     loads (item 9) with DPL_MMA_F16_MAX 0 / 512.
 # 13. issue 31: the f32 wide token tile (kF32WideTile; its plan tested on the
@@ -90,8 +90,8 @@ if want 16; then
 echo "[${SECONDS}s] == 16. the wide launch's CTAs against dequantize + cuBLAS, and the server loads (issues 30, 29)"
 for v in "64 2" "128 1" "128 2"; do
   set -- $v
-  echo "-- gemm_bench 7B, DPL_MMA_F16_MAX=2048, wide CTAs of $1 tokens, $2 a SM"
-  DPL_F16_WIDE_TOKENS=$1 DPL_F16_WIDE_CTAS=$2 DPL_MMA_F16_MAX=2048 DPL_GEMM_BENCH_ONLY="7B" \
+  echo "-- gemm_bench 7B, DPL_MMA_F16_MAX=2048, wide CTAs of $1 tokens (128: $2 warpgroups)"
+  DPL_F16_WIDE_TOKENS=$1 DPL_F16_WIDE_WGS=$2 DPL_MMA_F16_MAX=2048 DPL_GEMM_BENCH_ONLY="7B" \
     DPL_GEMM_BENCH_TOKENS=64,128,256,512,2048 timeout 200 ./gemm_bench 2>&1 | grep -E "^\| 7B|^\| shape|HBM"
 done
 for v in 0 512; do
