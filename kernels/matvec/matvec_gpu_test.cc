@@ -549,6 +549,24 @@ TEST_CASE("matvec: token-tiled variant equals the single-token kernel per token"
   }
 }
 
+// The f16 forms' reference: the float64 product of the dequantized weights
+// w (n_rows, n_cols) with each token's x rounded to f16 (what those forms
+// read), plus bias and residual: (n_tokens, n_rows).
+std::vector<double> RefF16X(const std::vector<float>& w, int64_t n_rows, int64_t n_cols, int64_t n_tokens,
+                            const std::vector<float>& x, const std::vector<float>& bias,
+                            const std::vector<float>& res) {
+  std::vector<double> ref(static_cast<size_t>(n_rows * n_tokens));
+  std::vector<double> xh(static_cast<size_t>(n_cols));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t i = 0; i < n_cols; ++i) {
+      xh[i] = static_cast<double>(__half2float(__float2half_rn(x[t * n_cols + i])));
+    }
+    const std::vector<double> y = RefMatVec(w, n_rows, n_cols, xh.data());
+    for (int64_t r = 0; r < n_rows; ++r) ref[t * n_rows + r] = y[r] + bias[r] + res[t * n_rows + r];
+  }
+  return ref;
+}
+
 // The f16 mma form (matvec_mma_f16.cu; q4_K, q5_K, q6_K dpl, q8_0 dpl) against the float64 product of
 // the dequantized weights with x rounded to f16 (the activations it reads):
 // what is left is the f16 rounding of each weight (one rounding of q s - m)
@@ -587,17 +605,7 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
     for (int64_t n_tokens : {int64_t{2}, int64_t{8}, int64_t{13}, int64_t{33}, int64_t{64}}) {
       const std::vector<float> x = RandomX(c.n_cols * n_tokens, 5 + n_tokens);
       const std::vector<float> bias = RandomX(c.n_rows, 6), res = RandomX(c.n_rows * n_tokens, 7);
-      std::vector<double> ref(static_cast<size_t>(c.n_rows * n_tokens));
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        std::vector<double> xh(static_cast<size_t>(c.n_cols));
-        for (int64_t i = 0; i < c.n_cols; ++i) {
-          xh[i] = static_cast<double>(__half2float(__float2half_rn(x[t * c.n_cols + i])));
-        }
-        const std::vector<double> y = RefMatVec(w, c.n_rows, c.n_cols, xh.data());
-        for (int64_t r = 0; r < c.n_rows; ++r) {
-          ref[t * c.n_rows + r] = y[r] + bias[r] + res[t * c.n_rows + r];
-        }
-      }
+      const std::vector<double> ref = RefF16X(w, c.n_rows, c.n_cols, n_tokens, x, bias, res);
       DevFloats dx(c.n_cols * n_tokens), db(c.n_rows), y16(c.n_rows * n_tokens),
           y8(c.n_rows * n_tokens), ya(c.n_rows * n_tokens), yb(c.n_rows * n_tokens);
       dx.Upload(x);
@@ -715,15 +723,7 @@ TEST_CASE("matvec: the f16 form's wide launch == its 64-token tiles, vs float64 
       CAPTURE(n_tokens);
       const std::vector<float> x = RandomX(c.n_cols * n_tokens, 15 + n_tokens);
       const std::vector<float> bias = RandomX(c.n_rows, 16), res = RandomX(c.n_rows * n_tokens, 17);
-      std::vector<double> ref(static_cast<size_t>(c.n_rows * n_tokens));
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        std::vector<double> xh(static_cast<size_t>(c.n_cols));
-        for (int64_t i = 0; i < c.n_cols; ++i) {
-          xh[i] = static_cast<double>(__half2float(__float2half_rn(x[t * c.n_cols + i])));
-        }
-        const std::vector<double> y = RefMatVec(w, c.n_rows, c.n_cols, xh.data());
-        for (int64_t r = 0; r < c.n_rows; ++r) ref[t * c.n_rows + r] = y[r] + bias[r] + res[t * c.n_rows + r];
-      }
+      const std::vector<double> ref = RefF16X(w, c.n_rows, c.n_cols, n_tokens, x, bias, res);
       DevFloats dx(c.n_cols * n_tokens), db(c.n_rows), yw(c.n_rows * n_tokens), yt(c.n_rows * n_tokens);
       dx.Upload(x);
       db.Upload(bias);
