@@ -427,6 +427,10 @@ absl::StatusOr<ModelDesc> BindModel(const formats::ModelFile& model) {
                                               static_cast<uint64_t>(d.hp.n_expert_used)
                                         : t->n_bytes;
     }
+    if (s.matrix && s.layer >= 0) {
+      d.prompt_macs_per_token += static_cast<uint64_t>(s.n_rows) * static_cast<uint64_t>(s.n_cols) *
+                                 static_cast<uint64_t>(s.n_mats > 1 ? d.hp.n_expert_used : 1);
+    }
   }
   if (d.tied) d.output = d.token_embd;
   DPL_RETURN_IF_ERROR(CheckNoOtherTensors(model, specs, d.hp));

@@ -125,6 +125,13 @@ struct ModelDesc {
   // rope_freqs (folded into the rotation angles once, at load); of an expert
   // tensor the n_expert_used experts a token reads.
   uint64_t bytes_per_token = 0;
+  // Multiply-adds a prompt token costs in the layers' matrix products
+  // (rows x cols of each layer matrix, the router included; of an expert
+  // tensor the n_expert_used experts a token reads): not the lm head (a
+  // prompt pass takes the logits of its last token only) and not attention's
+  // scores, which grow with the depth. dpl-bench's prompt rows report
+  // 2 x this x tokens/s as the products' TFLOP/s.
+  uint64_t prompt_macs_per_token = 0;
 };
 
 // ReadHparams, then every TensorSpec looked up and checked: present unless

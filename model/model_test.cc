@@ -65,13 +65,16 @@ void CheckBound(const ModelFile& file, const ModelDesc& d) {
     CHECK((L.k_norm != nullptr) == (d.hp.arch == Arch::kQwen3));
     CHECK(d.hp.qk_norm == (d.hp.arch == Arch::kQwen3));
   }
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, macs = 0;  // macs: a prompt token's, the layers' matrices
   for (const TensorView& t : file.tensors()) {
     if ((t.name != "token_embd.weight" || d.tied) && t.name != "rope_freqs.weight") {
       bytes += t.n_bytes;
     }
+    if (t.name.rfind("blk.", 0) == 0 && t.ne.size() > 1 && t.ne[1] > 1) macs += t.ne[0] * t.ne[1];
   }
   CHECK(d.bytes_per_token == bytes);
+  CHECK(d.prompt_macs_per_token == macs);
+  CHECK(macs > 0);
 }
 
 TEST_CASE("every oracle file binds (llama, qwen2, qwen3)") {
@@ -128,10 +131,16 @@ TEST_CASE("the mixture-of-experts oracle binds (qwen3moe)") {
     CHECK(L.q_norm != nullptr);
     bytes += (L.gate_exps->n_bytes + L.up_exps->n_bytes + L.down_exps->n_bytes) / 8 * 2;
   }
+  uint64_t macs = 0;  // a prompt token's: every layer matrix, two of each expert tensor's eight
   for (const TensorView& t : file->tensors()) {
     if (t.name != "token_embd.weight" && t.name.find("_exps") == std::string::npos) bytes += t.n_bytes;
+    if (t.name.rfind("blk.", 0) == 0 && t.ne.size() > 1 && t.ne[1] > 1) {
+      const uint64_t m = static_cast<uint64_t>(t.ne[0]) * static_cast<uint64_t>(t.ne[1]);
+      macs += t.name.find("_exps") == std::string::npos ? m : m * 2;
+    }
   }
   CHECK(d->bytes_per_token == bytes);
+  CHECK(d->prompt_macs_per_token == macs);
 }
 
 TEST_CASE("TensorName spells llama.cpp's names") {

@@ -12,9 +12,11 @@
 // -pps, as the server meets a shared system prompt): B sequences share an
 // S-token start (not timed) and ppP xB @ sS times their -npp new tokens each,
 // packed into passes of at most -ub tokens.
-// Each row: mean and standard deviation of tokens/s over -r runs, plus the
-// fraction of the HBM roofline: (weight bytes read per step / read bandwidth
-// measured in this run) over the measured time per step.
+// Each row: mean and standard deviation of tokens/s over -r runs, plus for
+// decode rows the fraction of the HBM roofline: (weight bytes read per step
+// / read bandwidth measured in this run) over the measured time per step,
+// and for prompt rows the TFLOP/s of the layers' products (2 x
+// ModelDesc::prompt_macs_per_token x tokens/s; attention's not counted).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -166,6 +168,7 @@ absl::StatusOr<std::vector<Row>> MeasureSharedStartRows(dpl::runtime::CudaDecode
 void PrintRows(const std::string& format, const std::string& path, dpl::runtime::CudaDecoder& dec,
                double bw, const std::vector<Row>& rows) {
   const double roof_tps = bw / dec.weight_bytes_per_token();
+  const double macs = static_cast<double>(dec.prompt_macs_per_token());
   const double gib = dec.memory().weight_bytes / 1073741824.0;
   if (format == "json") {
     std::printf("{\n  \"model\": \"%s\",\n  \"weights_gib\": %.3f,\n  \"weight_bytes_per_token\": %llu,\n"
@@ -176,7 +179,8 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
       const auto [m, sd] = MeanStd(rows[i].tps);
       std::printf("    {\"test\": \"%s\", \"tokens_per_s\": %.2f, \"stddev\": %.2f%s}%s\n",
                   rows[i].test.c_str(), m, sd,
-                  rows[i].decode ? absl::StrFormat(", \"roofline_fraction\": %.4f", m / rows[i].batch / roof_tps).c_str() : "",
+                  rows[i].decode ? absl::StrFormat(", \"roofline_fraction\": %.4f", m / rows[i].batch / roof_tps).c_str()
+                                 : absl::StrFormat(", \"products_tflops\": %.1f", 2e-12 * macs * m).c_str(),
                   i + 1 < rows.size() ? "," : "");
     }
     std::printf("  ]\n}\n");
@@ -191,11 +195,12 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
               dec.memory().load.gb_per_s(), t.num_sms, t.q6k_ctas_per_sm, t.attn_max_blocks_per_sm,
               t.attn_splits > 0 ? absl::StrCat(t.attn_splits).c_str() : "one wave", t.attn_pdl ? 1 : 0,
               t.pdl ? 1 : 0, t.group_matvecs ? 1 : 0);
-  std::printf("| test | t/s | roofline |\n|---|---:|---:|\n");
+  std::printf("| test | t/s | roofline (decode) / products (prompt) |\n|---|---:|---:|\n");
   for (const Row& r : rows) {
     const auto [m, sd] = MeanStd(r.tps);
     std::printf("| %s | %.2f ± %.2f | %s |\n", r.test.c_str(), m, sd,
-                r.decode ? absl::StrFormat("%.1f%%", 100 * m / r.batch / roof_tps).c_str() : "");
+                r.decode ? absl::StrFormat("%.1f%%", 100 * m / r.batch / roof_tps).c_str()
+                         : absl::StrFormat("%.0f TFLOP/s", 2e-12 * macs * m).c_str());
   }
 }
 

@@ -52,6 +52,7 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   DPL_RETURN_IF_ERROR(model::CheckGpuArch(desc));
   hp_ = desc.hp;
   bytes_per_token_ = desc.bytes_per_token;
+  prompt_macs_per_token_ = desc.prompt_macs_per_token;
   if (options.n_ctx < 0 || options.n_ctx > kMaxContext) {
     return absl::InvalidArgumentError(
         absl::StrCat("context size ", options.n_ctx, " is out of range [0, ", kMaxContext, "]"));

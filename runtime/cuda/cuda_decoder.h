@@ -259,6 +259,8 @@ class CudaDecoder : public generate::Decoder {
   // Bytes of weights one decode step reads (every tensor but the embedding
   // table, which is read one row per token unless it is also the lm head).
   uint64_t weight_bytes_per_token() const { return bytes_per_token_; }
+  // Multiply-adds of a prompt token's layer products (ModelDesc::prompt_macs_per_token).
+  uint64_t prompt_macs_per_token() const { return prompt_macs_per_token_; }
   bool uses_graph() const { return !eager_; }
   // With CudaDecoderOptions::record_routes: the expert ids every MoE layer
   // chose for rows 0..rows-1 of the last pass, (n_layer, rows, k) (a step's
@@ -493,6 +495,7 @@ class CudaDecoder : public generate::Decoder {
   int ring_stride_ = 0;
   bool eager_ = false;
   uint64_t bytes_per_token_ = 0;
+  uint64_t prompt_macs_per_token_ = 0;
   CudaMemoryReport report_;
 
   kernels::WeightMatrix embed_;
