@@ -189,11 +189,15 @@ struct DecodeTuning {
   // CTAs of a row tile run side by side and read its weights from HBM about
   // once (the rest from L2); no f16 copy of the weights. Past it, and for
   // files with a matrix that has no f16 form, dequantize + cuBLAS
-  // (gemm_min_tokens). 0 (or <= 64): never. Why try: a 512-token 7B pass
+  // (gemm_min_tokens). 0 (or <= 64): never. Why: a 512-token 7B pass
   // spends ~6 ms of its ~22 writing and reading back f16 weights, and a
   // 65-128-token pass pays all of it (docs/PERF.md, "Seventeenth
-  // session"). dpl-bench and dpl-server take DPL_MMA_F16_MAX.
-  int mma_f16_max_tokens = 0;
+  // session"). Measured (H100, 2026-12-07, eighteenth session, dpl-bench 7B
+  // Q4_K_M -ub 512, two rounds, t/s, cuBLAS / wide with k unsplit): pp128
+  // 8,584-8,620 / 9,632-9,849 (+13%), pp256 15,122-15,196 / 14,226-14,358
+  // (-6%), pp512 23,126-23,270 / 19,684-19,896 (-15%); hence 128.
+  // dpl-bench and dpl-server take DPL_MMA_F16_MAX.
+  int mma_f16_max_tokens = 128;
   // The wide launch's CTAs: 64 tokens each (the 64-token kernel, two CTAs a
   // SM) or 128 (m64n128k16 wgmmas, half-block stages, one CTA a SM), with
   // one warpgroup on both m64 tiles (mma_f16_wide_warpgroups 1: ptxas
@@ -201,6 +205,13 @@ struct DecodeTuning {
   // DPL_F16_WIDE_TOKENS and DPL_F16_WIDE_WGS.
   int mma_f16_wide_tokens = 64;
   int mma_f16_wide_warpgroups = 2;
+  // The wide launch's 64-token CTAs split k alike over a group's parts
+  // (about mma_f16_target_ctas_wide CTAs a token tile), the splits added
+  // in clusters, where unsplit a 3584-row matrix has 56 CTAs at 128 tokens
+  // (H100, gemm_bench: 7B ffn_down at 128 tokens 199 us, 87 TFLOP/s, gate/up
+  // 78 us). Off until measured; dpl-bench and gemm_bench take
+  // DPL_F16_WIDE_SPLIT=1.
+  bool mma_f16_wide_split = false;
   // A packed prompt pass's chunks (the server's prompts of several
   // sequences in one pass) go through prompt attention in one launch a
   // layer (PromptAttentionBatch) instead of one launch a chunk. dpl-server

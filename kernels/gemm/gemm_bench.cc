@@ -313,6 +313,9 @@ absl::Status Bench() {
   if (const char* e = std::getenv("DPL_F16_WIDE_WGS"); e != nullptr && *e != '\0') {
     tuning.mma_f16_wide_warpgroups = std::atoi(e);
   }
+  if (const char* e = std::getenv("DPL_F16_WIDE_SPLIT"); e != nullptr && *e != '\0') {
+    tuning.mma_f16_wide_split = std::atoi(e) != 0;
+  }
   const int64_t f16_max = std::max<int64_t>(kMmaMaxTokens, tuning.mma_f16_max_tokens);
   DPL_ASSIGN_OR_RETURN(const uint64_t mv_bytes, MatVecScratchBytes(18944, kMaxTokens, f16_max));
   DPL_ASSIGN_OR_RETURN(DeviceBuffer<uint8_t> mv_mem, DeviceBuffer<uint8_t>::Allocate(mv_bytes));

@@ -245,7 +245,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     if (mma) {
       const int64_t cta_rows = f16 ? kMmaF16CtaRows : kMmaCtaRows;
       grid.y = (w.n_rows + cta_rows - 1) / cta_rows;
-      p.splits = wide  ? 1
+      p.splits = wide  ? 1  // set for the whole group below
                  : f16 ? MmaF16Splits(w.n_rows, w.n_cols,
                                       io.n_tokens > 16 ? plan.mma_f16_target_ctas_wide : plan.mma_f16_target_ctas)
                        : MmaSplits(w.n_rows, w.n_cols);
@@ -289,6 +289,18 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", blocks, " row blocks, more than ", kMaxGridY));
   }
+  // The wide launch (with mma_f16_wide_split) splits k alike for every part, so that a row tile's
+  // splits add up inside a cluster (no partials through global memory):
+  // about mma_f16_target_ctas_wide CTAs a token tile over the group's row
+  // tiles. Why: unsplit, a 3584-row matrix (7B's Q, O, down) is 28 row tiles,
+  // 56 CTAs at 128 tokens on 264 slots (H100, gemm_bench: 7B ffn_down at 128
+  // tokens 199 us, 87 TFLOP/s, where gate/up took 78 us).
+  if (wide && plan.mma_f16_wide_tokens == 64 && plan.mma_f16_wide_split) {
+    const int64_t tiles = (io.n_tokens + kF16TileTokens - 1) / kF16TileTokens;
+    const int target = static_cast<int>((plan.mma_f16_target_ctas_wide + tiles - 1) / tiles);
+    const int splits = MmaF16Splits(blocks * kMmaF16CtaRows, ws[0]->n_cols, target);
+    for (int i = 0; i < a.n_parts; ++i) a.part[i].splits = splits;
+  }
   if (f16) {
     int splits = 1;
     for (int i = 0; i < a.n_parts; ++i) splits = std::max(splits, a.part[i].splits);
@@ -296,7 +308,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     o.wide_tokens = plan.mma_f16_wide_tokens;
     o.wide_wgs = plan.mma_f16_wide_wgs;
     o.ctas_per_sm = blocks * splits > 2 * int64_t{plan.num_sms} ? plan.mma_f16_small_ctas : 2;
-    o.cluster_sum = plan.mma_f16_cluster_sum == 2 ||
+    o.cluster_sum = wide || plan.mma_f16_cluster_sum == 2 ||
                     (plan.mma_f16_cluster_sum == 1 &&
                      blocks * splits > int64_t{o.ctas_per_sm} * plan.num_sms);
     return Annotate(LaunchMatVecMmaF16(kernel, a, blocks, plan.pdl, stream, o), what);

@@ -689,11 +689,12 @@ TEST_CASE("matvec: the f16 mma form vs float64 reference, grouped == separate") 
 }
 
 // The f16 form's wide launch (MatVecPlan::mma_f16_max_tokens: more than
-// 64 tokens, one CTA a 64-token tile of a row tile, k never split): against
-// the float64 reference as above, and each 64-token tile bit for bit equal
-// to a 64-token launch of those tokens alone with k unsplit (the same
-// kernel, the same sums in the same order: the tile's offset is all that
-// differs), bias and residual (in place) included; a grouped launch equal
+// 64 tokens, one CTA a 64-token tile of a row tile, k split alike for the
+// group and summed in clusters): against the float64 reference as above,
+// and each 64-token tile bit for bit equal to a 64-token launch of those
+// tokens alone with as many splits (the same kernel, the same sums in the
+// same order: the tile's offset is all that differs), k unsplit and split,
+// bias and residual (in place) included; unsplit, a grouped launch equal
 // to one launch a matrix; and with mma_f16_max_tokens below the count, the
 // token tile (the dp4a kernel's int8 error) instead.
 TEST_CASE("matvec: the f16 form's wide launch == its 64-token tiles, vs float64 reference") {
@@ -713,11 +714,10 @@ TEST_CASE("matvec: the f16 form's wide launch == its 64-token tiles, vs float64 
     MatVecPlan wide = PlanFor(dm.w);
     REQUIRE(wide.mma_f16_min_tokens > 0);  // the form exists
     wide.mma_f16_max_tokens = 512;
-    // 64-token launches with k unsplit: one CTA a row tile, as in the wide launch.
-    MatVecPlan tile = wide;
-    tile.mma_f16_min_tokens = 2;
-    tile.mma_f16_target_ctas = tile.mma_f16_target_ctas_wide = 1;
-    tile.mma_f16_cluster_sum = 0;
+    wide.mma_f16_cluster_sum = 2;
+    wide.mma_f16_wide_split = true;
+    MatVecPlan wide1 = wide;  // k unsplit
+    wide1.mma_f16_wide_split = false;
     for (int64_t n_tokens : {int64_t{65}, int64_t{130}, int64_t{200}, int64_t{512}}) {
       if (n_tokens == 512 && c.type != GgmlType::kQ4_K) continue;  // the reference's time
       CAPTURE(n_tokens);
@@ -734,22 +734,41 @@ TEST_CASE("matvec: the f16 form's wide launch == its 64-token tiles, vs float64 
       for (float v : got) REQUIRE(std::isfinite(v));
       const double err = NormErr(got.data(), ref);
       // Tile by tile: 64 tokens each (the last padded with more random
-      // tokens, whose outputs are not compared).
-      bool same = true;
-      for (int64_t t0 = 0; t0 < n_tokens; t0 += 64) {
-        const int64_t n = std::min<int64_t>(64, n_tokens - t0);
-        std::vector<float> xt = RandomX(c.n_cols * 64, 18);
-        std::vector<float> rt = RandomX(c.n_rows * 64, 19);
-        std::copy(x.begin() + t0 * c.n_cols, x.begin() + (t0 + n) * c.n_cols, xt.begin());
-        std::copy(res.begin() + t0 * c.n_rows, res.begin() + (t0 + n) * c.n_rows, rt.begin());
-        DevFloats dxt(c.n_cols * 64), dyt(c.n_rows * 64);
-        dxt.Upload(xt);
-        dyt.Upload(rt);
-        STATUS_OK(Run(dm.w, tile, dxt.get(), 64, dyt.get(), db.get(), dyt.get(), &sh.s));
-        const std::vector<float> yt64 = dyt.Download();
-        same = same && std::memcmp(yt64.data(), got.data() + t0 * c.n_rows, n * c.n_rows * 4) == 0;
-      }
-      // The same matrix twice in one wide launch (two parts) against one launch.
+      // tokens, whose outputs are not compared), on 64-token launches that
+      // split k as the wide launch did: its target over its token tiles.
+      const int64_t tiles = (n_tokens + 63) / 64;
+      auto tiles_equal = [&](const MatVecPlan& pw, const std::vector<float>& yw_got) {
+        MatVecPlan tile = pw;
+        tile.mma_f16_min_tokens = 2;
+        tile.mma_f16_target_ctas_wide =
+            pw.mma_f16_wide_split ? static_cast<int>((pw.mma_f16_target_ctas_wide + tiles - 1) / tiles) : 1;
+        bool eq = true;
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += 64) {
+          const int64_t n = std::min<int64_t>(64, n_tokens - t0);
+          std::vector<float> xt = RandomX(c.n_cols * 64, 18);
+          std::vector<float> rt = RandomX(c.n_rows * 64, 19);
+          std::copy(x.begin() + t0 * c.n_cols, x.begin() + (t0 + n) * c.n_cols, xt.begin());
+          std::copy(res.begin() + t0 * c.n_rows, res.begin() + (t0 + n) * c.n_rows, rt.begin());
+          DevFloats dxt(c.n_cols * 64), dyt(c.n_rows * 64);
+          dxt.Upload(xt);
+          dyt.Upload(rt);
+          STATUS_OK(Run(dm.w, tile, dxt.get(), 64, dyt.get(), db.get(), dyt.get(), &sh.s));
+          const std::vector<float> yt64 = dyt.Download();
+          eq = eq && std::memcmp(yt64.data(), yw_got.data() + t0 * c.n_rows, n * c.n_rows * 4) == 0;
+        }
+        return eq;
+      };
+      const int splits = MmaF16Splits(c.n_rows, c.n_cols,
+                                      static_cast<int>((wide.mma_f16_target_ctas_wide + tiles - 1) / tiles));
+      const bool same = tiles_equal(wide, got);
+      DevFloats yu(c.n_rows * n_tokens);
+      yu.Upload(res);
+      STATUS_OK(Run(dm.w, wide1, dx.get(), n_tokens, yu.get(), db.get(), yu.get(), &sh.s));
+      const std::vector<float> got1 = yu.Download();
+      const double err1 = NormErr(got1.data(), ref);
+      const bool same1 = tiles_equal(wide1, got1);
+      // The same matrix twice in one wide launch (two parts) against one
+      // launch, k unsplit (a group's splits follow its rows, so split ones differ).
       const WeightMatrix* ws[2] = {&dm.w, &dm.w};
       DevFloats ya(c.n_rows * n_tokens), yb(c.n_rows * n_tokens), ys(c.n_rows * n_tokens);
       const MatVecOut outs[2] = {{ya.get(), nullptr, nullptr}, {yb.get(), nullptr, nullptr}};
@@ -758,8 +777,8 @@ TEST_CASE("matvec: the f16 form's wide launch == its 64-token tiles, vs float64 
       io.qx = &sh.s;
       io.n_tokens = n_tokens;
       STATUS_OK(QuantizeActivations(dx.get(), c.n_cols, n_tokens, &sh.s, nullptr));
-      STATUS_OK(RunMatVecGroup(ws, wide, outs, io, nullptr));
-      STATUS_OK(Run(dm.w, wide, dx.get(), n_tokens, ys.get(), nullptr, nullptr, &sh.s));
+      STATUS_OK(RunMatVecGroup(ws, wide1, outs, io, nullptr));
+      STATUS_OK(Run(dm.w, wide1, dx.get(), n_tokens, ys.get(), nullptr, nullptr, &sh.s));
       const std::vector<float> one = ys.Download();
       const bool grouped = std::memcmp(ya.Download().data(), one.data(), one.size() * 4) == 0 &&
                            std::memcmp(yb.Download().data(), one.data(), one.size() * 4) == 0;
@@ -769,14 +788,17 @@ TEST_CASE("matvec: the f16 form's wide launch == its 64-token tiles, vs float64 
       STATUS_OK(Run(dm.w, narrow, dx.get(), n_tokens, yt.get(), db.get(), yt.get(), &sh.s));
       const std::vector<float> tt = yt.Download();
       const double e8 = NormErr(tt.data(), ref);
-      std::printf("[f16 wide] %s %ldx%ld stride %ld tokens %3ld: err vs f16-x reference %.2e "
-                  "(token tile %.2e), tiles %s, grouped %s\n",
+      std::printf("[f16 wide] %s %ldx%ld stride %ld tokens %3ld: err vs f16-x reference %.2e with k split %d "
+                  "ways, %.2e unsplit (token tile %.2e), tiles %s / %s, grouped %s\n",
                   std::string(formats::TraitsOf(c.type).name).c_str(), static_cast<long>(c.n_rows),
                   static_cast<long>(c.n_cols), static_cast<long>(m.row_stride), static_cast<long>(n_tokens), err,
-                  e8, same ? "== 64-token launches" : "DIFFER", grouped ? "== separate" : "DIFFERS");
+                  splits, err1, e8, same ? "== 64-token launches" : "DIFFER", same1 ? "==" : "DIFFER",
+                  grouped ? "== separate" : "DIFFERS");
       CHECK_MESSAGE(err < 1e-3, "wide f16 form err " << err);
+      CHECK_MESSAGE(err1 < 1e-3, "wide f16 form, k unsplit, err " << err1);
       CHECK_MESSAGE(e8 > 2 * err, "the token tile should carry the int8 activation error");
       CHECK(same);
+      CHECK(same1);
       CHECK(grouped);
       // 128-token CTAs (two of the copy's tiles a CTA, m64n128k16, half-
       // block stages), one warpgroup on both m64 tiles and one a tile: the

@@ -661,7 +661,7 @@ __device__ __forceinline__ int ClusterCtas() {
 // row tile's last CTA"): here every CTA of the tile adds a share.
 template <class W, int NT>
 __device__ __forceinline__ void ClusterSum(const MatVecArgs& a, const MatVecPart& P, int row0,
-                                           int z, int warp, int g, int t,
+                                           int tok0, int z, int warp, int g, int t,
                                            const float (&acc)[2][NT][4], uint8_t* smem) {
   constexpr int T = 8 * NT;
   // red[token][row], rows padded to 132 floats: thread (g, t)'s tokens 2t,
@@ -681,7 +681,7 @@ __device__ __forceinline__ void ClusterSum(const MatVecArgs& a, const MatVecPart
         red[(8 * n + 2 * t + (e & 1)) * kPitch + TileRow(warp, i, g, e >> 1)] = acc[i][n][e];
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   cluster.sync();  // every split's partials written and visible cluster-wide
-  const int splits = P.splits, n_tok = a.n_tokens < T ? a.n_tokens : T;
+  const int splits = P.splits, n_tok = a.n_tokens - tok0 < T ? a.n_tokens - tok0 : T;
   const int n_out = n_tok * kMmaF16CtaRows;
   const int lo = n_out * z / splits, hi = n_out * (z + 1) / splits;
   for (int o = lo + static_cast<int>(threadIdx.x); o < hi; o += kThreads) {
@@ -698,7 +698,7 @@ __device__ __forceinline__ void ClusterSum(const MatVecArgs& a, const MatVecPart
     for (int s = 1; s < kMmaMaxSplits; ++s) {
       if (s < splits) v += p[s];
     }
-    const int64_t off = static_cast<int64_t>(tok) * P.n_rows + row;
+    const int64_t off = static_cast<int64_t>(tok0 + tok) * P.n_rows + row;
     if (P.bias != nullptr) v += P.bias[row];
     if (P.residual != nullptr) v += P.residual[off];  // may alias y: read before write
     P.y[off] = v;
@@ -788,7 +788,7 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
   // Thread (g, t) holds rows TileRow(warp, i, g, 0 / 1) x tokens 8n + 2t, + 1.
   if constexpr (kCluster && kWgs == 1) {
     if (P.splits > 1 && ClusterCtas() == P.splits) {
-      ClusterSum<W, NT>(a, P, row0, z, warp, g, t, acc, smem);
+      ClusterSum<W, NT>(a, P, row0, tok0, z, warp, g, t, acc, smem);
       return;
     }
   }
@@ -959,16 +959,18 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
     }
     splits = std::max(splits, p.splits);
   }
-  if (args.n_tokens > kMmaMaxTokens && splits > 1) {
-    return absl::InvalidArgumentError(absl::StrCat("matvec f16 mma: ", args.n_tokens,
-                                                   " tokens (64-token tiles) with k split ", splits,
-                                                   " ways: the wide launch never splits k"));
-  }
   MmaF16Options o = options;
   // Clusters only where every part splits k alike (a cluster is one row
   // tile's splits), 2 to 8 ways (the portable cluster size).
   for (int i = 0; i < args.n_parts; ++i) o.cluster_sum &= args.part[i].splits == splits;
   o.cluster_sum &= splits > 1 && splits <= 8;
+  // The wide launch's splits add up in clusters only (its partials would be
+  // a whole pass's), and its 128-token CTAs never split.
+  if (args.n_tokens > kMmaMaxTokens && splits > 1 && (!o.cluster_sum || o.wide_tokens != 64)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "matvec f16 mma: ", args.n_tokens, " tokens (the wide launch) with k split ", splits,
+        " ways: only 64-token CTAs whose parts split alike, summed in clusters"));
+  }
   if (kernel == MatVecKernel::kQ4K) {
     DPL_RETURN_IF_ERROR(LaunchFor<Q4KF16>(args, grid_y, splits, pdl, stream, o));
   } else if (kernel == MatVecKernel::kQ5K) {

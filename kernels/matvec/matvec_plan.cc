@@ -230,6 +230,7 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
     plan.mma_f16_max_tokens = tuning.mma_f16_max_tokens > kMmaMaxTokens ? tuning.mma_f16_max_tokens : 0;
     plan.mma_f16_wide_tokens = tuning.mma_f16_wide_tokens == 128 ? 128 : 64;
     plan.mma_f16_wide_wgs = tuning.mma_f16_wide_warpgroups == 1 ? 1 : 2;
+    plan.mma_f16_wide_split = tuning.mma_f16_wide_split;
   }
   return plan;
 }

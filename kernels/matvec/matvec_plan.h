@@ -75,6 +75,7 @@ struct MatVecPlan {
   // (DecodeTuning::mma_f16_wide_tokens, mma_f16_wide_warpgroups).
   int mma_f16_wide_tokens = 64;
   int mma_f16_wide_wgs = 2;
+  bool mma_f16_wide_split = false;  // DecodeTuning::mma_f16_wide_split
   // The f16 form's CTAs a SM up to 16 tokens
   // (DecodeTuning::mma_f16_small_ctas_per_sm), taken only by launches of
   // more CTAs than two a SM of num_sms hold; smaller launches keep 2 (see

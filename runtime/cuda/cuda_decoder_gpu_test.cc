@@ -317,6 +317,7 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
       REQUIRE(t.ok());
       o.tuning = *t;
       o.tuning->mma_f16_max_tokens = 512;
+      o.tuning->mma_f16_wide_split = true;
     }
     auto d = CudaDecoder::Create(path, o);
     REQUIRE_MESSAGE(d.ok(), d.status().ToString());
