@@ -1,30 +1,30 @@
-#!/bin/bash
 # What is left unmeasured (docs/PERF.md names each and its prediction), as
-# of the eighteenth session (2026-12-07), which got no device at all: the
-# f16 form's wide launch (items 15 and 16) is written and CPU-tested only.
-# Stage the binaries the items use (stage.sh builds only those), e.g.
+# of the eighteenth session (2026-12-07), whose two short H100 calls
+# measured the f16 form's wide launch (on by default up to 128 tokens) and
+# ran items 11 and part of 15. Stage the binaries the items use (stage.sh
+# builds only those), e.g.
 #   DPL_STAGE_ORACLES="mini-qwen3moe-q4km small-qwen2-q4km" DPL_STAGE_BINS=\
 #     "matvec_gpu_test cuda_decoder_gpu_test cuda_engine_gpu_test dpl-bench \
-#     dpl-synth dpl-convert" tools/gpu/stage.sh
-# (58 MiB with dpl-server too: within a call's 64 MiB beside the tree), and
-# for item 16 a second stage (DPL_STAGE_DIR=.gpu/s2 DPL_STAGE_ORACLES="" with
-# gemm_bench dpl-bench dpl-synth dpl-convert matvec_gpu_test dpl-server);
-# on the device, from the repository root (ITEMS picks):
-#   ITEMS="15 11 14" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
-#   within one call's 10 minutes; 15 + 11 + 14 about 7 minutes)
-# 15. issues 30 and 29: the f16 form's wide launch (DecodeTuning::
-#     mma_f16_max_tokens, off by default): matvec_gpu_test's "*wide launch*"
-#     case (each 64-token tile == a 64-token launch, bit for bit; 64- and
-#     128-token CTAs against the reference), then 7B pp65/128/256/512 with
-#     DPL_MMA_F16_MAX 0 / 512 interleaved twice, and the shared start's packed
-#     passes (dpl-bench --shared 2000) both ways; cuda_decoder_gpu_test
-#     (item 11) has its chunking case on the wide launch. Predicted (docs/
-#     PERF.md, "Eighteenth session"): pp128 ~+70%, pp512 ~+5-10%; if it wins,
-#     mma_f16_max_tokens 512 by default.
-# 16. the same: gemm_bench's 7B shapes at T 64-2048 on the wide launch's
-#     64-token CTAs and 128-token ones (one or two warpgroups) against dequantize +
-#     cuBLAS (the crossover that mma_f16_max_tokens follows), then the server
-#     loads (item 9) with DPL_MMA_F16_MAX 0 / 512.
+#     dpl-synth dpl-convert gemm_bench" tools/gpu/stage.sh
+# (56 MiB: within a call's 64 MiB beside the tree); for the server loads
+# (item 9) stage dpl-server in a second directory.
+# On the device, from the repository root (ITEMS picks):
+#   ITEMS="15 14 13" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
+#   within one call's 10 minutes)
+# 15. issues 30 and 29: the wide launch's k split in clusters
+#     (DecodeTuning::mma_f16_wide_split, off): matvec_gpu_test's wide case
+#     (split and unsplit tiles bit for bit against 64-token launches),
+#     gemm_bench's 7B products with it, 7B pp128/256/512 with it off and on,
+#     the shared start at DPL_MMA_F16_MAX 128 / 256 / 512 with it, then the
+#     GPU tests on the defaults. Predicted (docs/PERF.md, "Eighteenth
+#     session"): ffn_down at 128 tokens 199 -> ~60 us, pp128 ~+30% over
+#     cuBLAS; if it wins, split on and mma_f16_max_tokens at the new
+#     crossover.
+# 16. the server loads (item 9) with DPL_MMA_F16_MAX 0 / 128 (and the split's
+#     best limit).
+# 14. issues 30 and 29: tools/perf/wgmma_rate_probe.cu's fourth round
+#     (nvcc on the device takes over a minute: give it 150 s). The wide
+#     launch's 128-token CTAs already lost in the real kernel (PERF).
 # 13. issue 31: the f32 wide token tile (kF32WideTile; its plan tested on the
 #     CPU, the kernel not yet run): matvec_gpu_test's "*token-tiled variant*"
 #     case (f32 on the wide tile too), then the 30B-A3B's 4- and 16-sequence
@@ -32,10 +32,6 @@
 #     interleaved twice (predicted: the router 21.9 -> ~6 us a call, 4
 #     sequences 839 -> ~1,000 t/s); if it wins, DecodeTuning::f32_wide_tile
 #     on by default.
-# 14. issues 30 and 29: tools/perf/wgmma_rate_probe.cu's fourth round (the
-#     f16 form's stage loop at 128 and 256 tokens; nvcc on the device): does
-#     the dequantization hide under wgmmas twice and four times as long?
-#     docs/PERF.md ("Seventeenth session") has the prediction.
 #  7. issue 32: tools/gpu/structured.sh (json_schema against free text, -np 1;
 #     the bar is the H200's; the H100 gave +3.2-3.9%).
 #  9. issue 30: dpl-server's step trace (DPL_TRACE_STEPS, summed by
@@ -69,32 +65,33 @@ cd "$suite" || exit 1
 source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
-want() { [[ " ${ITEMS:-15 11 14} " == *" $1 "* ]]; }
+want() { [[ " ${ITEMS:-15 14 13} " == *" $1 "* ]]; }
 if want 15; then
-echo "[${SECONDS}s] == 15. the f16 form's wide launch (issues 30, 29)"
-timeout 200 ./matvec_gpu_test --test-case="*wide launch*" 2>&1 | grep -E "f16 wide|DIFF|ERROR|test cases|assertions" | tail -50
+echo "[${SECONDS}s] == 15. the wide launch's k split in clusters (issues 30, 29)"
+timeout 150 ./matvec_gpu_test --test-case="*wide launch*" 2>&1 | grep -E "f16 wide.*stride|DIFF|ERROR|test cases|assertions" | tail -30
 m=$(q7_model) || exit 1
+DPL_F16_WIDE_SPLIT=1 DPL_MMA_F16_MAX=2048 DPL_GEMM_BENCH_ONLY="7B" DPL_GEMM_BENCH_TOKENS=128,256,512 \
+  timeout 120 ./gemm_bench 2>&1 | grep -E "^\| 7B"
 for r in 1 2; do
-  for v in 0 512; do
-    echo "-- DPL_MMA_F16_MAX=$v"
-    DPL_MMA_F16_MAX=$v timeout 120 ./dpl-bench -m "$m" -p 65,128,256,512 -n 0 -d 0 -ub 512 -r 3 2>&1 | grep -E '^\| pp|rror'
+  for v in "0 0" "512 0" "512 1"; do
+    set -- $v
+    for p in 128 256 512; do
+      echo "-- DPL_MMA_F16_MAX=$1 DPL_F16_WIDE_SPLIT=$2: $(DPL_MMA_F16_MAX=$1 DPL_F16_WIDE_SPLIT=$2 timeout 40 \
+        ./dpl-bench -m "$m" -p $p -n 0 -d 0 -ub 512 -r 3 2>&1 | grep -E '^\| pp|rror')"
+    done
   done
 done
-for v in 0 512; do
-  echo "-- DPL_MMA_F16_MAX=$v, the shared start's passes"
-  DPL_MMA_F16_MAX=$v timeout 150 ./dpl-bench -m "$m" -p 512 -n 0 -d 2000 -ub 512 -r 3 -npl 1,2,11,16 -npp 50 \
+for v in 0 128 256 512; do
+  echo "-- DPL_MMA_F16_MAX=$v, split: the shared start's passes"
+  DPL_F16_WIDE_SPLIT=1 DPL_MMA_F16_MAX=$v timeout 60 ./dpl-bench -m "$m" -p 0 -n 0 -d 0 -ub 512 -r 3 -npl 2,16 -npp 50 \
     --shared 2000 2>&1 | grep -E '^\| pp|rror'
 done
+timeout 150 ./cuda_decoder_gpu_test 2>&1 | grep -E "ERROR|FAIL|wide|test cases|assertions" | tail -12
+timeout 100 ./cuda_engine_gpu_test 2>&1 | grep -E "ERROR|FAIL|test cases|assertions" | tail -6
 fi
 if want 16; then
-echo "[${SECONDS}s] == 16. the wide launch's CTAs against dequantize + cuBLAS, and the server loads (issues 30, 29)"
-for v in "64 2" "128 1" "128 2"; do
-  set -- $v
-  echo "-- gemm_bench 7B, DPL_MMA_F16_MAX=2048, wide CTAs of $1 tokens (128: $2 warpgroups)"
-  DPL_F16_WIDE_TOKENS=$1 DPL_F16_WIDE_WGS=$2 DPL_MMA_F16_MAX=2048 DPL_GEMM_BENCH_ONLY="7B" \
-    DPL_GEMM_BENCH_TOKENS=64,128,256,512,2048 timeout 200 ./gemm_bench 2>&1 | grep -E "^\| 7B|^\| shape|HBM"
-done
-for v in 0 512; do
+echo "[${SECONDS}s] == 16. the server loads with the wide launch (issue 30)"
+for v in 0 128; do
   mkdir -p "$out/w$v"
   ( cd "$root" && DPL_MMA_F16_MAX=$v ITEMS=9 bash tools/gpu/pending.sh "$suite" "$out/w$v" 2>&1 | grep -vE "^NVIDIA|done$" )
 done
@@ -142,7 +139,7 @@ done
 fi
 if want 14; then
 echo "[${SECONDS}s] == 14. the f16 form's stage loop at 128 and 256 tokens (issues 30, 29)"
-nvcc -O3 -std=c++17 -arch=sm_90a -o "$T/wgmmaprobe" "$root/tools/perf/wgmma_rate_probe.cu" || exit 1
+timeout 150 nvcc -O3 -std=c++17 -arch=sm_90a -o "$T/wgmmaprobe" "$root/tools/perf/wgmma_rate_probe.cu" || exit 1
 timeout 120 "$T/wgmmaprobe" | grep -E "R4|only|SMs"
 fi
 if want 12; then
