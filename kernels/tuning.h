@@ -198,13 +198,6 @@ struct DecodeTuning {
   // (-6%), pp512 23,126-23,270 / 19,684-19,896 (-15%); hence 128.
   // dpl-bench and dpl-server take DPL_MMA_F16_MAX.
   int mma_f16_max_tokens = 128;
-  // The wide launch's CTAs: 64 tokens each (the 64-token kernel, two CTAs a
-  // SM) or 128 (m64n128k16 wgmmas, half-block stages, one CTA a SM), with
-  // one warpgroup on both m64 tiles (mma_f16_wide_warpgroups 1: ptxas
-  // spills) or one a tile (2). dpl-bench and gemm_bench take
-  // DPL_F16_WIDE_TOKENS and DPL_F16_WIDE_WGS.
-  int mma_f16_wide_tokens = 64;
-  int mma_f16_wide_warpgroups = 2;
   // The wide launch's 64-token CTAs split k alike over a group's parts
   // (about mma_f16_target_ctas_wide CTAs a token tile), the splits added
   // in clusters, where unsplit a 3584-row matrix has 56 CTAs at 128 tokens

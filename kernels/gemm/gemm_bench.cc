@@ -9,9 +9,8 @@
 //           kernel at 1 token, the mma forms (matvec_mma.cu, or the f16 one
 //           from DecodeTuning's thresholds) at 2 to kMmaMaxTokens for q4_K /
 //           q6_K, and with DPL_MMA_F16_MAX=N the f16 form's wide launch from
-//           65 to N tokens (DPL_F16_WIDE_TOKENS=64|128 tokens a CTA,
-//           DPL_F16_WIDE_WGS=1|2 warpgroups for 128; else and beyond, the
-//           dp4a token tile), with its
+//           65 to N tokens (DPL_F16_WIDE_SPLIT=1: k split in clusters;
+//           else and beyond, the dp4a token tile), with its
 //           GB/s of quantized weights and TFLOP/s;
 // then the f16 dequant alone (GB/s of quantized bytes read + f16 bytes
 // written, against the device's memset and D2D copy ceilings), and per shape
@@ -306,12 +305,6 @@ absl::Status Bench() {
     if (!absl::SimpleAtoi(e, &tuning.mma_f16_max_tokens) || tuning.mma_f16_max_tokens < 0) {
       return absl::InvalidArgumentError(absl::StrCat("DPL_MMA_F16_MAX: bad token count '", e, "'"));
     }
-  }
-  if (const char* e = std::getenv("DPL_F16_WIDE_TOKENS"); e != nullptr && *e != '\0') {
-    tuning.mma_f16_wide_tokens = std::atoi(e);
-  }
-  if (const char* e = std::getenv("DPL_F16_WIDE_WGS"); e != nullptr && *e != '\0') {
-    tuning.mma_f16_wide_warpgroups = std::atoi(e);
   }
   if (const char* e = std::getenv("DPL_F16_WIDE_SPLIT"); e != nullptr && *e != '\0') {
     tuning.mma_f16_wide_split = std::atoi(e) != 0;

@@ -295,7 +295,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
   // tiles. Why: unsplit, a 3584-row matrix (7B's Q, O, down) is 28 row tiles,
   // 56 CTAs at 128 tokens on 264 slots (H100, gemm_bench: 7B ffn_down at 128
   // tokens 199 us, 87 TFLOP/s, where gate/up took 78 us).
-  if (wide && plan.mma_f16_wide_tokens == 64 && plan.mma_f16_wide_split) {
+  if (wide && plan.mma_f16_wide_split) {
     const int64_t tiles = (io.n_tokens + kF16TileTokens - 1) / kF16TileTokens;
     const int target = static_cast<int>((plan.mma_f16_target_ctas_wide + tiles - 1) / tiles);
     const int splits = MmaF16Splits(blocks * kMmaF16CtaRows, ws[0]->n_cols, target);
@@ -305,8 +305,6 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     int splits = 1;
     for (int i = 0; i < a.n_parts; ++i) splits = std::max(splits, a.part[i].splits);
     MmaF16Options o;
-    o.wide_tokens = plan.mma_f16_wide_tokens;
-    o.wide_wgs = plan.mma_f16_wide_wgs;
     o.ctas_per_sm = blocks * splits > 2 * int64_t{plan.num_sms} ? plan.mma_f16_small_ctas : 2;
     o.cluster_sum = wide || plan.mma_f16_cluster_sum == 2 ||
                     (plan.mma_f16_cluster_sum == 1 &&

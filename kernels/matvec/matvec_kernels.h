@@ -89,7 +89,7 @@ absl::Status LaunchMatVecMmaGrouped(MatVecKernel kernel, const MatVecArgs& args,
 
 // The f16 tensor-core form (matvec_mma_f16.cu) of q4_K, q5_K, q6_K dpl and
 // q8_0 dpl: grid.x = token tiles (one up to 64 tokens; past 64, the wide
-// launch: tiles of MmaF16Options::wide_tokens, k unsplit), grid.y = all
+// launch: 64-token tiles, k unsplit or summed in clusters), grid.y = all
 // parts' row blocks of kMmaF16CtaRows rows, grid.z = the largest of the
 // parts' splits (MmaF16Splits, with partial scratch). Needs the f16
 // activations (xh, F16Index), n_cols % 256 == 0 and 16-byte row strides.
@@ -102,12 +102,6 @@ struct MmaF16Options {
   // memory: no partials, no MmaSumSplits launch; the same bits).
   // DecodeTuning::mma_f16_cluster_sum.
   bool cluster_sum = false;
-  // Launches of more than 64 tokens (the wide launch: token tiles over
-  // grid.x, k unsplit): 64 or 128 tokens a CTA, and for 128, one warpgroup
-  // on both m64 tiles or one a tile (DecodeTuning::mma_f16_wide_tokens,
-  // mma_f16_wide_warpgroups).
-  int wide_tokens = 64;
-  int wide_wgs = 2;
 };
 absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int64_t grid_y,
                                 bool pdl, cudaStream_t stream, const MmaF16Options& options);

@@ -161,26 +161,17 @@ __device__ __forceinline__ __half2 Q6Pair(uint32_t lo, uint32_t hb) {
 // other two cuts below the q4_K kernel at 8 tokens went from 1,288 to 1,003
 // SASS instructions). Rows past the matrix copy its last row (valid memory;
 // never written back).
-// kThr: the CTA's threads (128, or 256 for two warpgroups, where a
-// thread's last copy may fall past the stage's: `last` false).
-template <class W, int kThr = kThreads>
+template <class W>
 struct WeightCopies {
-  static constexpr int kAll = kMmaF16CtaRows * W::kChunks;  // 16-byte copies a stage
-  static constexpr int kCopies = (kAll + kThr - 1) / kThr;
-  static constexpr bool kExact = kAll % kThr == 0;
+  static constexpr int kCopies = kMmaF16CtaRows * W::kChunks / kThreads;
   uint32_t src[kCopies];  // byte offset from P.w, without the stage's part
   uint32_t dst[kCopies];  // byte offset in a Stage
   uint8_t chunk[kCopies];
-  bool last = true;  // this thread's last copy is one of the stage's
 
   __device__ WeightCopies(const MatVecPart& P, int nbe, int row0) {
 #pragma unroll
     for (int k = 0; k < kCopies; ++k) {
-      int i = static_cast<int>(threadIdx.x) + k * kThr;
-      if (!kExact && k == kCopies - 1) {
-        last = i < kAll;
-        i = last ? i : 0;
-      }
+      const int i = static_cast<int>(threadIdx.x) + k * kThreads;
       const int row = i / W::kChunks, c = i % W::kChunks;
       src[k] = static_cast<uint32_t>(min(row0 + row, P.n_rows - 1)) *
                    static_cast<uint32_t>(P.row_stride) + W::ChunkFixed(nbe, c);
@@ -194,9 +185,7 @@ struct WeightCopies {
   __device__ __forceinline__ void Issue(const MatVecPart& P, int ks, uint32_t st) const {
 #pragma unroll
     for (int k = 0; k < kCopies; ++k) {
-      if (kExact || k < kCopies - 1 || last) {
-        CpAsync16ZeroFill(st + dst[k], P.w + (src[k] + W::ChunkStep(ks, chunk[k])), true);
-      }
+      CpAsync16ZeroFill(st + dst[k], P.w + (src[k] + W::ChunkStep(ks, chunk[k])), true);
     }
   }
 };
@@ -204,47 +193,21 @@ struct WeightCopies {
 // Stage ks's activations (columns W::kCols ks ..): W::kCols / 8 chunks of
 // the T token slots of the CTA's token tile xh, one contiguous run in the
 // f16 copy, copied linearly (slots past n_tokens hold whatever is there:
-// their products land in output columns nobody reads). T = 128 (the wide
-// launch's 128-token CTAs): two of the copy's 64-token tiles, xh and xh +
-// 64 n_cols, a 64-slot run of each chunk from each (the second zero-filled
-// where the pass has no second tile: `second` false).
-template <class W, int T, int kThr = kThreads>
-__device__ __forceinline__ void StageActivations(const __half* xh, int n_cols, bool second, int ks,
-                                                 Stage<W, T>& st) {
-  if constexpr (T > kF16TileTokens) {
-    static_assert(T == 2 * kF16TileTokens, "a CTA of two 64-token tiles");
-    constexpr int kRun = W::kCols / 8 * kF16TileTokens;  // 16-byte copies of one tile a stage
-    static_assert(kRun % kThr == 0, "a tile's copies split evenly over the CTA");
-    // Copy k of a tile: chunk tid / 64 + (kThr / 64) k, slot tid % 64 (+ 64
-    // for the second tile), from the tile's run at 16 (tid + kThr k) bytes.
-    const int tid = static_cast<int>(threadIdx.x);
-    const uint32_t dst = SmemAddr(&st.x[0][0][0]) + 16 * ((tid / 64) * T + tid % 64);
+// their products land in output columns nobody reads).
+template <class W, int T>
+__device__ __forceinline__ void StageActivations(const __half* xh, int ks, Stage<W, T>& st) {
+  constexpr int kCopies = W::kCols / 8 * T;  // 16-byte copies a stage
+  static_assert(kCopies % kThreads == 0, "copies split evenly over the CTA");
+  // This thread's first copy, then the others at constant offsets, which
+  // ptxas folds into the copies' immediates. Why: with the index i = thread
+  // + 128 k in the address (an int widened per copy) each copy cost five
+  // integer instructions (SASS, 64-token q4_K kernel: 80 of a stage's 989).
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(xh) +
+                       (static_cast<int64_t>(ks) * kCopies + threadIdx.x) * 16;
+  const uint32_t dst = SmemAddr(&st.x[0][0][0]) + 16 * threadIdx.x;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(xh + static_cast<int64_t>(j) * kF16TileTokens * n_cols) +
-                           (static_cast<int64_t>(ks) * kRun + tid) * 16;
-#pragma unroll
-      for (int k = 0; k < kRun / kThr; ++k) {
-        CpAsync16ZeroFill(dst + 16 * (kThr / 64 * k * T + kF16TileTokens * j), src + 16 * kThr * k,
-                          j == 0 || second);
-      }
-    }
-  } else {
-    (void)n_cols;
-    (void)second;
-    constexpr int kCopies = W::kCols / 8 * T;  // 16-byte copies a stage
-    static_assert(kCopies % kThr == 0, "copies split evenly over the CTA");
-    // This thread's first copy, then the others at constant offsets, which
-    // ptxas folds into the copies' immediates. Why: with the index i = thread
-    // + 128 k in the address (an int widened per copy) each copy cost five
-    // integer instructions (SASS, 64-token q4_K kernel: 80 of a stage's 989).
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(xh) +
-                         (static_cast<int64_t>(ks) * kCopies + threadIdx.x) * 16;
-    const uint32_t dst = SmemAddr(&st.x[0][0][0]) + 16 * threadIdx.x;
-#pragma unroll
-    for (int k = 0; k < kCopies / kThr; ++k) {
-      CpAsync16ZeroFill(dst + 16 * kThr * k, src + 16 * kThr * k, true);
-    }
+  for (int k = 0; k < kCopies / kThreads; ++k) {
+    CpAsync16ZeroFill(dst + 16 * kThreads * k, src + 16 * kThreads * k, true);
   }
 }
 
@@ -277,26 +240,26 @@ __device__ __forceinline__ uint64_t StageDesc(uint32_t x) {
 // the stage's (desc, StageDesc of x) plus a constant: two uniform
 // instructions, where building it whole from the address took five (SASS:
 // 80 of the 64-token q4_K kernel's 989 a stage).
-template <int NT, int kTiles>
+template <int NT>
 __device__ __forceinline__ void MmaSubBlock(uint32_t x, uint64_t desc0, int x0, int jj,
-                                            const uint32_t (&A)[kTiles][2][4],
-                                            float (&acc)[kTiles][NT][4]) {
+                                            const uint32_t (&A)[2][2][4],
+                                            float (&acc)[2][NT][4]) {
   constexpr uint32_t kChunkBytes = 16 * 8 * NT;
 #if DPL_HAS_WGMMA
-#pragma unroll
-  for (int i = 0; i < kTiles; ++i) WgmmaFenceOperands(acc[i]);
+  WgmmaFenceOperands(acc[0]);
+  WgmmaFenceOperands(acc[1]);
   WgmmaFence();
 #pragma unroll
   for (int step = 0; step < 2; ++step) {
     const uint32_t c = static_cast<uint32_t>(x0 / 8 + 4 * jj + 2 * step);
     const uint64_t desc = WgmmaDescAdvance(desc0, c * kChunkBytes);
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) WgmmaF16<8 * NT>(acc[i], A[i][step], desc);
+    for (int i = 0; i < 2; ++i) WgmmaF16<8 * NT>(acc[i], A[i][step], desc);
   }
   WgmmaCommit();
   WgmmaWait<1>();
-#pragma unroll
-  for (int i = 0; i < kTiles; ++i) WgmmaFenceOperands(acc[i]);
+  WgmmaFenceOperands(acc[0]);
+  WgmmaFenceOperands(acc[1]);
 #else
   (void)desc0;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -310,7 +273,7 @@ __device__ __forceinline__ void MmaSubBlock(uint32_t x, uint64_t desc0, int x0, 
       asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(b0) : "r"(at));
       asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(b1) : "r"(at + kChunkBytes));
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i) attn_mma::Mma16816(acc[i][n], A[i][step], b0, b1);
+      for (int i = 0; i < 2; ++i) attn_mma::Mma16816(acc[i][n], A[i][step], b0, b1);
     }
   }
 #endif
@@ -380,23 +343,23 @@ struct QKF16 {
   // unpacking three more rows, ~84 instructions in PTX).
   // q5_K: each row's 8 qh bytes (this thread's columns of every sub-block)
   // loaded once a half.
-  template <int NT, int kTiles>
+  template <int NT>
   __device__ static void Half(const Stage<QKF16, 8 * NT>& st, int h, int /*kb*/, int warp, int g,
-                              int t, int tile0, float (&acc)[kTiles][NT][4]) {
+                              int t, float (&acc)[2][NT][4]) {
     const int q0 = kQsAt + (kWhole ? 64 * h : 0);  // the half's quants in the stage row
     const int lane0 = (threadIdx.x & 31) & ~3;
     const uint32_t xs = SmemAddr(&st.x[0][0][0]);
     const uint64_t desc0 = StageDesc<NT>(xs);
-    uint2 q[kTiles][2][2];  // [tile][row g, g + 8][chunk]
-    uint2 qh[kTiles][2];    // q5_K: [tile][row g, g + 8]
+    uint2 q[2][2][2];  // [tile][row g, g + 8][chunk]
+    uint2 qh[2][2];    // q5_K: [tile][row g, g + 8]
     const HalfScales mine = Scales(
-        *reinterpret_cast<const uint4*>(&st.w[TileRow(warp, tile0 + (kTiles == 2 ? t >> 1 : 0), g, t & 1)][0]), h);
-    HalfScales sc[kTiles][2];
+        *reinterpret_cast<const uint4*>(&st.w[TileRow(warp, t >> 1, g, t & 1)][0]), h);
+    HalfScales sc[2][2];
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
+    for (int i = 0; i < 2; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = TileRow(warp, tile0 + i, g, r);
+        const int row = TileRow(warp, i, g, r);
         const int src = lane0 + 2 * i + r;
         sc[i][r].s02 = H2(__shfl_sync(0xffffffffu, U32(mine.s02), src));
         sc[i][r].s13 = H2(__shfl_sync(0xffffffffu, U32(mine.s13), src));
@@ -414,9 +377,9 @@ struct QKF16 {
       // Sub-block j = 4h + jj: chunk jj / 2 of the half, low nibbles for even jj.
       const int c = jj >> 1, j = 4 * h + jj;
       const bool hi = jj & 1;
-      uint32_t A[kTiles][2][4];  // [tile][k16 step][a0..a3]
+      uint32_t A[2][2][4];  // [tile][k16 step][a0..a3]
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i) {
+      for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const __half2 s2 = hi ? sc[i][r].s13 : sc[i][r].s02;
@@ -439,7 +402,7 @@ struct QKF16 {
           }
         }
       }
-      MmaSubBlock<NT, kTiles>(xs, desc0, kWhole ? 128 * h : 0, jj, A, acc);
+      MmaSubBlock<NT>(xs, desc0, kWhole ? 128 * h : 0, jj, A, acc);
     }
   }
 };
@@ -499,23 +462,23 @@ struct Q6KF16 {
 
   // As Q4KF16::Half, the quad shares the four rows' scales: lane t unpacks
   // row (t / 2, t % 2), four shuffles a row.
-  template <int NT, int kTiles>
+  template <int NT>
   __device__ static void Half(const Stage<Q6KF16, 8 * NT>& st, int h, int kb, int warp, int g,
-                              int t, int tile0, float (&acc)[kTiles][NT][4]) {
+                              int t, float (&acc)[2][NT][4]) {
     const int kb8 = kb & 7;
     const int ql0 = kWhole ? 64 * h : 0, qh0 = kQhAt + (kWhole ? 32 * h : 0);
     const int lane0 = (threadIdx.x & 31) & ~3;
     const uint32_t xs = SmemAddr(&st.x[0][0][0]);
     const uint64_t desc0 = StageDesc<NT>(xs);
-    uint2 ql[kTiles][2][2], qh[kTiles][2];  // [tile][row g, g + 8]([ql half])
-    HalfScales sc[kTiles][2];
+    uint2 ql[2][2][2], qh[2][2];  // [tile][row g, g + 8]([ql half])
+    HalfScales sc[2][2];
     {
-      const uint8_t* row = st.w[TileRow(warp, tile0 + (kTiles == 2 ? t >> 1 : 0), g, t & 1)];
+      const uint8_t* row = st.w[TileRow(warp, t >> 1, g, t & 1)];
       const HalfScales mine =
           Scales(*reinterpret_cast<const uint2*>(row + kScAt + 8 * h),
                  __half2half2(*reinterpret_cast<const __half*>(row + kDAt + 2 * kb8)));
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i) {
+      for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
 #pragma unroll
@@ -526,10 +489,10 @@ struct Q6KF16 {
       }
     }
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
+    for (int i = 0; i < 2; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const uint8_t* row = st.w[TileRow(warp, tile0 + i, g, r)];
+        const uint8_t* row = st.w[TileRow(warp, i, g, r)];
         ql[i][r][0] = *reinterpret_cast<const uint2*>(row + ql0 + 8 * t);
         ql[i][r][1] = *reinterpret_cast<const uint2*>(row + ql0 + 32 + 8 * t);
         qh[i][r] = *reinterpret_cast<const uint2*>(row + qh0 + 8 * t);
@@ -538,9 +501,9 @@ struct Q6KF16 {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       // Thread t's 8 columns of quarter q share scale 2q + t / 2 of the half.
-      uint32_t A[kTiles][2][4];
+      uint32_t A[2][2][4];
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i) {
+      for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const __half2 s = (t >> 1) ? __high2half2(sc[i][r].s[q]) : __low2half2(sc[i][r].s[q]);
@@ -563,7 +526,7 @@ struct Q6KF16 {
           }
         }
       }
-      MmaSubBlock<NT, kTiles>(xs, desc0, kWhole ? 128 * h : 0, q, A, acc);
+      MmaSubBlock<NT>(xs, desc0, kWhole ? 128 * h : 0, q, A, acc);
     }
   }
 };
@@ -602,29 +565,29 @@ struct Q8_0F16 {
     return U32(__hmul2(q, s));
   }
 
-  template <int NT, int kTiles>
+  template <int NT>
   __device__ static void Half(const Stage<Q8_0F16, 8 * NT>& st, int h, int /*kb*/, int warp, int g,
-                              int t, int tile0, float (&acc)[kTiles][NT][4]) {
+                              int t, float (&acc)[2][NT][4]) {
     const int q0 = kWhole ? 128 * h : 0;  // the half's qs in the stage row
     const uint32_t xs = SmemAddr(&st.x[0][0][0]);
     const uint64_t desc0 = StageDesc<NT>(xs);
-    uint2 d[kTiles][2];  // [tile][row g, g + 8]: the half's 4 scales (blocks 4h .. 4h + 3)
+    uint2 d[2][2];  // [tile][row g, g + 8]: the half's 4 scales (blocks 4h .. 4h + 3)
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
+    for (int i = 0; i < 2; ++i) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        d[i][r] = *reinterpret_cast<const uint2*>(&st.w[TileRow(warp, tile0 + i, g, r)][kDAt + 8 * h]);
+        d[i][r] = *reinterpret_cast<const uint2*>(&st.w[TileRow(warp, i, g, r)][kDAt + 8 * h]);
       }
     }
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
-      uint32_t A[kTiles][2][4];  // [tile][k16 step][a0..a3]
+      uint32_t A[2][2][4];  // [tile][k16 step][a0..a3]
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i) {
+      for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           // This thread's columns 8t .. 8t + 7 of block 4h + jj, and its scale.
-          const uint2 q = *reinterpret_cast<const uint2*>(&st.w[TileRow(warp, tile0 + i, g, r)][q0 + 32 * jj + 8 * t]);
+          const uint2 q = *reinterpret_cast<const uint2*>(&st.w[TileRow(warp, i, g, r)][q0 + 32 * jj + 8 * t]);
           const uint32_t dw = jj < 2 ? d[i][r].x : d[i][r].y;
           const __half2 s = (jj & 1) ? __high2half2(H2(dw)) : __low2half2(H2(dw));
 #pragma unroll
@@ -637,7 +600,7 @@ struct Q8_0F16 {
           }
         }
       }
-      MmaSubBlock<NT, kTiles>(xs, desc0, kWhole ? 128 * h : 0, jj, A, acc);
+      MmaSubBlock<NT>(xs, desc0, kWhole ? 128 * h : 0, jj, A, acc);
     }
   }
 };
@@ -716,19 +679,13 @@ __device__ __forceinline__ MatVecPart PartAt(const MatVecArgs& a, int m) {
 // part's rows 128 (y - row_block0) .. +127 and the W::kCols-column stages
 // [ns z / splits, ns (z + 1) / splits) (none for some splits of a short
 // row: their partials are zeros). More than one token tile (the wide
-// launch) only with splits 1. The tiles of a row block are consecutive
-// CTAs, so they run side by side and the row block's weights come from
-// HBM about once, the other tiles' reads from L2.
-// kWgs 2 (the wide launch's 128-token CTAs): two warpgroups, 256 threads,
-// warpgroup w holding m64 tile w alone (64 accumulators a thread at 128
-// tokens, where one warpgroup holding both tiles needs 128 and spills);
-// both read the same staged activations.
-template <class W, int NT, int kCtas, bool kCluster, int kWgs = 1>
+// launch) only with splits 1 or summed in clusters. The tiles of a row
+// block are consecutive CTAs, so they run side by side and the row block's
+// weights come from HBM about once, the other tiles' reads from L2.
+template <class W, int NT, int kCtas, bool kCluster>
 __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
   constexpr int T = 8 * NT, kS = StagesFor<W, NT, kCtas>();
-  constexpr int kThr = kThreads * kWgs, kTiles = 2 / kWgs;
   static_assert(kS >= 2, "a stage in flight while one is multiplied");
-  static_assert(kWgs == 1 || !kCluster, "the cluster sum reads one warpgroup's two tiles");
   extern __shared__ __align__(16) uint8_t smem[];
   Stage<W, T>* stage = reinterpret_cast<Stage<W, T>*>(smem);
   const int m = (a.n_parts > 1 && static_cast<int>(blockIdx.y) >= a.part[1].row_block0) +
@@ -736,23 +693,21 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
   const MatVecPart P = PartAt(a, m);
   const int z = static_cast<int>(blockIdx.z);
   if (z >= P.splits) return;
-  const int lane = threadIdx.x & 31, warp = kWgs == 1 ? threadIdx.x >> 5 : (threadIdx.x >> 5) & 3;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int tile0 = kWgs == 2 ? static_cast<int>(threadIdx.x) / kThreads : 0;  // this warpgroup's first m64 tile
   const int row0 = (static_cast<int>(blockIdx.y) - P.row_block0) * kMmaF16CtaRows;
   const int ns = a.n_cols / W::kCols, nbe = a.n_cols / 256;
   const int ks0 = ns * z / P.splits, n_it = ns * (z + 1) / P.splits - ks0;
   const int tok0 = T * static_cast<int>(blockIdx.x);  // the token tile's first token
   const __half* xh = a.xh + static_cast<int64_t>(tok0) * a.n_cols;
-  const bool second = tok0 + kF16TileTokens < a.n_tokens;  // T = 128: the f16 copy has a second tile
-  float acc[kTiles][NT][4];
+  float acc[2][NT][4];
 #pragma unroll
-  for (int i = 0; i < kTiles; ++i)
+  for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
   // The first stages' weights before the wait (they never change), then
   // their activations, one commit group a stage (the weights ride in group 0).
-  const WeightCopies<W, kThr> copies(P, nbe, row0);
+  const WeightCopies<W> copies(P, nbe, row0);
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
     if (s < n_it) copies.Issue(P, ks0 + s, SmemAddr(&stage[s]));
@@ -761,7 +716,7 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
   GridLaunchDependents();
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) {
-    if (s < n_it) StageActivations<W, T, kThr>(xh, a.n_cols, second, ks0 + s, stage[s]);
+    if (s < n_it) StageActivations(xh, ks0 + s, stage[s]);
     CpAsyncCommit();
   }
   for (int it = 0; it < n_it; ++it) {
@@ -771,14 +726,14 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
     const int nx = it + kS - 1;
     if (nx < n_it) {
       copies.Issue(P, ks0 + nx, SmemAddr(&stage[nx % kS]));
-      StageActivations<W, T, kThr>(xh, a.n_cols, second, ks0 + nx, stage[nx % kS]);
+      StageActivations(xh, ks0 + nx, stage[nx % kS]);
     }
     CpAsyncCommit();
     const int ks = ks0 + it;
 #pragma unroll
     for (int hh = 0; hh < W::kCols / 128; ++hh) {  // the stage's halves of a block
       const int h = W::kCols == 256 ? hh : ks & 1, kb = W::kCols == 256 ? ks : ks >> 1;
-      W::template Half<NT, kTiles>(stage[it % kS], h, kb, warp, g, t, tile0, acc);
+      W::template Half<NT>(stage[it % kS], h, kb, warp, g, t, acc);
     }
     // The stage's products done before the next barrier lets it be
     // refilled (and before the loop's end, where the compiler may move the
@@ -786,20 +741,20 @@ __device__ __forceinline__ void MatVecMmaF16Body(const MatVecArgs& a) {
     WgmmaWait<0>();
   }
   // Thread (g, t) holds rows TileRow(warp, i, g, 0 / 1) x tokens 8n + 2t, + 1.
-  if constexpr (kCluster && kWgs == 1) {
+  if constexpr (kCluster) {
     if (P.splits > 1 && ClusterCtas() == P.splits) {
       ClusterSum<W, NT>(a, P, row0, tok0, z, warp, g, t, acc, smem);
       return;
     }
   }
 #pragma unroll
-  for (int i = 0; i < kTiles; ++i) {
+  for (int i = 0; i < 2; ++i) {
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int tok = tok0 + 8 * n + 2 * t + (e & 1);
-        const int row = row0 + TileRow(warp, tile0 + i, g, e >> 1);
+        const int row = row0 + TileRow(warp, i, g, e >> 1);
         if (tok >= a.n_tokens || row >= P.n_rows) continue;
         const int64_t o = static_cast<int64_t>(tok) * P.n_rows + row;
         if (P.splits > 1) {
@@ -831,21 +786,14 @@ template <class W, int NT, int kCtas, bool kCluster>
 __global__ void __launch_bounds__(kThreads, kCtas) MatVecMmaF16KernelCtas(const MatVecArgs a) {
   MatVecMmaF16Body<W, NT, kCtas, kCluster>(a);
 }
-// Two warpgroups a CTA, one CTA a SM (the wide launch's 128-token CTAs).
-template <class W, int NT>
-__global__ void __launch_bounds__(2 * kThreads, 1) MatVecMmaF16Kernel2Wg(const MatVecArgs a) {
-  MatVecMmaF16Body<W, NT, 1, false, 2>(a);
-}
 
-// grid.x: the token tiles of tile_tokens (a CTA's T; one tile up to 64 tokens).
 template <auto kKernel>
 absl::Status LaunchOne(const MatVecArgs& args, int64_t grid_y, int splits, int cluster_z, int smem,
-                       bool pdl, cudaStream_t stream, int tile_tokens = kF16TileTokens,
-                       int threads = kThreads) {
+                       bool pdl, cudaStream_t stream) {
   DPL_RETURN_IF_ERROR((OptInSharedMemory<kKernel>(smem)));
-  const unsigned tiles = static_cast<unsigned>((args.n_tokens + tile_tokens - 1) / tile_tokens);
+  const unsigned tiles = static_cast<unsigned>((args.n_tokens + kF16TileTokens - 1) / kF16TileTokens);
   return LaunchClusterKernel(kKernel, dim3(tiles, static_cast<unsigned>(grid_y), splits),
-                             dim3(threads), dim3(1, 1, cluster_z), smem, stream, pdl, args);
+                             dim3(kThreads), dim3(1, 1, cluster_z), smem, stream, pdl, args);
 }
 
 template <class W, int NT, int kCtas = 2>
@@ -872,25 +820,6 @@ absl::Status Launch(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl
   }
 }
 
-// The wide launch on 128-token CTAs (MmaF16Options::wide_tokens 128): NT
-// 16, m64n128k16 wgmmas, half-block stages (a whole block's 128 slots of
-// activations would be 64 KB a stage), one CTA a SM with four stages; kWgs
-// 1: one warpgroup on both m64 tiles (128 accumulators a thread: ptxas
-// gives 255 registers and 460 bytes of spills), 2: a warpgroup a tile
-// (64 accumulators, 256 threads). Why try: the loop's dequantization and
-// weight loads cost the same a stage whatever the token count, so 128
-// tokens give them twice the tensor-core work to hide under
-// (tools/perf/wgmma_rate_probe.cu's fourth round). k never split here.
-template <class W, int kWgs>
-absl::Status LaunchWide128(const MatVecArgs& args, int64_t grid_y, bool pdl, cudaStream_t stream) {
-  constexpr int kSmem = StagesFor<W, 16, 1>() * static_cast<int>(sizeof(Stage<W, 128>));
-  if constexpr (kWgs == 2) {
-    return LaunchOne<MatVecMmaF16Kernel2Wg<W, 16>>(args, grid_y, 1, 1, kSmem, pdl, stream, 128, 2 * kThreads);
-  } else {
-    return LaunchOne<MatVecMmaF16KernelCtas<W, 16, 1, false>>(args, grid_y, 1, 1, kSmem, pdl, stream, 128);
-  }
-}
-
 // Whole-block stages where two CTAs a SM still fit them: every token count
 // for q4_K, up to 32 tokens for q6_K (its 224-byte rows and 64 tokens'
 // whole-block activations would leave one CTA a SM), half blocks beyond.
@@ -906,10 +835,6 @@ template <template <int> class W>
 absl::Status LaunchFor(const MatVecArgs& args, int64_t grid_y, int splits, bool pdl,
                        cudaStream_t stream, const MmaF16Options& o) {
   const bool c = o.cluster_sum;
-  if (args.n_tokens > kMmaMaxTokens && o.wide_tokens == 128) {
-    if (o.wide_wgs == 2) return LaunchWide128<W<128>, 2>(args, grid_y, pdl, stream);
-    return LaunchWide128<W<128>, 1>(args, grid_y, pdl, stream);
-  }
   // Three CTAs a SM where two whole-block stages fit that share (q4_K, q6_K;
   // not q8_0's 288-byte rows): otherwise the two-CTA launch below.
   if constexpr (StagesFor<W<256>, 2, 3>() >= 2) {
@@ -965,11 +890,11 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
   for (int i = 0; i < args.n_parts; ++i) o.cluster_sum &= args.part[i].splits == splits;
   o.cluster_sum &= splits > 1 && splits <= 8;
   // The wide launch's splits add up in clusters only (its partials would be
-  // a whole pass's), and its 128-token CTAs never split.
-  if (args.n_tokens > kMmaMaxTokens && splits > 1 && (!o.cluster_sum || o.wide_tokens != 64)) {
+  // a whole pass's).
+  if (args.n_tokens > kMmaMaxTokens && splits > 1 && !o.cluster_sum) {
     return absl::InvalidArgumentError(absl::StrCat(
         "matvec f16 mma: ", args.n_tokens, " tokens (the wide launch) with k split ", splits,
-        " ways: only 64-token CTAs whose parts split alike, summed in clusters"));
+        " ways: only where every part splits alike, summed in clusters"));
   }
   if (kernel == MatVecKernel::kQ4K) {
     DPL_RETURN_IF_ERROR(LaunchFor<Q4KF16>(args, grid_y, splits, pdl, stream, o));

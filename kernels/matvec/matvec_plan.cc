@@ -228,8 +228,6 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
                               : k == MatVecKernel::kQ6KDpl ? tuning.mma_f16_min_tokens_q6k
                                                            : tuning.mma_f16_min_tokens_q8_0;
     plan.mma_f16_max_tokens = tuning.mma_f16_max_tokens > kMmaMaxTokens ? tuning.mma_f16_max_tokens : 0;
-    plan.mma_f16_wide_tokens = tuning.mma_f16_wide_tokens == 128 ? 128 : 64;
-    plan.mma_f16_wide_wgs = tuning.mma_f16_wide_warpgroups == 1 ? 1 : 2;
     plan.mma_f16_wide_split = tuning.mma_f16_wide_split;
   }
   return plan;

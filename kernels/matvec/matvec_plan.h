@@ -71,10 +71,6 @@ struct MatVecPlan {
   // f16 form's wide launch (64-token tiles over grid.x) where the kernel has
   // an f16 form (DecodeTuning::mma_f16_max_tokens); 0: never.
   int mma_f16_max_tokens = 0;
-  // Its CTAs: 64 or 128 tokens each, and for 128 one or two warpgroups
-  // (DecodeTuning::mma_f16_wide_tokens, mma_f16_wide_warpgroups).
-  int mma_f16_wide_tokens = 64;
-  int mma_f16_wide_wgs = 2;
   bool mma_f16_wide_split = false;  // DecodeTuning::mma_f16_wide_split
   // The f16 form's CTAs a SM up to 16 tokens
   // (DecodeTuning::mma_f16_small_ctas_per_sm), taken only by launches of

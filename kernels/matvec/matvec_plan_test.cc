@@ -455,15 +455,12 @@ TEST_CASE("the f16 mma threshold reaches q4_K, q5_K, q6_K dpl and q8_0 dpl plans
     const absl::StatusOr<MatVecPlan> wide = PlanMatVec(Make(c.type, c.layout, 512, 3584), t);
     REQUIRE(wide.ok());
     CHECK(wide->mma_f16_max_tokens == (c.want > 0 ? 512 : 0));
-    CHECK(wide->mma_f16_wide_tokens == 64);  // the default CTA; 128 only when asked
-    t.mma_f16_wide_tokens = 128;
-    t.mma_f16_wide_warpgroups = 1;
-    const absl::StatusOr<MatVecPlan> w128 = PlanMatVec(Make(c.type, c.layout, 512, 3584), t);
-    REQUIRE(w128.ok());
-    CHECK(w128->mma_f16_wide_tokens == (c.want > 0 ? 128 : 64));
-    CHECK(w128->mma_f16_wide_wgs == (c.want > 0 ? 1 : 2));
-    t.mma_f16_wide_tokens = 64;
-    t.mma_f16_wide_warpgroups = 2;
+    CHECK(!wide->mma_f16_wide_split);  // off unless asked
+    t.mma_f16_wide_split = true;
+    const absl::StatusOr<MatVecPlan> split = PlanMatVec(Make(c.type, c.layout, 512, 3584), t);
+    REQUIRE(split.ok());
+    CHECK(split->mma_f16_wide_split == (c.want > 0));
+    t.mma_f16_wide_split = false;
     t.mma_f16_max_tokens = kMmaMaxTokens;
     const absl::StatusOr<MatVecPlan> narrow = PlanMatVec(Make(c.type, c.layout, 512, 3584), t);
     REQUIRE(narrow.ok());
