@@ -195,9 +195,13 @@ struct DecodeTuning {
   // session"). Measured (H100, 2026-12-07, eighteenth session, dpl-bench 7B
   // Q4_K_M -ub 512, two rounds, t/s, cuBLAS / wide with k unsplit): pp128
   // 8,584-8,620 / 9,632-9,849 (+13%), pp256 15,122-15,196 / 14,226-14,358
-  // (-6%), pp512 23,126-23,270 / 19,684-19,896 (-15%); hence 128.
-  // dpl-bench and dpl-server take DPL_MMA_F16_MAX.
-  int mma_f16_max_tokens = 128;
+  // (-6%), pp512 23,126-23,270 / 19,684-19,896 (-15%): 128 is the limit
+  // those numbers point to, but cuda_decoder_gpu_test on a build with 128
+  // by default (and its chunking case on the split launch, then failing at
+  // load) had 3 failed cases of 26 whose messages did not come back, so it
+  // stays off until the tests pass on it (docs/PERF.md, "Eighteenth
+  // session"). dpl-bench and dpl-server take DPL_MMA_F16_MAX.
+  int mma_f16_max_tokens = 0;
   // The wide launch's 64-token CTAs split k alike over a group's parts
   // (about mma_f16_target_ctas_wide CTAs a token tile), the splits added
   // in clusters, where unsplit a 3584-row matrix has 56 CTAs at 128 tokens

@@ -875,11 +875,11 @@ absl::Status LaunchMatVecMmaF16(MatVecKernel kernel, const MatVecArgs& args, int
   for (int i = 0; i < args.n_parts; ++i) {
     const MatVecPart& p = args.part[i];
     if (p.splits < 1 || p.splits > args.n_cols / kMinStageCols ||
-        (p.splits > 1 && p.partial == nullptr) || p.row_stride % 16 != 0 ||
+        (p.splits > 1 && p.partial == nullptr && args.n_tokens <= kMmaMaxTokens) || p.row_stride % 16 != 0 ||
         int64_t{p.n_rows} * p.row_stride >= kMmaF16MaxMatrixBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "matvec f16 mma: part ", i, " splits k ", p.splits, " ways (1..", args.n_cols / kMinStageCols,
-          ", partials needed for more than 1), row stride ", p.row_stride,
+          ", partials needed for more than 1 up to 64 tokens), row stride ", p.row_stride,
           " (16-byte multiple), ", p.n_rows, " rows (under 4 GiB in all)"));
     }
     splits = std::max(splits, p.splits);

@@ -348,7 +348,10 @@ absl::Status CudaDecoder::Allocate() {
   // Past kMmaMaxTokens, passes of up to wide_max_rows_ rows
   // (tuning.mma_f16_max_tokens) run the f16 form's wide launch when every
   // layer matrix has that form (token tiles over the grid, no f16 copy of
-  // the weights); a MoE model's prompts too (f16 activations, as cuBLAS's).
+  // the weights); not a MoE model's: its prompts stay on cuBLAS from 9 rows
+  // (the f16 form rounds d sc q - dmin m in f16 steps, cuBLAS's weights
+  // are the exact value rounded once, and the router's near-ties follow
+  // such differences).
   auto mma = [](const Matrix& m) { return kernels::MatVecMmaSupports(m.plan.kernel, m.w.n_cols); };
   auto f16 = [](const Matrix& m) { return kernels::MatVecMmaF16Supports(m.plan.kernel, m.w.n_cols); };
   bool all_mma = mma(out_), all_f16 = true;
@@ -363,7 +366,7 @@ absl::Status CudaDecoder::Allocate() {
   int8_max_rows_ = all_mma ? std::max(mma_rows, tuning_.gemm_min_tokens - 1) : tuning_.gemm_min_tokens - 1;
   prompt_int8_max_rows_ =
       hp_.moe() ? std::min(int8_max_rows_, std::max(1, tuning_.moe_prompt_mma_max_rows)) : int8_max_rows_;
-  wide_max_rows_ = all_mma && all_f16 && mma_rows == kernels::kMmaMaxTokens &&
+  wide_max_rows_ = !hp_.moe() && all_mma && all_f16 && mma_rows == kernels::kMmaMaxTokens &&
                            int8_max_rows_ == kernels::kMmaMaxTokens && tuning_.mma_f16_max_tokens > kernels::kMmaMaxTokens
                        ? tuning_.mma_f16_max_tokens
                        : 0;

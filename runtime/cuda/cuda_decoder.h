@@ -473,7 +473,7 @@ class CudaDecoder : public generate::Decoder {
   int prompt_int8_max_rows_ = 0;  // the same for prompt passes (a MoE model's: fewer)
   // Passes of 65 to this many rows run the f16 form's wide launch, not
   // cuBLAS (DecodeTuning::mma_f16_max_tokens, where every layer matrix has
-  // the form; 0: none).
+  // the form and the model is dense; 0: none).
   int wide_max_rows_ = 0;
   // Mixture of experts: the feed-forward runs over a pass's rows in slices
   // of at most this many (its buffers' rows; a step of up to 256 rows is one

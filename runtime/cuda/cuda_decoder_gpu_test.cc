@@ -307,8 +307,9 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
   }
   const size_t V = want[0].size();
   // wide: products of more than 64 tokens on the f16 form's wide launch
-  // (DecodeTuning::mma_f16_max_tokens) where every matrix has the form.
-  auto rows_of = [&](int max_batch, bool wide = false) {
+  // (DecodeTuning::mma_f16_max_tokens) where every matrix has the form;
+  // split: its k split in clusters (mma_f16_wide_split).
+  auto rows_of = [&](int max_batch, bool wide = false, bool split = false) {
     CudaDecoderOptions o;
     o.n_ctx = 1024;
     o.max_batch = max_batch;
@@ -317,7 +318,7 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
       REQUIRE(t.ok());
       o.tuning = *t;
       o.tuning->mma_f16_max_tokens = 512;
-      o.tuning->mma_f16_wide_split = true;
+      o.tuning->mma_f16_wide_split = split;
     }
     auto d = CudaDecoder::Create(path, o);
     REQUIRE_MESSAGE(d.ok(), d.status().ToString());
@@ -350,22 +351,27 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
   };
   const std::vector<float> one_chunk = rows_of(512);
   const std::vector<float> wide = rows_of(512, true);
+  const std::vector<float> wide_split = rows_of(512, true, true);
   const std::vector<float> chunks = rows_of(64);  // 64 * k + a tail below gemm_min_tokens
   const std::vector<float> dp4a = rows_of(kernels::DecodeTuning{}.gemm_min_tokens - 1);
   const std::vector<float> single = rows_of(1);
   const double e_one = worst_vs(one_chunk, nullptr), e_chunks = worst_vs(chunks, nullptr),
                e_dp4a = worst_vs(dp4a, nullptr), e_single = worst_vs(single, nullptr),
-               e_wide = worst_vs(wide, nullptr);
+               e_wide = worst_vs(wide, nullptr), e_split = worst_vs(wide_split, nullptr);
   const double d_chunks = worst_vs(chunks, &one_chunk), d_dp4a = worst_vs(dp4a, &one_chunk),
-               d_single = worst_vs(single, &one_chunk), d_wide = worst_vs(wide, &one_chunk);
+               d_single = worst_vs(single, &one_chunk), d_wide = worst_vs(wide, &one_chunk),
+               d_split = worst_vs(wide_split, &one_chunk);
   std::printf("%s, %d tokens, worst relative RMS vs the CPU reference: one chunk %.4f%%, one chunk on "
-              "the f16 form's wide launch %.4f%%, chunks of 64 %.4f%%, dp4a chunks %.4f%%, token by "
-              "token %.4f%%; vs one chunk: wide %.2e, chunks %.2e, dp4a chunks %.2e, token by token %.2e\n",
-              path.c_str(), n_tokens, 100 * e_one, 100 * e_wide, 100 * e_chunks, 100 * e_dp4a,
-              100 * e_single, d_wide, d_chunks, d_dp4a, d_single);
+              "the f16 form's wide launch %.4f%% (k split %.4f%%), chunks of 64 %.4f%%, dp4a chunks %.4f%%, "
+              "token by token %.4f%%; vs one chunk: wide %.2e (split %.2e), chunks %.2e, dp4a chunks %.2e, "
+              "token by token %.2e\n",
+              path.c_str(), n_tokens, 100 * e_one, 100 * e_wide, 100 * e_split, 100 * e_chunks, 100 * e_dp4a,
+              100 * e_single, d_wide, d_split, d_chunks, d_dp4a, d_single);
   CHECK(e_one < 0.04);
   CHECK(e_wide < 0.04);
   CHECK(d_wide < 0.04);
+  CHECK(e_split < 0.04);
+  CHECK(d_split < 0.04);
   CHECK(e_chunks < 0.04);
   CHECK(e_dp4a < 0.04);
   CHECK(e_single < 0.04);

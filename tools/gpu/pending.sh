@@ -11,17 +11,21 @@
 # On the device, from the repository root (ITEMS picks):
 #   ITEMS="15 14 13" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
 #   within one call's 10 minutes)
-# 15. issues 30 and 29: the wide launch's k split in clusters
-#     (DecodeTuning::mma_f16_wide_split, off): matvec_gpu_test's wide case
-#     (split and unsplit tiles bit for bit against 64-token launches),
-#     gemm_bench's 7B products with it, 7B pp128/256/512 with it off and on,
-#     the shared start at DPL_MMA_F16_MAX 128 / 256 / 512 with it, then the
-#     GPU tests on the defaults. Predicted (docs/PERF.md, "Eighteenth
-#     session"): ffn_down at 128 tokens 199 -> ~60 us, pp128 ~+30% over
-#     cuBLAS; if it wins, split on and mma_f16_max_tokens at the new
-#     crossover.
+# 15. issues 30 and 29: the wide launch (DecodeTuning::mma_f16_max_tokens,
+#     off by default) and its k split in clusters (mma_f16_wide_split, off):
+#     matvec_gpu_test's wide case (split and unsplit tiles bit for bit
+#     against 64-token launches), gemm_bench's 7B products with the split,
+#     7B pp128/256/512 with it off and on, the shared start at
+#     DPL_MMA_F16_MAX 128 / 256 / 512, then cuda_decoder_gpu_test whole with
+#     every failure's message (its chunking case runs the wide launch split
+#     and unsplit). The eighteenth session measured the unsplit launch
+#     (pp128 +13%, pp256 -6%, pp512 -15%) and saw 3 decoder cases fail on a
+#     build with 128 by default whose messages did not come back: to turn it
+#     on, stage a build with mma_f16_max_tokens 128 (kernels/tuning.h) and
+#     run cuda_decoder_gpu_test and cuda_engine_gpu_test on it. Predicted
+#     for the split: ffn_down at 128 tokens 199 -> ~60 us, pp128 ~+30%.
 # 16. the server loads (item 9) with DPL_MMA_F16_MAX 0 / 128 (and the split's
-#     best limit).
+#     best limit), once item 15 passes.
 # 14. issues 30 and 29: tools/perf/wgmma_rate_probe.cu's fourth round
 #     (nvcc on the device takes over a minute: give it 150 s). The wide
 #     launch's 128-token CTAs already lost in the real kernel (PERF).
@@ -86,7 +90,9 @@ for v in 0 128 256 512; do
   DPL_F16_WIDE_SPLIT=1 DPL_MMA_F16_MAX=$v timeout 60 ./dpl-bench -m "$m" -p 0 -n 0 -d 0 -ub 512 -r 3 -npl 2,16 -npp 50 \
     --shared 2000 2>&1 | grep -E '^\| pp|rror'
 done
-timeout 150 ./cuda_decoder_gpu_test 2>&1 | grep -E "ERROR|FAIL|wide|test cases|assertions" | tail -12
+timeout 150 ./cuda_decoder_gpu_test >"$out/decoder15.txt" 2>&1
+grep -E -A6 "ERROR|FAIL" "$out/decoder15.txt" | head -60
+grep -E "wide|test cases|assertions" "$out/decoder15.txt" | tail -8
 timeout 100 ./cuda_engine_gpu_test 2>&1 | grep -E "ERROR|FAIL|test cases|assertions" | tail -6
 fi
 if want 16; then
