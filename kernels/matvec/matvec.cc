@@ -223,7 +223,7 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
                         return w->n_rows * w->row_stride < kMmaF16MaxMatrixBytes;
                       });
   // More tokens, up to mma_f16_max_tokens, on the f16 form's wide launch
-  // (64-token tiles over grid.x, k never split).
+  // (64-token tiles over grid.x; k split only with mma_f16_wide_split).
   const bool wide = io.n_tokens > kMmaMaxTokens && io.n_tokens <= plan.mma_f16_max_tokens && f16_ok;
   const bool mma = wide || (io.n_tokens > 1 && io.n_tokens <= kMmaMaxTokens &&
                             MatVecMmaSupports(kernel, ws[0]->n_cols));
@@ -289,10 +289,10 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", blocks, " row blocks, more than ", kMaxGridY));
   }
-  // The wide launch (with mma_f16_wide_split) splits k alike for every part, so that a row tile's
-  // splits add up inside a cluster (no partials through global memory):
-  // about mma_f16_target_ctas_wide CTAs a token tile over the group's row
-  // tiles. Why: unsplit, a 3584-row matrix (7B's Q, O, down) is 28 row tiles,
+  // With mma_f16_wide_split the wide launch splits k alike for every part,
+  // so that a row tile's splits add up inside a cluster (no partials through
+  // global memory): about mma_f16_target_ctas_wide CTAs a token tile over
+  // the group's row tiles. Why: unsplit, a 3584-row matrix (7B's Q, O, down) is 28 row tiles,
   // 56 CTAs at 128 tokens on 264 slots (H100, gemm_bench: 7B ffn_down at 128
   // tokens 199 us, 87 TFLOP/s, where gate/up took 78 us).
   if (wide && plan.mma_f16_wide_split) {
