@@ -86,9 +86,12 @@ struct DecodeTuning {
   int moe_prompt_mma_max_rows = 8;
   // f32 matrices of few row blocks (a MoE router) multiply 2-64 tokens on
   // the token tile split 8 ways, 4 steps deep (kF32WideTile,
-  // matvec_geometry.h) instead of 4 ways, 2 deep (dpl-bench's
-  // DPL_F32_WIDE_TILE=0/1, an A/B; not yet measured: off).
-  bool f32_wide_tile = false;
+  // matvec_geometry.h) instead of 4 ways, 2 deep. Measured (H100,
+  // 2026-12-07, nineteenth session, dpl-bench 30B-A3B Q4_K_M, off / on,
+  // two rounds, t/s): 4 sequences 839.9 / 916.2 (+9%), 16 1,724 / 1,827
+  // (+6%), one sequence 430.8 / 430.7 (not on this path). dpl-bench takes
+  // DPL_F32_WIDE_TILE=0 (an A/B).
+  bool f32_wide_tile = true;
   // When every matrix of a model has the int8 mma form (q4_K, q6_K:
   // MatVecMmaSupports), products of 2 up to this many tokens (at most
   // kMmaMaxTokens) keep int8 activations and run it instead of dequantize +
@@ -192,23 +195,23 @@ struct DecodeTuning {
   // (gemm_min_tokens). 0 (or <= 64): never. Why: a 512-token 7B pass
   // spends ~6 ms of its ~22 writing and reading back f16 weights, and a
   // 65-128-token pass pays all of it (docs/PERF.md, "Seventeenth
-  // session"). Measured (H100, 2026-12-07, eighteenth session, dpl-bench 7B
-  // Q4_K_M -ub 512, two rounds, t/s, cuBLAS / wide with k unsplit): pp128
-  // 8,584-8,620 / 9,632-9,849 (+13%), pp256 15,122-15,196 / 14,226-14,358
-  // (-6%), pp512 23,126-23,270 / 19,684-19,896 (-15%): 128 is the limit
-  // those numbers point to, but cuda_decoder_gpu_test on a build with 128
-  // by default (and its chunking case on the split launch, then failing at
-  // load) had 3 failed cases of 26 whose messages did not come back, so it
-  // stays off until the tests pass on it (docs/PERF.md, "Eighteenth
-  // session"). dpl-bench and dpl-server take DPL_MMA_F16_MAX.
-  int mma_f16_max_tokens = 0;
+  // session"). Measured (H100, 2026-12-07, nineteenth session, dpl-bench 7B
+  // Q4_K_M -ub 512, two rounds, t/s, cuBLAS / wide with the k split below):
+  // pp128 8,643-8,601 / 16,033-16,168 (+87%), pp192 11,775-11,718 /
+  // 14,804-14,866 (+26%), pp256 15,107-15,259 / 18,641-18,624 (+23%),
+  // pp320 15,306-15,379 / 16,911-16,769 (+10%), pp384 19,660-19,737 /
+  // 18,500-18,344 (-6%), pp512 23,329-23,473 / 20,355-20,311 (-13%): the
+  // crossover lies between 320 and 384 (docs/PERF.md, "Nineteenth
+  // session"). dpl-bench and dpl-server take DPL_MMA_F16_MAX (0: never).
+  int mma_f16_max_tokens = 320;
   // The wide launch's 64-token CTAs split k alike over a group's parts
   // (about mma_f16_target_ctas_wide CTAs a token tile), the splits added
-  // in clusters, where unsplit a 3584-row matrix has 56 CTAs at 128 tokens
-  // (H100, gemm_bench: 7B ffn_down at 128 tokens 199 us, 87 TFLOP/s, gate/up
-  // 78 us). Off until measured; dpl-bench and gemm_bench take
-  // DPL_F16_WIDE_SPLIT=1.
-  bool mma_f16_wide_split = false;
+  // in clusters, where unsplit a 3584-row matrix has 56 CTAs at 128 tokens.
+  // Measured (H100, nineteenth session, gemm_bench 7B, us, unsplit ->
+  // split): ffn_down q4_K at 128 tokens 199 -> 71, gate/up 78 -> 72; the
+  // pass pp128 9,594-9,829 -> 16,033-16,168 t/s. dpl-bench and gemm_bench
+  // take DPL_F16_WIDE_SPLIT=0 (an A/B).
+  bool mma_f16_wide_split = true;
   // A packed prompt pass's chunks (the server's prompts of several
   // sequences in one pass) go through prompt attention in one launch a
   // layer (PromptAttentionBatch) instead of one launch a chunk. dpl-server

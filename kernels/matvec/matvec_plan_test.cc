@@ -207,34 +207,43 @@ TEST_CASE("decode geometry per type and height reproduces the H200 sweep") {
   CHECK(IsCompiledGeometry(plan->prompt));
   CHECK(plan->prompt.token_tile == kTokenTile);
   CHECK(plan->prompt.ksplit == 1);  // 1184 row blocks of 16
-  // The token tile splits k 4 ways where row blocks of 16 leave SMs idle
-  // (a MoE router: 8 blocks of 16 rows, 32 of 4), not past one a SM.
-  const absl::StatusOr<MatVecPlan> router = PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 128, 2048), t);
+  // Without f32_wide_tile, the token tile splits k 4 ways where row blocks
+  // of 16 leave SMs idle (a MoE router: 8 blocks of 16 rows, 32 of 4), not
+  // past one a SM.
+  DecodeTuning plain = t;
+  plain.f32_wide_tile = false;
+  const absl::StatusOr<MatVecPlan> router =
+      PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 128, 2048), plain);
   REQUIRE(router.ok());
   CHECK(router->prompt == MatVecGeometry{kTokenTile, 4, 2, false});
   CHECK(IsCompiledGeometry(router->prompt));
-  // With f32_wide_tile, an f32 matrix of few row blocks takes the deeper
+  // With it (the default), an f32 matrix of few row blocks takes the deeper
   // tile, compiled for the f32 kernel alone; a q4_K one keeps the plain.
-  DecodeTuning wide = t;
-  wide.f32_wide_tile = true;
-  const absl::StatusOr<MatVecPlan> wide_router =
-      PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 128, 2048), wide);
+  CHECK(t.f32_wide_tile);
+  const absl::StatusOr<MatVecPlan> wide_router = PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 128, 2048), t);
   REQUIRE(wide_router.ok());
   CHECK(wide_router->prompt == kF32WideTile);
   CHECK(IsCompiledFor(MatVecKernel::kF32, kF32WideTile));
   CHECK_FALSE(IsCompiledFor(MatVecKernel::kQ4K, kF32WideTile));
   CHECK(MatVecGridFor(128, 4, kF32WideTile).ok());
-  const absl::StatusOr<MatVecPlan> wide_q4 = PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584), wide);
+  const absl::StatusOr<MatVecPlan> wide_q4 = PlanMatVec(Make(GgmlType::kQ4_K, TensorLayout::kRaw, 512, 3584), t);
   REQUIRE(wide_q4.ok());
   CHECK(wide_q4->prompt == MatVecGeometry{kTokenTile, 4, 2, false});
-  const absl::StatusOr<MatVecPlan> edge =
-      PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 16 * t.num_sms, 2048), t);
-  REQUIRE(edge.ok());
-  CHECK(edge->prompt.ksplit == 1);
+  for (const DecodeTuning& u : {plain, t}) {
+    CAPTURE(u.f32_wide_tile);
+    const absl::StatusOr<MatVecPlan> edge =
+        PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 16 * t.num_sms, 2048), u);
+    REQUIRE(edge.ok());
+    CHECK(edge->prompt.ksplit == 1);
+  }
   const absl::StatusOr<MatVecPlan> below =
-      PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 16 * t.num_sms - 16, 2048), t);
+      PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 16 * t.num_sms - 16, 2048), plain);
   REQUIRE(below.ok());
   CHECK(below->prompt.ksplit == 4);
+  const absl::StatusOr<MatVecPlan> below_wide =
+      PlanMatVec(Make(GgmlType::kF32, TensorLayout::kRaw, 16 * t.num_sms - 16, 2048), t);
+  REQUIRE(below_wide.ok());
+  CHECK(below_wide->prompt == kF32WideTile);
 }
 
 TEST_CASE("PlanMatVecGroups: one launch per kernel, planned for the total height") {
@@ -452,10 +461,11 @@ TEST_CASE("the f16 mma threshold reaches q4_K, q5_K, q6_K dpl and q8_0 dpl plans
     CHECK(plan->mma_f16_min_tokens == c.want);
     // The wide launch's limit reaches the same plans (and only past 64).
     t.mma_f16_max_tokens = 512;
+    t.mma_f16_wide_split = false;
     const absl::StatusOr<MatVecPlan> wide = PlanMatVec(Make(c.type, c.layout, 512, 3584), t);
     REQUIRE(wide.ok());
     CHECK(wide->mma_f16_max_tokens == (c.want > 0 ? 512 : 0));
-    CHECK(!wide->mma_f16_wide_split);  // off unless asked
+    CHECK(!wide->mma_f16_wide_split);  // off when asked off
     t.mma_f16_wide_split = true;
     const absl::StatusOr<MatVecPlan> split = PlanMatVec(Make(c.type, c.layout, 512, 3584), t);
     REQUIRE(split.ok());

@@ -200,13 +200,22 @@ TEST_CASE("logits follow the CPU reference for every ftype and layout") {
 
 // The dpl layout moves bytes only: the same model converted raw and dpl
 // gives the same bits through the decode step (graph) and the prompt path
-// (tensor cores and dp4a chunks).
+// (tensor cores and dp4a chunks) wherever both run the same kernels. A
+// 70-token prompt pins dequantize + cuBLAS: the f16 form's wide launch
+// (DecodeTuning::mma_f16_max_tokens) exists for q6_K and q8_0 only in
+// their dpl layouts, so there the two files would take different kernels;
+// ComparePromptChunkings checks the wide launch against cuBLAS.
 TEST_CASE("raw and dpl conversions of a model give bit-identical logits") {
   using synth::Ftype;
+  auto t = kernels::DecodeTuningForDevice();
+  REQUIRE_MESSAGE(t.ok(), t.status().ToString());
+  CudaDecoderOptions o;
+  o.tuning = *t;
+  o.tuning->mma_f16_max_tokens = 0;
   for (Ftype f : {Ftype::kQ4_K_M, Ftype::kQ8_0, Ftype::kQ3_K_M, Ftype::kIQ4_XS, Ftype::kQ5_1}) {
     CAPTURE(synth::FtypeName(f));
-    auto raw = CudaDecoder::Create(MakeDpl("small-qwen2", f, converter::LayoutPolicy::kRaw), {});
-    auto dpl = CudaDecoder::Create(MakeDpl("small-qwen2", f, converter::LayoutPolicy::kDpl), {});
+    auto raw = CudaDecoder::Create(MakeDpl("small-qwen2", f, converter::LayoutPolicy::kRaw), o);
+    auto dpl = CudaDecoder::Create(MakeDpl("small-qwen2", f, converter::LayoutPolicy::kDpl), o);
     REQUIRE_MESSAGE(raw.ok(), raw.status().ToString());
     REQUIRE_MESSAGE(dpl.ok(), dpl.status().ToString());
     const std::vector<int32_t> prompt = Tokens(70, (*raw)->n_vocab());
@@ -290,10 +299,10 @@ TEST_CASE("a batched prompt pass on the dp4a matvec matches token-by-token decod
 
 // The prompt paths against the float64 CPU reference at every position: a
 // prompt in one chunk (f16 weights and activations, cuBLAS, flash attention
-// over the chunk), in chunks of 64 and a short tail (int8 activations: the
-// mma form of the matvec for q4_K / q6_K models, else f16 GEMM for the
-// chunks and the token tile for the tail), in chunks of
-// gemm_min_tokens - 1 and token by token.
+// over the chunk; and on the f16 form's wide launch, k unsplit and split),
+// in chunks of 64 and a short tail (int8 activations: the mma form of the
+// matvec for q4_K / q6_K models, else f16 GEMM for the chunks and the token
+// tile for the tail), in chunks of gemm_min_tokens - 1 and token by token.
 // The chunkings are also compared with each other: the differences are
 // printed (issue 8 asks for them) and bounded by the same 4% gate.
 void ComparePromptChunkings(const std::string& path, int n_tokens) {
@@ -308,18 +317,17 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
   const size_t V = want[0].size();
   // wide: products of more than 64 tokens on the f16 form's wide launch
   // (DecodeTuning::mma_f16_max_tokens) where every matrix has the form;
-  // split: its k split in clusters (mma_f16_wide_split).
+  // split: its k split in clusters (mma_f16_wide_split). Otherwise they
+  // dequantize + cuBLAS, whatever the default limit.
   auto rows_of = [&](int max_batch, bool wide = false, bool split = false) {
     CudaDecoderOptions o;
     o.n_ctx = 1024;
     o.max_batch = max_batch;
-    if (wide) {
-      absl::StatusOr<kernels::DecodeTuning> t = kernels::DecodeTuningForDevice();
-      REQUIRE(t.ok());
-      o.tuning = *t;
-      o.tuning->mma_f16_max_tokens = 512;
-      o.tuning->mma_f16_wide_split = split;
-    }
+    absl::StatusOr<kernels::DecodeTuning> t = kernels::DecodeTuningForDevice();
+    REQUIRE(t.ok());
+    o.tuning = *t;
+    o.tuning->mma_f16_max_tokens = wide ? 512 : 0;
+    o.tuning->mma_f16_wide_split = split;
     auto d = CudaDecoder::Create(path, o);
     REQUIRE_MESSAGE(d.ok(), d.status().ToString());
     std::vector<float> all, last;
