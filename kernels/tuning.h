@@ -212,16 +212,6 @@ struct DecodeTuning {
   // pass pp128 9,594-9,829 -> 16,033-16,168 t/s. dpl-bench and gemm_bench
   // take DPL_F16_WIDE_SPLIT=0 (an A/B).
   bool mma_f16_wide_split = true;
-  // With the split, grids of more than one wave refit their splits to whole
-  // rounds of resident CTAs (MmaF16WaveFitSplits, matvec_geometry.h): 7B
-  // gate/up at 128 tokens splits 2 ways (3 rounds of 7 + 2 stages instead of
-  // 2 rounds of 14 + 2, the second half empty), at 192 too (5 x 9 against
-  // 3 x 16). Predicted (H100): gate/up at 128 tokens 72 -> ~61 us, pp128
-  // ~+4%, pp192 ~+1%; if the products are bound by L2's bandwidth (their
-  // activation tiles re-read by every row tile: 272 MB for gate/up at 128
-  // tokens), less. Not yet measured: off. dpl-bench and gemm_bench take
-  // DPL_F16_WAVE_FIT=1.
-  bool mma_f16_wide_wave_fit = false;
   // A packed prompt pass's chunks (the server's prompts of several
   // sequences in one pass) go through prompt attention in one launch a
   // layer (PromptAttentionBatch) instead of one launch a chunk. dpl-server

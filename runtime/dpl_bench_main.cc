@@ -218,8 +218,7 @@ void PrintRows(const std::string& format, const std::string& path, dpl::runtime:
 // q6_K dpl (default 4), DPL_MMA_F16_MIN_Q5K=N and DPL_MMA_F16_MIN_Q8_0=N for
 // q5_K and q8_0 dpl (default 17 and 9), DPL_MMA_F16_MAX=N: products of 65
 // to N tokens on the f16 form's wide launch (kernels/tuning.h),
-// DPL_F16_WIDE_SPLIT=0|1 its k split in clusters, DPL_F16_WAVE_FIT=1 the
-// split refit to whole waves,
+// DPL_F16_WIDE_SPLIT=0|1 its k split in clusters,
 // DPL_ROPE_FOLD=0
 // runs the RoPE kernel instead of folding RoPE into the Q/K/V matvec,
 // DPL_MATVEC_GEOM=KERNEL:ROWSxCOLS=KSPLIT,DEPTH,PIPE[;...] forces a
@@ -272,7 +271,6 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_MMA_F16_MIN_Q8_0", &t.mma_f16_min_tokens_q8_0);
   flag("DPL_MMA_F16_MAX", &t.mma_f16_max_tokens);
   flag("DPL_F16_WIDE_SPLIT", &t.mma_f16_wide_split);
-  flag("DPL_F16_WAVE_FIT", &t.mma_f16_wide_wave_fit);
   flag("DPL_F16_CTAS", &t.mma_f16_small_ctas_per_sm);
   flag("DPL_F16_CLUSTER", &t.mma_f16_cluster_sum);
   flag("DPL_F16_TARGET", &t.mma_f16_target_ctas);

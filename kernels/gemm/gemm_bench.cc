@@ -9,9 +9,8 @@
 //           kernel at 1 token, the mma forms (matvec_mma.cu, or the f16 one
 //           from DecodeTuning's thresholds) at 2 to kMmaMaxTokens for q4_K /
 //           q6_K, and with DPL_MMA_F16_MAX=N the f16 form's wide launch from
-//           65 to N tokens (DPL_F16_WIDE_SPLIT=0|1: k split in clusters,
-//           DPL_F16_WAVE_FIT=1: refit to whole waves; else and beyond, the
-//           dp4a token tile), with its
+//           65 to N tokens (DPL_F16_WIDE_SPLIT=0|1: k split in clusters;
+//           else and beyond, the dp4a token tile), with its
 //           GB/s of quantized weights and TFLOP/s;
 // then the f16 dequant alone (GB/s of quantized bytes read + f16 bytes
 // written, against the device's memset and D2D copy ceilings), and per shape
@@ -309,9 +308,6 @@ absl::Status Bench() {
   }
   if (const char* e = std::getenv("DPL_F16_WIDE_SPLIT"); e != nullptr && *e != '\0') {
     tuning.mma_f16_wide_split = std::atoi(e) != 0;
-  }
-  if (const char* e = std::getenv("DPL_F16_WAVE_FIT"); e != nullptr && *e != '\0') {
-    tuning.mma_f16_wide_wave_fit = std::atoi(e) != 0;
   }
   const int64_t f16_max = std::max<int64_t>(kMmaMaxTokens, tuning.mma_f16_max_tokens);
   DPL_ASSIGN_OR_RETURN(const uint64_t mv_bytes, MatVecScratchBytes(18944, kMaxTokens, f16_max));

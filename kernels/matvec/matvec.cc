@@ -298,23 +298,14 @@ absl::Status RunMatVecGroup(absl::Span<const WeightMatrix* const> ws, const MatV
   if (wide && plan.mma_f16_wide_split) {
     const int64_t tiles = (io.n_tokens + kF16TileTokens - 1) / kF16TileTokens;
     const int target = static_cast<int>((plan.mma_f16_target_ctas_wide + tiles - 1) / tiles);
-    int splits = MmaF16Splits(blocks * kMmaF16CtaRows, ws[0]->n_cols, target);
-    if (plan.mma_f16_wide_wave_fit) {
-      splits = MmaF16WaveFitSplits(blocks * tiles, ws[0]->n_cols, splits, plan.num_sms, plan.mma_f16_small_ctas);
-    }
+    const int splits = MmaF16Splits(blocks * kMmaF16CtaRows, ws[0]->n_cols, target);
     for (int i = 0; i < a.n_parts; ++i) a.part[i].splits = splits;
   }
   if (f16) {
     int splits = 1;
     for (int i = 0; i < a.n_parts; ++i) splits = std::max(splits, a.part[i].splits);
     MmaF16Options o;
-    // The CTAs a SM: small_ctas for grids of over two a SM; with the wave
-    // fit the wide launch's token tiles count too, as MmaF16WaveFitSplits
-    // counts them (without it, as measured before the fit: row tiles x
-    // splits only).
-    const int64_t tiles =
-        wide && plan.mma_f16_wide_wave_fit ? (io.n_tokens + kF16TileTokens - 1) / kF16TileTokens : 1;
-    o.ctas_per_sm = blocks * splits * tiles > 2 * int64_t{plan.num_sms} ? plan.mma_f16_small_ctas : 2;
+    o.ctas_per_sm = blocks * splits > 2 * int64_t{plan.num_sms} ? plan.mma_f16_small_ctas : 2;
     o.cluster_sum = wide || plan.mma_f16_cluster_sum == 2 ||
                     (plan.mma_f16_cluster_sum == 1 &&
                      blocks * splits > int64_t{o.ctas_per_sm} * plan.num_sms);

@@ -104,39 +104,6 @@ inline constexpr int MmaF16Splits(int64_t n_rows, int64_t n_cols, int target_cta
   if (s > n_cols / 128) s = n_cols / 128;
   return s < 1 ? 1 : static_cast<int>(s);
 }
-// The wide launch's k splits refit to its waves (DecodeTuning::
-// mma_f16_wide_wave_fit): a grid of row_ctas CTAs a split (row tiles x
-// token tiles) with `base` splits that overflows one wave of 2 CTAs a SM.
-// Its CTAs do equal work, so the launch takes about (rounds of the
-// resident CTAs, counted whole) x (a CTA's stages + kMmaF16FitFixedStages,
-// its pipeline's fill and the cluster sum): 7B gate/up at 128 tokens is
-// 592 CTAs on 396 slots (3 a SM), 2 rounds x (14 + 2), its second round
-// half empty; split 2 ways, 1184 CTAs in 3 rounds of 7 + 2 (27 against
-// 32). Picks the splits s in [base, kMmaMaxSplits], at most one a 128
-// columns, of the least cost (ties to fewer splits), the CTAs a SM
-// following s as RunMatVecGroup chooses them (small_ctas past 2 a SM).
-// Grids of one wave keep `base`: there a CTA's fixed costs, not the rounds,
-// set the time (gemm_bench, H100: 7B attn_o at 128 tokens, 224 CTAs of 3.5
-// blocks, 31.5 us against 23.6 through cuBLAS).
-inline constexpr int kMmaF16FitFixedStages = 2;
-inline constexpr int MmaF16WaveFitSplits(int64_t row_ctas, int64_t n_cols, int base, int num_sms, int small_ctas) {
-  auto slots = [&](int64_t ctas) { return int64_t{ctas > 2 * int64_t{num_sms} ? small_ctas : 2} * num_sms; };
-  if (row_ctas * base <= 2 * int64_t{num_sms}) return base;
-  const int64_t blocks = (n_cols + 255) / 256;
-  const int64_t max_s = n_cols / 128 < kMmaMaxSplits ? n_cols / 128 : kMmaMaxSplits;
-  int best = base;
-  int64_t best_cost = -1;
-  for (int64_t s = base; s <= max_s; ++s) {
-    const int64_t ctas = row_ctas * s;
-    const int64_t rounds = (ctas + slots(ctas) - 1) / slots(ctas);
-    const int64_t cost = rounds * ((blocks + s - 1) / s + kMmaF16FitFixedStages);
-    if (best_cost < 0 || cost < best_cost) {
-      best = static_cast<int>(s);
-      best_cost = cost;
-    }
-  }
-  return best;
-}
 // Partial-sum rows a launch may need, per token: a split matrix has fewer
 // than kMmaTargetCtas row blocks, so splits x row blocks < 2 kMmaTargetCtas,
 // for each of up to kMaxMatVecParts matrices.

@@ -229,7 +229,6 @@ absl::StatusOr<MatVecPlan> PlanMatVec(const WeightMatrix& w, const DecodeTuning&
                                                            : tuning.mma_f16_min_tokens_q8_0;
     plan.mma_f16_max_tokens = tuning.mma_f16_max_tokens > kMmaMaxTokens ? tuning.mma_f16_max_tokens : 0;
     plan.mma_f16_wide_split = tuning.mma_f16_wide_split;
-    plan.mma_f16_wide_wave_fit = tuning.mma_f16_wide_wave_fit;
   }
   return plan;
 }

@@ -72,7 +72,6 @@ struct MatVecPlan {
   // an f16 form (DecodeTuning::mma_f16_max_tokens); 0: never.
   int mma_f16_max_tokens = 0;
   bool mma_f16_wide_split = false;  // DecodeTuning::mma_f16_wide_split
-  bool mma_f16_wide_wave_fit = false;  // DecodeTuning::mma_f16_wide_wave_fit
   // The f16 form's CTAs a SM up to 16 tokens
   // (DecodeTuning::mma_f16_small_ctas_per_sm), taken only by launches of
   // more CTAs than two a SM of num_sms hold; smaller launches keep 2 (see

@@ -540,26 +540,6 @@ TEST_CASE("the mma k-split fits its scratch and its blocks for every matrix") {
   CHECK(MmaF16Splits(18944, 3584, 0) == 1);    // no target: no split
   CHECK(MmaF16Splits(40000, 1280) == 1);  // 313
   CHECK(MmaF16Splits(67, 256) == 2);      // two 128-column stages
-  // The wave fit (132 SMs, 3 CTAs a SM past 2): 7B gate/up (296 row tiles)
-  // at 128 tokens 2 ways (1184 CTAs, 3 rounds of 7 + 2 stages against 2 of
-  // 14 + 2), at 192 too (5 x 9 against 3 x 16), at 256 unsplit (3 x 16
-  // against 6 x 9); grids of one wave keep their splits (7B attn_o at 128
-  // tokens: 28 row tiles x 2 token tiles x 4).
-  CHECK(MmaF16WaveFitSplits(296 * 2, 3584, 1, 132, 3) == 2);
-  CHECK(MmaF16WaveFitSplits(296 * 3, 3584, 1, 132, 3) == 2);
-  CHECK(MmaF16WaveFitSplits(296 * 4, 3584, 1, 132, 3) == 1);
-  CHECK(MmaF16WaveFitSplits(28 * 2, 3584, 4, 132, 3) == 4);
-  // Never past kMmaMaxSplits or one split a 128 columns.
-  for (int64_t row_ctas : {133, 300, 592, 1000, 5000}) {
-    for (int64_t cols : {256, 512, 3584, 18944}) {
-      const int s = MmaF16WaveFitSplits(row_ctas, cols, 1, 132, 3);
-      CAPTURE(row_ctas);
-      CAPTURE(cols);
-      CHECK(s >= 1);
-      CHECK(s <= kMmaMaxSplits);
-      CHECK(s <= std::max<int64_t>(1, cols / 128));
-    }
-  }
   for (int64_t rows = 1; rows <= 70000; rows += rows < 2048 ? 1 : 97) {
     for (int64_t cols : {256, 512, 768, 1280, 3584, 5120, 18944, 27648}) {
       const int s16 = MmaF16Splits(rows, cols);
