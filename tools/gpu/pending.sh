@@ -1,41 +1,26 @@
 # What is left unmeasured (docs/PERF.md names each and its prediction), as
-# of the eighteenth session (2026-12-07), whose two short H100 calls
-# measured the f16 form's wide launch (on by default up to 128 tokens) and
-# ran items 11 and part of 15. Stage the binaries the items use (stage.sh
-# builds only those), e.g.
+# of the nineteenth session (2026-12-07), whose H100 calls measured the wide
+# launch's k split (on by default now, to 320 rows), the f32 wide tile (on),
+# the server loads with both, and the persistent probe's third round. Stage
+# the binaries the items use (stage.sh builds only those), e.g.
 #   DPL_STAGE_ORACLES="mini-qwen3moe-q4km small-qwen2-q4km" DPL_STAGE_BINS=\
 #     "matvec_gpu_test cuda_decoder_gpu_test cuda_engine_gpu_test dpl-bench \
 #     dpl-synth dpl-convert gemm_bench" tools/gpu/stage.sh
 # (56 MiB: within a call's 64 MiB beside the tree); for the server loads
-# (item 9) stage dpl-server in a second directory.
+# (item 9) stage dpl-server in a second directory. A carried folder
+# replaces the device's copy each call: unpack bin.tar.gz again.
 # On the device, from the repository root (ITEMS picks):
-#   ITEMS="15 14 13" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
+#   ITEMS="17 8" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
 #   within one call's 10 minutes)
-# 15. issues 30 and 29: the wide launch (DecodeTuning::mma_f16_max_tokens,
-#     off by default) and its k split in clusters (mma_f16_wide_split, off):
-#     matvec_gpu_test's wide case (split and unsplit tiles bit for bit
-#     against 64-token launches), gemm_bench's 7B products with the split,
-#     7B pp128/256/512 with it off and on, the shared start at
-#     DPL_MMA_F16_MAX 128 / 256 / 512, then cuda_decoder_gpu_test whole with
-#     every failure's message (its chunking case runs the wide launch split
-#     and unsplit). The eighteenth session measured the unsplit launch
-#     (pp128 +13%, pp256 -6%, pp512 -15%) and saw 3 decoder cases fail on a
-#     build with 128 by default whose messages did not come back: to turn it
-#     on, stage a build with mma_f16_max_tokens 128 (kernels/tuning.h) and
-#     run cuda_decoder_gpu_test and cuda_engine_gpu_test on it. Predicted
-#     for the split: ffn_down at 128 tokens 199 -> ~60 us, pp128 ~+30%.
-# 16. the server loads (item 9) with DPL_MMA_F16_MAX 0 / 128 (and the split's
-#     best limit), once item 15 passes.
-# 14. issues 30 and 29: tools/perf/wgmma_rate_probe.cu's fourth round
-#     (nvcc on the device takes over a minute: give it 150 s). The wide
-#     launch's 128-token CTAs already lost in the real kernel (PERF).
-# 13. issue 31: the f32 wide token tile (kF32WideTile; its plan tested on the
-#     CPU, the kernel not yet run): matvec_gpu_test's "*token-tiled variant*"
-#     case (f32 on the wide tile too), then the 30B-A3B's 4- and 16-sequence
-#     rows with DPL_F32_WIDE_TILE 0 / 1
-#     interleaved twice (predicted: the router 21.9 -> ~6 us a call, 4
-#     sequences 839 -> ~1,000 t/s); if it wins, DecodeTuning::f32_wide_tile
-#     on by default.
+# 17. issues 30 and 29: ncu of the wide launch's products (gemm_bench 7B at
+#     128 and 256 tokens): L2 bytes and throughput, DRAM bytes, SM
+#     throughput. The nineteenth session's reading: every row tile re-reads
+#     its 64-token activation tile (272 MB of L2 reads for gate/up at 128
+#     tokens beside 153 MB of weights, ~5.9 TB/s in 72 us), and refitting
+#     the splits to whole waves lost 8%; if L2 is the bound, 256-row CTAs
+#     (two warpgroups sharing one activation stage) are the next lever.
+# 16. the server loads (item 9) with DPL_MMA_F16_MAX=0 against the build's
+#     default (320 since the nineteenth session).
 #  7. issue 32: tools/gpu/structured.sh (json_schema against free text, -np 1;
 #     the bar is the H200's; the H100 gave +3.2-3.9%).
 #  9. issue 30: dpl-server's step trace (DPL_TRACE_STEPS, summed by
@@ -48,15 +33,15 @@
 #     x16 row's last run (--profile-from-start off: dpl-bench brackets it).
 #  8. issue 31: the 30B-A3B's rows at 4 / 16 / 64 sequences, then ncu of a
 #     4-sequence run's kernels summed by kernel and grid.
-# 11. cuda_engine_gpu_test and cuda_decoder_gpu_test, whole: the engine's
-#     scheduler cases have not run with mixed steps on (the default since
-#     the seventeenth session, flipped after its call).
+# 11. cuda_engine_gpu_test and cuda_decoder_gpu_test, whole, on the build's
+#     defaults (a change of a default needs them before it lands).
 #  5. issue 29: q5_K and q8_0 on the f16 form: matvec_gpu_test, matvec_bench,
 #     Q8_0 and Q5_K_M 7B steps at 16-64 sequences, each threshold 65 / 9
 #     (stage matvec_gpu_test and matvec_bench too).
-# 10. issue 34: the persistent probe's third round: ./persistprobe and
-#     PROBE_PREQ=1 ./persistprobe (a quantize op before each product, as the
-#     runtime has), then ncu of its products (nvcc on the device).
+# 10. issue 34: ncu of the persistent probe's products, whose third round
+#     (PROBE_PREQ=1, nineteenth session) reached 1.64 TB/s in the PDL graph
+#     (79.9 us a layer; persistent 84.8): why not ~2.5. nvcc on the device
+#     takes over a minute: build it here and carry it.
 set -u
 suite=${1:?usage: pending.sh SUITE_DIR OUT_DIR}
 out=${2:-/tmp/pending}
@@ -69,31 +54,15 @@ cd "$suite" || exit 1
 source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
-want() { [[ " ${ITEMS:-15 14 13} " == *" $1 "* ]]; }
-if want 15; then
-echo "[${SECONDS}s] == 15. the wide launch's k split in clusters (issues 30, 29)"
-timeout 150 ./matvec_gpu_test --test-case="*wide launch*" 2>&1 | grep -E "f16 wide.*stride|DIFF|ERROR|test cases|assertions" | tail -30
-m=$(q7_model) || exit 1
-DPL_F16_WIDE_SPLIT=1 DPL_MMA_F16_MAX=2048 DPL_GEMM_BENCH_ONLY="7B" DPL_GEMM_BENCH_TOKENS=128,256,512 \
-  timeout 120 ./gemm_bench 2>&1 | grep -E "^\| 7B"
-for r in 1 2; do
-  for v in "0 0" "512 0" "512 1"; do
-    set -- $v
-    for p in 128 256 512; do
-      echo "-- DPL_MMA_F16_MAX=$1 DPL_F16_WIDE_SPLIT=$2: $(DPL_MMA_F16_MAX=$1 DPL_F16_WIDE_SPLIT=$2 timeout 40 \
-        ./dpl-bench -m "$m" -p $p -n 0 -d 0 -ub 512 -r 3 2>&1 | grep -E '^\| pp|rror')"
-    done
-  done
+want() { [[ " ${ITEMS:-17 8} " == *" $1 "* ]]; }
+if want 17; then
+echo "[${SECONDS}s] == 17. ncu of the wide launch's products (issues 30, 29)"
+for t in 128 256; do
+  DPL_GEMM_BENCH_ONLY="7B ffn_gate" DPL_GEMM_BENCH_TOKENS=$t timeout 120 ncu --clock-control none \
+    -k regex:MatVecMmaF16 --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --metrics lts__t_bytes.sum,dram__bytes_read.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed \
+    ./gemm_bench 2>&1 | grep -E "Grid Size|Duration|Throughput|lts__|dram__|L2 Hit|Mem Busy|Max Bandwidth" | tail -24
 done
-for v in 0 128 256 512; do
-  echo "-- DPL_MMA_F16_MAX=$v, split: the shared start's passes"
-  DPL_F16_WIDE_SPLIT=1 DPL_MMA_F16_MAX=$v timeout 60 ./dpl-bench -m "$m" -p 0 -n 0 -d 0 -ub 512 -r 3 -npl 2,16 -npp 50 \
-    --shared 2000 2>&1 | grep -E '^\| pp|rror'
-done
-timeout 150 ./cuda_decoder_gpu_test >"$out/decoder15.txt" 2>&1
-grep -E -A6 "ERROR|FAIL" "$out/decoder15.txt" | head -60
-grep -E "wide|test cases|assertions" "$out/decoder15.txt" | tail -8
-timeout 100 ./cuda_engine_gpu_test 2>&1 | grep -E "ERROR|FAIL|test cases|assertions" | tail -6
 fi
 if want 16; then
 echo "[${SECONDS}s] == 16. the server loads with the wide launch (issue 30)"
@@ -131,23 +100,6 @@ timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv ./dp
   -npl 4 -npp 16 -r 1 >"$out/ncu30x4.csv" 2>"$out/ncu30x4.err"
 tail -2 "$out/ncu30x4.err"
 python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu30x4.csv" 30
-fi
-if want 13; then
-echo "[${SECONDS}s] == 13. the f32 wide token tile (issue 31)"
-timeout 120 ./matvec_gpu_test --test-case="*token-tiled variant*" 2>&1 | grep -E "wide tile|f32|ERROR|test cases|assertions"
-[[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
-  ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; }
-for r in 1 2; do
-  for w in 0 1; do
-    echo "-- DPL_F32_WIDE_TILE=$w: $(DPL_F32_WIDE_TILE=$w timeout 100 ./dpl-bench -m "$T/q30.dpl" -p 0 -n 64 -d 0 -npl 4,16 -npp 64 -r 1 2>&1 |
-      grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $2, $3}')"
-  done
-done
-fi
-if want 14; then
-echo "[${SECONDS}s] == 14. the f16 form's stage loop at 128 and 256 tokens (issues 30, 29)"
-timeout 150 nvcc -O3 -std=c++17 -arch=sm_90a -o "$T/wgmmaprobe" "$root/tools/perf/wgmma_rate_probe.cu" || exit 1
-timeout 120 "$T/wgmmaprobe" | grep -E "R4|only|SMs"
 fi
 if want 12; then
 echo "[${SECONDS}s] == 12. the shared start's packed passes (issue 30)"
