@@ -81,9 +81,13 @@ absl::StatusOr<std::vector<Row>> MeasureRows(dpl::runtime::CudaDecoder& dec, int
       for (int r = 0; r <= reps; ++r) {
         DPL_RETURN_IF_ERROR(dec.Rewind(0));
         if (depth > 0) DPL_RETURN_IF_ERROR(dec.Eval(Tokens(depth, r + 17, dec.n_vocab()), &last, nullptr));
+        // The last run's pass alone under `ncu --profile-from-start off`
+        // (not the load's warm-ups, the depth's prompt or the other runs).
+        if (r == reps) DPL_CUDA_CHECK(cudaProfilerStart());
         const auto t0 = std::chrono::steady_clock::now();
         DPL_RETURN_IF_ERROR(dec.Eval(Tokens(n_prompt, r, dec.n_vocab()), &last, nullptr));
         const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r == reps) DPL_CUDA_CHECK(cudaProfilerStop());
         if (r > 0) row.tps.push_back(n_prompt / sec);
       }
       rows.push_back(row);

@@ -13,8 +13,9 @@
 #   ITEMS="17 8" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
 #   within one call's 10 minutes)
 # 17. issues 30 and 29: ncu of the wide launch's products (gemm_bench 7B at
-#     128 and 256 tokens): L2 bytes and throughput, DRAM bytes, SM
-#     throughput. The nineteenth session's reading: every row tile re-reads
+#     128 and 256 tokens; or in a pass: dpl-bench -p 128 under ncu
+#     --profile-from-start off, which dpl-bench now brackets): L2 bytes and
+#     throughput, DRAM bytes, SM throughput. The nineteenth session's reading: every row tile re-reads
 #     its 64-token activation tile (272 MB of L2 reads for gate/up at 128
 #     tokens beside 153 MB of weights, ~5.9 TB/s in 72 us), and refitting
 #     the splits to whole waves lost 8%; if L2 is the bound, 256-row CTAs
