@@ -18,8 +18,10 @@
 #     throughput, DRAM bytes, SM throughput. The nineteenth session's reading: every row tile re-reads
 #     its 64-token activation tile (272 MB of L2 reads for gate/up at 128
 #     tokens beside 153 MB of weights, ~5.9 TB/s in 72 us), and refitting
-#     the splits to whole waves lost 8%; if L2 is the bound, 256-row CTAs
-#     (two warpgroups sharing one activation stage) are the next lever.
+#     the splits to whole waves lost 8%. If L2 is the bound, 256-row CTAs
+#     (two warpgroups sharing one activation stage) halve those reads; the
+#     tenth session's such CTAs lost 6-7% at 32-64 tokens (docs/PERF.md),
+#     so at 128-320 tokens they need a measurement of their own.
 # 16. the server loads (item 9) with DPL_MMA_F16_MAX=0 against the build's
 #     default (320 since the nineteenth session).
 #  7. issue 32: tools/gpu/structured.sh (json_schema against free text, -np 1;

@@ -21,90 +21,6 @@
 #include "../../kernels/wgmma.cuh"
 #include "probe_util.cuh"
 
-// m64n128k16 and m64n256k16, the fourth round's wider loops (the kernels
-// use N <= 64: kernels/wgmma.cuh).
-namespace dpl::kernels {
-#if DPL_HAS_WGMMA
-template <>
-__device__ __forceinline__ void WgmmaF16<128>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
-      : "memory");
-}
-
-template <>
-__device__ __forceinline__ void WgmmaF16<256>(float (&d)[32][4], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "{%128, %129, %130, %131}, %132, 1, 1, 1, 0;\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
-        "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]),
-        "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
-        "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]),
-        "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
-        "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
-        "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
-        "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]),
-        "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
-        "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]),
-        "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
-        "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
-        "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
-        "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]),
-        "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
-        "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]),
-        "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
-      : "memory");
-}
-#endif  // DPL_HAS_WGMMA
-}  // namespace dpl::kernels
-
 namespace {
 
 using dpl::kernels::SmemAddr;
@@ -149,7 +65,7 @@ constexpr int kWRow = 160;  // the form's q4_K smem row (144 bytes used)
 // warpgroups reach them at once, ordering them pays; if the tensor core
 // and the dequant cannot overlap within an SM at all, it does not.
 template <int N, bool kLds, bool kDeq, bool kMma = true, bool kFenceAfter = true, bool kHalf = false,
-          int kWgs = 1, bool kOrdered = false, int kTiles = 2>
+          int kWgs = 1, bool kOrdered = false>
 __global__ void __launch_bounds__(kThreads * kWgs) StageLoop(int stages, float* out) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kAll = kThreads * kWgs;
@@ -168,9 +84,9 @@ __global__ void __launch_bounds__(kThreads * kWgs) StageLoop(int stages, float* 
   if (kOrdered && wg == 1) asm volatile("bar.arrive 1, %0;\n" ::"n"(kAll) : "memory");
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   constexpr int NT = N / 8;
-  float acc[kTiles][NT][4];
+  float acc[2][NT][4];
 #pragma unroll
-  for (int i = 0; i < kTiles; ++i)
+  for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
   const uint32_t xs = SmemAddr(x);
@@ -179,10 +95,10 @@ __global__ void __launch_bounds__(kThreads * kWgs) StageLoop(int stages, float* 
   for (int it = 0; it < stages; ++it) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint2 q[kTiles][2][2];
+      uint2 q[2][2][2];
       uint4 hdr = make_uint4(fixed, fixed + 1, fixed + 2, it);
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i)
+      for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -196,12 +112,12 @@ __global__ void __launch_bounds__(kThreads * kWgs) StageLoop(int stages, float* 
           }
       if (kLds) hdr = *reinterpret_cast<const uint4*>(&w[(64 * (t >> 1) + 16 * warp + g) * kWRow]);
       const __half2 s = H2(hdr.x), m = H2(hdr.y ^ hdr.w);
-      uint32_t AH[4][kTiles][2][4];  // kHalf: the half's four sub-blocks
+      uint32_t AH[4][2][2][4];  // kHalf: the half's four sub-blocks
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
-        uint32_t (&A)[kTiles][2][4] = AH[jj];
+        uint32_t (&A)[2][2][4] = AH[jj];
 #pragma unroll
-        for (int i = 0; i < kTiles; ++i)
+        for (int i = 0; i < 2; ++i)
 #pragma unroll
           for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -217,7 +133,7 @@ __global__ void __launch_bounds__(kThreads * kWgs) StageLoop(int stages, float* 
             }
         if (!kMma) {
 #pragma unroll
-          for (int i = 0; i < kTiles; ++i)
+          for (int i = 0; i < 2; ++i)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][e & 1][e] += __uint_as_float(A[i][0][e] ^ A[i][1][e]);
           continue;
@@ -229,8 +145,8 @@ __global__ void __launch_bounds__(kThreads * kWgs) StageLoop(int stages, float* 
 #pragma unroll
         for (int j0 = kHalf ? 0 : jj; j0 <= jj; ++j0) {
           if (j0 == (kHalf ? 0 : jj)) {
-#pragma unroll
-            for (int i = 0; i < kTiles; ++i) WgmmaFenceOperands(acc[i]);
+            WgmmaFenceOperands(acc[0]);
+            WgmmaFenceOperands(acc[1]);
             WgmmaFence();
           }
 #pragma unroll
@@ -238,7 +154,7 @@ __global__ void __launch_bounds__(kThreads * kWgs) StageLoop(int stages, float* 
             const uint32_t c = static_cast<uint32_t>(16 * h + 4 * j0 + 2 * step);
             const uint64_t desc = WgmmaDesc(xs + c * kChunkBytes, kChunkBytes, 128);
 #pragma unroll
-            for (int i = 0; i < kTiles; ++i) WgmmaF16<N>(acc[i], AH[j0][i][step], desc);
+            for (int i = 0; i < 2; ++i) WgmmaF16<N>(acc[i], AH[j0][i][step], desc);
           }
         }
         WgmmaCommit();
@@ -247,29 +163,29 @@ __global__ void __launch_bounds__(kThreads * kWgs) StageLoop(int stages, float* 
         }
         WgmmaWait<1>();
         if (kFenceAfter) {
-#pragma unroll
-          for (int i = 0; i < kTiles; ++i) WgmmaFenceOperands(acc[i]);
+          WgmmaFenceOperands(acc[0]);
+          WgmmaFenceOperands(acc[1]);
         }
       }
     }
     WgmmaWait<0>();
-#pragma unroll
-    for (int i = 0; i < kTiles; ++i) WgmmaFenceOperands(acc[i]);
+    WgmmaFenceOperands(acc[0]);
+    WgmmaFenceOperands(acc[1]);
   }
   // Warpgroup 1's last hand-over (one more than warpgroup 0 waited for).
   if (kOrdered && wg == 0) asm volatile("bar.sync 1, %0;\n" ::"n"(kAll) : "memory");
   float v = 0.f;
 #pragma unroll
-  for (int i = 0; i < kTiles; ++i)
+  for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int n = 0; n < NT; ++n) v += acc[i][n][0] + acc[i][n][1] + acc[i][n][2] + acc[i][n][3];
   if (v == 12345.f) out[0] = v;  // keeps the products live
 }
 
 template <int N, bool kLds, bool kDeq, bool kMma = true, bool kFenceAfter = true, bool kHalf = false,
-          int kWgs = 1, bool kOrdered = false, int kTiles = 2>
+          int kWgs = 1, bool kOrdered = false>
 void Run(int num_sms, int ctas, int stages, const char* name) {
-  auto k = StageLoop<N, kLds, kDeq, kMma, kFenceAfter, kHalf, kWgs, kOrdered, kTiles>;
+  auto k = StageLoop<N, kLds, kDeq, kMma, kFenceAfter, kHalf, kWgs, kOrdered>;
   const int need = kWgs * 128 * kWRow + 32 * N * 16;
   const int smem = std::max(need, (227 * 1024) / ctas - 1024);
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -292,9 +208,9 @@ void Run(int num_sms, int ctas, int stages, const char* name) {
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, a, b));
   const double us = 1e3 * ms / reps;
-  const double fma = double(blocks) * kWgs * stages * 16 * kTiles * 64.0 * N * 16;
-  std::printf("%-26s N=%3d rows %3d ctas/SM %d (fit %d) stages %4d: %8.1f us, %6.1f TFLOP/s, %.3f us a stage-round\n",
-              name, N, 64 * kTiles, ctas, per_sm, stages, us, 2 * fma / (us * 1e-6) / 1e12, us / stages);
+  const double fma = double(blocks) * kWgs * stages * 32 * 64.0 * N * 16;
+  std::printf("%-26s N=%2d ctas/SM %d (fit %d) stages %4d: %8.1f us, %6.1f TFLOP/s, %.3f us a stage-round\n",
+              name, N, ctas, per_sm, stages, us, 2 * fma / (us * 1e-6) / 1e12, us / stages);
   if (per_sm < ctas) std::printf("  (only %d fit a SM: the row above ran in more waves)\n", per_sm);
   CK(cudaFree(out));
 }
@@ -308,24 +224,6 @@ int main() {
   cudaDeviceProp p;
   CK(cudaGetDeviceProperties(&p, dev));
   std::printf("%s, %d SMs, %d MHz\n", p.name, sms, clock / 1000);
-  // Fourth round first (seventeenth session): the loop at 128 and 256
-  // tokens. A prompt's product on the f16 form (no f16 copy of the weights
-  // written and read back: ~6 ms a 7B pass, docs/PERF.md) needs its loop
-  // near the tensor cores' rate; at 64 tokens the dequantization and its
-  // loads (fixed a stage) cost ~35% over the wgmmas. At 128 tokens (two m64
-  // tiles, 128 rows) and 256 (one tile, 64 rows: 128 accumulator registers
-  // a thread either way) the same dequantization feeds 2x and 2x the
-  // products per weight; the weights' shared loads are a stage's.
-  for (int ctas : {1, 2}) {
-    Run<64, false, false>(sms, ctas, 100, "R4 wgmma only");
-    Run<64, true, true>(sms, ctas, 100, "R4 the form's loop");
-    Run<128, false, false>(sms, ctas, 100, "R4 wgmma only");
-    Run<128, true, true>(sms, ctas, 100, "R4 the form's loop");
-  }
-  Run<256, false, false, true, true, false, 1, false, 1>(sms, 1, 100, "R4 wgmma only");
-  Run<256, true, true, true, true, false, 1, false, 1>(sms, 1, 100, "R4 the form's loop");
-  Run<128, false, false, true, true, false, 1, false, 1>(sms, 2, 100, "R4 wgmma only");
-  Run<128, true, true, true, true, false, 1, false, 1>(sms, 2, 100, "R4 the form's loop");
   // Third round first: two warpgroups a CTA, taking turns or not, against
   // two CTAs a SM (the form's loop, "both").
   for (int n : {64, 16}) {
