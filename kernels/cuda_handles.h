@@ -99,6 +99,16 @@ inline absl::StatusOr<Stream> CreateStream(unsigned flags = cudaStreamNonBlockin
   return Stream(s);
 }
 
+// A stream at the device's highest priority (its blocks take SMs before
+// those of default-priority streams as SMs free up).
+inline absl::StatusOr<Stream> CreateHighPriorityStream(unsigned flags = cudaStreamNonBlocking) {
+  int least = 0, greatest = 0;  // numerically: greatest priority is the lowest number
+  DPL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t s = nullptr;
+  DPL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, flags, greatest));
+  return Stream(s);
+}
+
 inline absl::StatusOr<Event> CreateEvent(unsigned flags = cudaEventDisableTiming) {
   cudaEvent_t e = nullptr;
   DPL_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags));

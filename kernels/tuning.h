@@ -223,6 +223,16 @@ struct DecodeTuning {
   // probe, off until measured: dpl-bench and dpl-server take
   // DPL_GEMM_AHEAD=1.
   bool gemm_dequant_ahead = false;
+  // With gemm_dequant_ahead, a probe of sharing the SMs out instead of
+  // taking turns for them: cuBLAS plans its GEMMs for this many SMs (0: all;
+  // PromptGemm::SetSmCountTarget), the dequant's launches are capped at
+  // gemm_ahead_dequant_ctas CTAs (0: a full grid), and with
+  // gemm_ahead_side_first false the GEMMs' stream has the high priority
+  // instead of the dequant's. dpl-bench and dpl-server take DPL_GEMM_SMS,
+  // DPL_GEMM_AHEAD_CTAS and DPL_GEMM_AHEAD_SIDE_FIRST.
+  int gemm_ahead_sm_target = 0;
+  int gemm_ahead_dequant_ctas = 0;
+  bool gemm_ahead_side_first = true;
   // The decode step's kernels go out as programmatic dependent launches
   // (kernels/launch.cuh): each starts while the previous one drains, and a
   // matvec loads its first weights before waiting for its input. Measured

@@ -119,7 +119,10 @@ absl::StatusOr<std::vector<Row>> MeasureBatchedRows(dpl::runtime::CudaDecoder& d
         DPL_RETURN_IF_ERROR(dec.RewindSeq(seq, 0));
         DPL_RETURN_IF_ERROR(dec.EvalSeq(seq, Tokens(n_prompt, r * 1000 + seq, dec.n_vocab()), nullptr, nullptr));
       }
+      // The last run's steps alone under `ncu --profile-from-start off`.
+      if (r == reps) DPL_CUDA_CHECK(cudaProfilerStart());
       DPL_ASSIGN_OR_RETURN(const double sec, dec.TimeDecodeSteps(n_gen, batch));
+      if (r == reps) DPL_CUDA_CHECK(cudaProfilerStop());
       if (r > 0) row.tps.push_back(static_cast<double>(batch) * n_gen / sec);
     }
     rows.push_back(row);
@@ -281,6 +284,9 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_F16_TARGET_WIDE", &t.mma_f16_target_ctas_wide);
   flag("DPL_ROPE_FOLD", &t.rope_in_matvec);
   flag("DPL_GEMM_AHEAD", &t.gemm_dequant_ahead);
+  flag("DPL_GEMM_SMS", &t.gemm_ahead_sm_target);
+  flag("DPL_GEMM_AHEAD_CTAS", &t.gemm_ahead_dequant_ctas);
+  flag("DPL_GEMM_AHEAD_SIDE_FIRST", &t.gemm_ahead_side_first);
   flag("DPL_MOE_GROUPED", &t.moe_grouped_min_fill_pct);
   flag("DPL_MOE_PROMPT_MMA", &t.moe_prompt_mma_max_rows);
   flag("DPL_F32_WIDE_TILE", &t.f32_wide_tile);

@@ -32,6 +32,7 @@ absl::StatusOr<CublasApi> Open() {
         Resolve(lib, "cublasSetStream_v2", &a.set_stream),
         Resolve(lib, "cublasSetWorkspace_v2", &a.set_workspace),
         Resolve(lib, "cublasSetMathMode", &a.set_math_mode),
+        Resolve(lib, "cublasSetSmCountTarget", &a.set_sm_count_target),
         Resolve(lib, "cublasGemmEx", &a.gemm_ex),
         Resolve(lib, "cublasGetStatusName", &a.status_name),
         Resolve(lib, "cublasGetStatusString", &a.status_string)}) {

@@ -21,6 +21,7 @@ struct CublasApi {
   decltype(&cublasSetStream_v2) set_stream;
   decltype(&cublasSetWorkspace_v2) set_workspace;
   decltype(&cublasSetMathMode) set_math_mode;
+  decltype(&cublasSetSmCountTarget) set_sm_count_target;
   // cublasGemmEx (C++ also sees an inline overload taking a cudaDataType compute type).
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
                             const void*, const void*, cudaDataType, int, const void*, cudaDataType,

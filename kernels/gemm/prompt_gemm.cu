@@ -81,13 +81,14 @@ __global__ void __launch_bounds__(kThreads)
                      int64_t row_stride, int64_t n_cols, uint32_t groups_per_row,
                      uint32_t n_groups,
                      uint4* __restrict__ out) {  // (n_rows, n_cols) f16, 8 per uint4
-  const uint32_t g = blockIdx.x * kThreads + threadIdx.x;
-  if (g >= n_groups) return;
-  const uint32_t r = g / groups_per_row;
-  const int64_t j0 = static_cast<int64_t>(g - r * groups_per_row) * kGroup;
-  float v[8];
-  DeviceFormat<kType, kDpl>::Load8(w + r * row_stride, j0, n_cols, v);
-  out[g] = PackHalf8(v);
+  // One pass for a full grid; a capped grid (max_ctas) strides.
+  for (uint32_t g = blockIdx.x * kThreads + threadIdx.x; g < n_groups; g += gridDim.x * kThreads) {
+    const uint32_t r = g / groups_per_row;
+    const int64_t j0 = static_cast<int64_t>(g - r * groups_per_row) * kGroup;
+    float v[8];
+    DeviceFormat<kType, kDpl>::Load8(w + r * row_stride, j0, n_cols, v);
+    out[g] = PackHalf8(v);
+  }
 }
 
 // The same values one element per thread, for what the 8-wide loads cannot
@@ -116,7 +117,7 @@ bool Aligned(const void* p, int64_t a) { return reinterpret_cast<uintptr_t>(p) %
 
 template <GgmlType kType, bool kDpl>
 absl::Status LaunchDequant(const WeightMatrix& w, int64_t row_begin, int64_t n_rows,
-                           uint16_t* out, cudaStream_t stream) {
+                           uint16_t* out, cudaStream_t stream, int max_ctas) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data) + row_begin * w.row_stride;
   constexpr int kAlign = DeviceFormat<kType, kDpl>::kRowAlign;
   const int64_t gpr = w.n_cols / kGroup;
@@ -141,7 +142,8 @@ absl::Status LaunchDequant(const WeightMatrix& w, int64_t row_begin, int64_t n_r
   for (int64_t r0 = 0; r0 < n_rows; r0 += chunk_rows) {
     const int64_t rows = n_rows - r0 < chunk_rows ? n_rows - r0 : chunk_rows;
     const int64_t groups = rows * gpr;
-    const int blocks = static_cast<int>((groups + kThreads - 1) / kThreads);
+    int blocks = static_cast<int>((groups + kThreads - 1) / kThreads);
+    if (max_ctas > 0 && blocks > max_ctas) blocks = max_ctas;
     DequantF16Kernel<kType, kDpl><<<blocks, kThreads, 0, stream>>>(
         base + r0 * w.row_stride, w.row_stride, w.n_cols, static_cast<uint32_t>(gpr),
         static_cast<uint32_t>(groups), reinterpret_cast<uint4*>(out + r0 * w.n_cols));
@@ -175,9 +177,10 @@ absl::Status CheckMatrix(const WeightMatrix& w, const char* who) {
 
 // Rows of an already checked w.
 absl::Status DispatchDequant(const WeightMatrix& w, int64_t row_begin, int64_t n_rows,
-                             uint16_t* out, cudaStream_t s) {
+                             uint16_t* out, cudaStream_t s, int max_ctas = 0) {
   return VisitDeviceFormat(w.type, w.layout, "DequantizeRowsF16", [&](auto type, auto dpl) {
-    return LaunchDequant<decltype(type)::value, decltype(dpl)::value>(w, row_begin, n_rows, out, s);
+    return LaunchDequant<decltype(type)::value, decltype(dpl)::value>(w, row_begin, n_rows, out, s,
+                                                                       max_ctas);
   });
 }
 
@@ -218,14 +221,15 @@ __global__ void InitOutputKernel(const float* __restrict__ bias,  // (n_rows) or
 }  // namespace
 
 absl::Status DequantizeRowsF16(const WeightMatrix& w, int64_t row_begin, int64_t n_rows,
-                               uint16_t* out, cudaStream_t stream) {
+                               uint16_t* out, cudaStream_t stream, int max_ctas) {
   DPL_RETURN_IF_ERROR(CheckMatrix(w, "DequantizeRowsF16"));
   if (out == nullptr || n_rows <= 0 || row_begin < 0 || row_begin > w.n_rows - n_rows) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DequantizeRowsF16: rows [", row_begin, ", ", row_begin, " + ", n_rows,
         ") outside the matrix's ", w.n_rows, " rows, or null output"));
   }
-  return DispatchDequant(w, row_begin, n_rows, out, stream);
+  if (max_ctas < 0) return absl::InvalidArgumentError("DequantizeRowsF16: max_ctas < 0");
+  return DispatchDequant(w, row_begin, n_rows, out, stream, max_ctas);
 }
 
 absl::Status ConvertToF16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
@@ -286,6 +290,14 @@ absl::StatusOr<PromptGemm> PromptGemm::Create(cudaStream_t stream) {
       h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
                                    CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   return g;
+}
+
+absl::Status PromptGemm::SetSmCountTarget(int n) {
+  if (!handle_) return absl::FailedPreconditionError("PromptGemm: no cuBLAS handle (moved from)");
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("PromptGemm::SetSmCountTarget: ", n, " SMs"));
+  DPL_ASSIGN_OR_RETURN(const CublasApi* cublas, Cublas());
+  DPL_CUBLAS_CHECK(cublas->set_sm_count_target(handle_.get(), n));
+  return absl::OkStatus();
 }
 
 absl::Status PromptGemm::GemmF16(const uint16_t* w_f16, int64_t n_rows, int64_t n_cols,
@@ -351,13 +363,17 @@ absl::Status PromptGemm::Run(const WeightMatrix& w, const uint16_t* x_f16, int64
 
 namespace dpl::kernels {
 
-absl::StatusOr<F16WeightsAhead> F16WeightsAhead::Create() {
+absl::StatusOr<F16WeightsAhead> F16WeightsAhead::Create(bool side_first, int dequant_ctas) {
+  if (dequant_ctas < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("F16WeightsAhead: dequant_ctas ", dequant_ctas));
+  }
   F16WeightsAhead a;
-  int least = 0, greatest = 0;  // numerically: greatest priority is the lowest number
-  DPL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  cudaStream_t s = nullptr;
-  DPL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
-  a.side_ = Stream(s);
+  a.dequant_ctas_ = dequant_ctas;
+  if (side_first) {
+    DPL_ASSIGN_OR_RETURN(a.side_, CreateHighPriorityStream());
+  } else {
+    DPL_ASSIGN_OR_RETURN(a.side_, CreateStream());
+  }
   for (int i = 0; i < 2; ++i) {
     DPL_ASSIGN_OR_RETURN(a.dequantized_[i], CreateEvent());
     DPL_ASSIGN_OR_RETURN(a.read_[i], CreateEvent());
@@ -370,7 +386,7 @@ absl::Status F16WeightsAhead::Issue(size_t i) {
   const WeightMatrix& w = *order_[i];
   uint16_t* buf = scratch_[i % 2];
   if (i >= 2) DPL_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), read_[i % 2].get(), 0));
-  DPL_RETURN_IF_ERROR(DequantizeRowsF16(w, 0, w.n_rows, buf, side_.get()));
+  DPL_RETURN_IF_ERROR(DequantizeRowsF16(w, 0, w.n_rows, buf, side_.get(), dequant_ctas_));
   DPL_CUDA_CHECK(cudaEventRecord(dequantized_[i % 2].get(), side_.get()));
   issued_ = i + 1;
   return absl::OkStatus();

@@ -43,8 +43,11 @@ namespace dpl::kernels {
 //   out[i][j] = __float2half_rn(formats::DequantizeRow(w row row_begin + i)[j]), bit for bit.
 // Types: f32, f16, bf16, q8_0, q5_0, q4_K, q6_K (raw or dpl layout). Errors:
 // shapes, null pointers, rows outside w, an unsupported type or layout (named).
+// max_ctas > 0 caps the launch at that many CTAs, each striding over the
+// rows (F16WeightsAhead's side stream: a dequant that leaves SMs to a GEMM);
+// 0 launches a CTA per 256 groups of 8 weights. The same bits either way.
 absl::Status DequantizeRowsF16(const WeightMatrix& w, int64_t row_begin, int64_t n_rows,
-                               uint16_t* out, cudaStream_t stream);
+                               uint16_t* out, cudaStream_t stream, int max_ctas = 0);
 
 // out (n) f16 bits = __float2half_rn(x (n) f32).
 absl::Status ConvertToF16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
@@ -109,6 +112,10 @@ class PromptGemm {
   // partial sums from it, and without enough of it cuBLAS falls back to
   // other kernels.
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  // cublasSetSmCountTarget: the GEMMs from now on plan for n SMs (0: all),
+  // leaving the rest to work on other streams (F16WeightsAhead's dequant).
+  absl::Status SetSmCountTarget(int n);
   // Row blocks of a scratch smaller than W start at multiples of this many
   // rows (when a block holds at least that many): whole GEMM tiles per block,
   // and 16-byte aligned y + r0 for the f32 output.
@@ -140,9 +147,13 @@ class PromptGemm {
 // bits as Run.
 class F16WeightsAhead {
  public:
-  // The side stream (the device's highest priority, so its blocks take SMs
-  // as GEMM blocks retire) and the events.
-  static absl::StatusOr<F16WeightsAhead> Create();
+  // The side stream and the events. side_first: the side stream at the
+  // device's highest priority, so its blocks take SMs as GEMM blocks retire
+  // (else at the lowest: the GEMMs' stream should then be a high-priority
+  // one, and the dequant fills what SMs the GEMM leaves, see
+  // PromptGemm::SetSmCountTarget). dequant_ctas: DequantizeRowsF16's
+  // max_ctas for the side stream's launches.
+  static absl::StatusOr<F16WeightsAhead> Create(bool side_first = true, int dequant_ctas = 0);
 
   // Starts a pass on `stream` (the GEMMs' stream, PromptGemm's): the
   // matrices that Run will be asked for, in that order, each at most
@@ -171,6 +182,7 @@ class F16WeightsAhead {
   uint16_t* scratch_[2] = {nullptr, nullptr};
   size_t next_ = 0, issued_ = 0;
   cudaStream_t stream_ = nullptr;
+  int dequant_ctas_ = 0;
 };
 
 }  // namespace dpl::kernels

@@ -409,6 +409,24 @@ TEST_CASE("F16WeightsAhead gives Run's bits") {
   CUDA_OK(cudaStreamSynchronize(stream->get()));
   const std::vector<float> a = ya.Download(), b = yb.Download();
   CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+  {
+    // The SM-sharing variant: the side stream at low priority, its dequants
+    // capped at 5 striding CTAs, the GEMMs planned for fewer SMs (in both
+    // passes: the handle's target is what Run uses too).
+    absl::StatusOr<F16WeightsAhead> capped = F16WeightsAhead::Create(/*side_first=*/false, /*dequant_ctas=*/5);
+    REQUIRE_MESSAGE(capped.ok(), capped.status().ToString());
+    STATUS_OK(gemm.SetSmCountTarget(24));
+    std::swap(*ahead, *capped);
+    STATUS_OK(pass(ya.get(), false));
+    STATUS_OK(pass(yb.get(), true));
+    CUDA_OK(cudaStreamSynchronize(stream->get()));
+    const std::vector<float> a2 = ya.Download(), b2 = yb.Download();
+    CHECK(std::memcmp(a2.data(), b2.data(), a2.size() * 4) == 0);
+    std::swap(*ahead, *capped);
+    STATUS_OK(gemm.SetSmCountTarget(0));
+    CHECK(gemm.SetSmCountTarget(-1).code() == absl::StatusCode::kInvalidArgument);
+    CHECK(F16WeightsAhead::Create(true, -1).status().code() == absl::StatusCode::kInvalidArgument);
+  }
   // Asked for a matrix out of order: refused, nothing run.
   STATUS_OK(ahead->Begin(order, s0.get(), s1.get(), scratch_elems, stream->get()));
   const absl::Status st = ahead->Run(gemm, *order[1], xh.get(), T, yb.get(), nullptr, nullptr);

@@ -97,7 +97,9 @@ absl::Status CudaDecoder::Init(const std::string& path, const CudaDecoderOptions
   if (w_f16_elems_ > 0) {
     DPL_ASSIGN_OR_RETURN(gemm_, kernels::PromptGemm::Create(stream_.get()));
     if (tuning_.gemm_dequant_ahead) {
-      DPL_ASSIGN_OR_RETURN(ahead_, kernels::F16WeightsAhead::Create());
+      DPL_ASSIGN_OR_RETURN(ahead_, kernels::F16WeightsAhead::Create(tuning_.gemm_ahead_side_first,
+                                                                    tuning_.gemm_ahead_dequant_ctas));
+      DPL_RETURN_IF_ERROR(gemm_->SetSmCountTarget(tuning_.gemm_ahead_sm_target));
     }
   }
   report_.setup_seconds = lap();
@@ -482,7 +484,11 @@ absl::Status CudaDecoder::Allocate() {
     const std::vector<kernels::SamplingParams> all(S, greedy);
     DPL_CUDA_CHECK(cudaMemcpy(b.params, all.data(), S * sizeof(greedy), cudaMemcpyHostToDevice));
   }
-  DPL_ASSIGN_OR_RETURN(stream_, kernels::CreateStream());
+  if (tuning_.gemm_dequant_ahead && !tuning_.gemm_ahead_side_first) {
+    DPL_ASSIGN_OR_RETURN(stream_, kernels::CreateHighPriorityStream());
+  } else {
+    DPL_ASSIGN_OR_RETURN(stream_, kernels::CreateStream());
+  }
   DPL_ASSIGN_OR_RETURN(h_rows_, kernels::PinnedBuffer<int>::Allocate(n_seq));
   DPL_ASSIGN_OR_RETURN(h_tokens_, kernels::PinnedBuffer<int>::Allocate(std::max(2, n_seq)));
   DPL_ASSIGN_OR_RETURN(h_params_, kernels::PinnedBuffer<kernels::SamplingParams>::Allocate(1));
