@@ -32,12 +32,18 @@ __device__ float BlockSum(float v, float* scratch) {
   return t;
 }
 
+// An activation stored as float32, or rounded to f16 (__float2half_rn: the
+// bits ConvertToF16 gives the float32 value) for the tensor-core products.
+__device__ __forceinline__ void Store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void Store(__half* p, float v) { *p = __float2half_rn(v); }
+
 // y = x * w / sqrt(mean(x^2) + eps)
 // One block per row; each thread owns the strided elements i = tid + k * 256
 // in both passes, so it re-reads only what it read itself.
+template <class Out>
 __global__ void RmsNormKernel(const float* x,  // (n_rows, n)
                               const float* w,  // (n)
-                              float* y,        // (n_rows, n)
+                              Out* y,          // (n_rows, n)
                               int n, float eps) {
   __shared__ float scratch[32];
   const size_t row = blockIdx.x;
@@ -50,16 +56,17 @@ __global__ void RmsNormKernel(const float* x,  // (n_rows, n)
   ss = BlockSum(ss, scratch);
   // IEEE sqrt and division (not rsqrtf) keep the scale within 1 ulp.
   const float scale = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-  float* yr = y + row * n;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+  Out* yr = y + row * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) Store(yr + i, (xr[i] * scale) * w[i]);
 }
 
 // out = g / (1 + exp(-g)) * up
-__global__ void SwiGluKernel(const float* gate, const float* up, float* out, int64_t n) {
+template <class Out>
+__global__ void SwiGluKernel(const float* gate, const float* up, Out* out, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     const float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+    Store(out + i, g / (1.0f + expf(-g)) * up[i]);
   }
 }
 
@@ -216,12 +223,33 @@ absl::Status RmsNorm(const float* x, const float* w, float* y, int n_rows, int n
   return absl::OkStatus();
 }
 
+absl::Status RmsNormF16(const float* x, const float* w, uint16_t* y, int n_rows, int n, float eps,
+                        cudaStream_t stream) {
+  if (n_rows <= 0 || n <= 0 || !x || !w || !y) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RmsNormF16: bad shape or null pointer (n_rows=", n_rows, ", n=", n, ")"));
+  }
+  RmsNormKernel<<<n_rows, kNormThreads, 0, stream>>>(x, w, reinterpret_cast<__half*>(y), n, eps);
+  DPL_CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
 absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n,
                     cudaStream_t stream) {
   if (n <= 0 || !gate || !up || !out) {
     return absl::InvalidArgumentError(absl::StrCat("SwiGlu: bad size ", n, " or null pointer"));
   }
   SwiGluKernel<<<ElementwiseBlocks(n, 256), 256, 0, stream>>>(gate, up, out, n);
+  DPL_CUDA_CHECK_LAUNCH();
+  return absl::OkStatus();
+}
+
+absl::Status SwiGluF16(const float* gate, const float* up, uint16_t* out, int64_t n,
+                       cudaStream_t stream) {
+  if (n <= 0 || !gate || !up || !out) {
+    return absl::InvalidArgumentError(absl::StrCat("SwiGluF16: bad size ", n, " or null pointer"));
+  }
+  SwiGluKernel<<<ElementwiseBlocks(n, 256), 256, 0, stream>>>(gate, up, reinterpret_cast<__half*>(out), n);
   DPL_CUDA_CHECK_LAUNCH();
   return absl::OkStatus();
 }

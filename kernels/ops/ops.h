@@ -23,10 +23,22 @@ namespace dpl::kernels {
 absl::Status RmsNorm(const float* x, const float* w, float* y, int n_rows, int n, float eps,
                      cudaStream_t stream);
 
+// The same y rounded to f16 (the bits of RmsNorm, then ConvertToF16), for
+// the products on tensor cores: y (n_rows, n) f16 bits; must not overlap x.
+// Why fused (a 512-token 7B pass writes and re-reads no float32 copy):
+// docs/PERF.md, "Twentieth session".
+absl::Status RmsNormF16(const float* x, const float* w, uint16_t* y, int n_rows, int n, float eps,
+                        cudaStream_t stream);
+
 // out = silu(gate) * up, silu(g) = g / (1 + exp(-g)) (full-precision expf).
 //   gate, up, out: (n) floats; out may alias gate or up.
 absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n,
                     cudaStream_t stream);
+
+// The same out rounded to f16 (SwiGlu, then ConvertToF16: the same bits):
+// out (n) f16 bits, not overlapping gate or up.
+absl::Status SwiGluF16(const float* gate, const float* up, uint16_t* out, int64_t n,
+                       cudaStream_t stream);
 
 using model::RopeStyle;  // kAdjacent (llama) or kNeox (qwen2): model/hparams.h
 

@@ -111,6 +111,51 @@ TEST_CASE("SwiGlu matches float64") {
   cudaFree(dg), cudaFree(du), cudaFree(dout);
 }
 
+// The f16 forms for the tensor-core products: RmsNorm's and SwiGlu's float32
+// results rounded to nearest even, bit for bit (what ConvertToF16 of them
+// gives), and nothing written past the output.
+TEST_CASE("RmsNormF16 and SwiGluF16 are the float32 kernels rounded to f16") {
+  const int rows = 5, n = 3584;
+  const float eps = 1e-6f;
+  auto x = RandomFloats(size_t(rows) * n, 11, 0.3f, 2.0f);
+  auto w = RandomFloats(n, 12, 1.0f, 0.2f);
+  float* dx = Upload(x);
+  float* dw = Upload(w);
+  float* dy = Upload(std::vector<float>(size_t(rows) * n, 0.0f));
+  uint16_t* dh = Upload(std::vector<uint16_t>(size_t(rows) * n, 0));
+  STATUS_OK(RmsNorm(dx, dw, dy, rows, n, eps, 0));
+  STATUS_OK(RmsNormF16(dx, dw, dh, rows, n, eps, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> y = Download(dy, size_t(rows) * n);
+  const std::vector<uint16_t> h = Download(dh, size_t(rows) * n);
+  size_t differ = 0;
+  for (size_t i = 0; i < y.size(); ++i) differ += h[i] != F32ToF16(y[i]);
+  CHECK(differ == 0);
+  CheckSentinel(dh, h.size());
+
+  const int m = 18944 * 3 + 5;  // not a multiple of the grid's stride
+  auto g = RandomFloats(m, 13, 0.0f, 4.0f);
+  auto u = RandomFloats(m, 14);
+  float* dg = Upload(g);
+  float* du = Upload(u);
+  float* dout = Upload(std::vector<float>(m, 0.0f));
+  uint16_t* dout16 = Upload(std::vector<uint16_t>(m, 0));
+  STATUS_OK(SwiGlu(dg, du, dout, m, 0));
+  STATUS_OK(SwiGluF16(dg, du, dout16, m, 0));
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> o = Download(dout, m);
+  const std::vector<uint16_t> o16 = Download(dout16, m);
+  differ = 0;
+  for (int i = 0; i < m; ++i) differ += o16[i] != F32ToF16(o[i]);
+  CHECK(differ == 0);
+  CheckSentinel(dout16, o16.size());
+  CHECK(RmsNormF16(dx, dw, nullptr, rows, n, eps, 0).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(SwiGluF16(dg, du, dout16, 0, 0).code() == absl::StatusCode::kInvalidArgument);
+
+  cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(dh);
+  cudaFree(dg), cudaFree(du), cudaFree(dout), cudaFree(dout16);
+}
+
 // RoPE + KV write for tokens at `positions` (one launch), against float64;
 // with `head_norm`, qwen3's per-head q/k RMSNorm first.
 // With `seqs` (a batched decode step), token t goes to region seqs[t] of a

@@ -552,8 +552,9 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     if (!tensor_cores(rows)) {
       return kernels::NormQuantizeActivations(x, w, eps, E, rows, b.h, &b.qx, s, pdl);
     }
-    DPL_RETURN_IF_ERROR(kernels::RmsNorm(x, w, b.h, rows, E, eps, s));
-    return prepare(b.h, E, rows);
+    // The products read only the f16 copy: no float32 h (RmsNorm, then
+    // ConvertToF16, bit for bit).
+    return kernels::RmsNormF16(x, w, b.x_f16, rows, E, eps, s);
   };
   // y = W x (+ bias) (+ residual) for the rows tokens in x (prepared).
   // A prompt pass on tensor cores with gemm_dequant_ahead: every layer
@@ -718,9 +719,8 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     const Matrix* gate_up[2] = {&L.w_gate, &L.w_up};
     const kernels::MatVecOut gate_up_out[2] = {{b.gate, nullptr, nullptr}, {b.up, nullptr, nullptr}};
     DPL_RETURN_IF_ERROR(mm_group(L.gate_up, gate_up, gate_up_out, b.h));
-    if (tensor_cores(n)) {  // g = silu(gate) * up, in place
-      DPL_RETURN_IF_ERROR(kernels::SwiGlu(b.gate, b.up, b.gate, static_cast<int64_t>(n) * F, s));
-      DPL_RETURN_IF_ERROR(prepare(b.gate, F, n));
+    if (tensor_cores(n)) {  // g = silu(gate) * up, straight to the f16 the products read
+      DPL_RETURN_IF_ERROR(kernels::SwiGluF16(b.gate, b.up, b.x_f16, static_cast<int64_t>(n) * F, s));
     } else {
       DPL_RETURN_IF_ERROR(kernels::SwiGluQuantizeActivations(b.gate, b.up, F, n, b.gate, &b.qx, s, pdl));
     }
