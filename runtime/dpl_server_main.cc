@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <cxxopts.hpp>
 
@@ -158,7 +159,8 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
     // DPL_PROMPT_ONE_LAUNCH=0: a packed pass's chunks through prompt
     // attention one launch a chunk (kernels/tuning.h; an A/B).
     // DPL_GEMM_AHEAD=1: the next matrix's f16 dequant beside this one's
-    // GEMM in prompt passes (a probe, kernels/tuning.h).
+    // GEMM in prompt passes (a probe, kernels/tuning.h), with DPL_GEMM_SMS,
+    // DPL_GEMM_AHEAD_CTAS and DPL_GEMM_AHEAD_SIDE_FIRST sharing the SMs out.
     // DPL_MMA_F16_MAX=N: products of 65 to N tokens on the f16 form's wide
     // launch (kernels/tuning.h; 0: dequantize + cuBLAS past 64).
     const char* one_launch = std::getenv("DPL_PROMPT_ONE_LAUNCH");
@@ -172,6 +174,15 @@ absl::StatusOr<dpl::server::ServedModel> LoadModel(const cxxopts::ParseResult& a
       if (f16_max != nullptr && *f16_max != '\0' && !absl::SimpleAtoi(f16_max, &co.tuning->mma_f16_max_tokens)) {
         return absl::InvalidArgumentError(absl::StrCat("DPL_MMA_F16_MAX: '", f16_max, "' is not an integer"));
       }
+      for (auto [name, field] : {std::pair<const char*, int*>{"DPL_GEMM_SMS", &co.tuning->gemm_ahead_sm_target},
+                                 {"DPL_GEMM_AHEAD_CTAS", &co.tuning->gemm_ahead_dequant_ctas}}) {
+        const char* e = std::getenv(name);
+        if (e != nullptr && *e != '\0' && !absl::SimpleAtoi(e, field)) {
+          return absl::InvalidArgumentError(absl::StrCat(name, ": '", e, "' is not an integer"));
+        }
+      }
+      const char* side_first = std::getenv("DPL_GEMM_AHEAD_SIDE_FIRST");
+      co.tuning->gemm_ahead_side_first = side_first == nullptr || std::string(side_first) != "0";
     }
     DPL_ASSIGN_OR_RETURN(co.load.method,
                          dpl::runtime::ParseUploadMethod(args["weights-upload"].as<std::string>()));
