@@ -1,8 +1,12 @@
 # What is left unmeasured (docs/PERF.md names each and its prediction), as
-# of the nineteenth session (2026-12-07), whose H100 calls measured the wide
-# launch's k split (on by default now, to 320 rows), the f32 wide tile (on),
-# the server loads with both, and the persistent probe's third round. Stage
-# the binaries the items use (stage.sh builds only those), e.g.
+# of the twentieth session (2026-12-08), which was lent no device at all:
+# items 18-21 are its changes, written and built but never run. Stage the
+# binaries the items use (stage.sh builds only those), e.g. for 18-21:
+#   DPL_STAGE_ORACLES="" DPL_STAGE_BINS="dpl-bench dpl-synth dpl-convert \
+#     prompt_gemm_gpu_test ops_gpu_test cuda_engine_gpu_test" tools/gpu/stage.sh
+# plus, for item 18's A/B, a baseline dpl-bench (38972af, before the fused
+# f16 norm) gzipped as .gpu/suite/base/dpl-bench.gz (30 MiB in all), or for
+# the older items
 #   DPL_STAGE_ORACLES="mini-qwen3moe-q4km small-qwen2-q4km" DPL_STAGE_BINS=\
 #     "matvec_gpu_test cuda_decoder_gpu_test cuda_engine_gpu_test dpl-bench \
 #     dpl-synth dpl-convert gemm_bench" tools/gpu/stage.sh
@@ -10,8 +14,22 @@
 # (item 9) stage dpl-server in a second directory. A carried folder
 # replaces the device's copy each call: unpack bin.tar.gz again.
 # On the device, from the repository root (ITEMS picks):
-#   ITEMS="17 8" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each item runs
-#   within one call's 10 minutes)
+#   ITEMS="18 19 21 20" bash tools/gpu/pending.sh .gpu/suite OUT_DIR (each
+#   item runs within one call's 10 minutes; 18-21 together in ~6)
+# 18. prompt passes on cuBLAS: RMSNorm and SwiGLU straight to f16 (landed,
+#     on the default path, never run on a GPU): ops_gpu_test (the bits
+#     against the float32 kernels rounded), prompt_gemm_gpu_test, and pp512 /
+#     pp2048 against the baseline dpl-bench. Predicted +4-5% at pp512.
+# 19. the dequant-ahead probe sharing the SMs out (DPL_GEMM_SMS,
+#     DPL_GEMM_AHEAD_CTAS, DPL_GEMM_AHEAD_SIDE_FIRST): pp512 sweep. Predicted
+#     +10-15% if the dequant on the SMs the GEMM leaves keeps up, else none.
+# 20. q4_K on the f16 form from 4 tokens: DPL_MMA_F16_MIN=9 (today) / 4 /
+#     2 with DPL_MMA_F16_MIN_Q6K=2, 2 / 4 / 8 sequences. Predicted 4
+#     sequences ~1,226 -> ~1,260 t/s. Landing it needs cuda_engine_gpu_test
+#     on a build with mma_f16_min_tokens 4 (batched rows keep one stream's
+#     greedy tokens).
+# 21. ncu of one 64-row 7B step (dpl-bench now brackets a batched row's
+#     last run for --profile-from-start off): where issue 29's 5.9 ms goes.
 # 17. issues 30 and 29: ncu of the wide launch's products (gemm_bench 7B at
 #     128 and 256 tokens; or in a pass: dpl-bench -p 128 under ncu
 #     --profile-from-start off, which dpl-bench now brackets): L2 bytes and
@@ -34,8 +52,9 @@
 # 12. issue 30: the shared start's packed passes alone: dpl-bench --shared
 #     2000 -npp 50 at -ub 512 beside pp512 and pp512 @ d2000, then ncu of the
 #     x16 row's last run (--profile-from-start off: dpl-bench brackets it).
-#  8. issue 31: the 30B-A3B's rows at 4 / 16 / 64 sequences, then ncu of a
-#     4-sequence run's kernels summed by kernel and grid.
+#  8. issue 31: the 30B-A3B's rows at 4 / 16 / 64 sequences, then ncu of
+#     three 4-row steps alone (the batched row's last run, bracketed),
+#     summed by kernel and grid.
 # 11. cuda_engine_gpu_test and cuda_decoder_gpu_test, whole, on the build's
 #     defaults (a change of a default needs them before it lands).
 #  5. issue 29: q5_K and q8_0 on the f16 form: matvec_gpu_test, matvec_bench,
@@ -57,7 +76,57 @@ cd "$suite" || exit 1
 source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
-want() { [[ " ${ITEMS:-17 8} " == *" $1 "* ]]; }
+want() { [[ " ${ITEMS:-18 19 21 20} " == *" $1 "* ]]; }
+pp() {  # LABEL BIN MODEL P UB ENV...: the pass's t/s
+  local label=$1 bin=$2 model=$3 p=$4 ub=$5; shift 5
+  echo "$label pp$p: $(env "$@" timeout 50 "$bin" -m "$model" -p "$p" -n 0 -d 0 -ub "$ub" -r 3 2>&1 |
+    grep -E 'pp[0-9]|rror' | awk -F'|' '{print $(NF-1)}')"
+}
+if want 18; then
+echo "[${SECONDS}s] == 18. RMSNorm and SwiGLU straight to f16 in cuBLAS passes"
+m=$(q7_model) || exit 1
+timeout 60 ./ops_gpu_test 2>&1 | grep -E "ERROR|test cases|assertions" | tail -3
+timeout 90 ./prompt_gemm_gpu_test 2>&1 | grep -E "ERROR|test cases|assertions" | tail -3
+if [[ -f base/dpl-bench.gz || -x base/dpl-bench ]]; then
+  [[ -x base/dpl-bench ]] || { gunzip -f base/dpl-bench.gz && chmod +x base/dpl-bench; }
+  for round in 1 2; do
+    for b in ./base/dpl-bench ./dpl-bench; do
+      pp "$b" "$b" "$m" 512 512 X=0
+      pp "$b" "$b" "$m" 2048 2048 X=0
+    done
+  done
+fi
+fi
+if want 19; then
+echo "[${SECONDS}s] == 19. the dequant beside the GEMMs on SMs of its own"
+m=$(q7_model) || exit 1
+for round in 1 2; do
+  pp off ./dpl-bench "$m" 512 512 X=0
+  pp ahead ./dpl-bench "$m" 512 512 DPL_GEMM_AHEAD=1
+  pp gemm-first-sms116 ./dpl-bench "$m" 512 512 DPL_GEMM_AHEAD=1 DPL_GEMM_AHEAD_SIDE_FIRST=0 DPL_GEMM_SMS=116
+  pp gemm-first-sms100 ./dpl-bench "$m" 512 512 DPL_GEMM_AHEAD=1 DPL_GEMM_AHEAD_SIDE_FIRST=0 DPL_GEMM_SMS=100
+  pp gemm-first-sms100-c256 ./dpl-bench "$m" 512 512 DPL_GEMM_AHEAD=1 DPL_GEMM_AHEAD_SIDE_FIRST=0 DPL_GEMM_SMS=100 DPL_GEMM_AHEAD_CTAS=256
+  pp side-first-sms108 ./dpl-bench "$m" 512 512 DPL_GEMM_AHEAD=1 DPL_GEMM_SMS=108
+done
+fi
+if want 21; then
+echo "[${SECONDS}s] == 21. ncu of one 64-row 7B step"
+m=$(q7_model) || exit 1
+timeout 120 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv ./dpl-bench \
+  -m "$m" -p 0 -n 1 -d 0 -npl 64 -npp 1 -r 0 >"$out/ncu64.csv" 2>"$out/ncu64.err"
+tail -2 "$out/ncu64.err"
+python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu64.csv" 32
+fi
+if want 20; then
+echo "[${SECONDS}s] == 20. q4_K on the f16 form from 4 tokens"
+m=$(q7_model) || exit 1
+for round in 1 2; do
+  for v in "DPL_MMA_F16_MIN=9" "DPL_MMA_F16_MIN=4" "DPL_MMA_F16_MIN=2 DPL_MMA_F16_MIN_Q6K=2"; do
+    echo "-- $v: $(env $v timeout 80 ./dpl-bench -m "$m" -p 0 -n 128 -d 0 -npl 2,4,8 -npp 128 -r 1 2>&1 |
+      grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $(NF-2), $(NF-1)}')"
+  done
+done
+fi
 if want 17; then
 echo "[${SECONDS}s] == 17. ncu of the wide launch's products (issues 30, 29)"
 for t in 128 256; do
@@ -99,8 +168,8 @@ echo "[${SECONDS}s] == 8. where a 4-sequence 30B-A3B step's time goes (issue 31)
 [[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
   ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; }
 timeout 200 ./dpl-bench -m "$T/q30.dpl" -p 512 -n 128 -d 0 -npl 4,16,64 -npp 128 -r 1 2>&1 | grep -E '^\||rror'
-timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv ./dpl-bench -m "$T/q30.dpl" -p 0 -n 3 -d 0 \
-  -npl 4 -npp 16 -r 1 >"$out/ncu30x4.csv" 2>"$out/ncu30x4.err"
+timeout 300 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv ./dpl-bench \
+  -m "$T/q30.dpl" -p 0 -n 3 -d 0 -npl 4 -npp 16 -r 0 >"$out/ncu30x4.csv" 2>"$out/ncu30x4.err"
 tail -2 "$out/ncu30x4.err"
 python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu30x4.csv" 30
 fi
