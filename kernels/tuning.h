@@ -212,6 +212,24 @@ struct DecodeTuning {
   // pass pp128 9,594-9,829 -> 16,033-16,168 t/s. dpl-bench and gemm_bench
   // take DPL_F16_WIDE_SPLIT=0 (an A/B).
   bool mma_f16_wide_split = true;
+  // In a pass on the wide launch, the products of one input go to
+  // dequantize + cuBLAS instead from this many rows (0: never): Q/K/V (the
+  // normed x), O (the attention's output), and ffn_down where it is q6_K
+  // (gate/up and a q4_K down stay on the wide launch). The input is then
+  // prepared as cuBLAS reads it (f16, row-major) and not as the wide launch
+  // does. Why: gemm_bench (nineteenth session, H100, 7B, us, wide with k
+  // split against dequantize + cuBLAS) has q/o losing on the wide launch
+  // from 128 tokens (31.5 against 23.6; 35.1 / 27.9 at 256), Q/K/V
+  // together from ~190 (at 256: 35.1 + 2 x 18.9 against 27.9 + 2 x 16.2)
+  // and q6_K down from ~190 (93.1 / 132.9 at 128, 175.2 / 140.5 at 256),
+  // while gate/up and q4_K down win to ~256-320. Predicted (counted from
+  // that table, thresholds 192 / 128 / 192): ~1 ms of a ~13.7 ms 256-row
+  // pass, pp256 +7-8%, pp128 +5%. Off until measured (tools/gpu/pending.sh
+  // item 22); dpl-bench takes DPL_WIDE_GEMM_QKV, DPL_WIDE_GEMM_O and
+  // DPL_WIDE_GEMM_DOWN6.
+  int wide_gemm_qkv_rows = 0;
+  int wide_gemm_o_rows = 0;
+  int wide_gemm_q6k_down_rows = 0;
   // A packed prompt pass's chunks (the server's prompts of several
   // sequences in one pass) go through prompt attention in one launch a
   // layer (PromptAttentionBatch) instead of one launch a chunk. dpl-server

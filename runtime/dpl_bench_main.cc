@@ -278,6 +278,9 @@ absl::StatusOr<dpl::kernels::DecodeTuning> TuningFromEnv() {
   flag("DPL_MMA_F16_MIN_Q8_0", &t.mma_f16_min_tokens_q8_0);
   flag("DPL_MMA_F16_MAX", &t.mma_f16_max_tokens);
   flag("DPL_F16_WIDE_SPLIT", &t.mma_f16_wide_split);
+  flag("DPL_WIDE_GEMM_QKV", &t.wide_gemm_qkv_rows);
+  flag("DPL_WIDE_GEMM_O", &t.wide_gemm_o_rows);
+  flag("DPL_WIDE_GEMM_DOWN6", &t.wide_gemm_q6k_down_rows);
   flag("DPL_F16_CTAS", &t.mma_f16_small_ctas_per_sm);
   flag("DPL_F16_CLUSTER", &t.mma_f16_cluster_sum);
   flag("DPL_F16_TARGET", &t.mma_f16_target_ctas);

@@ -376,8 +376,12 @@ absl::Status CudaDecoder::Allocate() {
   // largest layer matrix (the lm head, larger, goes through it in row blocks),
   // where some prompt pass of up to T rows takes that path.
   w_f16_elems_ = 0;
+  // (A wide pass whose inputs may go to cuBLAS, DecodeTuning::wide_gemm_*,
+  // needs it too.)
+  const bool wide_gemm = wide_max_rows_ > 0 && (tuning_.wide_gemm_qkv_rows > 0 || tuning_.wide_gemm_o_rows > 0 ||
+                                                tuning_.wide_gemm_q6k_down_rows > 0);
   const bool wide_covers = prompt_int8_max_rows_ >= kernels::kMmaMaxTokens && static_cast<int>(T) <= wide_max_rows_;
-  if (static_cast<int>(T) > prompt_int8_max_rows_ && !wide_covers) {
+  if (static_cast<int>(T) > prompt_int8_max_rows_ && (!wide_covers || wide_gemm)) {
     for (const Layer& L : layers_) {
       for (const Matrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) {
         if (m->w.data == nullptr) continue;
@@ -538,18 +542,26 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     const bool wide = rows > kernels::kMmaMaxTokens && rows <= wide_max_rows_;  // the f16 form's wide launch
     return gemm_.has_value() && rows > int8_max_rows && !wide;
   };
-  const bool pdl = tuning_.pdl && !tensor_cores(n);
+  // A pass on the wide launch sends an input's products to cuBLAS from its
+  // threshold (DecodeTuning::wide_gemm_*; `from` 0: never); a pass on
+  // tensor cores sends them all.
+  const bool wide_pass = gemm_.has_value() && n > int8_max_rows && n > kernels::kMmaMaxTokens && n <= wide_max_rows_;
+  auto via_gemm = [&](int from) { return tensor_cores(n) || (wide_pass && from > 0 && n >= from); };
+  const bool pdl = tuning_.pdl && !tensor_cores(n) &&
+                   !(wide_pass && (via_gemm(tuning_.wide_gemm_qkv_rows) || via_gemm(tuning_.wide_gemm_o_rows) ||
+                                   via_gemm(tuning_.wide_gemm_q6k_down_rows)));
   // Prepares x (rows tokens of `cols` values) once for the products that
-  // read it: f16 for tensor cores, int8 blocks for the dp4a matvec.
-  auto prepare = [&](const float* x, int cols, int rows) {
-    if (tensor_cores(rows)) {
+  // read it: f16 for cuBLAS (gemm), int8 blocks (and their f16 tiles) for
+  // the matvec's forms.
+  auto prepare = [&](const float* x, int cols, int rows, bool gemm) {
+    if (gemm) {
       return kernels::ConvertToF16(x, static_cast<int64_t>(rows) * cols, b.x_f16, s);
     }
     return kernels::QuantizeActivations(x, cols, rows, &b.qx, s, pdl);
   };
   // h = rmsnorm(x) * w, prepared (fused into one launch on the dp4a path).
-  auto norm_prepare = [&](const float* x, const float* w, int rows) -> absl::Status {
-    if (!tensor_cores(rows)) {
+  auto norm_prepare = [&](const float* x, const float* w, int rows, bool gemm) -> absl::Status {
+    if (!gemm) {
       return kernels::NormQuantizeActivations(x, w, eps, E, rows, b.h, &b.qx, s, pdl);
     }
     // The products read only the f16 copy: no float32 h (RmsNorm, then
@@ -577,8 +589,8 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     }
     DPL_RETURN_IF_ERROR(ahead_->Begin(ahead_order_, b.w_f16, b.w_f16_ahead, w_f16_elems_, s));
   }
-  auto mm = [&](const Matrix& m, const float* x, const kernels::MatVecOut& out, int rows) {
-    if (tensor_cores(rows)) {
+  auto mm = [&](const Matrix& m, const float* x, const kernels::MatVecOut& out, int rows, bool gemm) {
+    if (gemm) {
       if (ahead && ahead_->Next(m.w)) {
         return ahead_->Run(*gemm_, m.w, b.x_f16, rows, out.y, out.bias, out.residual);
       }
@@ -596,11 +608,11 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
   // The products of matrices that read the same x (Q/K/V, gate/up): on the
   // dp4a path one launch per group of equal kernels (PlanMatVecGroups).
   auto mm_group = [&](const std::vector<kernels::MatVecGroupPlan>& groups, const Matrix* const* ms,
-                      const kernels::MatVecOut* outs, const float* x,
+                      const kernels::MatVecOut* outs, const float* x, bool gemm,
                       const kernels::MatVecRope& rope = {}) -> absl::Status {
     for (const kernels::MatVecGroupPlan& g : groups) {
-      if (tensor_cores(n)) {
-        for (int i : g.members) DPL_RETURN_IF_ERROR(mm(*ms[i], x, outs[i], n));
+      if (gemm) {
+        for (int i : g.members) DPL_RETURN_IF_ERROR(mm(*ms[i], x, outs[i], n, true));
         continue;
       }
       const kernels::WeightMatrix* ws[kernels::kMaxMatVecParts];
@@ -657,7 +669,9 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     uint16_t* k_cache = b.kv + kv_layout_.KOffset(static_cast<int>(l)) + region;
     uint16_t* v_cache = b.kv + kv_layout_.VOffset(static_cast<int>(l)) + region;
     // Attention block.
-    DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.attn_norm, n));
+    const bool qkv_gemm = via_gemm(tuning_.wide_gemm_qkv_rows);
+    const bool o_gemm = via_gemm(tuning_.wide_gemm_o_rows);
+    DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.attn_norm, n, qkv_gemm));
     // q, k, v = Wq h, Wk h, Wv h (+ biases); q and k rotated (RoPE), k and
     // v written to the cache at the token's position.
     const Matrix* qkv[3] = {&L.wq, &L.wk, &L.wv};
@@ -671,7 +685,7 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
       rope = {b.positions, row_seq, b.rope_cs, k_cache, v_cache, rope_shape_.head_dim,
               rope_shape_.n_head_kv, rope_shape_.n_ctx, hp_.rope_style == model::RopeStyle::kNeox, kv_pages_};
     }
-    DPL_RETURN_IF_ERROR(mm_group(L.qkv, qkv, qkv_out, b.h, rope));
+    DPL_RETURN_IF_ERROR(mm_group(L.qkv, qkv, qkv_out, b.h, qkv_gemm, rope));
     if (!rope_fold) {
       DPL_RETURN_IF_ERROR(kernels::RopeWriteKv(rope_shape_, hp_.rope_style, b.positions, b.inv_freq,
                                                L.head_norms, b.q, b.k, b.v, k_cache, v_cache, n, s,
@@ -680,14 +694,14 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
     if (step != nullptr || n == 1) {  // flash-decoding, one query row per sequence, positions read on the device
       // a, and on the dp4a path a's int8 blocks for Wo, from the combine.
       std::optional<kernels::QuantOut> aq;
-      if (!tensor_cores(n) && tuning_.attn_quantize_output) {
+      if (!o_gemm && tuning_.attn_quantize_output) {
         DPL_ASSIGN_OR_RETURN(aq, kernels::QuantizeInto(Q, n, &b.qx));
       }
       const kernels::DecodeAttentionPlan& plan = step != nullptr ? step->attn : buckets_.front().attn;
       DPL_RETURN_IF_ERROR(kernels::DecodeAttention(plan, b.q, k_cache, v_cache, b.positions,
                                                    b.attn_ws, b.att, s, aq ? &*aq : nullptr, row_seq,
                                                    kv_pages_));
-      if (!aq) DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
+      if (!aq) DPL_RETURN_IF_ERROR(prepare(b.att, Q, n, o_gemm));
     } else {  // causal flash attention over each sequence's chunk
       if (n_step_rows > 0) {
         // A mixed pass's decode rows first (rows 0..k of step_rows's plan;
@@ -707,24 +721,26 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
                                                        g.seq));
         }
       }
-      DPL_RETURN_IF_ERROR(prepare(b.att, Q, n));
+      DPL_RETURN_IF_ERROR(prepare(b.att, Q, n, o_gemm));
     }
-    DPL_RETURN_IF_ERROR(mm(L.wo, b.att, {b.x, L.bo, b.x}, n));  // x += Wo a
+    DPL_RETURN_IF_ERROR(mm(L.wo, b.att, {b.x, L.bo, b.x}, n, o_gemm));  // x += Wo a
     // Feed-forward block.
     if (L.moe) {
       DPL_RETURN_IF_ERROR(EnqueueMoe(*L.moe, static_cast<int>(l), L.ffn_norm, n, pdl));
       continue;
     }
-    DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.ffn_norm, n));
+    DPL_RETURN_IF_ERROR(norm_prepare(b.x, L.ffn_norm, n, tensor_cores(n)));
     const Matrix* gate_up[2] = {&L.w_gate, &L.w_up};
     const kernels::MatVecOut gate_up_out[2] = {{b.gate, nullptr, nullptr}, {b.up, nullptr, nullptr}};
-    DPL_RETURN_IF_ERROR(mm_group(L.gate_up, gate_up, gate_up_out, b.h));
-    if (tensor_cores(n)) {  // g = silu(gate) * up, straight to the f16 the products read
+    DPL_RETURN_IF_ERROR(mm_group(L.gate_up, gate_up, gate_up_out, b.h, tensor_cores(n)));
+    const bool down_gemm =
+        via_gemm(L.w_down.w.type == formats::GgmlType::kQ6_K ? tuning_.wide_gemm_q6k_down_rows : 0);
+    if (down_gemm) {  // g = silu(gate) * up, straight to the f16 the products read
       DPL_RETURN_IF_ERROR(kernels::SwiGluF16(b.gate, b.up, b.x_f16, static_cast<int64_t>(n) * F, s));
     } else {
       DPL_RETURN_IF_ERROR(kernels::SwiGluQuantizeActivations(b.gate, b.up, F, n, b.gate, &b.qx, s, pdl));
     }
-    DPL_RETURN_IF_ERROR(mm(L.w_down, b.gate, {b.x, nullptr, b.x}, n));  // x += Wdown g
+    DPL_RETURN_IF_ERROR(mm(L.w_down, b.gate, {b.x, nullptr, b.x}, n, down_gemm));  // x += Wdown g
   }
   if (ahead) DPL_RETURN_IF_ERROR(ahead_->End());
   // LM head: every token's (a step: every row's) logits, or the last token's
@@ -742,13 +758,13 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
                                      b.x + static_cast<int64_t>(g.row + g.n - 1) * E, E * sizeof(float),
                                      cudaMemcpyDeviceToDevice, s));
     }
-    DPL_RETURN_IF_ERROR(norm_prepare(b.head_x, output_norm_, k));
-    return mm(out_, b.h, {b.logits, nullptr, nullptr}, k);
+    DPL_RETURN_IF_ERROR(norm_prepare(b.head_x, output_norm_, k, tensor_cores(k)));
+    return mm(out_, b.h, {b.logits, nullptr, nullptr}, k, tensor_cores(k));
   }
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
-  DPL_RETURN_IF_ERROR(norm_prepare(b.x + first * E, output_norm_, rows));
-  return mm(out_, b.h, {b.logits, nullptr, nullptr}, rows);
+  DPL_RETURN_IF_ERROR(norm_prepare(b.x + first * E, output_norm_, rows, tensor_cores(rows)));
+  return mm(out_, b.h, {b.logits, nullptr, nullptr}, rows, tensor_cores(rows));
 }
 
 // Per slice of m rows (the slices are independent: each row's routing and

@@ -317,9 +317,10 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
   const size_t V = want[0].size();
   // wide: products of more than 64 tokens on the f16 form's wide launch
   // (DecodeTuning::mma_f16_max_tokens) where every matrix has the form;
-  // split: its k split in clusters (mma_f16_wide_split). Otherwise they
-  // dequantize + cuBLAS, whatever the default limit.
-  auto rows_of = [&](int max_batch, bool wide = false, bool split = false) {
+  // split: its k split in clusters (mma_f16_wide_split); mix: with Q/K/V, O
+  // and a q6_K down on dequantize + cuBLAS in that pass (wide_gemm_*, from
+  // 65 rows). Otherwise they dequantize + cuBLAS, whatever the default limit.
+  auto rows_of = [&](int max_batch, bool wide = false, bool split = false, bool mix = false) {
     CudaDecoderOptions o;
     o.n_ctx = 1024;
     o.max_batch = max_batch;
@@ -328,6 +329,8 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
     o.tuning = *t;
     o.tuning->mma_f16_max_tokens = wide ? 512 : 0;
     o.tuning->mma_f16_wide_split = split;
+    const int from = mix ? kernels::kMmaMaxTokens + 1 : 0;
+    o.tuning->wide_gemm_qkv_rows = o.tuning->wide_gemm_o_rows = o.tuning->wide_gemm_q6k_down_rows = from;
     auto d = CudaDecoder::Create(path, o);
     REQUIRE_MESSAGE(d.ok(), d.status().ToString());
     std::vector<float> all, last;
@@ -360,15 +363,17 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
   const std::vector<float> one_chunk = rows_of(512);
   const std::vector<float> wide = rows_of(512, true);
   const std::vector<float> wide_split = rows_of(512, true, true);
+  const std::vector<float> wide_mix = rows_of(512, true, true, true);
   const std::vector<float> chunks = rows_of(64);  // 64 * k + a tail below gemm_min_tokens
   const std::vector<float> dp4a = rows_of(kernels::DecodeTuning{}.gemm_min_tokens - 1);
   const std::vector<float> single = rows_of(1);
   const double e_one = worst_vs(one_chunk, nullptr), e_chunks = worst_vs(chunks, nullptr),
                e_dp4a = worst_vs(dp4a, nullptr), e_single = worst_vs(single, nullptr),
-               e_wide = worst_vs(wide, nullptr), e_split = worst_vs(wide_split, nullptr);
+               e_wide = worst_vs(wide, nullptr), e_split = worst_vs(wide_split, nullptr),
+               e_mix = worst_vs(wide_mix, nullptr);
   const double d_chunks = worst_vs(chunks, &one_chunk), d_dp4a = worst_vs(dp4a, &one_chunk),
                d_single = worst_vs(single, &one_chunk), d_wide = worst_vs(wide, &one_chunk),
-               d_split = worst_vs(wide_split, &one_chunk);
+               d_split = worst_vs(wide_split, &one_chunk), d_mix = worst_vs(wide_mix, &one_chunk);
   std::printf("%s, %d tokens, worst relative RMS vs the CPU reference: one chunk %.4f%%, one chunk on "
               "the f16 form's wide launch %.4f%% (k split %.4f%%), chunks of 64 %.4f%%, dp4a chunks %.4f%%, "
               "token by token %.4f%%; vs one chunk: wide %.2e (split %.2e), chunks %.2e, dp4a chunks %.2e, "
@@ -380,6 +385,10 @@ void ComparePromptChunkings(const std::string& path, int n_tokens) {
   CHECK(d_wide < 0.04);
   CHECK(e_split < 0.04);
   CHECK(d_split < 0.04);
+  std::printf("  the wide pass with Q/K/V, O and q6_K down on cuBLAS: %.4f%% from the reference, %.2e from one "
+              "chunk\n", 100 * e_mix, d_mix);
+  CHECK(e_mix < 0.04);
+  CHECK(d_mix < 0.04);
   CHECK(e_chunks < 0.04);
   CHECK(e_dp4a < 0.04);
   CHECK(e_single < 0.04);

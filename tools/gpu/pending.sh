@@ -28,6 +28,13 @@
 #     sequences ~1,226 -> ~1,260 t/s. Landing it needs cuda_engine_gpu_test
 #     on a build with mma_f16_min_tokens 4 (batched rows keep one stream's
 #     greedy tokens).
+# 22. a wide pass's Q/K/V, O and q6_K down on dequantize + cuBLAS
+#     (DPL_WIDE_GEMM_QKV / _O / _DOWN6, off by default): cuda_decoder_gpu_test's
+#     chunking case (its wide pass with all three from 65 rows, against the
+#     reference and one chunk), then pp128 / 192 / 256 / 320 and the shared
+#     start's x2 and x16 rows with the three off, at 192 / 128 / 192, and all
+#     at 65. Predicted pp256 +7-8%, pp128 +5%. Stage cuda_decoder_gpu_test and
+#     the oracle small-qwen2-q4km too.
 # 21. ncu of one 64-row 7B step (dpl-bench now brackets a batched row's
 #     last run for --profile-from-start off): where issue 29's 5.9 ms goes.
 # 17. issues 30 and 29: ncu of the wide launch's products (gemm_bench 7B at
@@ -116,6 +123,20 @@ timeout 120 ncu --clock-control none --profile-from-start off --metrics gpu__tim
   -m "$m" -p 0 -n 1 -d 0 -npl 64 -npp 1 -r 0 >"$out/ncu64.csv" 2>"$out/ncu64.err"
 tail -2 "$out/ncu64.err"
 python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu64.csv" 32
+fi
+if want 22; then
+echo "[${SECONDS}s] == 22. a wide pass's Q/K/V, O and q6_K down on cuBLAS"
+m=$(q7_model) || exit 1
+[[ -x ./cuda_decoder_gpu_test ]] && timeout 240 ./cuda_decoder_gpu_test --test-case="*prompts on tensor cores*" 2>&1 |
+  grep -E "worst relative|wide pass with|ERROR|test cases|assertions" | tail -12
+for round in 1 2; do
+  for v in "X=0" "DPL_WIDE_GEMM_QKV=192 DPL_WIDE_GEMM_O=128 DPL_WIDE_GEMM_DOWN6=192" \
+           "DPL_WIDE_GEMM_QKV=65 DPL_WIDE_GEMM_O=65 DPL_WIDE_GEMM_DOWN6=65"; do
+    for p in 128 192 256 320; do pp "$v" ./dpl-bench "$m" $p 512 $v; done
+    echo "$v shared: $(env $v timeout 100 ./dpl-bench -m "$m" -p 0 -n 0 -d 0 -ub 512 -r 3 -npl 2,16 -npp 50 --shared 2000 2>&1 |
+      grep -E 'pp50|rror' | awk -F'|' '{printf "%s %s;", $(NF-2), $(NF-1)}')"
+  done
+done
 fi
 if want 20; then
 echo "[${SECONDS}s] == 20. q4_K on the f16 form from 4 tokens"
