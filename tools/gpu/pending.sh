@@ -84,10 +84,15 @@ source ./env.sh
 export DPL_SHARED_DIR=$PWD/shared
 T=${TMPDIR:-/tmp}
 want() { [[ " ${ITEMS:-18 19 21 20} " == *" $1 "* ]]; }
+rows() {  # "ENV..." DPL_BENCH_ARGS...: each md row's test and t/s on one line
+  local v=$1; shift
+  echo "-- $v: $(env $v timeout 100 ./dpl-bench "$@" 2>&1 | grep -E '^\| *[^ |-]|rror' | grep -v '| test' |
+    awk -F'|' '{printf "%s %s;", $2, $3}')"
+}
 pp() {  # LABEL BIN MODEL P UB ENV...: the pass's t/s
   local label=$1 bin=$2 model=$3 p=$4 ub=$5; shift 5
   echo "$label pp$p: $(env "$@" timeout 50 "$bin" -m "$model" -p "$p" -n 0 -d 0 -ub "$ub" -r 3 2>&1 |
-    grep -E 'pp[0-9]|rror' | awk -F'|' '{print $(NF-1)}')"
+    grep -E 'pp[0-9]|rror' | awk -F'|' '{print $3}')"
 }
 if want 18; then
 echo "[${SECONDS}s] == 18. RMSNorm and SwiGLU straight to f16 in cuBLAS passes"
@@ -133,8 +138,7 @@ for round in 1 2; do
   for v in "X=0" "DPL_WIDE_GEMM_QKV=192 DPL_WIDE_GEMM_O=128 DPL_WIDE_GEMM_DOWN6=192" \
            "DPL_WIDE_GEMM_QKV=65 DPL_WIDE_GEMM_O=65 DPL_WIDE_GEMM_DOWN6=65"; do
     for p in 128 192 256 320; do pp "$v" ./dpl-bench "$m" $p 512 $v; done
-    echo "$v shared: $(env $v timeout 100 ./dpl-bench -m "$m" -p 0 -n 0 -d 0 -ub 512 -r 3 -npl 2,16 -npp 50 --shared 2000 2>&1 |
-      grep -E 'pp50|rror' | awk -F'|' '{printf "%s %s;", $(NF-2), $(NF-1)}')"
+    rows "$v" -m "$m" -p 0 -n 0 -d 0 -ub 512 -r 3 -npl 2,16 -npp 50 --shared 2000
   done
 done
 fi
@@ -143,8 +147,7 @@ echo "[${SECONDS}s] == 20. q4_K on the f16 form from 4 tokens"
 m=$(q7_model) || exit 1
 for round in 1 2; do
   for v in "DPL_MMA_F16_MIN=9" "DPL_MMA_F16_MIN=4" "DPL_MMA_F16_MIN=2 DPL_MMA_F16_MIN_Q6K=2"; do
-    echo "-- $v: $(env $v timeout 80 ./dpl-bench -m "$m" -p 0 -n 128 -d 0 -npl 2,4,8 -npp 128 -r 1 2>&1 |
-      grep -E '^\| tg|rror' | awk -F'|' '{printf "%s %s;", $(NF-2), $(NF-1)}')"
+    rows "$v" -m "$m" -p 0 -n 128 -d 0 -npl 2,4,8 -npp 128 -r 1
   done
 done
 fi
