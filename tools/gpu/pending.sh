@@ -89,6 +89,13 @@ rows() {  # "ENV..." DPL_BENCH_ARGS...: each md row's test and t/s on one line
   echo "-- $v: $(env $v timeout 100 ./dpl-bench "$@" 2>&1 | grep -E '^\| *[^ |-]|rror' | grep -v '| test' |
     awk -F'|' '{printf "%s %s;", $2, $3}')"
 }
+ncu_sum() {  # NAME ROWS TIMEOUT DPL_BENCH_ARGS...: ncu of dpl-bench's bracketed run, summed by kernel and grid
+  local name=$1 top=$2 limit=$3; shift 3
+  timeout "$limit" ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+    ./dpl-bench "$@" >"$out/$name.csv" 2>"$out/$name.err"
+  tail -2 "$out/$name.err"
+  python3 "$root/tools/gpu/ncu_agg.py" "$out/$name.csv" "$top"
+}
 pp() {  # LABEL BIN MODEL P UB ENV...: the pass's t/s
   local label=$1 bin=$2 model=$3 p=$4 ub=$5; shift 5
   echo "$label pp$p: $(env "$@" timeout 50 "$bin" -m "$model" -p "$p" -n 0 -d 0 -ub "$ub" -r 3 2>&1 |
@@ -124,10 +131,7 @@ fi
 if want 21; then
 echo "[${SECONDS}s] == 21. ncu of one 64-row 7B step"
 m=$(q7_model) || exit 1
-timeout 120 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv ./dpl-bench \
-  -m "$m" -p 0 -n 1 -d 0 -npl 64 -npp 1 -r 0 >"$out/ncu64.csv" 2>"$out/ncu64.err"
-tail -2 "$out/ncu64.err"
-python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu64.csv" 32
+ncu_sum ncu64 32 120 -m "$m" -p 0 -n 1 -d 0 -npl 64 -npp 1 -r 0
 fi
 if want 22; then
 echo "[${SECONDS}s] == 22. a wide pass's Q/K/V, O and q6_K down on cuBLAS"
@@ -192,19 +196,14 @@ echo "[${SECONDS}s] == 8. where a 4-sequence 30B-A3B step's time goes (issue 31)
 [[ -f $T/q30.dpl ]] || { ./dpl-synth qwen3-30b-a3b "$T/q30.gguf" --vocab shared/vocab/ggml-vocab-qwen2.gguf >/dev/null &&
   ./dpl-convert -q "$T/q30.gguf" "$T/q30.dpl" >/dev/null; rm -f "$T/q30.gguf"; }
 timeout 200 ./dpl-bench -m "$T/q30.dpl" -p 512 -n 128 -d 0 -npl 4,16,64 -npp 128 -r 1 2>&1 | grep -E '^\||rror'
-timeout 300 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv ./dpl-bench \
-  -m "$T/q30.dpl" -p 0 -n 3 -d 0 -npl 4 -npp 16 -r 0 >"$out/ncu30x4.csv" 2>"$out/ncu30x4.err"
-tail -2 "$out/ncu30x4.err"
-python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu30x4.csv" 30
+ncu_sum ncu30x4 30 300 -m "$T/q30.dpl" -p 0 -n 3 -d 0 -npl 4 -npp 16 -r 0
 fi
 if want 12; then
 echo "[${SECONDS}s] == 12. the shared start's packed passes (issue 30)"
 m=$(q7_model) || exit 1
 timeout 200 ./dpl-bench -m "$m" -p 512 -n 0 -d 0,2000 -ub 512 -r 3 -npl 1,2,11,16 -npp 50 --shared 2000 2>&1 | grep -E '^\||rror'
-timeout 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv ./dpl-bench \
-  -m "$m" -p 0 -n 0 -d 0 -ub 512 -r 1 -npl 16 -npp 50 --shared 2000 >"$out/ncu-shared16.csv" 2>"$out/ncu-shared16.err"
-tail -3 "$out/ncu-shared16.err"; grep -E '^\|' "$out/ncu-shared16.csv"
-python3 "$root/tools/gpu/ncu_agg.py" "$out/ncu-shared16.csv" 30
+ncu_sum ncu-shared16 30 240 -m "$m" -p 0 -n 0 -d 0 -ub 512 -r 1 -npl 16 -npp 50 --shared 2000
+grep -E '^\|' "$out/ncu-shared16.csv"
 fi
 if want 9; then
 echo "[${SECONDS}s] == 9. where a server load's time goes: the step trace (issue 30)"
