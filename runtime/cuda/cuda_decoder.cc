@@ -547,9 +547,12 @@ absl::Status CudaDecoder::EnqueueForward(int n, const Bucket* step, absl::Span<c
   // tensor cores sends them all.
   const bool wide_pass = gemm_.has_value() && n > int8_max_rows && n > kernels::kMmaMaxTokens && n <= wide_max_rows_;
   auto via_gemm = [&](int from) { return tensor_cores(n) || (wide_pass && from > 0 && n >= from); };
-  const bool pdl = tuning_.pdl && !tensor_cores(n) &&
-                   !(wide_pass && (via_gemm(tuning_.wide_gemm_qkv_rows) || via_gemm(tuning_.wide_gemm_o_rows) ||
-                                   via_gemm(tuning_.wide_gemm_q6k_down_rows)));
+  // No programmatic dependent launches in a pass with cuBLAS GEMMs in it
+  // (conservatively, whether or not a q6_K down is there to take its
+  // threshold).
+  const bool any_gemm = via_gemm(tuning_.wide_gemm_qkv_rows) || via_gemm(tuning_.wide_gemm_o_rows) ||
+                        via_gemm(tuning_.wide_gemm_q6k_down_rows);
+  const bool pdl = tuning_.pdl && !any_gemm;
   // Prepares x (rows tokens of `cols` values) once for the products that
   // read it: f16 for cuBLAS (gemm), int8 blocks (and their f16 tiles) for
   // the matvec's forms.
